@@ -1,0 +1,48 @@
+"""`distlab`: simulate clusters, run the same plans for real, compare. Each subcommand is a module with
+NAME, HELP, add_arguments(parser) and run(args); heavy imports (torch, matplotlib) stay inside run()."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+from sim.cli import Parser, run_command
+
+COMMANDS = [
+    "sim.commands.simulate",
+    "sim.commands.collective",
+    "runtime.commands.run",
+    "runtime.commands.bench",
+    "runtime.commands.calibrate",
+    "runtime.commands.validate",
+]
+
+
+def build_parser() -> tuple[Parser, dict]:
+    parser = Parser(prog="distlab", description=__doc__.split(".")[0] + ".",
+                    epilog="Run 'distlab COMMAND --help' for each command's options.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    modules = {}
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:       # a command not written yet
+                continue
+            raise
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        modules[module.NAME] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return run_command(modules[args.command], args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

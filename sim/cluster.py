@@ -1,0 +1,241 @@
+"""Cluster specs: GPUs, the fabric inside a node, the network between nodes; presets and YAML files.
+
+Bandwidths are per direction, GB/s = 1e9 bytes/s. ``efficiency`` is the fraction of the line rate that
+collectives reach in practice (NCCL's own tuning model, or published measurements; cited per preset).
+A cluster file may also carry a ``calibration`` section written by ``distlab calibrate``: per collective and
+group size, the ring model's per-step latency and per-rank bandwidth fitted on a real machine.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from sim.errors import ConfigError
+
+INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
+INTER_KINDS = ("infiniband", "ethernet")
+FABRICS = ("rail-optimized", "fat-tree")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    tflops: float                 # dense bf16 TFLOP/s
+    hbm_GBps: float               # memory bandwidth
+    memory_GiB: float
+    mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
+
+
+@dataclass(frozen=True)
+class IntraNode:
+    kind: str = "nvswitch"
+    bandwidth_GBps: float = 450.0  # per GPU per direction
+    latency_us: float = 0.6
+    efficiency: float = 1.0
+    nvls: bool = False             # NVSwitch with in-switch reduction (NVLink SHARP, Hopper and later)
+
+
+@dataclass(frozen=True)
+class InterNode:
+    kind: str = "infiniband"
+    nics_per_node: int = 8
+    bandwidth_GBps: float = 50.0   # per NIC per direction
+    latency_us: float = 5.0
+    fabric: str = "rail-optimized"
+    oversubscription: float = 1.0  # fat-tree: node uplink capacity = nics x bandwidth / oversubscription
+    efficiency: float = 1.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GPUSpec
+    intra_node: IntraNode
+    inter_node: InterNode | None = None
+    calibration: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def local_rank(self, rank: int) -> int:
+        return rank % self.gpus_per_node
+
+    def with_nodes(self, nodes: int) -> "Cluster":
+        return _validated(replace(self, nodes=nodes), "nodes")
+
+    def with_world_size(self, world_size: int) -> "Cluster":
+        """One node of ``world_size`` ranks if it fits a node, else whole nodes."""
+        if world_size <= self.gpus_per_node and self.nodes == 1:
+            return _validated(replace(self, gpus_per_node=world_size), "world_size")
+        if world_size % self.gpus_per_node:
+            raise ConfigError(f"{world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs",
+                              "world_size")
+        return self.with_nodes(world_size // self.gpus_per_node)
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+             "gpu": asdict(self.gpu), "intra_node": asdict(self.intra_node),
+             "inter_node": asdict(self.inter_node) if self.inter_node else None}
+        if self.calibration:
+            d["calibration"] = self.calibration
+        return d
+
+    def to_yaml(self) -> str:
+        import yaml
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --- presets ------------------------------------------------------------------------------------------------
+GPUS = {
+    # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, 80 GB.
+    "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0),
+    # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB.
+    "h100": GPUSpec("h100", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0),
+    # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e (nvidia-smi: 143,771 MiB) at 4.8 TB/s.
+    "h200": GPUSpec("h200", tflops=989.0, hbm_GBps=4800.0, memory_GiB=140.4),
+    # NVIDIA L40S datasheet: 362 TFLOP/s dense bf16 (733 with sparsity), 864 GB/s GDDR6, 48 GB; PCIe only.
+    "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0),
+    # A CPU rank on a laptop-class core; `distlab calibrate` replaces it with measured numbers.
+    "cpu": GPUSpec("cpu", tflops=0.05, hbm_GBps=10.0, memory_GiB=8.0),
+}
+
+PRESETS = {
+    # DGX A100: 8 x A100 SXM, NVSwitch gen 2 = NVLink 3, 12 links, 600 GB/s bidirectional = 300 GB/s per
+    # direction (NVIDIA DGX A100 datasheet). Efficiency 0.8 = NCCL tuning.cc's 12 links x 20 GB/s = 240 GB/s;
+    # nccl-tests shows ~232 GB/s all_reduce busbw on 8 x A100. 8 x ConnectX-6 HDR 200 Gb/s = 25 GB/s per NIC.
+    "dgx-a100": Cluster("dgx-a100", 1, 8, GPUS["a100"],
+                        IntraNode("nvswitch", 300.0, 0.6, efficiency=0.8),
+                        InterNode("infiniband", 8, 25.0, 5.0, "rail-optimized")),
+    # DGX H100: NVLink 4, 18 links, 900 GB/s bidirectional = 450 GB/s per direction (DGX H100 datasheet).
+    # Efficiency 0.824 = NCCL tuning.cc's 18 links x 20.6 GB/s = 370.8 GB/s (nccl-tests: ~370 GB/s busbw).
+    # NVSwitch gen 3 has NVLink SHARP (NVLS). 8 x ConnectX-7 NDR 400 Gb/s = 50 GB/s per NIC, one per GPU.
+    "dgx-h100": Cluster("dgx-h100", 1, 8, GPUS["h100"],
+                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
+                        InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")),
+    # HGX H200: the same NVLink 4 baseboard and NDR network as DGX H100, with H200 GPUs.
+    "hgx-h200": Cluster("hgx-h200", 1, 8, GPUS["h200"],
+                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
+                        InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")),
+    # 8 x L40S on PCIe 4 x16 (~32 GB/s per direction, PCI-SIG), no NVLink; NCCL tuning.cc PCIe per-hop
+    # latency ~1 us (LL). One 200 GbE NIC per 4 GPUs (25 GB/s), fat-tree.
+    "pcie-8gpu": Cluster("pcie-8gpu", 1, 8, GPUS["l40s"],
+                         IntraNode("pcie", 32.0, 1.0, efficiency=0.8),
+                         InterNode("ethernet", 2, 25.0, 10.0, "fat-tree")),
+    # N CPU ranks on this machine talking through Gloo over loopback TCP. Measured here: all_reduce of 64 MiB
+    # ~50 ms with 2 ranks (1.34 GB/s), 1 MiB ~1 ms (../shared/REFERENCES.md). `distlab calibrate` refines it.
+    "localhost-cpu": Cluster("localhost-cpu", 1, 2, GPUS["cpu"],
+                             IntraNode("loopback", 1.34, 100.0), None),
+}
+
+
+# --- loading -----------------------------------------------------------------------------------------------
+def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
+    """A preset name or a YAML file; ``nodes`` overrides the node count."""
+    if name_or_path in PRESETS:
+        cluster = PRESETS[name_or_path]
+    elif name_or_path.endswith((".yaml", ".yml")) or os.path.sep in name_or_path or os.path.exists(name_or_path):
+        from sim.io import load_yaml
+        cluster = cluster_from_dict(load_yaml(name_or_path), where=name_or_path)
+    else:
+        raise ConfigError(f"unknown cluster {name_or_path!r}; presets: {', '.join(PRESETS)}, or a .yaml file",
+                          "--cluster")
+    if nodes is not None:
+        if cluster.inter_node is None and nodes > 1:
+            raise ConfigError(f"cluster {cluster.name!r} has no inter-node network, so nodes must be 1", "--nodes")
+        cluster = cluster.with_nodes(nodes)
+    return cluster
+
+
+def _fields_of(cls, d: dict, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise ConfigError(f"must be a mapping with keys {', '.join(f.name for f in fields(cls))}", where)
+    allowed = {f.name: f for f in fields(cls)}
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(allowed)}", where)
+    return dict(d)
+
+
+def cluster_from_dict(d, where: str = "cluster") -> Cluster:
+    d = _fields_of(Cluster, d, where)
+    for key in ("name", "nodes", "gpus_per_node", "gpu", "intra_node"):
+        if key not in d:
+            raise ConfigError(f"missing key {key!r}", where)
+    gpu = d["gpu"]
+    if isinstance(gpu, str):
+        if gpu not in GPUS:
+            raise ConfigError(f"unknown gpu {gpu!r}; presets: {', '.join(GPUS)}, or {{tflops, hbm_GBps, memory_GiB}}",
+                              f"{where}: gpu")
+        gpu = GPUS[gpu]
+    else:
+        g = _fields_of(GPUSpec, gpu, f"{where}: gpu")
+        g.setdefault("name", "custom")
+        gpu = _construct(GPUSpec, g, f"{where}: gpu")
+    intra = _construct(IntraNode, _fields_of(IntraNode, d["intra_node"], f"{where}: intra_node"),
+                       f"{where}: intra_node")
+    inter = d.get("inter_node")
+    if inter is not None:
+        inter = _construct(InterNode, _fields_of(InterNode, inter, f"{where}: inter_node"), f"{where}: inter_node")
+    calibration = d.get("calibration") or {}
+    if not isinstance(calibration, dict):
+        raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
+    cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration)
+    return _validated(cluster, where)
+
+
+def _construct(cls, kwargs: dict, where: str):
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(str(e), where) from None
+
+
+def _positive(value, where: str, integer: bool = False, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if integer:
+        ok = ok and isinstance(value, int)
+    if not ok or (value < 0 if allow_zero else value <= 0) or value == float("inf"):
+        what = "a whole number" if integer else "a number"
+        raise ConfigError(f"{value!r} must be {what} {'>= 0' if allow_zero else '> 0'}", where)
+
+
+def _validated(c: Cluster, where: str) -> Cluster:
+    _positive(c.nodes, f"{where}: nodes", integer=True)
+    _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
+    for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
+        _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
+    if c.intra_node.kind not in INTRA_KINDS:
+        raise ConfigError(f"unknown kind {c.intra_node.kind!r}; allowed: {', '.join(INTRA_KINDS)}",
+                          f"{where}: intra_node.kind")
+    _positive(c.intra_node.bandwidth_GBps, f"{where}: intra_node.bandwidth_GBps")
+    _positive(c.intra_node.latency_us, f"{where}: intra_node.latency_us", allow_zero=True)
+    _positive(c.intra_node.efficiency, f"{where}: intra_node.efficiency")
+    if c.intra_node.efficiency > 1:
+        raise ConfigError("efficiency must be in (0, 1]", f"{where}: intra_node.efficiency")
+    inter = c.inter_node
+    if inter is None:
+        if c.nodes > 1:
+            raise ConfigError("more than one node needs an inter_node network", f"{where}: inter_node")
+        return c
+    if inter.kind not in INTER_KINDS:
+        raise ConfigError(f"unknown kind {inter.kind!r}; allowed: {', '.join(INTER_KINDS)}",
+                          f"{where}: inter_node.kind")
+    if inter.fabric not in FABRICS:
+        raise ConfigError(f"unknown fabric {inter.fabric!r}; allowed: {', '.join(FABRICS)}",
+                          f"{where}: inter_node.fabric")
+    _positive(inter.nics_per_node, f"{where}: inter_node.nics_per_node", integer=True)
+    _positive(inter.bandwidth_GBps, f"{where}: inter_node.bandwidth_GBps")
+    _positive(inter.latency_us, f"{where}: inter_node.latency_us", allow_zero=True)
+    _positive(inter.efficiency, f"{where}: inter_node.efficiency")
+    if inter.efficiency > 1:
+        raise ConfigError("efficiency must be in (0, 1]", f"{where}: inter_node.efficiency")
+    if not isinstance(inter.oversubscription, (int, float)) or inter.oversubscription < 1:
+        raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking)",
+                          f"{where}: inter_node.oversubscription")
+    return c

@@ -1,0 +1,263 @@
+"""The plan: what every rank does, in order, on named streams. The one format the simulator and the runtime run.
+
+A plan is a list of ranks; each rank is an ordered list of ops. Every op names a stream (``compute``,
+``comm``, or any other name). Ops on one stream run one after another, like kernels on a CUDA stream; different
+streams of a rank run concurrently. ``Record(event)`` on a stream marks the point where everything queued
+before it on that stream has finished; ``Wait(event)`` on another stream holds that stream until then
+(``cudaEventRecord`` / ``cudaStreamWaitEvent``).
+
+Byte counts follow nccl-tests (doc/PERFORMANCE.md): ``bytes`` of an all_gather is the gathered output, of a
+reduce_scatter the full input, of an all_to_all what one rank sends in all; of the others the buffer itself.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar, Union
+
+from sim.errors import ConfigError
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls", "direct")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
+               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
+FORMAT = "distlab-plan/1"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Local work: ``seconds`` if given, else a roofline of ``flops`` and HBM ``bytes`` on the GPU spec."""
+    name: str = "compute"
+    seconds: float | None = None
+    flops: float = 0.0
+    bytes: float = 0.0
+    stream: str = "compute"
+    kind: ClassVar[str] = "compute"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective over ``group`` (global ranks; None = the whole world). ``root`` is a global rank."""
+    op: str
+    bytes: int
+    dtype: str = "float32"
+    group: tuple[int, ...] | None = None
+    algorithm: str = "auto"
+    root: int = 0
+    name: str = ""
+    stream: str = "comm"
+    kind: ClassVar[str] = "collective"
+
+
+@dataclass(frozen=True)
+class Send:
+    """Point-to-point send of ``bytes`` to ``peer``; completes when the matching Recv has the data."""
+    peer: int
+    bytes: int
+    dtype: str = "float32"
+    name: str = ""
+    stream: str = "comm"
+    kind: ClassVar[str] = "send"
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Point-to-point receive of ``bytes`` from ``peer``; sends and receives between a pair match in order."""
+    peer: int
+    bytes: int
+    dtype: str = "float32"
+    name: str = ""
+    stream: str = "comm"
+    kind: ClassVar[str] = "recv"
+
+
+@dataclass(frozen=True)
+class Record:
+    """Mark ``event`` once everything queued before it on ``stream`` has finished."""
+    event: str
+    stream: str = "compute"
+    kind: ClassVar[str] = "record"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Hold ``stream`` until ``event`` (recorded on another stream of the same rank) has happened."""
+    event: str
+    stream: str = "comm"
+    kind: ClassVar[str] = "wait"
+
+
+Op = Union[Compute, Collective, Send, Recv, Record, Wait]
+OP_TYPES = {cls.kind: cls for cls in (Compute, Collective, Send, Recv, Record, Wait)}
+
+
+def describe(op: Op) -> str:
+    """A short human description, e.g. ``all_reduce(4.0 MiB)`` or ``send(1.0 KiB -> 3)``."""
+    if isinstance(op, Collective):
+        root = f", root {op.root}" if op.op in ("broadcast", "reduce") else ""
+        return f"{op.op}({format_bytes(op.bytes)}{root})"
+    if isinstance(op, Send):
+        return f"send({format_bytes(op.bytes)} -> {op.peer})"
+    if isinstance(op, Recv):
+        return f"recv({format_bytes(op.bytes)} <- {op.peer})"
+    if isinstance(op, Compute):
+        return f"compute {op.name!r}"
+    return f"{op.kind}({op.event!r})"
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass
+class Plan:
+    """Per-rank ordered ops. ``ranks[r]`` is rank r's program."""
+    ranks: list[list[Op]]
+    name: str = "plan"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def group_of(self, op: Collective) -> tuple[int, ...]:
+        return op.group if op.group is not None else tuple(range(self.world_size))
+
+    def validate(self, where: str = "plan") -> "Plan":
+        n = self.world_size
+        if n < 1:
+            raise ConfigError("a plan needs at least one rank", where)
+        for r, ops in enumerate(self.ranks):
+            for i, op in enumerate(ops):
+                _check_op(op, r, n, f"{where}: ranks[{r}][{i}]")
+        return self
+
+    def to_dict(self) -> dict:
+        ranks = []
+        for ops in self.ranks:
+            ranks.append([{"kind": op.kind, **{k: v for k, v in asdict(op).items()}} for op in ops])
+        return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta,
+                "ranks": ranks}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d, where: str = "plan") -> "Plan":
+        if not isinstance(d, dict):
+            raise ConfigError("a plan is a JSON object with keys format, world_size, ranks", where)
+        unknown = set(d) - {"format", "name", "world_size", "meta", "ranks"}
+        if unknown:
+            raise ConfigError(f"unknown key {sorted(unknown)[0]!r}; allowed: format, name, world_size, meta, ranks",
+                              where)
+        if d.get("format", FORMAT) != FORMAT:
+            raise ConfigError(f"format {d.get('format')!r} is not {FORMAT!r}", where)
+        ranks = d.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, list) for r in ranks):
+            raise ConfigError("'ranks' must be a list with one list of ops per rank", where)
+        if "world_size" in d and d["world_size"] != len(ranks):
+            raise ConfigError(f"world_size is {d['world_size']!r} but 'ranks' has {len(ranks)} entries", where)
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError("'meta' must be an object", where)
+        parsed = [[_op_from_dict(o, f"{where}: ranks[{r}][{i}]") for i, o in enumerate(ops)]
+                  for r, ops in enumerate(ranks)]
+        return cls(parsed, name=str(d.get("name", "plan")), meta=meta).validate(where)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "plan") -> "Plan":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", where) from None
+        return cls.from_dict(d, where)
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read plan: {e.strerror}", path) from None
+        return cls.from_json(text, where=path)
+
+    def save(self, path: str) -> None:
+        from sim.io import write_atomic
+        write_atomic(path, self.to_json(indent=1))
+
+
+def _op_from_dict(o, where: str) -> Op:
+    if not isinstance(o, dict):
+        raise ConfigError("an op must be an object with a 'kind'", where)
+    kind = o.get("kind")
+    if kind not in OP_TYPES:
+        raise ConfigError(f"unknown op kind {kind!r}; allowed: {', '.join(OP_TYPES)}", where)
+    cls = OP_TYPES[kind]
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in o.items() if k != "kind"}
+    for k in kwargs:
+        if k not in names:
+            raise ConfigError(f"unknown key {k!r} for a {kind} op; allowed: {', '.join(sorted(names))}", where)
+    if cls is Collective and isinstance(kwargs.get("group"), list):
+        kwargs["group"] = tuple(kwargs["group"])
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{kind} op: {e}", where) from None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x not in (float("inf"),)
+
+
+def _check_op(op: Op, rank: int, n: int, where: str) -> None:
+    if not isinstance(op, tuple(OP_TYPES.values())):
+        raise ConfigError(f"not an op: {op!r}", where)
+    stream = getattr(op, "stream")
+    if not isinstance(stream, str) or not stream:
+        raise ConfigError("'stream' must be a non-empty string", where)
+    if isinstance(op, Compute):
+        if op.seconds is not None and (not _is_num(op.seconds) or op.seconds < 0):
+            raise ConfigError(f"seconds must be a number >= 0, got {op.seconds!r}", where)
+        for key in ("flops", "bytes"):
+            v = getattr(op, key)
+            if not _is_num(v) or v < 0:
+                raise ConfigError(f"{key} must be a number >= 0, got {v!r}", where)
+        return
+    if isinstance(op, (Record, Wait)):
+        if not isinstance(op.event, str) or not op.event:
+            raise ConfigError("'event' must be a non-empty string", where)
+        return
+    if not _is_int(op.bytes) or op.bytes < 0:
+        raise ConfigError(f"bytes must be a whole number >= 0, got {op.bytes!r}", where)
+    if op.dtype not in DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
+    if isinstance(op, (Send, Recv)):
+        if not _is_int(op.peer) or not 0 <= op.peer < n:
+            raise ConfigError(f"peer {op.peer!r} is outside the world (0..{n - 1})", where)
+        if op.peer == rank:
+            raise ConfigError(f"rank {rank} cannot {op.kind} to itself", where)
+        return
+    if op.op not in COLLECTIVES:
+        raise ConfigError(f"unknown collective {op.op!r}; allowed: {', '.join(COLLECTIVES)}", where)
+    if op.algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {op.algorithm!r}; allowed: {', '.join(ALGORITHMS)}", where)
+    group = op.group if op.group is not None else tuple(range(n))
+    if not isinstance(group, tuple) or not group or not all(_is_int(g) for g in group):
+        raise ConfigError("group must be a non-empty list of ranks", where)
+    for g in group:
+        if not 0 <= g < n:
+            raise ConfigError(f"group names rank {g}, outside the world (0..{n - 1})", where)
+    if len(set(group)) != len(group):
+        raise ConfigError(f"group {list(group)} names a rank twice", where)
+    if rank not in group:
+        raise ConfigError(f"rank {rank} calls a collective on group {list(group)} it is not in", where)
+    if op.op in ("broadcast", "reduce") and op.root not in group:
+        raise ConfigError(f"root {op.root!r} is not in group {list(group)}", where)

@@ -1,0 +1,152 @@
+"""One trace format for simulated and measured runs: every op (and, when simulated, every transfer).
+
+Times are seconds from the start of the run. An op record's ``start`` is when the rank reached it on its stream
+(for a collective: when it was issued and began waiting for its peers), ``launch`` when data began to move (all
+members had arrived), ``end`` when it finished on that rank. Chrome-trace export opens in Perfetto
+(ui.perfetto.dev) or chrome://tracing: one process per rank, one thread per stream.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+FORMAT = "distlab-trace/1"
+
+
+@dataclass
+class OpRecord:
+    rank: int
+    stream: str
+    index: int          # position in the rank's op list of the plan
+    kind: str           # compute, collective, send, recv, record, wait
+    name: str
+    start: float
+    end: float
+    bytes: int = 0
+    op: str = ""        # the collective (all_reduce, ...) when kind == "collective"
+    launch: float | None = None
+    group: tuple[int, ...] | None = None
+    algorithm: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class TransferRecord:
+    src: int
+    dst: int
+    start: float
+    end: float
+    bytes: float
+    links: tuple[str, ...] = ()
+
+
+@dataclass
+class Trace:
+    ops: list[OpRecord] = field(default_factory=list)
+    transfers: list[TransferRecord] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)   # source: simulated|measured, plan, cluster, ...
+
+    # -- queries -------------------------------------------------------------------------------------------
+    @property
+    def makespan(self) -> float:
+        """From the earliest op start to the latest op end, over all ranks."""
+        if not self.ops:
+            return 0.0
+        return max(o.end for o in self.ops) - min(o.start for o in self.ops)
+
+    def for_rank(self, rank: int) -> list[OpRecord]:
+        return [o for o in self.ops if o.rank == rank]
+
+    def busy_time(self, rank: int, stream: str) -> float:
+        """Seconds the stream of ``rank`` was busy (union of its op intervals)."""
+        spans = sorted((o.start if o.launch is None else o.launch, o.end)
+                       for o in self.ops if o.rank == rank and o.stream == stream and o.kind not in ("record", "wait"))
+        return _union_length(spans)
+
+    # -- serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "meta": self.meta,
+                "ops": [_record_dict(o) for o in self.ops],
+                "transfers": [asdict(t) for t in self.transfers]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        ops = []
+        for o in d.get("ops", []):
+            o = dict(o)
+            if o.get("group") is not None:
+                o["group"] = tuple(o["group"])
+            ops.append(OpRecord(**o))
+        transfers = [TransferRecord(**{**t, "links": tuple(t.get("links", ()))}) for t in d.get("transfers", [])]
+        return cls(ops, transfers, dict(d.get("meta", {})))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        return cls.from_dict(json.loads(text))
+
+    def to_chrome(self) -> str:
+        """Chrome trace-event JSON: pid = rank, tid = stream; transfers under a 'network' process."""
+        events = []
+        streams = sorted({(o.rank, o.stream) for o in self.ops})
+        tid = {}
+        for rank, stream in streams:
+            tid[(rank, stream)] = len([s for r, s in tid if r == rank]) + 1
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid[(rank, stream)],
+                           "args": {"name": stream}})
+        for o in self.ops:
+            if o.kind in ("record", "wait"):
+                continue
+            args = {"bytes": o.bytes, "index": o.index}
+            if o.kind == "collective":
+                args.update(op=o.op, algorithm=o.algorithm, group=list(o.group or ()))
+                if o.launch is not None and o.launch > o.start:
+                    events.append({"ph": "X", "name": f"wait {o.name or o.op}", "cat": "wait", "pid": o.rank,
+                                   "tid": tid[(o.rank, o.stream)], "ts": o.start * 1e6,
+                                   "dur": (o.launch - o.start) * 1e6})
+            begin = o.start if o.launch is None else o.launch
+            events.append({"ph": "X", "name": o.name or o.op or o.kind, "cat": o.kind, "pid": o.rank,
+                           "tid": tid[(o.rank, o.stream)], "ts": begin * 1e6, "dur": (o.end - begin) * 1e6,
+                           "args": args})
+        if self.transfers:
+            net = 1 + max((o.rank for o in self.ops), default=-1)
+            events.append({"ph": "M", "name": "process_name", "pid": net, "tid": 0, "args": {"name": "network"}})
+            for t in self.transfers:
+                events.append({"ph": "X", "name": f"{t.src}->{t.dst}", "cat": "transfer", "pid": net, "tid": t.src,
+                               "ts": t.start * 1e6, "dur": (t.end - t.start) * 1e6,
+                               "args": {"bytes": t.bytes, "links": list(t.links)}})
+        return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.meta},
+                          sort_keys=True, separators=(",", ":"))
+
+    def save(self, path: str) -> None:
+        """``*.json`` gets Chrome-trace JSON (Perfetto); ``*.trace`` or ``*.distlab.json`` the native format."""
+        from sim.io import write_atomic
+        native = path.endswith(".trace") or path.endswith(".distlab.json")
+        write_atomic(path, self.to_json() if native else self.to_chrome())
+
+
+def _record_dict(o: OpRecord) -> dict:
+    d = asdict(o)
+    if d["group"] is not None:
+        d["group"] = list(d["group"])
+    return d
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in spans:
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
