@@ -130,9 +130,16 @@ class Plan:
         n = self.world_size
         if n < 1:
             raise ConfigError("a plan needs at least one rank", where)
+        checked_groups: set = set()
         for r, ops in enumerate(self.ranks):
+            recorded: set = set()
             for i, op in enumerate(ops):
-                _check_op(op, r, n, f"{where}: ranks[{r}][{i}]")
+                _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
+                if isinstance(op, Record):
+                    if op.event in recorded:
+                        raise ConfigError(f"event {op.event!r} is recorded twice on rank {r}; event names are "
+                                          "unique per rank", f"{where}: ranks[{r}][{i}]")
+                    recorded.add(op.event)
         return self
 
     def to_dict(self) -> dict:
@@ -217,7 +224,7 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x not in (float("inf"),)
 
 
-def _check_op(op: Op, rank: int, n: int, where: str) -> None:
+def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> None:
     if not isinstance(op, tuple(OP_TYPES.values())):
         raise ConfigError(f"not an op: {op!r}", where)
     stream = getattr(op, "stream")
@@ -250,13 +257,17 @@ def _check_op(op: Op, rank: int, n: int, where: str) -> None:
     if op.algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {op.algorithm!r}; allowed: {', '.join(ALGORITHMS)}", where)
     group = op.group if op.group is not None else tuple(range(n))
-    if not isinstance(group, tuple) or not group or not all(_is_int(g) for g in group):
+    if not isinstance(group, tuple):
         raise ConfigError("group must be a non-empty list of ranks", where)
-    for g in group:
-        if not 0 <= g < n:
-            raise ConfigError(f"group names rank {g}, outside the world (0..{n - 1})", where)
-    if len(set(group)) != len(group):
-        raise ConfigError(f"group {list(group)} names a rank twice", where)
+    if group not in checked_groups:
+        if not group or not all(_is_int(g) for g in group):
+            raise ConfigError("group must be a non-empty list of ranks", where)
+        for g in group:
+            if not 0 <= g < n:
+                raise ConfigError(f"group names rank {g}, outside the world (0..{n - 1})", where)
+        if len(set(group)) != len(group):
+            raise ConfigError(f"group {list(group)} names a rank twice", where)
+        checked_groups.add(group)
     if rank not in group:
         raise ConfigError(f"rank {rank} calls a collective on group {list(group)} it is not in", where)
     if op.op in ("broadcast", "reduce") and op.root not in group:

@@ -1,0 +1,185 @@
+"""Run a plan on a simulated cluster: one simpy process per (rank, stream), collectives as rendezvous.
+
+- Ops of one stream run in order; streams of a rank run concurrently; Record/Wait order them like CUDA events.
+- A collective starts moving data when every member of its group has reached it (the n-th collective a rank
+  issues on a group, in plan order, meets the n-th of every other member) and ends for all members together.
+- Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
+- Compute takes ``seconds``, or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM bandwidth), times the
+  rank's slowdown factor (a straggler has factor > 1).
+A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import simpy
+
+from sim.cluster import Cluster
+from sim.collectives.context import Context
+from sim.errors import ConfigError, SimulationDeadlock
+from sim.network import Network, Pairs, Topology
+from sim.plan import Collective, Compute, Plan, Recv, Record, Send, Wait, describe
+from sim.trace import OpRecord, Trace, TransferRecord
+
+
+def compute_seconds(op: Compute, cluster: Cluster) -> float:
+    if op.seconds is not None:
+        return op.seconds
+    gpu = cluster.gpu
+    return max(op.flops / (gpu.tflops * 1e12 * gpu.mfu), op.bytes / (gpu.hbm_GBps * 1e9))
+
+
+def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
+             slowdown: dict[int, float] | None = None, link_factors: dict[str, float] | None = None) -> Trace:
+    """Simulate ``plan`` on ``cluster`` (rank r runs on GPU r). Returns the trace (meta source=simulated)."""
+    if plan.world_size > cluster.world_size:
+        raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
+                          f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")
+    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors)
+    return sim.run()
+
+
+class _Simulation:
+    def __init__(self, plan, cluster, record, slowdown, link_factors):
+        self.plan, self.cluster, self.slowdown = plan, cluster, slowdown
+        self.env = simpy.Environment()
+        self.topo = Topology(cluster, link_factors)
+        self.net = Network(self.env, self.topo, record=record)
+        self.ctx = Context(self.topo)
+        self.records: list[OpRecord] = []
+        self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
+        self.events = [defaultdict(self.env.event) for _ in range(plan.world_size)]
+        self.rendezvous: dict = {}
+        self.sends: dict = defaultdict(deque)
+        self.recvs: dict = defaultdict(deque)
+        self.seq = self._sequence_numbers()
+
+    def _sequence_numbers(self) -> dict:
+        """(rank, op index) -> (group, n): the n-th collective this rank issues on that group, in plan order."""
+        seq, counters = {}, defaultdict(int)
+        for r, ops in enumerate(self.plan.ranks):
+            for i, op in enumerate(ops):
+                if isinstance(op, Collective):
+                    g = self.plan.group_of(op)
+                    seq[r, i] = (g, counters[r, g])
+                    counters[r, g] += 1
+        return seq
+
+    def run(self) -> Trace:
+        for r, ops in enumerate(self.plan.ranks):
+            streams = list(dict.fromkeys(op.stream for op in ops))
+            for s in streams:
+                self.waiting[r, s] = "start"
+                self.env.process(self._stream(r, s, [(i, op) for i, op in enumerate(ops) if op.stream == s]))
+        self.env.run()
+        stuck = [(r, s, what) for (r, s), what in sorted(self.waiting.items()) if what is not None]
+        if stuck:
+            raise SimulationDeadlock(stuck, self.env.now)
+        self.records.sort(key=lambda o: (o.rank, o.index))
+        transfers = [TransferRecord(s, d, st, e, b, tuple(self.topo.names[l] for l in route))
+                     for s, d, st, e, b, route in self.net.transfers]
+        transfers.sort(key=lambda t: (t.start, t.end, t.src, t.dst))
+        meta = {"source": "simulated", "plan": self.plan.name, "cluster": self.cluster.name,
+                "world_size": self.plan.world_size, "flows": self.net.flows_done}
+        return Trace(self.records, transfers, meta)
+
+    def _stream(self, rank, stream, ops):
+        env = self.env
+        for index, op in ops:
+            start = env.now
+            self.waiting[rank, stream] = f"op #{index} {describe(op)}"
+            rec = OpRecord(rank, stream, index, op.kind, getattr(op, "name", "") or op.kind, start, start)
+            if isinstance(op, Compute):
+                yield env.timeout(compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0))
+            elif isinstance(op, Record):
+                ev = self.events[rank][op.event]
+                if not ev.triggered:
+                    ev.succeed()
+                rec.name = op.event
+            elif isinstance(op, Wait):
+                rec.name = op.event
+                self.waiting[rank, stream] = f"wait for event {op.event!r} (op #{index})"
+                yield self.events[rank][op.event]
+            elif isinstance(op, Collective):
+                group = self.plan.group_of(op)
+                self.waiting[rank, stream] = f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(group)}"
+                launch, algorithm = yield from self._collective(rank, index, op)
+                rec.bytes, rec.op, rec.group, rec.launch, rec.algorithm = op.bytes, op.op, group, launch, algorithm
+                rec.name = op.name or op.op
+            else:
+                launch = yield from self._p2p(rank, op)
+                rec.bytes, rec.launch = op.bytes, launch
+                rec.name = op.name or op.kind
+            rec.end = env.now
+            self.records.append(rec)
+        self.waiting[rank, stream] = None
+
+    def _collective(self, rank, index, op: Collective):
+        key = self.seq[rank, index]
+        group = key[0]
+        rv = self.rendezvous.get(key)
+        if rv is None:
+            rv = self.rendezvous[key] = {"op": op, "rank": rank, "arrived": 0, "done": self.env.event()}
+        else:
+            first = rv["op"]
+            if (first.op, first.bytes, first.root) != (op.op, op.bytes, op.root):
+                raise ConfigError(f"collective mismatch on group {_fmt(group)}, collective #{key[1]}: rank {rv['rank']} "
+                                  f"calls {describe(first)}, rank {rank} calls {describe(op)}", "plan")
+        rv["arrived"] += 1
+        if rv["arrived"] == len(group):
+            self.env.process(self._run_collective(rv, op, group))
+        yield rv["done"]
+        return rv["launch"], rv["algorithm"]
+
+    def _run_collective(self, rv, op, group):
+        rv["launch"] = self.env.now
+        algorithm, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
+        rv["algorithm"] = algorithm
+        for pairs, sizes, latency in step_iter:
+            yield self.net.transfer(pairs, sizes, latency)
+        rv["done"].succeed()
+
+    def _p2p(self, rank, op):
+        if isinstance(op, Send):
+            pair, mine, theirs = (rank, op.peer), self.sends, self.recvs
+        else:
+            pair, mine, theirs = (op.peer, rank), self.recvs, self.sends
+        if theirs[pair]:
+            other_op, slot = theirs[pair].popleft()
+            if other_op.bytes != op.bytes:
+                raise ConfigError(f"send/recv mismatch between ranks {pair[0]} -> {pair[1]}: "
+                                  f"{describe(other_op)} meets {describe(op)}", "plan")
+            self.env.process(self._run_p2p(pair, op.bytes, slot))
+        else:
+            slot = {"done": self.env.event()}
+            mine[pair].append((op, slot))
+        yield slot["done"]
+        return slot["launch"]
+
+    def _run_p2p(self, pair, nbytes, slot):
+        slot["launch"] = self.env.now
+        pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
+        yield self.net.transfer(pairs, float(nbytes))
+        slot["done"].succeed()
+
+
+def _fmt(group) -> str:
+    g = list(group)
+    if len(g) > 2 and g == list(range(g[0], g[-1] + 1)):
+        return f"[{g[0]}..{g[-1]}]"
+    return "[" + ",".join(map(str, g)) + "]"
+
+
+def simulate_collective(op: str, nbytes: int, cluster: Cluster, algorithm: str = "auto", root: int = 0,
+                        group: tuple[int, ...] | None = None, record_transfers: bool = False) -> tuple[Trace, str]:
+    """One collective over the whole cluster (or ``group``): (trace, algorithm used)."""
+    n = cluster.world_size
+    group = tuple(range(n)) if group is None else tuple(group)
+    c = Collective(op=op, bytes=int(nbytes), group=group, algorithm=algorithm, root=root, name=op)
+    plan = Plan([[c] if r in group else [] for r in range(n)], name=f"{op}-{nbytes}").validate()
+    trace = simulate(plan, cluster, record_transfers=record_transfers)
+    algos = {o.algorithm for o in trace.ops}
+    return trace, algos.pop() if algos else algorithm
+
+
+__all__ = ["simulate", "simulate_collective", "compute_seconds", "Pairs"]
