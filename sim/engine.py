@@ -30,8 +30,18 @@ def compute_seconds(op: Compute, cluster: Cluster) -> float:
 
 
 def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
-             slowdown: dict[int, float] | None = None, link_factors: dict[str, float] | None = None) -> Trace:
-    """Simulate ``plan`` on ``cluster`` (rank r runs on GPU r). Returns the trace (meta source=simulated)."""
+             slowdown: dict[int, float] | None = None, link_factors: dict[str, float] | None = None,
+             check: bool = True) -> Trace:
+    """Simulate ``plan`` on ``cluster`` (rank r runs on GPU r). Returns the trace (meta source=simulated).
+    ``slowdown[rank]`` multiplies that rank's compute time (a straggler); ``link_factors[link name]``
+    multiplies a link's bandwidth (a degraded link). ``check`` runs sim.check first (mismatched collectives)."""
+    if check:
+        from sim.check import assert_consistent
+        assert_consistent(plan)
+    for rank, factor in (slowdown or {}).items():
+        if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
+            raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
+                              "and a factor > 0", "stragglers")
     if plan.world_size > cluster.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
                           f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")

@@ -18,6 +18,7 @@ import numpy as np
 import simpy
 
 from sim.cluster import Cluster
+from sim.errors import ConfigError
 
 SWITCH = -1   # an endpoint meaning "the NVSwitch of the source/destination rank's node" (in-switch reduction)
 
@@ -66,6 +67,13 @@ class Topology:
                     agg = inter.nics_per_node * nbw / inter.oversubscription
                     self._node_up[node] = add(f"node{node}.uplink", agg, 0.0)
                     self._node_down[node] = add(f"node{node}.downlink", agg, 0.0)
+        unknown = set(link_factors or {}) - set(self.names)
+        if unknown:
+            raise ConfigError(f"no link named {sorted(unknown)[0]!r}; links look like gpu0.up, gpu0.down, "
+                              "node0.nic0.up, node0.uplink", "degraded_links")
+        for name, f in (link_factors or {}).items():
+            if not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise ConfigError(f"factor {f!r} for link {name!r} must be in (0, 1]", "degraded_links")
         self.capacity = np.array(caps, dtype=float)
         self.latency = np.array(lats, dtype=float)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
