@@ -1,0 +1,72 @@
+"""Predicted vs measured FSDP2 step time on this machine (gloo, CPU ranks): is the simulator within 25%?
+
+    python benchmarks/fsdp_accuracy.py [--nproc 2] [--layers 4] [--hidden 256] [--seq-len 128] [--batch 2]
+
+One launch of real ``fully_shard`` ranks (runtime/fsdp.py) measures, per variant, the step time (slowest rank,
+best of --steps; the median is printed too) and every collective. Interleaved with those steps, the same launch
+times all_gather / reduce_scatter at the plan's sizes, one unsharded forward+backward, and Adam on plain tensors
+the size of a shard. From those the simulator is calibrated (runtime.fsdp_validate.calibrated_cluster) and
+predicts each variant's step from its plan alone. Prints both, the error, where the time went (rank 0: in
+collectives, in the optimizer, the rest), and whether the collective sequences match. Exit 1 if any error
+exceeds --tolerance (default 25%). The machine's load average is printed: other processes on the same cores
+slow the measured steps (ranks wait for each other in every collective) more than the short calibrations.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=2001)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--tolerance", type=float, default=25.0, help="allowed |error| in percent")
+    args = p.parse_args(argv)
+
+    from runtime import fsdp, fsdp_validate
+    from sim.fsdp.plan import build_fsdp, collective_sequence
+    from sim.models import gpt
+    model = gpt(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=args.vocab,
+                micro_batch=args.batch, dtype="float32", arch="llama", name="bench-llama")
+    variants = [{}, {"reshard_after_forward": False}]
+    sizes = fsdp_validate.calibration_sizes([build_fsdp(model, args.nproc, v) for v in variants])
+    print(f"{model.summary()}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    t = time.time()
+    results = fsdp.run(model, args.nproc, variants, steps=args.steps, warmup=2, calibrate=sizes, local=True,
+                       timeout=600)
+    print(f"measured in {time.time() - t:.1f} s on {args.nproc} gloo ranks")
+    cluster = fsdp_validate.calibrated_cluster(results, model, args.nproc)
+    cal = cluster.calibration["collectives"]
+    fit = {op: v[str(args.nproc)] for op, v in cal.items()}
+    print(f"calibrated: compute {cluster.gpu.tflops * 1e3:.2f} GFLOP/s, memory {cluster.gpu.hbm_GBps:.2f} GB/s, "
+          + ", ".join(f"{op} α {f['latency_us']:.0f} us B {f['bandwidth_GBps']:.2f} GB/s" for op, f in fit.items()))
+    worst = 0.0
+    print(f"{'variant':38s} {'measured ms':>12s} {'(median)':>9s} {'predicted ms':>13s} {'error':>8s}  sequence")
+    for i, v in enumerate(variants):
+        measured = fsdp_validate.measured_step(results, i)
+        predicted, parts = fsdp_validate.predict(model, args.nproc, v, cluster, parts=True)
+        got = fsdp_validate.measured_parts(results, i)
+        err = 100.0 * (predicted / measured - 1)
+        worst = max(worst, abs(err))
+        match = fsdp.measured_sequence(results, i) == collective_sequence(build_fsdp(model, args.nproc, v))
+        median = fsdp_validate.measured_step(results, i, statistics.median)
+        print(f"{str(v or 'default'):38s} {measured * 1e3:12.2f} {median * 1e3:9.2f} {predicted * 1e3:13.2f} "
+              f"{err:+7.1f}%  {'match' if match else 'DIFFERS'}")
+        print("    rank 0, measured / predicted ms: " + ", ".join(
+            f"{k} {got[k] * 1e3:.1f} / {parts[k] * 1e3:.1f}" for k in ("comm", "optimizer", "other")))
+    print(f"worst |error| {worst:.1f}% (tolerance {args.tolerance:g}%); load average {os.getloadavg()[0]:.1f}")
+    return 0 if worst <= args.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Real FSDP2 against the simulator on this machine: calibrate, predict the step, compare with the measured one.
+
+Calibration (micro-measurements taken in the same launch, interleaved with the FSDP steps, never the FSDP step
+itself): ring α and bandwidth per collective at the plan's own sizes; a compute rate from one unsharded rank's
+forward+backward; a memory rate from Adam on plain tensors the size of the rank's shards. The prediction is
+the fsdp plan on one stream per rank (gloo blocks in every call) simulated on that calibrated cluster. Used by
+benchmarks/fsdp_accuracy.py and `distlab validate --scenario` (kind fsdp).
+"""
+from __future__ import annotations
+
+from runtime.fsdp import measured_sequence, run, to_trace
+
+def calibration_sizes(plans) -> dict:
+    """op -> the distinct byte counts of that collective in ``plans`` (what to time for calibration)."""
+    from sim.fsdp.plan import collective_sequence
+    out = {}
+    for plan in plans:
+        for op, nbytes, _ in collective_sequence(plan):
+            if op in ("all_gather", "reduce_scatter"):
+                out.setdefault(op, set()).add(nbytes)
+    return {op: sorted(v) for op, v in out.items()}
+
+
+def calibrated_cluster(results: list[dict], model, world: int):
+    """localhost-cpu with (a) per collective the ring α and bandwidth, t = (n-1)α + (n-1)/n·S/B, fitted to the
+    times measured at the plan's own sizes (least squares; α = 0 and B from the largest size if the fit's α is
+    negative), and (b) a compute rate F (bisection) and memory rate M such that the roofline
+    max(flops/F, bytes/M) reproduces one unsharded rank's measured forward+backward, and Adam on plain tensors
+    the size of the rank's shards."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sim.cluster import PRESETS
+    from sim.fsdp.plan import ADAM_BYTES, padded_numel
+    n, coll = world, {}
+    for op, table in results[0]["calibration"].items():
+        pts = sorted((int(k), max(r["calibration"][op][k] for r in results)) for k in table)
+        slope, icpt = np.polyfit(*zip(*pts), 1) if len(pts) > 1 else (0.0, -1.0)
+        if icpt < 0 or slope <= 0:
+            slope, icpt = pts[-1][1] / pts[-1][0], 0.0
+        coll[op] = {str(n): {"latency_us": float(icpt) / (n - 1) * 1e6 + 1e-3,
+                             "bandwidth_GBps": (n - 1) / n / float(slope) / 1e9}}
+    fb = max(r["local"]["fwd_bwd"] for r in results)
+    shard = sum(padded_numel(q.shape, n) for q in model.params) // n
+    M = ADAM_BYTES * shard / max(r["local"]["optimizer"] for r in results)
+    work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
+    work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
+    lo, hi = 1e6, 1e15
+    for _ in range(100):      # total roofline time falls as F grows: find F where it equals the measurement
+        F = (lo * hi) ** 0.5
+        lo, hi = (F, hi) if sum(max(f / F, b / M) for f, b in work) > fb else (lo, F)
+    base = PRESETS["localhost-cpu"].with_world_size(world)
+    gpu = replace(base.gpu, name="this-cpu", tflops=F / 1e12, hbm_GBps=M / 1e9, mfu=1.0)
+    return replace(base, gpu=gpu, calibration={"collectives": coll})
+
+
+def measured_step(results: list[dict], variant: int = 0, stat=min) -> float:
+    """Over measured steps (``stat``: min = best of N, as timeit, which other load on the machine disturbs
+    least; or statistics.median), the slowest rank's step time."""
+    steps = zip(*[r["variants"][variant]["steps"] for r in results])
+    return stat([max(s["time"] for s in per_rank) for per_rank in steps])
+
+
+def predict(model, world: int, opts: dict, cluster, parts: bool = False):
+    """Simulated step seconds of the fsdp plan on one stream per rank (gloo on CPU blocks on each call); with
+    ``parts``, also {"comm", "optimizer", "other"} seconds on rank 0."""
+    from sim.engine import simulate
+    from sim.fsdp.plan import build_fsdp
+    trace = simulate(build_fsdp(model, world, {**opts, "overlap": False}), cluster, record_transfers=False)
+    if not parts:
+        return trace.makespan
+    ops = trace.for_rank(0)
+    comm = sum(o.end - o.start for o in ops if o.kind == "collective")
+    opt = sum(o.end - o.start for o in ops if o.name == "optimizer")
+    return trace.makespan, {"comm": comm, "optimizer": opt, "other": trace.makespan - comm - opt}
+
+
+def measured_parts(results: list[dict], variant: int = 0) -> dict:
+    """Rank 0, best step: seconds in collectives, in the optimizer, and the rest."""
+    best = min(next(r for r in results if r["rank"] == 0)["variants"][variant]["steps"], key=lambda s: s["time"])
+    comm = sum(c[4] - c[3] for c in best["calls"])
+    return {"comm": comm, "optimizer": best["phases"][2], "other": best["time"] - comm - best["phases"][2]}
+
+
+def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, timeout: float = 300.0) -> dict:
+    """For `distlab validate --scenario` (kind fsdp): run the scenario's model with real ``fully_shard`` on
+    ``nproc`` gloo ranks; compare the collective sequence (kind, bytes, dtype) with the simulated plan's and
+    the predicted step time (calibrated here) with the measured one. Returns a report dict (and the trace)."""
+    from sim import scenario as sc
+    from sim.errors import ConfigError
+    from sim.fsdp.plan import build_fsdp, collective_sequence
+    from sim.models import model_from_spec
+    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
+    if d["parallelism"]["kind"] != "fsdp":
+        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {d['parallelism']['kind']!r}",
+                          "parallelism.kind")
+    opts = {k: v for k, v in d["parallelism"].items() if k not in ("kind", "overlap")}
+    if opts.get("zero", 3) != 3:
+        raise ConfigError("only zero: 3 runs for real (FSDP2 is ZeRO-3)", "parallelism.zero")
+    model = model_from_spec(d["model"], "model")
+    plan = build_fsdp(model, nproc, opts)        # validates the options before starting ranks
+    sizes = calibration_sizes([plan])
+    results = run(model, nproc, [opts], steps=steps, warmup=warmup, local=True, timeout=timeout, calibrate=sizes)
+    simulated, measured = collective_sequence(plan), measured_sequence(results)
+    out = {"model": model.summary(), "nproc": nproc, "opts": opts, "sequence_match": simulated == measured,
+           "simulated_sequence": simulated, "measured_sequence": measured, "measured_step_s": measured_step(results)}
+    if sizes:
+        out["predicted_step_s"] = predict(model, nproc, opts, calibrated_cluster(results, model, nproc))
+        out["error_pct"] = 100.0 * (out["predicted_step_s"] / out["measured_step_s"] - 1)
+    out["trace"] = to_trace(results)
+    return out
+
+
+def fsdp_cases(path: str, args) -> list[dict]:
+    """`distlab validate --scenario fsdp.yaml` rows (runtime.validation.case format): the step, predicted
+    (calibrated here) against measured real FSDP2; each row also says whether the collective sequences match."""
+    from runtime.validation import case
+    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    r = validate_fsdp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+                      warmup=max(getattr(args, "warmup", 2), 1))
+    nbytes = sum(b for _, b, _ in r["measured_sequence"])
+    c = case("fsdp scenario", f"fsdp step ({len(r['measured_sequence'])} collectives)", nproc, nbytes,
+             r.get("predicted_step_s", 0.0), r["measured_step_s"])
+    c["sequence_match"] = r["sequence_match"]
+    return [c]

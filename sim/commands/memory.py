@@ -1,0 +1,84 @@
+"""`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage."""
+from __future__ import annotations
+
+from sim.cli import print_json, print_table
+from sim.errors import ConfigError
+
+NAME = "memory"
+HELP = ("Per-GPU memory of data-parallel training: params, grads, Adam state (ZeRO 1910.02054) for DDP and "
+        "ZeRO 1/2/3 (FSDP), plus unsharded units and activations; flags what does not fit.")
+LABELS = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="llama-7b", help="a model preset (gpt2-small, gpt2-medium, llama-7b, "
+                                                        "llama-70b; default llama-7b)")
+    p.add_argument("--world", type=int, default=8, help="data-parallel ranks (default 8)")
+    p.add_argument("--zero", default="3", help="stage: 0 or ddp, 1, 2, 3 (default 3 = FSDP)")
+    p.add_argument("--shard-size", type=int, help="HSDP: shard within groups of this many ranks (default: world)")
+    p.add_argument("--micro-batch", type=int, help="sequences per rank (activations scale with it)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
+    p.add_argument("--dtype", help="parameter dtype: bfloat16 = mixed-precision Adam 2+2+12 bytes/param, "
+                                   "float32 = 4+4+8 (default: the preset's)")
+    p.add_argument("--no-reshard", action="store_true", help="ZeRO-3: reshard_after_forward=False")
+    p.add_argument("--gpu", default="h100", help="GPU whose memory to check against (a preset name or GiB; "
+                                                 "default h100, 80 GiB)")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+
+
+def _stage(text: str) -> int:
+    t = str(text).strip().lower()
+    if t in ("ddp", "0", "1", "2", "3"):
+        return 0 if t == "ddp" else int(t)
+    raise ConfigError(f"unknown stage {text!r}; allowed: 0 (ddp), 1, 2, 3", "--zero")
+
+
+def _gpu_GiB(text: str) -> tuple[str, float]:
+    from sim.cluster import GPUS
+    if text in GPUS:
+        return text, GPUS[text].memory_GiB
+    try:
+        v = float(text)
+    except ValueError:
+        raise ConfigError(f"unknown GPU {text!r}; presets: {', '.join(GPUS)}, or a size in GiB", "--gpu") from None
+    if v <= 0:
+        raise ConfigError(f"{text!r} must be > 0 GiB", "--gpu")
+    return f"{v:g} GiB", v
+
+
+def run(args) -> int:
+    from sim.fsdp.memory import estimate, fits
+    from sim.models import model_from_spec
+    zero = _stage(args.zero)
+    if args.world < 1:
+        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world")
+    gpu, gib = _gpu_GiB(args.gpu)
+    spec = {"preset": args.model}
+    for key in ("micro_batch", "seq_len", "dtype"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    model = model_from_spec(spec, "--model")
+    kw = dict(shard_size=args.shard_size, reshard_after_forward=not args.no_reshard)
+    stages = {z: estimate(model, args.world, z, **kw) for z in (0, 1, 2, 3)}
+    for z, parts in stages.items():
+        parts["total"] = sum(parts.values())
+        parts["fits"] = fits(parts["total"], gib)
+    sel = stages[zero]
+    if args.json:
+        print_json({"model": model.summary(), "params": model.num_params, "world": args.world,
+                    "shard_size": args.shard_size or args.world, "zero": zero, "gpu": gpu, "gpu_memory_GiB": gib,
+                    "selected": sel, "stages": {LABELS[z]: v for z, v in stages.items()}})
+        return 0
+    G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
+    print(f"model: {model.summary()}")
+    print(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
+          + f"; GPU: {gpu} ({gib:g} GiB)")
+    cols = ["stage", "params", "grads", "optimizer", "unsharded", "activations", "total GiB", "fits"]
+    rows = [[LABELS[z] + (" <" if z == zero else ""), G(v["params"]), G(v["grads"]), G(v["optimizer"]),
+             G(v["unsharded params"]), G(v["activations"]), G(v["total"]), "yes" if v["fits"] else "NO"]
+            for z, v in stages.items()]
+    print_table("per-GPU memory (GiB): static ZeRO terms + unsharded units in flight + activations", cols, rows)
+    if not sel["fits"]:
+        print(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
+            f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v))
+    return 0

@@ -1,0 +1,114 @@
+"""Memory formulas (ZeRO 1910.02054) against hand-computed values; the memory-over-time curve."""
+import pytest
+
+from sim.engine import simulate
+from sim.errors import ConfigError
+from sim.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
+from sim.fsdp.plan import build_fsdp
+from sim.models import Layer, Model, Param, gpt, preset
+
+from conftest import multi_node
+
+GPT2_SMALL = 124_439_808     # 12 x 7,087,872 (block) + 50257x768 + 1024x768 (embeddings) + 1,536 (final norm)
+LLAMA_7B = 6_738_415_616
+
+
+def test_paper_example_7_5b_on_64_gpus():
+    """ZeRO fig. 1: Ψ = 7.5B, N = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
+    model = Model("7.5b", [Layer("layers.0", [Param("w", (7_500_000_000,), "bfloat16")])])
+    totals = [sum(static_bytes(model, 64, z).values()) for z in (0, 1, 2, 3)]
+    assert totals == [120e9, 30e9 + 1.40625e9, 15e9 + 1.640625e9, 1.875e9]
+
+
+def test_gpt2_small_fp32_is_4_4_8_bytes():
+    m = preset("gpt2-small")
+    assert m.num_params == GPT2_SMALL
+    shard = (GPT2_SMALL + 3 * 768) // 4       # vocab 50257 -> 50260 rows: 3 x 768 padding elements
+    assert static_bytes(m, 4, 0) == {"params": 4 * GPT2_SMALL, "grads": 4 * GPT2_SMALL, "optimizer": 8 * GPT2_SMALL}
+    assert static_bytes(m, 4, 1) == {"params": 4 * GPT2_SMALL, "grads": 4 * GPT2_SMALL, "optimizer": 8 * shard}
+    assert static_bytes(m, 4, 2) == {"params": 4 * GPT2_SMALL, "grads": 4 * shard, "optimizer": 8 * shard}
+    assert static_bytes(m, 4, 3) == {"params": 4 * shard, "grads": 4 * shard, "optimizer": 8 * shard}
+
+
+def test_padding_with_three_ranks():
+    # 50257 -> 50259 and 1024 -> 1026 rows of 768; every other dim 0 (768, 2304, 3072) divides by 3
+    assert static_bytes(preset("gpt2-small"), 3, 3)["params"] == 4 * (GPT2_SMALL + 4 * 768) // 3
+
+
+@pytest.mark.parametrize("world,shard", [(8, None), (16, 8), (64, 64)])
+def test_llama_7b_mixed_precision_2_2_12(world, shard):
+    n = shard or world
+    m = preset("llama-7b")
+    assert m.num_params == LLAMA_7B
+    assert static_bytes(m, world, 1, shard) == {"params": 2 * LLAMA_7B, "grads": 2 * LLAMA_7B,
+                                                "optimizer": 12 * LLAMA_7B // n}
+    assert static_bytes(m, world, 2, shard)["grads"] == 2 * LLAMA_7B // n
+    assert sum(static_bytes(m, world, 3, shard).values()) == 16 * LLAMA_7B // n
+
+
+def test_param_dtype_overrides_the_model_dtype():
+    assert static_bytes(preset("gpt2-small"), 4, 0, dtype="bfloat16")["optimizer"] == 12 * GPT2_SMALL
+
+
+def test_estimate_adds_unsharded_units_and_activations():
+    m = preset("llama-7b")
+    block = 4 * 4096 * 4096 + 3 * 11008 * 4096 + 2 * 4096
+    root = 2 * 32000 * 4096 + 4096
+    e = estimate(m, 8, 3)
+    assert e["unsharded params"] == 2 * (root + block)
+    assert estimate(m, 8, 3, reshard_after_forward=False)["unsharded params"] == 2 * (root + 32 * block)
+    assert e["activations"] == sum(layer.activation_bytes for layer in m.layers)
+    assert estimate(m, 8, 2)["unsharded params"] == 0
+
+
+def test_unknown_stage_or_bad_shard_group():
+    with pytest.raises(ConfigError, match="unknown ZeRO stage 4"):
+        static_bytes(preset("gpt2-small"), 8, 4)
+    with pytest.raises(ConfigError, match="must divide"):
+        static_bytes(preset("gpt2-small"), 8, 3, shard_size=3)
+
+
+@pytest.mark.parametrize("opts", [{}, {"reshard_after_forward": False}, {"reshard_after_forward": 2},
+                                  {"zero": 1}, {"zero": 2}, {"shard_size": 4}, {"overlap": False},
+                                  {"prefetch": 2, "backward_prefetch": 2, "param_dtype": "bfloat16"}])
+def test_memory_over_time_never_negative_and_returns_to_steady_state(opts):
+    model = gpt(layers=4, hidden=512, heads=8, seq_len=256, vocab=1000, micro_batch=2, arch="llama")
+    plan = build_fsdp(model, 8, opts)
+    trace = simulate(plan, multi_node(2, 4), record_transfers=False)
+    static = sum(plan.meta["memory"]["static"].values())
+    for rank in (0, 5):
+        times, totals, parts = memory_curve(plan, trace, rank)
+        assert times == sorted(times)
+        assert all(p[k] >= 0 for p in parts for k in DYNAMIC)
+        assert totals[0] == totals[-1] == static
+        assert max(totals) > static
+    pk = peak(plan, trace)
+    assert sum(pk["breakdown"].values()) == pk["total"]
+    assert pk["breakdown"]["activations"] > 0
+
+
+def test_resharding_lowers_the_peak():
+    model = gpt(layers=8, hidden=1024, heads=8, seq_len=128, vocab=1000, micro_batch=1, arch="llama")
+    cluster = multi_node(2, 4)
+    peaks = {raf: peak(p := build_fsdp(model, 8, {"reshard_after_forward": raf}),
+                       simulate(p, cluster, record_transfers=False))["total"] for raf in (True, False)}
+    assert peaks[True] < peaks[False]
+
+
+def test_cli_memory_table_and_json(cli):
+    import json
+    rc, out, err = cli("memory", "--model", "llama-7b", "--world", "64", "--zero", "3")
+    assert rc == 0, err
+    assert "ZeRO-3 / FSDP <" in out and "DDP" in out
+    rc, out, err = cli("memory", "--model", "llama-7b", "--world", "64", "--zero", "3", "--json")
+    d = json.loads(out)
+    assert d["selected"]["params"] == 2 * LLAMA_7B // 64 and d["selected"]["optimizer"] == 12 * LLAMA_7B // 64
+    assert d["stages"]["DDP"]["fits"] is False and d["selected"]["fits"] is True
+
+
+@pytest.mark.parametrize("args,text", [(("--zero", "7"), "unknown stage '7'"),
+                                       (("--world", "64", "--shard-size", "3"), "must divide"),
+                                       (("--gpu", "tpu"), "unknown GPU")])
+def test_cli_memory_bad_input_one_line_exit_2(cli, args, text):
+    rc, out, err = cli("memory", *args)
+    assert rc == 2 and text in err and len(err.strip().splitlines()) == 1
