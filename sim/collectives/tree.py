@@ -10,8 +10,9 @@ into one parent, or one rank sending up both trees), so on an uncontended fabric
 where e counts the steps whose busiest link carries one chunk: e = 2(D+k-1) when n = 2 (every step), e = 2 when
 n = 2^D >= 4 (the first reduce step and the last broadcast step feed the single deepest rank), else e = 0.
 For large S this tends to 2·S·β: the same bus bandwidth as the ring, with log-depth latency.
-Simplification: NCCL overlaps the reduce and broadcast phases and builds the tree over nodes with chains inside
-each node; here the tree spans the group's ranks directly.
+Across nodes the trees follow NCCL's layout: a double binary tree over the nodes with a chain inside each node,
+and C = min(NICs, g) / 2 channels, each a pair of trees carrying S/C, whose node heads use distinct NICs.
+Simplification: NCCL overlaps the reduce and broadcast phases; here broadcast starts after the reduce.
 """
 from __future__ import annotations
 
@@ -28,27 +29,59 @@ def depth(n: int) -> int:
     return n.bit_length() - 1
 
 
-def _edges(order, d):
-    """(child, parent) edges of the heap over ``order`` whose child sits at depth ``d``."""
-    n = len(order)
-    return [(order[j], order[(j - 1) // 2]) for j in range(2 ** d - 1, min(n, 2 ** (d + 1) - 1))]
+def heap_parents(order) -> dict:
+    """child -> parent of a binary heap laid over ``order`` (position j has children 2j+1, 2j+2)."""
+    return {order[j]: order[(j - 1) // 2] for j in range(1, len(order))}
+
+
+def node_trees(by_node: list[list[int]]) -> tuple[dict, dict]:
+    """NCCL's layout across nodes: a binary tree over the nodes (tree B over the nodes reversed) and a chain
+    inside each node hanging below the node's head. Tree A's heads are local rank 0, tree B's the last local
+    rank, so the two trees cross nodes on different NICs and run their chains in opposite directions."""
+    trees = []
+    for nodes, head in ((by_node, 0), (by_node[::-1], -1)):
+        chains = [m if head == 0 else m[::-1] for m in nodes]
+        parent = {}
+        heads = [c[0] for c in chains]
+        parent.update(heap_parents(heads))
+        for c in chains:
+            parent.update({c[i]: c[i - 1] for i in range(1, len(c))})
+        trees.append(parent)
+    return trees[0], trees[1]
+
+
+def depths(parent: dict, ranks) -> dict:
+    out = {}
+    for r in ranks:
+        d, x = 0, r
+        while x in parent:
+            x, d = parent[x], d + 1
+        out[r] = d
+    return out
 
 
 def steps(ctx, op, group, nbytes, root):
     n = len(group)
     if n == 1:
         return
-    order = [r for members in ctx.nodes_of(group).values() for r in members]
-    trees = (order, order[::-1])
-    D = depth(n)
-    k = num_chunks(nbytes / 2)
-    chunk = 0.0 if op == "barrier" else nbytes / (2 * k)
-    for t in range(D + k - 1):                   # reduce: depth d sends chunk j at step j + (D - d)
-        ds = tuple(d for d in range(1, D + 1) if 0 <= t - (D - d) <= k - 1)
-        key = ("tree-up", tuple(order), ds)
-        yield ctx.pairs(key, lambda ds=ds: [e for tr in trees for d in ds for e in _edges(tr, d)]), chunk, None
-    for t in range(D + k - 1):                   # broadcast: depth d sends chunk j to depth d+1 at step j + d
-        ds = tuple(d for d in range(0, D) if 0 <= t - d <= k - 1)
-        key = ("tree-down", tuple(order), ds)
-        yield ctx.pairs(key, lambda ds=ds: [(p, c) for tr in trees for d in ds for c, p in _edges(tr, d + 1)]), \
-            chunk, None
+    by_node = list(ctx.nodes_of(group).values())
+    if len(by_node) == 1 or len({len(m) for m in by_node}) > 1:
+        order = [r for members in by_node for r in members]
+        trees = [heap_parents(order), heap_parents(order[::-1])]
+    else:                                    # channel c rotates each node by 2c: its heads use 2 more NICs
+        g = len(by_node[0])
+        channels = max(1, min(ctx.cluster.inter_node.nics_per_node, g) // 2)
+        trees = [t for c in range(channels) for t in node_trees([m[2 * c:] + m[:2 * c] for m in by_node])]
+    depth_of = [depths(t, group) for t in trees]
+    D = max(max(d.values()) for d in depth_of)
+    k = num_chunks(nbytes / len(trees))
+    chunk = 0.0 if op == "barrier" else nbytes / (len(trees) * k)
+    key = tuple(sorted(group))
+    for t in range(D + k - 1):               # reduce: a rank at depth d sends chunk j up at step j + (D - d)
+        edges = tuple((c, p) for tree, dep in zip(trees, depth_of) for c, p in tree.items()
+                      if 0 <= t - (D - dep[c]) <= k - 1)
+        yield ctx.pairs(("tree", key, edges), lambda e=edges: list(e)), chunk, None
+    for t in range(D + k - 1):               # broadcast: a rank at depth d sends chunk j down at step j + d
+        edges = tuple((p, c) for tree, dep in zip(trees, depth_of) for c, p in tree.items()
+                      if 0 <= t - (dep[c] - 1) <= k - 1)
+        yield ctx.pairs(("tree", key, edges), lambda e=edges: list(e)), chunk, None
