@@ -1,0 +1,156 @@
+"""The plan of one DDP training step (PyTorch DistributedDataParallel, Li et al. 2020, arXiv 2006.15704).
+
+Every rank runs the same program. On the ``compute`` stream: forward layer by layer, backward in reverse;
+after the layer whose backward completes bucket k, ``Record("ready k")``. On the ``comm`` stream, for each
+bucket in index order: ``Wait("ready k")`` then the bucket's all-reduce, which is exactly the Reducer's launch
+rule (all its gradients ready and every lower bucket launched; NCCL and Gloo run them in order). After the
+last bucket, the compute stream waits for the comm stream and runs the optimizer step.
+
+Gradient accumulation: the first ``grad_accum - 1`` micro-batches run under ``no_sync()`` (no all-reduce).
+``compress="fp16"``: ``fp16_compress_hook`` all-reduces 2-byte values. Compute ops carry FLOPs and HBM bytes
+(roofline on the cluster's GPU): forward reads the layer's parameters and writes its activations, backward
+reads both and writes gradients. Optimizer: Adam reads p, g, m, v and writes p, m, v (7 x param bytes at
+fp32), SGD reads p, g and writes p (3 x).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from sim.ddp.buckets import ddp_buckets
+from sim.errors import ConfigError
+from sim.models import Model
+from sim.plan import ALGORITHMS, Collective, Compute, Plan, Record, Wait
+
+OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
+
+
+@dataclass
+class DDPOptions:
+    bucket_cap_mb: float | None = None    # None = PyTorch's default (25 MiB, first bucket 1 MiB)
+    iteration: int = 1                    # 0 = the first step (one bucket); >= 1 = rebuilt buckets
+    grad_accum: int = 1                   # micro-batches per step; all but the last under no_sync()
+    compress: str | None = None           # None or "fp16"
+    algorithm: str = "auto"
+    optimizer: str = "adam"
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "parallelism") -> "DDPOptions":
+        allowed = [f.name for f in fields(cls)]
+        for k in d:
+            if k not in allowed:
+                raise ConfigError(f"unknown key {k!r}; allowed: kind, {', '.join(allowed)}", where)
+        return cls(**d).validate(where)
+
+    def validate(self, where: str = "parallelism") -> "DDPOptions":
+        cap = self.bucket_cap_mb
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+            raise ConfigError(f"{cap!r} must be a number of MiB > 0 (PyTorch's default: 25)",
+                              f"{where}.bucket_cap_mb")
+        for key in ("iteration", "grad_accum"):
+            v = getattr(self, key)
+            low = 0 if key == "iteration" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"{v!r} must be a whole number >= {low}", f"{where}.{key}")
+        if self.compress not in (None, "fp16"):
+            raise ConfigError(f"unknown compression {self.compress!r}; allowed: fp16 (or none)", f"{where}.compress")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}",
+                              f"{where}.algorithm")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}",
+                              f"{where}.optimizer")
+        return self
+
+
+def ddp_plan(model: Model, world_size: int, opts: DDPOptions | None = None) -> tuple[Plan, dict]:
+    """(Plan, info): info["buckets"] describes each bucket (bytes, params, names, the layer completing it)."""
+    opts = (opts or DDPOptions()).validate()
+    buckets = ddp_buckets(model, opts.bucket_cap_mb, opts.iteration)
+    param_layer = model.param_layer()
+    names = [p.name for p in model.params]
+    # the backward order is layers last to first: a bucket is complete after the earliest-run backward
+    # that finishes all its params, i.e. the lowest layer index among them
+    done_after = [min(param_layer[i] for i in b.params) for b in buckets]
+    ops, ready_index, coll_index = [], {}, {}
+    for micro in range(opts.grad_accum):
+        last = micro == opts.grad_accum - 1
+        tag = f" (micro {micro})" if opts.grad_accum > 1 else ""
+        for layer in model.layers:
+            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops,
+                               bytes=layer.param_bytes + layer.activation_bytes))
+        for li in range(len(model.layers) - 1, -1, -1):
+            layer = model.layers[li]
+            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops,
+                               bytes=2 * layer.param_bytes + layer.activation_bytes))
+            if last:
+                for k, d in enumerate(done_after):
+                    if d == li:
+                        ready_index[k] = len(ops)
+                        ops.append(Record(f"ready {k}"))
+    for k, b in enumerate(buckets):
+        numel = sum(model.params[i].numel for i in b.params)
+        nbytes, dtype = (2 * numel, "float16") if opts.compress == "fp16" else (b.bytes, b.dtype)
+        coll_index[k] = len(ops) + 1
+        ops += [Wait(f"ready {k}"), Collective("all_reduce", nbytes, dtype=dtype, algorithm=opts.algorithm,
+                                               name=f"bucket {k}")]
+    if buckets:
+        ops += [Record("reduced", stream="comm"), Wait("reduced", stream="compute")]
+    if OPTIMIZERS[opts.optimizer]:
+        ops.append(Compute("optimizer step", bytes=OPTIMIZERS[opts.optimizer] * model.param_bytes))
+    info = {
+        "builder": "ddp", "model": model.summary(), "options": asdict(opts),
+        "buckets": [{"index": k, "bytes": b.bytes, "params": len(b.params), "dtype": b.dtype,
+                     "first": names[b.params[0]], "last": names[b.params[-1]],
+                     "ready_after": model.layers[done_after[k]].name, "record_op": ready_index[k],
+                     "op": coll_index[k]} for k, b in enumerate(buckets)],
+    }
+    plan = Plan([list(ops) for _ in range(world_size)], name=f"ddp {model.name}",
+                meta={"builder": "ddp", "model": model.name, "options": asdict(opts)})
+    return plan.validate(), info
+
+
+def build(scenario: dict, model: Model, cluster) -> tuple[Plan, dict]:
+    """Registry entry (sim.scenario.BUILDERS["ddp"]): ``scenario["parallelism"]`` holds the DDPOptions."""
+    par = {k: v for k, v in scenario.get("parallelism", {}).items() if k != "kind"}
+    return ddp_plan(model, cluster.world_size, DDPOptions.from_dict(par))
+
+
+# --- reading a trace of a DDP plan -------------------------------------------------------------------------
+def _union(spans):
+    spans = sorted(spans)
+    out = []
+    for s, e in spans:
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _overlap(a, b) -> float:
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+
+
+def summarize(trace, rank: int = 0) -> dict:
+    """Step, compute, communication and exposed communication seconds; overlap % = hidden / communication.
+    Exposed = communication time during which the rank computes nothing."""
+    ops = trace.for_rank(rank)
+    compute = _union([(o.start, o.end) for o in ops if o.kind == "compute"])
+    comm = _union([(o.start if o.launch is None else o.launch, o.end) for o in ops if o.kind == "collective"])
+    t_compute = sum(e - s for s, e in compute)
+    t_comm = sum(e - s for s, e in comm)
+    hidden = _overlap(comm, compute)
+    return {"step_s": trace.makespan, "compute_s": t_compute, "comm_s": t_comm, "exposed_comm_s": t_comm - hidden,
+            "overlap_pct": 100.0 * hidden / t_comm if t_comm > 0 else 0.0}
+
+
+def bucket_rows(trace, info: dict, rank: int = 0) -> list[dict]:
+    """Per bucket: bytes, params, ready (its Record), launch (data starts moving), end."""
+    by_index = {o.index: o for o in trace.for_rank(rank)}
+    rows = []
+    for b in info["buckets"]:
+        o, r = by_index.get(b["op"]), by_index.get(b["record_op"])
+        rows.append({**b, "ready_s": None if r is None else r.end,
+                     "launch_s": None if o is None else (o.start if o.launch is None else o.launch),
+                     "end_s": None if o is None else o.end})
+    return rows

@@ -1,0 +1,99 @@
+"""Scenarios: a model, a parallelism strategy and a cluster, as one YAML file or dict, turned into a plan.
+
+    name: gpt2-small-ddp            # optional
+    model: gpt2-small               # a preset, or {preset: gpt2-small, micro_batch: 8}, or {kind: mlp, ...}
+    parallelism: {kind: ddp, bucket_cap_mb: 25}
+    cluster: dgx-h100               # a preset or a cluster .yaml (relative to the scenario file)
+    nodes: 1                        # optional: overrides the cluster's node count
+    world_size: 8                   # optional: ranks (default: every GPU of the cluster)
+
+``BUILDERS`` maps a parallelism kind to ``build(scenario, model, cluster) -> (Plan, info)``; the builder
+validates its own ``parallelism`` keys and raises ConfigError naming the key.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+from sim.ddp.plan import build as build_ddp
+from sim.errors import ConfigError
+from sim.fsdp.scenario import build as build_fsdp
+from sim.pipeline.scenario import build as build_pipeline
+
+KEYS = ("name", "description", "model", "parallelism", "cluster", "nodes", "world_size")
+# kind -> build(scenario, model, cluster) -> (Plan, info)
+BUILDERS = {"ddp": build_ddp, "fsdp": build_fsdp, "pipeline": build_pipeline}
+
+DEFAULT = {"name": "gpt2-small DDP on one DGX H100",
+           "model": {"preset": "gpt2-small", "micro_batch": 8},
+           "parallelism": {"kind": "ddp"},
+           "cluster": "dgx-h100", "nodes": 1}
+
+
+def load(path_or_dict, where: str | None = None) -> dict:
+    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file made absolute."""
+    if isinstance(path_or_dict, dict):
+        d, where = copy.deepcopy(path_or_dict), where or "scenario"
+    else:
+        from sim.io import load_yaml
+        where = where or str(path_or_dict)
+        d = load_yaml(path_or_dict)
+        if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
+            d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
+    return validate(d, where)
+
+
+def validate(d, where: str = "scenario") -> dict:
+    if not isinstance(d, dict):
+        raise ConfigError(f"a scenario is a mapping with keys {', '.join(KEYS)}", where)
+    for k in d:
+        if k not in KEYS:
+            raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(KEYS)}", where)
+    for k in ("model", "parallelism"):
+        if k not in d:
+            raise ConfigError(f"missing key {k!r}", where)
+    par = d["parallelism"]
+    if isinstance(par, str):
+        par = d["parallelism"] = {"kind": par}
+    if not isinstance(par, dict) or "kind" not in par:
+        raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(BUILDERS)})", f"{where}: parallelism")
+    if par["kind"] not in BUILDERS:
+        raise ConfigError(f"unknown kind {par['kind']!r}; allowed: {', '.join(BUILDERS)}",
+                          f"{where}: parallelism.kind")
+    d.setdefault("cluster", "dgx-h100")
+    for k in ("nodes", "world_size"):
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
+    return d
+
+
+def resolve(d: dict, where: str = "scenario"):
+    """(model, cluster) of a validated scenario."""
+    from sim.cluster import load_cluster
+    from sim.models import model_from_spec
+    model = model_from_spec(d["model"], f"{where}: model")
+    cluster = load_cluster(d["cluster"], d.get("nodes"))
+    if d.get("world_size") is not None:
+        cluster = cluster.with_world_size(d["world_size"])
+    return model, cluster
+
+
+def build(d: dict, where: str = "scenario"):
+    """(plan, info, model, cluster) of a scenario (validated here again)."""
+    d = validate(copy.deepcopy(d), where)
+    model, cluster = resolve(d, where)
+    try:
+        plan, info = BUILDERS[d["parallelism"]["kind"]](d, model, cluster)
+    except ConfigError as e:
+        if e.where and not e.where.startswith(where):
+            raise ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}") from None
+        raise
+    return plan, info, model, cluster
+
+
+def simulate(d: dict, where: str = "scenario"):
+    """(trace, info, model, cluster, plan) of a scenario."""
+    from sim.engine import simulate as run
+    plan, info, model, cluster = build(d, where)
+    return run(plan, cluster, record_transfers=False), info, model, cluster, plan
