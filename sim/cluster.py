@@ -137,6 +137,8 @@ PRESETS = {
 # --- loading -----------------------------------------------------------------------------------------------
 def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
     """A preset name or a YAML file; ``nodes`` overrides the node count."""
+    if not isinstance(name_or_path, str):
+        raise ConfigError(f"{name_or_path!r} must be a preset name or a cluster .yaml path", "cluster")
     if name_or_path in PRESETS:
         cluster = PRESETS[name_or_path]
     elif name_or_path.endswith((".yaml", ".yml")) or os.path.sep in name_or_path or os.path.exists(name_or_path):
@@ -203,6 +205,8 @@ def _positive(value, where: str, integer: bool = False, allow_zero: bool = False
     if not ok or (value < 0 if allow_zero else value <= 0) or value == float("inf"):
         what = "a whole number" if integer else "a number"
         raise ConfigError(f"{value!r} must be {what} {'>= 0' if allow_zero else '> 0'}", where)
+    if value > 1e9 or 0 < value < 1e-6:
+        raise ConfigError(f"{value!r} is out of range: use a value between 1e-06 and 1e+09", where)
 
 
 def _validated(c: Cluster, where: str) -> Cluster:

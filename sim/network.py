@@ -155,10 +155,12 @@ def max_min_rates(capacity: np.ndarray, entry_flow: np.ndarray, entry_link: np.n
     while active_entries.any():
         counts = np.bincount(entry_link[active_entries], minlength=len(capacity))
         used = counts > 0
-        inc = np.min(cap_left[used] / counts[used])
+        share = np.full(len(capacity), np.inf)
+        share[used] = cap_left[used] / counts[used]
+        inc = share.min()
         rates[~frozen] += inc
         cap_left[used] -= inc * counts[used]
-        saturated = used & (cap_left <= 1e-9 * capacity)
+        saturated = share <= inc * (1 + 1e-12)      # the bottleneck links (at least one: always progresses)
         newly = np.unique(entry_flow[active_entries & saturated[entry_link]])
         frozen[newly] = True
         active_entries &= ~frozen[entry_flow]

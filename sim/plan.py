@@ -200,7 +200,7 @@ def _op_from_dict(o, where: str) -> Op:
     if not isinstance(o, dict):
         raise ConfigError("an op must be an object with a 'kind'", where)
     kind = o.get("kind")
-    if kind not in OP_TYPES:
+    if not isinstance(kind, str) or kind not in OP_TYPES:
         raise ConfigError(f"unknown op kind {kind!r}; allowed: {', '.join(OP_TYPES)}", where)
     cls = OP_TYPES[kind]
     names = {f.name for f in fields(cls)}
@@ -244,7 +244,7 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> Non
         return
     if not _is_int(op.bytes) or op.bytes < 0:
         raise ConfigError(f"bytes must be a whole number >= 0, got {op.bytes!r}", where)
-    if op.dtype not in DTYPE_BYTES:
+    if not isinstance(op.dtype, str) or op.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
     if isinstance(op, (Send, Recv)):
         if not _is_int(op.peer) or not 0 <= op.peer < n:
@@ -252,9 +252,9 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> Non
         if op.peer == rank:
             raise ConfigError(f"rank {rank} cannot {op.kind} to itself", where)
         return
-    if op.op not in COLLECTIVES:
+    if not isinstance(op.op, str) or op.op not in COLLECTIVES:
         raise ConfigError(f"unknown collective {op.op!r}; allowed: {', '.join(COLLECTIVES)}", where)
-    if op.algorithm not in ALGORITHMS:
+    if not isinstance(op.algorithm, str) or op.algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {op.algorithm!r}; allowed: {', '.join(ALGORITHMS)}", where)
     group = op.group if op.group is not None else tuple(range(n))
     if not isinstance(group, tuple):
@@ -270,5 +270,5 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> Non
         checked_groups.add(group)
     if rank not in group:
         raise ConfigError(f"rank {rank} calls a collective on group {list(group)} it is not in", where)
-    if op.op in ("broadcast", "reduce") and op.root not in group:
+    if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or op.root not in group):
         raise ConfigError(f"root {op.root!r} is not in group {list(group)}", where)

@@ -6,6 +6,8 @@
     cluster: dgx-h100               # a preset or a cluster .yaml (relative to the scenario file)
     nodes: 1                        # optional: overrides the cluster's node count
     world_size: 8                   # optional: ranks (default: every GPU of the cluster)
+    stragglers: {3: 1.5}            # optional: rank -> compute slowdown factor (> 0; 1.5 = 50% slower)
+    degraded_links: {node0.nic3.up: 0.25}   # optional: link -> bandwidth factor in (0, 1]
 
 ``BUILDERS`` maps a parallelism kind to ``build(scenario, model, cluster) -> (Plan, info)``; the builder
 validates its own ``parallelism`` keys and raises ConfigError naming the key.
@@ -20,7 +22,8 @@ from sim.errors import ConfigError
 from sim.fsdp.scenario import build as build_fsdp
 from sim.pipeline.scenario import build as build_pipeline
 
-KEYS = ("name", "description", "model", "parallelism", "cluster", "nodes", "world_size")
+KEYS = ("name", "description", "model", "parallelism", "cluster", "nodes", "world_size", "stragglers",
+        "degraded_links")
 # kind -> build(scenario, model, cluster) -> (Plan, info)
 BUILDERS = {"ddp": build_ddp, "fsdp": build_fsdp, "pipeline": build_pipeline}
 
@@ -57,10 +60,25 @@ def validate(d, where: str = "scenario") -> dict:
         par = d["parallelism"] = {"kind": par}
     if not isinstance(par, dict) or "kind" not in par:
         raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(BUILDERS)})", f"{where}: parallelism")
-    if par["kind"] not in BUILDERS:
+    if not isinstance(par["kind"], str) or par["kind"] not in BUILDERS:
         raise ConfigError(f"unknown kind {par['kind']!r}; allowed: {', '.join(BUILDERS)}",
                           f"{where}: parallelism.kind")
     d.setdefault("cluster", "dgx-h100")
+    if not isinstance(d["cluster"], str):
+        raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
+    for key, low, high in (("stragglers", 0.0, float("inf")), ("degraded_links", 0.0, 1.0)):
+        v = d.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise ConfigError("must be a mapping, e.g. {3: 1.5}" if key == "stragglers"
+                              else "must be a mapping, e.g. {node0.nic3.up: 0.25}", f"{where}: {key}")
+        for name, factor in v.items():
+            if key == "stragglers" and (isinstance(name, bool) or not isinstance(name, int) or name < 0):
+                raise ConfigError(f"{name!r} must be a rank (a whole number >= 0)", f"{where}: stragglers")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not low < factor <= high:
+                allowed = "a number > 0" if key == "stragglers" else "a number in (0, 1]"
+                raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
     for k in ("nodes", "world_size"):
         v = d.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -96,4 +114,9 @@ def simulate(d: dict, where: str = "scenario"):
     """(trace, info, model, cluster, plan) of a scenario."""
     from sim.engine import simulate as run
     plan, info, model, cluster = build(d, where)
-    return run(plan, cluster, record_transfers=False), info, model, cluster, plan
+    slowdown = d.get("stragglers") or {}
+    if any(r >= plan.world_size for r in slowdown):
+        raise ConfigError(f"rank {max(slowdown)} is outside the world (0..{plan.world_size - 1})",
+                          f"{where}: stragglers")
+    trace = run(plan, cluster, record_transfers=False, slowdown=slowdown, link_factors=d.get("degraded_links"))
+    return trace, info, model, cluster, plan

@@ -108,3 +108,29 @@ def test_degraded_link_slows_only_its_flows():
     assert slow > 1.5 * base
     with pytest.raises(Exception, match="no link named 'gpu9.up'"):
         simulate(plan, one_node(4), link_factors={"gpu9.up": 0.5})
+
+
+def test_scenario_straggler_and_degraded_link_reported_by_cli(cli, tmp_path):
+    base = ("model: {kind: mlp, widths: [1024, 1024, 1024, 1024], batch: 64}\n"
+            "parallelism: {kind: ddp, bucket_cap_mb: 1}\ncluster: dgx-h100\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(base + "stragglers: {3: 4.0}\n")
+    rc, out, err = cli("simulate", str(path), "--no-files", "--json")
+    assert rc == 0, err
+    import json
+    d = json.loads(out)
+    assert d["stragglers"][0].startswith("rank 3 arrived last")
+    ranks = {r["rank"]: r for r in d["time_by_rank"]}
+    assert ranks[3]["compute_s"] == pytest.approx(4 * ranks[0]["compute_s"])
+    assert ranks[0]["waiting_s"] > 0 and ranks[3]["waiting_s"] == 0
+    path.write_text(base)
+    fast = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["step_s"]
+    path.write_text(base + "degraded_links: {gpu5.up: 0.1}\n")
+    slow = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["step_s"]
+    assert slow > 2 * fast
+    for bad, message in (("stragglers: {3: 0}\n", "must be a number > 0"), ("stragglers: {99: 2}\n", "rank 99"),
+                         ("degraded_links: {gpu5.up: 2}\n", "in (0, 1]"), ("degraded_links: {warp9: 0.5}\n",
+                                                                             "no link named 'warp9'")):
+        path.write_text(base + bad)
+        rc, out, err = cli("simulate", str(path), "--no-files")
+        assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -53,7 +53,8 @@ def scenario_from_args(args) -> dict:
     for key in DDP_FLAGS:
         if getattr(args, key, None) is not None:
             d["parallelism"][key] = getattr(args, key)
-    if d["parallelism"].get("bucket_cap_mb") is not None and float(d["parallelism"]["bucket_cap_mb"]).is_integer():
+    cap = d["parallelism"].get("bucket_cap_mb")
+    if isinstance(cap, float) and cap.is_integer():
         d["parallelism"]["bucket_cap_mb"] = int(d["parallelism"]["bucket_cap_mb"])
     return sc.validate(d, args.scenario or "scenario")
 
@@ -112,9 +113,13 @@ def run(args) -> int:
         fig = (info["figure"](trace, title=title) if "figure" in info
                else timeline(trace, ranks=list(range(min(2, plan.world_size))), title=title))
         save_figure(fig, files["timeline"])
+    from sim.analysis import straggler_report, time_breakdown
+    by_rank = [vars(b) for b in time_breakdown(trace)]
+    stragglers = straggler_report(trace)
     if args.json:
         print_json({"scenario": d, "model": model.summary(), "cluster": cluster.name, "world_size": plan.world_size,
-                    **summary, **{k: v for k, v in extra.items() if k != "rows"}, "buckets": rows, "files": files})
+                    **summary, **{k: v for k, v in extra.items() if k != "rows"}, "buckets": rows,
+                    "time_by_rank": by_rank, "stragglers": stragglers, "files": files})
         return 0
     print(f"scenario: {d.get('name') or plan.name}")
     print(f"model:    {model.summary()}")
@@ -126,6 +131,12 @@ def run(args) -> int:
         ["communication", f"{summary['comm_s'] * 1e3:.3f} ms"],
         ["exposed communication", f"{summary['exposed_comm_s'] * 1e3:.3f} ms"],
         ["overlap", f"{summary['overlap_pct']:.1f} %"]] + extra.get("rows", []))
+    if d.get("stragglers") or d.get("degraded_links"):
+        print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
+                    [[b["rank"], f"{b['compute_s'] * 1e3:.3f}", f"{b['waiting_s'] * 1e3:.3f}",
+                      f"{b['transfer_s'] * 1e3:.3f}"] for b in by_rank[:16]])
+        for line in stragglers:
+            print(line)
     if extra.get("warning"):
         print(f"warning: {extra['warning']}")
     if rows:

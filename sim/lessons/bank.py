@@ -1,0 +1,113 @@
+"""The exercises of lessons 01-04. Expected values come from the library, so they match what the lessons run."""
+from __future__ import annotations
+
+from sim.lessons.exercises import Exercise, register
+
+MiB = 2**20
+
+
+def _ring(op: str, n: int, nbytes: float, alpha_s: float, bandwidth_Bps: float) -> float:
+    """The α-β ring model: steps x α + factor x S / B (sim.collectives.ring_cost)."""
+    from sim.collectives import ring_cost
+    steps, factor = ring_cost(op, n)
+    return steps * alpha_s + factor * nbytes / bandwidth_Bps
+
+
+def _ring_steps(op: str, n: int) -> int:
+    from sim.collectives import ring_cost
+    return ring_cost(op, n)[0]
+
+
+def _simulated_ms(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str = "auto") -> float:
+    from sim.cluster import load_cluster
+    from sim.engine import simulate_collective
+    trace, _ = simulate_collective(op, nbytes, load_cluster(cluster, nodes), algorithm)
+    return trace.makespan * 1e3
+
+
+def _auto_algorithm(op: str, nbytes: int, cluster: str, nodes: int) -> str:
+    from sim.cluster import load_cluster
+    from sim.engine import simulate_collective
+    return simulate_collective(op, nbytes, load_cluster(cluster, nodes), "auto")[1]
+
+
+def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
+    from sim.collectives import metrics
+    return metrics(op, n, nbytes, seconds)["busbw_GBps"]
+
+
+def _measured_busbw(row: dict) -> float:
+    return _busbw(row["op"], row["world_size"], row["bytes"], row["time_s"])
+
+
+def _preset(name: str):
+    from sim.cluster import PRESETS
+    return PRESETS[name]
+
+
+register(
+    # --- 01 processes and collectives ---------------------------------------------------------------------
+    Exercise("01-world-size", "torchrun --nnodes 2 --nproc-per-node 4 train.py starts how many ranks (WORLD_SIZE)?",
+             "count", lambda: 2 * 4, tolerance=0, why="WORLD_SIZE = nodes x processes per node."),
+    Exercise("01-local-rank", "In that job (2 nodes x 4 processes), the process with RANK=6 has which LOCAL_RANK?",
+             "count", lambda: 6 % 4, tolerance=0, hint="ranks are numbered node by node: node 0 has 0..3",
+             why="LOCAL_RANK = RANK mod processes per node: it picks the GPU on the node (cuda:2)."),
+    Exercise("01-all-reduce-sum", "4 ranks each hold torch.tensor([rank + 1.0]). After dist.all_reduce (SUM), "
+             "what does rank 3 hold?", "count", lambda: sum(r + 1 for r in range(4)), tolerance=0,
+             hint="every rank ends with the sum over all ranks", why="1 + 2 + 3 + 4, on every rank."),
+    Exercise("01-ring-steps", "Your ring all-reduce on 4 ranks: how many send/recv steps does each rank make?",
+             "count", lambda: _ring_steps("all_reduce", 4),
+             tolerance=0, hint="a reduce-scatter pass then an all-gather pass, each n-1 steps",
+             why="2(n-1): n-1 to reduce-scatter, n-1 to all-gather."),
+    Exercise("01-ring-bytes", "In a ring all-reduce of a 64 MiB tensor on 8 ranks, how much data does each rank "
+             "send in all?", "MiB", lambda: 2 * 7 / 8 * 64, hint="2(n-1) steps, each of S/n",
+             why="2(n-1)/n x S: independent of n for large n, which is why the ring is bandwidth-optimal."),
+    # --- 02 what a collective costs -----------------------------------------------------------------------
+    Exercise("02-alpha-beta", "α-β model, ring all_reduce of 256 MiB on 8 GPUs with α = 5 µs per step and "
+             "B = 100 GB/s per link: how long does it take?", "ms",
+             lambda: _ring("all_reduce", 8, 256 * MiB, 5e-6, 100e9) * 1e3,
+             hint="t = 2(n-1)·α + 2(n-1)/n · S/B, and 256 MiB = 256 x 2^20 bytes",
+             why="at this size the bandwidth term (4.70 ms) dwarfs the latency term (0.07 ms)."),
+    Exercise("02-busbw", "nccl-tests reports all_reduce of 1 GiB on 8 GPUs in 5.8 ms. What is the busbw?",
+             "GB/s", lambda: _busbw("all_reduce", 8, 2**30, 5.8e-3),
+             hint="algbw = S / t, busbw = algbw x 2(n-1)/n, GB = 10^9 bytes",
+             why="busbw compares with the link's bandwidth whatever n is: 324 of NVLink 4's 450 GB/s (72%)."),
+    Exercise("02-small-message", "For an 8 B all_reduce on one dgx-h100 node, which algorithm does the "
+             "simulator's auto choose?", "choice", lambda: _auto_algorithm("all_reduce", 8, "dgx-h100", 1),
+             choices=("ring", "tree", "hierarchical", "nvls"),
+             hint="for tiny messages only α counts: fewest sequential steps wins",
+             why="a tree has about 2·log2(n) latency steps; the ring 2(n-1); NVLS pays 25 µs per step."),
+    Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
+             _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
+             why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
+    # --- 03 topologies ------------------------------------------------------------------------------------
+    Exercise("03-nic", "A DGX H100 has one 400 Gb/s NDR NIC per GPU. What bandwidth per direction does one GPU "
+             "get across nodes?", "GB/s", lambda: _preset("dgx-h100").inter_node.bandwidth_GBps,
+             hint="network speeds are in bits per second; 8 bits = 1 byte",
+             why="50 GB/s against 450 GB/s of NVLink: crossing nodes is 9x narrower."),
+    Exercise("03-nvlink-ratio", "How many times more bandwidth per GPU does NVLink 4 (dgx-h100 intra_node) have "
+             "than its NIC?", "x", lambda: (_preset("dgx-h100").intra_node.bandwidth_GBps /
+                                            _preset("dgx-h100").inter_node.bandwidth_GBps),
+             why="so a ring that crosses nodes runs at the NIC's speed, not NVLink's."),
+    Exercise("03-two-nodes", "Simulate a ring all_reduce of 1 GiB on dgx-h100 with 2 nodes. How long does it take?",
+             "ms", lambda: _simulated_ms("all_reduce", 2**30, "dgx-h100", 2, "ring"), tolerance=0.03,
+             hint="simulate_collective('all_reduce', 2**30, load_cluster('dgx-h100', 2), 'ring')",
+             why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
+    Exercise("03-oversubscription", "A fat-tree node has 8 NICs of 50 GB/s and 4:1 oversubscription. What "
+             "uplink capacity does the node have?", "GB/s", lambda: 8 * 50 / 4,
+             hint="capacity = NICs x bandwidth / oversubscription (sim/cluster.py, InterNode)",
+             why="when every node sends at once, each gets a quarter of its NICs' speed."),
+    # --- 04 validate on your machine ----------------------------------------------------------------------
+    Exercise("04-error", "The simulator predicts 12 ms and you measure 10 ms. What is the error?", "%",
+             lambda: (12 - 10) / 10 * 100, hint="error = (predicted - measured) / measured",
+             why="positive: the model is pessimistic here."),
+    Exercise("04-predict", "A calibration fitted α = 150 µs per step and B = 1.2 GB/s for all_gather on 4 ranks. "
+             "Predict an all_gather of 8 MiB (the gathered output) on 4 ranks.", "ms",
+             lambda: _ring("all_gather", 4, 8 * MiB, 150e-6, 1.2e9) * 1e3,
+             hint="all_gather: (n-1) steps and (n-1)/n x S bytes",
+             why="the same formula the calibrated simulator uses (runtime/fit.py predict)."),
+    Exercise("04-your-error", "Pick one case of your error table (pass case=...): what is its error?", "%",
+             lambda case: case["error"] * 100, needs=("case",), tolerance=0.05,
+             hint="(predicted_s - measured_s) / measured_s, as a percentage",
+             why="see which kind of case misses most, and why, in the next section."),
+)

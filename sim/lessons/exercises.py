@@ -1,0 +1,194 @@
+"""Lesson exercises and their checker: ``check("02-busbw", "324 GB/s")`` says at once whether an answer is right.
+
+Each exercise asks for a number in one unit (``ms``, ``GB/s``, ``MiB``, ``%``, ``x``), a plain count, or one of
+a few words. The expected value is computed by the library when you check (the simulator, the α-β formulas,
+or your own measurements passed as keyword arguments), so it always matches what the lessons run.
+
+Verdicts: ``correct``; ``wrong`` (with a hint, e.g. off by 8x: bits against bytes?); ``wrong unit`` (the
+answer is in another unit of the right kind: "that is in ms; the answer is in s", or a bare number that matches
+in another unit); ``wrong kind`` (a bandwidth where a time is asked); ``unanswered``; ``unreadable``.
+An answer with a unit must be written in the unit asked for: converting units is part of the exercise.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sim.lessons.units import DIMENSION_WORDS, UNITS, UnitError, fmt, parse, units_of
+
+UNANSWERED = (None, "", ...)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    question: str
+    unit: str                                # a unit of sim.lessons.units, "count" or "choice"
+    expected: Callable[..., object]          # (**given) -> value in ``unit`` (a number, or a word for choice)
+    tolerance: float = 0.02                  # relative
+    choices: tuple[str, ...] = ()
+    hint: str = ""
+    why: str = ""                            # shown once the answer is right
+    needs: tuple[str, ...] = ()              # keyword arguments check() must be given
+
+    @property
+    def dimension(self) -> str:
+        return self.unit if self.unit in ("count", "choice") else UNITS[self.unit][0]
+
+    def asks(self) -> str:
+        if self.unit == "choice":
+            return f"answer one of: {', '.join(self.choices)}"
+        if self.unit == "count":
+            return "answer a plain number"
+        return f"answer in {self.unit}"
+
+
+@dataclass
+class Verdict:
+    exercise: str
+    status: str                              # correct, wrong, wrong unit, wrong kind, unanswered, unreadable
+    message: str
+    details: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "correct"
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        mark = {"correct": "✔", "unanswered": "…"}.get(self.status, "✘")
+        return f"{mark} [{self.exercise}] {self.status}: {self.message}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = {"correct": "#1b7f3b", "unanswered": "#555555"}.get(self.status, "#b3261e")
+        head, _, rest = str(self).partition(": ")
+        return (f'<div class="distlab-verdict distlab-{self.status.replace(" ", "-")}" '
+                f'style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0;color:{colour}">'
+                f"<b>{html.escape(head)}</b>: {html.escape(rest)}</div>")
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def register(*exercises: Exercise) -> None:
+    for ex in exercises:
+        if ex.unit not in ("count", "choice") and ex.unit not in UNITS:
+            raise ValueError(f"exercise {ex.id}: unknown unit {ex.unit!r}")
+        _REGISTRY[ex.id] = ex
+
+
+def exercises(prefix: str = "") -> dict[str, Exercise]:
+    """All exercises (those of one lesson with ``prefix='02'``)."""
+    from sim.lessons import bank  # noqa: F401  (registers the lessons' exercises)
+    return {k: v for k, v in _REGISTRY.items() if k.startswith(prefix)}
+
+
+def get(exercise_id: str) -> Exercise:
+    table = exercises()
+    if exercise_id not in table:
+        raise KeyError(f"no exercise {exercise_id!r}; known: {', '.join(table)}")
+    return table[exercise_id]
+
+
+def question(exercise_id: str) -> str:
+    ex = get(exercise_id)
+    return f"{ex.question} ({ex.asks()})"
+
+
+def solution(exercise_id: str, **given) -> str:
+    """The expected answer, written in the unit asked for (for when you are stuck, and for tests)."""
+    ex = get(exercise_id)
+    value = _expected(ex, given)
+    if ex.unit == "choice":
+        return str(value)
+    return fmt(value, None) if ex.unit == "count" else fmt(value, ex.unit)
+
+
+def _expected(ex: Exercise, given: dict):
+    missing = [k for k in ex.needs if k not in given]
+    if missing:
+        raise TypeError(f"exercise {ex.id} needs {', '.join(missing)}=... (your measurement) to check the answer")
+    return ex.expected(**given)
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=1e-12)
+
+
+def _factor_hint(got: float, want: float) -> str:
+    if want == 0 or got == 0 or (got < 0) != (want < 0):
+        return "check the sign" if got and want and (got < 0) != (want < 0) else ""
+    r = got / want
+    for factor, text in ((8, "bits against bytes?"), (1.024, "GB against GiB (10^9 against 2^30)?"),
+                         (1.048576, "MB against MiB?"), (1.073741824, "GB against GiB?"), (1000, "a unit prefix?"),
+                         (2, "a factor of 2: both directions, or the 2(n-1)/n of all_reduce?")):
+        for f in (factor, 1 / factor):
+            if _close(r, f, 0.03):
+                return f"off by {r:.3g}x: {text}"
+    return f"off by {(r - 1) * 100:+.0f}%"
+
+
+def check(exercise_id: str, answer, **given) -> Verdict:
+    """Check ``answer`` (a number in the unit asked for, or a string with a unit such as ``"4.8 ms"``).
+    Exercises about your own measurements take them as keyword arguments (see the lesson)."""
+    ex = get(exercise_id)
+    if any(answer is u for u in UNANSWERED) or (isinstance(answer, str) and not answer.strip()):
+        return Verdict(ex.id, "unanswered", f"{ex.question} ({ex.asks()})")
+    expected = _expected(ex, given)
+    if ex.unit == "choice":
+        return _check_choice(ex, answer, expected)
+    try:
+        q = parse(answer)
+    except UnitError as e:
+        return Verdict(ex.id, "unreadable", f"{e} ({ex.asks()})")
+    if ex.unit == "count":
+        if q.unit is not None:
+            return Verdict(ex.id, "wrong unit", f"the answer is a plain number, without a unit (you wrote {q})")
+        return _numeric(ex, q.value, float(expected), str(q))
+    want = float(expected)
+    if q.unit is None:
+        if _close(q.value, want, ex.tolerance):
+            return _numeric(ex, q.value, want, fmt(q.value, ex.unit))
+        for u in units_of(ex.dimension):
+            if u != ex.unit and _close(q.value * UNITS[u][1] / UNITS[ex.unit][1], want, ex.tolerance):
+                return Verdict(ex.id, "wrong unit", f"{fmt(q.value, None)} is the answer in {_name(u)}; the answer is "
+                                                    f"in {_name(ex.unit)}", {"unit": u})
+        return _numeric(ex, q.value, want, fmt(q.value, ex.unit))
+    if q.dimension != ex.dimension:
+        return Verdict(ex.id, "wrong kind", f"{q} is {DIMENSION_WORDS[q.dimension]}; the answer is "
+                                            f"{DIMENSION_WORDS[ex.dimension]}, in {ex.unit}", {"unit": q.unit})
+    if q.unit != ex.unit:
+        converted = q.to(ex.unit)
+        after = (": right once written in " + ex.unit) if _close(converted, want, ex.tolerance) else \
+            ", not the answer either"
+        return Verdict(ex.id, "wrong unit", f"that is in {_name(q.unit)}; the answer is in {_name(ex.unit)} "
+                                            f"({q} = {fmt(converted, ex.unit)}{after})", {"unit": q.unit})
+    return _numeric(ex, q.value, want, str(q))
+
+
+def _name(unit: str) -> str:
+    return {"x": "x (a plain ratio)", "%": "% (percent)"}.get(unit, unit)
+
+
+def _numeric(ex: Exercise, got: float, want: float, shown: str) -> Verdict:
+    if _close(got, want, ex.tolerance):
+        return Verdict(ex.id, "correct", f"{shown}. {ex.why}".strip())
+    hint = _factor_hint(got, want)
+    text = f"not {shown}" + (f" ({hint})" if hint else "") + (f". Hint: {ex.hint}" if ex.hint else "")
+    return Verdict(ex.id, "wrong", text, {"ratio": got / want if want else None})
+
+
+def _check_choice(ex: Exercise, answer, expected) -> Verdict:
+    word = str(answer).strip().lower()
+    choices = [c.lower() for c in ex.choices]
+    if word not in choices:
+        return Verdict(ex.id, "unreadable", f"{answer!r} is not one of {', '.join(ex.choices)}")
+    if word == str(expected).lower():
+        return Verdict(ex.id, "correct", f"{word}. {ex.why}".strip())
+    return Verdict(ex.id, "wrong", f"not {word}" + (f". Hint: {ex.hint}" if ex.hint else ""))
