@@ -91,3 +91,37 @@ def sweep(xs, series: dict[str, list[float]], xlabel: str, ylabel: str, title: s
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def transfers_timeline(trace, max_ranks: int = 16, title: str | None = None, unit: str = "us"):
+    """One row per sending rank, one bar per point-to-point transfer (a step of a collective), coloured by
+    destination. Shows a ring's 2(n-1) steps, a tree's pipeline, or flows stretched by contention."""
+    import matplotlib.cm as cm
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    srcs = sorted({t.src for t in trace.transfers})[:max_ranks]
+    fig, ax = _figure(figsize=(12, 0.35 * len(srcs) + 1.6))
+    n = max([t.dst for t in trace.transfers] + [1]) + 1
+    for y, src in enumerate(srcs):
+        mine = sorted((t for t in trace.transfers if t.src == src), key=lambda t: (t.start, t.dst))
+        lanes, lane_of = [], []                   # concurrent flows from one rank get separate lanes
+        for t in mine:
+            free = next((i for i, end in enumerate(lanes) if end <= t.start), None)
+            if free is None:
+                lanes.append(0.0)
+                free = len(lanes) - 1
+            lanes[free] = t.end
+            lane_of.append(free)
+        h = 0.8 / max(len(lanes), 1)
+        for t, lane in zip(mine, lane_of):
+            ax.broken_barh([(t.start * scale, (t.end - t.start) * scale)], (y - 0.4 + lane * h, h),
+                           facecolors=cm.tab20(t.dst % 20 / 20 if n > 1 else 0), edgecolors="white",
+                           linewidth=0.5)
+    ax.set_yticks(range(len(srcs)))
+    ax.set_yticklabels(["switch" if s < 0 else f"rank {s}" for s in srcs])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit}); colour = destination rank")
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

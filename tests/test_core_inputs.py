@@ -159,3 +159,12 @@ def test_cli_json_and_sweep(cli, tmp_path):
                      "--algo", "ring", "--json")
     row = json.loads(out)
     assert row["world_size"] == 16 and row["algorithm"] == "ring" and 300 < row["busbw_GBps"] < 400
+
+
+def test_cli_timeline_figure(cli, tmp_path):
+    out = tmp_path / "tl.png"
+    rc, _, err = cli("collective", "all_reduce", "--size", "8MiB", "--algo", "tree", "--timeline", str(out))
+    assert rc == 0, err
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    rc, _, err = cli("collective", "all_reduce", "--sizes", "1KiB:4KiB", "--timeline", str(out) + "2")
+    assert rc == 2 and "--timeline shows one collective" in err

@@ -22,6 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto) of every transfer")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
+    p.add_argument("--timeline", metavar="OUT.png", help="save a figure of every transfer (one --size only)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
 
 
@@ -34,8 +35,9 @@ def run(args) -> int:
     from sim.io import parse_size, parse_size_range
 
     sizes = parse_size_range(args.sizes) if args.sizes else [parse_size(args.size, "--size")]
-    if args.trace and len(sizes) > 1:
-        raise ConfigError("--trace writes one collective; use it with --size, not --sizes", "--trace")
+    for flag, value in (("--trace", args.trace), ("--timeline", args.timeline)):
+        if value and len(sizes) > 1:
+            raise ConfigError(f"{flag} shows one collective; use it with --size, not --sizes", flag)
     if args.nodes is not None and args.nodes < 1:
         raise ConfigError(f"{args.nodes} must be a whole number >= 1", "--nodes")
     cluster = load_cluster(args.cluster, args.nodes)
@@ -44,13 +46,14 @@ def run(args) -> int:
     n = cluster.world_size
     if args.op in ("broadcast", "reduce") and not 0 <= args.root < n:
         raise ConfigError(f"root {args.root} is outside the world (0..{n - 1})", "--root")
-    if args.trace and n * n * 2 * n > 5e7:
+    record = bool(args.trace or args.timeline)
+    if record and n * n * 2 * n > 5e7:
         raise ConfigError(f"a transfer trace of {n} ranks would be too large; use fewer nodes", "--trace")
 
     rows, trace = [], None
     for size in progress(sizes, len(sizes), f"{args.op} sweep", enabled=len(sizes) > 4):
         trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, args.root,
-                                               record_transfers=bool(args.trace))
+                                               record_transfers=record)
         rows.append({"op": args.op, "algorithm": algorithm, "world_size": n, "nodes": cluster.nodes,
                      "cluster": cluster.name, "bytes": size, **metrics(args.op, n, size, trace.makespan)})
 
@@ -58,6 +61,12 @@ def run(args) -> int:
         trace.save(args.trace)
     if args.plot:
         plot_busbw(rows, args.plot)
+    if args.timeline:
+        from sim.io import save_figure
+        from sim.plots import transfers_timeline
+        r = rows[0]
+        save_figure(transfers_timeline(trace, title=f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, "
+                                                    f"{n} ranks on {cluster.name}"), args.timeline)
     if args.json:
         print_json(rows if args.sizes else rows[0])
         return 0
@@ -65,7 +74,7 @@ def run(args) -> int:
     print_table(title, ["size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
                 [[format_bytes(r["bytes"]), r["algorithm"], f"{r['time_s'] * 1e6:.2f}", f"{r['algbw_GBps']:.2f}",
                   f"{r['busbw_GBps']:.2f}"] for r in rows], justify_left=2)
-    for path in (args.trace, args.plot):
+    for path in (args.trace, args.plot, args.timeline):
         if path:
             print(f"wrote {path}")
     return 0
