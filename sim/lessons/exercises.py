@@ -28,6 +28,7 @@ class Exercise:
     unit: str                                # a unit of sim.lessons.units, "count" or "choice"
     expected: Callable[..., object]          # (**given) -> value in ``unit`` (a number, or a word for choice)
     tolerance: float = 0.02                  # relative
+    abs_tolerance: float = 0.0               # in ``unit`` (e.g. 0.5 percentage points for small percentages)
     choices: tuple[str, ...] = ()
     hint: str = ""
     why: str = ""                            # shown once the answer is right
@@ -85,7 +86,8 @@ def register(*exercises: Exercise) -> None:
 
 def exercises(prefix: str = "") -> dict[str, Exercise]:
     """All exercises (those of one lesson with ``prefix='02'``)."""
-    from sim.lessons import bank  # noqa: F401  (registers the lessons' exercises)
+    import importlib
+    importlib.import_module("sim.lessons.bank")          # registers the lessons' exercises
     return {k: v for k, v in _REGISTRY.items() if k.startswith(prefix)}
 
 
@@ -117,8 +119,8 @@ def _expected(ex: Exercise, given: dict):
     return ex.expected(**given)
 
 
-def _close(a: float, b: float, tol: float) -> bool:
-    return math.isclose(a, b, rel_tol=tol, abs_tol=1e-12)
+def _close(a: float, b: float, tol: float, abs_tol: float = 0.0) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=max(abs_tol, 1e-12))
 
 
 def _factor_hint(got: float, want: float) -> str:
@@ -153,7 +155,7 @@ def check(exercise_id: str, answer, **given) -> Verdict:
         return _numeric(ex, q.value, float(expected), str(q))
     want = float(expected)
     if q.unit is None:
-        if _close(q.value, want, ex.tolerance):
+        if _close(q.value, want, ex.tolerance, ex.abs_tolerance):
             return _numeric(ex, q.value, want, fmt(q.value, ex.unit))
         for u in units_of(ex.dimension):
             if u != ex.unit and _close(q.value * UNITS[u][1] / UNITS[ex.unit][1], want, ex.tolerance):
@@ -177,7 +179,7 @@ def _name(unit: str) -> str:
 
 
 def _numeric(ex: Exercise, got: float, want: float, shown: str) -> Verdict:
-    if _close(got, want, ex.tolerance):
+    if _close(got, want, ex.tolerance, ex.abs_tolerance):
         return Verdict(ex.id, "correct", f"{shown}. {ex.why}".strip())
     hint = _factor_hint(got, want)
     text = f"not {shown}" + (f" ({hint})" if hint else "") + (f". Hint: {ex.hint}" if ex.hint else "")

@@ -69,6 +69,9 @@ def _normalise(unit: str) -> str:
         for k, v in table.items():
             if k.lower() == low and "b" not in low:
                 return v if table is ALIASES else k
+    same = [k for k in UNITS if k.lower() == low]
+    if same:
+        raise UnitError(f"unit {unit!r}: write {' or '.join(same)} (B = bytes, b = bits: case matters)")
     raise UnitError(f"unknown unit {unit!r}; known: {', '.join(k for k in UNITS if k != 'x')}")
 
 

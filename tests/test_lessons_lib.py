@@ -1,0 +1,176 @@
+"""The lessons' library: the exercise checker (right, wrong, wrong unit), units, tables and figures, the
+`distlab lessons` command, and the real-run helpers of runtime/lessons.py."""
+import argparse
+import os
+
+import pytest
+
+from sim.lessons import Figure, Table, check, exercises, question, ranks_table, simulate_sweep, solution
+from sim.lessons.units import UnitError, parse
+
+
+# --- the checker ----------------------------------------------------------------------------------------------
+def test_accepts_the_right_answer_in_the_unit_asked():
+    v = check("02-alpha-beta", "4.77 ms")
+    assert v.ok and v.status == "correct" and bool(v)
+    assert check("02-alpha-beta", 4.77).ok                 # a bare number is read in the unit asked for
+    assert check("03-nic", "50 GB/s").ok
+    assert check("01-ring-bytes", "112 MiB").ok
+    assert check("04-error", "20%").ok and check("04-error", 20).ok
+
+
+def test_rejects_a_wrong_answer_with_a_hint():
+    v = check("02-alpha-beta", "9.5 ms")
+    assert not v.ok and v.status == "wrong"
+    assert "off by" in v.message
+    v = check("03-nic", "400 GB/s")
+    assert v.status == "wrong" and "bits against bytes" in v.message
+    assert check("04-error", "-20%").status == "wrong"
+    assert check("01-local-rank", 1).status == "wrong"
+
+
+def test_names_a_wrong_unit():
+    v = check("02-alpha-beta", "0.00477 s")
+    assert v.status == "wrong unit" and not v.ok
+    assert "that is in s; the answer is in ms" in v.message
+    assert "right once written in ms" in v.message
+    v = check("03-nic", "400 Gb/s")                        # bits: the NIC's own unit
+    assert v.status == "wrong unit" and "that is in Gb/s; the answer is in GB/s" in v.message
+    v = check("01-ring-bytes", "112 MB")                   # MB is not MiB, and converted it is wrong too
+    assert v.status == "wrong unit" and "not the answer either" in v.message
+    v = check("02-alpha-beta", 0.00477)                    # a bare number that fits another unit
+    assert v.status == "wrong unit" and "in s; the answer is in ms" in v.message
+    v = check("04-error", 0.2)
+    assert v.status == "wrong unit" and "the answer is in %" in v.message
+    assert check("01-ring-steps", "6 ms").status == "wrong unit"
+
+
+def test_other_verdicts():
+    assert check("02-alpha-beta", None).status == "unanswered"
+    assert check("02-alpha-beta", "").status == "unanswered"
+    v = check("02-alpha-beta", "4.77 GB/s")
+    assert v.status == "wrong kind" and "bandwidth" in v.message and "time" in v.message
+    assert check("02-busbw", "fast").status == "unreadable"
+    assert check("02-busbw", "3 parsecs").status == "unreadable"
+    v = check("02-busbw", "324 gb/s")
+    assert v.status == "unreadable" and "GB/s or Gb/s" in v.message and "case matters" in v.message
+    assert check("02-small-message", "tree").ok
+    assert check("02-small-message", "ring").status == "wrong"
+    assert check("02-small-message", "bus").status == "unreadable"
+    with pytest.raises(KeyError, match="no exercise"):
+        check("99-nope", 1)
+
+
+def test_every_exercise_accepts_its_solution():
+    given = {"02-your-busbw": {"row": {"op": "all_reduce", "world_size": 4, "bytes": 2**20, "time_s": 2e-3}},
+             "04-your-error": {"case": {"error": -0.125}}}
+    table = exercises()
+    assert len({k[:2] for k in table}) >= 4 and all(sum(k.startswith(p) for k in table) >= 2
+                                                    for p in ("01", "02", "03", "04"))
+    for ex_id in table:
+        sol = solution(ex_id, **given.get(ex_id, {}))
+        assert check(ex_id, sol, **given.get(ex_id, {})).ok, (ex_id, sol)
+        assert question(ex_id)
+    assert solution("02-your-busbw", **given["02-your-busbw"]) == "0.7864 GB/s"   # 2^20 B / 2 ms x 2(3)/4
+    assert check("04-your-error", "-12.5%", **given["04-your-error"]).ok
+    small = {"case": {"error": 0.012}}                     # 1.2%: "1%" is close enough (0.5 points)
+    assert check("04-your-error", "1%", **small).ok and not check("04-your-error", "2%", **small).ok
+    with pytest.raises(TypeError, match="needs row"):
+        check("02-your-busbw", "1 GB/s")
+
+
+def test_verdict_shows_in_jupyter_and_in_text():
+    v = check("03-nic", "400 Gb/s")
+    assert str(v).startswith("✘ [03-nic] wrong unit:")
+    html = v._repr_html_()
+    assert 'class="distlab-verdict distlab-wrong-unit"' in html and "Gb/s" in html
+    assert "distlab-correct" in check("03-nic", 50)._repr_html_()
+
+
+def test_units_parse():
+    assert parse("3.2 ms").to("s") == pytest.approx(0.0032)
+    assert parse("400 Gbps").to("GB/s") == pytest.approx(50)
+    assert parse("1 GiB").to("MiB") == 1024
+    assert parse("2.5e3 µs").to("ms") == pytest.approx(2.5)
+    assert parse("1,024 B").value == 1024
+    assert parse(7).unit is None
+    with pytest.raises(UnitError):
+        parse("3.2 ms").to("GB/s")
+    with pytest.raises(UnitError):
+        parse("ms 3")
+    with pytest.raises(UnitError):
+        parse(True)
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+def test_tables_figures_and_sweeps():
+    t = ranks_table(2, 4)
+    assert len(t.rows) == 8 and t.rows[6][:3] == ["1", "2", "6"]      # node 1, LOCAL_RANK 2, RANK 6
+    assert "<table" in t._repr_html_() and "LOCAL_RANK" in str(t)
+    rows = simulate_sweep("all_reduce", [2**20, 2**24], "dgx-h100")
+    assert [r["bytes"] for r in rows] == [2**20, 2**24] and rows[1]["busbw_GBps"] > rows[0]["busbw_GBps"] > 0
+    f = Figure()
+    f.ax.plot([1, 2], [3, 4])
+    assert f._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert isinstance(Table(["a"], [[1]]), Table)
+
+
+def test_sim_lessons_does_not_import_torch():
+    import subprocess
+    import sys
+    code = ("import sys, sim.lessons, sim.lessons.bank, sim.commands.lessons; "
+            "sim.lessons.check('03-two-nodes', '5 ms'); assert 'torch' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --- distlab lessons ----------------------------------------------------------------------------------------
+def test_lessons_command_without_jupyterlab(monkeypatch, capsys):
+    import importlib.util
+
+    from sim.commands import lessons
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name, *a))
+    rc = lessons.run(argparse.Namespace(no_browser=True, port=None, dir=None))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and 'pip install -e ".[lessons]"' in err
+
+
+def test_lessons_command_line(cli):
+    from sim.commands.lessons import command, lessons_dir
+    assert lessons_dir() and os.path.isfile(os.path.join(lessons_dir(), "01_processes_and_collectives.ipynb"))
+    cmd = command("/x", no_browser=True, port=8899)
+    assert cmd[1:3] == ["-m", "jupyterlab"] and "--no-browser" in cmd and "--port=8899" in cmd
+    rc, out, _ = cli("lessons", "--help")
+    assert rc == 0 and "--no-browser" in out and "--port" in out
+    rc, _, err = cli("lessons", "--port", "70000", "--no-browser")
+    assert rc == 2 and ("port" in err or "JupyterLab is not installed" in err)
+
+
+# --- real runs (runtime/lessons.py) ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_collectives_demo_every_rank():
+    from runtime.lessons import collectives_demo
+    d = collectives_demo(nproc=4, ops=("all_reduce", "reduce_scatter", "all_to_all"))
+    assert [e["RANK"] for e in d["env"]] == ["0", "1", "2", "3"] and d["env"][0]["WORLD_SIZE"] == "4"
+    assert d["groups"][0]["metadata group"] == "gloo"
+    assert all(r["after"] == [60.0, 64.0, 68.0, 72.0] for r in d["results"]["all_reduce"])
+    assert [r["after"] for r in d["results"]["reduce_scatter"]] == [[60, 64], [68, 72], [76, 80], [84, 88]]
+    assert d["results"]["all_to_all"][1]["after"] == [1.0, 11.0, 21.0, 31.0]
+
+
+@pytest.mark.slow
+def test_check_all_reduce_catches_a_wrong_ring(tmp_path):
+    from runtime.lessons import check_all_reduce
+    bad = tmp_path / "bad_ring.py"
+    bad.write_text("import torch.distributed as dist\n"
+                   "def ring(x):\n"
+                   "    r, n = dist.get_rank(), dist.get_world_size()\n"
+                   "    req = dist.isend(x.clone(), (r + 1) % n)\n"
+                   "    buf = x.clone()\n"
+                   "    dist.recv(buf, (r - 1) % n)\n"
+                   "    req.wait()\n"
+                   "    return x + buf\n")                       # only the left neighbour's data
+    res = check_all_reduce(f"{bad}:ring", nproc=2)                # with 2 ranks this is right
+    assert all(r["ok"] and r["sends"] == 1 and r["recvs"] == 1 for r in res)
+    res = check_all_reduce(f"{bad}:ring", nproc=3)                # with 3 it is not
+    assert not any(r["ok"] for r in res)
