@@ -181,3 +181,72 @@ def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, w
     if plan is not None:
         out["plan"] = [r["plan"] for r in results]
     return out
+
+
+# --- DDP: the bucket-size sweep, measured (lesson 05) ----------------------------------------------------------
+def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 2,
+                     calibrate=(2**18, 2**20, 2**22, 2**24), timeout: float = 240.0) -> dict:
+    """Real DDP (runtime.ddp.rank_task) once per ``bucket_cap_mb`` of ``caps``, all in one launch of ``nproc``
+    ranks; the first cap's run also times the model alone and a few all-reduces, which calibrate the simulator
+    (runtime.ddp.calibrated) to predict every cap. Returns {"rows": per cap {bucket_cap_mb, buckets,
+    measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
+    "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
+    tensors, so this runs on gloo."""
+    from runtime.ddp import _slowest, calibrated
+    from sim.ddp.plan import DDPOptions, ddp_plan
+    from sim.engine import simulate
+    from sim.models import model_from_spec
+    model = model_from_spec(model)
+    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": steps,
+               "warmup": warmup, "calibrate": [int(s) for s in calibrate]}
+    out = run_on_ranks("runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
+    per_cap = [[r[i] for r in out] for i in range(len(caps))]
+    cal_model, cluster = calibrated(model, per_cap[0])
+    rows, traces = [], []
+    for cap, results in zip(caps, per_cap):
+        plan, info = ddp_plan(cal_model, nproc, DDPOptions(bucket_cap_mb=cap))
+        trace = simulate(plan, cluster, record_transfers=False)
+        measured = _slowest(results, "steps", "step")
+        rows.append({"bucket_cap_mb": cap, "buckets": len(info["buckets"]),
+                     "measured_buckets": len(results[0]["rebuilt_bucket_sizes"]), "predicted_s": trace.makespan,
+                     "measured_s": measured, "error_pct": 100.0 * (trace.makespan - measured) / measured})
+        traces.append(trace)
+    return {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces}
+
+
+def _ddp_sweep_task(ctx, payload):
+    from runtime.ddp import rank_task
+    out = []
+    for i, cap in enumerate(payload["caps"]):
+        out.append(rank_task(ctx, {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
+                                   "warmup": payload["warmup"], "local": i == 0,
+                                   "calibrate": payload["calibrate"] if i == 0 else None}))
+    return out
+
+
+# --- FSDP2: predicted then measured (lesson 06) ----------------------------------------------------------------
+def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, warmup: int = 1,
+                         timeout: float = 240.0) -> dict:
+    """Real ``fully_shard`` (runtime.fsdp.run) for each variant (label -> fsdp options) in one launch of
+    ``nproc`` gloo ranks, with the calibration runtime.fsdp_validate uses; then the simulator's prediction on
+    the calibrated cluster. Returns {"rows": per variant {variant, collectives, sequence_match, predicted_s,
+    measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
+    from runtime.fsdp import measured_sequence, run, to_trace
+    from runtime.fsdp_validate import calibrated_cluster, calibration_sizes, measured_step, predict
+    from sim.fsdp.plan import build_fsdp, collective_sequence
+    from sim.models import model_from_spec
+    model = model_from_spec(model)
+    opts = list(variants.values())
+    plans = [build_fsdp(model, nproc, o) for o in opts]
+    results = run(model, nproc, opts, steps=steps, warmup=warmup, calibrate=calibration_sizes(plans), local=True,
+                  timeout=timeout)
+    cluster = calibrated_cluster(results, model, nproc)
+    rows = []
+    for i, (label, o) in enumerate(variants.items()):
+        predicted, measured = predict(model, nproc, o, cluster), measured_step(results, i)
+        seq = collective_sequence(plans[i])
+        rows.append({"variant": label, "collectives": len(seq), "sequence_match": seq == measured_sequence(results, i),
+                     "predicted_s": predicted, "measured_s": measured,
+                     "error_pct": 100.0 * (predicted - measured) / measured})
+    return {"rows": rows, "results": results, "cluster": cluster,
+            "traces": [to_trace(results, i) for i in range(len(opts))]}

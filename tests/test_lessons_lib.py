@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from sim.lessons import Figure, Table, check, exercises, question, ranks_table, simulate_sweep, solution
+from sim.lessons import (CPU_DDP_MODEL, CPU_FSDP_MODEL, Figure, Table, check, exercises, question, ranks_table,
+                         scenario, simulate, simulate_sweep, solution)
 from sim.lessons.units import UnitError, parse
 
 
@@ -63,10 +64,12 @@ def test_other_verdicts():
 
 def test_every_exercise_accepts_its_solution():
     given = {"02-your-busbw": {"row": {"op": "all_reduce", "world_size": 4, "bytes": 2**20, "time_s": 2e-3}},
-             "04-your-error": {"case": {"error": -0.125}}}
+             "04-your-error": {"case": {"error": -0.125}},
+             "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
+             "06-your-error": {"row": {"error_pct": -12.0}}}
     table = exercises()
-    assert len({k[:2] for k in table}) >= 4 and all(sum(k.startswith(p) for k in table) >= 2
-                                                    for p in ("01", "02", "03", "04"))
+    assert len({k[:2] for k in table}) >= 6 and all(sum(k.startswith(p) for k in table) >= 2
+                                                    for p in ("01", "02", "03", "04", "05", "06"))
     for ex_id in table:
         sol = solution(ex_id, **given.get(ex_id, {}))
         assert check(ex_id, sol, **given.get(ex_id, {})).ok, (ex_id, sol)
@@ -77,6 +80,65 @@ def test_every_exercise_accepts_its_solution():
     assert check("04-your-error", "1%", **small).ok and not check("04-your-error", "2%", **small).ok
     with pytest.raises(TypeError, match="needs row"):
         check("02-your-busbw", "1 GB/s")
+    assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
+    assert check("06-your-error", "-12%", **given["06-your-error"]).ok
+
+
+def test_ddp_and_fsdp_exercises_follow_the_library():
+    """Lessons 05 and 06: the expected answers are the rules of PyTorch's Reducer and of ZeRO."""
+    # REFERENCES.md: 6 x Linear(1024, 1024), default cap -> rebuilt buckets 4 MiB + 20 MiB (first: bias + weight)
+    assert solution("05-first-bucket") == "4.004 MiB" and check("05-first-bucket", "4 MiB").ok
+    assert check("05-first-bucket", "1 MiB").status == "wrong"
+    assert check("05-first-bucket", "4.2 MB").status == "wrong unit"
+    assert check("05-buckets", solution("05-buckets")).ok and int(solution("05-buckets")) > 1
+    assert check("05-best-cap", solution("05-best-cap")).ok
+    assert check("05-best-cap", "1").status == "wrong" and check("05-best-cap", "7").status == "unreadable"
+    # no_sync: one all-reduce per bucket per optimizer step, whatever grad_accum is
+    assert solution("05-no-sync") == str(len(simulate(scenario("gpt2-medium", nodes=2, micro_batch=4))["buckets"]))
+    # ZeRO: 16 bytes per parameter (bf16 params and grads, K = 12), sharded 1/N at stage 3
+    from sim.models import model_from_spec
+    psi = model_from_spec("llama-7b").num_params
+    assert float(solution("06-zero3-memory").split()[0]) == pytest.approx(16 * psi / 64 / 2**30, rel=1e-3)
+    assert float(solution("06-zero1-memory").split()[0]) == pytest.approx((4 + 12 / 64) * psi / 2**30, rel=1e-3)
+    assert check("06-zero3-memory", "1.685 GB").status == "wrong unit"             # GB is not GiB
+    assert 1.4 < float(solution("06-comm-ratio").rstrip("x")) <= 1.5              # 1.5x, less the root's regather
+    assert solution("06-all-gathers") == "9"                                       # 5 forward + 4 backward
+
+
+def test_ddp_and_fsdp_helpers():
+    from sim.lessons import (bucket_table, collectives_table, fastest, plot_fsdp, plot_timeline, summary_table,
+                             sweep, sweep_table, world_sweep, zero_bytes, zero_table)
+    d = scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4)
+    r = simulate(d)
+    s = r["summary"]
+    assert s["step_s"] > s["compute_s"] > 0 and 0 < s["exposed_comm_s"] < s["comm_s"] and 0 < s["overlap_pct"] < 100
+    launches = [b["ddp_launch_s"] for b in r["buckets"]]
+    assert launches == sorted(launches) and all(b["ddp_launch_s"] >= b["ready_s"] for b in r["buckets"])
+    assert "overlap" in str(summary_table(s)) and len(bucket_table(r["buckets"]).rows) == len(r["buckets"])
+    rows = sweep(d, "bucket_cap_mb", [1, 5, 10, 25, 50, 100, 400])
+    steps = [x["step_s"] for x in rows]
+    best = steps.index(min(steps))
+    assert 0 < best < len(steps) - 1, "the bucket-size sweep is U-shaped"
+    assert fastest(rows, "bucket_cap_mb") == rows[best]["bucket_cap_mb"]
+    assert [x["buckets"] for x in rows] == sorted([x["buckets"] for x in rows], reverse=True)
+    assert "buckets" in str(sweep_table(rows, "bucket_cap_mb"))
+    assert plot_timeline(r["trace"])._repr_png_()[:4] == b"\x89PNG"
+    # ZeRO: the paper's example, 7.5B parameters on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
+    from sim.models import mlp
+    flat = mlp(64, 7_500_000_000 // 64 // 64 * 64, bias=False, dtype="bfloat16")
+    totals = [zero_bytes(flat, 64, z)["total"] / 1e9 for z in (0, 1, 2, 3)]
+    assert totals == pytest.approx([120, 31.4, 16.6, 1.9], rel=0.02)
+    assert len(zero_table("llama-7b", 8).rows) == 4
+    ws = world_sweep("llama-7b", [8, 16])
+    assert ws["memory"]["ZeRO-3"][1] == pytest.approx(ws["memory"]["ZeRO-3"][0] / 2, rel=0.01)
+    assert ws["memory"]["DDP"][0] == ws["memory"]["DDP"][1]
+    assert ws["comm"]["ZeRO-3"][0] > ws["comm"]["ZeRO-2"][0] == pytest.approx(ws["comm"]["DDP"][0], rel=0.01)
+    f = simulate(scenario(CPU_FSDP_MODEL, "fsdp", cluster="localhost-cpu"))
+    assert f["report"]["peak_memory"]["total"] > 0 and plot_fsdp(f)._repr_png_()[:4] == b"\x89PNG"
+    assert collectives_table(f["plan"]).rows[0][2] == "all_gather"
+    fr = sweep(scenario("llama-7b", "fsdp", micro_batch=1), "reshard_after_forward", [True, False])
+    assert fr[0]["peak_GiB"] < fr[1]["peak_GiB"] and fr[0]["comm_s"] > fr[1]["comm_s"]
+    assert "peak memory" in str(sweep_table(fr, "reshard_after_forward"))
 
 
 def test_verdict_shows_in_jupyter_and_in_text():
@@ -119,7 +181,8 @@ def test_sim_lessons_does_not_import_torch():
     import subprocess
     import sys
     code = ("import sys, sim.lessons, sim.lessons.bank, sim.commands.lessons; "
-            "sim.lessons.check('03-two-nodes', '5 ms'); assert 'torch' not in sys.modules")
+            "sim.lessons.check('03-two-nodes', '5 ms'); sim.lessons.check('05-best-cap', '25'); "
+            "sim.lessons.check('06-all-gathers', 9); assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -174,3 +237,22 @@ def test_check_all_reduce_catches_a_wrong_ring(tmp_path):
     assert all(r["ok"] and r["sends"] == 1 and r["recvs"] == 1 for r in res)
     res = check_all_reduce(f"{bad}:ring", nproc=3)                # with 3 it is not
     assert not any(r["ok"] for r in res)
+
+
+@pytest.mark.slow
+def test_ddp_bucket_sweep_measures_and_predicts():
+    from runtime.lessons import ddp_bucket_sweep
+    r = ddp_bucket_sweep(CPU_DDP_MODEL, [2, 16], nproc=2, steps=2, warmup=2, calibrate=(2**20, 2**22))
+    assert [x["bucket_cap_mb"] for x in r["rows"]] == [2, 16]
+    assert [x["buckets"] for x in r["rows"]] == [x["measured_buckets"] for x in r["rows"]] == [6, 1]
+    assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 for x in r["rows"])
+    assert len(r["results"][0]) == 2 and "local" in r["results"][0][0] and "local" not in r["results"][1][0]
+
+
+@pytest.mark.slow
+def test_fsdp_predict_measure():
+    from runtime.lessons import fsdp_predict_measure
+    r = fsdp_predict_measure(CPU_FSDP_MODEL, {"a": {}, "b": {"reshard_after_forward": False}}, steps=1)
+    assert [x["variant"] for x in r["rows"]] == ["a", "b"] and all(x["sequence_match"] for x in r["rows"])
+    assert [x["collectives"] for x in r["rows"]] == [14, 10]
+    assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 for x in r["rows"]) and len(r["traces"]) == 2

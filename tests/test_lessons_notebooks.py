@@ -14,17 +14,18 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(LESSONS, "[0-9][0-9]_*.ipynb")))
 LIMIT_S = 180
 # Lessons whose cells start real ranks (torch.distributed); the others are simulator-only and fast.
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
-        "04_validate_on_your_machine.ipynb"}
+        "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb"}
 
 
 def _ids():
     return [os.path.basename(p) for p in NOTEBOOKS]
 
 
-def test_the_four_lessons_are_there_and_indexed():
+def test_the_lessons_are_there_and_indexed():
     names = _ids()
-    assert names[:4] == ["01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb",
-                         "03_topologies.ipynb", "04_validate_on_your_machine.ipynb"]
+    assert names[:6] == ["01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb",
+                         "03_topologies.ipynb", "04_validate_on_your_machine.ipynb", "05_ddp.ipynb",
+                         "06_fsdp_zero.ipynb"]
     assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, len(names) + 1)]
     with open(os.path.join(LESSONS, "README.md")) as f:
         readme = f.read()

@@ -1,4 +1,4 @@
-"""The exercises of lessons 01-04. Expected values come from the library, so they match what the lessons run."""
+"""The exercises of lessons 01-06. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
 from sim.lessons.exercises import Exercise, register
@@ -43,6 +43,55 @@ def _measured_busbw(row: dict) -> float:
 def _preset(name: str):
     from sim.cluster import PRESETS
     return PRESETS[name]
+
+
+def _ddp_buckets(model, cap=None):
+    from sim.ddp.buckets import ddp_buckets
+    from sim.models import model_from_spec
+    return ddp_buckets(model_from_spec(model), cap)
+
+
+def _ddp_sim(**options):
+    """lesson 05's scenario: gpt2-medium, micro-batch 4, 2 x dgx-h100, DDP with ``options``."""
+    from sim.lessons.helpers import scenario, simulate
+    return simulate(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4, **options))
+
+
+LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
+
+
+def _fastest_cap() -> str:
+    from sim.lessons.helpers import fastest, scenario, sweep
+    rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)
+    return str(fastest(rows, "bucket_cap_mb"))
+
+
+def _collectives(plan, op: str) -> int:
+    from sim.plan import Collective
+    return sum(isinstance(o, Collective) and o.op == op for o in plan.ranks[0])
+
+
+def _spread_pct(rows: list[dict]) -> float:
+    times = [r["measured_s"] for r in rows]
+    return (max(times) - min(times)) / min(times) * 100
+
+
+def _zero_GiB(model: str, world: int, zero: int) -> float:
+    from sim.lessons.helpers import zero_bytes
+    return zero_bytes(model, world, zero)["total"] / 2**30
+
+
+def _comm_ratio(model: str, world: int) -> float:
+    from sim.lessons.helpers import comm_per_step
+    return comm_per_step(model, world, 3) / comm_per_step(model, world, 0)
+
+
+def _fsdp_gathers(reshard_after_forward) -> int:
+    from sim.fsdp.plan import build_fsdp
+    from sim.lessons.helpers import CPU_FSDP_MODEL
+    from sim.models import model_from_spec
+    return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
+                                   {"reshard_after_forward": reshard_after_forward}), "all_gather")
 
 
 register(
@@ -110,4 +159,54 @@ register(
              lambda case: case["error"] * 100, needs=("case",), tolerance=0.05, abs_tolerance=0.5,
              hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="see which kind of case misses most, and why, in the next section."),
+    # --- 05 DDP ----------------------------------------------------------------------------------------------
+    Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
+             "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",
+             lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB,
+             hint="gradients arrive last layer first (its bias, then its weight); the first bucket's 1 MiB cap is "
+                  "a threshold, so the tensor that crosses it stays in the bucket",
+             why="the last layer's bias (4 KiB) and weight (4 MiB): a tensor larger than the cap is not split."),
+    Exercise("05-buckets", "gpt2-medium (fp32) with bucket_cap_mb=100: how many buckets after iteration 0?",
+             "count", lambda: len(_ddp_buckets("gpt2-medium", 100)), tolerance=0,
+             hint="ddp_buckets(model, 25): an explicit cap applies to the first bucket too",
+             why="about 1.3 GiB of gradients in buckets of at least 100 MiB; the last one holds what is left."),
+    Exercise("05-exposed", "Simulated gpt2-medium, micro-batch 4, 2 x dgx-h100, default cap: how much "
+             "communication is exposed (not hidden behind backward)?", "ms",
+             lambda: _ddp_sim()["summary"]["exposed_comm_s"] * 1e3, tolerance=0.03,
+             hint="simulate(scenario(...))['summary']['exposed_comm_s']",
+             why="what is left after the last gradient is ready: the last buckets' all-reduces, then the wait."),
+    Exercise("05-best-cap", "In the simulated sweep of bucket_cap_mb (1, 5, 10, 25, 50, 100, 400) for that "
+             "scenario, which cap gives the shortest step?", "choice", _fastest_cap,
+             choices=tuple(str(c) for c in LESSON05_CAPS),
+             hint="small caps pay α per bucket, huge caps start communicating too late",
+             why="the bottom of the U: few enough buckets to keep α small, enough of them to overlap backward."),
+    Exercise("05-no-sync", "gpt2-medium scenario with grad_accum=4 (3 micro-batches under no_sync, default "
+             "cap): how many all-reduces does one optimizer step make?", "count",
+             lambda: _collectives(_ddp_sim(grad_accum=4)["plan"], "all_reduce"), tolerance=0,
+             hint="no_sync() skips the all-reduce; gradients keep accumulating locally",
+             why="one all-reduce per bucket, only on the last micro-batch: 4x less communication per sample."),
+    Exercise("05-your-sweep", "From your measured sweep (pass rows=...): how much longer was the slowest cap's "
+             "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
+             hint="(slowest - fastest) / fastest, over measured_s",
+             why="compare with the spread the simulator predicted for the same caps."),
+    # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
+    Exercise("06-zero3-memory", "llama-7b (bf16 params, Adam) on 64 GPUs with ZeRO-3 / FSDP: how much do "
+             "params, grads and optimizer state take per GPU?", "GiB", lambda: _zero_GiB("llama-7b", 64, 3),
+             hint="(2 + 2 + 12) bytes x Ψ / N, and GiB = 2^30 bytes",
+             why="16 bytes per parameter split 64 ways: 7B params fit where DDP needs 100 GiB per GPU."),
+    Exercise("06-zero1-memory", "The same on 64 GPUs with ZeRO-1 (only the optimizer state sharded)?", "GiB",
+             lambda: _zero_GiB("llama-7b", 64, 1), hint="2Ψ params + 2Ψ grads + 12Ψ / N, in GiB",
+             why="the replicated 16-bit params and grads (4 bytes per parameter) now dominate."),
+    Exercise("06-comm-ratio", "llama-7b on 8 GPUs: how many times the bytes of DDP does one GPU send per step "
+             "under ZeRO-3?", "x", lambda: _comm_ratio("llama-7b", 8), tolerance=0.03,
+             hint="DDP: one all-reduce (2 passes); ZeRO-3: all-gather forward, all-gather backward, reduce-scatter",
+             why="1.5x in the ZeRO paper; a bit less here because the root unit is not resharded after forward."),
+    Exercise("06-all-gathers", "The small Llama of section 5 (4 blocks + root) with reshard_after_forward=True: "
+             "how many all-gathers per step on each rank?", "count", lambda: _fsdp_gathers(True), tolerance=0,
+             hint="every unit is gathered in forward; resharded blocks are gathered again in backward",
+             why="5 in forward (root + 4 blocks) and 4 in backward; with False only the 5."),
+    Exercise("06-your-error", "From your measurement (pass row=...): what is the error of the prediction "
+             "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
+             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
+             why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
 )
