@@ -1,0 +1,256 @@
+"""Run sim.pipeline's schedules for real with torch.distributed.pipelining, and time every action.
+
+The model is ``layers`` blocks of Linear(width, width) + ReLU, split into p·v stages as the plan builder splits
+them (stage s on the rank sim.pipeline.schedules.stage_to_rank gives). Each rank builds PipelineStage objects
+and the schedule class of sim.pipeline.schedules.TORCH_CLASSES (ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble for zbh1, ScheduleZBVZeroBubble), wraps each stage's
+forward_one_chunk / backward_one_chunk / backward_weight_one_chunk to record (action, start, end), and runs
+``warmup`` + ``steps`` steps (MSE loss). The fastest timed step becomes a sim Trace (source=measured), with op
+indices matching the plan that sim.pipeline.plan.build_plan makes for the same configuration.
+
+``calibrate`` times one block's F, B, I and W on every rank at once (so ranks share the cores as they do while
+the pipeline runs) and a send/recv ping-pong, for predictions: see benchmarks/pipeline_accuracy.py.
+"""
+from __future__ import annotations
+
+import time
+
+from sim.pipeline import schedules as S
+
+DEFAULTS = {"schedule": "1f1b", "stages": 2, "microbatches": 4, "virtual_stages": 1, "layers": None,
+            "width": 256, "rows": 32, "steps": 2, "warmup": 1}
+
+
+def _blocks(n: int, width: int, seed: int = 0):
+    import torch
+    torch.manual_seed(seed)
+    return [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU()) for _ in range(n)]
+
+
+def _data(cfg, seed: int = 1):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    rows = cfg["rows"] * cfg["microbatches"]
+    return torch.randn(rows, cfg["width"], generator=g), torch.randn(rows, cfg["width"], generator=g)
+
+
+def reference_loss(cfg: dict) -> float:
+    """Single-process loss of the same model and batch: mean over microbatches of each one's MSE."""
+    import torch
+    cfg = {**DEFAULTS, **cfg}
+    p, v = cfg["stages"], cfg["virtual_stages"]
+    model = torch.nn.Sequential(*_blocks(cfg["layers"] or p * v, cfg["width"]))
+    x, y = _data(cfg)
+    with torch.no_grad():
+        losses = [torch.nn.functional.mse_loss(model(a), b) for a, b in
+                  zip(x.chunk(cfg["microbatches"]), y.chunk(cfg["microbatches"]))]
+    return float(sum(losses) / len(losses))
+
+
+def run_schedule(cfg: dict, rank: int) -> dict:
+    """One configuration on this rank: {"actions": [[name, start, end], ...] per step, "losses": [...]}."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.pipelining as pp
+    cfg = {**DEFAULTS, **cfg}
+    sched_name = S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
+    p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
+    n_stages = p * v
+    from sim.pipeline.plan import split_layers
+    ranges = split_layers(cfg["layers"] or n_stages, n_stages, cfg.get("split"))
+    blocks = _blocks(cfg["layers"] or n_stages, cfg["width"])
+    placement = S.stage_to_rank(sched_name, p, v)
+    mine = [s for s in range(n_stages) if placement[s] == rank]
+    log: list[list] = []
+    stages = []
+    for s in mine:
+        mod = torch.nn.Sequential(*[blocks[i] for i in ranges[s]])
+        stage = pp.PipelineStage(mod, s, n_stages, torch.device("cpu"))
+        _instrument(stage, log)
+        stages.append(stage)
+    cls = getattr(pp, S.TORCH_CLASSES[sched_name])
+    loss_fn = torch.nn.MSELoss()
+    sched = cls(stages[0], m, loss_fn=loss_fn) if sched_name in ("gpipe", "1f1b") else cls(stages, m, loss_fn=loss_fn)
+    x, y = _data(cfg)
+    calibration = None
+    if cfg.get("calibrate"):          # right before the steps, all ranks at once: the load they will see
+        dist.barrier()
+        calibration = calibrate(cfg["width"], cfg["rows"])
+    steps, losses = [], []
+    for i in range(cfg["warmup"] + cfg["steps"]):
+        for mod in stages:
+            mod.submod.zero_grad(set_to_none=True)
+        del log[:]
+        out_losses: list = []
+        dist.barrier()
+        args = (x,) if 0 in mine else ()
+        kwargs = {"target": y, "losses": out_losses} if n_stages - 1 in mine else {}
+        sched.step(*args, **kwargs)
+        if i >= cfg["warmup"]:
+            steps.append(list(log))
+        if out_losses:
+            losses.append(float(sum(t.item() for t in out_losses) / len(out_losses)))
+    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration}
+
+
+def _instrument(stage, log: list) -> None:
+    """Record (action, start, end) around each compute call of ``stage`` (perf_counter: one clock per host)."""
+    s = stage.stage_index
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def forward_one_chunk(mb, *a, **k):
+        t = time.perf_counter()
+        out = fwd(mb, *a, **k)
+        log.append([f"{s}F{mb}", t, time.perf_counter()])
+        return out
+
+    def backward_one_chunk(mb, *a, full_backward=True, **k):
+        t = time.perf_counter()
+        out = bwd(mb, *a, full_backward=full_backward, **k)
+        log.append([f"{s}{'B' if full_backward else 'I'}{mb}", t, time.perf_counter()])
+        return out
+
+    def backward_weight_one_chunk(mb, *a, **k):
+        t = time.perf_counter()
+        out = wgt(mb, *a, **k)
+        log.append([f"{s}W{mb}", t, time.perf_counter()])
+        return out
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def calibrate(width: int, rows: int, repeat: int = 20) -> dict:
+    """Seconds of one block's F, B (full), I (input grad only) and W (weight grad only) on this rank, from the
+    wall time of ``repeat`` back-to-back loops (F; F+B; F+I; F+W), so that on a shared machine they include the
+    time other processes hold the core, as the pipeline's actions and the gaps between them will."""
+    import torch
+    block = _blocks(1, width)[0]
+    x = torch.randn(rows, width, requires_grad=True)
+    params = list(block.parameters())
+
+    def loop(wrt) -> float:
+        for i in range(repeat + 3):
+            if i == 3:
+                t = time.perf_counter()
+            out = block(x)
+            if wrt is not None:
+                torch.autograd.grad(out, wrt, torch.ones_like(out))
+        return (time.perf_counter() - t) / repeat
+
+    f = loop(None)
+    return {"F": f, **{k: max(0.0, loop(wrt) - f) for k, wrt in (("B", [x] + params), ("I", [x]), ("W", params))}}
+
+
+def calibrate_p2p(rank: int, world: int, nbytes: int, repeat: int = 20) -> dict | None:
+    """Ping-pong between ranks 2k and 2k+1 (all pairs at once): one-way seconds of 4 bytes and of ``nbytes``;
+    None on a rank without a partner."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    peer = rank ^ 1
+    dist.barrier()
+    if peer >= world:
+        return None
+    out = {}
+    for key, n in (("small", 4), ("large", nbytes)):
+        buf = torch.zeros(max(1, n // 4))
+        rtts = []
+        for _ in range(repeat + 3):
+            t = time.perf_counter()
+            if rank % 2 == 0:
+                dist.send(buf, peer), dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer), dist.send(buf, peer)
+            rtts.append(time.perf_counter() - t)
+        out[key] = statistics.median(rtts[3:]) / 2
+    out["bytes"] = nbytes
+    return out
+
+
+def rank_main(ctx, payload: dict) -> dict:
+    """Worker entry (runtime.launch): optional calibration, then each configuration in turn."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    out = {"rank": ctx.rank, "runs": []}
+    if payload.get("calibrate"):
+        dist.barrier()
+        shape = payload["calibrate"]
+        out["calibration"] = calibrate(shape["width"], shape["rows"])
+        out["p2p"] = calibrate_p2p(ctx.rank, ctx.world_size, shape["width"] * shape["rows"] * 4)
+    for cfg in payload["runs"]:
+        out["runs"].append(run_schedule(cfg, ctx.rank))
+    return out
+
+
+def to_trace(cfg: dict, per_rank: list[dict]):
+    """The fastest measured step as a sim Trace (times from its first action; op index = the plan's)."""
+    from sim.models import Layer, Model
+    from sim.pipeline.plan import PipelineSpec, build_plan
+    from sim.trace import OpRecord, Trace
+    cfg = {**DEFAULTS, **cfg}
+    p, v = cfg["stages"], cfg["virtual_stages"]
+    model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0) for i in range(cfg["layers"] or p * v)])
+    plan = build_plan(model, PipelineSpec(cfg["schedule"], p, cfg["microbatches"], v, split=cfg.get("split")))
+    index = [{op.name: i for i, op in enumerate(ops) if op.kind == "compute"} for ops in plan.ranks]
+    n_steps = len(per_rank[0]["steps"])
+
+    def span(k):
+        acts = [a for r in per_rank for a in r["steps"][k]]
+        return min(a[1] for a in acts), max(a[2] for a in acts)
+
+    best = min(range(n_steps), key=lambda k: span(k)[1] - span(k)[0])
+    t0 = span(best)[0]
+    ops = [OpRecord(r["rank"], "compute", index[r["rank"]][name], "compute", name, s - t0, e - t0)
+           for r in per_rank for name, s, e in r["steps"][best]]
+    ops.sort(key=lambda o: (o.rank, o.index))
+    return Trace(ops, [], {"source": "measured", "plan": plan.name, "pipeline": plan.meta["pipeline"],
+                           "step_makespans": [span(k)[1] - span(k)[0] for k in range(n_steps)]})
+
+
+def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, timeout: float = 120.0) -> dict:
+    """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration; per-rank results."""
+    from runtime.launch import launch
+    payload = {"runs": runs, "calibrate": calibrate_shape}
+    results = launch("runtime.pipeline:rank_main", payload, nproc, backend="gloo", threads=1, timeout=timeout)
+    return {"ranks": results,
+            "traces": [to_trace(cfg, [r["runs"][i] for r in results]) for i, cfg in enumerate(runs)]}
+
+
+def main(argv=None) -> int:
+    """``python -m runtime.pipeline --schedule zbv --stages 2 --virtual-stages 2 --microbatches 8 --out DIR``:
+    run one schedule for real, print its metrics, write the measured trace and the pipeline diagram."""
+    import os
+    import sys
+
+    from sim.cli import Parser
+    from sim.errors import ConfigError
+    ap = Parser(prog="python -m runtime.pipeline", description=main.__doc__.split("\n")[0])
+    for key, val in DEFAULTS.items():
+        ap.add_argument("--" + key.replace("_", "-"), type=type(val) if val is not None else int, default=val)
+    ap.add_argument("--out", default="distlab-out")
+    args = ap.parse_args(argv)
+    cfg = {k: getattr(args, k) for k in DEFAULTS}
+    try:
+        S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
+        trace = measure([cfg], cfg["stages"])["traces"][0]
+    except ConfigError as e:
+        sys.stderr.write(f"python -m runtime.pipeline: error: {e}\n")
+        return 2
+    from sim.pipeline import diagram
+    from sim.pipeline import metrics as M
+    met = M.compute(trace, trace.meta["pipeline"])
+    os.makedirs(args.out, exist_ok=True)
+    trace.save(os.path.join(args.out, "pipeline-measured.trace"))
+    diagram.draw(trace, os.path.join(args.out, "pipeline-measured.png"),
+                 title="measured: " + diagram.title_for(trace.meta["pipeline"], met), p=cfg["stages"])
+    print(f"makespan {met.makespan * 1e3:.2f} ms, bubble {met.bubble:.1%}, peak in flight {met.peak_in_flight}")
+    print(f"wrote {args.out}/pipeline-measured.trace and {args.out}/pipeline-measured.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
