@@ -10,6 +10,9 @@ from sim.cli import Parser, run_command
 COMMANDS = [
     "sim.commands.simulate",
     "sim.commands.collective",
+    "sim.commands.check",
+    "sim.commands.memory",
+    "sim.commands.lessons",
     "runtime.commands.run",
     "runtime.commands.bench",
     "runtime.commands.calibrate",

@@ -1,0 +1,52 @@
+"""Options shared by the runtime commands (ranks, backend, threads, timeout) and their checks."""
+from __future__ import annotations
+
+from sim.errors import ConfigError
+from sim.plan import COLLECTIVES
+
+
+def add_launch_arguments(p, nproc_help: str = "number of local ranks", nproc_default=None) -> None:
+    p.add_argument("--nproc", default=nproc_default, help=nproc_help)
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                   help="auto: nccl when every rank has its own GPU, else gloo")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank (default 1)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a rank waits for a peer before the run fails (default 60)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print each rank's pid")
+
+
+def launch_kwargs(args) -> dict:
+    return {"backend": args.backend, "threads": args.threads, "timeout": args.timeout, "verbose": args.verbose}
+
+
+def parse_nprocs(text, where: str = "--nproc") -> list[int]:
+    """``'2,4'`` -> [2, 4]; each a whole number >= 1."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            n = int(part)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"{part!r} is not a whole number of ranks >= 1", where)
+        out.append(n)
+    return out
+
+
+def parse_ops(text: str, where: str = "--ops", allow_barrier: bool = True) -> list[str]:
+    allowed = [c for c in COLLECTIVES if allow_barrier or c != "barrier"]
+    if text == "all":
+        return allowed
+    ops = [o.strip() for o in text.split(",") if o.strip()]
+    for o in ops:
+        if o not in allowed:
+            raise ConfigError(f"unknown collective {o!r}; allowed: {', '.join(allowed)}, or all", where)
+    if not ops:
+        raise ConfigError("no collective given", where)
+    return ops
+
+
+def positive_int(value, where: str) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{value!r} must be a whole number >= 1", where)
+    return value

@@ -1,0 +1,104 @@
+"""`distlab run PLAN.json --nproc N`: execute a plan on real local ranks and write the measured trace."""
+from __future__ import annotations
+
+import os
+import sys
+
+from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, positive_int
+
+NAME = "run"
+HELP = "Execute a plan on real local ranks (torch.distributed) and write the measured trace."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("plan", help="a plan JSON file (format distlab-plan/1)")
+    add_launch_arguments(p, "number of local ranks (default: the plan's world size)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs of the whole plan first (default 1)")
+    p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one (default 1)")
+    p.add_argument("--out", help="trace file: *.trace native, *.json Chrome/Perfetto (default PLAN.measured.trace)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args) -> int:
+    from runtime.executor import merge_results
+    from runtime.launch import Launch, RunFailed
+    from sim.cli import print_json, print_table
+    from sim.errors import ConfigError
+    from sim.plan import Plan
+
+    plan = Plan.load(args.plan)
+    nproc = parse_nprocs(args.nproc)[0] if args.nproc is not None else plan.world_size
+    if nproc != plan.world_size:
+        raise ConfigError(f"the plan has {plan.world_size} ranks; run it with --nproc {plan.world_size}", "--nproc")
+    if args.warmup < 0:
+        raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
+    positive_int(args.repeat, "--repeat")
+    check_dtypes(plan, args.backend)
+    out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
+    payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
+    launch = Launch("runtime.executor:plan_task", payload, nproc, **launch_kwargs(args)).start()
+    try:
+        results = launch.wait_progress(args.repeat, f"{plan.name} on {nproc} ranks",
+                                       lambda L: len((L.partial(0) or {}).get("runs", [])))
+    except KeyboardInterrupt:
+        keep_partial(plan, launch.kept, out, {"complete": False, "error": "interrupted"})
+        raise
+    except RunFailed as e:
+        keep_partial(plan, e.partial, out, {"complete": False, "failed_rank": e.rank, "error": str(e)})
+        if args.verbose and e.logs.get(e.rank):
+            sys.stderr.write(f"--- rank {e.rank}'s output ---\n{e.logs[e.rank]}\n---\n")
+        sys.stderr.write(f"distlab run: error: {e}\n")
+        return 1
+    trace = merge_results(plan, results, meta={"threads": args.threads, "warmup": args.warmup,
+                                               "repeat": args.repeat})
+    trace.save(out)
+    rows = summary(trace)
+    if args.json:
+        print_json({"trace": out, "makespan_s": trace.makespan, "backend": trace.meta.get("backend"),
+                    "streams": rows})
+        return 0
+    print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
+                f"{trace.makespan * 1e3:.3f} ms", ["rank", "stream", "ops", "busy (ms)", "first start (ms)",
+                                                   "last end (ms)"],
+                [[r["rank"], r["stream"], r["ops"], f"{r['busy_s'] * 1e3:.3f}", f"{r['start_s'] * 1e3:.3f}",
+                  f"{r['end_s'] * 1e3:.3f}"] for r in rows], justify_left=2)
+    print(f"wrote {out}")
+    return 0
+
+
+def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:
+    """Write what the ranks measured before a failure or Ctrl-C (meta complete: false)."""
+    from runtime.executor import merge_results
+    kept = [p for p in (partial or {}).values() if p]
+    if kept and any(p["runs"] for p in kept):
+        trace = merge_results(plan, kept, run=max(len(p["runs"]) for p in kept) - 1, meta=meta)
+        trace.save(out)
+        sys.stderr.write(f"distlab run: kept {len(trace.ops)} measured ops in {out}\n")
+
+
+def check_dtypes(plan, backend: str) -> None:
+    """Refuse before starting ranks what Gloo cannot reduce (torch is imported only to resolve 'auto')."""
+    from runtime.collectives import GLOO_DTYPES, check_backend_dtype
+    from sim.plan import Collective, Recv, Send
+    bad = [(r, i, op) for r, ops in enumerate(plan.ranks) for i, op in enumerate(ops)
+           if isinstance(op, (Collective, Send, Recv)) and op.dtype not in GLOO_DTYPES]
+    if not bad or backend == "nccl":
+        return
+    if backend == "auto":
+        import torch
+        if torch.cuda.is_available() and torch.cuda.device_count() >= plan.world_size:
+            return
+    r, i, op = bad[0]
+    check_backend_dtype(op.dtype, "gloo", f"{plan.name}: ranks[{r}][{i}]")
+
+
+def summary(trace) -> list[dict]:
+    """Per (rank, stream): op count, busy time, first start and last end."""
+    rows = []
+    for rank, stream in sorted({(o.rank, o.stream) for o in trace.ops}):
+        ops = [o for o in trace.ops if o.rank == rank and o.stream == stream and o.kind not in ("record", "wait")]
+        if not ops:
+            continue
+        rows.append({"rank": rank, "stream": stream, "ops": len(ops), "busy_s": trace.busy_time(rank, stream),
+                     "start_s": min(o.start for o in ops), "end_s": max(o.end for o in ops)})
+    return rows

@@ -1,0 +1,107 @@
+"""`distlab validate`: calibrate on some sizes, then predict held-out cases and measure them (runtime/validation.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from runtime.commands.common import add_launch_arguments, parse_nprocs, parse_ops, positive_int
+
+NAME = "validate"
+HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
+DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--ops", default=DEFAULT_OPS, help=f"collectives (default {DEFAULT_OPS})")
+    p.add_argument("--calib-sizes", default="512KiB,2MiB,8MiB,32MiB,128MiB",
+                   help="sizes the fit sees, around the held-out ones (default 512KiB,2MiB,8MiB,32MiB,128MiB)")
+    p.add_argument("--sizes", default="1MiB:64MiB:4", help="held-out sizes (default 1MiB:64MiB:4 = 1, 4, 16, 64 MiB)")
+    add_launch_arguments(p, "calibrated world sizes (default 2,4)", "2,4")
+    p.add_argument("--holdout-nproc", default="3", help="world sizes measured but not calibrated (default 3; "
+                                                        "'none' for none)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
+    p.add_argument("--iters", type=int, default=9, help="timed calls per size, interleaved (default 9)")
+    p.add_argument("--no-overlap", action="store_true", help="skip the compute/communication overlap plan")
+    p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (DDP, FSDP, pipeline)")
+    p.add_argument("--plot", metavar="OUT.png", default="validate.png", help="predicted vs measured (default "
+                                                                             "validate.png)")
+    p.add_argument("--out", metavar="RESULTS.json", help="write every case here (kept if a run fails)")
+    p.add_argument("--json", action="store_true", help="print cases and summary as JSON")
+
+
+def run(args) -> int:
+    from runtime.commands.calibrate import measure
+    from runtime.fit import calibration_from_rows
+    from runtime.launch import RunFailed
+    from runtime.validation import (collective_cases, overlap_case, overlap_plan, plot, scenario_cases,
+                                    summarize)
+    from sim.cli import print_json, print_table
+    from sim.errors import ConfigError
+    from sim.io import parse_size_range, write_atomic
+    from sim.plan import format_bytes
+
+    ops = parse_ops(args.ops, allow_barrier=False)
+    calib, held = parse_size_range(args.calib_sizes, "--calib-sizes"), parse_size_range(args.sizes)
+    if set(calib) & set(held):
+        raise ConfigError(f"{format_bytes(sorted(set(calib) & set(held))[0])} is in both --calib-sizes and "
+                          "--sizes; held-out sizes must be new", "--sizes")
+    if len(set(calib)) < 2:
+        raise ConfigError("a fit needs at least two sizes", "--calib-sizes")
+    nprocs = sorted(set(parse_nprocs(args.nproc)))
+    holdout = [] if args.holdout_nproc == "none" else parse_nprocs(args.holdout_nproc, "--holdout-nproc")
+    if min(nprocs + holdout) < 2:
+        raise ConfigError("collectives need at least 2 ranks", "--nproc")
+    positive_int(args.iters, "--iters")
+    scenario_rows = []
+    if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
+        scenario_rows = scenario_cases(args.scenario, {}, {}, args)
+
+    measured, failed = {}, None
+    for n in sorted(set(nprocs) | set(holdout)):
+        sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
+        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1, "repeat": 5}
+        try:
+            measured[n] = measure(ops, sizes, n, args, plan, label="validate")
+        except RunFailed as e:
+            failed = e
+            break
+        if args.out:
+            write_atomic(args.out, json.dumps({"complete": False, "measured": measured}))
+    if not measured:
+        sys.stderr.write(f"distlab validate: error: {failed}\n")
+        return 1
+    backend = "nccl" if measured[min(measured)][0]["compute"]["matmul_dtype"] == "bfloat16" else "gloo"
+    calibration = calibration_from_rows([r for n in nprocs if n in measured for r in measured[n][0]["rows"]
+                                         if r["bytes"] in calib])
+    cases = []
+    for n, results in measured.items():
+        compute = results[0]["compute"]
+        rows = [r for r in results[0]["rows"] if r["bytes"] in held]
+        cases += collective_cases(rows, calibration, compute, backend,
+                                  "held-out size" if n in nprocs else "held-out world size")
+        if not args.no_overlap:
+            plan = overlap_plan(n)
+            cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, compute, backend))
+    cases += scenario_rows
+    summary = summarize(cases)
+    if args.out:
+        write_atomic(args.out, json.dumps({"complete": failed is None, "calibration": calibration, "cases": cases,
+                                           "summary": summary, "measured": measured}, indent=1))
+    if args.plot and cases:
+        plot(cases, args.plot)
+    if args.json:
+        print_json({"calibration": calibration, "cases": cases, "summary": summary})
+    else:
+        print_table("simulated (calibrated) against measured", ["case", "kind", "ranks", "size", "predicted (ms)",
+                                                                 "measured (ms)", "error"],
+                    [[c["case"], c["kind"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
+                      f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%"] for c in cases], justify_left=2)
+        print_table("median |error|", ["kind", "ranks", "cases", "median |error|"],
+                    [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%"] for s in summary])
+        for path in (args.plot, args.out):
+            if path:
+                print(f"wrote {path}")
+    if failed is not None:
+        sys.stderr.write(f"distlab validate: error: {failed}\n")
+        return 1
+    return 0

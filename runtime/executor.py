@@ -1,0 +1,278 @@
+"""Execute one rank's ops of a plan for real and time each one.
+
+Before timing: every process group the plan uses is created on all ranks in one sorted order (one group per
+(ranks, stream), so collectives of different streams never interleave on one communicator, as with NCCL
+communicators per stream), one group for point-to-point (pairs match in order, as in the plan), and every
+buffer and matmul operand is allocated (one set per stream, op and size, reused).
+On CPU each plan stream is a thread that issues its ops in order (async_op=True) and waits on each Gloo work
+handle before the next, so streams overlap like CUDA streams and a stream's ops never overlap each other.
+Record/Wait are counters: a Wait at position i of the rank's list waits for the Records of its event placed
+before i (cudaEventRecord / cudaStreamWaitEvent semantics); a Wait with no Record before it is a no-op. On GPUs
+(runtime/cuda_exec.py) the streams are CUDA streams and times come from CUDA events.
+Times are time.perf_counter() (CLOCK_MONOTONIC, one clock for all processes of a host), aligned across hosts
+by runtime/clock.py, and start at 0 = the first rank's exit from the barrier that starts each run.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import threading
+import time
+from collections import defaultdict
+
+from runtime.collectives import check_backend_dtype, issue, make_buffers
+from sim.errors import ConfigError
+from sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
+from sim.trace import OpRecord, Trace
+
+NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}
+
+
+def group_keys(plan: Plan) -> list[tuple[tuple[int, ...], str]]:
+    """Every (group ranks, stream) that some rank's collective uses, in a deterministic order."""
+    keys = {(plan.group_of(op), op.stream) for ops in plan.ranks for op in ops if isinstance(op, Collective)}
+    return sorted(keys)
+
+
+class Executor:
+    """Prepared once per plan; ``run()`` executes it and returns [(index, start, end)] on this rank."""
+
+    def __init__(self, plan: Plan, ctx):
+        import os
+
+        import torch.distributed as dist
+        self.plan, self.ctx, self.rank = plan, ctx, ctx.rank
+        self.cuda = ctx.device.type == "cuda"
+        ops = plan.ranks[self.rank]
+        for i, op in enumerate(ops):
+            if isinstance(op, (Collective, Send, Recv)):
+                check_backend_dtype(op.dtype, ctx.backend, f"plan: ranks[{self.rank}][{i}]")
+        algos = {op.algorithm for o in plan.ranks for op in o if isinstance(op, Collective)} - {"auto"}
+        if ctx.backend == "nccl" and algos and "NCCL_ALGO" not in os.environ:
+            os.environ["NCCL_ALGO"] = ",".join(sorted(NCCL_ALGOS[a] for a in algos if a in NCCL_ALGOS)) or "Ring"
+        from datetime import timedelta
+        timeout = timedelta(seconds=ctx.timeout)      # new_group does not inherit it (default 30 min on Gloo)
+        self.groups = {key: dist.new_group(list(key[0]), timeout=timeout) for key in group_keys(plan)}
+        has_p2p = any(isinstance(op, (Send, Recv)) for o in plan.ranks for op in o)
+        self.p2p = dist.new_group(list(range(plan.world_size)), timeout=timeout) if has_p2p else None
+        self.matmuls: dict[str, object] = {}
+        self.steps = self._prepare(ops)
+        self.partial: dict[str, list] = {}
+
+    # -- preparation ---------------------------------------------------------------------------------------
+    def _prepare(self, ops) -> dict[str, list]:
+        from runtime.compute import Matmuls
+        buffers: dict[tuple, tuple] = {}
+        records_before: dict[str, int] = defaultdict(int)
+        steps: dict[str, list] = defaultdict(list)
+        for i, op in enumerate(ops):
+            fn, event, need = None, None, 0
+            if isinstance(op, Collective):
+                group = self.plan.group_of(op)
+                key = (op.stream, op.op, op.bytes, op.dtype, len(group))
+                if key not in buffers:
+                    buffers[key] = make_buffers(op.op, op.bytes, op.dtype, len(group), self.ctx.device)
+                inp, out = buffers[key]
+                fn = functools.partial(issue, op.op, inp, out, self.groups[(group, op.stream)], op.root, True)
+                if not self.cuda:              # a CPU stream waits on the work handle before its next op
+                    fn = functools.partial(_wait, fn)
+            elif isinstance(op, (Send, Recv)):
+                key = (op.stream, "p2p", op.bytes, op.dtype)
+                if key not in buffers:
+                    buffers[key] = make_buffers("all_reduce", op.bytes, op.dtype, 1, self.ctx.device)
+                fn = functools.partial(_p2p, isinstance(op, Send), buffers[key][0], op.peer, self.p2p)
+            elif isinstance(op, Compute):
+                if op.stream not in self.matmuls:
+                    self.matmuls[op.stream] = Matmuls(self.ctx.device)
+                mm = self.matmuls[op.stream]
+                fn = mm.work_for(op.seconds, op.flops, op.bytes)
+            elif isinstance(op, Record):
+                event = op.event
+                records_before[op.event] += 1
+            elif isinstance(op, Wait):
+                event, need = op.event, records_before[op.event]
+            steps[op.stream].append((i, op.kind, fn, event, need))
+        return dict(steps)
+
+    # -- execution -----------------------------------------------------------------------------------------
+    def run(self) -> list[tuple[int, float, float]]:
+        if self.cuda:
+            from runtime.cuda_exec import run_cuda
+            return run_cuda(self)
+        self.partial = {s: [] for s in self.steps}
+        events = _Events(self.ctx.timeout)
+        if len(self.steps) <= 1:                       # one stream: no thread at all
+            for stream, steps in self.steps.items():
+                _run_stream(steps, self.partial[stream], events)
+        else:
+            _run_threads(self.steps, self.partial, events)
+        return sorted(r for recs in self.partial.values() for r in recs)
+
+
+def _wait(start) -> None:
+    start().wait()
+
+
+def _p2p(send: bool, buf, peer: int, group) -> None:
+    import torch.distributed as dist
+    work = dist.isend(buf, dst=peer, group=group) if send else dist.irecv(buf, src=peer, group=group)
+    work.wait()
+
+
+class _Events:
+    """Counters of Records per event name; Wait blocks until a count is reached (or the run aborts)."""
+
+    def __init__(self, timeout: float):
+        self.cond = threading.Condition()
+        self.count: dict[str, int] = defaultdict(int)
+        self.aborted = False
+        self.timeout = timeout
+
+    def record(self, event: str) -> None:
+        with self.cond:
+            self.count[event] += 1
+            self.cond.notify_all()
+
+    def wait(self, event: str, need: int) -> None:
+        if need <= 0:
+            return
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.count[event] >= need or self.aborted, self.timeout)
+        if self.aborted:
+            raise RuntimeError("aborted: another stream failed")
+        if not ok:
+            raise TimeoutError(f"waited more than {self.timeout:g} s for event {event!r}")
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+
+def _run_stream(steps, out: list, events: _Events) -> None:
+    clock = time.perf_counter
+    for index, kind, fn, event, need in steps:
+        t0 = clock()
+        if fn is not None:
+            fn()
+        elif kind == "record":
+            events.record(event)
+        else:
+            events.wait(event, need)
+        out.append((index, t0, clock()))
+
+
+def _run_threads(streams: dict, partial: dict, events: _Events) -> None:
+    """One daemon thread per stream; the first error aborts the others and is raised here."""
+    errors: list[tuple[str, BaseException]] = []
+    done = threading.Semaphore(0)
+
+    def body(stream):
+        try:
+            _run_stream(streams[stream], partial[stream], events)
+        except BaseException as e:        # noqa: BLE001 - handed to the main thread
+            errors.append((stream, e))
+            events.abort()
+        finally:
+            done.release()
+
+    threads = [threading.Thread(target=body, args=(s,), daemon=True, name=f"stream-{s}") for s in streams]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        done.acquire()
+        if errors:     # threads blocked in a collective stay behind; the worker exits without joining them
+            stream, e = errors[0]
+            raise RuntimeError(f"stream {stream!r}: {type(e).__name__}: {e}") from e
+
+
+# -- the task the launcher (or torchrun) runs on every rank -------------------------------------------------
+def plan_task(ctx, payload: dict) -> dict:
+    """Run the plan ``warmup`` times untimed then ``repeat`` times timed. Each run: {"zero": this rank's exit
+    from the starting barrier, "ops": [[index, start, end], ...]}, in seconds on rank 0's clock."""
+    from runtime.clock import clock_offset, start_barrier
+    plan = Plan.from_dict(payload["plan"])
+    if plan.world_size != ctx.world_size:
+        raise ConfigError(f"the plan has {plan.world_size} ranks but {ctx.world_size} were started", "--nproc")
+    ex = Executor(plan, ctx)
+    offset = clock_offset(ctx)
+    runs: list = []
+    warmup, repeat = int(payload.get("warmup", 1)), int(payload.get("repeat", 1))
+    now = {"k": -1, "zero": 0.0}
+
+    def keep_partial():            # the worker calls this if the run fails or is terminated
+        done = sorted(r for recs in ex.partial.values() for r in recs)
+        cut = [{"zero": now["zero"], "ops": [[i, a - offset, b - offset] for i, a, b in done]}]
+        ctx.save_partial({"rank": ctx.rank, "runs": runs + (cut if now["k"] >= warmup and done else []),
+                          "complete": False})
+    ctx.on_failure = keep_partial
+    if hasattr(ctx, "mark_running"):
+        ctx.mark_running()
+    for k in range(warmup + repeat):
+        now["zero"] = start_barrier(ctx, offset)
+        now["k"] = k
+        raw = ex.run()
+        if k >= warmup:
+            runs.append({"zero": now["zero"], "ops": [[i, a - offset, b - offset] for i, a, b in raw]})
+            ctx.save_partial({"rank": ctx.rank, "runs": runs, "complete": False})
+        ex.partial = {}
+    ctx.on_failure = None
+    rates = {s: mm.flops_per_s for s, mm in ex.matmuls.items() if mm.seconds_per_iter}
+    return {"rank": ctx.rank, "runs": runs, "complete": True, "backend": ctx.backend,
+            "device": str(ctx.device), "clock_offset": offset, "matmul_flops_per_s": rates}
+
+
+def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict | None = None) -> Trace:
+    """Per-rank results of plan_task -> one Trace (source=measured). ``run`` None = the median makespan.
+
+    A collective's ``launch`` is the latest start among its group's members for the same call (the k-th
+    collective of that group and stream on each member): when all had arrived.
+    """
+    per_rank = {r["rank"]: r for r in results if r}
+    n_runs = min((len(r["runs"]) for r in per_rank.values()), default=0)
+    if run is None and n_runs:
+        spans = []
+        for k in range(n_runs):
+            recs = [x for r in per_rank.values() for x in r["runs"][k]["ops"]]
+            spans.append((max(x[2] for x in recs) - min(x[1] for x in recs)) if recs else 0.0)
+        run = spans.index(statistics.median_low(spans))
+    picked = {rank: r["runs"][min(run, len(r["runs"]) - 1)] for rank, r in per_rank.items()
+              if r["runs"] and run is not None}
+    zero = min((p["zero"] for p in picked.values()), default=0.0)
+    ops = []
+    seq: dict[tuple, list] = defaultdict(list)
+    for rank in sorted(picked):
+        for index, start, end in picked[rank]["ops"]:
+            op = plan.ranks[rank][index]
+            rec = OpRecord(rank, op.stream, index, op.kind, _name(op), start - zero, end - zero)
+            if isinstance(op, Collective):
+                rec.bytes, rec.op, rec.algorithm = op.bytes, op.op, op.algorithm
+                rec.group = plan.group_of(op)
+                seq[(rec.group, op.stream, rank)].append(rec)
+            elif isinstance(op, (Send, Recv)):
+                rec.bytes = op.bytes
+            elif isinstance(op, Compute):
+                rec.bytes = int(op.bytes)
+            ops.append(rec)
+    for (group, stream, rank), recs in seq.items():
+        for k, rec in enumerate(recs):
+            peers = [seq.get((group, stream, m), []) for m in group]
+            starts = [p[k].start for p in peers if k < len(p)]
+            rec.launch = max(starts) if len(starts) == len(group) else None
+    ops.sort(key=lambda o: (o.rank, o.index))
+    info = {"source": "measured", "plan": plan.name, "world_size": plan.world_size, "run": run,
+            "complete": all(r.get("complete", False) for r in per_rank.values()) and len(per_rank) == plan.world_size}
+    any_r = next(iter(per_rank.values()), {})
+    for key in ("backend", "device"):
+        if key in any_r:
+            info[key] = any_r[key]
+    info.update(meta or {})
+    return Trace(ops, [], info)
+
+
+def _name(op) -> str:
+    if isinstance(op, (Record, Wait)):
+        return op.event
+    if isinstance(op, Compute):
+        return op.name
+    return op.name or (op.op if isinstance(op, Collective) else op.kind)      # as sim/engine.py names them

@@ -1,0 +1,278 @@
+"""Start N local ranks (`python -m runtime.worker`), watch them, collect their results, never leave one behind.
+
+Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) plus DISTLAB_RUN_DIR, a temporary folder with task.json (``module:function`` and its payload) that
+receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``. All ranks share one new process group, so
+Ctrl-C reaches only the launcher, which then ends the group (SIGTERM, then SIGKILL) and reaps every child; the
+ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG).
+
+A rank that raises or dies ends the run: the others get ``grace`` seconds to report, then are killed, and
+RunFailed names the first rank that failed and its error. Ranks waiting for a peer that hangs give up after
+``timeout`` seconds (the process group's timeout), so every failure ends the run within a bounded time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from sim.errors import ConfigError
+
+BACKENDS = ("auto", "gloo", "nccl")
+# Errors that are usually the echo of another rank's failure, not its cause.
+_ECHOES = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "sigterm",
+           "terminated", "peer")
+
+
+class RunFailed(RuntimeError):
+    """A rank raised or died. ``rank`` is the first that failed; ``partial`` maps rank -> its last partial."""
+
+    def __init__(self, rank: int, message: str, partial: dict, results: dict, logs: dict | None = None):
+        self.rank, self.partial, self.results, self.logs = rank, partial, results, logs or {}
+        super().__init__(message)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_options(nproc: int, backend: str, threads: int, timeout: float) -> None:
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(f"{nproc!r} must be a whole number >= 1", "--nproc")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}", "--backend")
+    if not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"{threads!r} must be a whole number >= 1", "--threads")
+    if not timeout > 0:
+        raise ConfigError(f"{timeout!r} must be a number of seconds > 0", "--timeout")
+
+
+class Launch:
+    """``Launch(...).start()`` then ``.wait()`` -> list of per-rank results; ``.pids`` while it runs."""
+
+    def __init__(self, target: str, payload, nproc: int, backend: str = "auto", threads: int = 1,
+                 timeout: float = 60.0, grace: float = 3.0, verbose: bool = False):
+        check_options(nproc, backend, threads, timeout)
+        self.target, self.payload, self.nproc = target, payload, nproc
+        self.backend, self.threads, self.timeout = backend, threads, timeout
+        self.grace, self.verbose = min(grace, timeout), verbose
+        self.procs: list[subprocess.Popen] = []
+        self.pgid: int | None = None
+        self.run_dir: str | None = None
+        self.kept: dict = {}                   # partial results, after abort()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def start(self) -> "Launch":
+        self.run_dir = tempfile.mkdtemp(prefix="distlab-run-")
+        task = {"target": self.target, "payload": self.payload, "backend": self.backend,
+                "threads": self.threads, "timeout": self.timeout}
+        with open(os.path.join(self.run_dir, "task.json"), "w") as f:
+            json.dump(task, f)
+        port = free_port()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for r in range(self.nproc):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()),
+                       OMP_NUM_THREADS=str(self.threads),
+                       PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+            log = open(os.path.join(self.run_dir, f"stderr.{r}"), "wb")
+            group = {"process_group": 0 if self.pgid is None else self.pgid}
+            try:
+                p = subprocess.Popen([sys.executable, "-m", "runtime.worker"], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=log, **group)
+            except BaseException:
+                log.close()
+                self.stop()
+                raise
+            log.close()
+            self.procs.append(p)
+            if self.pgid is None:
+                self.pgid = p.pid
+            if self.verbose:
+                sys.stderr.write(f"distlab: rank {r} pid {p.pid}\n")
+                sys.stderr.flush()
+        return self
+
+    def ready(self, what: str = "ready") -> int:
+        """How many ranks have joined the process group (``running``: have begun their timed work)."""
+        return sum(os.path.exists(os.path.join(self.run_dir, f"{what}.{r}")) for r in range(self.nproc))
+
+    def _read(self, kind: str, r: int):
+        path = os.path.join(self.run_dir, f"{kind}.{r}.json")
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def partial(self, r: int = 0):
+        return self._read("partial", r)
+
+    def _tail(self, r: int, lines: int = 30) -> str:
+        """The end of rank r's stdout and stderr (its traceback, when it raised)."""
+        try:
+            with open(os.path.join(self.run_dir, f"stderr.{r}"), "rb") as f:
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _describe(self, r: int, rc: int) -> tuple[int, str]:
+        """(priority, message): a death by signal or a first-hand error sorts before an echo of another's."""
+        err = self._read("error", r)
+        if err:
+            text = err["error"]
+            return (1 if any(e in text.lower() for e in _ECHOES) else 0), f"rank {r} failed: {text}"
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            return 0, f"rank {r} died: killed by {name}"
+        lines = [ln for ln in self._tail(r).splitlines() if ln.strip()]
+        tail = f": {lines[-1][:300]}" if lines else ""
+        return 0, f"rank {r} exited with code {rc}{tail}"
+
+    def polls(self, poll_s: float = 0.05):
+        """Watch the ranks, yielding after each look, until all ended (or failed and the grace ran out)."""
+        self._failures: list[tuple] = []      # (poll number, priority, time of the error, rank, message)
+        exited: dict[int, int] = {}
+        deadline, n, announced = None, 0, 0
+        old = _sigterm_as_interrupt()
+        try:
+            while len(exited) < self.nproc:
+                n += 1
+                for r, p in enumerate(self.procs):
+                    if r not in exited and (rc := p.poll()) is not None:
+                        exited[r] = rc
+                        if rc != 0:
+                            priority, message = self._describe(r, rc)
+                            err = self._read("error", r) or {}
+                            self._failures.append((n, priority, err.get("time", time.time()), r, message))
+                if self._failures and deadline is None:
+                    deadline = time.monotonic() + self.grace
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                if self.verbose and announced < 2 and self.ready(("ready", "running")[announced]) == self.nproc:
+                    sys.stderr.write(f"distlab: all {self.nproc} ranks {('joined', 'running')[announced]}\n")
+                    sys.stderr.flush()
+                    announced += 1
+                yield
+                if len(exited) < self.nproc:
+                    time.sleep(poll_s)
+        finally:
+            _restore_sigterm(old)
+            self.stop()
+
+    def finish(self) -> list:
+        """After polls(): results by rank, or RunFailed naming the first rank that failed."""
+        self.stop()
+        results = {r: self._read("result", r) for r in range(self.nproc)}
+        partial = {r: self._read("partial", r) for r in range(self.nproc)}
+        failures = sorted(getattr(self, "_failures", []))
+        logs = {f[3]: self._tail(f[3]) for f in failures}
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if failures:
+            first = failures[0]
+            others = "; ".join(f[4] for f in failures[1:4])
+            message = first[4] + (f" (then {others})" if others else "")
+            raise RunFailed(first[3], message, partial, results, logs)
+        return [results[r] for r in range(self.nproc)]
+
+    def wait(self, on_poll=None) -> list:
+        """Block until every rank ends; results by rank. Raises RunFailed naming the first failed rank."""
+        try:
+            for _ in self.polls():
+                if on_poll is not None:
+                    on_poll(self)
+        except BaseException:
+            self.abort()
+            raise
+        return self.finish()
+
+    def wait_progress(self, total: int, description: str, count, enabled: bool = True) -> list:
+        """wait() with a progress bar (sim.cli.progress) of ``count(self)`` out of ``total`` steps."""
+        from sim.cli import progress
+
+        def ticks():
+            done = 0
+            for _ in self.polls():
+                c = min(total, count(self))
+                while done < c:
+                    done += 1
+                    yield
+        try:
+            for _ in progress(ticks(), total, description, enabled):
+                pass
+        except BaseException:
+            self.abort()
+            raise
+        return self.finish()
+
+    def abort(self) -> dict:
+        """Interrupted: end every rank, keep their partial results in ``self.kept`` (rank -> partial)."""
+        self.stop()
+        if self.run_dir and os.path.isdir(self.run_dir):
+            self.kept = {r: self._read("partial", r) for r in range(self.nproc)}
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return self.kept
+
+    def stop(self) -> None:
+        """End every rank still running (SIGTERM to the group, SIGKILL after 2 s) and reap them all."""
+        if not self.procs:
+            return
+        alive = [p for p in self.procs if p.poll() is None]
+        if alive:
+            _signal_all(self.pgid, alive, signal.SIGTERM)
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end and any(p.poll() is None for p in alive):
+                time.sleep(0.02)
+            _signal_all(self.pgid, [p for p in alive if p.poll() is None], signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+
+
+def _signal_all(pgid, procs, sig) -> None:
+    if not procs:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:                       # in case one left the group
+        try:
+            p.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _sigterm_as_interrupt():
+    try:
+        return signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:                     # not the main thread
+        return None
+
+
+def _restore_sigterm(old) -> None:
+    if old is not None:
+        signal.signal(signal.SIGTERM, old)
+
+
+def launch(target: str, payload, nproc: int, on_poll=None, **kwargs) -> list:
+    """Run ``target(ctx, payload)`` on ``nproc`` local ranks; the list of their return values."""
+    return Launch(target, payload, nproc, **kwargs).start().wait(on_poll=on_poll)

@@ -1,0 +1,148 @@
+"""nccl-tests-style sweeps of real collectives, run inside the ranks (see runtime/commands/bench.py).
+
+Cases are interleaved: after ``warmup`` untimed rounds, each of ``iters`` rounds times every (op, size) once,
+each call after a barrier, so a burst of load from elsewhere on the machine spreads over all cases instead of
+spoiling one. Per call, on one timeline (runtime/clock.py):
+  time = the slowest rank's own start-to-end (nccl-tests' convention; CUDA events on GPUs),
+  launch time = latest end - latest start: from the moment the last rank arrived (the collective's launch in
+      the simulator's terms) to the moment the last rank finished; barrier exit skew does not count.
+A case reports medians over the rounds. algbw = S / time and busbw = algbw x factor as in nccl-tests
+doc/PERFORMANCE.md (S = planned bytes). All cases share one input and one output buffer (views of them).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from runtime.collectives import actual_bytes, busbw_factor, check_backend_dtype, element_counts, issue
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+
+
+def cases(ops, sizes) -> list[tuple[str, int]]:
+    """(op, bytes) in sweep order; a barrier has no size, so it is one case of 0 bytes."""
+    out = []
+    for op in ops:
+        out += [("barrier", 0)] if op == "barrier" else [(op, s) for s in sizes]
+    return out
+
+
+def _views(todo, dtype, n, device):
+    """Per case (input, output) views into two shared buffers (in place ops: the same view twice)."""
+    import torch
+
+    from runtime.collectives import torch_dtype
+    counts = [element_counts(op, b, dtype, n) for op, b in todo]
+    inp = torch.zeros(max([i for i, _ in counts] + [1]), dtype=torch_dtype(dtype), device=device)
+    out = torch.zeros(max([o for _, o in counts] + [1]), dtype=torch_dtype(dtype), device=device)
+    views = []
+    for (op, _), (i, o) in zip(todo, counts):
+        if op == "barrier":
+            views.append((None, None))
+        elif op in ("all_reduce", "broadcast", "reduce"):
+            views.append((inp[:i], inp[:i]))
+        else:
+            views.append((inp[:i], out[:o]))
+    return views
+
+
+def _row(op, nbytes, dtype, n, spans, launches) -> dict:
+    t = statistics.median(spans)
+    algbw = nbytes / t / 1e9 if t > 0 else 0.0
+    return {"op": op, "bytes": nbytes, "actual_bytes": actual_bytes(op, nbytes, dtype, n), "dtype": dtype,
+            "world_size": n, "time_s": t, "time_min_s": min(spans), "time_max_s": max(spans),
+            "launch_time_s": statistics.median(launches), "algbw_GBps": algbw,
+            "busbw_GBps": algbw * busbw_factor(op, n), "times_s": spans, "launch_times_s": launches}
+
+
+def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None) -> list[dict]:
+    """Time every case on the whole world; every rank returns the same rows."""
+    import torch
+    import torch.distributed as dist
+
+    from runtime.clock import clock_offset
+    n, cuda = ctx.world_size, ctx.device.type == "cuda"
+    todo = cases(ops, sizes)
+    views = _views(todo, dtype, n, ctx.device)
+    offset = clock_offset(ctx)
+    for _ in range(warmup):
+        for (op, _), (inp, out) in zip(todo, views):
+            issue(op, inp, out)
+    if cuda:
+        torch.cuda.synchronize()
+    spans = [[] for _ in todo]
+    launches = [[] for _ in todo]
+    for k in range(iters):
+        mine = []
+        for (op, _), (inp, out) in zip(todo, views):
+            dist.barrier()
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                e0.record()
+                issue(op, inp, out)
+                e1.record()
+                e1.synchronize()
+                mine.append((t0 - offset, t0 - offset + e0.elapsed_time(e1) / 1e3))
+            else:
+                t0 = time.perf_counter()
+                issue(op, inp, out)
+                mine.append((t0 - offset, time.perf_counter() - offset))
+        every = [None] * n
+        dist.all_gather_object(every, mine)
+        for c in range(len(todo)):
+            spans[c].append(max(e[c][1] - e[c][0] for e in every))
+            launches[c].append(max(e[c][1] for e in every) - max(e[c][0] for e in every))
+        if on_round is not None:
+            on_round(k + 1, [_row(op, b, dtype, n, spans[c], launches[c]) for c, (op, b) in enumerate(todo)])
+    return [_row(op, b, dtype, n, spans[c], launches[c]) for c, (op, b) in enumerate(todo)]
+
+
+def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
+    """Matmul FLOP/s and copy bandwidth per rank with all ranks working at once (CPU ranks share cores as
+    in a run): the same work on every rank, rate = work / (last end - first start), median of ``rounds``."""
+    import torch.distributed as dist
+
+    from runtime.compute import Matmuls
+    mm = Matmuls(ctx.device)
+    probe = [mm.measure(0.05)]
+    dist.broadcast_object_list(probe, src=0)
+    k = max(1, int(seconds / rounds / probe[0]))
+    mm.measure_copy()
+    copies = max(1, int(seconds / rounds / (2 * mm._src.numel() * 4 / mm.copy_Bps)))
+    flops, copy = [], []
+    for fn, work, out in ((lambda: mm.run(k), k * mm.flops_per_iter, flops),
+                          (lambda: [mm._dst.copy_(mm._src) for _ in range(copies)],
+                           copies * 2 * mm._src.numel() * 4, copy)):
+        for _ in range(rounds):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if ctx.device.type == "cuda":
+                import torch
+                torch.cuda.synchronize()
+            every = [None] * ctx.world_size
+            dist.all_gather_object(every, (t0, time.perf_counter()))
+            out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
+    return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""),
+            "flops_per_s": statistics.median(flops), "copy_Bps": statistics.median(copy)}
+
+
+def sweep_task(ctx, payload: dict):
+    """Worker target: the sweep (rank 0 keeps the rows so far after each round), then optionally compute
+    rates and a plan (runtime.executor.plan_task payload) in the same ranks."""
+    dtype = payload.get("dtype", "float32")
+    check_backend_dtype(dtype, ctx.backend, "--dtype")
+
+    def keep(rounds, rows):
+        if ctx.rank == 0:
+            ctx.save_partial({"rounds": rounds, "rows": rows})
+    rows = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2), payload.get("iters", 10),
+                 keep) if payload["ops"] else []
+    result = {"rows": rows}
+    if payload.get("compute"):
+        result["compute"] = measure_compute(ctx)
+    if payload.get("plan"):
+        from runtime.executor import plan_task
+        result["plan"] = plan_task(ctx, payload["plan"])
+    return result

@@ -1,0 +1,129 @@
+"""Predicted (sim.engine on a calibrated cluster) against measured (real ranks), case by case.
+
+Cases: held-out collective sizes at the calibrated world sizes, held-out world sizes (the calibration
+interpolated in n), and a plan whose compute overlaps its all-reduces on two streams (a DDP-like backward:
+layer i's compute, then Record; the comm stream Waits and all-reduces layer i's gradient). Compute speed is
+measured at each world size, since CPU ranks share cores; the communication of every case is held out.
+A collective's measured time is from its launch (last rank's arrival) to the last rank's end, which is what
+the simulator's one-collective makespan means (runtime/sweep.py).
+error = (predicted - measured) / measured.
+"""
+from __future__ import annotations
+
+import statistics
+
+from sim.errors import ConfigError
+from sim.plan import Collective, Compute, Plan, Record, Wait
+
+
+def overlap_plan(n: int, layers: int = 4, flops: float = 4e8, nbytes: int = 4 * 2**20) -> Plan:
+    """``layers`` x (compute of ``flops`` on 'compute', all_reduce of ``nbytes`` on 'comm' once it is done)."""
+    ops = []
+    for i in range(layers):
+        ops += [Compute(name=f"bwd{i}", flops=flops), Record(f"grad{i}", stream="compute"),
+                Wait(f"grad{i}", stream="comm"), Collective("all_reduce", nbytes, name=f"ar{i}", stream="comm")]
+    return Plan([list(ops) for _ in range(n)], name=f"overlap-{n}", meta={"layers": layers, "flops": flops,
+                                                                         "bytes": nbytes}).validate()
+
+
+def cluster_for(calibration: dict, compute: dict, n: int, backend: str):
+    from runtime.fit import calibrated_cluster
+    return calibrated_cluster(calibration, compute, n, backend)
+
+
+def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str) -> list[dict]:
+    """One case per measured row: predicted by simulating that one collective on the calibrated cluster."""
+    from sim.engine import simulate_collective
+    out = []
+    for r in rows:
+        if r["op"] == "barrier":
+            continue
+        n = r["world_size"]
+        cluster = cluster_for(calibration, compute, n, backend)
+        trace, _ = simulate_collective(r["op"], r["bytes"], cluster)
+        out.append(case(kind, r["op"], n, r["bytes"], trace.makespan, r.get("launch_time_s", r["time_s"])))
+    return out
+
+
+def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str) -> dict:
+    """The overlap plan: simulated makespan against the median measured makespan over the repeats."""
+    from runtime.executor import merge_results
+    from sim.engine import simulate
+    n = plan.world_size
+    spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
+    predicted = simulate(plan, cluster_for(calibration, compute, n, backend), record_transfers=False).makespan
+    c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans))
+    c["measured_runs_s"] = spans
+    return c
+
+
+def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: float) -> dict:
+    return {"kind": kind, "case": what, "world_size": n, "bytes": nbytes, "predicted_s": predicted,
+            "measured_s": measured, "error": (predicted - measured) / measured}
+
+
+def summarize(cases: list[dict]) -> list[dict]:
+    """Median |error| per (kind, world size), and over all held-out collective sizes."""
+    groups: dict[tuple, list[float]] = {}
+    for c in cases:
+        groups.setdefault((c["kind"], c["world_size"]), []).append(abs(c["error"]))
+    rows = [{"kind": k, "world_size": n, "cases": len(v), "median_abs_error": statistics.median(v)}
+            for (k, n), v in sorted(groups.items())]
+    sizes = [abs(c["error"]) for c in cases if c["kind"] == "held-out size"]
+    if sizes:
+        rows.append({"kind": "held-out size", "world_size": "all", "cases": len(sizes),
+                     "median_abs_error": statistics.median(sizes)})
+    return rows
+
+
+def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[dict]:
+    """Hook for scenario plans (DDP, FSDP, pipeline): build the plan from the scenario at the calibrated
+    cluster, run it for real, simulate it, and return case() rows. Not written yet: names the kind."""
+    from sim.io import load_yaml
+    spec = load_yaml(path)
+    if not isinstance(spec, dict):
+        raise ConfigError("a scenario is a mapping with keys model, parallelism, cluster", path)
+    parallelism = spec.get("parallelism")
+    kind = parallelism.get("kind") if isinstance(parallelism, dict) else parallelism
+    if kind == "ddp":                  # issue 5: real DDP against the simulator (runtime/ddp.py)
+        from runtime.ddp import ddp_cases
+        return ddp_cases(path, args)
+    if kind == "fsdp":                 # issue 6: real FSDP2 against the simulator (runtime/fsdp.py)
+        from runtime.fsdp import fsdp_cases
+        return fsdp_cases(path, args)
+    raise ConfigError(f"scenario kind {kind!r} not supported yet", path)
+
+
+def plot(cases: list[dict], path: str) -> None:
+    """Predicted against measured (log-log), the y = x line and a +-20% band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sim.io import save_figure
+    fig, ax = plt.subplots(figsize=(6, 5))
+    markers = {"held-out size": "o", "held-out world size": "s", "overlap plan": "*"}
+    colors = {2: "#1f77b4", 3: "#2ca02c", 4: "#d62728"}
+    for c in cases:
+        ax.scatter(c["measured_s"] * 1e3, c["predicted_s"] * 1e3, marker=markers.get(c["kind"], "x"),
+                   color=colors.get(c["world_size"], "#555555"), s=40 if c["kind"] != "overlap plan" else 120)
+    lo = min(min(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 / 1.5
+    hi = max(max(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 * 1.5
+    xs = [lo, hi]
+    ax.plot(xs, xs, color="black", lw=1)
+    ax.fill_between(xs, [x * 0.8 for x in xs], [x * 1.2 for x in xs], color="grey", alpha=0.2, label="+-20%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("predicted (ms)")
+    for kind, m in markers.items():
+        ax.scatter([], [], marker=m, color="grey", label=kind)
+    for n, col in colors.items():
+        if any(c["world_size"] == n for c in cases):
+            ax.scatter([], [], marker="o", color=col, label=f"{n} ranks")
+    ax.legend(fontsize=8)
+    ax.set_title("distlab validate: simulated against measured")
+    ax.grid(True, alpha=0.3, which="both")
+    save_figure(fig, path)
+    plt.close(fig)
+

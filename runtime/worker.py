@@ -1,0 +1,212 @@
+"""One rank. Started by `distlab run` (runtime/launch.py) or by torchrun:
+
+    torchrun --nproc-per-node 4 -m runtime.worker PLAN.json --out measured.trace
+
+Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment (as
+torchrun sets them). Under distlab's launcher, DISTLAB_RUN_DIR holds task.json (which function to run, with
+what) and receives each rank's result, partial result and error as files.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+
+class Context:
+    """What a task function gets: who it is, its device, and a place for partial results."""
+
+    def __init__(self, rank, world_size, local_rank, local_world_size, backend, device, timeout, run_dir):
+        self.rank, self.world_size = rank, world_size
+        self.local_rank, self.local_world_size = local_rank, local_world_size
+        self.backend, self.device, self.timeout, self.run_dir = backend, device, timeout, run_dir
+        self.on_failure = None      # a task may set a function that saves its partial results
+
+    def shielded(self):
+        """A block that SIGTERM does not interrupt (it is raised when the block ends): for saving results."""
+        return _Shield()
+
+    def mark_running(self) -> None:
+        """Tell the launcher that the timed work has begun (after setup): the file ``running.R``."""
+        if self.run_dir:
+            open(os.path.join(self.run_dir, f"running.{self.rank}"), "w").close()
+
+    def save_partial(self, obj) -> None:
+        """Keep results measured so far (atomically), so a failure later in the run does not lose them."""
+        if self.run_dir:
+            _write_json(os.path.join(self.run_dir, f"partial.{self.rank}.json"), obj)
+
+
+def _write_json(path: str, obj) -> None:
+    from sim.io import write_atomic
+    write_atomic(path, json.dumps(obj))
+
+
+def env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            from sim.errors import ConfigError
+            raise ConfigError(f"environment variable {name} is not set (start ranks with distlab run or torchrun)",
+                              "worker")
+        return default
+    return int(value)
+
+
+def choose_backend(requested: str, local_world_size: int) -> str:
+    """nccl when every local rank has its own GPU, else gloo; an explicit choice wins."""
+    if requested != "auto":
+        return requested
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+        return "nccl"
+    return "gloo"
+
+
+def init(backend: str = "auto", threads: int = 1, timeout: float = 60.0, run_dir: str | None = None) -> Context:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    local_rank = env_int("LOCAL_RANK", rank)
+    local_world = env_int("LOCAL_WORLD_SIZE", world)
+    backend = choose_backend(backend, local_world)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+                                device_id=device)
+    else:
+        torch.set_num_threads(threads)
+        device = torch.device("cpu")
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+    return Context(rank, world, local_rank, local_world, backend, device, timeout, run_dir)
+
+
+def load_target(spec: str):
+    """``package.module:function`` or ``path/to/file.py:function``."""
+    mod_name, _, func = spec.rpartition(":")
+    if mod_name.endswith(".py"):
+        s = importlib.util.spec_from_file_location("distlab_task", mod_name)
+        module = importlib.util.module_from_spec(s)
+        s.loader.exec_module(module)
+    else:
+        module = importlib.import_module(mod_name)
+    return getattr(module, func)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel SIGKILLs this rank if the launcher dies (prctl PR_SET_PDEATHSIG = 1)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except Exception:
+        pass
+    if os.getppid() != parent:          # the launcher died before prctl took effect
+        os._exit(1)
+
+
+_SHIELD = {"depth": 0, "pending": False}
+
+
+class _Shield:
+    def __enter__(self):
+        _SHIELD["depth"] += 1
+
+    def __exit__(self, *exc):
+        _SHIELD["depth"] -= 1
+        if _SHIELD["depth"] == 0 and _SHIELD["pending"] and exc[0] is None:
+            raise SystemExit("terminated (SIGTERM)")
+
+
+def _on_sigterm(signum, frame):
+    """The first SIGTERM raises SystemExit (unless shielded); any later one is only noted."""
+    if _SHIELD["depth"] or _SHIELD["pending"]:
+        _SHIELD["pending"] = True
+        return
+    _SHIELD["pending"] = True
+    raise SystemExit("terminated (SIGTERM)")
+
+
+def run_task(run_dir: str) -> int:
+    with open(os.path.join(run_dir, "task.json")) as f:
+        task = json.load(f)
+    rank = env_int("RANK")
+    if "DISTLAB_PARENT_PID" in os.environ:
+        _die_with_parent(int(os.environ["DISTLAB_PARENT_PID"]))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    ctx = None
+    try:
+        ctx = init(task["backend"], task["threads"], task["timeout"], run_dir)
+        open(os.path.join(run_dir, f"ready.{rank}"), "w").close()
+        result = load_target(task["target"])(ctx, task["payload"])
+        _write_json(os.path.join(run_dir, f"result.{rank}.json"), result)
+        _finish()
+        return 0
+    except BaseException as e:       # noqa: BLE001 - report every failure, then exit non-zero
+        _SHIELD["depth"] += 1        # a SIGTERM now waits until the partial results and the error are saved
+        try:
+            if ctx is not None and ctx.on_failure is not None:
+                ctx.on_failure()
+        except Exception:            # noqa: BLE001 - the error below matters more
+            traceback.print_exc()
+        message = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500] if str(e) else type(e).__name__
+        _write_json(os.path.join(run_dir, f"error.{rank}.json"), {"time": time.time(), "error": message})
+        traceback.print_exc()
+        return 1
+
+
+def _finish() -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_torchrun(argv: list[str]) -> int:
+    """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace."""
+    p = argparse.ArgumentParser(prog="python -m runtime.worker", description="Run a plan under torchrun.")
+    p.add_argument("plan")
+    p.add_argument("--out", default="measured.trace")
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--warmup", type=int, default=1)
+    args = p.parse_args(argv)
+    import torch.distributed as dist
+
+    from runtime.executor import merge_results, plan_task
+    from sim.plan import Plan
+    plan = Plan.load(args.plan)
+    ctx = init(args.backend, args.threads, args.timeout)
+    result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": 1})
+    gathered = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    if ctx.rank == 0:
+        trace = merge_results(plan, gathered)
+        trace.save(args.out)
+        print(f"wrote {args.out}: makespan {trace.makespan * 1e3:.3f} ms")
+    _finish()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir = os.environ.get("DISTLAB_RUN_DIR")
+    if run_dir:
+        rc = run_task(run_dir)
+    else:
+        rc = run_torchrun(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)      # do not wait for Gloo's or the executor's threads
+
+
+if __name__ == "__main__":
+    main()

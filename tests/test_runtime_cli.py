@@ -1,0 +1,113 @@
+"""The runtime commands: bad input is one line and exit 2; run, bench, calibrate and validate end to end."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.plan import Collective, Compute, Plan, Record, Wait
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    ops = [Compute(name="c", seconds=0.002), Record("e", stream="compute"), Wait("e", stream="comm"),
+           Collective("all_reduce", 256 * 1024), Collective("reduce_scatter", 128 * 1024, stream="comm")]
+    path = tmp_path / "p.json"
+    Plan([list(ops), list(ops)], name="p").save(str(path))
+    return str(path)
+
+
+def one_line_error(rc, out, err):
+    assert rc == 2, err
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and "error" in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "no-such-plan.json"],
+    ["run", "PLAN", "--nproc", "3"],
+    ["run", "PLAN", "--nproc", "two"],
+    ["run", "PLAN", "--repeat", "0"],
+    ["run", "PLAN", "--timeout", "0"],
+    ["run", "PLAN", "--backend", "mpi"],
+    ["run", "INT16", "--backend", "gloo"],
+    ["bench", "--sizes", "banana"],
+    ["bench", "--ops", "all_fold"],
+    ["bench", "--dtype", "int16", "--backend", "gloo"],
+    ["bench", "--iters", "0"],
+    ["calibrate", "--nproc", "1"],
+    ["calibrate", "--sizes", "1MiB", "--ops", "all_reduce"],
+    ["calibrate", "--ops", "barrier"],
+    ["validate", "--calib-sizes", "1MiB,2MiB", "--sizes", "1MiB"],
+    ["validate", "--scenario", "SCENARIO"],
+])
+def test_bad_input_is_one_line_and_exit_2(cli, argv, plan_file, tmp_path):
+    int16 = tmp_path / "i16.json"
+    Plan([[Collective("all_reduce", 64, dtype="int16")]] * 2, name="i16").save(str(int16))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: gpt2-small\nparallelism: {kind: no-such-kind}\ncluster: localhost-cpu\n")
+    argv = [{"PLAN": plan_file, "INT16": str(int16), "SCENARIO": str(scenario)}.get(a, a) for a in argv]
+    rc, out, err = cli(*argv)
+    one_line_error(rc, out, err)
+    if "--scenario" in argv:
+        assert "scenario kind 'no-such-kind' not supported yet" in err
+
+
+@pytest.mark.slow
+def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
+    from sim.trace import Trace
+    out = tmp_path / "m.trace"
+    rc, stdout, err = cli("run", plan_file, "--nproc", "2", "--repeat", "2", "--out", str(out), "--json")
+    assert rc == 0, err
+    summary = json.loads(stdout)
+    assert summary["backend"] == "gloo" and summary["makespan_s"] > 0
+    trace = Trace.from_json(out.read_text())
+    assert trace.meta["source"] == "measured" and len(trace.ops) == 10
+    assert {o.kind for o in trace.ops} == {"compute", "record", "wait", "collective"}
+
+
+@pytest.mark.slow
+def test_bench_table_json_and_plot(cli, tmp_path):
+    rc, out, err = cli("bench", "--ops", "all_reduce,all_gather,barrier", "--sizes", "64KiB,256KiB", "--iters",
+                       "2", "--json", "--plot", str(tmp_path / "b.png"), "--out", str(tmp_path / "b.json"))
+    assert rc == 0, err
+    rows = json.loads(out)
+    assert [(r["op"], r["bytes"]) for r in rows] == [("all_reduce", 65536), ("all_reduce", 262144),
+                                                     ("all_gather", 65536), ("all_gather", 262144), ("barrier", 0)]
+    ar = rows[1]
+    assert ar["algbw_GBps"] == pytest.approx(262144 / ar["time_s"] / 1e9)
+    assert ar["busbw_GBps"] == pytest.approx(ar["algbw_GBps"])           # 2 ranks: 2(n-1)/n = 1
+    assert (tmp_path / "b.png").stat().st_size > 0
+    assert json.loads((tmp_path / "b.json").read_text())["complete"]
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
+    from sim.cluster import load_cluster
+    from sim.engine import simulate_collective
+    out = tmp_path / "c.yaml"
+    rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
+                          "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out))
+    assert rc == 0, err
+    cluster = load_cluster(str(out))
+    assert set(cluster.calibration["collectives"]) == {"all_reduce", "all_gather"}
+    fit = cluster.calibration["collectives"]["all_reduce"]["2"]
+    assert fit["bandwidth_GBps"] > 0 and fit["latency_us"] >= 0
+    assert cluster.gpu.tflops > 0 and cluster.gpu.name == "cpu"
+    trace, algorithm = simulate_collective("all_reduce", 2**20, cluster)
+    assert algorithm == "ring" and trace.makespan > 0
+
+
+@pytest.mark.slow
+def test_validate_prints_cases_and_medians(cli, tmp_path):
+    rc, out, err = cli("validate", "--ops", "all_reduce", "--nproc", "2", "--holdout-nproc", "none",
+                       "--calib-sizes", "64KiB,512KiB", "--sizes", "128KiB,256KiB", "--iters", "2", "--json",
+                       "--plot", str(tmp_path / "v.png"), "--out", str(tmp_path / "v.json"))
+    assert rc == 0, err
+    result = json.loads(out)
+    kinds = [c["kind"] for c in result["cases"]]
+    assert kinds == ["held-out size", "held-out size", "overlap plan"]
+    for c in result["cases"]:
+        assert c["error"] == pytest.approx((c["predicted_s"] - c["measured_s"]) / c["measured_s"])
+    assert result["summary"][-1]["kind"] == "held-out size"
+    assert (tmp_path / "v.png").stat().st_size > 0
