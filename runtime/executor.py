@@ -226,7 +226,8 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
     """Per-rank results of plan_task -> one Trace (source=measured). ``run`` None = the median makespan.
 
     A collective's ``launch`` is the latest start among its group's members for the same call (the k-th
-    collective of that group and stream on each member): when all had arrived.
+    collective of that group and stream on each member): when all had arrived. A send's and its receive's
+    ``launch`` is the later of their two starts (both posted), as in sim/engine.py.
     """
     per_rank = {r["rank"]: r for r in results if r}
     n_runs = min((len(r["runs"]) for r in per_rank.values()), default=0)
@@ -251,10 +252,18 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
                 seq[(rec.group, op.stream, rank)].append(rec)
             elif isinstance(op, (Send, Recv)):
                 rec.bytes = op.bytes
+                pair = (rank, op.peer) if isinstance(op, Send) else (op.peer, rank)
+                seq[("p2p", pair, isinstance(op, Send))].append(rec)
             elif isinstance(op, Compute):
                 rec.bytes = int(op.bytes)
             ops.append(rec)
-    for (group, stream, rank), recs in seq.items():
+    for key, recs in seq.items():
+        if key[0] == "p2p":                         # the k-th send a -> b meets the k-th recv at b from a
+            other = seq.get(("p2p", key[1], not key[2]), [])
+            for k, rec in enumerate(recs):
+                rec.launch = max(rec.start, other[k].start) if k < len(other) else None
+            continue
+        group, stream, rank = key
         for k, rec in enumerate(recs):
             peers = [seq.get((group, stream, m), []) for m in group]
             starts = [p[k].start for p in peers if k < len(p)]

@@ -88,7 +88,7 @@ class Launch:
                        OMP_NUM_THREADS=str(self.threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
             log = open(os.path.join(self.run_dir, f"stderr.{r}"), "wb")
-            group = {"process_group": 0 if self.pgid is None else self.pgid}
+            group = _group_kwargs(0 if self.pgid is None else self.pgid)
             try:
                 p = subprocess.Popen([sys.executable, "-m", "runtime.worker"], env=env, stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=log, **group)
@@ -241,6 +241,13 @@ class Launch:
             _signal_all(self.pgid, [p for p in alive if p.poll() is None], signal.SIGKILL)
         for p in self.procs:
             p.wait()
+
+
+def _group_kwargs(pgid: int) -> dict:
+    """Popen arguments that put the child in process group ``pgid`` (0: a new group led by the child)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}          # Python 3.10
 
 
 def _signal_all(pgid, procs, sig) -> None:

@@ -66,10 +66,11 @@ def test_every_exercise_accepts_its_solution():
     given = {"02-your-busbw": {"row": {"op": "all_reduce", "world_size": 4, "bytes": 2**20, "time_s": 2e-3}},
              "04-your-error": {"case": {"error": -0.125}},
              "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
-             "06-your-error": {"row": {"error_pct": -12.0}}}
+             "06-your-error": {"row": {"error_pct": -12.0}},
+             "07-your-error": {"row": {"error_pct": 8.0}}}
     table = exercises()
-    assert len({k[:2] for k in table}) >= 6 and all(sum(k.startswith(p) for k in table) >= 2
-                                                    for p in ("01", "02", "03", "04", "05", "06"))
+    assert len({k[:2] for k in table}) >= 7 and all(sum(k.startswith(p) for k in table) >= 2
+                                                    for p in ("01", "02", "03", "04", "05", "06", "07"))
     for ex_id in table:
         sol = solution(ex_id, **given.get(ex_id, {}))
         assert check(ex_id, sol, **given.get(ex_id, {})).ok, (ex_id, sol)
@@ -82,6 +83,7 @@ def test_every_exercise_accepts_its_solution():
         check("02-your-busbw", "1 GB/s")
     assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
     assert check("06-your-error", "-12%", **given["06-your-error"]).ok
+    assert check("07-your-error", "8%", **given["07-your-error"]).ok
 
 
 def test_ddp_and_fsdp_exercises_follow_the_library():
@@ -141,6 +143,46 @@ def test_ddp_and_fsdp_helpers():
     assert "peak memory" in str(sweep_table(fr, "reshard_after_forward"))
 
 
+def test_pipeline_exercises_follow_the_formulas():
+    """Lesson 07: bubbles (p-1)/(m+p-1) and (p-1)/(v·m+p-1), peak in flight m (GPipe) and p - s (1F1B)."""
+    assert check("07-bubble", f"{3 / 11 * 100:.2f}%").ok and check("07-bubble", "27%").ok
+    assert check("07-bubble", 0.2727).status == "wrong unit"                      # a fraction, not %
+    assert check("07-bubble", "42.9%").status == "wrong"                           # (p-1)/m
+    assert check("07-interleaved", f"{3 / 19 * 100:.2f}%").ok
+    assert solution("07-memory") == "1.125 GiB" and check("07-memory", "1152 MiB").status == "wrong unit"
+    assert check("07-memory", "1.5 GiB").status == "wrong"                         # GPipe's peak, not the saving
+    assert solution("07-zbh1") == "6 ms" and check("07-zbh1", "0.006 s").status == "wrong unit"
+
+
+def test_pipeline_helpers():
+    from sim.lessons import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table, pipeline_table,
+                             pipeline_trace, plot_bubble_sweep, plot_pipeline)
+    from sim.lessons.helpers import bubble_sweep
+    for p, m in ((2, 4), (4, 8), (8, 16)):
+        for s in ("gpipe", "1f1b"):
+            assert pipeline_metrics(s, p, m).bubble == pytest.approx((p - 1) / (m + p - 1))
+        assert pipeline_metrics("interleaved", p, m, 2).bubble == pytest.approx((p - 1) / (2 * m + p - 1))
+    g, o, z = (pipeline_metrics(s, 4, 16) for s in ("gpipe", "1f1b", "zbh1"))
+    assert g.peak_in_flight == {s: 16 for s in range(4)} and o.peak_in_flight == {s: 4 - s for s in range(4)}
+    assert z.bubble < o.bubble and max(z.peak_rank_memory) == max(o.peak_rank_memory) == 4
+    assert pipeline_metrics("zbv", 4, 16, 2).bubble < z.bubble
+    assert pipeline_metrics("1f1b", 4, 8, activation_bytes=96 * 2**20).peak_rank_memory[0] == 4 * 96 * 2**20
+    t = pipeline_table([("gpipe", 4, 8, 1), ("zbh1", 4, 8, 1)])
+    assert t.rows[0][5] == t.rows[0][6] == "27.3%" and t.rows[1][6] == "-"
+    sw = bubble_sweep(4, [4, 8])
+    assert sw["simulated"]["1f1b"] == pytest.approx(sw["formula"]["(p-1)/(m+p-1)"])
+    assert sw["simulated"]["interleaved v=2"] == pytest.approx(sw["formula"]["(p-1)/(2m+p-1)"])
+    assert plot_bubble_sweep(4, [4, 8])._repr_png_()[:4] == b"\x89PNG"
+    assert plot_pipeline(pipeline_trace("zbv", 2, 4, 2))._repr_png_()[:4] == b"\x89PNG"
+    from sim.pipeline.scenario import sweep_results
+    rows = sweep_results(scenario("gpt2-medium", "pipeline", schedule="1f1b", stages=4, microbatches=4),
+                         "microbatches", [4, 8])
+    assert rows[1]["bubble"] < rows[0]["bubble"] and "bubble" in str(pipeline_sweep_table(rows, "microbatches"))
+    row = {"schedule": "1f1b", "v": 1, "predicted_s": 0.05, "replay_s": 0.05, "measured_s": 0.04, "error_pct": 25.0,
+           "ideal_bubble": 1 / 9, "predicted_bubble": 0.2, "measured_bubble": 0.3}
+    assert pipeline_measured_table([row]).rows[0][5] == "+25.0%"
+
+
 def test_verdict_shows_in_jupyter_and_in_text():
     v = check("03-nic", "400 Gb/s")
     assert str(v).startswith("✘ [03-nic] wrong unit:")
@@ -182,7 +224,9 @@ def test_sim_lessons_does_not_import_torch():
     import sys
     code = ("import sys, sim.lessons, sim.lessons.bank, sim.commands.lessons; "
             "sim.lessons.check('03-two-nodes', '5 ms'); sim.lessons.check('05-best-cap', '25'); "
-            "sim.lessons.check('06-all-gathers', 9); assert 'torch' not in sys.modules")
+            "sim.lessons.check('06-all-gathers', 9); sim.lessons.check('07-zbh1', '6 ms'); "
+            "sim.lessons.plot_pipeline(sim.lessons.pipeline_trace('zbv', 2, 4, 2)); "
+            "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -247,6 +291,20 @@ def test_ddp_bucket_sweep_measures_and_predicts():
     assert [x["buckets"] for x in r["rows"]] == [x["measured_buckets"] for x in r["rows"]] == [6, 1]
     assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 for x in r["rows"])
     assert len(r["results"][0]) == 2 and "local" in r["results"][0][0] and "local" not in r["results"][1][0]
+
+
+@pytest.mark.slow
+def test_pipeline_predict_measure():
+    from runtime.lessons import pipeline_predict_measure
+    r = pipeline_predict_measure([("1f1b", 1), ("zbv", 2)], nproc=2, microbatches=4, blocks_per_rank=2, width=64,
+                                 rows=8, steps=1)
+    assert [x["schedule"] for x in r["rows"]] == ["1f1b", "zbv"] and len(r["measured"]) == len(r["predicted"]) == 2
+    assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 and x["replay_s"] > 0 for x in r["rows"])
+    assert r["rows"][0]["ideal_bubble"] == pytest.approx(1 / 5) and r["rows"][1]["ideal_bubble"] is None
+    from sim.pipeline import metrics as M
+    assert [str(a) for a, _ in M.actions_of(r["measured"][0], 0)] == [str(a) for a, _ in
+                                                                     M.actions_of(r["predicted"][0], 0)]
+    assert {"F", "B", "I", "W", "latency_s", "overhead_s"} <= set(r["calibration"])
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(LESSONS, "[0-9][0-9]_*.ipynb")))
 LIMIT_S = 180
 # Lessons whose cells start real ranks (torch.distributed); the others are simulator-only and fast.
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
-        "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb"}
+        "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb"}
 
 
 def _ids():
@@ -23,9 +23,9 @@ def _ids():
 
 def test_the_lessons_are_there_and_indexed():
     names = _ids()
-    assert names[:6] == ["01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb",
+    assert names[:7] == ["01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb",
                          "03_topologies.ipynb", "04_validate_on_your_machine.ipynb", "05_ddp.ipynb",
-                         "06_fsdp_zero.ipynb"]
+                         "06_fsdp_zero.ipynb", "07_pipeline.ipynb"]
     assert [n[:2] for n in names] == [f"{i:02d}" for i in range(1, len(names) + 1)]
     with open(os.path.join(LESSONS, "README.md")) as f:
         readme = f.read()

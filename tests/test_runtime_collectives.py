@@ -111,6 +111,8 @@ def test_plan_trace_follows_streams_events_and_groups(launched):
             peers = [p for p in trace.ops if p.kind == "collective" and p.index == o.index and p.op == o.op]
             assert o.launch == pytest.approx(max(p.start for p in peers))
             assert o.end >= o.launch
+    sends = [o for o in trace.ops if o.kind in ("send", "recv")]
+    assert len(sends) == 2 and sends[0].launch == sends[1].launch == max(o.start for o in sends)
     assert min(o.start for o in trace.ops) == pytest.approx(0.0, abs=0.05)
 
 

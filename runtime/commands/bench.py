@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
+from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, parse_ops, positive_int
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
@@ -34,7 +34,7 @@ def run(args) -> int:
 
     ops = parse_ops(args.ops)
     sizes = parse_size_range(args.sizes)
-    nproc = parse_nprocs(args.nproc)[0]
+    nproc = parse_nproc(args.nproc)
     if args.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "--dtype")
     if args.backend == "gloo":

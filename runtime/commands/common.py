@@ -33,6 +33,13 @@ def parse_nprocs(text, where: str = "--nproc") -> list[int]:
     return out
 
 
+def parse_nproc(text, where: str = "--nproc") -> int:
+    """One world size."""
+    if "," in str(text):
+        raise ConfigError(f"{text!r}: give one number of ranks here", where)
+    return parse_nprocs(text, where)[0]
+
+
 def parse_ops(text: str, where: str = "--ops", allow_barrier: bool = True) -> list[str]:
     allowed = [c for c in COLLECTIVES if allow_barrier or c != "barrier"]
     if text == "all":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, positive_int
+from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, positive_int
 
 NAME = "run"
 HELP = "Execute a plan on real local ranks (torch.distributed) and write the measured trace."
@@ -27,7 +27,7 @@ def run(args) -> int:
     from sim.plan import Plan
 
     plan = Plan.load(args.plan)
-    nproc = parse_nprocs(args.nproc)[0] if args.nproc is not None else plan.world_size
+    nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks; run it with --nproc {plan.world_size}", "--nproc")
     if args.warmup < 0:
