@@ -1,4 +1,4 @@
-"""The exercises of lessons 01-06. Expected values come from the library, so they match what the lessons run."""
+"""The exercises of lessons 01-07. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
 from sim.lessons.exercises import Exercise, register
@@ -92,6 +92,18 @@ def _fsdp_gathers(reshard_after_forward) -> int:
     from sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
                                    {"reshard_after_forward": reshard_after_forward}), "all_gather")
+
+
+def _pipe(schedule: str, p: int, m: int, v: int = 1, activation_bytes: float = 1.0):
+    """Lesson 07: metrics of ``schedule`` with uniform stages (F = 1 ms, B = 2 ms, I = W = 1 ms), free p2p."""
+    from sim.lessons.helpers import pipeline_metrics
+    return pipeline_metrics(schedule, p, m, v, activation_bytes=activation_bytes)
+
+
+def _saved_GiB(p: int, m: int, per_mb_MiB: float) -> float:
+    """Rank 0's peak activations under GPipe minus under 1F1B, in GiB."""
+    gpipe, one = (_pipe(s, p, m, activation_bytes=per_mb_MiB * MiB).peak_rank_memory[0] for s in ("gpipe", "1f1b"))
+    return (gpipe - one) / 2**30
 
 
 register(
@@ -209,4 +221,28 @@ register(
              "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
              abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
+    # --- 07 pipeline parallelism ----------------------------------------------------------------------------
+    Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
+             "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
+             lambda: _pipe("gpipe", 4, 8).bubble * 100, abs_tolerance=0.3,
+             hint="(p-1)/(m+p-1): each rank idles p-1 forward and p-1 backward slots around m of each",
+             why="3/11: only more microbatches (or fewer stages) shrink it."),
+    Exercise("07-memory", "p = 4, m = 16; each rank's layers stash 96 MiB of activations per microbatch in "
+             "flight. How much less activation memory does rank 0 need at its peak with 1F1B than with GPipe?",
+             "GiB", lambda: _saved_GiB(4, 16, 96),
+             hint="GPipe holds all m microbatches before the first backward; 1F1B's stage s at most p - s",
+             why="(16 - 4) x 96 MiB: 1F1B's memory depends on p, not on m, so m can grow to shrink the bubble."),
+    Exercise("07-interleaved", "Interleaved 1F1B with p = 4, m = 8 and v = 2 chunks per rank (same uniform "
+             "model, free p2p): what is the bubble?", "%", lambda: _pipe("interleaved", 4, 8, 2).bubble * 100,
+             abs_tolerance=0.3, hint="(p-1)/(v·m+p-1): each idle slot is 1/v as long",
+             why="3/19, down from 3/11, paid for with v times as many p2p messages."),
+    Exercise("07-zbh1", "Forward, input-gradient and weight-gradient backward each 1 ms per stage, p = 4, "
+             "m = 8, free p2p: how much shorter is a ZB-H1 step than a 1F1B step?", "ms",
+             lambda: (_pipe("1f1b", 4, 8).makespan - _pipe("zbh1", 4, 8).makespan) * 1e3,
+             hint="simulate both: pipeline_metrics('1f1b', 4, 8).makespan and the same for 'zbh1'",
+             why="the delayed W's fill the cool-down bubble: 33 ms against 27 ms, with the same peak memory."),
+    Exercise("07-your-error", "From your measurement (pass row=...): what is the error of the prediction for "
+             "that schedule?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
+             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
+             why="compare it with replay_s: the schedule and p2p model alone, with the measured action times."),
 )
