@@ -261,116 +261,35 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
                              timeout: float = 240.0) -> dict:
     """Real torch.distributed.pipelining (runtime/pipeline.py) for each (schedule, v) in one launch of ``nproc``
     gloo ranks: ``blocks_per_rank`` x nproc blocks of Linear(width, width) + ReLU, ``rows`` rows per microbatch.
-    The launch also calibrates, as benchmarks/pipeline_accuracy.py does: every rank times one block's F, B, I
-    and W right before each schedule runs; a send/recv ping-pong gives the p2p bandwidth; a probe GPipe run the
-    p2p latency a pipeline sees and the runtime's own time per action. The simulator then predicts each
-    schedule from those numbers alone; ``replay_s`` runs the same plan with each (stage, kind)'s mean measured
-    action time instead, a check of the schedule and p2p model alone. Returns {"rows": per schedule {schedule,
-    v, predicted_s, measured_s (median step), error_pct, replay_s, predicted_bubble, measured_bubble (fastest
-    step), ideal_bubble}, "measured", "predicted" (Traces), "calibration": {F, B, I, W (rank 0, one block),
-    latency_s, overhead_s, p2p}}."""
+    The launch also calibrates (runtime/pipeline_validate.py, shared with benchmarks/pipeline_accuracy.py):
+    every rank times one block's F, B, I and W right before each schedule runs; a send/recv ping-pong gives
+    the p2p bandwidth; a probe GPipe run the p2p latency a pipeline sees and the runtime's own time per action.
+    The simulator then predicts each schedule from those numbers alone; ``replay_s`` runs the same plan with
+    each (stage, kind)'s mean measured action time instead, a check of the schedule and p2p model alone.
+    Returns {"rows": per schedule {schedule, v, predicted_s, measured_s (median step), error_pct, replay_s,
+    predicted_bubble, measured_bubble (fastest step), ideal_bubble}, "measured", "predicted" (Traces),
+    "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s, p2p}}."""
     import statistics
 
-    from runtime.pipeline import measure
+    from runtime.pipeline_validate import measure_and_predict
     from sim.pipeline import metrics as M
-    runs = [dict(schedule="gpipe", stages=nproc, microbatches=microbatches, virtual_stages=1, width=width,
-                 rows=rows, layers=nproc, steps=steps, warmup=1)]
-    runs += [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
-                  layers=nproc * blocks_per_rank, steps=steps, warmup=1, calibrate=True) for s, v in schedules]
-    res = measure(runs, nproc, calibrate_shape={"width": width, "rows": rows}, timeout=timeout)
-    ranks = sorted(res["ranks"], key=lambda r: r["rank"])
-    probe = res["traces"][0]
-    latency, overhead = _p2p_latency(probe), _action_overhead(probe)
-    cluster = _pipeline_cluster(nproc, ranks[0]["p2p"], latency)
+    cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
+                 layers=nproc * blocks_per_rank, steps=steps, warmup=1) for s, v in schedules]
+    results = measure_and_predict(cfgs, nproc, timeout=timeout)
+    r0 = results[0]
     out = {"rows": [], "measured": [], "predicted": [],
-           "calibration": {**ranks[0]["runs"][1]["calibration"], "latency_s": latency, "overhead_s": overhead,
-                           "p2p": ranks[0]["p2p"]}}
-    for i, cfg in enumerate(runs[1:], start=1):
-        measured = res["traces"][i]
-        seconds = _block_seconds(cfg, [r["runs"][i]["calibration"] for r in ranks], overhead)
-        predicted, plan = _simulate_blocks(cfg, seconds, cluster)
-        meta = plan.meta["pipeline"]
-        predicted.meta["pipeline"] = measured.meta["pipeline"] = meta
+           "calibration": {**r0["calibration"][0], "latency_s": r0["latency"], "overhead_s": r0["overhead"],
+                           "p2p": r0["p2p"]}}
+    for r in results:
+        cfg, measured, predicted, meta = r["cfg"], r["measured"], r["predicted"], r["plan"].meta["pipeline"]
         mp, mm = M.compute(predicted, meta), M.compute(measured, meta)
-        replayed, _ = _simulate_blocks(cfg, _replay_seconds(measured, seconds), cluster)
         t_meas = statistics.median(measured.meta["step_makespans"])
         out["rows"].append({"schedule": cfg["schedule"], "v": cfg["virtual_stages"], "predicted_s": mp.makespan,
                             "measured_s": t_meas, "error_pct": 100.0 * (mp.makespan - t_meas) / t_meas,
-                            "replay_s": replayed.makespan,
+                            "replay_s": r["replayed"].makespan,
                             "predicted_bubble": mp.bubble, "measured_bubble": mm.bubble,
                             "ideal_bubble": M.ideal_bubble(cfg["schedule"], nproc, microbatches,
                                                            cfg["virtual_stages"])})
         out["measured"].append(measured)
         out["predicted"].append(predicted)
     return out
-
-
-def _edges(trace):
-    """(action, op, the end time of the action it depends on or None, the end of the rank's previous action)."""
-    from sim.pipeline.metrics import actions_of
-    acts = actions_of(trace)
-    end = {(a.stage, a.kind if a.kind == "F" else "B", a.mb): o.end for a, o in acts if a.kind != "W"}
-    prev_end = {}
-    for a, o in acts:
-        src = (a.stage - 1, "F", a.mb) if a.kind == "F" else (a.stage + 1, "B", a.mb)
-        yield a, o, (end.get(src) if a.kind != "W" else None), prev_end.get(o.rank)
-        prev_end[o.rank] = o.end
-
-
-def _p2p_latency(trace) -> float:
-    """Mean delay from the end of an action another rank needs to the start of the action that needed only
-    it: the one-way p2p latency as a running pipeline sees it."""
-    delays = [o.start - dep for a, o, dep, prev in _edges(trace) if dep is not None and dep > (prev or 0.0)]
-    return sum(delays) / len(delays) if delays else 0.0
-
-
-def _action_overhead(trace) -> float:
-    """Mean gap between a rank's consecutive actions when the second waited for nothing: the runtime's own
-    time per action (Python, posting sends and receives)."""
-    gaps = [o.start - prev for a, o, dep, prev in _edges(trace) if prev is not None and (dep or 0.0) <= prev]
-    return sum(gaps) / len(gaps) if gaps else 0.0
-
-
-def _pipeline_cluster(p: int, p2p: dict, latency: float):
-    from dataclasses import replace
-
-    from sim.cluster import PRESETS, IntraNode
-    extra = max(p2p["large"] - p2p["small"], 1e-6)
-    return replace(PRESETS["localhost-cpu"], name="localhost-measured", gpus_per_node=p,
-                   intra_node=IntraNode("loopback", p2p["bytes"] / extra / 1e9, latency * 1e6))
-
-
-def _block_seconds(cfg: dict, calib: list[dict], overhead: float) -> dict:
-    """(stage, kind) -> seconds: the stage's blocks x its rank's calibrated block costs + ``overhead``; stage 0
-    computes no input gradient, so its I is free and its W is the full backward (as torch's PipelineStage)."""
-    from sim.pipeline import schedules as S
-    from sim.pipeline.plan import split_layers
-    p, v = cfg["stages"], cfg["virtual_stages"]
-    placement = S.stage_to_rank(cfg["schedule"], p, v)
-    seconds = {}
-    for s, r in enumerate(split_layers(cfg["layers"], p * v)):
-        c = calib[placement[s]]
-        seconds.update({(s, k): len(r) * c[k] for k in "FBIW"})
-        if s == 0:
-            seconds[s, "I"], seconds[s, "W"] = 0.0, len(r) * c["B"]
-    return {k: t + overhead for k, t in seconds.items()}
-
-
-def _replay_seconds(trace, fallback: dict) -> dict:
-    """(stage, kind) -> the mean measured seconds of that action (``fallback``'s where it never ran)."""
-    from sim.pipeline.metrics import actions_of
-    times: dict = {}
-    for a, o in actions_of(trace):
-        times.setdefault((a.stage, a.kind), []).append(o.end - o.start)
-    return {**fallback, **{k: sum(v) / len(v) for k, v in times.items()}}
-
-
-def _simulate_blocks(cfg: dict, seconds: dict, cluster):
-    from sim.engine import simulate
-    from sim.models import Layer, Model
-    from sim.pipeline.plan import PipelineSpec, build_plan
-    act = cfg["rows"] * cfg["width"] * 4
-    model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0, activation_bytes=act) for i in range(cfg["layers"])])
-    plan = build_plan(model, PipelineSpec(cfg["schedule"], cfg["stages"], cfg["microbatches"],
-                                          cfg["virtual_stages"]), seconds=seconds)
-    return simulate(plan, cluster), plan

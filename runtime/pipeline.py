@@ -9,7 +9,7 @@ forward_one_chunk / backward_one_chunk / backward_weight_one_chunk to record (ac
 indices matching the plan that sim.pipeline.plan.build_plan makes for the same configuration.
 
 ``calibrate`` times one block's F, B, I and W on every rank at once (so ranks share the cores as they do while
-the pipeline runs) and a send/recv ping-pong, for predictions: see benchmarks/pipeline_accuracy.py.
+the pipeline runs) and a send/recv ping-pong, for predictions: see runtime/pipeline_validate.py.
 """
 from __future__ import annotations
 

@@ -77,8 +77,8 @@ def summarize(cases: list[dict]) -> list[dict]:
 
 
 def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[dict]:
-    """Hook for scenario plans (DDP, FSDP, pipeline): build the plan from the scenario at the calibrated
-    cluster, run it for real, simulate it, and return case() rows. Not written yet: names the kind."""
+    """Scenario plans (DDP, FSDP, pipeline): run the scenario for real, simulate it on a cluster calibrated in
+    the same launch, and return case() rows; any other kind is a ConfigError naming it."""
     from sim.io import load_yaml
     spec = load_yaml(path)
     if not isinstance(spec, dict):
@@ -91,6 +91,9 @@ def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[di
     if kind == "fsdp":                 # issue 6: real FSDP2 against the simulator (runtime/fsdp.py)
         from runtime.fsdp import fsdp_cases
         return fsdp_cases(path, args)
+    if kind == "pipeline":             # issue 7: real torch.distributed.pipelining (runtime/pipeline_validate.py)
+        from runtime.pipeline_validate import pipeline_cases
+        return pipeline_cases(path, args)
     raise ConfigError(f"scenario kind {kind!r} not supported yet", path)
 
 

@@ -1,0 +1,206 @@
+"""Real pipeline schedules against the simulator on this machine: calibrate, predict, compare action by action.
+
+One launch of p gloo ranks (runtime.pipeline.measure) does, in order:
+1. a probe: GPipe with one block per stage, whose measured trace gives the p2p latency as a pipeline sees it
+   (``p2p_latency``) and the runtime's own time per action (``action_overhead``); a send/recv ping-pong
+   gives the p2p bandwidth (runtime.pipeline.calibrate_p2p);
+2. each configuration: one block's F, B, I and W timed on every rank at once right before the schedule runs
+   (runtime.pipeline.calibrate), then ``warmup`` + ``steps`` real steps, every action timed.
+The prediction is sim.pipeline's plan of the same configuration with stage costs = blocks x the rank's
+calibrated block costs + the overhead per action (``block_seconds``), on a cluster with that latency and
+bandwidth (``cluster_of``). A replay (the same plan with each (stage, kind)'s mean measured action time) checks
+the schedule and p2p model alone. Used by benchmarks/pipeline_accuracy.py and `distlab validate --scenario`
+(kind pipeline, ``pipeline_cases``).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+
+def cluster_of(p: int, p2p: dict, latency: float):
+    """``p`` CPU ranks joined by a fabric with the given one-way latency and the ping-pong's bandwidth."""
+    from sim.cluster import PRESETS, IntraNode
+    extra = max(p2p["large"] - p2p["small"], 1e-6)
+    return replace(PRESETS["localhost-cpu"], name="localhost-measured", gpus_per_node=p,
+                   intra_node=IntraNode("loopback", p2p["bytes"] / extra / 1e9, latency * 1e6))
+
+
+def _sources(trace):
+    from sim.pipeline.metrics import actions_of
+    acts = actions_of(trace)
+    end = {(a.stage, a.kind if a.kind == "F" else "B", a.mb): o.end for a, o in acts if a.kind != "W"}
+    return acts, end, lambda a: (a.stage - 1, "F", a.mb) if a.kind == "F" else (a.stage + 1, "B", a.mb)
+
+
+def p2p_latency(trace) -> float:
+    """Mean delay from the end of an action whose output another rank needs to the start of the action that
+    needs it, where that action waited for nothing else: the effective one-way p2p latency of a real pipeline
+    (gloo's threads hand messages over more slowly than a ping-pong shows; on a loaded machine the mean keeps
+    the waits for a core, as the calibration's mean does)."""
+    acts, end, source = _sources(trace)
+    prev_end, delays = {}, []
+    for a, o in acts:
+        src = source(a)
+        if a.kind != "W" and src in end and end[src] > prev_end.get(o.rank, 0.0):
+            delays.append(o.start - end[src])
+        prev_end[o.rank] = o.end
+    return statistics.fmean(delays) if delays else 0.0
+
+
+def action_overhead(trace) -> float:
+    """Mean gap between consecutive actions of a rank when the second had nothing to wait for: the
+    runtime's own time per action (Python, posting sends and receives, being descheduled)."""
+    acts, end, source = _sources(trace)
+    prev_end, gaps = {}, []
+    for a, o in acts:
+        if o.rank in prev_end and end.get(source(a), 0.0) <= prev_end[o.rank]:
+            gaps.append(o.start - prev_end[o.rank])
+        prev_end[o.rank] = o.end
+    return statistics.fmean(gaps) if gaps else 0.0
+
+
+def block_seconds(cfg: dict, calib: list[dict], overhead: float = 0.0) -> dict:
+    """(stage, kind) -> seconds from per-rank block costs (stage 0: I = 0, W = full backward, as torch's
+    PipelineStage.backward_weight_one_chunk does), plus ``overhead`` per action."""
+    from sim.pipeline import schedules as S
+    from sim.pipeline.plan import split_layers
+    p, v = cfg["stages"], cfg["virtual_stages"]
+    placement = S.stage_to_rank(cfg["schedule"], p, v)
+    seconds = {}
+    for s, r in enumerate(split_layers(cfg["layers"], p * v, cfg.get("split"))):
+        c, n = calib[placement[s]], len(r)
+        seconds.update({(s, k): n * c[k] for k in "FBIW"})
+        if s == 0:
+            seconds[s, "I"], seconds[s, "W"] = 0.0, n * c["B"]
+    return {k: t + overhead for k, t in seconds.items()}
+
+
+def replay_seconds(trace, fallback: dict | None = None) -> dict:
+    """(stage, kind) -> mean measured seconds of that action (``fallback``'s where it never ran)."""
+    from sim.pipeline.metrics import actions_of
+    times: dict = {}
+    for a, o in actions_of(trace):
+        times.setdefault((a.stage, a.kind), []).append(o.end - o.start)
+    return {**(fallback or {}), **{k: statistics.fmean(v) for k, v in times.items()}}
+
+
+def simulate_cfg(cfg: dict, seconds: dict, cluster):
+    """(trace, plan): the pipeline plan of runtime config ``cfg`` with the given (stage, kind) seconds."""
+    from sim.engine import simulate
+    from sim.models import Layer, Model
+    from sim.pipeline.plan import PipelineSpec, build_plan
+    act = cfg["rows"] * cfg["width"] * 4
+    model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0, activation_bytes=act) for i in range(cfg["layers"])])
+    full = {(s, k): seconds.get((s, k), 0.0) for s in range(cfg["stages"] * cfg["virtual_stages"]) for k in "FBIW"}
+    plan = build_plan(model, PipelineSpec(cfg["schedule"], cfg["stages"], cfg["microbatches"],
+                                          cfg["virtual_stages"], split=cfg.get("split")), seconds=full)
+    return simulate(plan, cluster), plan
+
+
+def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> list[dict]:
+    """One launch of ``n`` gloo ranks: the probe, then every runtime config in ``cfgs`` (same width and rows,
+    stages = n) calibrated and run. Per config: {"cfg", "plan", "measured", "predicted", "replayed" (traces),
+    "latency", "overhead", "p2p", "calibration" (per rank), "action_seconds" ((stage, kind) -> calibrated
+    seconds of the action itself; the simulated action adds "overhead")}."""
+    from runtime.pipeline import DEFAULTS, measure
+    cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
+    width, rows = cfgs[0]["width"], cfgs[0]["rows"]
+    probe = dict(schedule="gpipe", stages=n, microbatches=cfgs[0]["microbatches"], virtual_stages=1, width=width,
+                 rows=rows, layers=n, steps=cfgs[0]["steps"], warmup=1)
+    runs = [probe] + cfgs
+    res = measure(runs, n, calibrate_shape={"width": width, "rows": rows}, timeout=timeout)
+    ranks = sorted(res["ranks"], key=lambda r: r["rank"])
+    latency, overhead = p2p_latency(res["traces"][0]), action_overhead(res["traces"][0])
+    cluster = cluster_of(n, ranks[0]["p2p"], latency)
+    out = []
+    for i, (cfg, measured) in enumerate(zip(runs, res["traces"])):
+        if i == 0:
+            continue
+        calib = [r["runs"][i]["calibration"] for r in ranks]
+        seconds = block_seconds(cfg, calib, overhead)
+        predicted, plan = simulate_cfg(cfg, seconds, cluster)
+        predicted.meta["pipeline"] = measured.meta["pipeline"] = plan.meta["pipeline"]
+        replayed, _ = simulate_cfg(cfg, replay_seconds(measured, seconds), cluster)
+        out.append({"cfg": cfg, "plan": plan, "measured": measured, "predicted": predicted, "replayed": replayed,
+                    "latency": latency, "overhead": overhead, "p2p": ranks[0]["p2p"], "calibration": calib,
+                    "action_seconds": block_seconds(cfg, calib)})
+    return out
+
+
+def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
+    """The runtime.pipeline config of a pipeline scenario. The real model is ``layers`` x (Linear(width, width)
+    + ReLU), so the scenario's model must be ``{kind: mlp, widths: [w, w, ...], batch: rows per microbatch}``."""
+    from sim import scenario as sc
+    from sim.errors import ConfigError
+    from sim.pipeline.scenario import spec_of
+    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
+    if d["parallelism"]["kind"] != "pipeline":
+        raise ConfigError(f"needs parallelism kind pipeline, got {d['parallelism']['kind']!r}", "parallelism.kind")
+    spec = spec_of(d)
+    if spec.data_parallel != 1:
+        raise ConfigError(f"only data_parallel 1 runs for real, got {spec.data_parallel}", "parallelism.data_parallel")
+    if spec.stages < 2:
+        raise ConfigError("a real pipeline needs at least 2 stages", "parallelism.stages")
+    model = d["model"]
+    widths = model.get("widths") if isinstance(model, dict) else None
+    if (not isinstance(model, dict) or model.get("kind") != "mlp" or not isinstance(widths, list) or len(widths) < 2
+            or len(set(widths)) != 1 or model.get("dtype", "float32") != "float32"):
+        raise ConfigError("a real pipeline run needs {kind: mlp, widths: [w, w, ...]} with equal widths, float32 "
+                          "(runtime.pipeline builds Linear(w, w) + ReLU blocks)", "model")
+    from sim.models import model_from_spec
+    model_from_spec(model, "model")                  # checks the keys
+    return {"schedule": spec.schedule, "stages": spec.stages, "microbatches": spec.microbatches,
+            "virtual_stages": spec.virtual_stages, "layers": len(widths) - 1, "split": spec.split,
+            "width": widths[0], "rows": model.get("batch", 32), "steps": steps, "warmup": warmup}
+
+
+def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float = 300.0) -> dict:
+    """Run a pipeline scenario for real on ``stages`` gloo ranks and predict it (calibrated in the same launch).
+    Returns measure_and_predict's dict for it plus the metrics and the measured median step makespan."""
+    from sim.pipeline import metrics as M
+    from sim.pipeline import schedules as S
+    cfg = runtime_config(scenario, steps, warmup)
+    S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
+    r = measure_and_predict([cfg], cfg["stages"], timeout=timeout)[0]
+    meta = r["plan"].meta["pipeline"]
+    r["metrics"] = {k: M.compute(r[k], meta) for k in ("predicted", "measured", "replayed")}
+    r["measured_median_s"] = statistics.median(r["measured"].meta["step_makespans"])
+    return r
+
+
+def action_rows(predicted, measured) -> list[dict]:
+    """Every action of the fastest measured step next to the same action in the prediction (start and end,
+    seconds from each trace's first action)."""
+    from sim.pipeline.metrics import actions_of
+    pred = {str(a): o for a, o in actions_of(predicted)}
+    out = []
+    for a, o in actions_of(measured):
+        q = pred.get(str(a))
+        out.append({"action": str(a), "rank": o.rank, "measured_start_s": o.start, "measured_end_s": o.end,
+                    "predicted_start_s": q.start if q else None, "predicted_end_s": q.end if q else None})
+    return out
+
+
+def pipeline_cases(path: str, args) -> list[dict]:
+    """`distlab validate --scenario pipeline.yaml` rows (runtime.validation.case format), on ``stages`` gloo
+    ranks: the step makespan predicted (calibrated in the same launch) against the measured median; the
+    replay (measured action times through the simulated schedule); and per (stage, kind) the calibrated
+    action time against the mean measured one (the simulated action also holds the runtime's overhead per
+    action, the gap torch leaves between actions: "action_overhead_s"). The makespan row also carries the
+    bubbles and every action's predicted and measured start and end ("actions")."""
+    from runtime.validation import case
+    r = validate_pipeline(path, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
+    cfg, mp, mm = r["cfg"], r["metrics"]["predicted"], r["metrics"]["measured"]
+    n, nbytes = cfg["stages"], cfg["rows"] * cfg["width"] * 4
+    label = f"{cfg['schedule']} p={n} m={cfg['microbatches']}" + (
+        f" v={cfg['virtual_stages']}" if cfg["virtual_stages"] > 1 else "")
+    top = case("pipeline scenario", f"pipeline makespan ({label})", n, nbytes, mp.makespan, r["measured_median_s"])
+    top.update({"predicted_bubble": mp.bubble, "measured_bubble": mm.bubble, "measured_fastest_s": mm.makespan,
+                "step_makespans_s": r["measured"].meta["step_makespans"], "p2p_latency_s": r["latency"],
+                "action_overhead_s": r["overhead"], "actions": action_rows(r["predicted"], r["measured"])})
+    out = [top, case("pipeline scenario", f"pipeline replay ({label})", n, nbytes,
+                     r["metrics"]["replayed"].makespan, r["measured_median_s"])]
+    for (s, k), t in sorted(replay_seconds(r["measured"]).items()):
+        out.append(case("pipeline action", f"stage {s} {k} (mean)", n, nbytes, r["action_seconds"][s, k], t))
+    return out
