@@ -132,11 +132,13 @@ def _overlap(a, b) -> float:
 
 
 def summarize(trace, rank: int = 0) -> dict:
-    """Step, compute, communication and exposed communication seconds; overlap % = hidden / communication.
-    Exposed = communication time during which the rank computes nothing."""
+    """Step, compute, communication (collectives and point-to-point, while data moves) and exposed
+    communication seconds; overlap % = hidden / communication. Exposed = communication during which the rank
+    computes nothing."""
     ops = trace.for_rank(rank)
     compute = _union([(o.start, o.end) for o in ops if o.kind == "compute"])
-    comm = _union([(o.start if o.launch is None else o.launch, o.end) for o in ops if o.kind == "collective"])
+    comm = _union([(o.start if o.launch is None else o.launch, o.end) for o in ops
+                   if o.kind in ("collective", "send", "recv")])
     t_compute = sum(e - s for s, e in compute)
     t_comm = sum(e - s for s, e in comm)
     hidden = _overlap(comm, compute)
