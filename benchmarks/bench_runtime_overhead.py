@@ -9,6 +9,9 @@ executor repetition, the estimate least hurt by other load on a shared machine (
 On a loaded machine both swing by 2-3x between repetitions, so the overhead is also measured alone: with
 dist.all_reduce replaced by a no-op, the executor's time minus the loop's is what it adds per op (its clock
 reads, record and dispatch), and "from overhead" = loop time per op / (loop time per op + that).
+The executor runs with each rank's flight recorder (runtime/flight.py), as `distlab run` does; "flight/op" is
+what the recorder adds per op: the no-op difference between that executor and one without a recorder, and
+"ring/op" the recorder's three slot writes alone (issued, started, completed), timed in a loop.
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ def overhead_task(ctx, payload):
     for nbytes in payload["sizes"]:
         plan = Plan([[Collective("all_reduce", nbytes) for _ in range(OPS)] for _ in range(ctx.world_size)])
         ex = Executor(plan, ctx)
+        flight, ctx.flight = ctx.flight, None
+        plain = Executor(plan, ctx)                        # the same plan without a flight recorder
+        ctx.flight = flight
         t = torch.zeros(nbytes // 4)
 
         def loop():
@@ -58,11 +64,14 @@ def overhead_task(ctx, payload):
         loop_slow = [max(e[1][i] for e in every) for i in range(payload["reps"])]
         ratios = [lp / e for e, lp in zip(ex_slow, loop_slow)]
         added = _added_per_op(ex, loop)
+        flight_added = (added - _added_per_op(plain, loop)) if flight is not None else 0.0
         out.append({"bytes": nbytes, "executor_s": statistics.median(ex_slow), "loop_s": statistics.median(loop_slow),
                     "ratio": statistics.median(ratios), "best_ratio": min(loop_slow) / min(ex_slow),
                     "ratio_q25": sorted(ratios)[len(ratios) // 4], "ratio_q75": sorted(ratios)[3 * len(ratios) // 4],
                     "added_per_op_s": added,
                     "ratio_from_overhead": (min(loop_slow) / OPS) / (min(loop_slow) / OPS + added),
+                    "flight_per_op_s": flight_added, "ring_per_op_s": _ring_per_op(flight),
+                    "flight_share": flight_added / (min(loop_slow) / OPS),
                     "ratios": ratios})
     return out
 
@@ -90,6 +99,19 @@ def _added_per_op(ex, loop, reps: int = 51) -> float:
     return max(0.0, statistics.median(diffs))
 
 
+def _ring_per_op(flight, n: int = 20000) -> float:
+    """Seconds of the recorder's three slot writes per collective, in a tight loop."""
+    if flight is None:
+        return 0.0
+    key = flight.key((-1,), "bench")
+    t0 = time.perf_counter()
+    for i in range(n):
+        rec = flight.issued(key, 0, 4096, 0, 0, i)
+        flight.started(rec)
+        flight.completed(rec)
+    return (time.perf_counter() - t0) / n
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from runtime.launch import launch
@@ -110,11 +132,13 @@ def main(argv=None) -> int:
     print_table(f"{OPS} all_reduce ops on {args.nproc} gloo ranks: executor vs hand-written loop "
                 f"(slowest rank, median of {args.reps})",
                 ["size", "executor (ms)", "loop (ms)", "executor ops/s", "loop ops/s", "ratio", "ratio q25-q75",
-                 "best", "added/op (us)", "from overhead"],
+                 "best", "added/op (us)", "from overhead", "flight/op (us)", "ring/op (us)", "flight share"],
                 [[format_bytes(r["bytes"]), f"{r['executor_s'] * 1e3:.1f}", f"{r['loop_s'] * 1e3:.1f}",
                   f"{OPS / r['executor_s']:.0f}", f"{OPS / r['loop_s']:.0f}", f"{r['ratio']:.3f}",
                   f"{r['ratio_q25']:.2f}-{r['ratio_q75']:.2f}", f"{r['best_ratio']:.3f}",
-                  f"{r['added_per_op_s'] * 1e6:.2f}", f"{r['ratio_from_overhead']:.4f}"] for r in rows])
+                  f"{r['added_per_op_s'] * 1e6:.2f}", f"{r['ratio_from_overhead']:.4f}",
+                  f"{r['flight_per_op_s'] * 1e6:.2f}", f"{r['ring_per_op_s'] * 1e6:.2f}",
+                  f"{r['flight_share'] * 100:.2f}%"] for r in rows])
     return 0
 
 

@@ -17,6 +17,7 @@ COMMANDS = [
     "runtime.commands.bench",
     "runtime.commands.calibrate",
     "runtime.commands.validate",
+    "runtime.commands.diagnose",
 ]
 
 

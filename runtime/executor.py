@@ -74,7 +74,11 @@ class Executor:
                     buffers[key] = make_buffers(op.op, op.bytes, op.dtype, len(group), self.ctx.device)
                 inp, out = buffers[key]
                 fn = functools.partial(issue, op.op, inp, out, self.groups[(group, op.stream)], op.root, True)
-                if not self.cuda:              # a CPU stream waits on the work handle before its next op
+                flight = getattr(self.ctx, "flight", None)
+                if flight is not None:         # runtime/flight.py: records it, and waits on CPU streams
+                    fn = flight.wrap(fn, flight.key(group, op.stream), op.op, op.bytes, op.dtype, op.root, i,
+                                     block=not self.cuda)
+                elif not self.cuda:            # a CPU stream waits on the work handle before its next op
                     fn = functools.partial(_wait, fn)
             elif isinstance(op, (Send, Recv)):
                 key = (op.stream, "p2p", op.bytes, op.dtype)
@@ -98,7 +102,10 @@ class Executor:
     def run(self) -> list[tuple[int, float, float]]:
         if self.cuda:
             from runtime.cuda_exec import run_cuda
-            return run_cuda(self)
+            out = run_cuda(self)
+            if getattr(self.ctx, "flight", None) is not None:
+                self.ctx.flight.synchronized()
+            return out
         self.partial = {s: [] for s in self.steps}
         events = _Events(self.ctx.timeout)
         if len(self.steps) <= 1:                       # one stream: no thread at all

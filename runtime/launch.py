@@ -6,6 +6,11 @@ receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``. All ranks s
 Ctrl-C reaches only the launcher, which then ends the group (SIGTERM, then SIGKILL) and reaps every child; the
 ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG).
 
+A plan (target runtime.executor:plan_task) is checked statically first (sim/check.py): one whose ranks would
+call mismatched collectives is refused (PlanMismatch) before any rank starts, unless ``check=False``. Every
+rank keeps a flight recorder (runtime/flight.py) in ``dump_dir`` (default: the temporary run folder); after a
+failure the launcher adds run.json (exit codes, failures) there, and RunFailed.flight holds the records read back.
+
 A rank that raises or dies ends the run: the others get ``grace`` seconds to report, then are killed, and
 RunFailed names the first rank that failed and its error. Ranks waiting for a peer that hangs give up after
 ``timeout`` seconds (the process group's timeout), so every failure ends the run within a bounded time.
@@ -33,8 +38,10 @@ _ECHOES = ("connection closed", "connection reset", "broken pipe", "timed out", 
 class RunFailed(RuntimeError):
     """A rank raised or died. ``rank`` is the first that failed; ``partial`` maps rank -> its last partial."""
 
-    def __init__(self, rank: int, message: str, partial: dict, results: dict, logs: dict | None = None):
+    def __init__(self, rank: int, message: str, partial: dict, results: dict, logs: dict | None = None,
+                 flight: dict | None = None, dump_dir: str | None = None):
         self.rank, self.partial, self.results, self.logs = rank, partial, results, logs or {}
+        self.flight, self.dump_dir = flight, dump_dir       # runtime.flight.load_dir() of the dumps, their folder
         super().__init__(message)
 
 
@@ -55,12 +62,28 @@ def check_options(nproc: int, backend: str, threads: int, timeout: float) -> Non
         raise ConfigError(f"{timeout!r} must be a number of seconds > 0", "--timeout")
 
 
+def check_plans(payload) -> None:
+    """The static check (sim/check.py) of a plan in the payload of plan_task (or of a sweep that runs one)."""
+    from sim.check import assert_consistent
+    from sim.plan import Plan
+    d = payload.get("plan") if isinstance(payload, dict) else None
+    d = d.get("plan") if isinstance(d, dict) and isinstance(d.get("plan"), dict) else d
+    if isinstance(d, dict) and "ranks" in d:
+        plan = Plan.from_dict(d)
+        assert_consistent(plan, f"plan {plan.name!r}")
+
+
 class Launch:
     """``Launch(...).start()`` then ``.wait()`` -> list of per-rank results; ``.pids`` while it runs."""
 
     def __init__(self, target: str, payload, nproc: int, backend: str = "auto", threads: int = 1,
-                 timeout: float = 60.0, grace: float = 3.0, verbose: bool = False):
+                 timeout: float = 60.0, grace: float = 3.0, verbose: bool = False, dump_dir: str | None = None,
+                 check: bool = True):
         check_options(nproc, backend, threads, timeout)
+        if check:
+            check_plans(payload)
+        self.dump_dir = dump_dir
+        self.flight: dict | None = None        # the flight records read back after a failure or abort
         self.target, self.payload, self.nproc = target, payload, nproc
         self.backend, self.threads, self.timeout = backend, threads, timeout
         self.grace, self.verbose = min(grace, timeout), verbose
@@ -75,6 +98,11 @@ class Launch:
 
     def start(self) -> "Launch":
         self.run_dir = tempfile.mkdtemp(prefix="distlab-run-")
+        if self.dump_dir:
+            from runtime.flight import clear
+            os.makedirs(self.dump_dir, exist_ok=True)
+            clear(self.dump_dir)
+        flight_dir = os.path.abspath(self.dump_dir or self.run_dir)
         task = {"target": self.target, "payload": self.payload, "backend": self.backend,
                 "threads": self.threads, "timeout": self.timeout}
         with open(os.path.join(self.run_dir, "task.json"), "w") as f:
@@ -84,7 +112,7 @@ class Launch:
         for r in range(self.nproc):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()),
+                       DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
                        OMP_NUM_THREADS=str(self.threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
             log = open(os.path.join(self.run_dir, f"stderr.{r}"), "wb")
@@ -182,12 +210,14 @@ class Launch:
         partial = {r: self._read("partial", r) for r in range(self.nproc)}
         failures = sorted(getattr(self, "_failures", []))
         logs = {f[3]: self._tail(f[3]) for f in failures}
+        if failures:
+            self._keep_flight(failures)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if failures:
             first = failures[0]
             others = "; ".join(f[4] for f in failures[1:4])
             message = first[4] + (f" (then {others})" if others else "")
-            raise RunFailed(first[3], message, partial, results, logs)
+            raise RunFailed(first[3], message, partial, results, logs, self.flight, self.dump_dir)
         return [results[r] for r in range(self.nproc)]
 
     def wait(self, on_poll=None) -> list:
@@ -225,8 +255,15 @@ class Launch:
         self.stop()
         if self.run_dir and os.path.isdir(self.run_dir):
             self.kept = {r: self._read("partial", r) for r in range(self.nproc)}
+            self._keep_flight(sorted(getattr(self, "_failures", [])))
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return self.kept
+
+    def _keep_flight(self, failures) -> None:
+        """Write run.json beside the flight records (exit codes, failures) and read them back into .flight."""
+        from runtime.flight import keep
+        self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
+                           [{"rank": f[3], "message": f[4]} for f in failures])
 
     def stop(self) -> None:
         """End every rank still running (SIGTERM to the group, SIGKILL after 2 s) and reap them all."""

@@ -2,6 +2,8 @@
 
     torchrun --nproc-per-node 4 -m runtime.worker PLAN.json --out measured.trace
 
+Add ``--dump-dir DIR`` to keep every rank's flight record there (runtime/flight.py; read it with
+``distlab diagnose DIR``); the plan is checked statically first (``--no-check`` runs a mismatched one anyway).
 Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment (as
 torchrun sets them). Under distlab's launcher, DISTLAB_RUN_DIR holds task.json (which function to run, with
 what) and receives each rank's result, partial result and error as files.
@@ -27,6 +29,7 @@ class Context:
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.backend, self.device, self.timeout, self.run_dir = backend, device, timeout, run_dir
         self.on_failure = None      # a task may set a function that saves its partial results
+        self.flight = None          # this rank's flight recorder (runtime/flight.py), when there is one
 
     def shielded(self):
         """A block that SIGTERM does not interrupt (it is raised when the block ends): for saving results."""
@@ -143,8 +146,10 @@ def run_task(run_dir: str) -> int:
         _die_with_parent(int(os.environ["DISTLAB_PARENT_PID"]))
     signal.signal(signal.SIGTERM, _on_sigterm)
     ctx = None
+    flight = _recorder(os.environ.get("DISTLAB_FLIGHT_DIR") or run_dir, rank)
     try:
         ctx = init(task["backend"], task["threads"], task["timeout"], run_dir)
+        ctx.flight = flight
         open(os.path.join(run_dir, f"ready.{rank}"), "w").close()
         result = load_target(task["target"])(ctx, task["payload"])
         _write_json(os.path.join(run_dir, f"result.{rank}.json"), result)
@@ -158,9 +163,24 @@ def run_task(run_dir: str) -> int:
         except Exception:            # noqa: BLE001 - the error below matters more
             traceback.print_exc()
         message = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500] if str(e) else type(e).__name__
+        try:
+            if flight is not None:
+                flight.dump(message)
+        except Exception:            # noqa: BLE001 - the error below matters more
+            traceback.print_exc()
         _write_json(os.path.join(run_dir, f"error.{rank}.json"), {"time": time.time(), "error": message})
         traceback.print_exc()
         return 1
+
+
+def _recorder(directory: str | None, rank: int):
+    """This rank's flight recorder in ``directory`` (none when DISTLAB_FLIGHT=0 or without a directory)."""
+    if not directory or os.environ.get("DISTLAB_FLIGHT") == "0":
+        return None
+    from runtime.flight import Recorder
+    rec = Recorder(directory, rank, env_int("WORLD_SIZE"))
+    rec.watch_signals()
+    return rec
 
 
 def _finish() -> None:
@@ -179,21 +199,34 @@ def run_torchrun(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--dump-dir", help="flight records of every rank go here (see distlab diagnose)")
+    p.add_argument("--no-check", action="store_true", help="run even a plan that the static check refuses")
     args = p.parse_args(argv)
     import torch.distributed as dist
 
     from runtime.executor import merge_results, plan_task
+    from sim.check import assert_consistent
     from sim.plan import Plan
     plan = Plan.load(args.plan)
+    if not args.no_check:
+        assert_consistent(plan, args.plan)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    flight = _recorder(args.dump_dir or os.environ.get("DISTLAB_FLIGHT_DIR"), env_int("RANK"))
     ctx = init(args.backend, args.threads, args.timeout)
-    result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": 1})
-    gathered = [None] * ctx.world_size if ctx.rank == 0 else None
-    dist.gather_object(result, gathered, dst=0)
-    if ctx.rank == 0:
-        trace = merge_results(plan, gathered)
-        trace.save(args.out)
-        print(f"wrote {args.out}: makespan {trace.makespan * 1e3:.3f} ms")
-    _finish()
+    ctx.flight = flight
+    try:
+        result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": 1})
+        gathered = [None] * ctx.world_size if ctx.rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        if ctx.rank == 0:
+            trace = merge_results(plan, gathered)
+            trace.save(args.out)
+            print(f"wrote {args.out}: makespan {trace.makespan * 1e3:.3f} ms")
+        _finish()
+    except BaseException as e:
+        if flight is not None:
+            flight.dump(f"{type(e).__name__}: {e}".strip().splitlines()[0][:500])
+        raise
     return 0
 
 
@@ -202,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir:
         rc = run_task(run_dir)
     else:
-        rc = run_torchrun(sys.argv[1:] if argv is None else argv)
+        from sim.errors import ConfigError
+        try:
+            rc = run_torchrun(sys.argv[1:] if argv is None else argv)
+        except ConfigError as e:              # a bad or mismatched plan: one line, as the CLI prints it
+            sys.stderr.write(f"runtime.worker: error: {e}\n")
+            rc = 2
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)      # do not wait for Gloo's or the executor's threads

@@ -41,11 +41,13 @@ def signature(op: Collective) -> tuple:
     return (op.op, op.bytes, op.dtype, op.root if op.op in ("broadcast", "reduce") else None)
 
 
-def collective_problems(sequences: dict[tuple, dict[int, list]]) -> list[str]:
-    """``sequences[group][rank]`` = that rank's collectives on the group, in issue order (objects with
-    ``signature`` and ``describe``: plan ops, or records read back from a flight recorder)."""
+def collective_problems(sequences: dict[tuple, dict[int, list]], offsets: dict | None = None) -> list[str]:
+    """``sequences[group][rank]`` = that rank's collectives on the group, in issue order, as (signature,
+    description) pairs: of plan ops, or of records read back from a flight recorder. ``offsets[group]``: the
+    number of each list's first entry (a flight recorder keeps only the last N), default 0."""
     problems = []
     for group, per_rank in sequences.items():
+        first = (offsets or {}).get(group, 0)
         members = sorted(group)
         longest = max(len(per_rank.get(r, [])) for r in members)
         for k in range(longest):
@@ -57,14 +59,15 @@ def collective_problems(sequences: dict[tuple, dict[int, list]]) -> list[str]:
                 odd = sorted(r for r, (sig, _) in calls.items() if sig != common)
                 same = sorted(r for r, (sig, _) in calls.items() if sig == common)
                 first_odd = odd[0]
-                problems.append(f"group {group_name(group)}, collective #{k}: rank{'s' if len(odd) > 1 else ''} "
-                                f"{rank_ranges(odd)} call{'' if len(odd) > 1 else 's'} {calls[first_odd][1]}; "
+                problems.append(f"group {group_name(group)}, collective #{k + first}: "
+                                f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} "
+                                f"call{'' if len(odd) > 1 else 's'} {calls[first_odd][1]}; "
                                 f"ranks {rank_ranges(same)} call {calls[same[0]][1]}")
                 break
             if missing:
                 waiting = sorted(calls)
                 what = next(iter(calls.values()))[1].split("(")[0]
-                problems.append(f"would hang: ranks {rank_ranges(waiting)} wait in {what} #{k} on group "
+                problems.append(f"would hang: ranks {rank_ranges(waiting)} wait in {what} #{k + first} on group "
                                 f"{group_name(group)}; rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)} "
                                 f"never call{'' if len(missing) > 1 else 's'} it")
                 break

@@ -14,7 +14,8 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(LESSONS, "[0-9][0-9]_*.ipynb")))
 LIMIT_S = 180
 # Lessons whose cells start real ranks (torch.distributed); the others are simulator-only and fast.
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
-        "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb"}
+        "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb",
+        "08_pitfalls.ipynb"}
 
 
 def _ids():

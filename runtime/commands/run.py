@@ -17,11 +17,19 @@ def add_arguments(p) -> None:
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one (default 1)")
     p.add_argument("--out", help="trace file: *.trace native, *.json Chrome/Perfetto (default PLAN.measured.trace)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--dump-dir", help="every rank's flight record goes here, kept after the run (default "
+                   "OUT.flight/, kept only if the run fails); read it with distlab diagnose")
+    p.add_argument("--no-check", action="store_true", help="start the ranks even if the static check (distlab "
+                   "check) finds mismatched collectives: to see a real hang")
 
 
 def run(args) -> int:
     from runtime.executor import merge_results
+    import contextlib
+
+    from runtime.flight import clear
     from runtime.launch import Launch, RunFailed
+    from sim.check import PlanMismatch, assert_consistent
     from sim.cli import print_json, print_table
     from sim.errors import ConfigError
     from sim.plan import Plan
@@ -34,9 +42,16 @@ def run(args) -> int:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.repeat, "--repeat")
     check_dtypes(plan, args.backend)
+    if not args.no_check:
+        try:
+            assert_consistent(plan, args.plan)
+        except PlanMismatch as e:
+            raise PlanMismatch(f"{e} (--no-check starts the ranks anyway)") from None
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
+    dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
-    launch = Launch("runtime.executor:plan_task", payload, nproc, **launch_kwargs(args)).start()
+    launch = Launch("runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
+                    **launch_kwargs(args)).start()
     try:
         results = launch.wait_progress(args.repeat, f"{plan.name} on {nproc} ranks",
                                        lambda L: len((L.partial(0) or {}).get("runs", [])))
@@ -48,7 +63,12 @@ def run(args) -> int:
         if args.verbose and e.logs.get(e.rank):
             sys.stderr.write(f"--- rank {e.rank}'s output ---\n{e.logs[e.rank]}\n---\n")
         sys.stderr.write(f"distlab run: error: {e}\n")
+        sys.stderr.write(f"distlab run: every rank's flight record is in {dump_dir}/: distlab diagnose {dump_dir}\n")
         return 1
+    if not args.dump_dir:                   # the default folder is kept only when the run fails
+        clear(dump_dir)
+        with contextlib.suppress(OSError):
+            os.rmdir(dump_dir)
     trace = merge_results(plan, results, meta={"threads": args.threads, "warmup": args.warmup,
                                                "repeat": args.repeat})
     trace.save(out)

@@ -246,3 +246,41 @@ register(
              abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="compare it with replay_s: the schedule and p2p model alone, with the measured action times."),
 )
+
+
+# --- 08 pitfalls (helpers in sim/lessons/pitfalls.py) ---------------------------------------------------------
+def _named_rank() -> str:
+    """The rank the static check (and distlab diagnose) names in lesson 08's `if rank != 3` program."""
+    import re
+
+    from sim.check import check_plan
+    from sim.lessons.pitfalls import skip_plan
+    return re.search(r"rank (\d+) calls", check_plan(skip_plan())[0]).group(1)
+
+
+def _pitfalls():
+    from sim.lessons import pitfalls
+    return pitfalls
+
+
+register(
+    Exercise("08-duplicates", "4 ranks each build DataLoader(dataset, shuffle=True) without a DistributedSampler. "
+             "In one epoch, how many times is each sample processed, over all ranks?", "count", lambda: 4,
+             tolerance=0, hint="each rank iterates over the whole dataset",
+             why="every rank reads all of it: the global batch holds 4 copies of each sample, and an epoch costs "
+                 "4x the compute for the same data."),
+    Exercise("08-per-rank", "18 samples, 4 ranks, DistributedSampler (drop_last=False): how many samples does "
+             "each rank get per epoch?", "count", lambda: _pitfalls().sampler_share(18, 4), tolerance=0,
+             hint="the sampler pads the index list to a multiple of the world size",
+             why="ceil(18 / 4) = 5: 20 indices, so 2 samples are read twice per epoch (drop_last=True gives 4)."),
+    Exercise("08-hang", "Lesson 08's program calls all_reduce(loss) inside `if rank != 3`, then a barrier. "
+             "Which rank do distlab check and distlab diagnose name?", "choice", _named_rank,
+             choices=("0", "1", "2", "3"), hint="collectives match by order: compare each rank's second call",
+             why="rank 3 calls barrier as its collective #1 where ranks 0-2 call all_reduce(4 B); all four wait "
+                 "until the timeout."),
+    Exercise("08-barrier-cost", "Gradient accumulation, 4 ranks, 4 micro-steps of 20 ms, at micro-step m rank "
+             "m mod 4 is 3x slower. Simulated: how much longer is the step with a barrier after every "
+             "micro-step than without?", "ms", lambda: _pitfalls().barrier_cost_ms(), tolerance=0.03,
+             hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
+             why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
+)

@@ -1,0 +1,273 @@
+"""The flight recorder: every rank keeps its last N collectives, so a hung or failed run can be diagnosed.
+
+Each record: the sequence number on its communicator (group and stream; the k-th collective a rank issues on a
+communicator meets the k-th of every other member), op, group, stream, bytes, dtype, root, the plan's op index,
+and state ``issued`` (called), ``started`` (handed to the backend, the rank now waits in it) or ``completed``,
+with the time of each.
+
+Records live in ``flight.R.ring``, a small memory-mapped file (a JSON header, then N fixed 64-byte slots
+written in place on every state change: about a microsecond, no system call), so even a rank killed by
+SIGKILL leaves its last state on disk. On a timeout, an error, SIGTERM or SIGINT the rank also writes
+``flight.R.json`` (atomically): the same records, decoded, with the reason. A thread woken through
+signal.set_wakeup_fd writes it at once, even while the main thread is blocked inside a collective.
+``distlab diagnose DIR`` (runtime/commands/diagnose.py) reads either.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import signal
+import struct
+import threading
+import time
+
+from sim.errors import ConfigError
+from sim.plan import COLLECTIVES, DTYPE_BYTES
+
+FORMAT = "distlab-flight/1"
+STATES = ("empty", "issued", "started", "completed")
+DTYPES = tuple(DTYPE_BYTES)
+HEADER = 1 << 16
+SLOT = struct.Struct("<qqiiqiBBBxddd")    # gen, seq, key, index, bytes, root, op, dtype, state, t x 3
+CAPACITY = int(os.environ.get("DISTLAB_FLIGHT_SIZE", "1024"))
+
+
+def _ranges(ranks) -> list:
+    out: list = []
+    for r in ranks:
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def _unranges(ranges) -> list[int]:
+    return [r for a, b in ranges for r in range(a, b + 1)]
+
+
+class Recorder:
+    """One rank's ring of the last ``capacity`` collectives in ``directory``/flight.RANK.ring."""
+
+    def __init__(self, directory: str, rank: int, world_size: int, capacity: int = CAPACITY):
+        os.makedirs(directory, exist_ok=True)
+        self.directory, self.rank, self.world_size, self.capacity = directory, rank, world_size, capacity
+        self.path = os.path.join(directory, f"flight.{rank}.ring")
+        with open(self.path, "wb") as f:
+            f.truncate(HEADER + capacity * SLOT.size)
+        with open(self.path, "r+b") as f:
+            self.mm = mmap.mmap(f.fileno(), 0)
+        self.keys: list[tuple] = []
+        self.key_ids: dict[tuple, int] = {}
+        self.next_seq: list[int] = []
+        self.gen = itertools.count()
+        self.wall0, self.mono0 = time.time(), time.perf_counter()
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+        self._pack = SLOT.pack_into
+        self.enqueued: list = []                # GPU: started (on a CUDA stream), completed at the next sync
+        self._write_header()
+
+    def _write_header(self) -> None:
+        head = json.dumps({"format": FORMAT, "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
+                           "capacity": self.capacity, "slot_bytes": SLOT.size, "wall0": self.wall0,
+                           "mono0": self.mono0, "keys": [[_ranges(g), s] for g, s in self.keys]}).encode()
+        if len(head) >= HEADER:
+            raise ConfigError(f"too many process groups for the flight recorder ({len(self.keys)})", "flight")
+        self.mm[:HEADER] = head.ljust(HEADER, b" ")
+
+    def key(self, group, stream: str = "") -> int:
+        """The id of communicator (group ranks, stream), registered on first use (not on the hot path)."""
+        k = (tuple(group), stream)
+        if k not in self.key_ids:
+            with self._lock:
+                if k not in self.key_ids:
+                    self.keys.append(k)
+                    self.next_seq.append(0)
+                    self._write_header()
+                    self.key_ids[k] = len(self.keys) - 1
+        return self.key_ids[k]
+
+    # -- the hot path: three slot writes per collective ------------------------------------------------------
+    def issued(self, key: int, op: int, nbytes: int, dtype: int, root: int, index: int = -1) -> list:
+        seq = self.next_seq[key]
+        self.next_seq[key] = seq + 1
+        gen = next(self.gen)
+        rec = [gen, seq, key, index, nbytes, root, op, dtype, 1, time.perf_counter(), 0.0, 0.0,
+               HEADER + (gen % self.capacity) * SLOT.size]
+        self._pack(self.mm, rec[12], *rec[:12])
+        return rec
+
+    def started(self, rec: list) -> None:
+        rec[8], rec[10] = 2, time.perf_counter()
+        self._pack(self.mm, rec[12], *rec[:12])
+
+    def completed(self, rec: list) -> None:
+        rec[8], rec[11] = 3, time.perf_counter()
+        self._pack(self.mm, rec[12], *rec[:12])
+
+    def wrap(self, start, key: int, op: str, nbytes: int, dtype: str, root: int, index: int, block: bool = True):
+        """``start()`` issues a collective and returns its work handle; the returned callable records it and
+        (``block``) waits for it, or (GPU streams) returns the handle once enqueued."""
+        codes = (key, COLLECTIVES.index(op), nbytes, DTYPES.index(dtype), root, index)
+        issued, started, completed, enqueued = self.issued, self.started, self.completed, self.enqueued
+
+        def run():
+            rec = issued(*codes)
+            work = start()
+            started(rec)
+            if not block:
+                enqueued.append(rec)
+                return work
+            work.wait()
+            completed(rec)
+        return run
+
+    def synchronized(self) -> None:
+        """The GPU streams were synchronized: every enqueued collective has completed."""
+        while self.enqueued:
+            self.completed(self.enqueued.pop(0))
+
+    # -- dumps -----------------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return decode(bytes(self.mm))
+
+    def dump(self, reason: str) -> str:
+        """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept."""
+        from sim.io import write_atomic
+        with self._lock:
+            self.reason = self.reason or reason
+            d = self.snapshot()
+            d.update(reason=self.reason, dumped_at=time.time())
+            path = os.path.join(self.directory, f"flight.{self.rank}.json")
+            write_atomic(path, json.dumps(d, indent=1))
+        return path
+
+    def watch_signals(self) -> None:
+        """Dump at once on SIGTERM or SIGINT, even while the main thread is blocked in a collective (main
+        thread only; the Python handlers still run afterwards)."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            signal.set_wakeup_fd(w)
+        except ValueError:                  # not the main thread
+            os.close(r), os.close(w)
+            return
+        names = {int(signal.SIGTERM): "SIGTERM", int(signal.SIGINT): "SIGINT"}
+
+        def watch():
+            while True:
+                for b in os.read(r, 64):
+                    if b in names:
+                        self.dump(f"signal {names[b]}")
+        threading.Thread(target=watch, daemon=True, name="flight-signals").start()
+
+    def watch_dist(self) -> None:
+        """Record plain torch.distributed calls of this process too (a task's own code, not a plan)."""
+        from runtime.flight_dist import patch
+        patch(self)
+
+
+def decode(data: bytes) -> dict:
+    """A ring file's bytes -> {"rank", "world_size", "pid", "records": [oldest first]} (times: Unix seconds)."""
+    try:
+        head = json.loads(data[:HEADER].decode().strip())
+        if head.get("format") != FORMAT:
+            raise ValueError
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError("not a flight record (distlab-flight/1)", "flight") from None
+    keys = [(_unranges(g), s) for g, s in head["keys"]]
+    records = []
+    end = min(len(data), HEADER + head["capacity"] * SLOT.size)
+    for off in range(HEADER, end - SLOT.size + 1, SLOT.size):
+        gen, seq, key, index, nbytes, root, op, dtype, state, t0, t1, t2 = SLOT.unpack_from(data, off)
+        if state == 0 or not 0 <= key < len(keys) or op >= len(COLLECTIVES) or state >= len(STATES):
+            continue                          # empty, or torn by a kill in the middle of a write
+        group, stream = keys[key]
+        wall = head["wall0"] - head["mono0"]
+        records.append({"gen": gen, "seq": seq, "op": COLLECTIVES[op], "group": group, "stream": stream,
+                        "bytes": nbytes, "dtype": DTYPES[dtype] if dtype < len(DTYPES) else "other", "root": root,
+                        "index": index, "state": STATES[state], "t_issued": wall + t0,
+                        "t_started": wall + t1 if t1 else None, "t_completed": wall + t2 if t2 else None})
+    records.sort(key=lambda x: x["gen"])
+    return {"format": FORMAT, "rank": head["rank"], "world_size": head["world_size"], "pid": head["pid"],
+            "capacity": head["capacity"], "records": records}
+
+
+def load_dir(directory: str) -> dict:
+    """Every rank's flight record in ``directory``: {"world_size", "ranks": {rank: {"source": "dump" or "live",
+    "reason", "records", ...}}, "run": run.json from the launcher or None}. The final dump wins over the ring."""
+    if not os.path.isdir(directory):
+        raise ConfigError("not a directory", directory)
+    ranks: dict[int, dict] = {}
+    for name in sorted(os.listdir(directory)):
+        parts = name.split(".")
+        if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if parts[2] == "json":
+                with open(path) as f:
+                    d = json.load(f)
+                d["source"] = "dump"
+            else:
+                with open(path, "rb") as f:
+                    d = decode(f.read())
+                d["source"], d["reason"] = "live", None
+        except (OSError, ValueError, KeyError, ConfigError):
+            continue
+        if not _valid(d):
+            continue
+        r = int(parts[1])
+        if r not in ranks or d["source"] == "dump":
+            ranks[r] = d
+    if not ranks:
+        raise ConfigError("no flight records here (flight.RANK.json or flight.RANK.ring)", directory)
+    run = None
+    try:
+        with open(os.path.join(directory, "run.json")) as f:
+            run = json.load(f)
+    except (OSError, ValueError):
+        pass
+    world = max([d.get("world_size", 0) for d in ranks.values()] + [(run or {}).get("world_size", 0)])
+    return {"directory": directory, "world_size": world, "ranks": ranks, "run": run}
+
+
+_FIELDS = {"seq": int, "op": str, "group": list, "stream": str, "bytes": int, "dtype": str, "root": int,
+           "state": str}
+
+
+def _valid(d) -> bool:
+    """A dump (possibly edited or truncated by hand) that diagnose can read: records with the fields it uses."""
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("world_size"), int):
+        return False
+    for x in d["records"]:
+        if not isinstance(x, dict) or any(not isinstance(x.get(k), t) or isinstance(x.get(k), bool)
+                                          for k, t in _FIELDS.items()):
+            return False
+        if x["op"] not in COLLECTIVES or x["state"] not in STATES or not all(isinstance(g, int) for g in x["group"]):
+            return False
+    return True
+
+
+def keep(directory: str, exit_codes: list, failures: list) -> dict | None:
+    """After a failed run: write run.json (every rank's exit code, the failures in order) beside the records,
+    then load_dir() them; None if there are none."""
+    from sim.io import write_atomic
+    run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
+           "failures": failures}
+    try:
+        write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1))
+        return load_dir(directory)
+    except (OSError, ConfigError):
+        return None
+
+
+def clear(directory: str) -> None:
+    """Remove old flight records and run.json from ``directory`` (before a new run writes there)."""
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if (name.startswith("flight.") and name.endswith((".json", ".ring"))) or name == "run.json":
+                os.unlink(os.path.join(directory, name))

@@ -1,0 +1,152 @@
+"""Flight recorder and `distlab diagnose`: a real hang or death on gloo ranks (short timeouts) is named in the
+static check's own words; the static check refuses a mismatched plan before any rank starts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from runtime.commands.diagnose import diagnose
+from runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
+from runtime.launch import Launch, RunFailed
+from sim.check import PlanMismatch, check_plan
+from sim.plan import Collective, Plan
+from tests.test_runtime_launch import alive, long_plan, wait_running
+
+MiB = 2**20
+TIMEOUT = 2.0
+
+
+def plan_with(n: int, odd_rank: int, odd) -> Plan:
+    """Five all_reduces everywhere, then a sixth, which ``odd_rank`` replaces by ``odd`` (None: skips it)."""
+    def ops(r):
+        sixth = Collective("all_reduce", 4 * MiB) if r != odd_rank else odd
+        return [Collective("all_reduce", 4 * MiB) for _ in range(5)] + ([sixth] if sixth is not None else [])
+    return Plan([ops(r) for r in range(n)], name="odd").validate()
+
+
+# --- the recorder and the diagnosis, without ranks ------------------------------------------------------------
+def test_ring_survives_without_a_dump_and_the_dump_wins(tmp_path):
+    rec = Recorder(str(tmp_path), 1, 2, capacity=4)
+    key = rec.key((0, 1), "comm")
+    for i in range(6):                                   # more than the capacity: the oldest two drop out
+        r = rec.issued(key, 0, 1024, 0, 0, i)
+        rec.started(r)
+        if i < 5:
+            rec.completed(r)
+    with open(rec.path, "rb") as f:
+        data = f.read()
+    d = decode(data)
+    assert [x["seq"] for x in d["records"]] == [2, 3, 4, 5]
+    assert [x["state"] for x in d["records"]] == ["completed"] * 3 + ["started"]
+    assert d["records"][0]["group"] == [0, 1] and d["records"][0]["op"] == "all_reduce"
+    torn = bytearray(data)                               # a slot half written when the rank was killed
+    SLOT.pack_into(torn, HEADER, 9, 9, 77, 0, 0, 0, 0, 0, 2, 0.0, 0.0, 0.0)
+    assert len(decode(bytes(torn))["records"]) == 3
+    assert load_dir(str(tmp_path))["ranks"][1]["source"] == "live"
+    rec.dump("RuntimeError: timed out")
+    rec.dump("later reasons do not replace the first")
+    loaded = load_dir(str(tmp_path))
+    assert loaded["ranks"][1]["source"] == "dump" and loaded["ranks"][1]["reason"] == "RuntimeError: timed out"
+
+
+def test_diagnosis_lines_up_truncated_rings_by_sequence_number():
+    def recs(r, seqs, last_op="all_reduce"):
+        return [{"gen": s, "seq": s, "op": last_op if s == seqs[-1] else "all_reduce", "group": [0, 1, 2],
+                 "stream": "comm", "bytes": 0 if last_op == "barrier" and s == seqs[-1] else 8, "dtype": "float32",
+                 "root": 0, "index": s,
+                 "state": "started" if s == seqs[-1] else "completed", "t_issued": 1.0, "t_started": 1.0,
+                 "t_completed": None} for s in seqs]
+    flight = {"world_size": 3, "ranks": {0: {"source": "dump", "records": recs(0, range(90, 101))},
+                                         1: {"source": "dump", "records": recs(1, range(95, 101), "barrier")},
+                                         2: {"source": "dump", "records": recs(2, range(93, 101))}}}
+    d = diagnose(flight)
+    assert d["problems"] == ["group [0..2], collective #100: rank 1 calls barrier(0 B); ranks 0, 2 call "
+                             "all_reduce(8 B)"]
+
+
+def test_diagnose_bad_input_is_one_line_exit_2(tmp_path, cli):
+    rc, out, err = cli("diagnose", str(tmp_path / "nope"))
+    assert rc == 2 and "not a directory" in err and len(err.splitlines()) == 1
+    (tmp_path / "flight.0.json").write_text('{"records": [{"op": "all_reduce"}], "world_size": 2}')
+    (tmp_path / "flight.1.ring").write_bytes(b"garbage")
+    rc, out, err = cli("diagnose", str(tmp_path))
+    assert rc == 2 and "no flight records here" in err and len(err.splitlines()) == 1
+
+
+# --- before any rank starts ---------------------------------------------------------------------------------
+def test_the_static_check_refuses_a_mismatched_plan_before_launch(tmp_path, cli):
+    plan = plan_with(4, 3, Collective("broadcast", 4 * MiB, root=0))
+    expected = check_plan(plan)[0]
+    with pytest.raises(PlanMismatch, match="rank 3 calls broadcast"):
+        Launch("runtime.executor:plan_task", {"plan": plan.to_dict()}, 4)
+    path = tmp_path / "odd.json"
+    plan.save(str(path))
+    t0 = time.monotonic()
+    rc, out, err = cli("run", str(path))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and expected in err
+    assert "--no-check" in err and time.monotonic() - t0 < 10
+    assert sorted(os.listdir(tmp_path)) == ["odd.json"]               # no trace, no flight records
+
+
+# --- real gloo ranks ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_real_mismatch_times_out_and_diagnose_names_rank_3(tmp_path, cli):
+    plan = plan_with(4, 3, Collective("broadcast", 4 * MiB, root=0))
+    path, dump = tmp_path / "odd.json", tmp_path / "dumps"
+    plan.save(str(path))
+    t0 = time.monotonic()
+    rc, out, err = cli("run", str(path), "--no-check", "--timeout", str(TIMEOUT), "--warmup", "0",
+                       "--dump-dir", str(dump))
+    assert rc == 1 and "timed out" in err.lower() and f"distlab diagnose {dump}" in err
+    assert time.monotonic() - t0 < 40
+    rc, out, err = cli("diagnose", str(dump))
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert lines[1] == check_plan(plan)[0] == ("group [0..3], collective #5: rank 3 calls broadcast(4 MiB, root 0); "
+                                               "ranks 0-2 call all_reduce(4 MiB)")
+    assert "rank 3: last completed all_reduce(4 MiB) #4 on group [0..3]; waits in broadcast(4 MiB, root 0) #5" in out
+    rc, out, _ = cli("diagnose", str(dump), "--json")
+    d = json.loads(out)
+    assert {r["record"] for r in d["ranks"]} == {"dump"} and not any(r["died"] for r in d["ranks"])
+    assert [r["last_completed"]["seq"] for r in d["ranks"]] == [4, 4, 4, 4]
+
+
+@pytest.mark.slow
+def test_a_skipped_collective_is_named_with_who_waits():
+    plan = plan_with(3, 2, None)                          # rank 2 never calls the sixth all_reduce
+    expected = "would hang: ranks 0-1 wait in all_reduce #5 on group [0..2]; rank 2 never calls it"
+    assert check_plan(plan) == [expected]
+    with pytest.raises(RunFailed) as e:
+        Launch("runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 3,
+               timeout=TIMEOUT, check=False).start().wait()
+    assert e.value.flight is not None and e.value.dump_dir is None        # read back before the run dir went
+    d = diagnose(e.value.flight)
+    assert d["problems"] == [expected]
+    assert [len(r["pending"]) for r in d["ranks"]] == [1, 1, 0]
+    assert d["ranks"][2]["last_completed"]["seq"] == 4
+
+
+@pytest.mark.slow
+def test_a_sigkilled_rank_is_reported_from_its_live_record(tmp_path):
+    dump = tmp_path / "dumps"
+    launch = Launch("runtime.executor:plan_task", {"plan": long_plan(2, 4000).to_dict(), "warmup": 0, "repeat": 1},
+                    2, timeout=10, dump_dir=str(dump)).start()
+    try:
+        wait_running(launch)
+        time.sleep(0.3)
+        os.kill(launch.pids[1], signal.SIGKILL)
+        with pytest.raises(RunFailed):
+            launch.wait()
+    finally:
+        launch.stop()
+    assert not any(alive(pid) for pid in launch.pids)
+    files = sorted(os.listdir(dump))
+    assert "flight.1.ring" in files and "flight.1.json" not in files and "flight.0.json" in files
+    d = diagnose(load_dir(str(dump)))
+    died = [p for p in d["problems"] if p.startswith("rank 1 died")]
+    assert died and "killed by SIGKILL" in died[0] and "its last record: all_reduce(1 MiB) #" in died[0]
+    assert d["ranks"][1]["died"] and not d["ranks"][0]["died"] and d["ranks"][1]["last_completed"]["seq"] > 0
