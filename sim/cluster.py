@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from sim.errors import ConfigError
 
+MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (8192 ranks simulate in seconds)
 INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
 INTER_KINDS = ("infiniband", "ethernet")
 FABRICS = ("rail-optimized", "fat-tree")
@@ -212,6 +213,9 @@ def _positive(value, where: str, integer: bool = False, allow_zero: bool = False
 def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.nodes, f"{where}: nodes", integer=True)
     _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
+    if c.nodes * c.gpus_per_node > MAX_RANKS:
+        raise ConfigError(f"{c.nodes} nodes x {c.gpus_per_node} GPUs is more than the simulator takes "
+                          f"(at most {MAX_RANKS} ranks)", where)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     if c.intra_node.kind not in INTRA_KINDS:

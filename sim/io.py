@@ -56,7 +56,7 @@ def parse_size_range(text: str, where: str = "--sizes") -> list[int]:
 def load_yaml(path: str):
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml when built
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", path) from None
     except yaml.YAMLError as e:

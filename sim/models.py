@@ -125,9 +125,11 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
                    ("vocab", vocab), ("micro_batch", micro_batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ConfigError(f"{v!r} must be a whole number > 0", f"model.{key}")
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"{layers} layers is more than the simulator takes (at most {MAX_LAYERS})", "model.layers")
     if hidden % heads:
         raise ConfigError(f"hidden {hidden} is not a multiple of heads {heads}", "model.heads")
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "model.dtype")
     llama = arch == "llama"
     ffn = ffn_hidden or 4 * hidden
@@ -168,11 +170,17 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
     return Model(name, out, {"kind": "gpt", **config})
 
 
+MAX_LAYERS = 4096            # a bound on model size, so a typo cannot exhaust memory
+
+
 def mlp(*widths: int, batch: int = 32, dtype: str = "float32", bias: bool = True, name: str = "mlp") -> Model:
     """``len(widths) - 1`` Linear layers (``layers.{i}``, torch's Linear: weight (out, in), bias (out)).
     Forward FLOPs 2·batch·in·out; activations batch·out elements."""
     if len(widths) < 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
-        raise ConfigError(f"widths {list(widths)} must be at least two whole numbers > 0", "model.widths")
+        raise ConfigError(f"widths {list(widths)[:8]} must be at least two whole numbers > 0", "model.widths")
+    if len(widths) > MAX_LAYERS + 1:
+        raise ConfigError(f"{len(widths) - 1} layers is more than the simulator takes (at most {MAX_LAYERS})",
+                          "model.widths")
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "model.dtype")
     layers = []

@@ -104,7 +104,7 @@ def test_plan_trace_follows_streams_events_and_groups(launched):
                 assert a.end <= b.start + 1e-9                             # in order on its stream
         assert recs[2].end >= recs[1].start - 1e-9                         # Wait ends after the Record
         assert recs[3].start >= recs[2].end - 1e-9
-        assert 0.0045 <= recs[0].duration < 0.5     # compute fills its planned seconds (more when cores are busy)
+        assert 0.0045 <= recs[0].duration < 2.0     # compute fills its planned seconds (more when cores are busy)
         assert recs[3].bytes == 64 * 1024 and recs[3].group == tuple(range(n))
     for o in trace.ops:
         if o.kind == "collective":

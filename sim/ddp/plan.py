@@ -51,12 +51,15 @@ class DDPOptions:
             low = 0 if key == "iteration" else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"{v!r} must be a whole number >= {low}", f"{where}.{key}")
+        if self.grad_accum > 1024:
+            raise ConfigError(f"{self.grad_accum} is more micro-batches than the simulator takes (at most 1024)",
+                              f"{where}.grad_accum")
         if self.compress not in (None, "fp16"):
             raise ConfigError(f"unknown compression {self.compress!r}; allowed: fp16 (or none)", f"{where}.compress")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}",
                               f"{where}.algorithm")
-        if self.optimizer not in OPTIMIZERS:
+        if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}",
                               f"{where}.optimizer")
         return self

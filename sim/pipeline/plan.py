@@ -48,6 +48,9 @@ class PipelineSpec:
 
     def check(self) -> "PipelineSpec":
         self.schedule = S.check(self.schedule, self.stages, self.microbatches, self.virtual_stages)
+        for key, limit in (("microbatches", 4096), ("stages", 1024), ("virtual_stages", 64)):
+            if getattr(self, key) > limit:
+                raise ConfigError(f"{getattr(self, key)} is more than the simulator takes (at most {limit})", key)
         if not isinstance(self.data_parallel, int) or isinstance(self.data_parallel, bool) or self.data_parallel < 1:
             raise ConfigError(f"data_parallel must be a whole number >= 1, got {self.data_parallel!r}",
                               "data_parallel")
