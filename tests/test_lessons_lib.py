@@ -157,7 +157,7 @@ def test_pipeline_exercises_follow_the_formulas():
 def test_pipeline_helpers():
     from sim.lessons import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table, pipeline_table,
                              pipeline_trace, plot_bubble_sweep, plot_pipeline)
-    from sim.lessons.helpers import bubble_sweep
+    from sim.lessons.pipelines import bubble_sweep
     for p, m in ((2, 4), (4, 8), (8, 16)):
         for s in ("gpipe", "1f1b"):
             assert pipeline_metrics(s, p, m).bubble == pytest.approx((p - 1) / (m + p - 1))

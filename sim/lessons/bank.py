@@ -53,7 +53,7 @@ def _ddp_buckets(model, cap=None):
 
 def _ddp_sim(**options):
     """lesson 05's scenario: gpt2-medium, micro-batch 4, 2 x dgx-h100, DDP with ``options``."""
-    from sim.lessons.helpers import scenario, simulate
+    from sim.lessons import scenario, simulate
     return simulate(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4, **options))
 
 
@@ -61,7 +61,7 @@ LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
 
 
 def _fastest_cap() -> str:
-    from sim.lessons.helpers import fastest, scenario, sweep
+    from sim.lessons import fastest, scenario, sweep
     rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)
     return str(fastest(rows, "bucket_cap_mb"))
 
@@ -77,18 +77,18 @@ def _spread_pct(rows: list[dict]) -> float:
 
 
 def _zero_GiB(model: str, world: int, zero: int) -> float:
-    from sim.lessons.helpers import zero_bytes
+    from sim.lessons import zero_bytes
     return zero_bytes(model, world, zero)["total"] / 2**30
 
 
 def _comm_ratio(model: str, world: int) -> float:
-    from sim.lessons.helpers import comm_per_step
+    from sim.lessons import comm_per_step
     return comm_per_step(model, world, 3) / comm_per_step(model, world, 0)
 
 
 def _fsdp_gathers(reshard_after_forward) -> int:
     from sim.fsdp.plan import build_fsdp
-    from sim.lessons.helpers import CPU_FSDP_MODEL
+    from sim.lessons import CPU_FSDP_MODEL
     from sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
                                    {"reshard_after_forward": reshard_after_forward}), "all_gather")
@@ -96,7 +96,7 @@ def _fsdp_gathers(reshard_after_forward) -> int:
 
 def _pipe(schedule: str, p: int, m: int, v: int = 1, activation_bytes: float = 1.0):
     """Lesson 07: metrics of ``schedule`` with uniform stages (F = 1 ms, B = 2 ms, I = W = 1 ms), free p2p."""
-    from sim.lessons.helpers import pipeline_metrics
+    from sim.lessons import pipeline_metrics
     return pipeline_metrics(schedule, p, m, v, activation_bytes=activation_bytes)
 
 

@@ -1,0 +1,185 @@
+"""Lesson helpers for DDP and FSDP/ZeRO (lessons 05 and 06): scenarios, sweeps, tables and figures. No torch."""
+from __future__ import annotations
+
+from sim.lessons.helpers import Figure, Table
+from sim.plan import format_bytes
+
+
+# --- timelines, DDP and FSDP (lessons 05 and 06) ---------------------------------------------------------------
+# The models the real runs of lessons 05 and 06 use (small enough for 2 gloo ranks on a 2-core machine).
+CPU_DDP_MODEL = {"kind": "mlp", "widths": [512] * 13, "batch": 32}           # 12 x Linear(512, 512), 12 MiB
+CPU_FSDP_MODEL = {"kind": "gpt", "arch": "llama", "layers": 4, "hidden": 256, "heads": 4, "seq_len": 128,
+                  "vocab": 2001, "micro_batch": 2, "dtype": "float32"}       # scenarios/fsdp-cpu.yaml, 5.2M params
+
+
+def from_pyplot(fig) -> Figure:
+    """Wrap a figure made by sim.plots (pyplot) so that Jupyter shows it once, as a PNG."""
+    import matplotlib.pyplot as plt
+    plt.close(fig)                                  # drop it from pyplot: no second copy from the inline backend
+    f = Figure.__new__(Figure)
+    f.fig, f.axes = fig, list(fig.axes)
+    f.ax = f.axes[0]
+    return f
+
+
+def plot_timeline(trace, ranks=None, title: str | None = None, **kw) -> Figure:
+    """sim.plots.timeline of ``trace`` (default: the first two ranks), compute and comm streams per rank."""
+    from sim.plots import timeline
+    ranks = ranks if ranks is not None else sorted({o.rank for o in trace.ops})[:2]
+    return from_pyplot(timeline(trace, ranks=ranks, title=title, **kw))
+
+
+def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-h100", nodes: int | None = None,
+             micro_batch: int | None = None, **options) -> dict:
+    """A scenario dict (sim/scenario.py) from keywords: ``model`` a preset name or a model spec mapping;
+    ``options`` go to ``parallelism`` (bucket_cap_mb=..., zero=..., reshard_after_forward=...)."""
+    from sim import scenario as sc
+    spec = {"preset": model} if isinstance(model, str) else dict(model)
+    if micro_batch is not None:
+        spec["micro_batch" if spec.get("kind") != "mlp" else "batch"] = micro_batch
+    d = {"model": spec, "parallelism": {"kind": parallelism, **options}, "cluster": cluster}
+    if nodes is not None:
+        d["nodes"] = nodes
+    return sc.validate(d)
+
+
+def simulate(d: dict) -> dict:
+    """Simulate one step of scenario ``d``: {"trace", "info", "model", "cluster", "plan", "summary"
+    (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with launch times)}."""
+    from sim import scenario as sc
+    from sim.ddp.plan import bucket_rows, summarize
+    trace, info, model, cluster, plan = sc.simulate(d)
+    out = {"trace": trace, "info": info, "model": model, "cluster": cluster, "plan": plan,
+           "summary": summarize(trace)}
+    if "buckets" in info:
+        rows, prev = bucket_rows(trace, info), float("-inf")
+        for r in rows:                              # Reducer::mark_bucket_ready: launch k = max(ready k, launch k-1)
+            prev = r["ddp_launch_s"] = max(r["ready_s"], prev)
+        out["buckets"] = rows
+    if "report" in info:
+        out["report"] = info["report"](trace)
+    return out
+
+
+def summary_table(summary: dict, title: str = "") -> Table:
+    """Step, compute, communication, exposed communication (ms) and overlap (%) of ``simulate(...)["summary"]``."""
+    ms = lambda k: f"{summary[k] * 1e3:.3f}"  # noqa: E731
+    return Table(["step (ms)", "compute (ms)", "communication (ms)", "exposed comm (ms)", "overlap"],
+                 [[ms("step_s"), ms("compute_s"), ms("comm_s"), ms("exposed_comm_s"),
+                   f"{summary['overlap_pct']:.1f}%"]], title)
+
+
+def bucket_table(rows: list[dict], title: str = "buckets (rank 0; times in ms)") -> Table:
+    """DDP buckets: size, parameters, first .. last, ready, launch (the Reducer's rule), all-reduce end."""
+    ms = lambda t: "-" if t is None else f"{t * 1e3:.3f}"  # noqa: E731
+    return Table(["bucket", "MiB", "params", "first .. last", "ready", "launch", "end"],
+                 [[r["index"], f"{r['bytes'] / 2**20:.2f}", r["params"], f"{r['first']} .. {r['last']}",
+                   ms(r["ready_s"]), ms(r.get("ddp_launch_s")), ms(r["end_s"])] for r in rows], title)
+
+
+def sweep(d: dict, key: str, values) -> list[dict]:
+    """Simulate scenario ``d`` once per value of ``key`` (as `distlab simulate --sweep KEY=...`): rows with
+    the value, world_size, buckets, step_s, compute_s, comm_s, exposed_comm_s, overlap_pct."""
+    import copy
+
+    from sim.commands.simulate import set_value
+    rows = []
+    for v in values:
+        e = copy.deepcopy(d)
+        set_value(e, key, v)
+        r = simulate(e)
+        rows.append({key: v, **r["summary"], "buckets": len(r["info"].get("buckets", [])),
+                     "world_size": r["plan"].world_size})
+        if "report" in r:                           # fsdp: the peak memory per GPU
+            rows[-1]["peak_GiB"] = r["report"]["peak_memory"]["total"] / 2**30
+    return rows
+
+
+def sweep_table(rows: list[dict], key: str, title: str = "") -> Table:
+    """Rows of :func:`sweep`; DDP rows show their bucket count, FSDP rows their peak memory per GPU."""
+    fsdp = all("peak_GiB" in r for r in rows)
+    cols = [key, "ranks", "peak memory (GiB)" if fsdp else "buckets", "step (ms)", "compute (ms)", "comm (ms)",
+            "exposed (ms)", "overlap"]
+    return Table(cols, [[r[key], r["world_size"], f"{r['peak_GiB']:.2f}" if fsdp else r["buckets"],
+                         f"{r['step_s'] * 1e3:.3f}", f"{r['compute_s'] * 1e3:.3f}", f"{r['comm_s'] * 1e3:.3f}",
+                         f"{r['exposed_comm_s'] * 1e3:.3f}", f"{r['overlap_pct']:.1f}%"] for r in rows], title)
+
+
+def fastest(rows: list[dict], key: str, field: str = "step_s"):
+    """The value of ``key`` whose row has the smallest ``field``."""
+    return min(rows, key=lambda r: r[field])[key]
+
+
+def zero_bytes(model, world: int, zero: int, shard_size: int | None = None) -> dict:
+    """Per-GPU bytes of params, grads and optimizer state (Adam) at ZeRO stage ``zero`` (0 = DDP), and total."""
+    from sim.fsdp.memory import static_bytes
+    from sim.models import model_from_spec
+    out = static_bytes(model_from_spec(model), world, zero, shard_size)
+    return {**out, "total": sum(out.values())}
+
+
+def zero_table(model, world: int) -> Table:
+    """What each ZeRO stage keeps per GPU (GiB) on ``world`` ranks: DDP, ZeRO-1 (optimizer sharded),
+    ZeRO-2 (+ gradients), ZeRO-3 / FSDP (+ parameters)."""
+    from sim.models import model_from_spec
+    m = model_from_spec(model)
+    names = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
+    sharded = {0: "nothing", 1: "optimizer", 2: "optimizer, grads", 3: "optimizer, grads, params"}
+    rows = []
+    for z in (0, 1, 2, 3):
+        b = zero_bytes(m, world, z)
+        rows.append([names[z], sharded[z], *[f"{b[k] / 2**30:.3f}" for k in ("params", "grads", "optimizer", "total")]])
+    return Table(["stage", "sharded", "params (GiB)", "grads (GiB)", "optimizer (GiB)", "total (GiB)"], rows,
+                 f"{m.summary()}; per GPU on {world} ranks, Adam")
+
+
+def bytes_sent(plan, rank: int = 0) -> float:
+    """Bytes ``rank`` sends in one step of ``plan`` if every collective is a ring: sum of factor(op, n) x S
+    (sim.collectives.ring_cost; n = the collective's group size)."""
+    from sim.collectives import ring_cost
+    from sim.plan import Collective
+    total = 0.0
+    for o in plan.ranks[rank]:
+        if isinstance(o, Collective):
+            n = len(plan.group_of(o))
+            if n > 1:
+                total += ring_cost(o.op, n)[1] * o.bytes
+    return total
+
+
+def comm_per_step(model, world: int, zero: int) -> float:
+    """Bytes one GPU sends per step under DDP (zero=0) or ZeRO stage 1/2/3 (ring collectives)."""
+    from sim.ddp.plan import ddp_plan
+    from sim.fsdp.plan import build_fsdp
+    from sim.models import model_from_spec
+    m = model_from_spec(model)
+    plan = ddp_plan(m, world)[0] if zero == 0 else build_fsdp(m, world, {"zero": zero})
+    return bytes_sent(plan)
+
+
+def world_sweep(model, worlds, stages=(0, 1, 2, 3)) -> dict:
+    """Per GPU static memory (GiB) and bytes sent per step (GiB) for each stage across ``worlds``:
+    {"memory": {label: [...]}, "comm": {label: [...]}}."""
+    names = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+    return {"memory": {names[z]: [zero_bytes(model, n, z)["total"] / 2**30 for n in worlds] for z in stages},
+            "comm": {names[z]: [comm_per_step(model, n, z) / 2**30 for n in worlds] for z in stages}}
+
+
+def collectives_table(plan, rank: int = 0, title: str = "") -> Table:
+    """The collectives of ``plan`` on ``rank`` in issue order: name, op, size, dtype, stream."""
+    from sim.plan import Collective
+    rows = [[i, o.name or o.op, o.op, format_bytes(o.bytes), o.dtype, o.stream]
+            for i, o in enumerate([o for o in plan.ranks[rank] if isinstance(o, Collective)])]
+    return Table(["#", "name", "op", "size", "dtype", "stream"], rows, title)
+
+
+def plot_fsdp(result: dict, title: str | None = None) -> Figure:
+    """The timeline of a simulated fsdp scenario (``simulate(...)``) with rank 0's memory beneath it."""
+    return from_pyplot(result["info"]["figure"](result["trace"], title=title))
+
+
+def predicted_measured_table(rows: list[dict], key: str, title: str = "", extra: tuple[str, ...] = ()) -> Table:
+    """Rows with ``key``, predicted_s and measured_s (and error_pct): one line each, times in ms."""
+    return Table([key, *extra, "predicted (ms)", "measured (ms)", "error"],
+                 [[r[key], *[r[k] for k in extra], f"{r['predicted_s'] * 1e3:.2f}", f"{r['measured_s'] * 1e3:.2f}",
+                   f"{(r['predicted_s'] - r['measured_s']) / r['measured_s'] * 100:+.1f}%"] for r in rows], title)
