@@ -17,8 +17,8 @@ import simpy
 from sim.cluster import Cluster
 from sim.collectives.context import Context
 from sim.errors import ConfigError, SimulationDeadlock
-from sim.network import Network, Pairs, Topology
-from sim.plan import Collective, Compute, Plan, Recv, Record, Send, Wait, describe
+from sim.network import Network, Topology
+from sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
 from sim.trace import OpRecord, Trace, TransferRecord
 
 
@@ -192,4 +192,4 @@ def simulate_collective(op: str, nbytes: int, cluster: Cluster, algorithm: str =
     return trace, algos.pop() if algos else algorithm
 
 
-__all__ = ["simulate", "simulate_collective", "compute_seconds", "Pairs"]
+__all__ = ["simulate", "simulate_collective", "compute_seconds"]

@@ -2,7 +2,7 @@
 import pytest
 
 from sim.analysis import straggler_report, time_breakdown, who_waited
-from sim.check import PlanMismatch, assert_consistent, check_plan, rank_ranges
+from sim.check import PlanMismatch, check_plan, rank_ranges
 from sim.engine import simulate
 from sim.errors import SimulationDeadlock
 from sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
@@ -101,7 +101,6 @@ def test_straggler_shows_who_waited_for_whom():
 
 
 def test_degraded_link_slows_only_its_flows():
-    from sim.engine import simulate_collective
     plan = world(4, lambda r: [Collective("all_reduce", 64 * MiB, algorithm="ring")])
     base = simulate(plan, one_node(4)).makespan
     slow = simulate(plan, one_node(4), link_factors={"gpu1.up": 0.5}).makespan

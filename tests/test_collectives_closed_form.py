@@ -38,7 +38,6 @@ def test_ring(n, size):
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("op", ["broadcast", "reduce"])
 def test_pipelined_chain(n, size, op):
-    k = 1 if n == 2 else math.ceil(min(64, max(1, size / 2**20)))
     k = 1 if n == 2 else max(1, min(64, math.ceil(size / 2**20)))
     root = n - 1
     assert close(sim_time(op, n, size, "ring", root=root), (n - 2 + k) * (ALPHA + size / k * BETA))

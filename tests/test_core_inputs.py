@@ -1,6 +1,5 @@
 """Plans and clusters: round trips, validation, bad input as one line with exit code 2, deterministic traces."""
 import json
-import os
 
 import pytest
 

@@ -39,11 +39,9 @@ def node_trees(by_node: list[list[int]]) -> tuple[dict, dict]:
     inside each node hanging below the node's head. Tree A's heads are local rank 0, tree B's the last local
     rank, so the two trees cross nodes on different NICs and run their chains in opposite directions."""
     trees = []
-    for nodes, head in ((by_node, 0), (by_node[::-1], -1)):
-        chains = [m if head == 0 else m[::-1] for m in nodes]
-        parent = {}
-        heads = [c[0] for c in chains]
-        parent.update(heap_parents(heads))
+    for nodes, reverse in ((by_node, False), (by_node[::-1], True)):
+        chains = [m[::-1] if reverse else m for m in nodes]       # a chain's head is its first rank
+        parent = heap_parents([c[0] for c in chains])
         for c in chains:
             parent.update({c[i]: c[i - 1] for i in range(1, len(c))})
         trees.append(parent)
