@@ -1,8 +1,8 @@
 """Real local work for a plan's Compute ops: square matmuls, counted to match the planned FLOPs or seconds.
 
-A Compute op with ``seconds`` runs matmuls back to back until its planned duration is spent (it stops when
-the next would overshoot by more than half of the fastest one seen), so the planned time holds even when
-ranks share cores; one with ``flops`` runs flops / (2 n^3) matmuls (n x n matmul = 2 n^3 FLOPs), however long
+A Compute op with ``seconds`` runs matmuls back to back while the next is expected to end in time (judged
+by the fastest one seen), then spins on the clock to the planned end, so it never ends early and the
+planned time holds even when ranks share cores; one with ``flops`` runs flops / (2 n^3) matmuls (n x n matmul = 2 n^3 FLOPs), however long
 they take; with ``bytes`` too, the roofline max(flops / F, bytes / M) decides (F, M: this rank's measured matmul
 FLOP/s and copy bandwidth; a copy of B bytes reads and writes 2B) and a memory-bound op runs that long.
 """
@@ -43,11 +43,13 @@ class Matmuls:
         clock = time.perf_counter
         now = clock()
         end, fastest = now + seconds, 0.0
-        while now + fastest / 2 < end:
+        while now + fastest < end:
             torch.mm(a, b, out=c)
             t = clock()
             fastest = t - now if not fastest else min(fastest, t - now)
             now = t
+        while now < end:
+            now = clock()
 
     def _timed(self, fn, reps: int) -> float:
         """Median seconds of one call of ``fn`` over ``reps`` timings (CUDA-synchronised on a GPU)."""

@@ -44,3 +44,16 @@ def test_prediction_matches_the_simulator_on_the_calibrated_cluster():
         trace, _ = simulate_collective(op, 16 * 2**20, cluster)
         assert trace.makespan == pytest.approx(predict(cal, op, n, 16 * 2**20), rel=1e-3)
     assert cluster.gpu.tflops == pytest.approx(0.05)
+
+
+def test_timed_compute_never_ends_early():
+    """A Compute op with planned seconds lasts at least that long, however slow one matmul is."""
+    import time
+    from runtime.compute import Matmuls
+    mm = Matmuls("cpu", n=192)
+    for seconds in (0.0005, 0.002, 0.005):
+        for _ in range(5):
+            t0 = time.perf_counter()
+            mm.work_for(seconds, 0.0, 0.0)()
+            took = time.perf_counter() - t0
+            assert seconds <= took < seconds + 0.25
