@@ -2,21 +2,22 @@
 
     python benchmarks/pipeline_accuracy.py [--ranks 2 4] [--microbatches 8] [--steps 3]
 
-For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of N gloo ranks:
-1. Calibrate: every rank times one block (Linear(width, width) + ReLU) on a microbatch, F, B and the split I
-   (input grad) and W (weight grad), all ranks at once right before the schedule runs (so they share the cores
-   as in the run); wall time of 20 back-to-back repeats (runtime.pipeline.calibrate). A send/recv ping-pong
-   between ranks 0 and 1 gives the p2p bandwidth; a probe GPipe run (one block per stage) the p2p latency as a
-   pipeline sees it (``p2p_latency``) and the runtime's own time per action (``action_overhead``).
-2. Measure: torch.distributed.pipelining runs the schedule, every action timed; the median step makespan of
-   --steps steps is "measured" (the fastest step is shown too, and is what the bubble column uses).
-3. Predict: sim.pipeline's plan of the same configuration, stage costs = blocks x the rank's calibrated block
-   costs + the overhead per action, p2p with that latency and bandwidth; the simulator gives the makespan.
+For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of N gloo ranks
+(runtime/pipeline_validate.py, shared with `distlab validate --scenario` and lesson 07):
+1. Probe: the same schedule and model with N microbatches (2N when --microbatches is N), run for real; before
+   it, every rank times one block (Linear(width, width) + ReLU) alone: F, B and the split I (input grad) and
+   W (weight grad). From the probe: the p2p latency a pipeline sees (its hand-offs), and the runtime's CPU
+   time per action, fitted so that the simulated probe lasts as long as the measured one. A send/recv
+   ping-pong gives the p2p bandwidth.
+2. Measure: torch.distributed.pipelining runs the schedule with --microbatches, every action timed (blocks
+   timed alone again right before); the median step makespan of --steps steps is "measured".
+3. Predict: sim.pipeline's plan of that configuration: stage costs = blocks x the rank's block costs + the
+   overhead per action, on a cluster whose ranks share this machine's cores (processor sharing, sim/cores.py),
+   p2p with the probe's latency and the ping-pong's bandwidth. The prediction never sees the run it predicts.
    torch detail modelled: stage 0 has no input gradient, so its I does no matmul and its W runs the full
    backward (PipelineStage.backward_weight_one_chunk).
 4. Replay (a check of the schedule and p2p model alone): the same plan with each (stage, kind)'s mean
    measured action time.
-Steps 1, 3 and 4 are runtime/pipeline_validate.py's (shared with `distlab validate --scenario`).
 Every figure is the median over --repeat launches. Exit code 1 if a prediction is off by more than --tolerance.
 """
 from __future__ import annotations
@@ -41,9 +42,10 @@ def one_launch(n: int, args):
     results = measure_and_predict(cfgs, n, timeout=600)
     r0 = results[0]
     c, q = r0["calibration"][0], r0["p2p"]
-    note = (f"      last launch: pipeline p2p latency {r0['latency'] * 1e6:.0f} us, overhead per action "
-            f"{r0['overhead'] * 1e6:.0f} us; rank 0, one block (gpipe run): "
-            f"F {c['F'] * 1e3:.3f} ms, B {c['B'] * 1e3:.3f}, I {c['I'] * 1e3:.3f}, W {c['W'] * 1e3:.3f}; "
+    note = (f"      last launch, {r0['cores']} cores; probes (latency, overhead per action): "
+            + ", ".join(f"{r['cfg']['schedule']} {r['latency'] * 1e6:.0f}/{r['overhead'] * 1e6:.0f} us" for r in results)
+            + f"; rank 0, one block alone (gpipe run): F {c['F'] * 1e3:.3f} ms, B {c['B'] * 1e3:.3f}, "
+            f"I {c['I'] * 1e3:.3f}, W {c['W'] * 1e3:.3f}; "
             f"p2p one-way {q['small'] * 1e6:.0f} us (4 B), {q['large'] * 1e6:.0f} us ({q['bytes'] // 1024} KiB)")
     for r in results:
         cfg, measured, predicted, replayed, plan = r["cfg"], r["measured"], r["predicted"], r["replayed"], r["plan"]

@@ -262,13 +262,14 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     """Real torch.distributed.pipelining (runtime/pipeline.py) for each (schedule, v) in one launch of ``nproc``
     gloo ranks: ``blocks_per_rank`` x nproc blocks of Linear(width, width) + ReLU, ``rows`` rows per microbatch.
     The launch also calibrates (runtime/pipeline_validate.py, shared with benchmarks/pipeline_accuracy.py):
-    every rank times one block's F, B, I and W right before each schedule runs; a send/recv ping-pong gives
-    the p2p bandwidth; a probe GPipe run the p2p latency a pipeline sees and the runtime's own time per action.
-    The simulator then predicts each schedule from those numbers alone; ``replay_s`` runs the same plan with
-    each (stage, kind)'s mean measured action time instead, a check of the schedule and p2p model alone.
+    before each schedule, a shorter probe run of it (nproc microbatches) gives the p2p latency a pipeline sees
+    and the runtime's CPU time per action; every rank times one block's F, B, I and W alone; a send/recv
+    ping-pong gives the p2p bandwidth. The simulator, its ranks sharing this machine's cores, then predicts
+    each schedule from those numbers alone; ``replay_s`` runs the same plan with each (stage, kind)'s mean
+    measured action time instead, a check of the schedule and p2p model alone.
     Returns {"rows": per schedule {schedule, v, predicted_s, measured_s (median step), error_pct, replay_s,
     predicted_bubble, measured_bubble (fastest step), ideal_bubble}, "measured", "predicted" (Traces),
-    "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s, p2p}}."""
+    "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}."""
     import statistics
 
     from runtime.pipeline_validate import measure_and_predict

@@ -8,8 +8,9 @@ forward_one_chunk / backward_one_chunk / backward_weight_one_chunk to record (ac
 ``warmup`` + ``steps`` steps (MSE loss). The fastest timed step becomes a sim Trace (source=measured), with op
 indices matching the plan that sim.pipeline.plan.build_plan makes for the same configuration.
 
-``calibrate`` times one block's F, B, I and W on every rank at once (so ranks share the cores as they do while
-the pipeline runs) and a send/recv ping-pong, for predictions: see runtime/pipeline_validate.py.
+``calibrate_alone`` times one block's F, B, I and W on each rank in turn, on a core of its own (the simulator
+shares the cores itself), and ``calibrate_p2p`` a send/recv ping-pong, for predictions: see
+runtime/pipeline_validate.py. Each step's CPU seconds (all threads of the rank) are recorded too.
 """
 from __future__ import annotations
 
@@ -73,10 +74,9 @@ def run_schedule(cfg: dict, rank: int) -> dict:
     sched = cls(stages[0], m, loss_fn=loss_fn) if sched_name in ("gpipe", "1f1b") else cls(stages, m, loss_fn=loss_fn)
     x, y = _data(cfg)
     calibration = None
-    if cfg.get("calibrate"):          # right before the steps, all ranks at once: the load they will see
-        dist.barrier()
-        calibration = calibrate(cfg["width"], cfg["rows"])
-    steps, losses = [], []
+    if cfg.get("calibrate"):          # right before the steps: the machine's state as they will see it
+        calibration = calibrate_alone(cfg["width"], cfg["rows"])
+    steps, losses, cpu = [], [], []
     for i in range(cfg["warmup"] + cfg["steps"]):
         for mod in stages:
             mod.submod.zero_grad(set_to_none=True)
@@ -85,12 +85,14 @@ def run_schedule(cfg: dict, rank: int) -> dict:
         dist.barrier()
         args = (x,) if 0 in mine else ()
         kwargs = {"target": y, "losses": out_losses} if n_stages - 1 in mine else {}
+        cpu0 = time.process_time()
         sched.step(*args, **kwargs)
         if i >= cfg["warmup"]:
             steps.append(list(log))
+            cpu.append(time.process_time() - cpu0)
         if out_losses:
             losses.append(float(sum(t.item() for t in out_losses) / len(out_losses)))
-    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration}
+    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration, "cpu_seconds": cpu}
 
 
 def _instrument(stage, log: list) -> None:
@@ -121,52 +123,75 @@ def _instrument(stage, log: list) -> None:
     stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
-def calibrate(width: int, rows: int, repeat: int = 20) -> dict:
-    """Seconds of one block's F, B (full), I (input grad only) and W (weight grad only) on this rank, from the
-    wall time of ``repeat`` back-to-back loops (F; F+B; F+I; F+W), so that on a shared machine they include the
-    time other processes hold the core, as the pipeline's actions and the gaps between them will."""
+def calibrate_alone(width: int, rows: int) -> dict:
+    """``calibrate`` on each rank in turn while the others wait in a barrier (asleep, holding no core)."""
+    import torch.distributed as dist
+    mine = None
+    for r in range(dist.get_world_size()):
+        dist.barrier()
+        if r == dist.get_rank():
+            mine = calibrate(width, rows)
+    dist.barrier()
+    return mine
+
+
+def calibrate(width: int, rows: int, repeat: int = 10, rounds: int = 5) -> dict:
+    """Seconds of one block's F, B (full), I (input grad only) and W (weight grad only) on this rank: per loop
+    (F; F+B; F+I; F+W) the median over ``rounds`` of the wall time of ``repeat`` back-to-back iterations,
+    so that a round the OS interrupts does not count."""
+    import statistics
+
     import torch
     block = _blocks(1, width)[0]
     x = torch.randn(rows, width, requires_grad=True)
     params = list(block.parameters())
 
+    def one(wrt):
+        out = block(x)
+        if wrt is not None:
+            torch.autograd.grad(out, wrt, torch.ones_like(out))
+
     def loop(wrt) -> float:
-        for i in range(repeat + 3):
-            if i == 3:
-                t = time.perf_counter()
-            out = block(x)
-            if wrt is not None:
-                torch.autograd.grad(out, wrt, torch.ones_like(out))
-        return (time.perf_counter() - t) / repeat
+        for _ in range(3):
+            one(wrt)
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            for _ in range(repeat):
+                one(wrt)
+            times.append((time.perf_counter() - t) / repeat)
+        return statistics.median(times)
 
     f = loop(None)
     return {"F": f, **{k: max(0.0, loop(wrt) - f) for k, wrt in (("B", [x] + params), ("I", [x]), ("W", params))}}
 
 
 def calibrate_p2p(rank: int, world: int, nbytes: int, repeat: int = 20) -> dict | None:
-    """Ping-pong between ranks 2k and 2k+1 (all pairs at once): one-way seconds of 4 bytes and of ``nbytes``;
-    None on a rank without a partner."""
+    """Ping-pong between ranks 2k and 2k+1, one pair at a time (the others wait in a barrier, so that the pair
+    has the cores): one-way seconds of 4 bytes and of ``nbytes``; None on a rank without a partner."""
     import statistics
 
     import torch
     import torch.distributed as dist
-    peer = rank ^ 1
+    peer, out = rank ^ 1, None
+    for pair in range(0, world - 1, 2):
+        dist.barrier()
+        if rank // 2 * 2 != pair:
+            continue
+        out = {}
+        for key, n in (("small", 4), ("large", nbytes)):
+            buf = torch.zeros(max(1, n // 4))
+            rtts = []
+            for _ in range(repeat + 3):
+                t = time.perf_counter()
+                if rank % 2 == 0:
+                    dist.send(buf, peer), dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer), dist.send(buf, peer)
+                rtts.append(time.perf_counter() - t)
+            out[key] = statistics.median(rtts[3:]) / 2
+        out["bytes"] = nbytes
     dist.barrier()
-    if peer >= world:
-        return None
-    out = {}
-    for key, n in (("small", 4), ("large", nbytes)):
-        buf = torch.zeros(max(1, n // 4))
-        rtts = []
-        for _ in range(repeat + 3):
-            t = time.perf_counter()
-            if rank % 2 == 0:
-                dist.send(buf, peer), dist.recv(buf, peer)
-            else:
-                dist.recv(buf, peer), dist.send(buf, peer)
-            rtts.append(time.perf_counter() - t)
-        out[key] = statistics.median(rtts[3:]) / 2
-    out["bytes"] = nbytes
     return out
 
 
@@ -179,7 +204,7 @@ def rank_main(ctx, payload: dict) -> dict:
     if payload.get("calibrate"):
         dist.barrier()
         shape = payload["calibrate"]
-        out["calibration"] = calibrate(shape["width"], shape["rows"])
+        out["calibration"] = calibrate_alone(shape["width"], shape["rows"])
         out["p2p"] = calibrate_p2p(ctx.rank, ctx.world_size, shape["width"] * shape["rows"] * 4)
     for cfg in payload["runs"]:
         out["runs"].append(run_schedule(cfg, ctx.rank))

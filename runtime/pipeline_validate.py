@@ -1,29 +1,55 @@
 """Real pipeline schedules against the simulator on this machine: calibrate, predict, compare action by action.
 
-One launch of p gloo ranks (runtime.pipeline.measure) does, in order:
-1. a probe: GPipe with one block per stage, whose measured trace gives the p2p latency as a pipeline sees it
-   (``p2p_latency``) and the runtime's own time per action (``action_overhead``); a send/recv ping-pong
-   gives the p2p bandwidth (runtime.pipeline.calibrate_p2p);
-2. each configuration: one block's F, B, I and W timed on every rank at once right before the schedule runs
-   (runtime.pipeline.calibrate), then ``warmup`` + ``steps`` real steps, every action timed.
-The prediction is sim.pipeline's plan of the same configuration with stage costs = blocks x the rank's
-calibrated block costs + the overhead per action (``block_seconds``), on a cluster with that latency and
-bandwidth (``cluster_of``). A replay (the same plan with each (stage, kind)'s mean measured action time) checks
-the schedule and p2p model alone. Used by benchmarks/pipeline_accuracy.py and `distlab validate --scenario`
-(kind pipeline, ``pipeline_cases``).
+Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed
+on a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining,
+posting sends and receives: ``overhead``); the ranks of the machine share its cores for that work (the
+cluster's ``cpu_cores``: processor sharing, sim/cores.py); a tensor handed to the next stage arrives after
+the p2p latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
+
+One launch of p gloo ranks (runtime.pipeline.measure) runs, for each configuration, first its probe (the same
+schedule and model with fewer microbatches, ``probe_config``), then the configuration itself; each run is
+preceded by every rank timing one block alone (runtime.pipeline.calibrate_alone) and timed action by
+action. From the probe: the p2p latency (its measured hand-offs) and the overhead per action (fitted so that
+the simulated probe lasts as long as the measured one, ``fit_overhead``; of it, the mean gap the probe
+shows between actions is a separate "runtime" op after each action and the rest is counted in the action,
+so that predicted and measured bubbles compare like with like). The prediction of the configuration
+is then sim.pipeline's plan with those numbers alone: it never sees the run it predicts. A replay (the same
+plan with each (stage, kind)'s mean measured action time plus the mean gap the runtime leaves between
+actions, which already hold their share of the cores) checks the schedule and p2p model alone. Used by
+benchmarks/pipeline_accuracy.py, lesson 07 and `distlab validate --scenario` (kind pipeline,
+``pipeline_cases``).
 """
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import replace
 
 
-def cluster_of(p: int, p2p: dict, latency: float):
-    """``p`` CPU ranks joined by a fabric with the given one-way latency and the ping-pong's bandwidth."""
+def machine_cores() -> int:
+    """Cores this process may run on (what the ranks launched from it share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                       # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cluster_of(p: int, p2p: dict, latency: float, cores: int | None = None):
+    """``p`` CPU ranks sharing ``cores`` cores, joined by a fabric with the given one-way latency and the
+    ping-pong's bandwidth."""
     from sim.cluster import PRESETS, IntraNode
     extra = max(p2p["large"] - p2p["small"], 1e-6)
-    return replace(PRESETS["localhost-cpu"], name="localhost-measured", gpus_per_node=p,
+    return replace(PRESETS["localhost-cpu"], name="localhost-measured", gpus_per_node=p, cpu_cores=cores,
                    intra_node=IntraNode("loopback", p2p["bytes"] / extra / 1e9, latency * 1e6))
+
+
+def probe_config(cfg: dict) -> dict:
+    """The calibration run of ``cfg``: the same schedule and model with about half the microbatches (the
+    largest multiple of p up to m / 2, at least p, which every schedule accepts; 2p when m = p), so that a
+    prediction is never fitted on the run it predicts. Twice the steps (at least 6): its median steers all."""
+    p, m = cfg["stages"], cfg["microbatches"]
+    probe = max(p, m // 2 // p * p)
+    return {**cfg, "microbatches": 2 * p if probe == m else probe, "steps": max(2 * cfg["steps"], 6)}
 
 
 def _sources(trace):
@@ -48,9 +74,9 @@ def p2p_latency(trace) -> float:
     return statistics.fmean(delays) if delays else 0.0
 
 
-def action_overhead(trace) -> float:
-    """Mean gap between consecutive actions of a rank when the second had nothing to wait for: the
-    runtime's own time per action (Python, posting sends and receives, being descheduled)."""
+def action_gap(trace) -> float:
+    """Mean gap between consecutive actions of a rank when the second had nothing to wait for: the time the
+    runtime leaves between actions (Python, posting sends and receives, waiting for a core)."""
     acts, end, source = _sources(trace)
     prev_end, gaps = {}, []
     for a, o in acts:
@@ -60,9 +86,9 @@ def action_overhead(trace) -> float:
     return statistics.fmean(gaps) if gaps else 0.0
 
 
-def block_seconds(cfg: dict, calib: list[dict], overhead: float = 0.0) -> dict:
+def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
     """(stage, kind) -> seconds from per-rank block costs (stage 0: I = 0, W = full backward, as torch's
-    PipelineStage.backward_weight_one_chunk does), plus ``overhead`` per action."""
+    PipelineStage.backward_weight_one_chunk does), plus ``extra`` per action."""
     from sim.pipeline import schedules as S
     from sim.pipeline.plan import split_layers
     p, v = cfg["stages"], cfg["virtual_stages"]
@@ -73,7 +99,7 @@ def block_seconds(cfg: dict, calib: list[dict], overhead: float = 0.0) -> dict:
         seconds.update({(s, k): n * c[k] for k in "FBIW"})
         if s == 0:
             seconds[s, "I"], seconds[s, "W"] = 0.0, n * c["B"]
-    return {k: t + overhead for k, t in seconds.items()}
+    return {k: t + extra for k, t in seconds.items()}
 
 
 def replay_seconds(trace, fallback: dict | None = None) -> dict:
@@ -85,8 +111,9 @@ def replay_seconds(trace, fallback: dict | None = None) -> dict:
     return {**(fallback or {}), **{k: statistics.fmean(v) for k, v in times.items()}}
 
 
-def simulate_cfg(cfg: dict, seconds: dict, cluster):
-    """(trace, plan): the pipeline plan of runtime config ``cfg`` with the given (stage, kind) seconds."""
+def simulate_cfg(cfg: dict, seconds: dict, cluster, overhead: float = 0.0):
+    """(trace, plan): the pipeline plan of runtime config ``cfg`` with the given (stage, kind) seconds and
+    ``overhead`` seconds of runtime work after each action."""
     from sim.engine import simulate
     from sim.models import Layer, Model
     from sim.pipeline.plan import PipelineSpec, build_plan
@@ -94,37 +121,64 @@ def simulate_cfg(cfg: dict, seconds: dict, cluster):
     model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0, activation_bytes=act) for i in range(cfg["layers"])])
     full = {(s, k): seconds.get((s, k), 0.0) for s in range(cfg["stages"] * cfg["virtual_stages"]) for k in "FBIW"}
     plan = build_plan(model, PipelineSpec(cfg["schedule"], cfg["stages"], cfg["microbatches"],
-                                          cfg["virtual_stages"], split=cfg.get("split")), seconds=full)
+                                          cfg["virtual_stages"], split=cfg.get("split")), seconds=full,
+                      overhead=overhead)
     return simulate(plan, cluster), plan
 
 
+def fit_overhead(cfg: dict, calib: list[dict], cluster, target: float) -> float:
+    """The runtime's CPU seconds per action that make the simulated ``cfg`` last ``target`` seconds (bisection:
+    the makespan grows with it); 0 when the plan without overhead already lasts longer."""
+    seconds = block_seconds(cfg, calib)
+
+    def makespan(o):
+        return simulate_cfg(cfg, seconds, cluster, o)[0].makespan
+    if makespan(0.0) >= target:
+        return 0.0
+    lo, hi = 0.0, 1e-3
+    while makespan(hi) < target and hi < 1.0:
+        lo, hi = hi, 2 * hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if makespan(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> list[dict]:
-    """One launch of ``n`` gloo ranks: the probe, then every runtime config in ``cfgs`` (same width and rows,
-    stages = n) calibrated and run. Per config: {"cfg", "plan", "measured", "predicted", "replayed" (traces),
-    "latency", "overhead", "p2p", "calibration" (per rank), "action_seconds" ((stage, kind) -> calibrated
-    seconds of the action itself; the simulated action adds "overhead")}."""
+    """One launch of ``n`` gloo ranks: every runtime config in ``cfgs`` (stages = n), each after its probe,
+    calibrated and run. Per config: {"cfg", "plan", "measured", "predicted", "replayed" (traces), "probe"
+    ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per rank,
+    one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the plan
+    adds "overhead" of runtime work after each action)}."""
     from runtime.pipeline import DEFAULTS, measure
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
-    width, rows = cfgs[0]["width"], cfgs[0]["rows"]
-    probe = dict(schedule="gpipe", stages=n, microbatches=cfgs[0]["microbatches"], virtual_stages=1, width=width,
-                 rows=rows, layers=n, steps=cfgs[0]["steps"], warmup=1)
-    runs = [probe] + cfgs
-    res = measure(runs, n, calibrate_shape={"width": width, "rows": rows}, timeout=timeout)
+    runs = [run for c in cfgs for run in (probe_config(c), c)]
+    res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout)
     ranks = sorted(res["ranks"], key=lambda r: r["rank"])
-    latency, overhead = p2p_latency(res["traces"][0]), action_overhead(res["traces"][0])
-    cluster = cluster_of(n, ranks[0]["p2p"], latency)
+    cores, p2p = machine_cores(), ranks[0]["p2p"]
     out = []
-    for i, (cfg, measured) in enumerate(zip(runs, res["traces"])):
-        if i == 0:
-            continue
-        calib = [r["runs"][i]["calibration"] for r in ranks]
-        seconds = block_seconds(cfg, calib, overhead)
-        predicted, plan = simulate_cfg(cfg, seconds, cluster)
+    for i, cfg in enumerate(cfgs):
+        probe, measured = res["traces"][2 * i], res["traces"][2 * i + 1]
+        probe_calib = [r["runs"][2 * i]["calibration"] for r in ranks]
+        calib = [r["runs"][2 * i + 1]["calibration"] for r in ranks]
+        latency = p2p_latency(probe)
+        cluster = cluster_of(n, p2p, latency, cores)
+        probe_s = statistics.median(probe.meta["step_makespans"])
+        overhead = fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)
+        # the part of it that a measured timeline shows between actions stays between them, the rest is in them
+        between = min(overhead, action_gap(probe))
+        probe_pred = simulate_cfg(runs[2 * i], block_seconds(runs[2 * i], probe_calib, overhead - between),
+                                  cluster, between)[0]
+        seconds = block_seconds(cfg, calib, overhead - between)
+        predicted, plan = simulate_cfg(cfg, seconds, cluster, between)
         predicted.meta["pipeline"] = measured.meta["pipeline"] = plan.meta["pipeline"]
-        replayed, _ = simulate_cfg(cfg, replay_seconds(measured, seconds), cluster)
+        # measured action times (and gaps) already hold their share of the cores: replayed with a core each
+        replayed, _ = simulate_cfg(cfg, replay_seconds(measured, seconds), replace(cluster, cpu_cores=None),
+                                   action_gap(measured))
         out.append({"cfg": cfg, "plan": plan, "measured": measured, "predicted": predicted, "replayed": replayed,
-                    "latency": latency, "overhead": overhead, "p2p": ranks[0]["p2p"], "calibration": calib,
-                    "action_seconds": block_seconds(cfg, calib)})
+                    "probe": {"cfg": runs[2 * i], "measured_s": probe_s, "predicted_s": probe_pred.makespan},
+                    "latency": latency, "overhead": overhead, "cores": cores, "p2p": p2p, "calibration": calib,
+                    "action_seconds": block_seconds(cfg, calib), "overhead_between": between})
     return out
 
 
@@ -184,11 +238,12 @@ def action_rows(predicted, measured) -> list[dict]:
 
 def pipeline_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario pipeline.yaml` rows (runtime.validation.case format), on ``stages`` gloo
-    ranks: the step makespan predicted (calibrated in the same launch) against the measured median; the
-    replay (measured action times through the simulated schedule); and per (stage, kind) the calibrated
-    action time against the mean measured one (the simulated action also holds the runtime's overhead per
-    action, the gap torch leaves between actions: "action_overhead_s"). The makespan row also carries the
-    bubbles and every action's predicted and measured start and end ("actions")."""
+    ranks: the step makespan predicted (calibrated in the same launch, on a probe run) against the measured
+    median; the replay (measured action times through the simulated schedule); and per (stage, kind) the mean
+    simulated action time (its compute, stretched where the ranks share the cores) against the mean measured
+    one. The makespan row also carries the bubbles, the probe's numbers ("p2p_latency_s", "action_overhead_s":
+    the runtime's CPU time per action, "cpu_cores") and every action's predicted and measured start and end
+    ("actions")."""
     from runtime.validation import case
     r = validate_pipeline(path, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
     cfg, mp, mm = r["cfg"], r["metrics"]["predicted"], r["metrics"]["measured"]
@@ -198,9 +253,11 @@ def pipeline_cases(path: str, args) -> list[dict]:
     top = case("pipeline scenario", f"pipeline makespan ({label})", n, nbytes, mp.makespan, r["measured_median_s"])
     top.update({"predicted_bubble": mp.bubble, "measured_bubble": mm.bubble, "measured_fastest_s": mm.makespan,
                 "step_makespans_s": r["measured"].meta["step_makespans"], "p2p_latency_s": r["latency"],
-                "action_overhead_s": r["overhead"], "actions": action_rows(r["predicted"], r["measured"])})
+                "action_overhead_s": r["overhead"], "cpu_cores": r["cores"], "probe": r["probe"],
+                "actions": action_rows(r["predicted"], r["measured"])})
     out = [top, case("pipeline scenario", f"pipeline replay ({label})", n, nbytes,
                      r["metrics"]["replayed"].makespan, r["measured_median_s"])]
+    simulated = replay_seconds(r["predicted"])
     for (s, k), t in sorted(replay_seconds(r["measured"]).items()):
-        out.append(case("pipeline action", f"stage {s} {k} (mean)", n, nbytes, r["action_seconds"][s, k], t))
+        out.append(case("pipeline action", f"stage {s} {k} (mean)", n, nbytes, simulated[s, k], t))
     return out

@@ -56,6 +56,7 @@ class Cluster:
     intra_node: IntraNode
     inter_node: InterNode | None = None
     calibration: dict = field(default_factory=dict, compare=False, hash=False)
+    cpu_cores: int | None = None   # cores per node shared by its ranks' compute (CPU ranks); None = one each
 
     @property
     def world_size(self) -> int:
@@ -83,6 +84,8 @@ class Cluster:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
              "gpu": asdict(self.gpu), "intra_node": asdict(self.intra_node),
              "inter_node": asdict(self.inter_node) if self.inter_node else None}
+        if self.cpu_cores is not None:
+            d["cpu_cores"] = self.cpu_cores
         if self.calibration:
             d["calibration"] = self.calibration
         return d
@@ -188,7 +191,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     calibration = d.get("calibration") or {}
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
-    cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration)
+    cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
+                      d.get("cpu_cores"))
     return _validated(cluster, where)
 
 
@@ -216,6 +220,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
     if c.nodes * c.gpus_per_node > MAX_RANKS:
         raise ConfigError(f"{c.nodes} nodes x {c.gpus_per_node} GPUs is more than the simulator takes "
                           f"(at most {MAX_RANKS} ranks)", where)
+    if c.cpu_cores is not None:
+        _positive(c.cpu_cores, f"{where}: cpu_cores", integer=True)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     if c.intra_node.kind not in INTRA_KINDS:

@@ -5,7 +5,8 @@
   issues on a group, in plan order, meets the n-th of every other member) and ends for all members together.
 - Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
 - Compute takes ``seconds``, or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM bandwidth), times the
-  rank's slowdown factor (a straggler has factor > 1).
+  rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
+  node's running compute ops share the cores for (sim.cores: processor sharing).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import simpy
 
 from sim.cluster import Cluster
 from sim.collectives.context import Context
+from sim.cores import SharedCores
 from sim.errors import ConfigError, SimulationDeadlock
 from sim.network import Network, Topology
 from sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
@@ -56,6 +58,8 @@ class _Simulation:
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
         self.ctx = Context(self.topo)
+        cores = cluster.cpu_cores
+        self.cores = [SharedCores(self.env, cores) for _ in range(cluster.nodes)] if cores else None
         self.records: list[OpRecord] = []
         self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
         self.events = [defaultdict(self.env.event) for _ in range(plan.world_size)]
@@ -100,7 +104,11 @@ class _Simulation:
             self.waiting[rank, stream] = f"op #{index} {describe(op)}"
             rec = OpRecord(rank, stream, index, op.kind, getattr(op, "name", "") or op.kind, start, start)
             if isinstance(op, Compute):
-                yield env.timeout(compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0))
+                seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
+                if self.cores:
+                    yield from self.cores[self.cluster.node_of(rank)].run(seconds)
+                else:
+                    yield env.timeout(seconds)
             elif isinstance(op, Record):
                 ev = self.events[rank][op.event]
                 if not ev.triggered:

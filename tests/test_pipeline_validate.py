@@ -74,3 +74,51 @@ def test_runtime_config_of_cpu_scenario():
     assert {k: cfg[k] for k in ("schedule", "stages", "microbatches", "virtual_stages", "layers", "width",
                                 "rows")} == dict(schedule="1f1b", stages=2, microbatches=8, virtual_stages=1,
                                                  layers=8, width=256, rows=32)
+
+
+def _cfg(**kw):
+    return {"schedule": "1f1b", "stages": 2, "microbatches": 8, "virtual_stages": 1, "layers": 4, "width": 64,
+            "rows": 8, "steps": 3, **kw}
+
+
+def test_probe_has_fewer_microbatches_than_the_run_it_calibrates():
+    from runtime.pipeline_validate import probe_config
+    for (p, m), want in {(2, 8): 4, (4, 8): 4, (4, 16): 8, (3, 8): 3, (4, 4): 8, (2, 2): 4}.items():
+        probe = probe_config(_cfg(stages=p, microbatches=m))
+        assert probe["microbatches"] == want and probe["microbatches"] != m
+        assert probe["steps"] == 6 and probe["schedule"] == "1f1b"
+        for sched, v in (("gpipe", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2)):
+            S.check(sched, p, probe["microbatches"], v)          # every schedule accepts it
+
+
+def test_fit_overhead_recovers_the_runtime_time_per_action():
+    """A probe simulated with a known overhead per action, on 4 ranks sharing 2 cores: the fit gives it back;
+    a target below the plan without overhead gives 0."""
+    from runtime.pipeline_validate import block_seconds, cluster_of, fit_overhead, simulate_cfg
+    cfg = _cfg(stages=4, microbatches=4, layers=8)
+    calib = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 4
+    cluster = cluster_of(4, {"small": 1e-4, "large": 2e-4, "bytes": 2**16}, 3e-4, cores=2)
+    target = simulate_cfg(cfg, block_seconds(cfg, calib), cluster, 7e-4)[0].makespan
+    assert fit_overhead(cfg, calib, cluster, target) == pytest.approx(7e-4, rel=1e-4)
+    assert fit_overhead(cfg, calib, cluster, 1e-3) == 0.0
+
+
+def test_runtime_overhead_is_core_time_but_not_pipeline_busy_time():
+    """The "runtime" op after each action: the rank's core is busy (the makespan grows by it on the critical
+    path), the bubble counts it as idle, like the gaps in a measured timeline."""
+    from runtime.pipeline_validate import block_seconds, cluster_of, simulate_cfg
+    from sim.pipeline import metrics as M
+    cfg = _cfg()
+    calib = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2
+    cluster = cluster_of(2, {"small": 1e-6, "large": 1e-6, "bytes": 1}, 0.0)
+    plain, plan = simulate_cfg(cfg, block_seconds(cfg, calib), cluster)
+    slow, plan_o = simulate_cfg(cfg, block_seconds(cfg, calib), cluster, 1e-3)
+    assert sum(getattr(o, "name", "") == "runtime" for o in plan_o.ranks[0]) == len(S.build("1f1b", 2, 8, 1)[0])
+    assert slow.makespan > plain.makespan
+    meta = plan.meta["pipeline"]
+    busy = 2 * 8 * (2 * 1e-3 + 2 * 2e-3)           # 2 stages x 8 mb x (F, B of 2 blocks each)
+    assert M.compute(slow, meta).bubble == pytest.approx(1 - busy / (2 * slow.makespan))
+    # with the overhead counted inside the actions instead, the same timing but a smaller bubble
+    inside, _ = simulate_cfg(cfg, block_seconds(cfg, calib, 1e-3), cluster)
+    assert inside.makespan == pytest.approx(slow.makespan)
+    assert M.compute(inside, meta).bubble < M.compute(slow, meta).bubble

@@ -67,8 +67,8 @@ def compute(trace, meta: dict | None = None) -> PipelineMetrics:
     act_bytes = meta.get("activation_bytes") or []
     ranks = sorted({o.rank for o in trace.ops})
     makespan = trace.makespan
-    busy = [_union(sorted((o.start, o.end) for o in trace.ops if o.rank == r and o.kind == "compute"))
-            for r in ranks]
+    acts = actions_of(trace)
+    busy = [_union(sorted((o.start, o.end) for _, o in acts if o.rank == r)) for r in ranks]
     bubble = 1 - sum(busy) / (len(ranks) * makespan) if makespan > 0 else 0.0
     peak_flight: dict[int, int] = {}
     peak_stage_mem: dict[int, float] = {}

@@ -108,9 +108,11 @@ def boundary_bytes(model, layer: int) -> int:
 
 
 def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str | None = None,
-               p2p_bytes: int | None = None) -> Plan:
+               p2p_bytes: int | None = None, overhead: float = 0.0) -> Plan:
     """The plan for one training step of ``model`` (sim.models.Model; layers in forward order) under ``spec``.
-    ``p2p_bytes`` overrides the boundary tensor size (0 with a zero-latency fabric = free p2p)."""
+    ``p2p_bytes`` overrides the boundary tensor size (0 with a zero-latency fabric = free p2p). ``overhead``
+    seconds of the runtime's own work follow each action on the compute stream, before its send (an op named
+    "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it)."""
     spec.check()
     p, m, v, D = spec.stages, spec.microbatches, spec.virtual_stages, spec.data_parallel
     n_stages = p * v
@@ -188,6 +190,8 @@ def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str
                     else:
                         ops.append(Recv(base + src, out_bytes[min(a.stage, need[0])], dtype, need[1], stream="compute"))
                 ops.append(compute(a))
+                if overhead:
+                    ops.append(Compute(name="runtime", seconds=float(overhead)))
                 msg = message(a)
                 if msg and placement[msg[0]] != r:
                     peer = base + placement[msg[0]]
