@@ -10,7 +10,7 @@ indices matching the plan that sim.pipeline.plan.build_plan makes for the same c
 
 ``calibrate_alone`` times one block's F, B, I and W on each rank in turn, on a core of its own (the simulator
 shares the cores itself), and ``calibrate_p2p`` a send/recv ping-pong, for predictions: see
-runtime/pipeline_validate.py. Each step's CPU seconds (all threads of the rank) are recorded too.
+runtime/pipeline_validate.py.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def run_schedule(cfg: dict, rank: int) -> dict:
     calibration = None
     if cfg.get("calibrate"):          # right before the steps: the machine's state as they will see it
         calibration = calibrate_alone(cfg["width"], cfg["rows"])
-    steps, losses, cpu = [], [], []
+    steps, losses = [], []
     for i in range(cfg["warmup"] + cfg["steps"]):
         for mod in stages:
             mod.submod.zero_grad(set_to_none=True)
@@ -85,14 +85,12 @@ def run_schedule(cfg: dict, rank: int) -> dict:
         dist.barrier()
         args = (x,) if 0 in mine else ()
         kwargs = {"target": y, "losses": out_losses} if n_stages - 1 in mine else {}
-        cpu0 = time.process_time()
         sched.step(*args, **kwargs)
         if i >= cfg["warmup"]:
             steps.append(list(log))
-            cpu.append(time.process_time() - cpu0)
         if out_losses:
             losses.append(float(sum(t.item() for t in out_losses) / len(out_losses)))
-    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration, "cpu_seconds": cpu}
+    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration}
 
 
 def _instrument(stage, log: list) -> None:

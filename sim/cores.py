@@ -2,7 +2,8 @@
 
 When a node runs more ranks than it has cores (CPU ranks on a laptop, ``cpu_cores`` in the cluster), a fair
 OS scheduler gives each of the k ranks that want a core min(1, cores / k) of one. The fluid version of that is
-processor sharing (Kleinrock, Queueing Systems vol. 2, 1976, section 4.4): every running compute op advances
+processor sharing, round robin in the limit of small time slices (L. Kleinrock, "Time-shared systems: a
+theoretical treatment", J. ACM 14(2), 1967): every running compute op advances
 at rate min(1, cores / k) seconds of work per second, recomputed whenever an op starts or ends. An op of w
 seconds alone takes w; k > cores ops started together take w x k / cores. Ranks blocked in a receive or a
 collective hold no core (gloo waits on a condition variable). Left out: time slices, cache effects, and the
