@@ -28,8 +28,8 @@ def overhead_task(ctx, payload):
     import torch
     import torch.distributed as dist
 
-    from runtime.executor import Executor
-    from sim.plan import Collective, Plan
+    from distlab.runtime.executor import Executor
+    from distlab.sim.plan import Collective, Plan
     out = []
     for nbytes in payload["sizes"]:
         plan = Plan([[Collective("all_reduce", nbytes) for _ in range(OPS)] for _ in range(ctx.world_size)])
@@ -114,10 +114,10 @@ def _ring_per_op(flight, n: int = 20000) -> float:
 
 def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from runtime.launch import launch
-    from sim.cli import print_json, print_table
-    from sim.io import parse_size_range
-    from sim.plan import format_bytes
+    from distlab.runtime.launch import launch
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.io import parse_size_range
+    from distlab.sim.plan import format_bytes
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--sizes", default="4KiB,1MiB")

@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--caps", default="none,5", help="bucket_cap_mb values; none = PyTorch's default")
     p.add_argument("--out", help="write predicted and measured timelines (PNG) here")
     args = p.parse_args(argv)
-    from runtime.ddp import validate_ddp
-    from sim.models import model_from_spec
+    from distlab.runtime.ddp import validate_ddp
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(MODEL)
     print(f"model: {model.summary()} ({model.param_bytes / 1e6:.1f} MB)")
     ok = True
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
         print(f"  step time error {step_err:.1f}% (target 25%), worst bucket launch error {launch_err:.1f}% of the "
               f"{bwd * 1e3:.0f} ms backward (target 25%): {'PASS' if good else 'FAIL'}")
         if args.out:
-            from sim.io import save_figure
-            from sim.plots import timeline
+            from distlab.sim.io import save_figure
+            from distlab.sim.plots import timeline
             os.makedirs(args.out, exist_ok=True)
             for kind in ("predicted", "measured"):
                 path = os.path.join(args.out, f"ddp-{kind}-cap{cap}.png")

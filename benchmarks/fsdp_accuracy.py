@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=25.0, help="allowed |error| in percent")
     args = p.parse_args(argv)
 
-    from runtime import fsdp, fsdp_validate
-    from sim.fsdp.plan import build_fsdp, collective_sequence
-    from sim.models import gpt
+    from distlab.runtime import fsdp, fsdp_validate
+    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.models import gpt
     model = gpt(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=args.vocab,
                 micro_batch=args.batch, dtype="float32", arch="llama", name="bench-llama")
     variants = [{}, {"reshard_after_forward": False}]

@@ -35,8 +35,8 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv",
 def one_launch(n: int, args):
     """One launch of ``n`` ranks: probe, calibrate and run every schedule. Yields (label, (predicted, replay,
     fastest, median step makespans, predicted bubble, measured bubble), note)."""
-    from runtime.pipeline_validate import measure_and_predict
-    from sim.pipeline import metrics as M
+    from distlab.runtime.pipeline_validate import measure_and_predict
+    from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=n, microbatches=args.microbatches, virtual_stages=v, width=args.width,
                  rows=args.rows, layers=n * args.blocks_per_rank, steps=args.steps, warmup=1) for s, v in SCHEDULES]
     results = measure_and_predict(cfgs, n, timeout=600)

@@ -8,9 +8,9 @@ import json
 import sys
 import time
 
-from sim.cluster import load_cluster
-from sim.collectives import metrics
-from sim.engine import simulate_collective
+from distlab.sim.cluster import load_cluster
+from distlab.sim.collectives import metrics
+from distlab.sim.engine import simulate_collective
 
 CASES = [("ring", 128, 10.0), ("hierarchical", 1024, 60.0)]
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-from sim.cli import Parser, run_command
+from distlab.sim.cli import Parser, run_command
 
 COMMANDS = [
-    "sim.commands.simulate",
-    "sim.commands.collective",
-    "sim.commands.check",
-    "sim.commands.memory",
-    "sim.commands.lessons",
-    "runtime.commands.run",
-    "runtime.commands.bench",
-    "runtime.commands.calibrate",
-    "runtime.commands.validate",
-    "runtime.commands.diagnose",
+    "distlab.sim.commands.simulate",
+    "distlab.sim.commands.collective",
+    "distlab.sim.commands.check",
+    "distlab.sim.commands.memory",
+    "distlab.sim.commands.lessons",
+    "distlab.runtime.commands.run",
+    "distlab.runtime.commands.bench",
+    "distlab.runtime.commands.calibrate",
+    "distlab.runtime.commands.validate",
+    "distlab.runtime.commands.diagnose",
 ]
 
 

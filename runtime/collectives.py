@@ -11,8 +11,8 @@ So the bytes moved can differ from the plan's by less than n elements; traces ke
 """
 from __future__ import annotations
 
-from sim.errors import ConfigError
-from sim.plan import DTYPE_BYTES
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import DTYPE_BYTES
 
 # Gloo has no int16 reduction ("Invalid scalar type", and the ranks desync after it): refused up front.
 GLOO_DTYPES = tuple(d for d in DTYPE_BYTES if d != "int16")

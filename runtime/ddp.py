@@ -42,7 +42,7 @@ class _Local:
     def __init__(self, model, x):
         import torch
 
-        from runtime.models import build_module
+        from distlab.runtime.models import build_module
         torch.manual_seed(0)
         self.module, self.x = build_module(model), x
         self.opt = torch.optim.Adam(self.module.parameters(), lr=1e-4)
@@ -73,12 +73,12 @@ def _all_reduce_times(sizes: list[int], log: dict) -> None:
 
 
 def rank_task(ctx, payload: dict) -> dict:
-    """runtime.launch target: optional local timings and all-reduce calibration, then DDP steps."""
+    """distlab.runtime.launch target: optional local timings and all-reduce calibration, then DDP steps."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from runtime.models import build_module, example_input
-    from sim.models import model_from_spec
+    from distlab.runtime.models import build_module, example_input
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(payload["model"])
     x = example_input(model).to(ctx.device)
     out = {"rank": ctx.rank}
@@ -144,10 +144,10 @@ def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5,
             local: bool = True, calibrate: list[int] | None = None, backend: str = "gloo",
             timeout: float = 300.0) -> list[dict]:
     """Launch ``world`` ranks running :func:`rank_task`; the per-rank results."""
-    from runtime.launch import launch
+    from distlab.runtime.launch import launch
     payload = {"model": {**model.config, "name": model.name}, "ddp": ddp_opts or {}, "steps": steps,
                "warmup": warmup, "local": local, "calibrate": calibrate}
-    return launch("runtime.ddp:rank_task", payload, nproc=world, backend=backend, timeout=timeout)
+    return launch("distlab.runtime.ddp:rank_task", payload, nproc=world, backend=backend, timeout=timeout)
 
 
 def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimizer: str = "adam",
@@ -161,8 +161,8 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
 
     import numpy as np
 
-    from sim.cluster import PRESETS
-    from sim.ddp.plan import OPTIMIZERS
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.ddp.plan import OPTIMIZERS
     n = len(results)
     t_fwd, t_bwd, t_opt = (_slowest(results, "local", k, stat=stat) for k in ("forward", "backward", "optimizer"))
     model = copy.deepcopy(model)
@@ -188,7 +188,7 @@ def to_trace(results: list[dict], step: int = -1):
     """One measured step, every rank, as a sim Trace (source=measured): forward, backward (until the last
     gradient is ready), each bucket's all-reduce on 'comm' (start = this rank's launch, launch = the last
     rank's, end = the future's completion), and the optimizer step."""
-    from sim.trace import OpRecord, Trace
+    from distlab.sim.trace import OpRecord, Trace
     ops = []
     moves = {}           # bucket -> when its data can move: the last rank's launch
     for r in results:
@@ -212,8 +212,8 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
                  timeout: float = 300.0, stat: str = "median") -> dict:
     """Predicted vs measured: rows of {what, predicted_s, measured_s, error_pct}; bucket launch errors are
     in % of the measured backward duration. Also the two traces and the calibrated cluster."""
-    from sim import scenario as sc
-    from sim.ddp.plan import DDPOptions
+    from distlab.sim import scenario as sc
+    from distlab.sim.ddp.plan import DDPOptions
     d = sc.load(scenario)
     if d["parallelism"]["kind"] != "ddp":
         raise ValueError("validate_ddp needs parallelism kind ddp")
@@ -227,8 +227,8 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
 
 def compare(model, opts, results: list[dict], stat: str = "median") -> dict:
     """Calibrate on ``results`` (from :func:`measure`), simulate, and compare (see validate_ddp)."""
-    from sim.ddp.plan import bucket_rows, ddp_plan
-    from sim.engine import simulate
+    from distlab.sim.ddp.plan import bucket_rows, ddp_plan
+    from distlab.sim.engine import simulate
     nproc = len(results)
     model, cluster = calibrated(model, results, optimizer=opts.optimizer, stat=stat)
     plan, info = ddp_plan(model, nproc, opts)
@@ -279,7 +279,7 @@ def _row(what: str, predicted: float, measured: float) -> dict:
 def ddp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario ddp.yaml` rows (runtime.validation.case format): step, forward, backward
     and per-bucket launch/end, predicted (calibrated here) against measured real DDP."""
-    from runtime.validation import case
+    from distlab.runtime.validation import case
     nproc = int(str(getattr(args, "nproc", 2)).split(",")[0])
     r = validate_ddp(path, nproc=max(nproc, 2), steps=max(getattr(args, "iters", 5), 2),
                      warmup=max(getattr(args, "warmup", 2), 2))

@@ -28,17 +28,17 @@ def module_and_input(case: dict):
     torch.manual_seed(0)
     if "zoo" in case:
         return _zoo(case["zoo"])
-    from runtime.models import build_module, example_input
-    from sim.models import model_from_spec
+    from distlab.runtime.models import build_module, example_input
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(case["model"])
     return build_module(model), example_input(model, batch=2)
 
 
 def sim_model(case: dict):
     """The sim Model of a case (zoo modules: extracted, with the measured gradient-ready order)."""
-    from sim.models import model_from_spec
+    from distlab.sim.models import model_from_spec
     if "zoo" in case:
-        from runtime.models import extract
+        from distlab.runtime.models import extract
         module, x = module_and_input(case)
         return extract(module, x, name=case["zoo"])
     return model_from_spec(case["model"])
@@ -66,6 +66,6 @@ def _ints(text) -> list[int]:
 
 def real_buckets(cases: list[dict], world: int = 2, timeout: float = 120.0) -> list[dict]:
     """Rank 0's report for every case (one gloo launch of ``world`` ranks)."""
-    from runtime.launch import launch
-    return launch("runtime.ddp_buckets:bucket_task", {"cases": cases}, nproc=world, backend="gloo",
+    from distlab.runtime.launch import launch
+    return launch("distlab.runtime.ddp_buckets:bucket_task", {"cases": cases}, nproc=world, backend="gloo",
                   timeout=timeout)[0]

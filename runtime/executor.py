@@ -20,10 +20,10 @@ import threading
 import time
 from collections import defaultdict
 
-from runtime.collectives import check_backend_dtype, issue, make_buffers
-from sim.errors import ConfigError
-from sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
-from sim.trace import OpRecord, Trace
+from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
+from distlab.sim.trace import OpRecord, Trace
 
 NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}
 
@@ -61,7 +61,7 @@ class Executor:
 
     # -- preparation ---------------------------------------------------------------------------------------
     def _prepare(self, ops) -> dict[str, list]:
-        from runtime.compute import Matmuls
+        from distlab.runtime.compute import Matmuls
         buffers: dict[tuple, tuple] = {}
         records_before: dict[str, int] = defaultdict(int)
         steps: dict[str, list] = defaultdict(list)
@@ -101,7 +101,7 @@ class Executor:
     # -- execution -----------------------------------------------------------------------------------------
     def run(self) -> list[tuple[int, float, float]]:
         if self.cuda:
-            from runtime.cuda_exec import run_cuda
+            from distlab.runtime.cuda_exec import run_cuda
             out = run_cuda(self)
             if getattr(self.ctx, "flight", None) is not None:
                 self.ctx.flight.synchronized()
@@ -197,7 +197,7 @@ def _run_threads(streams: dict, partial: dict, events: _Events) -> None:
 def plan_task(ctx, payload: dict) -> dict:
     """Run the plan ``warmup`` times untimed then ``repeat`` times timed. Each run: {"zero": this rank's exit
     from the starting barrier, "ops": [[index, start, end], ...]}, in seconds on rank 0's clock."""
-    from runtime.clock import clock_offset, start_barrier
+    from distlab.runtime.clock import clock_offset, start_barrier
     plan = Plan.from_dict(payload["plan"])
     if plan.world_size != ctx.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but {ctx.world_size} were started", "--nproc")

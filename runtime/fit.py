@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 
 def ring_cost(op: str, n: int) -> tuple[int, float]:
-    from sim.collectives import ring_cost as cost
+    from distlab.sim.collectives import ring_cost as cost
     return cost(op, n)
 
 
@@ -71,7 +71,7 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
     intra_node gets the all_reduce fit at the largest group (used by plans the calibration does not cover)."""
     from dataclasses import replace
 
-    from sim.cluster import PRESETS, GPUSpec
+    from distlab.sim.cluster import PRESETS, GPUSpec
     base = replace(PRESETS["localhost-cpu"], gpus_per_node=world_size)      # one node of world_size ranks
     gpu = base.gpu
     if compute:

@@ -23,8 +23,8 @@ import struct
 import threading
 import time
 
-from sim.errors import ConfigError
-from sim.plan import COLLECTIVES, DTYPE_BYTES
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import COLLECTIVES, DTYPE_BYTES
 
 FORMAT = "distlab-flight/1"
 STATES = ("empty", "issued", "started", "completed")
@@ -136,7 +136,7 @@ class Recorder:
 
     def dump(self, reason: str) -> str:
         """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept."""
-        from sim.io import write_atomic
+        from distlab.sim.io import write_atomic
         with self._lock:
             self.reason = self.reason or reason
             d = self.snapshot()
@@ -166,7 +166,7 @@ class Recorder:
 
     def watch_dist(self) -> None:
         """Record plain torch.distributed calls of this process too (a task's own code, not a plan)."""
-        from runtime.flight_dist import patch
+        from distlab.runtime.flight_dist import patch
         patch(self)
 
 
@@ -255,7 +255,7 @@ def _valid(d) -> bool:
 def keep(directory: str, exit_codes: list, failures: list) -> dict | None:
     """After a failed run: write run.json (every rank's exit code, the failures in order) beside the records,
     then load_dir() them; None if there are none."""
-    from sim.io import write_atomic
+    from distlab.sim.io import write_atomic
     run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
            "failures": failures}
     try:

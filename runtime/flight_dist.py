@@ -7,7 +7,7 @@ once handed to the backend and ``completed`` when its work handle's wait() retur
 """
 from __future__ import annotations
 
-from sim.plan import COLLECTIVES, DTYPE_BYTES
+from distlab.sim.plan import COLLECTIVES, DTYPE_BYTES
 
 # torch function -> (plan op, which tensor argument counts: 0 the first, 1 the second, None no tensor)
 FUNCTIONS = {"all_reduce": ("all_reduce", 0), "broadcast": ("broadcast", 0), "reduce": ("reduce", 0),

@@ -60,7 +60,7 @@ def shard_module(module, mesh, opts: dict):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from sim.fsdp.plan import BLOCK
+    from distlab.sim.fsdp.plan import BLOCK
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     mp = MixedPrecisionPolicy(param_dtype=dt.get(opts.get("param_dtype")),
                               reduce_dtype=dt.get(opts.get("reduce_dtype")))
@@ -108,9 +108,9 @@ def rank_task(ctx, payload: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from runtime.models import build_module, example_input
-    from sim.fsdp.plan import padded_numel
-    from sim.models import model_from_spec
+    from distlab.runtime.models import build_module, example_input
+    from distlab.sim.fsdp.plan import padded_numel
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(payload["model"])
     runs = []
     for opts in payload["variants"]:
@@ -178,11 +178,11 @@ def run(model, world: int = 2, variants: list | None = None, steps: int = 1, war
         calibrate: dict | None = None, local: bool = False, timeout: float = 120.0) -> list[dict]:
     """Launch ``world`` gloo ranks running :func:`rank_task`; the per-rank results. A variant is the plan's
     options, or ``(model, options)`` to run another model in the same launch."""
-    from runtime.launch import launch
+    from distlab.runtime.launch import launch
     variants = [{**v[1], "model": spec(v[0])} if isinstance(v, tuple) else v for v in (variants or [{}])]
     payload = {"model": spec(model), "variants": variants, "steps": steps,
                "warmup": warmup, "calibrate": calibrate, "local": local}
-    return launch("runtime.fsdp:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
+    return launch("distlab.runtime.fsdp:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
 
 
 def spec(model) -> dict:
@@ -192,7 +192,7 @@ def spec(model) -> dict:
 
 def to_trace(results: list[dict], variant: int = 0, step: int = -1):
     """The recorded collectives of one measured step, all ranks, as a sim Trace (source=measured)."""
-    from sim.trace import OpRecord, Trace
+    from distlab.sim.trace import OpRecord, Trace
     ops = []
     for res in results:
         s = res["variants"][variant]["steps"][step]
@@ -209,10 +209,10 @@ def measured_sequence(results: list[dict], variant: int = 0, rank: int = 0, grou
 
 def validate_fsdp(*args, **kwargs) -> dict:
     """See runtime.fsdp_validate.validate_fsdp (the `distlab validate --scenario` hook for kind fsdp)."""
-    from runtime.fsdp_validate import validate_fsdp as validate
+    from distlab.runtime.fsdp_validate import validate_fsdp as validate
     return validate(*args, **kwargs)
 
 
 def fsdp_cases(path: str, args) -> list[dict]:
-    from runtime.fsdp_validate import fsdp_cases as cases
+    from distlab.runtime.fsdp_validate import fsdp_cases as cases
     return cases(path, args)

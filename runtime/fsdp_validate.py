@@ -8,11 +8,11 @@ benchmarks/fsdp_accuracy.py and `distlab validate --scenario` (kind fsdp).
 """
 from __future__ import annotations
 
-from runtime.fsdp import measured_sequence, run, to_trace
+from distlab.runtime.fsdp import measured_sequence, run, to_trace
 
 def calibration_sizes(plans) -> dict:
     """op -> the distinct byte counts of that collective in ``plans`` (what to time for calibration)."""
-    from sim.fsdp.plan import collective_sequence
+    from distlab.sim.fsdp.plan import collective_sequence
     out = {}
     for plan in plans:
         for op, nbytes, _ in collective_sequence(plan):
@@ -31,8 +31,8 @@ def calibrated_cluster(results: list[dict], model, world: int):
 
     import numpy as np
 
-    from sim.cluster import PRESETS
-    from sim.fsdp.plan import ADAM_BYTES, padded_numel
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
     n, coll = world, {}
     for op, table in results[0]["calibration"].items():
         pts = sorted((int(k), max(r["calibration"][op][k] for r in results)) for k in table)
@@ -65,8 +65,8 @@ def measured_step(results: list[dict], variant: int = 0, stat=min) -> float:
 def predict(model, world: int, opts: dict, cluster, parts: bool = False):
     """Simulated step seconds of the fsdp plan on one stream per rank (gloo on CPU blocks on each call); with
     ``parts``, also {"comm", "optimizer", "other"} seconds on rank 0."""
-    from sim.engine import simulate
-    from sim.fsdp.plan import build_fsdp
+    from distlab.sim.engine import simulate
+    from distlab.sim.fsdp.plan import build_fsdp
     trace = simulate(build_fsdp(model, world, {**opts, "overlap": False}), cluster, record_transfers=False)
     if not parts:
         return trace.makespan
@@ -87,10 +87,10 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     """For `distlab validate --scenario` (kind fsdp): run the scenario's model with real ``fully_shard`` on
     ``nproc`` gloo ranks; compare the collective sequence (kind, bytes, dtype) with the simulated plan's and
     the predicted step time (calibrated here) with the measured one. Returns a report dict (and the trace)."""
-    from sim import scenario as sc
-    from sim.errors import ConfigError
-    from sim.fsdp.plan import build_fsdp, collective_sequence
-    from sim.models import model_from_spec
+    from distlab.sim import scenario as sc
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.models import model_from_spec
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     if d["parallelism"]["kind"] != "fsdp":
         raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {d['parallelism']['kind']!r}",
@@ -115,7 +115,7 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
 def fsdp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario fsdp.yaml` rows (runtime.validation.case format): the step, predicted
     (calibrated here) against measured real FSDP2; each row also says whether the collective sequences match."""
-    from runtime.validation import case
+    from distlab.runtime.validation import case
     nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
     r = validate_fsdp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                       warmup=max(getattr(args, "warmup", 2), 1))

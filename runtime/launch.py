@@ -1,4 +1,4 @@
-"""Start N local ranks (`python -m runtime.worker`), watch them, collect their results, never leave one behind.
+"""Start N local ranks (distlab's own worker, ``WORKER_COMMAND``), watch them, collect their results, never leave one behind.
 
 Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) plus DISTLAB_RUN_DIR, a temporary folder with task.json (``module:function`` and its payload) that
@@ -27,9 +27,13 @@ import sys
 import tempfile
 import time
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
+# The rank process: distlab's worker, imported with the current folder removed from sys.path, so a user's own
+# `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
+WORKER_COMMAND = [sys.executable, "-c",
+                  "import sys; del sys.path[0]; from distlab.runtime.worker import main; main()"]
 # Errors that are usually the echo of another rank's failure, not its cause.
 _ECHOES = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "sigterm",
            "terminated", "peer")
@@ -64,8 +68,8 @@ def check_options(nproc: int, backend: str, threads: int, timeout: float) -> Non
 
 def check_plans(payload) -> None:
     """The static check (sim/check.py) of a plan in the payload of plan_task (or of a sweep that runs one)."""
-    from sim.check import assert_consistent
-    from sim.plan import Plan
+    from distlab.sim.check import assert_consistent
+    from distlab.sim.plan import Plan
     d = payload.get("plan") if isinstance(payload, dict) else None
     d = d.get("plan") if isinstance(d, dict) and isinstance(d.get("plan"), dict) else d
     if isinstance(d, dict) and "ranks" in d:
@@ -99,7 +103,7 @@ class Launch:
     def start(self) -> "Launch":
         self.run_dir = tempfile.mkdtemp(prefix="distlab-run-")
         if self.dump_dir:
-            from runtime.flight import clear
+            from distlab.runtime.flight import clear
             os.makedirs(self.dump_dir, exist_ok=True)
             clear(self.dump_dir)
         flight_dir = os.path.abspath(self.dump_dir or self.run_dir)
@@ -108,17 +112,15 @@ class Launch:
         with open(os.path.join(self.run_dir, "task.json"), "w") as f:
             json.dump(task, f)
         port = free_port()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         for r in range(self.nproc):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
-                       OMP_NUM_THREADS=str(self.threads),
-                       PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+                       OMP_NUM_THREADS=str(self.threads))
             log = open(os.path.join(self.run_dir, f"stderr.{r}"), "wb")
             group = _group_kwargs(0 if self.pgid is None else self.pgid)
             try:
-                p = subprocess.Popen([sys.executable, "-m", "runtime.worker"], env=env, stdin=subprocess.DEVNULL,
+                p = subprocess.Popen(WORKER_COMMAND, env=env, stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=log, **group)
             except BaseException:
                 log.close()
@@ -233,7 +235,7 @@ class Launch:
 
     def wait_progress(self, total: int, description: str, count, enabled: bool = True) -> list:
         """wait() with a progress bar (sim.cli.progress) of ``count(self)`` out of ``total`` steps."""
-        from sim.cli import progress
+        from distlab.sim.cli import progress
 
         def ticks():
             done = 0
@@ -261,7 +263,7 @@ class Launch:
 
     def _keep_flight(self, failures) -> None:
         """Write run.json beside the flight records (exit codes, failures) and read them back into .flight."""
-        from runtime.flight import keep
+        from distlab.runtime.flight import keep
         self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
                            [{"rank": f[3], "message": f[4]} for f in failures])
 

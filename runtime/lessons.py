@@ -17,7 +17,7 @@ DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter",
 def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0) -> list:
     """Run ``target(ctx, payload)`` (``module:function`` or ``file.py:function``) on ``nproc`` local ranks;
     the list of what each rank returned. A failing rank raises runtime.launch.RunFailed naming it."""
-    from runtime.launch import launch
+    from distlab.runtime.launch import launch
     return launch(target, payload, nproc, backend=backend, timeout=timeout)
 
 
@@ -26,7 +26,7 @@ def collectives_demo(nproc: int = 4, ops=DEMO_OPS, backend: str = "gloo") -> dic
     """Run each collective of ``ops`` once on ``nproc`` ranks with tiny tensors. Returns
     {"env": [per rank torchrun variables], "groups": [per rank backends], "results": {op: [per rank
     {"rank", "before", "after", "note"}]}}."""
-    out = run_on_ranks("runtime.lessons:_demo_task", {"ops": list(ops)}, nproc, backend)
+    out = run_on_ranks("distlab.runtime.lessons:_demo_task", {"ops": list(ops)}, nproc, backend)
     return {"env": [r["env"] for r in out], "groups": [r["groups"] for r in out],
             "results": {op: [r["results"][op] for r in out] for op in ops}}
 
@@ -100,7 +100,7 @@ def check_all_reduce(target: str, nproc: int = 4, numel: int = 10, backend: str 
     if ":" not in target:
         raise ValueError("target is 'path/to/file.py:function_name'")
     path, _, name = target.rpartition(":")
-    return run_on_ranks("runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
+    return run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
                                                        "numel": numel}, nproc, backend)
 
 
@@ -108,7 +108,7 @@ def _ring_task(ctx, payload):
     import torch
     import torch.distributed as dist
 
-    from runtime.worker import load_target
+    from distlab.runtime.worker import load_target
     fn = load_target(payload["target"])
     counts = {"sends": 0, "recvs": 0}
     originals = {k: getattr(dist, k) for k in ("send", "recv", "isend", "irecv")}
@@ -141,7 +141,7 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
     """Run ``script`` under torchrun. ``nnodes`` > 1 starts one torchrun agent per 'node' on this machine
     (--nnodes, --node-rank, --master-addr 127.0.0.1), as you would on each machine of a cluster. Returns the
     ranks' output lines (torchrun's own banner dropped), sorted."""
-    from runtime.launch import free_port
+    from distlab.runtime.launch import free_port
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
     if nnodes == 1:
         cmds = [base + ["--standalone", script]]
@@ -176,7 +176,7 @@ def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, w
     median time ``time_s`` and the time from launch ``launch_time_s``, with algbw and busbw."""
     payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": warmup, "iters": iters,
                "compute": compute, "plan": plan}
-    results = run_on_ranks("runtime.sweep:sweep_task", payload, nproc, backend, timeout)
+    results = run_on_ranks("distlab.runtime.sweep:sweep_task", payload, nproc, backend, timeout)
     out = dict(results[0])
     if plan is not None:
         out["plan"] = [r["plan"] for r in results]
@@ -192,14 +192,14 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
     "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
     tensors, so this runs on gloo."""
-    from runtime.ddp import _slowest, calibrated
-    from sim.ddp.plan import DDPOptions, ddp_plan
-    from sim.engine import simulate
-    from sim.models import model_from_spec
+    from distlab.runtime.ddp import _slowest, calibrated
+    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
+    from distlab.sim.engine import simulate
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
     payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": steps,
                "warmup": warmup, "calibrate": [int(s) for s in calibrate]}
-    out = run_on_ranks("runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
+    out = run_on_ranks("distlab.runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])
     rows, traces = [], []
@@ -215,7 +215,7 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
 
 
 def _ddp_sweep_task(ctx, payload):
-    from runtime.ddp import rank_task
+    from distlab.runtime.ddp import rank_task
     out = []
     for i, cap in enumerate(payload["caps"]):
         out.append(rank_task(ctx, {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
@@ -231,10 +231,10 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     ``nproc`` gloo ranks, with the calibration runtime.fsdp_validate uses; then the simulator's prediction on
     the calibrated cluster. Returns {"rows": per variant {variant, collectives, sequence_match, predicted_s,
     measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
-    from runtime.fsdp import measured_sequence, run, to_trace
-    from runtime.fsdp_validate import calibrated_cluster, calibration_sizes, measured_step, predict
-    from sim.fsdp.plan import build_fsdp, collective_sequence
-    from sim.models import model_from_spec
+    from distlab.runtime.fsdp import measured_sequence, run, to_trace
+    from distlab.runtime.fsdp_validate import calibrated_cluster, calibration_sizes, measured_step, predict
+    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
     opts = list(variants.values())
     plans = [build_fsdp(model, nproc, o) for o in opts]
@@ -272,8 +272,8 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}."""
     import statistics
 
-    from runtime.pipeline_validate import measure_and_predict
-    from sim.pipeline import metrics as M
+    from distlab.runtime.pipeline_validate import measure_and_predict
+    from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
                  layers=nproc * blocks_per_rank, steps=steps, warmup=1) for s, v in schedules]
     results = measure_and_predict(cfgs, nproc, timeout=timeout)

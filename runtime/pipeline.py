@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from sim.pipeline import schedules as S
+from distlab.sim.pipeline import schedules as S
 
 DEFAULTS = {"schedule": "1f1b", "stages": 2, "microbatches": 4, "virtual_stages": 1, "layers": None,
             "width": 256, "rows": 32, "steps": 2, "warmup": 1}
@@ -57,7 +57,7 @@ def run_schedule(cfg: dict, rank: int) -> dict:
     sched_name = S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
     p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
     n_stages = p * v
-    from sim.pipeline.plan import split_layers
+    from distlab.sim.pipeline.plan import split_layers
     ranges = split_layers(cfg["layers"] or n_stages, n_stages, cfg.get("split"))
     blocks = _blocks(cfg["layers"] or n_stages, cfg["width"])
     placement = S.stage_to_rank(sched_name, p, v)
@@ -211,9 +211,9 @@ def rank_main(ctx, payload: dict) -> dict:
 
 def to_trace(cfg: dict, per_rank: list[dict]):
     """The fastest measured step as a sim Trace (times from its first action; op index = the plan's)."""
-    from sim.models import Layer, Model
-    from sim.pipeline.plan import PipelineSpec, build_plan
-    from sim.trace import OpRecord, Trace
+    from distlab.sim.models import Layer, Model
+    from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+    from distlab.sim.trace import OpRecord, Trace
     cfg = {**DEFAULTS, **cfg}
     p, v = cfg["stages"], cfg["virtual_stages"]
     model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0) for i in range(cfg["layers"] or p * v)])
@@ -236,9 +236,9 @@ def to_trace(cfg: dict, per_rank: list[dict]):
 
 def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, timeout: float = 120.0) -> dict:
     """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration; per-rank results."""
-    from runtime.launch import launch
+    from distlab.runtime.launch import launch
     payload = {"runs": runs, "calibrate": calibrate_shape}
-    results = launch("runtime.pipeline:rank_main", payload, nproc, backend="gloo", threads=1, timeout=timeout)
+    results = launch("distlab.runtime.pipeline:rank_main", payload, nproc, backend="gloo", threads=1, timeout=timeout)
     return {"ranks": results,
             "traces": [to_trace(cfg, [r["runs"][i] for r in results]) for i, cfg in enumerate(runs)]}
 
@@ -249,8 +249,8 @@ def main(argv=None) -> int:
     import os
     import sys
 
-    from sim.cli import Parser
-    from sim.errors import ConfigError
+    from distlab.sim.cli import Parser
+    from distlab.sim.errors import ConfigError
     ap = Parser(prog="python -m runtime.pipeline", description=main.__doc__.split("\n")[0])
     for key, val in DEFAULTS.items():
         ap.add_argument("--" + key.replace("_", "-"), type=type(val) if val is not None else int, default=val)
@@ -263,8 +263,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         sys.stderr.write(f"python -m runtime.pipeline: error: {e}\n")
         return 2
-    from sim.pipeline import diagram
-    from sim.pipeline import metrics as M
+    from distlab.sim.pipeline import diagram
+    from distlab.sim.pipeline import metrics as M
     met = M.compute(trace, trace.meta["pipeline"])
     os.makedirs(args.out, exist_ok=True)
     trace.save(os.path.join(args.out, "pipeline-measured.trace"))

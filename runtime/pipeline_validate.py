@@ -37,7 +37,7 @@ def machine_cores() -> int:
 def cluster_of(p: int, p2p: dict, latency: float, cores: int | None = None):
     """``p`` CPU ranks sharing ``cores`` cores, joined by a fabric with the given one-way latency and the
     ping-pong's bandwidth."""
-    from sim.cluster import PRESETS, IntraNode
+    from distlab.sim.cluster import PRESETS, IntraNode
     extra = max(p2p["large"] - p2p["small"], 1e-6)
     return replace(PRESETS["localhost-cpu"], name="localhost-measured", gpus_per_node=p, cpu_cores=cores,
                    intra_node=IntraNode("loopback", p2p["bytes"] / extra / 1e9, latency * 1e6))
@@ -53,7 +53,7 @@ def probe_config(cfg: dict) -> dict:
 
 
 def _sources(trace):
-    from sim.pipeline.metrics import actions_of
+    from distlab.sim.pipeline.metrics import actions_of
     acts = actions_of(trace)
     end = {(a.stage, a.kind if a.kind == "F" else "B", a.mb): o.end for a, o in acts if a.kind != "W"}
     return acts, end, lambda a: (a.stage - 1, "F", a.mb) if a.kind == "F" else (a.stage + 1, "B", a.mb)
@@ -89,8 +89,8 @@ def action_gap(trace) -> float:
 def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
     """(stage, kind) -> seconds from per-rank block costs (stage 0: I = 0, W = full backward, as torch's
     PipelineStage.backward_weight_one_chunk does), plus ``extra`` per action."""
-    from sim.pipeline import schedules as S
-    from sim.pipeline.plan import split_layers
+    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.pipeline.plan import split_layers
     p, v = cfg["stages"], cfg["virtual_stages"]
     placement = S.stage_to_rank(cfg["schedule"], p, v)
     seconds = {}
@@ -104,7 +104,7 @@ def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
 
 def replay_seconds(trace, fallback: dict | None = None) -> dict:
     """(stage, kind) -> mean measured seconds of that action (``fallback``'s where it never ran)."""
-    from sim.pipeline.metrics import actions_of
+    from distlab.sim.pipeline.metrics import actions_of
     times: dict = {}
     for a, o in actions_of(trace):
         times.setdefault((a.stage, a.kind), []).append(o.end - o.start)
@@ -114,9 +114,9 @@ def replay_seconds(trace, fallback: dict | None = None) -> dict:
 def simulate_cfg(cfg: dict, seconds: dict, cluster, overhead: float = 0.0):
     """(trace, plan): the pipeline plan of runtime config ``cfg`` with the given (stage, kind) seconds and
     ``overhead`` seconds of runtime work after each action."""
-    from sim.engine import simulate
-    from sim.models import Layer, Model
-    from sim.pipeline.plan import PipelineSpec, build_plan
+    from distlab.sim.engine import simulate
+    from distlab.sim.models import Layer, Model
+    from distlab.sim.pipeline.plan import PipelineSpec, build_plan
     act = cfg["rows"] * cfg["width"] * 4
     model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0, activation_bytes=act) for i in range(cfg["layers"])])
     full = {(s, k): seconds.get((s, k), 0.0) for s in range(cfg["stages"] * cfg["virtual_stages"]) for k in "FBIW"}
@@ -150,7 +150,7 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> lis
     ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per rank,
     one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the plan
     adds "overhead" of runtime work after each action)}."""
-    from runtime.pipeline import DEFAULTS, measure
+    from distlab.runtime.pipeline import DEFAULTS, measure
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
     runs = [run for c in cfgs for run in (probe_config(c), c)]
     res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout)
@@ -185,9 +185,9 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> lis
 def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     """The runtime.pipeline config of a pipeline scenario. The real model is ``layers`` x (Linear(width, width)
     + ReLU), so the scenario's model must be ``{kind: mlp, widths: [w, w, ...], batch: rows per microbatch}``."""
-    from sim import scenario as sc
-    from sim.errors import ConfigError
-    from sim.pipeline.scenario import spec_of
+    from distlab.sim import scenario as sc
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.pipeline.scenario import spec_of
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     if d["parallelism"]["kind"] != "pipeline":
         raise ConfigError(f"needs parallelism kind pipeline, got {d['parallelism']['kind']!r}", "parallelism.kind")
@@ -202,7 +202,7 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
             or len(set(widths)) != 1 or model.get("dtype", "float32") != "float32"):
         raise ConfigError("a real pipeline run needs {kind: mlp, widths: [w, w, ...]} with equal widths, float32 "
                           "(runtime.pipeline builds Linear(w, w) + ReLU blocks)", "model")
-    from sim.models import model_from_spec
+    from distlab.sim.models import model_from_spec
     model_from_spec(model, "model")                  # checks the keys
     return {"schedule": spec.schedule, "stages": spec.stages, "microbatches": spec.microbatches,
             "virtual_stages": spec.virtual_stages, "layers": len(widths) - 1, "split": spec.split,
@@ -212,8 +212,8 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
 def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float = 300.0) -> dict:
     """Run a pipeline scenario for real on ``stages`` gloo ranks and predict it (calibrated in the same launch).
     Returns measure_and_predict's dict for it plus the metrics and the measured median step makespan."""
-    from sim.pipeline import metrics as M
-    from sim.pipeline import schedules as S
+    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.pipeline import schedules as S
     cfg = runtime_config(scenario, steps, warmup)
     S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
     r = measure_and_predict([cfg], cfg["stages"], timeout=timeout)[0]
@@ -226,7 +226,7 @@ def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float 
 def action_rows(predicted, measured) -> list[dict]:
     """Every action of the fastest measured step next to the same action in the prediction (start and end,
     seconds from each trace's first action)."""
-    from sim.pipeline.metrics import actions_of
+    from distlab.sim.pipeline.metrics import actions_of
     pred = {str(a): o for a, o in actions_of(predicted)}
     out = []
     for a, o in actions_of(measured):
@@ -244,7 +244,7 @@ def pipeline_cases(path: str, args) -> list[dict]:
     one. The makespan row also carries the bubbles, the probe's numbers ("p2p_latency_s", "action_overhead_s":
     the runtime's CPU time per action, "cpu_cores") and every action's predicted and measured start and end
     ("actions")."""
-    from runtime.validation import case
+    from distlab.runtime.validation import case
     r = validate_pipeline(path, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
     cfg, mp, mm = r["cfg"], r["metrics"]["predicted"], r["metrics"]["measured"]
     n, nbytes = cfg["stages"], cfg["rows"] * cfg["width"] * 4

@@ -15,10 +15,10 @@ def data_pitfalls(nproc: int = 4, samples: int = 16, odd_samples: int = 18, base
     """Per rank: the sample indices it sees without a sampler, with DistributedSampler without and with
     set_epoch (2 epochs each), len(sampler) for ``odd_samples``, the checkpoint keys, and random draws under a
     shared seed and under base_seed + rank, with the first weight before and after DDP."""
-    from runtime.launch import launch
+    from distlab.runtime.launch import launch
     payload = {"samples": samples, "odd": odd_samples, "seed": base_seed, "checkpoint": os.path.abspath(checkpoint)}
     os.makedirs(os.path.dirname(payload["checkpoint"]), exist_ok=True)
-    return launch("runtime.pitfalls:_data_task", payload, nproc, backend="gloo", timeout=60)
+    return launch("distlab.runtime.pitfalls:_data_task", payload, nproc, backend="gloo", timeout=60)
 
 
 def _data_task(ctx, p):
@@ -68,11 +68,11 @@ def _data_task(ctx, p):
 def skipped_all_reduce(nproc: int = 4, skip: int = 3, timeout: float = 3.0, dump_dir: str = "work/08_flight"):
     """Run the buggy program (below) with a short timeout; returns (RunFailed, the diagnosis of its flight
     records: runtime.commands.diagnose.diagnose), or (None, None) if it did not hang."""
-    from runtime.commands.diagnose import diagnose
-    from runtime.flight import load_dir
-    from runtime.launch import RunFailed, launch
+    from distlab.runtime.commands.diagnose import diagnose
+    from distlab.runtime.flight import load_dir
+    from distlab.runtime.launch import RunFailed, launch
     try:
-        launch("runtime.pitfalls:_skip_task", {"skip": skip}, nproc, backend="gloo", timeout=timeout,
+        launch("distlab.runtime.pitfalls:_skip_task", {"skip": skip}, nproc, backend="gloo", timeout=timeout,
                dump_dir=dump_dir, grace=timeout)
     except RunFailed as e:
         return e, diagnose(load_dir(dump_dir))
@@ -94,18 +94,18 @@ def _skip_task(ctx, p):
 # --- barriers and a straggler, measured -------------------------------------------------------------------------
 def run_plans(plans: dict, nproc: int = 4) -> dict:
     """Execute each plan (name -> sim.plan.Plan) once, in one launch; name -> measured Trace."""
-    from runtime.executor import merge_results
-    from runtime.launch import launch
+    from distlab.runtime.executor import merge_results
+    from distlab.runtime.launch import launch
     names = list(plans)
-    results = launch("runtime.pitfalls:_plans_task", {"plans": [plans[n].to_dict() for n in names]}, nproc,
+    results = launch("distlab.runtime.pitfalls:_plans_task", {"plans": [plans[n].to_dict() for n in names]}, nproc,
                      backend="gloo", timeout=60)
     return {n: merge_results(plans[n], [r[k] for r in results]) for k, n in enumerate(names)}
 
 
 def _plans_task(ctx, p):
-    from runtime.executor import Executor
-    from runtime.clock import start_barrier
-    from sim.plan import Plan
+    from distlab.runtime.executor import Executor
+    from distlab.runtime.clock import start_barrier
+    from distlab.sim.plan import Plan
     out = []
     for d in p["plans"]:
         ex = Executor(Plan.from_dict(d), ctx)

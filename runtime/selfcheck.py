@@ -6,7 +6,7 @@ expected outputs with plain Python. Also usable on GPUs (scripts/gpu_check.sh).
 """
 from __future__ import annotations
 
-from runtime.collectives import element_counts, issue, make_buffers, torch_dtype
+from distlab.runtime.collectives import element_counts, issue, make_buffers, torch_dtype
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
 
@@ -61,7 +61,7 @@ def collectives_task(ctx, payload: dict) -> dict:
         outputs[str(i)] = None if out is None else out.cpu().tolist()
     # point-to-point as the executor does it: rank r sends value(r, j) to r+1 and receives from r-1 (a ring;
     # even ranks send first, odd ranks receive first, so blocking pairs cannot deadlock)
-    from runtime.executor import _p2p
+    from distlab.runtime.executor import _p2p
     p2p = dist.new_group(list(range(n)), timeout=timeout)
     send = torch.tensor([value(ctx.rank, j, "float32") for j in range(5)], device=ctx.device)
     recv = torch.zeros(5, device=ctx.device)
@@ -73,6 +73,6 @@ def collectives_task(ctx, payload: dict) -> dict:
               "counts": {str(i): element_counts(c["op"], c["bytes"], c["dtype"], len(c["group"]))
                          for i, c in enumerate(todo)}}
     if payload.get("plan"):
-        from runtime.executor import plan_task
+        from distlab.runtime.executor import plan_task
         result["plan"] = plan_task(ctx, payload["plan"])
     return result

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from runtime.collectives import actual_bytes, busbw_factor, check_backend_dtype, element_counts, issue
+from distlab.runtime.collectives import actual_bytes, busbw_factor, check_backend_dtype, element_counts, issue
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
 
@@ -31,7 +31,7 @@ def _views(todo, dtype, n, device):
     """Per case (input, output) views into two shared buffers (in place ops: the same view twice)."""
     import torch
 
-    from runtime.collectives import torch_dtype
+    from distlab.runtime.collectives import torch_dtype
     counts = [element_counts(op, b, dtype, n) for op, b in todo]
     inp = torch.zeros(max([i for i, _ in counts] + [1]), dtype=torch_dtype(dtype), device=device)
     out = torch.zeros(max([o for _, o in counts] + [1]), dtype=torch_dtype(dtype), device=device)
@@ -60,7 +60,7 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None) -
     import torch
     import torch.distributed as dist
 
-    from runtime.clock import clock_offset
+    from distlab.runtime.clock import clock_offset
     n, cuda = ctx.world_size, ctx.device.type == "cuda"
     todo = cases(ops, sizes)
     views = _views(todo, dtype, n, ctx.device)
@@ -103,7 +103,7 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
     in a run): the same work on every rank, rate = work / (last end - first start), median of ``rounds``."""
     import torch.distributed as dist
 
-    from runtime.compute import Matmuls
+    from distlab.runtime.compute import Matmuls
     mm = Matmuls(ctx.device)
     probe = [mm.measure(0.05)]
     dist.broadcast_object_list(probe, src=0)
@@ -143,6 +143,6 @@ def sweep_task(ctx, payload: dict):
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
     if payload.get("plan"):
-        from runtime.executor import plan_task
+        from distlab.runtime.executor import plan_task
         result["plan"] = plan_task(ctx, payload["plan"])
     return result

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 
-from sim.errors import ConfigError
-from sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
 
 def overlap_plan(n: int, layers: int = 4, flops: float = 4e8, nbytes: int = 4 * 2**20) -> Plan:
@@ -27,13 +27,13 @@ def overlap_plan(n: int, layers: int = 4, flops: float = 4e8, nbytes: int = 4 * 
 
 
 def cluster_for(calibration: dict, compute: dict, n: int, backend: str):
-    from runtime.fit import calibrated_cluster
+    from distlab.runtime.fit import calibrated_cluster
     return calibrated_cluster(calibration, compute, n, backend)
 
 
 def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str) -> list[dict]:
     """One case per measured row: predicted by simulating that one collective on the calibrated cluster."""
-    from sim.engine import simulate_collective
+    from distlab.sim.engine import simulate_collective
     out = []
     for r in rows:
         if r["op"] == "barrier":
@@ -47,8 +47,8 @@ def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend
 
 def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str) -> dict:
     """The overlap plan: simulated makespan against the median measured makespan over the repeats."""
-    from runtime.executor import merge_results
-    from sim.engine import simulate
+    from distlab.runtime.executor import merge_results
+    from distlab.sim.engine import simulate
     n = plan.world_size
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
     predicted = simulate(plan, cluster_for(calibration, compute, n, backend), record_transfers=False).makespan
@@ -79,20 +79,20 @@ def summarize(cases: list[dict]) -> list[dict]:
 def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[dict]:
     """Scenario plans (DDP, FSDP, pipeline): run the scenario for real, simulate it on a cluster calibrated in
     the same launch, and return case() rows; any other kind is a ConfigError naming it."""
-    from sim.io import load_yaml
+    from distlab.sim.io import load_yaml
     spec = load_yaml(path)
     if not isinstance(spec, dict):
         raise ConfigError("a scenario is a mapping with keys model, parallelism, cluster", path)
     parallelism = spec.get("parallelism")
     kind = parallelism.get("kind") if isinstance(parallelism, dict) else parallelism
     if kind == "ddp":                  # issue 5: real DDP against the simulator (runtime/ddp.py)
-        from runtime.ddp import ddp_cases
+        from distlab.runtime.ddp import ddp_cases
         return ddp_cases(path, args)
     if kind == "fsdp":                 # issue 6: real FSDP2 against the simulator (runtime/fsdp.py)
-        from runtime.fsdp import fsdp_cases
+        from distlab.runtime.fsdp import fsdp_cases
         return fsdp_cases(path, args)
     if kind == "pipeline":             # issue 7: real torch.distributed.pipelining (runtime/pipeline_validate.py)
-        from runtime.pipeline_validate import pipeline_cases
+        from distlab.runtime.pipeline_validate import pipeline_cases
         return pipeline_cases(path, args)
     raise ConfigError(f"scenario kind {kind!r} not supported yet", path)
 
@@ -103,7 +103,7 @@ def plot(cases: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.io import save_figure
+    from distlab.sim.io import save_figure
     fig, ax = plt.subplots(figsize=(6, 5))
     markers = {"held-out size": "o", "held-out world size": "s", "overlap plan": "*"}
     colors = {2: "#1f77b4", 3: "#2ca02c", 4: "#d62728"}

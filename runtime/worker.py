@@ -47,7 +47,7 @@ class Context:
 
 
 def _write_json(path: str, obj) -> None:
-    from sim.io import write_atomic
+    from distlab.sim.io import write_atomic
     write_atomic(path, json.dumps(obj))
 
 
@@ -55,7 +55,7 @@ def env_int(name: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
         if default is None:
-            from sim.errors import ConfigError
+            from distlab.sim.errors import ConfigError
             raise ConfigError(f"environment variable {name} is not set (start ranks with distlab run or torchrun)",
                               "worker")
         return default
@@ -177,7 +177,7 @@ def _recorder(directory: str | None, rank: int):
     """This rank's flight recorder in ``directory`` (none when DISTLAB_FLIGHT=0 or without a directory)."""
     if not directory or os.environ.get("DISTLAB_FLIGHT") == "0":
         return None
-    from runtime.flight import Recorder
+    from distlab.runtime.flight import Recorder
     rec = Recorder(directory, rank, env_int("WORLD_SIZE"))
     rec.watch_signals()
     return rec
@@ -204,9 +204,9 @@ def run_torchrun(argv: list[str]) -> int:
     args = p.parse_args(argv)
     import torch.distributed as dist
 
-    from runtime.executor import merge_results, plan_task
-    from sim.check import assert_consistent
-    from sim.plan import Plan
+    from distlab.runtime.executor import merge_results, plan_task
+    from distlab.sim.check import assert_consistent
+    from distlab.sim.plan import Plan
     plan = Plan.load(args.plan)
     if not args.no_check:
         assert_consistent(plan, args.plan)
@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir:
         rc = run_task(run_dir)
     else:
-        from sim.errors import ConfigError
+        from distlab.sim.errors import ConfigError
         try:
             rc = run_torchrun(sys.argv[1:] if argv is None else argv)
         except ConfigError as e:              # a bad or mismatched plan: one line, as the CLI prints it
-            sys.stderr.write(f"runtime.worker: error: {e}\n")
+            sys.stderr.write(f"distlab.runtime.worker: error: {e}\n")
             rc = 2
     sys.stdout.flush()
     sys.stderr.flush()

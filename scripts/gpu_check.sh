@@ -21,7 +21,7 @@ timeout 240 python -m pytest -q -m cuda tests/test_runtime_cuda.py 2>&1 | tail -
 
 echo "== 2. compute calibration: bf16 matmul TFLOP/s and copy GB/s on GPU 0"
 timeout 60 python - <<'PY'
-from runtime.compute import Matmuls
+from distlab.runtime.compute import Matmuls
 mm = Matmuls("cuda:0")
 mm.measure(1.0)
 mm.measure_copy(1 << 30)
@@ -35,7 +35,7 @@ timeout 120 python -m runtime.cli bench --backend nccl --nproc "$N" --ops all_re
 echo "== 4. distlab run: a two-stream plan, trace from CUDA events"
 python - "$OUT" "$N" <<'PY'
 import sys
-from sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 out, n = sys.argv[1], int(sys.argv[2])
 ops = []
 for i in range(4):

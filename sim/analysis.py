@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sim.trace import Trace, _union_length
+from distlab.sim.trace import Trace, _union_length
 
 
 @dataclass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from sim.errors import ConfigError
-from sim.plan import Collective, Plan, Record, Recv, Send, Wait, describe
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import Collective, Plan, Record, Recv, Send, Wait, describe
 
 
 class PlanMismatch(ConfigError):

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 
 class Parser(argparse.ArgumentParser):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (8192 ranks simulate in seconds)
 INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
@@ -146,7 +146,7 @@ def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
     if name_or_path in PRESETS:
         cluster = PRESETS[name_or_path]
     elif name_or_path.endswith((".yaml", ".yml")) or os.path.sep in name_or_path or os.path.exists(name_or_path):
-        from sim.io import load_yaml
+        from distlab.sim.io import load_yaml
         cluster = cluster_from_dict(load_yaml(name_or_path), where=name_or_path)
     else:
         raise ConfigError(f"unknown cluster {name_or_path!r}; presets: {', '.join(PRESETS)}, or a .yaml file",

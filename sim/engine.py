@@ -15,13 +15,13 @@ from collections import defaultdict, deque
 
 import simpy
 
-from sim.cluster import Cluster
-from sim.collectives.context import Context
-from sim.cores import SharedCores
-from sim.errors import ConfigError, SimulationDeadlock
-from sim.network import Network, Topology
-from sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
-from sim.trace import OpRecord, Trace, TransferRecord
+from distlab.sim.cluster import Cluster
+from distlab.sim.collectives.context import Context
+from distlab.sim.cores import SharedCores
+from distlab.sim.errors import ConfigError, SimulationDeadlock
+from distlab.sim.network import Network, Topology
+from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
+from distlab.sim.trace import OpRecord, Trace, TransferRecord
 
 
 def compute_seconds(op: Compute, cluster: Cluster) -> float:
@@ -38,7 +38,7 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     ``slowdown[rank]`` multiplies that rank's compute time (a straggler); ``link_factors[link name]``
     multiplies a link's bandwidth (a degraded link). ``check`` runs sim.check first (mismatched collectives)."""
     if check:
-        from sim.check import assert_consistent
+        from distlab.sim.check import assert_consistent
         assert_consistent(plan)
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:

@@ -7,7 +7,7 @@ import tempfile
 
 import yaml
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1000, "KIB": 1024, "M": 2**20, "MB": 10**6, "MIB": 2**20,
           "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40}

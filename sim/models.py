@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sim.errors import ConfigError
-from sim.plan import DTYPE_BYTES
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import DTYPE_BYTES
 
 
 @dataclass(frozen=True)

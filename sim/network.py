@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim.cluster import Cluster
-from sim.errors import ConfigError
+from distlab.sim.cluster import Cluster
+from distlab.sim.errors import ConfigError
 
 SWITCH = -1   # an endpoint meaning "the NVSwitch of the source/destination rank's node" (in-switch reduction)
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar, Union
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls", "direct")
@@ -192,7 +192,7 @@ class Plan:
         return cls.from_json(text, where=path)
 
     def save(self, path: str) -> None:
-        from sim.io import write_atomic
+        from distlab.sim.io import write_atomic
         write_atomic(path, self.to_json(indent=1))
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import copy
 import os
 
-from sim.ddp.plan import build as build_ddp
-from sim.errors import ConfigError
-from sim.fsdp.scenario import build as build_fsdp
-from sim.pipeline.scenario import build as build_pipeline
+from distlab.sim.ddp.plan import build as build_ddp
+from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.scenario import build as build_fsdp
+from distlab.sim.pipeline.scenario import build as build_pipeline
 
 KEYS = ("name", "description", "model", "parallelism", "cluster", "nodes", "world_size", "stragglers",
         "degraded_links")
@@ -38,7 +38,7 @@ def load(path_or_dict, where: str | None = None) -> dict:
     if isinstance(path_or_dict, dict):
         d, where = copy.deepcopy(path_or_dict), where or "scenario"
     else:
-        from sim.io import load_yaml
+        from distlab.sim.io import load_yaml
         where = where or str(path_or_dict)
         d = load_yaml(path_or_dict)
         if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
@@ -88,8 +88,8 @@ def validate(d, where: str = "scenario") -> dict:
 
 def resolve(d: dict, where: str = "scenario"):
     """(model, cluster) of a validated scenario."""
-    from sim.cluster import load_cluster
-    from sim.models import model_from_spec
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.models import model_from_spec
     model = model_from_spec(d["model"], f"{where}: model")
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
@@ -112,7 +112,7 @@ def build(d: dict, where: str = "scenario"):
 
 def simulate(d: dict, where: str = "scenario"):
     """(trace, info, model, cluster, plan) of a scenario."""
-    from sim.engine import simulate as run
+    from distlab.sim.engine import simulate as run
     plan, info, model, cluster = build(d, where)
     slowdown = d.get("stragglers") or {}
     if any(r >= plan.world_size for r in slowdown):

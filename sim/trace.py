@@ -126,7 +126,7 @@ class Trace:
 
     def save(self, path: str) -> None:
         """``*.json`` gets Chrome-trace JSON (Perfetto); ``*.trace`` or ``*.distlab.json`` the native format."""
-        from sim.io import write_atomic
+        from distlab.sim.io import write_atomic
         native = path.endswith(".trace") or path.endswith(".distlab.json")
         write_atomic(path, self.to_json() if native else self.to_chrome())
 

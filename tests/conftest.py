@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from sim.cluster import Cluster, GPUS, InterNode, IntraNode
+from distlab.sim.cluster import Cluster, GPUS, InterNode, IntraNode
 
 
 def one_node(n: int, gbps: float = 100.0, latency_us: float = 2.0, nvls: bool = False) -> Cluster:
@@ -20,7 +20,7 @@ def multi_node(nodes: int, g: int, intra_gbps=100.0, intra_us=2.0, inter_gbps=10
 
 def run_cli(*args, timeout=120):
     """Run `distlab ARGS` in a subprocess: (returncode, stdout, stderr)."""
-    p = subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "distlab.runtime.cli", *args], capture_output=True, text=True,
                        timeout=timeout, cwd=os.path.dirname(os.path.dirname(__file__)))
     return p.returncode, p.stdout, p.stderr
 

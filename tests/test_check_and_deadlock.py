@@ -1,11 +1,11 @@
 """Mismatched collectives, missing calls and deadlocks are named, statically and in the simulator."""
 import pytest
 
-from sim.analysis import straggler_report, time_breakdown, who_waited
-from sim.check import PlanMismatch, check_plan, rank_ranges
-from sim.engine import simulate
-from sim.errors import SimulationDeadlock
-from sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
+from distlab.sim.analysis import straggler_report, time_breakdown, who_waited
+from distlab.sim.check import PlanMismatch, check_plan, rank_ranges
+from distlab.sim.engine import simulate
+from distlab.sim.errors import SimulationDeadlock
+from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 from tests.conftest import one_node
 
 MiB = 2**20

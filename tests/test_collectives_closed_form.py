@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from sim.collectives import num_chunks
-from sim.collectives.nvls import NVLS_LATENCY_S
-from sim.engine import simulate_collective
+from distlab.sim.collectives import num_chunks
+from distlab.sim.collectives.nvls import NVLS_LATENCY_S
+from distlab.sim.engine import simulate_collective
 from tests.conftest import multi_node, one_node
 
 NS = [2, 3, 5, 8, 64]

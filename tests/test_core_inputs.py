@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from sim.cluster import PRESETS, cluster_from_dict, load_cluster
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.io import parse_size, parse_size_range
-from sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
+from distlab.sim.cluster import PRESETS, cluster_from_dict, load_cluster
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.io import parse_size, parse_size_range
+from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 from tests.conftest import one_node
 
 CUSTOM = """\

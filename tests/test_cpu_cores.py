@@ -7,11 +7,11 @@ import yaml
 from hypothesis import given, settings, strategies as st
 from pytest import approx
 
-from sim.cluster import PRESETS, cluster_from_dict
-from sim.cores import SharedCores
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.plan import Compute, Plan, Recv, Send
+from distlab.sim.cluster import PRESETS, cluster_from_dict
+from distlab.sim.cores import SharedCores
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import Compute, Plan, Recv, Send
 
 CPU = PRESETS["localhost-cpu"]
 

@@ -7,7 +7,7 @@ import pytest
 
 
 def distlab(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "simulate", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "distlab.runtime.cli", "simulate", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 

@@ -3,11 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from sim import models as m
-from sim.cluster import GPUS, PRESETS
-from sim.ddp.plan import DDPOptions, bucket_rows, ddp_plan, summarize
-from sim.engine import simulate, simulate_collective
-from sim.plan import Collective, Compute, Record
+from distlab.sim import models as m
+from distlab.sim.cluster import GPUS, PRESETS
+from distlab.sim.ddp.plan import DDPOptions, bucket_rows, ddp_plan, summarize
+from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.plan import Collective, Compute, Record
 
 MIB = 2**20
 

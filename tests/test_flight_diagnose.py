@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from runtime.commands.diagnose import diagnose
-from runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
-from runtime.launch import Launch, RunFailed
-from sim.check import PlanMismatch, check_plan
-from sim.plan import Collective, Plan
+from distlab.runtime.commands.diagnose import diagnose
+from distlab.runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
+from distlab.runtime.launch import Launch, RunFailed
+from distlab.sim.check import PlanMismatch, check_plan
+from distlab.sim.plan import Collective, Plan
 from tests.test_runtime_launch import alive, long_plan, wait_running
 
 MiB = 2**20
@@ -82,7 +82,7 @@ def test_the_static_check_refuses_a_mismatched_plan_before_launch(tmp_path, cli)
     plan = plan_with(4, 3, Collective("broadcast", 4 * MiB, root=0))
     expected = check_plan(plan)[0]
     with pytest.raises(PlanMismatch, match="rank 3 calls broadcast"):
-        Launch("runtime.executor:plan_task", {"plan": plan.to_dict()}, 4)
+        Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict()}, 4)
     path = tmp_path / "odd.json"
     plan.save(str(path))
     t0 = time.monotonic()
@@ -121,7 +121,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
     expected = "would hang: ranks 0-1 wait in all_reduce #5 on group [0..2]; rank 2 never calls it"
     assert check_plan(plan) == [expected]
     with pytest.raises(RunFailed) as e:
-        Launch("runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 3,
+        Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 3,
                timeout=TIMEOUT, check=False).start().wait()
     assert e.value.flight is not None and e.value.dump_dir is None        # read back before the run dir went
     d = diagnose(e.value.flight)
@@ -133,7 +133,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_reported_from_its_live_record(tmp_path):
     dump = tmp_path / "dumps"
-    launch = Launch("runtime.executor:plan_task", {"plan": long_plan(2, 4000).to_dict(), "warmup": 0, "repeat": 1},
+    launch = Launch("distlab.runtime.executor:plan_task", {"plan": long_plan(2, 4000).to_dict(), "warmup": 0, "repeat": 1},
                     2, timeout=10, dump_dir=str(dump)).start()
     try:
         wait_running(launch)

@@ -1,11 +1,11 @@
 """Memory formulas (ZeRO 1910.02054) against hand-computed values; the memory-over-time curve."""
 import pytest
 
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
-from sim.fsdp.plan import build_fsdp
-from sim.models import Layer, Model, Param, gpt, preset
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
+from distlab.sim.fsdp.plan import build_fsdp
+from distlab.sim.models import Layer, Model, Param, gpt, preset
 
 from conftest import multi_node
 

@@ -2,11 +2,11 @@
 stages), that every variant simulates, and bad input as one line with exit code 2."""
 import pytest
 
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.fsdp.plan import build_fsdp, collective_sequence, padded_numel, units_of
-from sim.models import gpt, mlp
-from sim.plan import Collective
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.plan import build_fsdp, collective_sequence, padded_numel, units_of
+from distlab.sim.models import gpt, mlp
+from distlab.sim.plan import Collective
 
 from conftest import one_node, multi_node
 
@@ -99,7 +99,7 @@ def test_every_variant_simulates(opts):
 
 
 def test_overlap_hides_communication():
-    from sim.ddp.plan import summarize
+    from distlab.sim.ddp.plan import summarize
     model = gpt(layers=4, hidden=1024, heads=8, seq_len=2048, vocab=1000, micro_batch=8, arch="llama")
     s = summarize(simulate(build_fsdp(model, 8), one_node(8), record_transfers=False))
     assert s["overlap_pct"] > 50

@@ -10,7 +10,7 @@ import tempfile
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from runtime.cli import main
+from distlab.runtime.cli import main
 
 SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 TMP = tempfile.mkdtemp(prefix="distlab-fuzz-")

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from sim.lessons import (CPU_DDP_MODEL, CPU_FSDP_MODEL, Figure, Table, check, exercises, question, ranks_table,
+from distlab.sim.lessons import (CPU_DDP_MODEL, CPU_FSDP_MODEL, Figure, Table, check, exercises, question, ranks_table,
                          scenario, simulate, simulate_sweep, solution)
-from sim.lessons.units import UnitError, parse
+from distlab.sim.lessons.units import UnitError, parse
 
 
 # --- the checker ----------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_ddp_and_fsdp_exercises_follow_the_library():
     # no_sync: one all-reduce per bucket per optimizer step, whatever grad_accum is
     assert solution("05-no-sync") == str(len(simulate(scenario("gpt2-medium", nodes=2, micro_batch=4))["buckets"]))
     # ZeRO: 16 bytes per parameter (bf16 params and grads, K = 12), sharded 1/N at stage 3
-    from sim.models import model_from_spec
+    from distlab.sim.models import model_from_spec
     psi = model_from_spec("llama-7b").num_params
     assert float(solution("06-zero3-memory").split()[0]) == pytest.approx(16 * psi / 64 / 2**30, rel=1e-3)
     assert float(solution("06-zero1-memory").split()[0]) == pytest.approx((4 + 12 / 64) * psi / 2**30, rel=1e-3)
@@ -108,7 +108,7 @@ def test_ddp_and_fsdp_exercises_follow_the_library():
 
 
 def test_ddp_and_fsdp_helpers():
-    from sim.lessons import (bucket_table, collectives_table, fastest, plot_fsdp, plot_timeline, summary_table,
+    from distlab.sim.lessons import (bucket_table, collectives_table, fastest, plot_fsdp, plot_timeline, summary_table,
                              sweep, sweep_table, world_sweep, zero_bytes, zero_table)
     d = scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4)
     r = simulate(d)
@@ -126,7 +126,7 @@ def test_ddp_and_fsdp_helpers():
     assert "buckets" in str(sweep_table(rows, "bucket_cap_mb"))
     assert plot_timeline(r["trace"])._repr_png_()[:4] == b"\x89PNG"
     # ZeRO: the paper's example, 7.5B parameters on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
-    from sim.models import mlp
+    from distlab.sim.models import mlp
     flat = mlp(64, 7_500_000_000 // 64 // 64 * 64, bias=False, dtype="bfloat16")
     totals = [zero_bytes(flat, 64, z)["total"] / 1e9 for z in (0, 1, 2, 3)]
     assert totals == pytest.approx([120, 31.4, 16.6, 1.9], rel=0.02)
@@ -155,9 +155,9 @@ def test_pipeline_exercises_follow_the_formulas():
 
 
 def test_pipeline_helpers():
-    from sim.lessons import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table, pipeline_table,
+    from distlab.sim.lessons import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table, pipeline_table,
                              pipeline_trace, plot_bubble_sweep, plot_pipeline)
-    from sim.lessons.pipelines import bubble_sweep
+    from distlab.sim.lessons.pipelines import bubble_sweep
     for p, m in ((2, 4), (4, 8), (8, 16)):
         for s in ("gpipe", "1f1b"):
             assert pipeline_metrics(s, p, m).bubble == pytest.approx((p - 1) / (m + p - 1))
@@ -174,7 +174,7 @@ def test_pipeline_helpers():
     assert sw["simulated"]["interleaved v=2"] == pytest.approx(sw["formula"]["(p-1)/(2m+p-1)"])
     assert plot_bubble_sweep(4, [4, 8])._repr_png_()[:4] == b"\x89PNG"
     assert plot_pipeline(pipeline_trace("zbv", 2, 4, 2))._repr_png_()[:4] == b"\x89PNG"
-    from sim.pipeline.scenario import sweep_results
+    from distlab.sim.pipeline.scenario import sweep_results
     rows = sweep_results(scenario("gpt2-medium", "pipeline", schedule="1f1b", stages=4, microbatches=4),
                          "microbatches", [4, 8])
     assert rows[1]["bubble"] < rows[0]["bubble"] and "bubble" in str(pipeline_sweep_table(rows, "microbatches"))
@@ -223,9 +223,9 @@ def test_sim_lessons_does_not_import_torch():
     import subprocess
     import sys
     code = ("import sys, sim.lessons, sim.lessons.bank, sim.commands.lessons; "
-            "sim.lessons.check('03-two-nodes', '5 ms'); sim.lessons.check('05-best-cap', '25'); "
-            "sim.lessons.check('06-all-gathers', 9); sim.lessons.check('07-zbh1', '6 ms'); "
-            "sim.lessons.plot_pipeline(sim.lessons.pipeline_trace('zbv', 2, 4, 2)); "
+            "distlab.sim.lessons.check('03-two-nodes', '5 ms'); sim.lessons.check('05-best-cap', '25'); "
+            "distlab.sim.lessons.check('06-all-gathers', 9); sim.lessons.check('07-zbh1', '6 ms'); "
+            "distlab.sim.lessons.plot_pipeline(sim.lessons.pipeline_trace('zbv', 2, 4, 2)); "
             "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -234,7 +234,7 @@ def test_sim_lessons_does_not_import_torch():
 def test_lessons_command_without_jupyterlab(monkeypatch, capsys):
     import importlib.util
 
-    from sim.commands import lessons
+    from distlab.sim.commands import lessons
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name, *a))
     rc = lessons.run(argparse.Namespace(no_browser=True, port=None, dir=None))
@@ -243,7 +243,7 @@ def test_lessons_command_without_jupyterlab(monkeypatch, capsys):
 
 
 def test_lessons_command_line(cli):
-    from sim.commands.lessons import command, lessons_dir
+    from distlab.sim.commands.lessons import command, lessons_dir
     assert lessons_dir() and os.path.isfile(os.path.join(lessons_dir(), "01_processes_and_collectives.ipynb"))
     cmd = command("/x", no_browser=True, port=8899)
     assert cmd[1:3] == ["-m", "jupyterlab"] and "--no-browser" in cmd and "--port=8899" in cmd
@@ -256,7 +256,7 @@ def test_lessons_command_line(cli):
 # --- real runs (runtime/lessons.py) ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_collectives_demo_every_rank():
-    from runtime.lessons import collectives_demo
+    from distlab.runtime.lessons import collectives_demo
     d = collectives_demo(nproc=4, ops=("all_reduce", "reduce_scatter", "all_to_all"))
     assert [e["RANK"] for e in d["env"]] == ["0", "1", "2", "3"] and d["env"][0]["WORLD_SIZE"] == "4"
     assert d["groups"][0]["metadata group"] == "gloo"
@@ -267,7 +267,7 @@ def test_collectives_demo_every_rank():
 
 @pytest.mark.slow
 def test_check_all_reduce_catches_a_wrong_ring(tmp_path):
-    from runtime.lessons import check_all_reduce
+    from distlab.runtime.lessons import check_all_reduce
     bad = tmp_path / "bad_ring.py"
     bad.write_text("import torch.distributed as dist\n"
                    "def ring(x):\n"
@@ -285,7 +285,7 @@ def test_check_all_reduce_catches_a_wrong_ring(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_bucket_sweep_measures_and_predicts():
-    from runtime.lessons import ddp_bucket_sweep
+    from distlab.runtime.lessons import ddp_bucket_sweep
     r = ddp_bucket_sweep(CPU_DDP_MODEL, [2, 16], nproc=2, steps=2, warmup=2, calibrate=(2**20, 2**22))
     assert [x["bucket_cap_mb"] for x in r["rows"]] == [2, 16]
     assert [x["buckets"] for x in r["rows"]] == [x["measured_buckets"] for x in r["rows"]] == [6, 1]
@@ -295,13 +295,13 @@ def test_ddp_bucket_sweep_measures_and_predicts():
 
 @pytest.mark.slow
 def test_pipeline_predict_measure():
-    from runtime.lessons import pipeline_predict_measure
+    from distlab.runtime.lessons import pipeline_predict_measure
     r = pipeline_predict_measure([("1f1b", 1), ("zbv", 2)], nproc=2, microbatches=4, blocks_per_rank=2, width=64,
                                  rows=8, steps=1)
     assert [x["schedule"] for x in r["rows"]] == ["1f1b", "zbv"] and len(r["measured"]) == len(r["predicted"]) == 2
     assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 and x["replay_s"] > 0 for x in r["rows"])
     assert r["rows"][0]["ideal_bubble"] == pytest.approx(1 / 5) and r["rows"][1]["ideal_bubble"] is None
-    from sim.pipeline import metrics as M
+    from distlab.sim.pipeline import metrics as M
     assert [str(a) for a, _ in M.actions_of(r["measured"][0], 0)] == [str(a) for a, _ in
                                                                      M.actions_of(r["predicted"][0], 0)]
     assert {"F", "B", "I", "W", "latency_s", "overhead_s"} <= set(r["calibration"])
@@ -309,7 +309,7 @@ def test_pipeline_predict_measure():
 
 @pytest.mark.slow
 def test_fsdp_predict_measure():
-    from runtime.lessons import fsdp_predict_measure
+    from distlab.runtime.lessons import fsdp_predict_measure
     r = fsdp_predict_measure(CPU_FSDP_MODEL, {"a": {}, "b": {"reshard_after_forward": False}}, steps=1)
     assert [x["variant"] for x in r["rows"]] == ["a", "b"] and all(x["sequence_match"] for x in r["rows"])
     assert [x["collectives"] for x in r["rows"]] == [14, 10]

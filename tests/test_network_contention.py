@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from sim.engine import simulate, simulate_collective
-from sim.network import max_min_rates
-from sim.plan import Plan, Recv, Send
+from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.network import max_min_rates
+from distlab.sim.plan import Plan, Recv, Send
 from tests.conftest import multi_node, one_node
 
 S = 64 * 2**20
@@ -62,7 +62,7 @@ def test_fat_tree_oversubscription_slows_inter_node_ring(oversub):
 def test_concurrent_collectives_share_links():
     """Two all-reduces on disjoint groups that share no link run as fast as one; on the same GPUs, slower."""
     c = one_node(4, latency_us=0.0)
-    from sim.plan import Collective
+    from distlab.sim.plan import Collective
     one = simulate(Plan([[Collective("all_reduce", S, group=(0, 1))]] * 2 + [[]] * 2).validate(), c).makespan
     both = Plan([[Collective("all_reduce", S, group=(0, 1))]] * 2 + [[Collective("all_reduce", S, group=(2, 3))]] * 2)
     assert simulate(both.validate(), c).makespan == pytest.approx(one, rel=1e-9)

@@ -1,13 +1,13 @@
 """Pipeline plans on the simulator: bubble formulas, in-flight microbatches, ZB-H1 vs 1F1B, p2p, DP, errors."""
 import pytest
 
-from sim.cluster import PRESETS, Cluster, GPUSpec, IntraNode
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.models import Layer, Model, Param, mlp
-from sim.pipeline import metrics as M
-from sim.pipeline import schedules as S
-from sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.cluster import PRESETS, Cluster, GPUSpec, IntraNode
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.models import Layer, Model, Param, mlp
+from distlab.sim.pipeline import metrics as M
+from distlab.sim.pipeline import schedules as S
+from distlab.sim.pipeline.plan import PipelineSpec, build_plan
 
 # 1 FLOP = 1 ms; zero-latency fabric and zero-byte messages: free p2p
 FREE = Cluster("free", 1, 16, GPUSpec("unit", tflops=1e-9, hbm_GBps=1.0, memory_GiB=1.0),
@@ -110,7 +110,7 @@ def test_config_errors_are_one_line(kw, match):
 
 
 def test_diagram_png(tmp_path):
-    from sim.pipeline import diagram
+    from distlab.sim.pipeline import diagram
     plan, trace, met = run("zbv", 2, 4, 2)
     path = tmp_path / "pp.png"
     diagram.draw(trace, str(path), title=diagram.title_for(plan.meta["pipeline"], met), p=2)
@@ -131,7 +131,7 @@ def _scenario(tmp_path, par: str) -> str:
     ("{kind: pipeline, stagez: 2}", "unknown key 'stagez'"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, par, match):
-    from runtime.cli import main
+    from distlab.runtime.cli import main
     assert main(["simulate", _scenario(tmp_path, par), "--no-files"]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
@@ -140,7 +140,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, par, match):
 def test_cli_simulate_and_sweep(tmp_path, capsys):
     import json
 
-    from runtime.cli import main
+    from distlab.runtime.cli import main
     path = _scenario(tmp_path, "{kind: pipeline, schedule: 1f1b, stages: 2, microbatches: 4}")
     assert main(["simulate", path, "--out", str(tmp_path / "out")]) == 0
     assert "bubble" in capsys.readouterr().out and (tmp_path / "out" / "timeline.png").exists()

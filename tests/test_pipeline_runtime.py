@@ -3,9 +3,9 @@ executes on real PipelineStages are, per rank and in order, the ones sim.pipelin
 match a single-process reference; the measured trace lines up with the plan and its metrics make sense."""
 import pytest
 
-from sim.pipeline import metrics as M
-from sim.pipeline import schedules as S
-from sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.pipeline import metrics as M
+from distlab.sim.pipeline import schedules as S
+from distlab.sim.pipeline.plan import PipelineSpec, build_plan
 
 pytest.importorskip("torch.distributed.pipelining")
 
@@ -15,13 +15,13 @@ RUNS = [dict(schedule=s, stages=2, microbatches=4, virtual_stages=v, width=32, r
 
 @pytest.fixture(scope="module")
 def measured():
-    from runtime.pipeline import measure
+    from distlab.runtime.pipeline import measure
     return measure(RUNS, 2, timeout=120)
 
 
 @pytest.mark.slow
 def test_real_pipeline_runs(measured):
-    from runtime.pipeline import reference_loss
+    from distlab.runtime.pipeline import reference_loss
     for i, (cfg, trace) in enumerate(zip(RUNS, measured["traces"])):
         p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
         ours = S.build(cfg["schedule"], p, m, v)
@@ -30,7 +30,7 @@ def test_real_pipeline_runs(measured):
         losses = [x for rank in measured["ranks"] for x in rank["runs"][i]["losses"]]
         assert losses and all(x == pytest.approx(reference_loss(cfg), rel=1e-5) for x in losses)
         # op indices and names are the plan's compute ops
-        from sim.models import Layer, Model
+        from distlab.sim.models import Layer, Model
         plan = build_plan(Model("b", [Layer(f"b{k}", [], fwd_flops=1.0) for k in range(p * v)]),
                           PipelineSpec(cfg["schedule"], p, m, v))
         for o in trace.ops:

@@ -5,8 +5,8 @@ Single-stage schedules (GPipe, 1F1B) are run for real on recording stand-in stag
 which is what they execute."""
 import pytest
 
-from sim.errors import ConfigError
-from sim.pipeline import schedules as S
+from distlab.sim.errors import ConfigError
+from distlab.sim.pipeline import schedules as S
 
 torch_pp = pytest.importorskip("torch.distributed.pipelining")
 

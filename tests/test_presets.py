@@ -1,9 +1,9 @@
 """Presets reproduce published large-message ring all-reduce bus bandwidth."""
 import pytest
 
-from sim.cluster import PRESETS, load_cluster
-from sim.collectives import metrics
-from sim.engine import simulate_collective
+from distlab.sim.cluster import PRESETS, load_cluster
+from distlab.sim.collectives import metrics
+from distlab.sim.engine import simulate_collective
 
 GiB = 2**30
 

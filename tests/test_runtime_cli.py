@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, argv, plan_file, tmp_path):
 
 @pytest.mark.slow
 def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
-    from sim.trace import Trace
+    from distlab.sim.trace import Trace
     out = tmp_path / "m.trace"
     rc, stdout, err = cli("run", plan_file, "--nproc", "2", "--repeat", "2", "--out", str(out), "--json")
     assert rc == 0, err
@@ -83,8 +83,8 @@ def test_bench_table_json_and_plot(cli, tmp_path):
 
 @pytest.mark.slow
 def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
-    from sim.cluster import load_cluster
-    from sim.engine import simulate_collective
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate_collective
     out = tmp_path / "c.yaml"
     rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
                           "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out))

@@ -4,17 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_collectives_on_nccl_match_independent_values():
-    from runtime.launch import launch
-    from runtime.selfcheck import cases, value
+    from distlab.runtime.launch import launch
+    from distlab.runtime.selfcheck import cases, value
     n = min(torch.cuda.device_count(), 2)
-    results = launch("runtime.selfcheck:collectives_task", {"dtypes": ["float32", "bfloat16", "int32"]}, n,
+    results = launch("distlab.runtime.selfcheck:collectives_task", {"dtypes": ["float32", "bfloat16", "int32"]}, n,
                      backend="nccl", timeout=120)
     for rank, res in enumerate(results):
         for i, c in enumerate(cases(n, ("float32", "bfloat16", "int32"))):
@@ -26,12 +26,12 @@ def test_collectives_on_nccl_match_independent_values():
 
 
 def test_cuda_streams_overlap_and_event_times():
-    from runtime.executor import merge_results
-    from runtime.launch import launch
+    from distlab.runtime.executor import merge_results
+    from distlab.runtime.launch import launch
     ops = [Compute(name="c0", seconds=0.02), Record("e", stream="compute"), Compute(name="c1", seconds=0.02),
            Wait("e", stream="comm"), Collective("all_reduce", 256 * 2**20, stream="comm")]
     plan = Plan([ops], name="cuda-overlap")
-    results = launch("runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 3}, 1,
+    results = launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 3}, 1,
                      backend="nccl", timeout=120)
     trace = merge_results(plan, results)
     rec = {o.index: o for o in trace.ops}

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.fit import calibrated_cluster, calibration_from_rows, fit_line, predict, ring_cost
-from sim.cluster import cluster_from_dict
-from sim.errors import ConfigError
+from distlab.runtime.fit import calibrated_cluster, calibration_from_rows, fit_line, predict, ring_cost
+from distlab.sim.cluster import cluster_from_dict
+from distlab.sim.errors import ConfigError
 
 
 def rows_for(op, n, alpha, bw, sizes):
@@ -32,7 +32,7 @@ def test_negative_intercept_or_slope_falls_back_to_a_slope_through_zero():
 
 
 def test_prediction_matches_the_simulator_on_the_calibrated_cluster():
-    from sim.engine import simulate_collective
+    from distlab.sim.engine import simulate_collective
     sizes = [2**20, 2**23, 2**26]
     rows = rows_for("all_reduce", 2, 200e-6, 1.2e9, sizes) + rows_for("all_reduce", 4, 300e-6, 0.6e9, sizes)
     rows += rows_for("reduce_scatter", 2, 100e-6, 0.3e9, sizes)
@@ -49,7 +49,7 @@ def test_prediction_matches_the_simulator_on_the_calibrated_cluster():
 def test_timed_compute_never_ends_early():
     """A Compute op with planned seconds lasts at least that long, however slow one matmul is."""
     import time
-    from runtime.compute import Matmuls
+    from distlab.runtime.compute import Matmuls
     mm = Matmuls("cpu", n=192)
     for seconds in (0.0005, 0.002, 0.005):
         for _ in range(5):

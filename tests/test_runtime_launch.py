@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from runtime.launch import Launch, RunFailed
-from sim.plan import Collective, Plan
+from distlab.runtime.launch import Launch, RunFailed
+from distlab.sim.plan import Collective, Plan
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def raising_task(ctx, payload):
 
 def test_sigkill_of_one_rank_ends_the_run_naming_it_and_leaves_nothing():
     timeout = 20.0
-    launch = Launch("runtime.executor:plan_task", {"plan": long_plan().to_dict(), "warmup": 0, "repeat": 1}, 2,
+    launch = Launch("distlab.runtime.executor:plan_task", {"plan": long_plan().to_dict(), "warmup": 0, "repeat": 1}, 2,
                     timeout=timeout).start()
     try:
         wait_running(launch)
@@ -74,9 +74,9 @@ def test_a_rank_that_raises_is_named_with_its_error():
 
 
 def test_a_rank_that_never_answers_ends_the_run_after_the_timeout():
-    from sim.plan import Recv
+    from distlab.sim.plan import Recv
     plan = Plan([[Collective("all_reduce", 1024)], [Recv(0, 1024)]], name="stuck")      # rank 0 never sends
-    launch = Launch("runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 2,
+    launch = Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 2,
                     timeout=3, check=False).start()                    # the static check would refuse it
     wait_running(launch)
     t0 = time.monotonic()
@@ -90,7 +90,7 @@ def test_a_rank_that_never_answers_ends_the_run_after_the_timeout():
 def _start_cli(tmp_path):
     plan = tmp_path / "long.json"
     long_plan().save(str(plan))
-    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", str(plan), "--nproc", "2", "--warmup", "0", "-v",
+    p = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", str(plan), "--nproc", "2", "--warmup", "0", "-v",
                           "--out", str(tmp_path / "t.trace")], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, TMPDIR=str(tmp_path)))     # a killed launcher leaves its run dir here
     pids = []
@@ -111,7 +111,7 @@ def test_ctrl_c_reaps_every_rank(tmp_path):
     p.stderr.close()
     assert rc == 130
     assert not any(alive(pid) for pid in pids)
-    from sim.trace import Trace                            # what was measured before Ctrl-C is kept
+    from distlab.sim.trace import Trace                            # what was measured before Ctrl-C is kept
     trace = Trace.from_json((tmp_path / "t.trace").read_text())
     assert trace.meta["complete"] is False and len(trace.ops) > 10
     assert {o.rank for o in trace.ops} == {0, 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, parse_ops, positive_int
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
@@ -26,11 +26,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from runtime.launch import Launch, RunFailed
-    from sim.cli import print_json, print_table
-    from sim.errors import ConfigError
-    from sim.io import parse_size_range, write_atomic
-    from sim.plan import DTYPE_BYTES, format_bytes
+    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.io import parse_size_range, write_atomic
+    from distlab.sim.plan import DTYPE_BYTES, format_bytes
 
     ops = parse_ops(args.ops)
     sizes = parse_size_range(args.sizes)
@@ -38,13 +38,13 @@ def run(args) -> int:
     if args.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "--dtype")
     if args.backend == "gloo":
-        from runtime.collectives import check_backend_dtype
+        from distlab.runtime.collectives import check_backend_dtype
         check_backend_dtype(args.dtype, "gloo", "--dtype")
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
     payload = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters}
-    launch = Launch("runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
+    launch = Launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
     try:
         rows = launch.wait_progress(args.iters, f"bench on {nproc} ranks",
                                     lambda L: (L.partial(0) or {}).get("rounds", 0))[0]["rows"]
@@ -77,7 +77,7 @@ def plot_busbw(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.io import save_figure
+    from distlab.sim.io import save_figure
     fig, ax = plt.subplots(figsize=(7, 4))
     for op in dict.fromkeys(r["op"] for r in rows if r["op"] != "barrier"):
         rs = [r for r in rows if r["op"] == op]

@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 
-from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
 
 NAME = "calibrate"
 HELP = "Fit latency and bandwidth of real collectives per world size, and compute speed; write a cluster YAML."
@@ -30,8 +30,8 @@ def add_arguments(p) -> None:
 
 
 def check(args):
-    from sim.errors import ConfigError
-    from sim.io import parse_size_range
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.io import parse_size_range
     ops = parse_ops(args.ops, allow_barrier=False)
     sizes = parse_size_range(args.sizes)
     if len(set(sizes)) < 2:
@@ -47,18 +47,18 @@ def check(args):
 
 def measure(ops, sizes, n, args, plan_payload=None, label="calibrate"):
     """One launch at ``n`` ranks: the sweep rows, compute rates, and (if given) a plan's results."""
-    from runtime.launch import Launch
+    from distlab.runtime.launch import Launch
     payload = {"ops": ops, "sizes": sizes, "warmup": args.warmup, "iters": args.iters, "compute": True,
                "plan": plan_payload}
-    launch = Launch("runtime.sweep:sweep_task", payload, n, **launch_kwargs(args)).start()
+    launch = Launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_kwargs(args)).start()
     return launch.wait_progress(args.iters, f"{label}: {n} ranks",
                                 lambda L: (L.partial(0) or {}).get("rounds", 0))
 
 
 def write_cluster(path, rows, compute, nprocs, backend, sizes) -> object:
-    from runtime.fit import calibrated_cluster, calibration_from_rows
-    from sim.io import write_atomic
-    from sim.plan import format_bytes
+    from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
+    from distlab.sim.io import write_atomic
+    from distlab.sim.plan import format_bytes
     calibration = calibration_from_rows(rows)
     cluster = calibrated_cluster(calibration, compute, max(nprocs), backend)
     head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
@@ -69,9 +69,9 @@ def write_cluster(path, rows, compute, nprocs, backend, sizes) -> object:
 
 
 def run(args) -> int:
-    from runtime.launch import RunFailed
-    from sim.cli import print_json, print_table
-    from sim.plan import format_bytes
+    from distlab.runtime.launch import RunFailed
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
     rows, compute, backend, done = [], None, "gloo", []

@@ -1,8 +1,8 @@
 """Options shared by the runtime commands (ranks, backend, threads, timeout) and their checks."""
 from __future__ import annotations
 
-from sim.errors import ConfigError
-from sim.plan import COLLECTIVES
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import COLLECTIVES
 
 
 def add_launch_arguments(p, nproc_help: str = "number of local ranks", nproc_default=None) -> None:

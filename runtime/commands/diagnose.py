@@ -23,22 +23,22 @@ def add_arguments(p) -> None:
 
 
 def _op(rec):
-    from sim.plan import Collective
+    from distlab.sim.plan import Collective
     return Collective(rec["op"], rec["bytes"], rec["dtype"], tuple(rec["group"]), root=rec["root"])
 
 
 def where(rec) -> str:
     """'all_reduce(4 MiB) #5 on group [0..3]' (with the stream when the record has one)."""
-    from sim.check import group_name
-    from sim.plan import describe
+    from distlab.sim.check import group_name
+    from distlab.sim.plan import describe
     stream = f", stream {rec['stream']!r}" if rec.get("stream") not in ("", "comm", None) else ""
     return f"{describe(_op(rec))} #{rec['seq']} on group {group_name(rec['group'])}{stream}"
 
 
 def diagnose(flight: dict) -> dict:
     """``flight`` = runtime.flight.load_dir(DIR). Returns {"problems": [lines], "ranks": [per rank], ...}."""
-    from sim.check import collective_problems, signature
-    from sim.plan import describe
+    from distlab.sim.check import collective_problems, signature
+    from distlab.sim.plan import describe
     ranks, world = flight["ranks"], flight["world_size"]
     run = flight.get("run") or {}
     codes = {int(k): v for k, v in run.get("exit_codes", {}).items()}
@@ -104,8 +104,8 @@ def rank_line(row: dict) -> str:
 
 
 def run(args) -> int:
-    from runtime.flight import load_dir
-    from sim.cli import print_json
+    from distlab.runtime.flight import load_dir
+    from distlab.sim.cli import print_json
     d = diagnose(load_dir(args.dir))
     if args.json:
         print_json(d)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, positive_int
 
 NAME = "run"
 HELP = "Execute a plan on real local ranks (torch.distributed) and write the measured trace."
@@ -24,15 +24,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from runtime.executor import merge_results
+    from distlab.runtime.executor import merge_results
     import contextlib
 
-    from runtime.flight import clear
-    from runtime.launch import Launch, RunFailed
-    from sim.check import PlanMismatch, assert_consistent
-    from sim.cli import print_json, print_table
-    from sim.errors import ConfigError
-    from sim.plan import Plan
+    from distlab.runtime.flight import clear
+    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.sim.check import PlanMismatch, assert_consistent
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.plan import Plan
 
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
@@ -50,7 +50,7 @@ def run(args) -> int:
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
     dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
-    launch = Launch("runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
+    launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
                     **launch_kwargs(args)).start()
     try:
         results = launch.wait_progress(args.repeat, f"{plan.name} on {nproc} ranks",
@@ -88,7 +88,7 @@ def run(args) -> int:
 
 def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:
     """Write what the ranks measured before a failure or Ctrl-C (meta complete: false)."""
-    from runtime.executor import merge_results
+    from distlab.runtime.executor import merge_results
     kept = [p for p in (partial or {}).values() if p]
     if kept and any(p["runs"] for p in kept):
         trace = merge_results(plan, kept, run=max(len(p["runs"]) for p in kept) - 1, meta=meta)
@@ -98,8 +98,8 @@ def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:
 
 def check_dtypes(plan, backend: str) -> None:
     """Refuse before starting ranks what Gloo cannot reduce (torch is imported only to resolve 'auto')."""
-    from runtime.collectives import GLOO_DTYPES, check_backend_dtype
-    from sim.plan import Collective, Recv, Send
+    from distlab.runtime.collectives import GLOO_DTYPES, check_backend_dtype
+    from distlab.sim.plan import Collective, Recv, Send
     bad = [(r, i, op) for r, ops in enumerate(plan.ranks) for i, op in enumerate(ops)
            if isinstance(op, (Collective, Send, Recv)) and op.dtype not in GLOO_DTYPES]
     if not bad or backend == "nccl":

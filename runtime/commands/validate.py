@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from runtime.commands.common import add_launch_arguments, parse_nprocs, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, parse_nprocs, parse_ops, positive_int
 
 NAME = "validate"
 HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
@@ -30,15 +30,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from runtime.commands.calibrate import measure
-    from runtime.fit import calibration_from_rows
-    from runtime.launch import RunFailed
-    from runtime.validation import (collective_cases, overlap_case, overlap_plan, plot, scenario_cases,
+    from distlab.runtime.commands.calibrate import measure
+    from distlab.runtime.fit import calibration_from_rows
+    from distlab.runtime.launch import RunFailed
+    from distlab.runtime.validation import (collective_cases, overlap_case, overlap_plan, plot, scenario_cases,
                                     summarize)
-    from sim.cli import print_json, print_table
-    from sim.errors import ConfigError
-    from sim.io import parse_size_range, write_atomic
-    from sim.plan import format_bytes
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.io import parse_size_range, write_atomic
+    from distlab.sim.plan import format_bytes
 
     ops = parse_ops(args.ops, allow_barrier=False)
     calib, held = parse_size_range(args.calib_sizes, "--calib-sizes"), parse_size_range(args.sizes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 CHUNK_BYTES = 1 << 20      # pipelining chunk for chain and tree algorithms (NCCL moves data in ~MiB chunks)
 MAX_CHUNKS = 64            # cap on chunks per collective, to bound the simulation's work
@@ -51,7 +51,7 @@ def metrics(op: str, n: int, nbytes: float, seconds: float) -> dict:
 
 def supported(op: str) -> dict:
     """Which algorithms implement ``op``."""
-    from sim.collectives import direct, hierarchical, nvls, ring, tree
+    from distlab.sim.collectives import direct, hierarchical, nvls, ring, tree
     table = {"ring": ring.OPS, "tree": tree.OPS, "hierarchical": hierarchical.OPS, "nvls": nvls.OPS,
              "direct": direct.OPS}
     return {name: op in ops for name, ops in table.items()}
@@ -59,7 +59,7 @@ def supported(op: str) -> dict:
 
 def steps(ctx, op: str, group: tuple[int, ...], nbytes: float, algorithm: str, root: int = 0):
     """The steps of one collective. ``ctx`` is a sim.collectives.context.Context (topology and caches)."""
-    from sim.collectives import direct, hierarchical, nvls, ring, tree
+    from distlab.sim.collectives import direct, hierarchical, nvls, ring, tree
     module = {"ring": ring, "tree": tree, "hierarchical": hierarchical, "nvls": nvls, "direct": direct}[algorithm]
     if op not in module.OPS:
         allowed = [a for a, ok in supported(op).items() if ok]

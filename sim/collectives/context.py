@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.collectives import ring_cost, steps as algorithm_steps, supported
-from sim.errors import ConfigError
-from sim.network import Pairs, Topology
+from distlab.sim.collectives import ring_cost, steps as algorithm_steps, supported
+from distlab.sim.errors import ConfigError
+from distlab.sim.network import Pairs, Topology
 
 ALGORITHM_ORDER = ("ring", "tree", "hierarchical", "nvls", "direct")
 

@@ -7,7 +7,7 @@ The rails run in parallel on their own NICs, so crossing nodes moves only S/g pe
 """
 from __future__ import annotations
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 OPS = ("all_reduce",)
 

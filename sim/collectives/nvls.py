@@ -8,9 +8,9 @@ One node only; the switch must support it (cluster intra_node.nvls).
 """
 from __future__ import annotations
 
-from sim.collectives import num_chunks
-from sim.errors import ConfigError
-from sim.network import SWITCH
+from distlab.sim.collectives import num_chunks
+from distlab.sim.errors import ConfigError
+from distlab.sim.network import SWITCH
 
 OPS = ("all_reduce",)
 NVLS_LATENCY_S = 25e-6     # NCCL src/graph/tuning.cc: NVLS latency 25 us (vs 0.6 us per NVLink hop)

@@ -11,7 +11,7 @@ on its own rail, as NCCL's rings do; inside a node channel c starts at local ran
 """
 from __future__ import annotations
 
-from sim.collectives import num_chunks
+from distlab.sim.collectives import num_chunks
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier")
 

@@ -16,7 +16,7 @@ Simplification: NCCL overlaps the reduce and broadcast phases; here broadcast st
 """
 from __future__ import annotations
 
-from sim.collectives import num_chunks
+from distlab.sim.collectives import num_chunks
 
 OPS = ("all_reduce", "barrier")
 

@@ -12,9 +12,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sim.check import check_plan
-    from sim.cli import print_json
-    from sim.plan import Plan
+    from distlab.sim.check import check_plan
+    from distlab.sim.cli import print_json
+    from distlab.sim.plan import Plan
 
     plan = Plan.load(args.plan)
     problems = check_plan(plan)

@@ -1,9 +1,9 @@
 """`distlab collective`: simulate one collective, or sweep sizes like nccl-tests."""
 from __future__ import annotations
 
-from sim.cli import print_json, print_table, progress
-from sim.errors import ConfigError
-from sim.plan import ALGORITHMS, COLLECTIVES, format_bytes
+from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import ALGORITHMS, COLLECTIVES, format_bytes
 
 NAME = "collective"
 HELP = "Simulate a collective on a cluster: time, algbw and busbw (nccl-tests definitions)."
@@ -29,10 +29,10 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
-    from sim.cluster import _validated, load_cluster
-    from sim.collectives import metrics
-    from sim.engine import simulate_collective
-    from sim.io import parse_size, parse_size_range
+    from distlab.sim.cluster import _validated, load_cluster
+    from distlab.sim.collectives import metrics
+    from distlab.sim.engine import simulate_collective
+    from distlab.sim.io import parse_size, parse_size_range
 
     sizes = parse_size_range(args.sizes) if args.sizes else [parse_size(args.size, "--size")]
     for flag, value in (("--trace", args.trace), ("--timeline", args.timeline)):
@@ -62,8 +62,8 @@ def run(args) -> int:
     if args.plot:
         plot_busbw(rows, args.plot)
     if args.timeline:
-        from sim.io import save_figure
-        from sim.plots import transfers_timeline
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import transfers_timeline
         r = rows[0]
         save_figure(transfers_timeline(trace, title=f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, "
                                                     f"{n} ranks on {cluster.name}"), args.timeline)
@@ -85,7 +85,7 @@ def plot_busbw(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sim.io import save_figure
+    from distlab.sim.io import save_figure
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o")
     ax.set_xscale("log", base=2)

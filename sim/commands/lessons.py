@@ -39,7 +39,7 @@ def run(args) -> int:
     import subprocess
     import sys
 
-    from sim.errors import ConfigError
+    from distlab.sim.errors import ConfigError
     if importlib.util.find_spec("jupyterlab") is None:
         sys.stderr.write(f"distlab lessons: error: JupyterLab is not installed; install it with: {INSTALL_HINT}\n")
         return 2

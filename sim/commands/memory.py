@@ -1,8 +1,8 @@
 """`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage."""
 from __future__ import annotations
 
-from sim.cli import print_json, print_table
-from sim.errors import ConfigError
+from distlab.sim.cli import print_json, print_table
+from distlab.sim.errors import ConfigError
 
 NAME = "memory"
 HELP = ("Per-GPU memory of data-parallel training: params, grads, Adam state (ZeRO 1910.02054) for DDP and "
@@ -34,7 +34,7 @@ def _stage(text: str) -> int:
 
 
 def _gpu_GiB(text: str) -> tuple[str, float]:
-    from sim.cluster import GPUS
+    from distlab.sim.cluster import GPUS
     if text in GPUS:
         return text, GPUS[text].memory_GiB
     try:
@@ -47,8 +47,8 @@ def _gpu_GiB(text: str) -> tuple[str, float]:
 
 
 def run(args) -> int:
-    from sim.fsdp.memory import estimate, fits
-    from sim.models import model_from_spec
+    from distlab.sim.fsdp.memory import estimate, fits
+    from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
     if args.world < 1:
         raise ConfigError(f"{args.world} must be a whole number >= 1", "--world")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import copy
 import os
 
-from sim.cli import print_json, print_table
-from sim.errors import ConfigError
+from distlab.sim.cli import print_json, print_table
+from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
 HELP = ("Simulate a training step (DDP by default): step, compute, communication and exposed time, "
@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 
 
 def scenario_from_args(args) -> dict:
-    from sim import scenario as sc
+    from distlab.sim import scenario as sc
     d = sc.load(args.scenario) if args.scenario else copy.deepcopy(sc.DEFAULT)
     if args.model:
         d["model"] = {"preset": args.model}
@@ -90,8 +90,8 @@ def parse_sweep(text: str) -> tuple[str, list]:
 
 
 def run(args) -> int:
-    from sim import scenario as sc
-    from sim.ddp.plan import bucket_rows, summarize
+    from distlab.sim import scenario as sc
+    from distlab.sim.ddp.plan import bucket_rows, summarize
     d = scenario_from_args(args)
     files = {}
     if args.sweep:
@@ -102,8 +102,8 @@ def run(args) -> int:
     rows = bucket_rows(trace, info) if "buckets" in info else []
     _ddp_launch(rows)
     if not args.no_files:
-        from sim.io import save_figure
-        from sim.plots import timeline
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import timeline
         os.makedirs(args.out, exist_ok=True)
         files["trace"] = os.path.join(args.out, "trace.json")
         trace.save(files["trace"])
@@ -113,7 +113,7 @@ def run(args) -> int:
         fig = (info["figure"](trace, title=title) if "figure" in info
                else timeline(trace, ranks=list(range(min(2, plan.world_size))), title=title))
         save_figure(fig, files["timeline"])
-    from sim.analysis import straggler_report, time_breakdown
+    from distlab.sim.analysis import straggler_report, time_breakdown
     by_rank = [vars(b) for b in time_breakdown(trace)]
     stragglers = straggler_report(trace)
     if args.json:
@@ -159,11 +159,11 @@ def _ddp_launch(rows: list[dict]) -> None:
 
 
 def run_sweep(args, base: dict) -> int:
-    from sim import scenario as sc
-    from sim.ddp.plan import summarize
+    from distlab.sim import scenario as sc
+    from distlab.sim.ddp.plan import summarize
     key, values = parse_sweep(args.sweep)
     if base["parallelism"].get("kind") == "pipeline":
-        from sim.pipeline.scenario import run_sweep as pipeline_sweep
+        from distlab.sim.pipeline.scenario import run_sweep as pipeline_sweep
         return pipeline_sweep(args, base, key, values)
     results = []
     for v in values:
@@ -175,8 +175,8 @@ def run_sweep(args, base: dict) -> int:
     files = {}
     numeric = all(isinstance(v, (int, float)) for v in values)
     if not args.no_files and numeric:
-        from sim.io import save_figure
-        from sim.plots import sweep
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import sweep
         os.makedirs(args.out, exist_ok=True)
         files["sweep"] = os.path.join(args.out, f"sweep-{key}.png")
         ms = lambda k: [r[k] * 1e3 for r in results]  # noqa: E731

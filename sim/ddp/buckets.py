@@ -18,8 +18,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from sim.errors import ConfigError
-from sim.models import Model, Param
+from distlab.sim.errors import ConfigError
+from distlab.sim.models import Model, Param
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25

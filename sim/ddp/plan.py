@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from sim.ddp.buckets import ddp_buckets
-from sim.errors import ConfigError
-from sim.models import Model
-from sim.plan import ALGORITHMS, Collective, Compute, Plan, Record, Wait
+from distlab.sim.ddp.buckets import ddp_buckets
+from distlab.sim.errors import ConfigError
+from distlab.sim.models import Model
+from distlab.sim.plan import ALGORITHMS, Collective, Compute, Plan, Record, Wait
 
 OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
 

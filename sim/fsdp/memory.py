@@ -13,7 +13,7 @@ copies plus fp32 master; the total per element (16 bytes) is the same.
 """
 from __future__ import annotations
 
-from sim.plan import DTYPE_BYTES
+from distlab.sim.plan import DTYPE_BYTES
 
 STATIC = ("params", "grads", "optimizer")
 DYNAMIC = ("unsharded params", "unsharded grads", "activations")
@@ -28,8 +28,8 @@ def precision(dtype: str) -> tuple[int, int, int]:
 
 def static_bytes(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None) -> dict:
     """Bytes per GPU of params, grads and optimizer state for ZeRO stage ``zero`` (0 = DDP)."""
-    from sim.errors import ConfigError
-    from sim.fsdp.plan import model_dtype, padded_numel
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.fsdp.plan import model_dtype, padded_numel
     if zero not in STAGES or isinstance(zero, bool):
         raise ConfigError(f"unknown ZeRO stage {zero!r}; allowed: 0 (DDP), 1, 2, 3", "zero")
     S = shard_size or world
@@ -47,7 +47,7 @@ def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype:
              reshard_after_forward: bool = True, prefetch: int = 1) -> dict:
     """A quick peak estimate without a timeline: static + everything alive when backward starts, i.e. all
     activations, the root unit, and (ZeRO-3) the prefetched block(s), or every block if not resharded."""
-    from sim.fsdp.plan import model_dtype, units_of
+    from distlab.sim.fsdp.plan import model_dtype, units_of
     out = static_bytes(model, world, zero, shard_size, dtype)
     pb = DTYPE_BYTES[dtype or model_dtype(model)]
     S = shard_size or world
@@ -110,7 +110,7 @@ def fits(total: int, gpu_GiB: float) -> bool:
 
 def breakdown_line(breakdown: dict, total: int, gpu_GiB: float | None = None) -> str:
     """``params 1.2 GiB + grads ... = 13.4 GiB`` and, when over the GPU, ``DOES NOT FIT in 80 GiB``."""
-    from sim.plan import format_bytes
+    from distlab.sim.plan import format_bytes
     parts = " + ".join(f"{k} {format_bytes(v)}" for k, v in breakdown.items() if v)
     line = f"{parts} = {format_bytes(total)}"
     if gpu_GiB is not None and not fits(total, gpu_GiB):

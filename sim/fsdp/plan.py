@@ -25,8 +25,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from sim.errors import ConfigError
-from sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
+from distlab.sim.errors import ConfigError
+from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
 
 BLOCK = re.compile(r"^(.*\.)?\d+$")          # h.0, layers.3: one fully_shard unit each
 ADAM_BYTES = 28      # per shard element: read param, grad, m, v (fp32) and write param, m, v
@@ -141,7 +141,7 @@ def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = N
     pdt = cfg.param_dtype or model_dtype(model)
     rdt = cfg.reduce_dtype or pdt
     progs = [_program(model, units, cfg, r, world, pdt, rdt) for r in range(world)]
-    from sim.fsdp.memory import static_bytes
+    from distlab.sim.fsdp.memory import static_bytes
     S = cfg.shard_size
     meta = {"builder": "fsdp", "model": model.name, "zero": cfg.zero, "shard_size": S,
             "reshard_after_forward": cfg.reshard_after_forward, "param_dtype": pdt, "reduce_dtype": rdt,

@@ -2,8 +2,8 @@
 memory curve beneath it for `distlab simulate`. Options: see sim/fsdp/plan.py (KEYS)."""
 from __future__ import annotations
 
-from sim.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fits, memory_curve, peak
-from sim.fsdp.plan import build_fsdp
+from distlab.sim.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fits, memory_curve, peak
+from distlab.sim.fsdp.plan import build_fsdp
 
 
 def build(scenario: dict, model, cluster):
@@ -34,9 +34,9 @@ def _gib(n: float) -> str:
 
 
 def figure(plan, trace, gpu_GiB: float | None = None, ranks: list[int] | None = None, title: str | None = None):
-    """sim.plots.timeline of ``ranks`` (default the first two) and, beneath on the same time axis, rank 0's
+    """distlab.sim.plots.timeline of ``ranks`` (default the first two) and, beneath on the same time axis, rank 0's
     memory stacked by category (static: params, grads, optimizer; dynamic: unsharded, activations)."""
-    from sim.plots import timeline
+    from distlab.sim.plots import timeline
     ranks = ranks if ranks is not None else list(range(min(2, plan.world_size)))
     span = max(trace.makespan, 1e-12)
     wide = lambda o: o.name if o.end - o.start > 0.03 * span else None  # noqa: E731 - label only wide ops

@@ -1,38 +1,38 @@
 """The exercises of lessons 01-07. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
-from sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.exercises import Exercise, register
 
 MiB = 2**20
 
 
 def _ring(op: str, n: int, nbytes: float, alpha_s: float, bandwidth_Bps: float) -> float:
     """The α-β ring model: steps x α + factor x S / B (sim.collectives.ring_cost)."""
-    from sim.collectives import ring_cost
+    from distlab.sim.collectives import ring_cost
     steps, factor = ring_cost(op, n)
     return steps * alpha_s + factor * nbytes / bandwidth_Bps
 
 
 def _ring_steps(op: str, n: int) -> int:
-    from sim.collectives import ring_cost
+    from distlab.sim.collectives import ring_cost
     return ring_cost(op, n)[0]
 
 
 def _simulated_ms(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str = "auto") -> float:
-    from sim.cluster import load_cluster
-    from sim.engine import simulate_collective
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate_collective
     trace, _ = simulate_collective(op, nbytes, load_cluster(cluster, nodes), algorithm)
     return trace.makespan * 1e3
 
 
 def _auto_algorithm(op: str, nbytes: int, cluster: str, nodes: int) -> str:
-    from sim.cluster import load_cluster
-    from sim.engine import simulate_collective
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate_collective
     return simulate_collective(op, nbytes, load_cluster(cluster, nodes), "auto")[1]
 
 
 def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
-    from sim.collectives import metrics
+    from distlab.sim.collectives import metrics
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
 
 
@@ -41,19 +41,19 @@ def _measured_busbw(row: dict) -> float:
 
 
 def _preset(name: str):
-    from sim.cluster import PRESETS
+    from distlab.sim.cluster import PRESETS
     return PRESETS[name]
 
 
 def _ddp_buckets(model, cap=None):
-    from sim.ddp.buckets import ddp_buckets
-    from sim.models import model_from_spec
+    from distlab.sim.ddp.buckets import ddp_buckets
+    from distlab.sim.models import model_from_spec
     return ddp_buckets(model_from_spec(model), cap)
 
 
 def _ddp_sim(**options):
     """lesson 05's scenario: gpt2-medium, micro-batch 4, 2 x dgx-h100, DDP with ``options``."""
-    from sim.lessons import scenario, simulate
+    from distlab.sim.lessons import scenario, simulate
     return simulate(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4, **options))
 
 
@@ -61,13 +61,13 @@ LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
 
 
 def _fastest_cap() -> str:
-    from sim.lessons import fastest, scenario, sweep
+    from distlab.sim.lessons import fastest, scenario, sweep
     rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)
     return str(fastest(rows, "bucket_cap_mb"))
 
 
 def _collectives(plan, op: str) -> int:
-    from sim.plan import Collective
+    from distlab.sim.plan import Collective
     return sum(isinstance(o, Collective) and o.op == op for o in plan.ranks[0])
 
 
@@ -77,26 +77,26 @@ def _spread_pct(rows: list[dict]) -> float:
 
 
 def _zero_GiB(model: str, world: int, zero: int) -> float:
-    from sim.lessons import zero_bytes
+    from distlab.sim.lessons import zero_bytes
     return zero_bytes(model, world, zero)["total"] / 2**30
 
 
 def _comm_ratio(model: str, world: int) -> float:
-    from sim.lessons import comm_per_step
+    from distlab.sim.lessons import comm_per_step
     return comm_per_step(model, world, 3) / comm_per_step(model, world, 0)
 
 
 def _fsdp_gathers(reshard_after_forward) -> int:
-    from sim.fsdp.plan import build_fsdp
-    from sim.lessons import CPU_FSDP_MODEL
-    from sim.models import model_from_spec
+    from distlab.sim.fsdp.plan import build_fsdp
+    from distlab.sim.lessons import CPU_FSDP_MODEL
+    from distlab.sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
                                    {"reshard_after_forward": reshard_after_forward}), "all_gather")
 
 
 def _pipe(schedule: str, p: int, m: int, v: int = 1, activation_bytes: float = 1.0):
     """Lesson 07: metrics of ``schedule`` with uniform stages (F = 1 ms, B = 2 ms, I = W = 1 ms), free p2p."""
-    from sim.lessons import pipeline_metrics
+    from distlab.sim.lessons import pipeline_metrics
     return pipeline_metrics(schedule, p, m, v, activation_bytes=activation_bytes)
 
 
@@ -253,13 +253,13 @@ def _named_rank() -> str:
     """The rank the static check (and distlab diagnose) names in lesson 08's `if rank != 3` program."""
     import re
 
-    from sim.check import check_plan
-    from sim.lessons.pitfalls import skip_plan
+    from distlab.sim.check import check_plan
+    from distlab.sim.lessons.pitfalls import skip_plan
     return re.search(r"rank (\d+) calls", check_plan(skip_plan())[0]).group(1)
 
 
 def _pitfalls():
-    from sim.lessons import pitfalls
+    from distlab.sim.lessons import pitfalls
     return pitfalls
 
 

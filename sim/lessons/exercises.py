@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sim.lessons.units import DIMENSION_WORDS, UNITS, UnitError, fmt, parse, units_of
+from distlab.sim.lessons.units import DIMENSION_WORDS, UNITS, UnitError, fmt, parse, units_of
 
 UNANSWERED = (None, "", ...)
 
@@ -87,7 +87,7 @@ def register(*exercises: Exercise) -> None:
 def exercises(prefix: str = "") -> dict[str, Exercise]:
     """All exercises (those of one lesson with ``prefix='02'``)."""
     import importlib
-    importlib.import_module("sim.lessons.bank")          # registers the lessons' exercises
+    importlib.import_module("distlab.sim.lessons.bank")          # registers the lessons' exercises
     return {k: v for k, v in _REGISTRY.items() if k.startswith(prefix)}
 
 

@@ -10,7 +10,7 @@ import html
 import io
 import os
 
-from sim.plan import format_bytes
+from distlab.sim.plan import format_bytes
 
 
 class Table:
@@ -59,7 +59,7 @@ class Figure:
         return self.png()
 
     def save(self, path: str) -> str:
-        from sim.io import write_atomic
+        from distlab.sim.io import write_atomic
         write_atomic(path, self.png())
         return path
 
@@ -91,7 +91,7 @@ def ranks_table(nodes: int, procs_per_node: int) -> Table:
 
 def alpha_beta(op: str, n: int, nbytes: float, alpha_s: float, bandwidth_Bps: float) -> float:
     """The ring α-β model in seconds: steps(op, n) x α + factor(op, n) x S / B (sim.collectives.ring_cost)."""
-    from sim.collectives import ring_cost
+    from distlab.sim.collectives import ring_cost
     steps, factor = ring_cost(op, n)
     return steps * alpha_s + factor * nbytes / bandwidth_Bps
 
@@ -99,9 +99,9 @@ def alpha_beta(op: str, n: int, nbytes: float, alpha_s: float, bandwidth_Bps: fl
 def simulate_sweep(op: str, sizes, cluster, algorithm: str = "auto") -> list[dict]:
     """One simulated collective per size on ``cluster`` (a Cluster or a preset name / YAML path):
     rows with bytes, algorithm, time_s, algbw_GBps, busbw_GBps (nccl-tests definitions)."""
-    from sim.cluster import load_cluster
-    from sim.collectives import metrics
-    from sim.engine import simulate_collective
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.collectives import metrics
+    from distlab.sim.engine import simulate_collective
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     n = cluster.world_size
@@ -169,7 +169,7 @@ def plot_xy(xs, series: dict[str, list[float]], xlabel: str, ylabel: str, title:
 
 def presets_table() -> Table:
     """The cluster presets side by side: what is inside a node and what is between nodes."""
-    from sim.cluster import PRESETS
+    from distlab.sim.cluster import PRESETS
     rows = []
     for name, c in PRESETS.items():
         i, e = c.intra_node, c.inter_node
@@ -197,7 +197,7 @@ def plot_bars(labels: list[str], values: list[float], ylabel: str, title: str = 
 
 
 def error_table(cases: list[dict]) -> Table:
-    """runtime.validation cases: what, ranks, size, predicted, measured, error."""
+    """distlab.runtime.validation cases: what, ranks, size, predicted, measured, error."""
     return Table(["case", "kind", "ranks", "size", "predicted (ms)", "measured (ms)", "error"],
                  [[c["case"], c["kind"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
                    f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%"] for c in cases],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from sim.lessons.helpers import Table
+from distlab.sim.lessons.helpers import Table
 
 MiB = 2**20
 
@@ -56,7 +56,7 @@ def seed_table(results: list[dict], base_seed: int = 1234) -> Table:
 # --- the hang -------------------------------------------------------------------------------------------------
 def skip_plan(world: int = 4, skip: int = 3):
     """The plan of runtime.pitfalls._skip_task: all_reduce(grad), all_reduce(loss) except on ``skip``, barrier."""
-    from sim.plan import Collective, Plan
+    from distlab.sim.plan import Collective, Plan
     ranks = [[Collective("all_reduce", 4096)] + ([Collective("all_reduce", 4)] if r != skip else []) +
              [Collective("barrier", 0)] for r in range(world)]
     return Plan(ranks, name="skip").validate()
@@ -67,7 +67,7 @@ def barrier_plan(world: int = 4, micro: int = 4, barrier: bool = False, ms: floa
                  grad_bytes: int = MiB):
     """One step of gradient accumulation: ``micro`` compute chunks of ``ms`` (times ``slow[(rank, m)]``), a
     barrier after each chunk if ``barrier`` (the overuse), then one all_reduce of the gradients."""
-    from sim.plan import Collective, Compute, Plan
+    from distlab.sim.plan import Collective, Compute, Plan
     ranks = []
     for r in range(world):
         ops = []
@@ -101,15 +101,15 @@ def barrier_variants(world: int = 4, micro: int = 4, ms: float = 20.0, factor: f
 
 def simulate_variants(variants: dict, cluster: str = "dgx-h100") -> dict:
     """name -> simulated Trace (sim stragglers where the variant has a slowdown)."""
-    from sim.cluster import load_cluster
-    from sim.engine import simulate
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate
     c = load_cluster(cluster, 1)
     return {name: simulate(plan, c, slowdown=slow) for name, (plan, slow) in variants.items()}
 
 
 def waiting(trace) -> dict:
     """rank -> seconds spent waiting for peers in collectives (sim.analysis.time_breakdown)."""
-    from sim.analysis import time_breakdown
+    from distlab.sim.analysis import time_breakdown
     return {t.rank: t.waiting_s for t in time_breakdown(trace)}
 
 

@@ -1,8 +1,8 @@
 """Lesson helpers for DDP and FSDP/ZeRO (lessons 05 and 06): scenarios, sweeps, tables and figures. No torch."""
 from __future__ import annotations
 
-from sim.lessons.helpers import Figure, Table
-from sim.plan import format_bytes
+from distlab.sim.lessons.helpers import Figure, Table
+from distlab.sim.plan import format_bytes
 
 
 # --- timelines, DDP and FSDP (lessons 05 and 06) ---------------------------------------------------------------
@@ -23,8 +23,8 @@ def from_pyplot(fig) -> Figure:
 
 
 def plot_timeline(trace, ranks=None, title: str | None = None, **kw) -> Figure:
-    """sim.plots.timeline of ``trace`` (default: the first two ranks), compute and comm streams per rank."""
-    from sim.plots import timeline
+    """distlab.sim.plots.timeline of ``trace`` (default: the first two ranks), compute and comm streams per rank."""
+    from distlab.sim.plots import timeline
     ranks = ranks if ranks is not None else sorted({o.rank for o in trace.ops})[:2]
     return from_pyplot(timeline(trace, ranks=ranks, title=title, **kw))
 
@@ -33,7 +33,7 @@ def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-
              micro_batch: int | None = None, **options) -> dict:
     """A scenario dict (sim/scenario.py) from keywords: ``model`` a preset name or a model spec mapping;
     ``options`` go to ``parallelism`` (bucket_cap_mb=..., zero=..., reshard_after_forward=...)."""
-    from sim import scenario as sc
+    from distlab.sim import scenario as sc
     spec = {"preset": model} if isinstance(model, str) else dict(model)
     if micro_batch is not None:
         spec["micro_batch" if spec.get("kind") != "mlp" else "batch"] = micro_batch
@@ -46,8 +46,8 @@ def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-
 def simulate(d: dict) -> dict:
     """Simulate one step of scenario ``d``: {"trace", "info", "model", "cluster", "plan", "summary"
     (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with launch times)}."""
-    from sim import scenario as sc
-    from sim.ddp.plan import bucket_rows, summarize
+    from distlab.sim import scenario as sc
+    from distlab.sim.ddp.plan import bucket_rows, summarize
     trace, info, model, cluster, plan = sc.simulate(d)
     out = {"trace": trace, "info": info, "model": model, "cluster": cluster, "plan": plan,
            "summary": summarize(trace)}
@@ -82,7 +82,7 @@ def sweep(d: dict, key: str, values) -> list[dict]:
     the value, world_size, buckets, step_s, compute_s, comm_s, exposed_comm_s, overlap_pct."""
     import copy
 
-    from sim.commands.simulate import set_value
+    from distlab.sim.commands.simulate import set_value
     rows = []
     for v in values:
         e = copy.deepcopy(d)
@@ -112,8 +112,8 @@ def fastest(rows: list[dict], key: str, field: str = "step_s"):
 
 def zero_bytes(model, world: int, zero: int, shard_size: int | None = None) -> dict:
     """Per-GPU bytes of params, grads and optimizer state (Adam) at ZeRO stage ``zero`` (0 = DDP), and total."""
-    from sim.fsdp.memory import static_bytes
-    from sim.models import model_from_spec
+    from distlab.sim.fsdp.memory import static_bytes
+    from distlab.sim.models import model_from_spec
     out = static_bytes(model_from_spec(model), world, zero, shard_size)
     return {**out, "total": sum(out.values())}
 
@@ -121,7 +121,7 @@ def zero_bytes(model, world: int, zero: int, shard_size: int | None = None) -> d
 def zero_table(model, world: int) -> Table:
     """What each ZeRO stage keeps per GPU (GiB) on ``world`` ranks: DDP, ZeRO-1 (optimizer sharded),
     ZeRO-2 (+ gradients), ZeRO-3 / FSDP (+ parameters)."""
-    from sim.models import model_from_spec
+    from distlab.sim.models import model_from_spec
     m = model_from_spec(model)
     names = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
     sharded = {0: "nothing", 1: "optimizer", 2: "optimizer, grads", 3: "optimizer, grads, params"}
@@ -136,8 +136,8 @@ def zero_table(model, world: int) -> Table:
 def bytes_sent(plan, rank: int = 0) -> float:
     """Bytes ``rank`` sends in one step of ``plan`` if every collective is a ring: sum of factor(op, n) x S
     (sim.collectives.ring_cost; n = the collective's group size)."""
-    from sim.collectives import ring_cost
-    from sim.plan import Collective
+    from distlab.sim.collectives import ring_cost
+    from distlab.sim.plan import Collective
     total = 0.0
     for o in plan.ranks[rank]:
         if isinstance(o, Collective):
@@ -149,9 +149,9 @@ def bytes_sent(plan, rank: int = 0) -> float:
 
 def comm_per_step(model, world: int, zero: int) -> float:
     """Bytes one GPU sends per step under DDP (zero=0) or ZeRO stage 1/2/3 (ring collectives)."""
-    from sim.ddp.plan import ddp_plan
-    from sim.fsdp.plan import build_fsdp
-    from sim.models import model_from_spec
+    from distlab.sim.ddp.plan import ddp_plan
+    from distlab.sim.fsdp.plan import build_fsdp
+    from distlab.sim.models import model_from_spec
     m = model_from_spec(model)
     plan = ddp_plan(m, world)[0] if zero == 0 else build_fsdp(m, world, {"zero": zero})
     return bytes_sent(plan)
@@ -167,7 +167,7 @@ def world_sweep(model, worlds, stages=(0, 1, 2, 3)) -> dict:
 
 def collectives_table(plan, rank: int = 0, title: str = "") -> Table:
     """The collectives of ``plan`` on ``rank`` in issue order: name, op, size, dtype, stream."""
-    from sim.plan import Collective
+    from distlab.sim.plan import Collective
     rows = [[i, o.name or o.op, o.op, format_bytes(o.bytes), o.dtype, o.stream]
             for i, o in enumerate([o for o in plan.ranks[rank] if isinstance(o, Collective)])]
     return Table(["#", "name", "op", "size", "dtype", "stream"], rows, title)

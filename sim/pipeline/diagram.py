@@ -3,7 +3,7 @@
 inside; a virtual stage's later chunks are drawn lighter, as in Megatron-LM's figure 4 (2104.04473)."""
 from __future__ import annotations
 
-from sim.pipeline.metrics import actions_of
+from distlab.sim.pipeline.metrics import actions_of
 
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#8FD19E", "W": "#DD8452"}
 LABELS = {"F": "F forward", "B": "B backward", "I": "I backward, input grad (paper's B)",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sim.pipeline.schedules import Action
+from distlab.sim.pipeline.schedules import Action
 
 
 def ideal_bubble(schedule: str, p: int, m: int, v: int = 1) -> float | None:
@@ -111,7 +111,7 @@ def _union(spans) -> float:
 def ideal_trace(actions: list[list[Action]], seconds, placement: list[int] | None = None):
     """Run per-rank action lists as soon as dependencies allow, with free p2p: a reference timeline
     (sim.trace.Trace) that needs no network. ``seconds(action) -> float``."""
-    from sim.trace import OpRecord, Trace
+    from distlab.sim.trace import OpRecord, Trace
     n_stages = 1 + max(a.stage for acts in actions for a in acts)
     done: dict[tuple, float] = {}
     pos = [0] * len(actions)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sim.errors import ConfigError
-from sim.pipeline import schedules as S
-from sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Recv, Record, Send, Wait
+from distlab.sim.errors import ConfigError
+from distlab.sim.pipeline import schedules as S
+from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Recv, Record, Send, Wait
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import copy
 
-from sim.errors import ConfigError
-from sim.pipeline import metrics as M
-from sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.errors import ConfigError
+from distlab.sim.pipeline import metrics as M
+from distlab.sim.pipeline.plan import PipelineSpec, build_plan
 
 SWEEPABLE = ("microbatches", "stages", "virtual_stages", "schedule", "data_parallel")
 
@@ -46,7 +46,7 @@ def build(scenario: dict, model, cluster):
         return {"rows": rows, "pipeline": met.to_dict()}
 
     def figure(trace, title=None):
-        from sim.pipeline.diagram import draw, title_for
+        from distlab.sim.pipeline.diagram import draw, title_for
         ranks = list(range(spec.stages))
         return draw(trace, None, title=(title + "\n" if title else "") + title_for(meta, M.compute(trace, meta)),
                     ranks=ranks, p=spec.stages)
@@ -56,7 +56,7 @@ def build(scenario: dict, model, cluster):
 
 def sweep_results(base: dict, key: str, values: list) -> list[dict]:
     """Simulate ``base`` with parallelism[key] = each value: makespan, bubble, samples/s, peak memory."""
-    from sim import scenario as sc
+    from distlab.sim import scenario as sc
     if key not in SWEEPABLE:
         raise ConfigError(f"cannot sweep {key!r} for a pipeline; allowed: {', '.join(SWEEPABLE)}", "--sweep")
     out = []
@@ -97,12 +97,12 @@ def run_sweep(args, base: dict, key: str, values: list) -> int:
     """`distlab simulate SCENARIO --sweep microbatches=...` for a pipeline scenario."""
     import os
 
-    from sim.cli import print_json, print_table
+    from distlab.sim.cli import print_json, print_table
     results = sweep_results(base, key, values)
     files = {}
     title = f"{results[0]['model']} on {results[0]['cluster']}: pipeline {base['parallelism'].get('schedule', '1f1b')}"
     if not args.no_files and all(isinstance(v, (int, float)) for v in values):
-        from sim.io import save_figure
+        from distlab.sim.io import save_figure
         os.makedirs(args.out, exist_ok=True)
         files["sweep"] = os.path.join(args.out, f"sweep-{key}.png")
         save_figure(sweep_figure(results, key, title), files["sweep"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from sim.errors import ConfigError
+from distlab.sim.errors import ConfigError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
 ALIASES = {"interleaved1f1b": "interleaved", "interleaved-1f1b": "interleaved", "zb-h1": "zbh1", "zb1p": "zbh1",
