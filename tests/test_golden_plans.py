@@ -1,0 +1,18 @@
+"""The plans of the shipped scenarios (and HSDP, reshard-to-a-group, ZeRO 1/2, pipeline+DP variants) are
+byte-identical to the plans the builders produced before the device mesh and the workload registry
+(tests/data/golden_plans.json: each scenario and the sha256 of its plan's JSON, saved before the change)."""
+import hashlib
+import json
+import pathlib
+
+import pytest
+
+from distlab.sim import scenario as sc
+
+GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "golden_plans.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_plan_is_byte_identical_to_before(name):
+    plan = sc.build(GOLDEN[name]["scenario"], name)[0]
+    assert hashlib.sha256(plan.to_json().encode()).hexdigest() == GOLDEN[name]["plan_sha256"]
