@@ -222,10 +222,11 @@ def test_tables_figures_and_sweeps():
 def test_sim_lessons_does_not_import_torch():
     import subprocess
     import sys
-    code = ("import sys, sim.lessons, sim.lessons.bank, sim.commands.lessons; "
-            "distlab.sim.lessons.check('03-two-nodes', '5 ms'); sim.lessons.check('05-best-cap', '25'); "
-            "distlab.sim.lessons.check('06-all-gathers', 9); sim.lessons.check('07-zbh1', '6 ms'); "
-            "distlab.sim.lessons.plot_pipeline(sim.lessons.pipeline_trace('zbv', 2, 4, 2)); "
+    code = ("import sys, distlab.sim.lessons, distlab.sim.lessons.bank, distlab.sim.commands.lessons; "
+            "L = distlab.sim.lessons; "
+            "L.check('03-two-nodes', '5 ms'); L.check('05-best-cap', '25'); "
+            "L.check('06-all-gathers', 9); L.check('07-zbh1', '6 ms'); "
+            "L.plot_pipeline(L.pipeline_trace('zbv', 2, 4, 2)); "
             "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
