@@ -49,7 +49,7 @@ def test_conventions(path):
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert len(re.findall(r'^check\("\d\d-', code, re.M)) >= 2, "two or more checked exercises"
     assert re.search(r"plot_\w+\(", code), "at least one figure from the library"
-    assert "from runtime." in code, "uses the real runtime"
+    assert "from distlab.runtime." in code, "uses the real runtime"
     assert "sim." in code, "uses the simulator"
 
 
