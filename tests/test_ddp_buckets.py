@@ -1,11 +1,10 @@
 """DDP buckets: the simulator's assignment (sim/ddp/buckets.py) against PyTorch's own, in steady state and
-at iteration 0. One 2-rank gloo launch checks every model (tests marked slow)."""
-import random
-
+at iteration 0. One 2-rank gloo launch checks every model (tests marked slow). The assignment itself is held
+against torch's own function in tests/test_ddp_buckets_torch.py."""
 import pytest
 
 from distlab.sim import models as m
-from distlab.sim.ddp.buckets import MIB, assign, bucket_limits, ddp_buckets, launch_times
+from distlab.sim.ddp.buckets import MIB, bucket_limits, ddp_buckets, launch_times
 from distlab.sim.errors import ConfigError
 
 
@@ -36,27 +35,6 @@ def test_six_linears_match_the_reference_numbers():
 def test_a_parameter_larger_than_the_cap_is_alone():
     model = m.mlp(16, 4096, 16, bias=False)       # 256 KiB weights, cap 0.1 MiB
     assert [bk.params for bk in ddp_buckets(model, 0.1)] == [(1,), (0,)]
-
-
-def test_threshold_matches_torch_compute_bucket_assignment():
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-    rng = random.Random(0)
-    for _ in range(30):
-        n = rng.randint(1, 12)
-        numels = [rng.choice([1, 7, 100, 1000, 5000]) for _ in range(n)]
-        dtypes = [rng.choice(["float32", "float32", "float16"]) for _ in range(n)]
-        order = list(range(n))
-        rng.shuffle(order)
-        limits = [rng.choice([400, 4000]), rng.choice([4000, 20000])]
-        params = [m.Param(f"p{i}", (k,), d) for i, (k, d) in enumerate(zip(numels, dtypes))]
-        tensors = [torch.empty(params[i].numel, dtype=getattr(torch, params[i].dtype)) for i in order]
-        want, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [], order)
-        got = [list(bk.params) for bk in assign(params, order, limits)]
-        if len(set(dtypes)) == 1:       # with two dtypes torch emits leftovers in hash-map order
-            assert got == [list(w) for w in want]
-        else:
-            assert sorted(got) == sorted(list(w) for w in want)
 
 
 def test_launch_rule_waits_for_lower_buckets():
