@@ -23,23 +23,34 @@ from distlab.sim.trace import FORMAT, OpRecord, Trace
 MARKERS = ("record", "wait")
 
 
-def load_trace(path: str) -> Trace:
+ALLOWED = f"allowed: a {FORMAT} file (*.trace) or the Chrome trace distlab writes (*.json)"
+
+
+def load_trace(path: str, cluster: str | None = None) -> Trace:
     """A trace file: native (``*.trace``, or JSON with ``"format": "distlab-trace/1"``) or the Chrome trace
-    ``Trace.save`` writes for ``*.json``. Bad input is a one-line ConfigError naming the file."""
+    ``Trace.save`` writes for ``*.json``. With ``cluster`` (a preset name or a cluster YAML, e.g. the one
+    `distlab calibrate` writes), a plan file (distlab-plan/1) is accepted too and simulated here on that cluster
+    sized to the plan's world size. Bad input is a one-line ConfigError naming the file."""
+    from distlab.sim.plan import FORMAT as PLAN_FORMAT
     if not os.path.isfile(path):
         raise ConfigError("no such trace file", path)
+    allowed = ALLOWED + (f", or a {PLAN_FORMAT} plan" if cluster else "")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"not a trace: {e.__class__.__name__}: {str(e).splitlines()[0]}; allowed: a "
-                          f"{FORMAT} file (*.trace) or the Chrome trace distlab writes (*.json)", path) from None
+        raise ConfigError(f"not a trace: {e.__class__.__name__}: {str(e).splitlines()[0]}; {allowed}", path) from None
     if isinstance(data, dict) and data.get("format") == FORMAT:
         return Trace.from_dict(data)
     if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
         return from_chrome(data, path)
-    raise ConfigError(f"not a trace; allowed: a {FORMAT} file (*.trace) or the Chrome trace distlab writes (*.json)",
-                      path)
+    if cluster and isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
+        from distlab.sim.cluster import load_cluster
+        from distlab.sim.engine import simulate
+        from distlab.sim.plan import Plan
+        plan = Plan.from_dict(data, path)
+        return simulate(plan, load_cluster(cluster).with_world_size(plan.world_size), record_transfers=False)
+    raise ConfigError(f"not a trace; {allowed}", path)
 
 
 def from_chrome(data: dict, where: str = "trace") -> Trace:

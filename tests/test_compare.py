@@ -111,10 +111,12 @@ def test_combined_trace_has_one_process_per_rank_and_sibling_tracks(files):
 
 
 @pytest.mark.slow
-def test_a_chrome_trace_reads_back_as_the_native_one(files):
+@pytest.mark.parametrize("predicted", ["predicted.json", "plan.json"])
+def test_a_chrome_trace_or_the_plan_reads_back_as_the_native_trace(files, predicted):
+    """The Chrome trace Trace.save writes, and the plan simulated here on the same cluster, give the same ops."""
     native = compare(load_trace(str(files / "predicted.trace")), load_trace(str(files / "measured.trace")))
-    chrome = compare(load_trace(str(files / "predicted.json")), load_trace(str(files / "measured.trace")))
-    for a, b in zip(native.pairs, chrome.pairs, strict=True):
+    other = compare(load_trace(str(files / predicted), "localhost-cpu"), load_trace(str(files / "measured.trace")))
+    for a, b in zip(native.pairs, other.pairs, strict=True):
         assert (a.predicted.rank, a.predicted.index, a.predicted.stream) == (b.predicted.rank, b.predicted.index,
                                                                              b.predicted.stream)
         assert b.predicted.start == pytest.approx(a.predicted.start, abs=1e-12)
@@ -132,6 +134,7 @@ def test_identical_traces_have_no_error_and_a_partial_run_lists_what_is_missing(
 
 @pytest.mark.parametrize("case", ["missing", "not json", "other plan", "other world size", "other ops", "out"])
 def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
+    """Nothing is written (--out) when the input is bad."""
     predicted = tmp_path / "p.trace"
     simulate(small_plan(), cluster()).save(str(predicted))
     other = tmp_path / "m.trace"
@@ -146,11 +149,12 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
     else:
         simulate(small_plan(), cluster()).save(str(other))
     argv = ["compare", predicted, tmp_path / "nope.trace" if case == "missing" else other]
-    argv += ["--out", tmp_path / "both.png"] if case == "out" else []
+    argv += ["--out", tmp_path / ("both.png" if case == "out" else "both.json")]
     rc, out, err = cli(argv, capsys)
     assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith("distlab compare: error: ")
     expected = {"missing": "no such trace file", "not json": "not a trace", "other plan": "different plans",
-                "other world size": "world_size 2 predicted, 4 measured", "other ops": "rank 0 op 12 is compute 'bwd3' measured, nothing predicted",
+                "other world size": "world_size 2 predicted, 4 measured",
+                "other ops": "rank 0 op 12 is compute 'bwd3' measured, nothing predicted",
                 "out": "allowed: a *.json path"}[case]
     assert expected in err
-    assert not (tmp_path / "both.png").exists()
+    assert not (tmp_path / "both.png").exists() and not (tmp_path / "both.json").exists()

@@ -1,6 +1,7 @@
 """`distlab compare PREDICTED MEASURED`: a simulated and a measured trace of the same plan, op by op (sim/compare.py).
 
-PREDICTED: e.g. the trace `distlab simulate` writes; MEASURED: the trace `distlab run PLAN` writes. Prints per
+PREDICTED: e.g. the trace `distlab simulate` writes, or the plan itself (simulated on ``--cluster``, e.g. the
+file `distlab calibrate` writes); MEASURED: the trace `distlab run PLAN` writes. Prints per
 rank every op's predicted and measured start and duration with the error, the totals (makespan, each stream's
 busy time) and the worst ops; ``--out both.json`` writes both into one Perfetto/Chrome trace.
 """
@@ -12,10 +13,13 @@ HELP = ("Compare a predicted (simulated) and a measured trace of the same plan o
 
 
 def add_arguments(p) -> None:
-    p.add_argument("predicted", help="the simulated trace (*.trace native, or the *.json Chrome trace distlab writes)")
+    p.add_argument("predicted", help="the simulated trace (*.trace native, or the *.json Chrome trace distlab "
+                                     "writes), or the plan itself (distlab-plan/1), simulated here on --cluster")
     p.add_argument("measured", help="the measured trace of the same plan (distlab run's --out)")
     p.add_argument("--out", metavar="BOTH.json", help="write both into one Chrome/Perfetto trace (one process per "
                                                      "rank, predicted and measured threads side by side)")
+    p.add_argument("--cluster", default="localhost-cpu", help="where a PREDICTED plan is simulated: a preset or a "
+                   "cluster YAML, e.g. distlab calibrate's (default localhost-cpu)")
     p.add_argument("--worst", type=int, default=5, help="how many of the worst ops to list (default 5)")
     p.add_argument("--json", action="store_true", help="print every op, the totals and the worst ops as JSON")
 
@@ -32,7 +36,7 @@ def run(args) -> int:
     positive_int(args.worst, "--worst")
     if args.out is not None and not args.out.endswith(".json"):
         raise ConfigError(f"{args.out!r}: the combined trace is Chrome trace JSON; allowed: a *.json path", "--out")
-    c = compare(load_trace(args.predicted), load_trace(args.measured), args.measured)
+    c = compare(load_trace(args.predicted, args.cluster), load_trace(args.measured), args.measured)
     if args.out:
         write_atomic(args.out, json.dumps(combined_chrome(c), separators=(",", ":")))
     result = c.to_dict(args.worst)
