@@ -147,10 +147,9 @@ def compare(predicted: Trace, measured: Trace, where: str = "MEASURED") -> Compa
     """Pair the ops of two traces of the same plan by (rank, index). Different plans (their names, world sizes,
     or an op of another kind or name at the same place), or a measured op the prediction lacks, are a
     ConfigError at ``where``; predicted ops a partial measured run lacks are listed in ``missing``."""
-    for key in ("plan", "world_size"):
-        p, m = predicted.meta.get(key), measured.meta.get(key)
-        if key == "world_size":
-            p, m = world_size(predicted), world_size(measured)
+    same = {"plan": (predicted.meta.get("plan"), measured.meta.get("plan")),
+            "world_size": (world_size(predicted), world_size(measured))}
+    for key, (p, m) in same.items():
         if p is not None and m is not None and p != m:
             raise ConfigError(f"the traces are of different plans: {key} {p!r} predicted, {m!r} measured", where)
     ops = {(o.rank, o.index): o for o in predicted.ops if o.kind not in MARKERS}
