@@ -2,7 +2,7 @@
 
     python benchmarks/ddp_accuracy.py [--steps 5] [--caps none,5] [--out DIR]
 
-For each bucket cap: real DDP steps (runtime/ddp.py), interleaved with the calibration (the model alone on
+For each bucket cap: real DDP steps (runtime/ddp/run.py), interleaved with the calibration (the model alone on
 each rank: forward, backward, Adam; all-reduces of 1-32 MiB), then the simulator's prediction with that
 calibration. Targets (issue 5): step time within 25%; every bucket's launch within 25% of the backward
 duration; bucket assignment identical. Exit code 1 when a target is missed.
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--caps", default="none,5", help="bucket_cap_mb values; none = PyTorch's default")
     p.add_argument("--out", help="write predicted and measured timelines (PNG) here")
     args = p.parse_args(argv)
-    from distlab.runtime.ddp import validate_ddp
+    from distlab.runtime.ddp.validate import validate_ddp
     from distlab.sim.models import model_from_spec
     model = model_from_spec(MODEL)
     print(f"model: {model.summary()} ({model.param_bytes / 1e6:.1f} MB)")

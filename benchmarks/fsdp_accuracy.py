@@ -2,10 +2,10 @@
 
     python benchmarks/fsdp_accuracy.py [--nproc 2] [--layers 4] [--hidden 256] [--seq-len 128] [--batch 2]
 
-One launch of real ``fully_shard`` ranks (runtime/fsdp.py) measures, per variant, the step time (slowest rank,
+One launch of real ``fully_shard`` ranks (runtime/fsdp/run.py) measures, per variant, the step time (slowest rank,
 best of --steps; the median is printed too) and every collective. Interleaved with those steps, the same launch
 times all_gather / reduce_scatter at the plan's sizes, one unsharded forward+backward, and Adam on plain tensors
-the size of a shard. From those the simulator is calibrated (runtime.fsdp_validate.calibrated_cluster) and
+the size of a shard. From those the simulator is calibrated (runtime.fsdp.validate.calibrated_cluster) and
 predicts each variant's step from its plan alone. Prints both, the error, where the time went (rank 0: in
 collectives, in the optimizer, the rest), and whether the collective sequences match. Exit 1 if any error
 exceeds --tolerance (default 25%). The machine's load average is printed: other processes on the same cores
@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=25.0, help="allowed |error| in percent")
     args = p.parse_args(argv)
 
-    from distlab.runtime import fsdp, fsdp_validate
+    from distlab.runtime.fsdp import run as fsdp
+    from distlab.runtime.fsdp import validate as fsdp_validate
     from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import gpt
     model = gpt(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=args.vocab,

@@ -3,7 +3,7 @@
     python benchmarks/pipeline_accuracy.py [--ranks 2 4] [--microbatches 8] [--steps 3]
 
 For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of N gloo ranks
-(runtime/pipeline_validate.py, shared with `distlab validate --scenario` and lesson 07):
+(runtime/pipeline/validate.py, shared with `distlab validate --scenario` and lesson 07):
 1. Probe: the same schedule and model with N microbatches (2N when --microbatches is N), run for real; before
    it, every rank times one block (Linear(width, width) + ReLU) alone: F, B and the split I (input grad) and
    W (weight grad). From the probe: the p2p latency a pipeline sees (its hand-offs), and the runtime's CPU
@@ -35,7 +35,7 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv",
 def one_launch(n: int, args):
     """One launch of ``n`` ranks: probe, calibrate and run every schedule. Yields (label, (predicted, replay,
     fastest, median step makespans, predicted bubble, measured bubble), note)."""
-    from distlab.runtime.pipeline_validate import measure_and_predict
+    from distlab.runtime.pipeline.validate import measure_and_predict
     from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=n, microbatches=args.microbatches, virtual_stages=v, width=args.width,
                  rows=args.rows, layers=n * args.blocks_per_rank, steps=args.steps, warmup=1) for s, v in SCHEDULES]

@@ -18,6 +18,7 @@ COMMANDS = [
     "distlab.runtime.commands.calibrate",
     "distlab.runtime.commands.validate",
     "distlab.runtime.commands.diagnose",
+    "distlab.runtime.commands.compare",
 ]
 
 

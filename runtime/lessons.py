@@ -192,7 +192,7 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
     "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
     tensors, so this runs on gloo."""
-    from distlab.runtime.ddp import _slowest, calibrated
+    from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
     from distlab.sim.ddp.plan import DDPOptions, ddp_plan
     from distlab.sim.engine import simulate
     from distlab.sim.models import model_from_spec
@@ -215,7 +215,7 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
 
 
 def _ddp_sweep_task(ctx, payload):
-    from distlab.runtime.ddp import rank_task
+    from distlab.runtime.ddp.run import rank_task
     out = []
     for i, cap in enumerate(payload["caps"]):
         out.append(rank_task(ctx, {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
@@ -231,8 +231,8 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     ``nproc`` gloo ranks, with the calibration runtime.fsdp_validate uses; then the simulator's prediction on
     the calibrated cluster. Returns {"rows": per variant {variant, collectives, sequence_match, predicted_s,
     measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
-    from distlab.runtime.fsdp import measured_sequence, run, to_trace
-    from distlab.runtime.fsdp_validate import calibrated_cluster, calibration_sizes, measured_step, predict
+    from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
+    from distlab.runtime.fsdp.validate import calibrated_cluster, calibration_sizes, measured_step, predict
     from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
@@ -272,7 +272,7 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}."""
     import statistics
 
-    from distlab.runtime.pipeline_validate import measure_and_predict
+    from distlab.runtime.pipeline.validate import measure_and_predict
     from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
                  layers=nproc * blocks_per_rank, steps=steps, warmup=1) for s, v in schedules]

@@ -6,13 +6,13 @@ layer i's compute, then Record; the comm stream Waits and all-reduces layer i's 
 measured at each world size, since CPU ranks share cores; the communication of every case is held out.
 A collective's measured time is from its launch (last rank's arrival) to the last rank's end, which is what
 the simulator's one-collective makespan means (runtime/sweep.py).
-error = (predicted - measured) / measured.
+error = (predicted - measured) / measured. The workloads' scenario cases (runtime/<name>/validate.py) build
+their rows with ``case``; runtime/workloads.py picks the workload of a scenario.
 """
 from __future__ import annotations
 
 import statistics
 
-from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
 
@@ -76,25 +76,23 @@ def summarize(cases: list[dict]) -> list[dict]:
     return rows
 
 
-def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[dict]:
-    """Scenario plans (DDP, FSDP, pipeline): run the scenario for real, simulate it on a cluster calibrated in
-    the same launch, and return case() rows; any other kind is a ConfigError naming it."""
-    from distlab.sim.io import load_yaml
-    spec = load_yaml(path)
-    if not isinstance(spec, dict):
-        raise ConfigError("a scenario is a mapping with keys model, parallelism, cluster", path)
+def scenario_kind(spec: dict):
+    """``parallelism.kind`` of a flat-format scenario (for messages), else the names of its sections."""
     parallelism = spec.get("parallelism")
-    kind = parallelism.get("kind") if isinstance(parallelism, dict) else parallelism
-    if kind == "ddp":                  # issue 5: real DDP against the simulator (runtime/ddp.py)
-        from distlab.runtime.ddp import ddp_cases
-        return ddp_cases(path, args)
-    if kind == "fsdp":                 # issue 6: real FSDP2 against the simulator (runtime/fsdp.py)
-        from distlab.runtime.fsdp import fsdp_cases
-        return fsdp_cases(path, args)
-    if kind == "pipeline":             # issue 7: real torch.distributed.pipelining (runtime/pipeline_validate.py)
-        from distlab.runtime.pipeline_validate import pipeline_cases
-        return pipeline_cases(path, args)
-    raise ConfigError(f"scenario kind {kind!r} not supported yet", path)
+    return parallelism.get("kind") if isinstance(parallelism, dict) else parallelism or ", ".join(spec)
+
+
+def workload_section(spec: dict, name: str) -> dict | None:
+    """A scenario's options for workload ``name``, without ``kind``: its ``parallelism`` mapping when that says
+    ``kind: name`` (the flat format), else its top-level ``name:`` section (the mesh format: ``mesh:`` plus one
+    section per parallelism); None when it has neither."""
+    parallelism = spec.get("parallelism")
+    if isinstance(parallelism, dict) and parallelism.get("kind") == name:
+        return {k: v for k, v in parallelism.items() if k != "kind"}
+    section = spec.get(name)
+    if name in spec and (section is None or isinstance(section, dict)):
+        return dict(section or {})
+    return None
 
 
 def plot(cases: list[dict], path: str) -> None:

@@ -38,7 +38,7 @@ def test_extract_dedups_shared_and_skips_frozen():
 
 @pytest.mark.slow
 def test_validate_ddp_short_run():
-    from distlab.runtime.ddp import validate_ddp
+    from distlab.runtime.ddp.validate import validate_ddp
     scenario = {"model": {"kind": "mlp", "widths": [256] * 5, "batch": 32},
                 "parallelism": {"kind": "ddp", "bucket_cap_mb": 0.3}, "cluster": "localhost-cpu"}
     r = validate_ddp(scenario, nproc=2, steps=2, warmup=1)

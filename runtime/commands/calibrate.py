@@ -1,16 +1,14 @@
 """`distlab calibrate`: measure this machine's collectives and compute, write a cluster YAML the simulator loads.
 
-Per world size (one launch each): a size sweep of every op (runtime/sweep.py), the ring model fitted to the
-median times from launch (last rank's arrival to last rank's end, what the simulator's collective time means;
-runtime/fit.py), and matmul FLOP/s with all ranks computing at once. The YAML is the
-localhost-cpu preset sized to the largest world size, with ``gpu`` = the measured compute (at the largest world
-size) and ``calibration.collectives`` = the fits. It is rewritten (atomically) after each world size.
+Per world size (one launch each, runtime/calibration.py's ``measure``): a size sweep of every op, the ring model
+fitted to the median times from launch (runtime/fit.py), and matmul FLOP/s with all ranks computing at once.
+The YAML (runtime/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
+size, with ``gpu`` = the measured compute (at the largest world size) and ``calibration.collectives`` = the fits.
+It is rewritten (atomically) after each world size. This module only parses arguments and formats.
 """
 from __future__ import annotations
 
-import socket
 import sys
-import time
 
 from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
 
@@ -45,30 +43,8 @@ def check(args):
     return ops, sizes, sorted(set(nprocs))
 
 
-def measure(ops, sizes, n, args, plan_payload=None, label="calibrate"):
-    """One launch at ``n`` ranks: the sweep rows, compute rates, and (if given) a plan's results."""
-    from distlab.runtime.launch import Launch
-    payload = {"ops": ops, "sizes": sizes, "warmup": args.warmup, "iters": args.iters, "compute": True,
-               "plan": plan_payload}
-    launch = Launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_kwargs(args)).start()
-    return launch.wait_progress(args.iters, f"{label}: {n} ranks",
-                                lambda L: (L.partial(0) or {}).get("rounds", 0))
-
-
-def write_cluster(path, rows, compute, nprocs, backend, sizes) -> object:
-    from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
-    from distlab.sim.io import write_atomic
-    from distlab.sim.plan import format_bytes
-    calibration = calibration_from_rows(rows)
-    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend)
-    head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-            f"# backend {backend}, world sizes {','.join(map(str, nprocs))}, sizes {format_bytes(min(sizes))}.."
-            f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n")
-    write_atomic(path, head + cluster.to_yaml())
-    return cluster
-
-
 def run(args) -> int:
+    from distlab.runtime.calibration import backend_of, measure, write_cluster
     from distlab.runtime.launch import RunFailed
     from distlab.sim.cli import print_json, print_table
     from distlab.sim.plan import format_bytes
@@ -77,7 +53,7 @@ def run(args) -> int:
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
-            result = measure(ops, sizes, n, args)[0]
+            result = measure(ops, sizes, n, args.warmup, args.iters, **launch_kwargs(args))[0]
         except RunFailed as e:
             if done:
                 write_cluster(args.out, rows, compute, done, backend, sizes)
@@ -86,7 +62,7 @@ def run(args) -> int:
             return 1
         rows += result["rows"]
         compute = result["compute"]
-        backend = "nccl" if compute["matmul_dtype"] == "bfloat16" else "gloo"
+        backend = backend_of(compute)
         done.append(n)
         cluster = write_cluster(args.out, rows, compute, done, backend, sizes)
     table = cluster.calibration["collectives"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, parse_nprocs, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
 
 NAME = "validate"
 HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=9, help="timed calls per size, interleaved (default 9)")
     p.add_argument("--no-overlap", action="store_true", help="skip the compute/communication overlap plan")
-    p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (DDP, FSDP, pipeline)")
+    p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (a workload of "
+                                                      "runtime/workloads.py: ddp, fsdp, pipeline)")
     p.add_argument("--plot", metavar="OUT.png", default="validate.png", help="predicted vs measured (default "
                                                                              "validate.png)")
     p.add_argument("--out", metavar="RESULTS.json", help="write every case here (kept if a run fails)")
@@ -30,11 +31,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.runtime.commands.calibrate import measure
+    from distlab.runtime.calibration import backend_of, measure
     from distlab.runtime.fit import calibration_from_rows
     from distlab.runtime.launch import RunFailed
-    from distlab.runtime.validation import (collective_cases, overlap_case, overlap_plan, plot, scenario_cases,
-                                    summarize)
+    from distlab.runtime.validation import collective_cases, overlap_case, overlap_plan, plot, summarize
+    from distlab.runtime.workloads import scenario_cases
     from distlab.sim.cli import print_json, print_table
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import parse_size_range, write_atomic
@@ -54,14 +55,14 @@ def run(args) -> int:
     positive_int(args.iters, "--iters")
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
-        scenario_rows = scenario_cases(args.scenario, {}, {}, args)
+        scenario_rows = scenario_cases(args.scenario, args)
 
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
         plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1, "repeat": 5}
         try:
-            measured[n] = measure(ops, sizes, n, args, plan, label="validate")
+            measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", **launch_kwargs(args))
         except RunFailed as e:
             failed = e
             break
@@ -70,7 +71,7 @@ def run(args) -> int:
     if not measured:
         sys.stderr.write(f"distlab validate: error: {failed}\n")
         return 1
-    backend = "nccl" if measured[min(measured)][0]["compute"]["matmul_dtype"] == "bfloat16" else "gloo"
+    backend = backend_of(measured[min(measured)][0]["compute"])
     calibration = calibration_from_rows([r for n in nprocs if n in measured for r in measured[n][0]["rows"]
                                          if r["bytes"] in calib])
     cases = []

@@ -6,9 +6,9 @@ posting sends and receives: ``overhead``); the ranks of the machine share its co
 cluster's ``cpu_cores``: processor sharing, sim/cores.py); a tensor handed to the next stage arrives after
 the p2p latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
 
-One launch of p gloo ranks (runtime.pipeline.measure) runs, for each configuration, first its probe (the same
+One launch of p gloo ranks (runtime.pipeline.run.measure) runs, for each configuration, first its probe (the same
 schedule and model with fewer microbatches, ``probe_config``), then the configuration itself; each run is
-preceded by every rank timing one block alone (runtime.pipeline.calibrate_alone) and timed action by
+preceded by every rank timing one block alone (runtime.pipeline.run.calibrate_alone) and timed action by
 action. From the probe: the p2p latency (its measured hand-offs) and the overhead per action (fitted so that
 the simulated probe lasts as long as the measured one, ``fit_overhead``; of it, the mean gap the probe
 shows between actions is a separate "runtime" op after each action and the rest is counted in the action,
@@ -24,6 +24,9 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import replace
+
+from distlab.runtime.pipeline.run import DEFAULTS, measure
+from distlab.runtime.validation import case, scenario_kind, workload_section
 
 
 def machine_cores() -> int:
@@ -150,7 +153,6 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> lis
     ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per rank,
     one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the plan
     adds "overhead" of runtime work after each action)}."""
-    from distlab.runtime.pipeline import DEFAULTS, measure
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
     runs = [run for c in cfgs for run in (probe_config(c), c)]
     res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout)
@@ -189,8 +191,8 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     from distlab.sim.errors import ConfigError
     from distlab.sim.pipeline.scenario import spec_of
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if d["parallelism"]["kind"] != "pipeline":
-        raise ConfigError(f"needs parallelism kind pipeline, got {d['parallelism']['kind']!r}", "parallelism.kind")
+    if workload_section(d, "pipeline") is None:
+        raise ConfigError(f"needs parallelism kind pipeline, got {scenario_kind(d)!r}", "parallelism.kind")
     spec = spec_of(d)
     if spec.data_parallel != 1:
         raise ConfigError(f"only data_parallel 1 runs for real, got {spec.data_parallel}", "parallelism.data_parallel")
@@ -244,7 +246,6 @@ def pipeline_cases(path: str, args) -> list[dict]:
     one. The makespan row also carries the bubbles, the probe's numbers ("p2p_latency_s", "action_overhead_s":
     the runtime's CPU time per action, "cpu_cores") and every action's predicted and measured start and end
     ("actions")."""
-    from distlab.runtime.validation import case
     r = validate_pipeline(path, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
     cfg, mp, mm = r["cfg"], r["metrics"]["predicted"], r["metrics"]["measured"]
     n, nbytes = cfg["stages"], cfg["rows"] * cfg["width"] * 4

@@ -10,7 +10,7 @@ indices matching the plan that sim.pipeline.plan.build_plan makes for the same c
 
 ``calibrate_alone`` times one block's F, B, I and W on each rank in turn, on a core of its own (the simulator
 shares the cores itself), and ``calibrate_p2p`` a send/recv ping-pong, for predictions: see
-runtime/pipeline_validate.py.
+runtime/pipeline/validate.py.
 """
 from __future__ import annotations
 
@@ -238,20 +238,21 @@ def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, t
     """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration; per-rank results."""
     from distlab.runtime.launch import launch
     payload = {"runs": runs, "calibrate": calibrate_shape}
-    results = launch("distlab.runtime.pipeline:rank_main", payload, nproc, backend="gloo", threads=1, timeout=timeout)
+    results = launch("distlab.runtime.pipeline.run:rank_main", payload, nproc, backend="gloo", threads=1,
+                     timeout=timeout)
     return {"ranks": results,
             "traces": [to_trace(cfg, [r["runs"][i] for r in results]) for i, cfg in enumerate(runs)]}
 
 
 def main(argv=None) -> int:
-    """``python -m runtime.pipeline --schedule zbv --stages 2 --virtual-stages 2 --microbatches 8 --out DIR``:
-    run one schedule for real, print its metrics, write the measured trace and the pipeline diagram."""
+    """``python -m distlab.runtime.pipeline.run --schedule zbv --stages 2 --virtual-stages 2 --microbatches 8
+    --out DIR``: run one schedule for real, print its metrics, write the measured trace and the pipeline diagram."""
     import os
     import sys
 
     from distlab.sim.cli import Parser
     from distlab.sim.errors import ConfigError
-    ap = Parser(prog="python -m runtime.pipeline", description=main.__doc__.split("\n")[0])
+    ap = Parser(prog="python -m distlab.runtime.pipeline.run", description=main.__doc__.split("\n")[0])
     for key, val in DEFAULTS.items():
         ap.add_argument("--" + key.replace("_", "-"), type=type(val) if val is not None else int, default=val)
     ap.add_argument("--out", default="distlab-out")
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
         S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
         trace = measure([cfg], cfg["stages"])["traces"][0]
     except ConfigError as e:
-        sys.stderr.write(f"python -m runtime.pipeline: error: {e}\n")
+        sys.stderr.write(f"python -m distlab.runtime.pipeline.run: error: {e}\n")
         return 2
     from distlab.sim.pipeline import diagram
     from distlab.sim.pipeline import metrics as M

@@ -67,5 +67,5 @@ def _ints(text) -> list[int]:
 def real_buckets(cases: list[dict], world: int = 2, timeout: float = 120.0) -> list[dict]:
     """Rank 0's report for every case (one gloo launch of ``world`` ranks)."""
     from distlab.runtime.launch import launch
-    return launch("distlab.runtime.ddp_buckets:bucket_task", {"cases": cases}, nproc=world, backend="gloo",
+    return launch("distlab.runtime.ddp.buckets:bucket_task", {"cases": cases}, nproc=world, backend="gloo",
                   timeout=timeout)[0]

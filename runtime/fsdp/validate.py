@@ -8,7 +8,9 @@ benchmarks/fsdp_accuracy.py and `distlab validate --scenario` (kind fsdp).
 """
 from __future__ import annotations
 
-from distlab.runtime.fsdp import measured_sequence, run, to_trace
+from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
+from distlab.runtime.validation import case, scenario_kind, workload_section
+
 
 def calibration_sizes(plans) -> dict:
     """op -> the distinct byte counts of that collective in ``plans`` (what to time for calibration)."""
@@ -92,10 +94,11 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if d["parallelism"]["kind"] != "fsdp":
-        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {d['parallelism']['kind']!r}",
+    section = workload_section(d, "fsdp")
+    if section is None:
+        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {scenario_kind(d)!r}",
                           "parallelism.kind")
-    opts = {k: v for k, v in d["parallelism"].items() if k not in ("kind", "overlap")}
+    opts = {k: v for k, v in section.items() if k != "overlap"}
     if opts.get("zero", 3) != 3:
         raise ConfigError("only zero: 3 runs for real (FSDP2 is ZeRO-3)", "parallelism.zero")
     model = model_from_spec(d["model"], "model")
@@ -115,7 +118,6 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
 def fsdp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario fsdp.yaml` rows (runtime.validation.case format): the step, predicted
     (calibrated here) against measured real FSDP2; each row also says whether the collective sequences match."""
-    from distlab.runtime.validation import case
     nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
     r = validate_fsdp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                       warmup=max(getattr(args, "warmup", 2), 1))

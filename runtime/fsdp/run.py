@@ -6,6 +6,7 @@ not resharded after forward). Mesh: ``init_device_mesh(device, (world,))``, or `
 The recorder wraps ``dist.all_gather_single``, ``dist.reduce_scatter_single`` and ``dist.all_reduce`` (what
 FSDP2 calls in torch 2.13) and notes kind, bytes (nccl-tests: AG output, RS input), dtype, start and end.
 On gloo the calls block, so start/end are the collective's real span; on CUDA they would be enqueue times.
+Predicted against measured: runtime/fsdp/validate.py.
 """
 from __future__ import annotations
 
@@ -182,7 +183,7 @@ def run(model, world: int = 2, variants: list | None = None, steps: int = 1, war
     variants = [{**v[1], "model": spec(v[0])} if isinstance(v, tuple) else v for v in (variants or [{}])]
     payload = {"model": spec(model), "variants": variants, "steps": steps,
                "warmup": warmup, "calibrate": calibrate, "local": local}
-    return launch("distlab.runtime.fsdp:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
+    return launch("distlab.runtime.fsdp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
 
 
 def spec(model) -> dict:
@@ -205,14 +206,3 @@ def to_trace(results: list[dict], variant: int = 0, step: int = -1):
 def measured_sequence(results: list[dict], variant: int = 0, rank: int = 0, groups: bool = False) -> list[tuple]:
     calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
     return [(op, nbytes, dtype) + ((tuple(g),) if groups else ()) for op, nbytes, dtype, _, _, g in calls]
-
-
-def validate_fsdp(*args, **kwargs) -> dict:
-    """See runtime.fsdp_validate.validate_fsdp (the `distlab validate --scenario` hook for kind fsdp)."""
-    from distlab.runtime.fsdp_validate import validate_fsdp as validate
-    return validate(*args, **kwargs)
-
-
-def fsdp_cases(path: str, args) -> list[dict]:
-    from distlab.runtime.fsdp_validate import fsdp_cases as cases
-    return cases(path, args)

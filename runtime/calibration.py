@@ -1,0 +1,44 @@
+"""Measure this machine's collectives and compute on real ranks, and turn the measurements into a cluster.
+
+``measure``: one launch of ``n`` ranks running runtime/sweep.py's ``sweep_task``: a size sweep of every op
+(median times from launch: last rank's arrival to last rank's end, what the simulator's collective time means),
+matmul FLOP/s with all ranks computing at once, and optionally a plan's results. ``write_cluster``: the ring
+model fitted per op and world size (runtime/fit.py) on the localhost-cpu preset sized to the largest world size,
+``gpu`` = the measured compute, written atomically as a cluster YAML the simulator loads. Used by
+`distlab calibrate` and `distlab validate` (runtime/commands/), which only parse arguments and format.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+
+def measure(ops: list[str], sizes: list[int], n: int, warmup: int, iters: int, plan: dict | None = None,
+            label: str = "calibrate", **launch_options) -> list[dict]:
+    """Per rank: {"rows": the sweep's rows, "compute": rates, "plan": the plan payload's results or None}.
+    ``plan`` is an executor payload ({"plan", "warmup", "repeat"}); ``launch_options`` go to runtime.launch.Launch
+    (backend, threads, timeout, verbose). Progress is shown per timed round."""
+    from distlab.runtime.launch import Launch
+    payload = {"ops": ops, "sizes": sizes, "warmup": warmup, "iters": iters, "compute": True, "plan": plan}
+    launch = Launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_options).start()
+    return launch.wait_progress(iters, f"{label}: {n} ranks", lambda L: (L.partial(0) or {}).get("rounds", 0))
+
+
+def backend_of(compute: dict) -> str:
+    """The backend a measurement ran on: the sweep times bfloat16 matmuls on GPUs (nccl), float32 on CPUs."""
+    return "nccl" if compute["matmul_dtype"] == "bfloat16" else "gloo"
+
+
+def write_cluster(path: str, rows: list[dict], compute: dict, nprocs: list[int], backend: str, sizes: list[int]):
+    """Fit ``rows`` (runtime.fit.calibration_from_rows), build the calibrated cluster for ``max(nprocs)`` ranks,
+    write it as YAML to ``path`` (atomically, with a header saying where and how it was measured); the Cluster."""
+    from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
+    from distlab.sim.io import write_atomic
+    from distlab.sim.plan import format_bytes
+    calibration = calibration_from_rows(rows)
+    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend)
+    head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+            f"# backend {backend}, world sizes {','.join(map(str, nprocs))}, sizes {format_bytes(min(sizes))}.."
+            f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n")
+    write_atomic(path, head + cluster.to_yaml())
+    return cluster

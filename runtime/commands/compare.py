@@ -1,0 +1,76 @@
+"""`distlab compare PREDICTED MEASURED`: a simulated and a measured trace of the same plan, op by op (sim/compare.py).
+
+PREDICTED: e.g. the trace `distlab simulate` writes, or the plan itself (simulated on ``--cluster``, e.g. the
+file `distlab calibrate` writes); MEASURED: the trace `distlab run PLAN` writes. Prints per
+rank every op's predicted and measured start and duration with the error, the totals (makespan, each stream's
+busy time) and the worst ops; ``--out both.json`` writes both into one Perfetto/Chrome trace.
+"""
+from __future__ import annotations
+
+NAME = "compare"
+HELP = ("Compare a predicted (simulated) and a measured trace of the same plan op by op: start, duration, error "
+        "per rank, totals, worst ops; --out writes both into one Perfetto trace.")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("predicted", help="the simulated trace (*.trace native, or the *.json Chrome trace distlab "
+                                     "writes), or the plan itself (distlab-plan/1), simulated here on --cluster")
+    p.add_argument("measured", help="the measured trace of the same plan (distlab run's --out)")
+    p.add_argument("--out", metavar="BOTH.json", help="write both into one Chrome/Perfetto trace (one process per "
+                                                     "rank, predicted and measured threads side by side)")
+    p.add_argument("--cluster", default="localhost-cpu", help="where a PREDICTED plan is simulated: a preset or a "
+                   "cluster YAML, e.g. distlab calibrate's (default localhost-cpu)")
+    p.add_argument("--worst", type=int, default=5, help="how many of the worst ops to list (default 5)")
+    p.add_argument("--json", action="store_true", help="print every op, the totals and the worst ops as JSON")
+
+
+def run(args) -> int:
+    import json
+
+    from distlab.runtime.commands.common import positive_int
+    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.compare import combined_chrome, compare, load_trace
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.io import write_atomic
+
+    positive_int(args.worst, "--worst")
+    if args.out is not None and not args.out.endswith(".json"):
+        raise ConfigError(f"{args.out!r}: the combined trace is Chrome trace JSON; allowed: a *.json path", "--out")
+    c = compare(load_trace(args.predicted, args.cluster), load_trace(args.measured), args.measured)
+    if args.out:
+        write_atomic(args.out, json.dumps(combined_chrome(c), separators=(",", ":")))
+    result = c.to_dict(args.worst)
+    if args.json:
+        print_json({**result, "predicted": args.predicted, "measured": args.measured, "out": args.out})
+        return 0
+    ms = _ms
+    for rank in sorted({p.measured.rank for p in c.pairs}):
+        print_table(f"rank {rank}: predicted ({args.predicted}) against measured ({args.measured})",
+                    ["op", "name", "stream", "start pred (ms)", "start meas (ms)", "dur pred (ms)", "dur meas (ms)",
+                     "error"],
+                    [[p.measured.index, p.measured.name, p.measured.stream, ms(p.predicted.start),
+                      ms(p.measured.start), ms(p.predicted.duration), ms(p.measured.duration), _pct(p.error)]
+                     for p in c.pairs if p.measured.rank == rank], justify_left=3)
+    totals = result["totals"]
+    rows = [["makespan", "", ms(totals["makespan"]["predicted_s"]), ms(totals["makespan"]["measured_s"]),
+             _pct(totals["makespan"]["error"])]]
+    rows += [[f"rank {s['rank']}", f"{s['stream']} busy", ms(s["predicted_busy_s"]), ms(s["measured_busy_s"]),
+              _pct(s["error"])] for s in totals["streams"]]
+    print_table("totals", ["", "", "predicted (ms)", "measured (ms)", "error"], rows, justify_left=2)
+    print_table(f"worst {len(result['worst'])} ops (largest |predicted - measured| duration)",
+                ["rank", "op", "name", "dur pred (ms)", "dur meas (ms)", "diff (ms)", "error"],
+                [[w["rank"], w["index"], w["name"], ms(w["predicted_duration_s"]), ms(w["measured_duration_s"]),
+                  f"{w['duration_diff_s'] * 1e3:+.3f}", _pct(w["error"])] for w in result["worst"]], justify_left=3)
+    if c.missing:
+        print(f"{len(c.missing)} predicted ops are not in the measured trace (a partial run?)")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _pct(error) -> str:
+    return "n/a" if error is None else f"{error * 100:+.1f}%"

@@ -1,0 +1,78 @@
+"""The runtime's workload registry (runtime/workloads.py): one record per runtime/<name>/ folder, the workload of a
+scenario in either format (flat ``parallelism.kind`` or ``mesh:`` + one section per parallelism), one-line
+errors listing the allowed workloads, and launch targets that resolve after the move into folders."""
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from distlab.runtime.cli import main
+from distlab.runtime.validation import workload_section
+from distlab.runtime.workloads import WORKLOADS, scenario_workload
+from distlab.sim.errors import ConfigError
+from distlab.sim.io import load_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_each_workload_is_its_own_folder():
+    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline"]
+    for name, w in WORKLOADS.items():
+        assert w.name == name and (ROOT / "runtime" / name / "run.py").is_file()
+        assert w.run.__module__ == f"distlab.runtime.{name}.run"
+        assert w.validate.__module__ == w.cases.__module__ == f"distlab.runtime.{name}.validate"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_scenarios_name_their_workload(path):
+    spec = load_yaml(str(path))
+    kind = spec["parallelism"]["kind"] if "parallelism" in spec else next(k for k in spec if k in WORKLOADS)
+    assert scenario_workload(spec, str(path)) == kind
+    assert workload_section(spec, kind) is not None
+
+
+def test_mesh_format_takes_the_section_named_after_a_workload():
+    spec = {"model": {"preset": "gpt2-small"}, "mesh": {"dp_shard": 2}, "fsdp": {"reshard_after_forward": False}}
+    assert scenario_workload(spec, "s.yaml") == "fsdp"
+    assert workload_section(spec, "fsdp") == {"reshard_after_forward": False}
+    assert workload_section({"mesh": {"dp": 2}, "ddp": None}, "ddp") == {}
+    flat = {"parallelism": {"kind": "ddp", "bucket_cap_mb": 5}}
+    assert workload_section(flat, "ddp") == {"bucket_cap_mb": 5} and workload_section(flat, "fsdp") is None
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"parallelism": {"kind": "tp"}}, "scenario kind 'tp' not supported yet; allowed: ddp, fsdp, pipeline"),
+    ({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}},
+     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline"),
+    ({"mesh": {"tp": 2}, "tp": {}}, "found no workload section; allowed: ddp, fsdp, pipeline"),
+    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline"),
+])
+def test_unknown_workloads_are_one_line_errors(spec, message):
+    with pytest.raises(ConfigError) as e:
+        scenario_workload(spec, "s.yaml")
+    assert str(e.value).startswith("s.yaml: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validate_cli_refuses_two_workload_sections_before_starting_ranks(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: gpt2-small\nmesh: {pp: 2, dp: 2}\npipeline: {}\nddp: {}\ncluster: localhost-cpu\n")
+    assert main(["validate", "--scenario", str(path), "--nproc", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "exactly one workload section" in err
+
+
+def test_every_launch_target_in_runtime_resolves():
+    """"distlab.runtime.<module>:<function>" strings (what ranks import) name existing functions."""
+    pattern = re.compile(r"^distlab\.runtime\.[\w.]+:\w+$")
+    targets = {node.value for path in (ROOT / "runtime").rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str) and pattern.match(node.value)}
+    assert {"distlab.runtime.ddp.run:rank_task", "distlab.runtime.fsdp.run:rank_task",
+            "distlab.runtime.pipeline.run:rank_main", "distlab.runtime.ddp.buckets:bucket_task"} <= targets
+    for target in targets:
+        module, name = target.split(":")
+        assert callable(getattr(importlib.import_module(module), name)), target
