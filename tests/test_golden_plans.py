@@ -14,5 +14,5 @@ GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "golden_plans.json
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_plan_is_byte_identical_to_before(name):
-    plan = sc.build(GOLDEN[name]["scenario"], name)[0]
+    plan = sc.build(GOLDEN[name]["scenario"], name).plan
     assert hashlib.sha256(plan.to_json().encode()).hexdigest() == GOLDEN[name]["plan_sha256"]

@@ -1,32 +1,59 @@
-"""`parallelism: {kind: fsdp, zero: 3, ...}` in a scenario: the plan, then memory rows and a timeline with the
-memory curve beneath it for `distlab simulate`. Options: see sim/fsdp/plan.py (KEYS)."""
+"""What `distlab simulate` shows of an FSDP step: peak memory with its breakdown (as FSDP2 holds it), whether it
+fits the GPU, and a timeline with the memory curve beneath it. Hooks of the fsdp workload (sim/workloads/fsdp.py).
+
+FSDP2 with a MixedPrecisionPolicy (param_dtype bf16) keeps the sharded parameters, their gradients and Adam's
+m and v in fp32 and gathers bf16 copies for compute (torch.distributed.fsdp.MixedPrecisionPolicy docs): per
+parameter element 4 + 4 + 8 = 16 bytes sharded, the same total as ZeRO's 2 + 2 + 12 accounting that the plan's
+memory meta uses (sim/fsdp/memory.py); the breakdown shown here follows FSDP2's split.
+"""
 from __future__ import annotations
 
 from distlab.sim.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fits, memory_curve, peak
-from distlab.sim.fsdp.plan import build_fsdp
+from distlab.sim.plan import DTYPE_BYTES
 
 
-def build(scenario: dict, model, cluster):
-    """Registry entry (sim.scenario.BUILDERS["fsdp"]): (plan, info); info carries the memory report and figure."""
-    opts = {k: v for k, v in scenario.get("parallelism", {}).items() if k != "kind"}
-    plan = build_fsdp(model, cluster.world_size, opts)
-    gpu = cluster.gpu.memory_GiB
-    info = {"report": lambda trace: report(plan, trace, gpu),
-            "figure": lambda trace, title=None: figure(plan, trace, gpu, title=title)}
-    return plan, info
+def fsdp2_breakdown(plan, breakdown: dict) -> dict:
+    """``breakdown`` (plan accounting) with labels saying what FSDP2 holds: for ZeRO-3 with a 16-bit
+    param_dtype, fp32 sharded params 4n, fp32 sharded grads 4n, Adam m and v 8n (n = shard elements), and the
+    gathered units in param_dtype; ZeRO 1/2 keep the ZeRO accounting, labelled so."""
+    meta = plan.meta
+    pdt, zero = meta["param_dtype"], meta["zero"]
+    b = DTYPE_BYTES[pdt]
+    out = {}
+    if zero == 3 and b < 4:
+        n = breakdown["params"] // b
+        out[f"params (fp32 shards; {pdt} gathered below)"] = 4 * n
+        out["grads (fp32 shards)"] = 4 * n
+        out["optimizer (Adam m, v: fp32 shards)"] = 8 * n
+    else:
+        sharded = {1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}[zero]
+        for k in STATIC:
+            out[f"{k} ({pdt if k != 'optimizer' else 'fp32'}, {'sharded' if k in sharded else 'replicated'})"] \
+                = breakdown[k]
+    out[f"unsharded params ({pdt}, gathered)"] = breakdown["unsharded params"]
+    out[f"unsharded grads ({pdt})"] = breakdown["unsharded grads"]
+    out["activations"] = breakdown["activations"]
+    return out
 
 
-def report(plan, trace, gpu_GiB: float) -> dict:
+def report(result) -> dict:
     """Peak memory (highest rank) with its breakdown, whether it fits, and rows for a table."""
+    plan, trace, gpu_GiB = result.plan, result.trace, result.cluster.gpu.memory_GiB
     pk = peak(plan, trace)
     ok = fits(pk["total"], gpu_GiB)
+    shown = fsdp2_breakdown(plan, pk["breakdown"])
     rows = [[f"peak memory (rank {pk['rank']}, t={pk['time'] * 1e3:.3f} ms)", _gib(pk["total"])]]
-    rows += [[f"  {k}", _gib(v)] for k, v in pk["breakdown"].items()]
+    rows += [[f"  {k}", _gib(v)] for k, v in shown.items()]
     rows.append(["fits the GPU", f"yes ({gpu_GiB:g} GiB)" if ok else f"NO: over {gpu_GiB:g} GiB"])
-    out = {"peak_memory": pk, "fits": ok, "gpu_memory_GiB": gpu_GiB, "rows": rows}
+    out = {"rows": rows, "json": {"peak_memory": {**pk, "breakdown_fsdp2": shown}, "fits": ok,
+                                  "gpu_memory_GiB": gpu_GiB}}
     if not ok:
-        out["warning"] = "does not fit: " + breakdown_line(pk["breakdown"], pk["total"], gpu_GiB)
+        out["warnings"] = ["does not fit: " + breakdown_line(pk["breakdown"], pk["total"], gpu_GiB)]
     return out
+
+
+def figure_of(result, title=None):
+    return figure(result.plan, result.trace, result.cluster.gpu.memory_GiB, title=title)
 
 
 def _gib(n: float) -> str:
