@@ -215,10 +215,11 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
     from distlab.sim import scenario as sc
     from distlab.sim.ddp.plan import DDPOptions
     d = sc.load(scenario)
-    if d["parallelism"]["kind"] != "ddp":
+    par = sc.parallelism(d)
+    if par["kind"] != "ddp":
         raise ValueError("validate_ddp needs parallelism kind ddp")
     model, _ = sc.resolve(d)
-    opts = DDPOptions.from_dict({k: v for k, v in d["parallelism"].items() if k != "kind"})
+    opts = DDPOptions.from_dict({k: v for k, v in par.items() if k != "kind"})
     results = measure(model, {"bucket_cap_mb": opts.bucket_cap_mb, "compress": opts.compress,
                               "grad_accum": opts.grad_accum, "optimizer": opts.optimizer},
                       nproc, steps, warmup, True, CAL_SIZES, backend, timeout)
@@ -268,7 +269,7 @@ def _slowest(results: list[dict], key: str, field: str, get=None, stat: str = "m
 
 
 def _ddp_launch(rows: list[dict], k: int) -> float:
-    return max(r["ready_s"] for r in rows[:k + 1])
+    return rows[k]["ddp_launch_s"]          # DDP's launch rule: sim.ddp.buckets.bucket_launch_times
 
 
 def _row(what: str, predicted: float, measured: float) -> dict:

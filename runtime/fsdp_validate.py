@@ -92,10 +92,10 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if d["parallelism"]["kind"] != "fsdp":
-        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {d['parallelism']['kind']!r}",
-                          "parallelism.kind")
-    opts = {k: v for k, v in d["parallelism"].items() if k not in ("kind", "overlap")}
+    par = sc.parallelism(d)
+    if par["kind"] != "fsdp":
+        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {par['kind']!r}", "parallelism.kind")
+    opts = {k: v for k, v in par.items() if k not in ("kind", "overlap")}
     if opts.get("zero", 3) != 3:
         raise ConfigError("only zero: 3 runs for real (FSDP2 is ZeRO-3)", "parallelism.zero")
     model = model_from_spec(d["model"], "model")

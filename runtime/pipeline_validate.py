@@ -189,8 +189,9 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     from distlab.sim.errors import ConfigError
     from distlab.sim.pipeline.scenario import spec_of
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if d["parallelism"]["kind"] != "pipeline":
-        raise ConfigError(f"needs parallelism kind pipeline, got {d['parallelism']['kind']!r}", "parallelism.kind")
+    kind = sc.parallelism(d)["kind"]
+    if kind != "pipeline":
+        raise ConfigError(f"needs parallelism kind pipeline, got {kind!r}", "parallelism.kind")
     spec = spec_of(d)
     if spec.data_parallel != 1:
         raise ConfigError(f"only data_parallel 1 runs for real, got {spec.data_parallel}", "parallelism.data_parallel")

@@ -83,8 +83,10 @@ def scenario_cases(path: str, calibration: dict, compute: dict, args) -> list[di
     spec = load_yaml(path)
     if not isinstance(spec, dict):
         raise ConfigError("a scenario is a mapping with keys model, parallelism, cluster", path)
-    parallelism = spec.get("parallelism")
+    from distlab.sim.workloads.registry import names
+    parallelism = spec.get("parallelism")          # the old format, or a section named after the workload
     kind = parallelism.get("kind") if isinstance(parallelism, dict) else parallelism
+    kind = kind or next((k for k in spec if k in names()), None)
     if kind == "ddp":                  # issue 5: real DDP against the simulator (runtime/ddp.py)
         from distlab.runtime.ddp import ddp_cases
         return ddp_cases(path, args)

@@ -166,6 +166,29 @@ def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mes
     return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
 
 
+def set_value(d: dict, key: str, value) -> None:
+    """Set sweep key ``key`` of scenario ``d``: micro_batch, nodes, world_size, a mesh dim (or its old name:
+    stages, data_parallel, shard_size) or an option of the scenario's parallelism."""
+    if key == "micro_batch":
+        if isinstance(d["model"], str):
+            d["model"] = {"preset": d["model"]}
+        if not isinstance(d["model"], dict):
+            raise ConfigError("micro_batch needs a preset or gpt model", "--micro-batch")
+        d["model"]["micro_batch" if d["model"].get("kind") != "mlp" else "batch"] = value
+        return
+    if key in ("nodes", "world_size"):
+        d[key] = value
+        return
+    w = workload_of(d)
+    dim = w.legacy_keys.get(key, key)
+    if dim in w.dims:
+        d["mesh"] = {**(d.get("mesh") or {}), dim: value}
+        if w.fill_dim and dim != w.fill_dim:
+            d["mesh"].pop(w.fill_dim, None)        # the fill dim takes what the new size leaves
+        return
+    d[w.name][key] = value
+
+
 def parallelism(d: dict) -> dict:
     """The scenario's parallelism as the old flat dict {kind, options..., shard_size/stages/data_parallel from
     the mesh as written}: for callers written against the old format."""
