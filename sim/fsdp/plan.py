@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.fsdp.memory import static_bytes
-from distlab.sim.fsdp.units import Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
+from distlab.sim.fsdp.units import BLOCK, Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
 from distlab.sim.mesh import Mesh
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
 from distlab.sim.workloads.base import option
