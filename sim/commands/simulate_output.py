@@ -43,7 +43,7 @@ def mesh_json(result) -> dict:
     return {"dims": result.mesh.as_dict(),
             "placement": [{"dim": p.dim, "size": p.size, "nodes_per_group": p.nodes_per_group,
                            "intra_node": p.intra_node} for p in result.mesh.placement(gpn)],
-            "warnings": result.mesh.placement_warnings(gpn)}
+            "warnings": result.workload.placement_warnings(result.mesh, gpn)}
 
 
 def result_json(result, changed: list[str]) -> dict:
@@ -62,7 +62,8 @@ def result_json(result, changed: list[str]) -> dict:
 
 
 def warnings(result) -> list[str]:
-    return result.mesh.placement_warnings(result.cluster.gpus_per_node) + result.report.get("warnings", [])
+    return result.workload.placement_warnings(result.mesh, result.cluster.gpus_per_node) \
+        + result.report.get("warnings", [])
 
 
 def print_result(result, changed: list[str]) -> None:

@@ -42,6 +42,7 @@ class Workload:
     dim_words: dict = field(default_factory=dict)    # dim -> words for errors, e.g. "pipeline stages"
     legacy_keys: dict = field(default_factory=dict)  # old `parallelism:` key -> mesh dim (stages -> pp)
     legacy: Callable | None = None              # (section, mesh, scenario): further old-format defaults
+    intra_node_dims: tuple[str, ...] = ()       # dims whose groups should stay inside a node when composed
     report: Callable | None = None
     figure: Callable | None = None
     sweep_row: Callable | None = None
@@ -68,6 +69,12 @@ class Workload:
 
     def defaults(self):
         return self.options()
+
+    def placement_warnings(self, mesh, gpus_per_node: int) -> list[str]:
+        """Mesh.placement_warnings for tp/ep/cp and, when the mesh composes two or more dims, this workload's
+        intra_node_dims (e.g. HSDP's dp_shard: shard inside a node, replicate across nodes)."""
+        composed = sum(1 for s in mesh.shape if s > 1) > 1
+        return mesh.placement_warnings(gpus_per_node, ("tp", "ep", "cp") + (self.intra_node_dims if composed else ()))
 
     def parse(self, section, where: str):
         """The options dataclass of a scenario section (a mapping): unknown keys, types and choices checked

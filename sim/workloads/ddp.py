@@ -20,7 +20,23 @@ def report(result) -> dict:
              "notes": ["ready: the bucket's last gradient is computed; launch: DDP's rule, max(ready, launch of the "
                        "bucket before) (Reducer::mark_bucket_ready); start: its all-reduce's data starts moving "
                        "(all ranks there, stream free); end: the all-reduce is done; '-': never"]}
-    return {"tables": [table], "json": {"buckets": rows}}
+    mem = memory(result)
+    return {"tables": [table], "rows": mem["rows"], "warnings": mem["warnings"],
+            "json": {"buckets": rows, "memory": mem["json"]}}
+
+
+def memory(result) -> dict:
+    """Per-GPU memory as `distlab memory --zero ddp` counts it (sim/fsdp/memory.py estimate: params, grads,
+    Adam state, activations of one micro-batch) against the GPU's memory."""
+    from distlab.sim.fsdp.memory import breakdown_line, estimate, fits
+    est = estimate(result.model, result.plan.world_size, 0)
+    total, gpu = sum(est.values()), result.cluster.gpu.memory_GiB
+    ok = fits(total, gpu)
+    rows = [["memory per GPU (params + grads + Adam + activations)", f"{total / 2**30:.3f} GiB"],
+            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    warnings = [] if ok else ["does not fit: " + breakdown_line(est, total, gpu)]
+    return {"rows": rows, "warnings": warnings,
+            "json": {"breakdown_bytes": est, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}
 
 
 def sweep_row(result) -> dict:

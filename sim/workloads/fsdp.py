@@ -22,4 +22,4 @@ WORKLOAD = Workload(
     dims=("dp_replicate", "dp_shard"), required_dims=("dp_shard",), fill_dim="dp_replicate", default_dim="dp_shard", options=FSDPOptions,
     build=build, report=report, figure=figure_of, sweep_row=sweep_row,
     dim_words={"dp_shard": "shard group size", "dp_replicate": "replica count"},
-    legacy_keys={"shard_size": "dp_shard"})
+    legacy_keys={"shard_size": "dp_shard"}, intra_node_dims=("dp_shard",))

@@ -21,9 +21,37 @@ def report(result) -> dict:
     rows = [["pipeline makespan", f"{met.makespan * 1e3:.3f} ms"],
             ["bubble", f"{met.bubble:.1%}" + (f" (uniform stages, free p2p: {ideal:.1%})" if ideal is not None else "")],
             ["p2p time (sum of sends)", f"{met.p2p_seconds * 1e3:.3f} ms"]]
-    rows += [[f"stage {s}: peak in flight, activations", f"{met.peak_in_flight[s]} mb, "
+    rows += [[f"stage {s}: peak microbatches in flight, their activations", f"{met.peak_in_flight[s]}, "
               f"{met.peak_stage_memory[s] / 2**20:.4g} MiB"] for s in met.peak_in_flight]
-    return {"rows": rows, "json": {"pipeline": met.to_dict()}}
+    mem = memory(result, met)
+    rows += mem["rows"]
+    return {"rows": rows, "warnings": mem["warnings"], "json": {"pipeline": met.to_dict(), "memory": mem["json"]}}
+
+
+def memory(result, met) -> dict:
+    """Per-GPU memory of the fullest pipeline rank: its stages' params, grads and Adam state (bytes per
+    element as sim/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
+    in-flight activations, against the GPU's memory."""
+    from distlab.sim.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.plan import DTYPE_BYTES
+    meta = result.info["pipeline"]
+    dtype = (result.model.config or {}).get("dtype", "float32")
+    p, g, k = precision(dtype)
+    worst = None
+    for rank, act in enumerate(met.peak_rank_memory[:meta["stages"]]):
+        numel = sum(b for s, b in enumerate(meta["param_bytes"]) if meta["stage_to_rank"][s] == rank) \
+            // DTYPE_BYTES[dtype]
+        parts = {"params": numel * p, "grads": numel * g, "optimizer": numel * k, "activations": int(act)}
+        if worst is None or sum(parts.values()) > sum(worst[1].values()):
+            worst = (rank, parts)
+    rank, parts = worst
+    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
+    ok = fits(total, gpu)
+    rows = [[f"memory per GPU (pipeline rank {rank}: its stages + in-flight activations)", f"{total / 2**30:.3f} GiB"],
+            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+            "json": {"pipeline_rank": rank, "breakdown_bytes": parts, "total_bytes": total, "fits": ok,
+                     "gpu_memory_GiB": gpu}}
 
 
 def figure(result, title=None):
