@@ -38,6 +38,12 @@ def assumptions(result) -> dict:
     return out
 
 
+def summary_rows(s: dict) -> list[list]:
+    return [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
+            ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
+            ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"], ["overlap", f"{s['overlap_pct']:.1f} %"]]
+
+
 def mesh_json(result) -> dict:
     gpn = result.cluster.gpus_per_node
     return {"dims": result.mesh.as_dict(),
@@ -83,12 +89,8 @@ def print_result(result, changed: list[str]) -> None:
     opts = asdict(result.options)
     print(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
     print("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()))
-    s, rep = result.summary, result.report
-    print_table(None, ["", "value"], [
-        ["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
-        ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
-        ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"],
-        ["overlap", f"{s['overlap_pct']:.1f} %"]] + rep.get("rows", []))
+    rep = result.report
+    print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
     print(f"  ({SUMMARY_NOTE})")
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
         print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
@@ -169,9 +171,7 @@ def run_plan_file(args) -> int:
         return 0
     print(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)")
     print(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}")
-    print_table(None, ["", "value"], [[k.removesuffix("_s").replace("_", " "), f"{v * 1e3:.3f} ms"]
-                                      for k, v in summary.items() if k.endswith("_s")]
-                + [["overlap", f"{summary['overlap_pct']:.1f} %"]])
+    print_table(None, ["", "value"], summary_rows(summary))
     print(f"  ({SUMMARY_NOTE})")
     for path in files.values():
         print(f"wrote {path}")
