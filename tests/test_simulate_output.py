@@ -89,13 +89,13 @@ def test_fsdp2_mixed_precision_breakdown(capsys):
     rc, out, err = run_cli(capsys, str(ROOT / "scenarios" / "fsdp-llama-7b.yaml"), "--json", "--no-files")
     assert rc == 0, err
     res = json.loads(out)["results"][0]
-    shown = res["peak_memory"]["breakdown_fsdp2"]
-    plan_view = res["peak_memory"]["breakdown"]
+    shown = res["peak_memory"]["fsdp2_breakdown_bytes"]
+    plan_view = res["peak_memory"]["breakdown_bytes"]
     n = plan_view["params"] // 2                                  # bf16 shard elements in the plan's accounting
     assert shown["params (fp32 shards; bfloat16 gathered below)"] == 4 * n
     assert shown["grads (fp32 shards)"] == 4 * n and shown["optimizer (Adam m, v: fp32 shards)"] == 8 * n
     assert shown["unsharded params (bfloat16, gathered)"] == plan_view["unsharded params"]
-    assert sum(shown.values()) == res["peak_memory"]["total"]       # the same 16 bytes per element in all
+    assert sum(shown.values()) == res["peak_memory"]["total_bytes"]       # the same 16 bytes per element in all
     assert res["assumptions"]["sharded_param_dtype"] == "float32" and res["assumptions"]["param_dtype"] == "bfloat16"
 
 

@@ -120,6 +120,8 @@ def run(args) -> int:
         return out.run_plan_file(args)
     d, changed = scenario_from_args(args)
     if args.sweep:
+        if args.save_plan:
+            raise ConfigError("a sweep simulates many plans; save one with a single run", "--save-plan")
         return run_sweep(args, d)
     from distlab.sim import scenario as sc
     result = sc.simulate(d, args.scenario or "scenario")

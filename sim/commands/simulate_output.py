@@ -119,12 +119,16 @@ def sweep_figure(workload, rows: list[dict], key: str, title: str):
 def print_sweep(rows: list[dict], key: str, title: str) -> None:
     base = [key, "world_size", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_pct"]
     extra = [k for k in rows[0] if k not in base and k != "mesh"]
-    fmt = (lambda k, v: f"{v * 1e3:.3f}" if k.endswith("_s") else f"{v:.1f}" if k.endswith("pct")
+    seconds = lambda k: k.endswith("_s") and not k.endswith("_per_s")  # noqa: E731
+    fmt = (lambda k, v: f"{v * 1e3:.3f}" if seconds(k) else f"{v:.1f}" if k.endswith("pct")
            else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
     head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
             "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks"}
     cols = base + extra
-    print_table(title, [head.get(k, k.replace("_s", " (ms)").replace("_bytes", " (MiB)")) for k in cols],
+    header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
+                                         k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
+                                         + (" (MiB)" if k.endswith("_bytes") else "")))
+    print_table(title, [header(k) for k in cols],
                 [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
     best = min(rows, key=lambda r: r["step_s"])
     print(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")

@@ -45,8 +45,9 @@ def report(result) -> dict:
     rows = [[f"peak memory (rank {pk['rank']}, t={pk['time'] * 1e3:.3f} ms)", _gib(pk["total"])]]
     rows += [[f"  {k}", _gib(v)] for k, v in shown.items()]
     rows.append(["fits the GPU", f"yes ({gpu_GiB:g} GiB)" if ok else f"NO: over {gpu_GiB:g} GiB"])
-    out = {"rows": rows, "json": {"peak_memory": {**pk, "breakdown_fsdp2": shown}, "fits": ok,
-                                  "gpu_memory_GiB": gpu_GiB}}
+    out = {"rows": rows, "json": {"peak_memory": {"rank": pk["rank"], "time_s": pk["time"], "total_bytes": pk["total"],
+                                                  "breakdown_bytes": pk["breakdown"], "fsdp2_breakdown_bytes": shown},
+                                  "fits": ok, "gpu_memory_GiB": gpu_GiB}}
     if not ok:
         out["warnings"] = ["does not fit: " + breakdown_line(pk["breakdown"], pk["total"], gpu_GiB)]
     return out

@@ -13,7 +13,7 @@ def build(model, mesh, opts: FSDPOptions, cluster):
 
 def sweep_row(result) -> dict:
     pk = result.report["json"]["peak_memory"]
-    return {"peak_memory_bytes": pk["total"]}
+    return {"peak_memory_bytes": pk["total_bytes"]}
 
 
 WORKLOAD = Workload(
