@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from distlab.sim.trace import Trace, _union_length
+from distlab.sim.spans import union_length
+from distlab.sim.trace import Trace
 
 
 @dataclass
@@ -20,10 +21,10 @@ def time_breakdown(trace: Trace) -> list[RankTime]:
     out = []
     for rank in sorted({o.rank for o in trace.ops}):
         ops = trace.for_rank(rank)
-        compute = _union_length(sorted((o.start, o.end) for o in ops if o.kind == "compute"))
+        compute = union_length(((o.start, o.end) for o in ops if o.kind == "compute"))
         comm = [o for o in ops if o.launch is not None]
         waiting = sum(o.launch - o.start for o in comm)
-        transfer = _union_length(sorted((o.launch, o.end) for o in comm))
+        transfer = union_length(((o.launch, o.end) for o in comm))
         span = max(o.end for o in ops) - min(o.start for o in ops) if ops else 0.0
         out.append(RankTime(rank, compute, waiting, transfer, span))
     return out

@@ -128,6 +128,17 @@ class Mesh:
         merged = items[:idx[0]] + [(name, math.prod(self.shape[i] for i in idx))] + items[idx[-1] + 1:]
         return Mesh(merged)
 
+    def split(self, dim: str, names: tuple[str, str], inner: int) -> "Mesh":
+        """The mesh with ``dim`` split into (outer, inner) dimensions ``names`` of sizes (size / inner, inner):
+        the same rank layout, as ``mesh.view(-1, inner)`` gives it (FSDP2's post-forward mesh for an int
+        reshard_after_forward, torch/distributed/fsdp/_fully_shard/_fsdp_init.py)."""
+        i = self._index(dim)
+        size = self.shape[i]
+        if isinstance(inner, bool) or not isinstance(inner, int) or inner < 1 or size % inner:
+            raise ConfigError(f"{inner!r} must divide the size {size} of mesh dimension {dim!r}", "mesh")
+        items = list(zip(self.names, self.shape))
+        return Mesh(items[:i] + [(names[0], size // inner), (names[1], inner)] + items[i + 1:])
+
     def placement(self, gpus_per_node: int) -> list[DimPlacement]:
         """For each dimension: how many nodes one of its groups spans (the same for every group)."""
         out = []

@@ -100,8 +100,14 @@ class Model:
         return order
 
     def summary(self) -> str:
+        """One line; a GPT counts its transformer blocks as blocks (GPT-2 small: 12, plus embedding and head)."""
+        if (self.config or {}).get("kind") == "gpt":
+            blocks = self.config["layers"]
+            shape = f"{blocks} blocks + embedding, head"
+        else:
+            shape = f"{len(self.layers)} layers"
         return (f"{self.name}: {self.num_params / 1e6:.1f}M params, {self.param_bytes / 2**20:.1f} MiB, "
-                f"{len(self.layers)} layers, {self.fwd_flops / 1e9:.3g} GFLOP forward")
+                f"{shape}, {self.fwd_flops / 1e9:.3g} GFLOP forward")
 
 
 # Gradient-ready order inside a block, seen with torch 2.13 autograd (register_post_accumulate_grad_hook):

@@ -1,36 +1,35 @@
-"""Scenarios: a model, a parallelism strategy and a cluster, as one YAML file or dict, turned into a plan.
+"""Scenarios: a model, a device mesh, one parallelism section and a cluster, as one YAML file or dict.
 
-    name: gpt2-small-ddp            # optional
-    model: gpt2-small               # a preset, or {preset: gpt2-small, micro_batch: 8}, or {kind: mlp, ...}
-    parallelism: {kind: ddp, bucket_cap_mb: 25}
-    cluster: dgx-h100               # a preset or a cluster .yaml (relative to the scenario file)
-    nodes: 1                        # optional: overrides the cluster's node count
-    world_size: 8                   # optional: ranks (default: every GPU of the cluster)
-    stragglers: {3: 1.5}            # optional: rank -> compute slowdown factor (> 0; 1.5 = 50% slower)
+    name: llama-7b HSDP              # optional
+    model: {preset: llama-7b, micro_batch: 1}   # a preset, or {preset: ..., micro_batch: 8}, or {kind: mlp, ...}
+    mesh: {dp_replicate: 2, dp_shard: 8}        # optional: named dims, outermost first (sim/mesh.py)
+    fsdp: {zero: 3, param_dtype: bfloat16}      # one section per parallelism: ddp, fsdp or pipeline
+    cluster: dgx-h100                # a preset or a cluster .yaml (relative to the scenario file)
+    nodes: 2                         # optional: overrides the cluster's node count
+    world_size: 16                   # optional: ranks (default: every GPU of the cluster)
+    stragglers: {3: 1.5}             # optional: rank -> compute slowdown factor (> 0; 1.5 = 50% slower)
     degraded_links: {node0.nic3.up: 0.25}   # optional: link -> bandwidth factor in (0, 1]
 
-``BUILDERS`` maps a parallelism kind to ``build(scenario, model, cluster) -> (Plan, info)``; the builder
-validates its own ``parallelism`` keys and raises ConfigError naming the key.
+The section's key names the workload (sim/workloads/registry.py); its keys are the workload's options. The
+mesh may leave out the workload's fill dimension (dp, dp_replicate): it takes the ranks the others leave; with
+no mesh every rank is on the workload's default dimension (ddp: dp, fsdp: dp_shard; pipeline needs pp).
+The old format ``parallelism: {kind: ddp, ...}`` still loads: it is translated (``shard_size`` -> mesh
+dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
 """
 from __future__ import annotations
 
 import copy
+import math
 import os
 
-from distlab.sim.ddp.plan import build as build_ddp
 from distlab.sim.errors import ConfigError
-from distlab.sim.fsdp.scenario import build as build_fsdp
-from distlab.sim.pipeline.scenario import build as build_pipeline
+from distlab.sim.mesh import Mesh
+from distlab.sim.result import Result, step_summary
+from distlab.sim.workloads import registry
+from distlab.sim.workloads.registry import SCENARIO_KEYS
 
-KEYS = ("name", "description", "model", "parallelism", "cluster", "nodes", "world_size", "stragglers",
-        "degraded_links")
-# kind -> build(scenario, model, cluster) -> (Plan, info)
-BUILDERS = {"ddp": build_ddp, "fsdp": build_fsdp, "pipeline": build_pipeline}
-
-DEFAULT = {"name": "gpt2-small DDP on one DGX H100",
-           "model": {"preset": "gpt2-small", "micro_batch": 8},
-           "parallelism": {"kind": "ddp"},
-           "cluster": "dgx-h100", "nodes": 1}
+KEYS = SCENARIO_KEYS
+DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
@@ -46,23 +45,31 @@ def load(path_or_dict, where: str | None = None) -> dict:
     return validate(d, where)
 
 
+def allowed_keys() -> str:
+    return ", ".join(KEYS[:4] + registry.names() + KEYS[4:]) + " (or the old parallelism: {kind: ...})"
+
+
 def validate(d, where: str = "scenario") -> dict:
+    """``d`` in the current format (translated from the old one), every key and option checked."""
     if not isinstance(d, dict):
-        raise ConfigError(f"a scenario is a mapping with keys {', '.join(KEYS)}", where)
+        raise ConfigError(f"a scenario is a mapping with keys {allowed_keys()}", where)
     for k in d:
-        if k not in KEYS:
-            raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(KEYS)}", where)
-    for k in ("model", "parallelism"):
-        if k not in d:
-            raise ConfigError(f"missing key {k!r}", where)
-    par = d["parallelism"]
-    if isinstance(par, str):
-        par = d["parallelism"] = {"kind": par}
-    if not isinstance(par, dict) or "kind" not in par:
-        raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(BUILDERS)})", f"{where}: parallelism")
-    if not isinstance(par["kind"], str) or par["kind"] not in BUILDERS:
-        raise ConfigError(f"unknown kind {par['kind']!r}; allowed: {', '.join(BUILDERS)}",
-                          f"{where}: parallelism.kind")
+        if k not in KEYS and k not in registry.names() and k != "parallelism":
+            raise ConfigError(f"unknown key {k!r}; allowed: {allowed_keys()}", where)
+    if "model" not in d:
+        raise ConfigError("missing key 'model'", where)
+    if "parallelism" in d:
+        translate_legacy(d, where)
+    sections = [k for k in d if k in registry.names()]
+    if not sections:
+        raise ConfigError(f"missing a parallelism section: one of {', '.join(registry.names())} "
+                          "(e.g. ddp: {})", where)
+    if len(sections) > 1:
+        raise ConfigError(f"one parallelism section per scenario (got {', '.join(sections)}); composing them is "
+                          "not supported yet", where)
+    workload = registry.get(sections[0])
+    workload.parse(d[sections[0]], f"{where}: {workload.name}")
+    _check_mesh(d, workload, where)
     d.setdefault("cluster", "dgx-h100")
     if not isinstance(d["cluster"], str):
         raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
@@ -86,6 +93,110 @@ def validate(d, where: str = "scenario") -> dict:
     return d
 
 
+def translate_legacy(d: dict, where: str) -> None:
+    """``parallelism: {kind: K, ...}`` -> ``K: {...}`` plus the mesh sizes it named (in place)."""
+    par = d.pop("parallelism")
+    if isinstance(par, str):
+        par = {"kind": par}
+    if not isinstance(par, dict) or "kind" not in par:
+        raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(registry.names())})", f"{where}: parallelism")
+    kind = par["kind"]
+    if not isinstance(kind, str) or kind not in registry.names():
+        raise ConfigError(f"unknown kind {kind!r}; allowed: {', '.join(registry.names())}",
+                          f"{where}: parallelism.kind")
+    if kind in d or "mesh" in d:
+        raise ConfigError(f"write either the old parallelism: {{kind: {kind}}} or a {kind}: section with a mesh, "
+                          "not both", where)
+    w = registry.get(kind)
+    section = {k: v for k, v in par.items() if k != "kind" and k not in w.legacy_keys}
+    mesh = {w.legacy_keys[k]: v for k, v in par.items() if k in w.legacy_keys and v is not None}
+    if w.legacy is not None:
+        w.legacy(section, mesh, d)
+    d[kind] = section
+    if mesh:
+        d["mesh"] = {dim: mesh[dim] for dim in w.dims if dim in mesh}
+
+
+def _check_mesh(d: dict, workload, where: str) -> None:
+    """Mesh names come from the registry; the workload's required dims are there; sizes are whole numbers."""
+    mesh = d.get("mesh")
+    if mesh is None:
+        if workload.default_dim is None:
+            dims = " x ".join(workload.required_dims)
+            raise ConfigError(f"the {workload.name} section needs mesh dimension {dims} "
+                              f"({workload.dim_words.get(workload.required_dims[0], '')}), e.g. mesh: "
+                              f"{{{workload.required_dims[0]}: 2}}", where)
+        return
+    if not isinstance(mesh, dict) or not mesh:
+        raise ConfigError(f"must be a mapping of dimension sizes, e.g. {{{workload.dims[-1]}: 2}}", f"{where}: mesh")
+    for dim in mesh:
+        if dim not in registry.mesh_dims():
+            raise ConfigError(f"unknown mesh dimension {dim!r}; allowed: {', '.join(registry.mesh_dims())}",
+                              f"{where}: mesh")
+        if dim not in workload.dims:
+            users = [w.name for w in registry.REGISTRY.values() if dim in w.dims]
+            raise ConfigError(f"mesh dimension {dim!r} belongs to {' or '.join(users)}, not to {workload.name}; "
+                              f"allowed with {workload.name}: {', '.join(workload.dims)}", f"{where}: mesh")
+    for dim in workload.required_dims:
+        if dim not in mesh:
+            raise ConfigError(f"the {workload.name} section needs mesh dimension {dim!r} "
+                              f"({workload.dim_words.get(dim, dim)}); this mesh has {', '.join(map(str, mesh))}",
+                              f"{where}: mesh")
+    Mesh(mesh, f"{where}: mesh")          # sizes
+
+
+def workload_of(d: dict):
+    """The registry record of a validated scenario's parallelism section."""
+    return registry.get(next(k for k in d if k in registry.names()))
+
+
+def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mesh:
+    """The scenario's mesh on ``world`` ranks: as written, with the workload's fill dimension added (outermost)
+    when the written dims leave ranks over, or every rank on its default dimension when there is no mesh."""
+    given = d.get("mesh")
+    if given is None:
+        return Mesh({workload.default_dim: world})
+    product = math.prod(given.values())
+    if product != world and workload.fill_dim is not None and workload.fill_dim not in given:
+        if world % product:
+            words = " x ".join(f"{workload.dim_words.get(k, k)} {v}" for k, v in given.items())
+            raise ConfigError(f"{words} must divide the world size {world} (the rest goes to {workload.fill_dim}); "
+                              f"allowed: divisors of {world}", f"{where}: mesh")
+        return Mesh({workload.fill_dim: world // product, **given}, f"{where}: mesh")
+    return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
+
+
+def set_value(d: dict, key: str, value) -> None:
+    """Set sweep key ``key`` of scenario ``d``: micro_batch, nodes, world_size, a mesh dim (or its old name:
+    stages, data_parallel, shard_size) or an option of the scenario's parallelism."""
+    if key == "micro_batch":
+        if isinstance(d["model"], str):
+            d["model"] = {"preset": d["model"]}
+        if not isinstance(d["model"], dict):
+            raise ConfigError("micro_batch needs a preset or gpt model", "--micro-batch")
+        d["model"]["micro_batch" if d["model"].get("kind") != "mlp" else "batch"] = value
+        return
+    if key in ("nodes", "world_size"):
+        d[key] = value
+        return
+    w = workload_of(d)
+    dim = w.legacy_keys.get(key, key)
+    if dim in w.dims:
+        d["mesh"] = {**(d.get("mesh") or {}), dim: value}
+        if w.fill_dim and dim != w.fill_dim:
+            d["mesh"].pop(w.fill_dim, None)        # the fill dim takes what the new size leaves
+        return
+    d[w.name][key] = value
+
+
+def parallelism(d: dict) -> dict:
+    """The scenario's parallelism as the old flat dict {kind, options..., shard_size/stages/data_parallel from
+    the mesh as written}: for callers written against the old format."""
+    w = workload_of(d)
+    mesh = d.get("mesh") or {}
+    return {"kind": w.name, **d[w.name], **{k: mesh[dim] for k, dim in w.legacy_keys.items() if dim in mesh}}
+
+
 def resolve(d: dict, where: str = "scenario"):
     """(model, cluster) of a validated scenario."""
     from distlab.sim.cluster import load_cluster
@@ -97,26 +208,33 @@ def resolve(d: dict, where: str = "scenario"):
     return model, cluster
 
 
-def build(d: dict, where: str = "scenario"):
-    """(plan, info, model, cluster) of a scenario (validated here again)."""
+def build(d: dict, where: str = "scenario") -> Result:
+    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace."""
     d = validate(copy.deepcopy(d), where)
+    w = workload_of(d)
     model, cluster = resolve(d, where)
     try:
-        plan, info = BUILDERS[d["parallelism"]["kind"]](d, model, cluster)
+        opts = w.parse(d[w.name], f"{where}: {w.name}")
+        mesh = complete_mesh(d, w, cluster.world_size, where)
+        plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
         if e.where and not e.where.startswith(where):
             raise ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}") from None
         raise
-    return plan, info, model, cluster
+    return Result(d, w, opts, mesh, model, cluster, plan, info or {}, None)
 
 
-def simulate(d: dict, where: str = "scenario"):
-    """(trace, info, model, cluster, plan) of a scenario."""
+def simulate(d: dict, where: str = "scenario") -> Result:
+    """Build and simulate one step: the Result with trace, step summary and the workload's report."""
     from distlab.sim.engine import simulate as run
-    plan, info, model, cluster = build(d, where)
+    result = build(d, where)
     slowdown = d.get("stragglers") or {}
-    if any(r >= plan.world_size for r in slowdown):
-        raise ConfigError(f"rank {max(slowdown)} is outside the world (0..{plan.world_size - 1})",
+    if any(r >= result.plan.world_size for r in slowdown):
+        raise ConfigError(f"rank {max(slowdown)} is outside the world (0..{result.plan.world_size - 1})",
                           f"{where}: stragglers")
-    trace = run(plan, cluster, record_transfers=False, slowdown=slowdown, link_factors=d.get("degraded_links"))
-    return trace, info, model, cluster, plan
+    result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
+                       link_factors=d.get("degraded_links"))
+    result.summary = step_summary(result.trace)
+    if result.workload.report is not None:
+        result.reports[result.workload.name] = result.workload.report(result)
+    return result

@@ -139,14 +139,5 @@ def _record_dict(o: OpRecord) -> dict:
 
 
 def _union_length(spans: list[tuple[float, float]]) -> float:
-    total, cur_start, cur_end = 0.0, None, None
-    for s, e in spans:
-        if cur_end is None or s > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+    from distlab.sim.spans import union_length      # the one home of the union rule
+    return union_length(spans)

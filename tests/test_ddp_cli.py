@@ -30,9 +30,9 @@ def test_no_arguments_runs_the_default_scenario(tmp_path):
 def test_json_and_sweep(tmp_path):
     r = distlab("--json", "--out", str(tmp_path), "--bucket-cap-mb", "10")
     assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
+    d = json.loads(r.stdout)["results"][0]
     assert d["step_s"] > 0 and 0 <= d["overlap_pct"] <= 100 and d["buckets"][0]["bytes"] > 0
-    assert d["scenario"]["parallelism"]["bucket_cap_mb"] == 10
+    assert d["scenario"]["ddp"]["bucket_cap_mb"] == 10
     r = distlab("--sweep", "bucket_cap_mb=1,25,400", "--json", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -48,7 +48,7 @@ def test_yaml_scenario(tmp_path):
                  "cluster: localhost-cpu\n")
     r = distlab(str(p), "--no-files", "--json")
     assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
+    d = json.loads(r.stdout)["results"][0]
     assert d["world_size"] == 2 and len(d["buckets"]) == 2
 
 
@@ -83,4 +83,4 @@ def test_example_scenarios_run(name):
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scenarios", name)
     r = distlab(path, "--no-files", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["step_s"] > 0
+    assert json.loads(r.stdout)["results"][0]["step_s"] > 0

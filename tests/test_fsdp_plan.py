@@ -99,7 +99,7 @@ def test_every_variant_simulates(opts):
 
 
 def test_overlap_hides_communication():
-    from distlab.sim.ddp.plan import summarize
+    from distlab.sim.result import step_summary as summarize
     model = gpt(layers=4, hidden=1024, heads=8, seq_len=2048, vocab=1000, micro_batch=8, arch="llama")
     s = summarize(simulate(build_fsdp(model, 8), one_node(8), record_transfers=False))
     assert s["overlap_pct"] > 50

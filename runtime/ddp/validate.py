@@ -108,7 +108,7 @@ def slowest(results: list[dict], key: str, field: str, get=None, stat: str = "me
 
 
 def _ddp_launch(rows: list[dict], k: int) -> float:
-    return max(r["ready_s"] for r in rows[:k + 1])
+    return rows[k]["ddp_launch_s"]          # DDP's launch rule: sim.ddp.buckets.bucket_launch_times
 
 
 def _row(what: str, predicted: float, measured: float) -> dict:

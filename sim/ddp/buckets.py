@@ -208,8 +208,14 @@ def ddp_buckets(model: Model, bucket_cap_mb: float | None = None, iteration: int
 def launch_times(buckets: list[Bucket], ready: list[float]) -> list[float]:
     """``Reducer::mark_bucket_ready``: bucket k launches at max(its last gradient ready, launch of k-1).
     ``ready[i]``: when parameter i's gradient is ready."""
+    return bucket_launch_times([max(ready[i] for i in b.params) for b in buckets])
+
+
+def bucket_launch_times(bucket_ready: list) -> list:
+    """The launch rule itself (its one home): launch k = max(ready k, launch k-1), buckets in index order;
+    ``bucket_ready[k]`` is when bucket k's last gradient is ready (None: never, so neither is its launch)."""
     out, prev = [], float("-inf")
-    for b in buckets:
-        prev = max(prev, max(ready[i] for i in b.params))
+    for t in bucket_ready:
+        prev = None if t is None or prev is None else max(prev, t)
         out.append(prev)
     return out

@@ -14,24 +14,29 @@ fp32), SGD reads p, g and writes p (3 x).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
-from distlab.sim.ddp.buckets import ddp_buckets
+from distlab.sim.ddp.buckets import bucket_launch_times, ddp_buckets
 from distlab.sim.errors import ConfigError
+from distlab.sim.mesh import Mesh
 from distlab.sim.models import Model
 from distlab.sim.plan import ALGORITHMS, Collective, Compute, Plan, Record, Wait
+from distlab.sim.workloads.base import option
 
 OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
 
 
 @dataclass
 class DDPOptions:
-    bucket_cap_mb: float | None = None    # None = PyTorch's default (25 MiB, first bucket 1 MiB)
-    iteration: int = 1                    # 0 = the first step (one bucket); >= 1 = rebuilt buckets
-    grad_accum: int = 1                   # micro-batches per step; all but the last under no_sync()
-    compress: str | None = None           # None or "fp16"
-    algorithm: str = "auto"
-    optimizer: str = "adam"
+    """The ``ddp:`` section of a scenario (and `distlab simulate` DDP flags)."""
+    bucket_cap_mb: float | None = option(None, "DDP bucket_cap_mb in MiB (none = PyTorch's 25, first bucket 1)")
+    iteration: int = option(1, "0 = the first step (one bucket); 1 = steady state, rebuilt buckets")
+    grad_accum: int = option(1, "micro-batches per step, all but the last under no_sync()")
+    compress: str | None = option(None, "fp16_compress_hook: all-reduce 2-byte values", choices=("fp16",),
+                                  what="compression")
+    algorithm: str = option("auto", "all-reduce algorithm", choices=ALGORITHMS, what="algorithm", flag="--algo")
+    optimizer: str = option("adam", "optimizer step after the all-reduces", choices=tuple(OPTIMIZERS),
+                            what="optimizer")
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "parallelism") -> "DDPOptions":
@@ -65,9 +70,12 @@ class DDPOptions:
         return self
 
 
-def ddp_plan(model: Model, world_size: int, opts: DDPOptions | None = None) -> tuple[Plan, dict]:
-    """(Plan, info): info["buckets"] describes each bucket (bytes, params, names, the layer completing it)."""
+def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) -> tuple[Plan, dict]:
+    """(Plan, info): info["buckets"] describes each bucket (bytes, params, names, the layer completing it).
+    ``world``: a number of ranks (all on one data-parallel dimension) or a Mesh whose ``dp`` groups all-reduce
+    the gradients (a group of the whole world is written as None, the plan format's "everyone")."""
     opts = (opts or DDPOptions()).validate()
+    mesh = world if isinstance(world, Mesh) else Mesh({"dp": world})
     buckets = ddp_buckets(model, opts.bucket_cap_mb, opts.iteration)
     param_layer = model.param_layer()
     names = [p.name for p in model.params]
@@ -107,50 +115,22 @@ def ddp_plan(model: Model, world_size: int, opts: DDPOptions | None = None) -> t
                      "ready_after": model.layers[done_after[k]].name, "record_op": ready_index[k],
                      "op": coll_index[k]} for k, b in enumerate(buckets)],
     }
-    plan = Plan([list(ops) for _ in range(world_size)], name=f"ddp {model.name}",
+    plan = Plan([_with_group(ops, mesh.group_of(r, "dp"), mesh.world_size) for r in range(mesh.world_size)],
+                name=f"ddp {model.name}",
                 meta={"builder": "ddp", "model": model.name, "options": asdict(opts)})
     return plan.validate(), info
 
 
-def build(scenario: dict, model: Model, cluster) -> tuple[Plan, dict]:
-    """Registry entry (sim.scenario.BUILDERS["ddp"]): ``scenario["parallelism"]`` holds the DDPOptions."""
-    par = {k: v for k, v in scenario.get("parallelism", {}).items() if k != "kind"}
-    return ddp_plan(model, cluster.world_size, DDPOptions.from_dict(par))
-
-
-# --- reading a trace of a DDP plan -------------------------------------------------------------------------
-def _union(spans):
-    spans = sorted(spans)
-    out = []
-    for s, e in spans:
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
-def _overlap(a, b) -> float:
-    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
-
-
-def summarize(trace, rank: int = 0) -> dict:
-    """Step, compute, communication (collectives and point-to-point, while data moves) and exposed
-    communication seconds; overlap % = hidden / communication. Exposed = communication during which the rank
-    computes nothing."""
-    ops = trace.for_rank(rank)
-    compute = _union([(o.start, o.end) for o in ops if o.kind == "compute"])
-    comm = _union([(o.start if o.launch is None else o.launch, o.end) for o in ops
-                   if o.kind in ("collective", "send", "recv")])
-    t_compute = sum(e - s for s, e in compute)
-    t_comm = sum(e - s for s, e in comm)
-    hidden = _overlap(comm, compute)
-    return {"step_s": trace.makespan, "compute_s": t_compute, "comm_s": t_comm, "exposed_comm_s": t_comm - hidden,
-            "overlap_pct": 100.0 * hidden / t_comm if t_comm > 0 else 0.0}
+def _with_group(ops: list, group: tuple, world: int) -> list:
+    """``ops`` with every collective on ``group`` (None when it is the whole world)."""
+    if len(group) == world:
+        return list(ops)
+    return [replace(o, group=group) if isinstance(o, Collective) else o for o in ops]
 
 
 def bucket_rows(trace, info: dict, rank: int = 0) -> list[dict]:
-    """Per bucket: bytes, params, ready (its Record), launch (data starts moving), end."""
+    """Per bucket: bytes, params, ready (its Record), launch by DDP's rule (``ddp_launch_s``,
+    sim.ddp.buckets.bucket_launch_times), launch (data starts moving), end."""
     by_index = {o.index: o for o in trace.for_rank(rank)}
     rows = []
     for b in info["buckets"]:
@@ -158,4 +138,6 @@ def bucket_rows(trace, info: dict, rank: int = 0) -> list[dict]:
         rows.append({**b, "ready_s": None if r is None else r.end,
                      "launch_s": None if o is None else (o.start if o.launch is None else o.launch),
                      "end_s": None if o is None else o.end})
+    for row, t in zip(rows, bucket_launch_times([r["ready_s"] for r in rows])):
+        row["ddp_launch_s"] = t
     return rows

@@ -29,7 +29,7 @@ def precision(dtype: str) -> tuple[int, int, int]:
 def static_bytes(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None) -> dict:
     """Bytes per GPU of params, grads and optimizer state for ZeRO stage ``zero`` (0 = DDP)."""
     from distlab.sim.errors import ConfigError
-    from distlab.sim.fsdp.plan import model_dtype, padded_numel
+    from distlab.sim.fsdp.units import model_dtype, padded_numel
     if zero not in STAGES or isinstance(zero, bool):
         raise ConfigError(f"unknown ZeRO stage {zero!r}; allowed: 0 (DDP), 1, 2, 3", "zero")
     S = shard_size or world
@@ -47,7 +47,7 @@ def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype:
              reshard_after_forward: bool = True, prefetch: int = 1) -> dict:
     """A quick peak estimate without a timeline: static + everything alive when backward starts, i.e. all
     activations, the root unit, and (ZeRO-3) the prefetched block(s), or every block if not resharded."""
-    from distlab.sim.fsdp.plan import model_dtype, units_of
+    from distlab.sim.fsdp.units import model_dtype, units_of
     out = static_bytes(model, world, zero, shard_size, dtype)
     pb = DTYPE_BYTES[dtype or model_dtype(model)]
     S = shard_size or world

@@ -22,57 +22,58 @@ reduce-scattered per unit during backward, optimizer on the shard, updated param
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.memory import static_bytes
+from distlab.sim.fsdp.units import BLOCK, Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
+from distlab.sim.mesh import Mesh
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
-
-BLOCK = re.compile(r"^(.*\.)?\d+$")          # h.0, layers.3: one fully_shard unit each
+from distlab.sim.workloads.base import option
 ADAM_BYTES = 28      # per shard element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12      # per element, roughly (two moments, bias corrections, update)
 
 
 @dataclass
-class Unit:
-    """One ``fully_shard`` unit: its parameters and the model layers (indices) it owns."""
-    name: str
-    params: list
-    layers: list[int]
+class FSDPOptions:
+    """The ``fsdp:`` section of a scenario. The shard and replicate groups come from the mesh (dp_shard,
+    dp_replicate), not from here."""
+    zero: int = option(3, "ZeRO stage: 3 = FSDP (params, grads, optimizer sharded), 2 = grads and optimizer, "
+                          "1 = optimizer", choices=(1, 2, 3), what="ZeRO stage")
+    reshard_after_forward: bool | int = option(True, "blocks: true frees them after forward, false keeps them, "
+                                                     "an int reshards to groups of that many ranks")
+    prefetch: int = option(1, "forward all-gathers issued ahead of the unit computing")
+    backward_prefetch: int = option(1, "backward all-gathers issued ahead")
+    param_dtype: str | None = option(None, "MixedPrecisionPolicy param_dtype: the dtype gathered and computed in "
+                                           "(none = the model's)", choices=tuple(DTYPE_BYTES), what="dtype")
+    reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
+                                      choices=tuple(DTYPE_BYTES), what="dtype")
+    overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
 
-    def numel(self, shard: int = 1) -> int:
-        """Elements after padding each parameter's dim 0 to a multiple of ``shard``."""
-        return sum(padded_numel(p.shape, shard) for p in self.params)
-
-
-def padded_numel(shape, shard: int) -> int:
-    shape = tuple(shape) or (1,)
-    return math.ceil(shape[0] / shard) * shard * math.prod(shape[1:])
-
-
-def units_of(model) -> list[Unit]:
-    """Root first (layers that are not blocks), then one unit per block layer, in forward order."""
-    root = Unit("root", [], [])
-    blocks = []
-    for i, layer in enumerate(model.layers):
-        if BLOCK.match(layer.name):
-            blocks.append(Unit(layer.name, list(layer.params), [i]))
-        else:
-            root.params += layer.params
-            root.layers.append(i)
-    return [root] + blocks
+    def validate(self, where: str = "parallelism") -> "FSDPOptions":
+        """Checks that need no world size (the others: :func:`parse_config`)."""
+        if self.zero not in (1, 2, 3) or isinstance(self.zero, bool):
+            raise ConfigError(f"unknown ZeRO stage {self.zero!r}; allowed: 1, 2, 3", f"{where}.zero")
+        for key in ("prefetch", "backward_prefetch"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{v!r} must be a whole number >= 0", f"{where}.{key}")
+        for key in ("param_dtype", "reduce_dtype"):
+            v = getattr(self, key)
+            if v is not None and v not in DTYPE_BYTES:
+                raise ConfigError(f"unknown dtype {v!r}; allowed: {', '.join(DTYPE_BYTES)}", f"{where}.{key}")
+        if not isinstance(self.reshard_after_forward, (bool, int)):
+            raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
+                              f"{where}.reshard_after_forward")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"{self.overlap!r} must be true or false", f"{where}.overlap")
+        return self
 
 
 @dataclass
-class FSDPConfig:
-    zero: int = 3
-    reshard_after_forward: bool | int = True   # blocks; the root is never resharded (FSDP2's None for root)
-    prefetch: int = 1                          # forward all-gathers issued ahead of the unit computing
-    backward_prefetch: int = 1
-    param_dtype: str | None = None             # MixedPrecisionPolicy; None = the model's dtype
-    reduce_dtype: str | None = None            # None = param_dtype
-    shard_size: int | None = None              # HSDP: shard within groups of this many ranks (None = world)
-    overlap: bool = True                       # False: one stream, as FSDP2 runs on CPU (gloo waits inline)
+class FSDPConfig(FSDPOptions):
+    """FSDPOptions plus the shard group size (HSDP: shard within groups of this many ranks; None = world)."""
+    shard_size: int | None = None
 
 
 KEYS = ("zero", "reshard_after_forward", "prefetch", "backward_prefetch", "param_dtype", "reduce_dtype",
@@ -84,30 +85,16 @@ def parse_config(opts: dict, world: int, where: str = "parallelism") -> FSDPConf
     for k in opts:
         if k not in KEYS:
             raise ConfigError(f"unknown key {k!r} for fsdp; allowed: {', '.join(KEYS)}", where)
-    c = FSDPConfig(**opts)
-    if c.zero not in (1, 2, 3) or isinstance(c.zero, bool):
-        raise ConfigError(f"unknown ZeRO stage {c.zero!r}; allowed: 1, 2, 3", f"{where}.zero")
-    for key in ("prefetch", "backward_prefetch"):
-        v = getattr(c, key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"{v!r} must be a whole number >= 0", f"{where}.{key}")
-    for key in ("param_dtype", "reduce_dtype"):
-        v = getattr(c, key)
-        if v is not None and v not in DTYPE_BYTES:
-            raise ConfigError(f"unknown dtype {v!r}; allowed: {', '.join(DTYPE_BYTES)}", f"{where}.{key}")
+    c = FSDPConfig(**opts).validate(where)
     S = world if c.shard_size is None else c.shard_size
     if not isinstance(S, int) or isinstance(S, bool) or S < 1 or world % S:
         raise ConfigError(f"shard group size {S!r} must divide the world size {world}", f"{where}.shard_size")
     c.shard_size = S
     r = c.reshard_after_forward
-    if not isinstance(r, (bool, int)):
-        raise ConfigError(f"{r!r} must be true, false or a group size", f"{where}.reshard_after_forward")
     if not isinstance(r, bool):
         if r < 1 or S % r:
             raise ConfigError(f"{r} must be a divisor of the shard group size {S}", f"{where}.reshard_after_forward")
         c.reshard_after_forward = False if r == 1 else (True if r == S else r)   # as FSDP2 normalises it
-    if not isinstance(c.overlap, bool):
-        raise ConfigError(f"{c.overlap!r} must be true or false", f"{where}.overlap")
     return c
 
 
@@ -135,30 +122,46 @@ class _Program:
 
 
 def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = None) -> Plan:
-    """The plan of one training step (forward, backward, optimizer) on ``world`` ranks."""
+    """The plan of one training step (forward, backward, optimizer) on ``world`` ranks; ``opts`` as FSDPConfig
+    (``shard_size`` S: the mesh {dp_replicate: world / S, dp_shard: S})."""
     cfg = parse_config(dict(opts or {}), world)
+    mesh = Mesh({"dp_replicate": world // cfg.shard_size, "dp_shard": cfg.shard_size})
+    return fsdp_plan(model, mesh, cfg, name)
+
+
+def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp") -> Plan:
+    """The plan on ``mesh``: parameters sharded over its ``dp_shard`` groups, HSDP all-reduces over its
+    ``dp_replicate`` groups (when the mesh has that dimension); an int reshard_after_forward r reshards to
+    groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r))."""
+    shard = mesh.size("dp_shard") if "dp_shard" in mesh else 1
+    fields = {k: v for k, v in asdict(options).items() if k != "shard_size"}
+    cfg = parse_config({**fields, "shard_size": shard}, mesh.world_size, where)
     units = units_of(model)
     pdt = cfg.param_dtype or model_dtype(model)
     rdt = cfg.reduce_dtype or pdt
-    progs = [_program(model, units, cfg, r, world, pdt, rdt) for r in range(world)]
-    from distlab.sim.fsdp.memory import static_bytes
+    raf = cfg.reshard_after_forward
+    post_mesh = None if isinstance(raf, bool) else mesh.split("dp_shard", ("dp_shard_out", "reshard"), raf)
+    progs = []
+    for r in range(mesh.world_size):
+        groups = (_group(mesh, r, "dp_shard"), _group(mesh, r, "dp_replicate"),
+                  None if post_mesh is None else post_mesh.group_of(r, "reshard"))
+        progs.append(_program(model, units, cfg, groups, pdt, rdt))
     S = cfg.shard_size
     meta = {"builder": "fsdp", "model": model.name, "zero": cfg.zero, "shard_size": S,
             "reshard_after_forward": cfg.reshard_after_forward, "param_dtype": pdt, "reduce_dtype": rdt,
             "units": [[u.name, u.numel(), u.numel(S)] for u in units],
-            "memory": {"static": static_bytes(model, world, cfg.zero, S, pdt), "events": progs[0].mem}}
+            "memory": {"static": static_bytes(model, mesh.world_size, cfg.zero, S, pdt), "events": progs[0].mem}}
     return Plan([p.ops for p in progs], name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta).validate()
 
 
-def model_dtype(model) -> str:
-    return model.params[0].dtype if model.params else "float32"
+def _group(mesh: Mesh, rank: int, dim: str) -> tuple:
+    return mesh.group_of(rank, dim) if dim in mesh else (rank,)
 
 
-def _program(model, units, cfg: FSDPConfig, r: int, world: int, pdt: str, rdt: str) -> _Program:
+def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -> _Program:
+    """One rank's program; ``groups`` = (its shard group, its replica group, its post-forward group or None)."""
     S, z, raf = cfg.shard_size, cfg.zero, cfg.reshard_after_forward
-    shard = tuple(range(r // S * S, r // S * S + S))
-    replicas = tuple(range(r % S, world, S))
-    post = None if isinstance(raf, bool) else tuple(range(r // raf * raf, r // raf * raf + raf))
+    shard, replicas, post = groups
     p = _Program(cfg.overlap)
     root = units[0]
     size = {u.name: u.numel(S) * DTYPE_BYTES[pdt] for u in units}      # one unsharded unit in param dtype

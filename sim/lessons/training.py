@@ -44,20 +44,22 @@ def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-
 
 
 def simulate(d: dict) -> dict:
-    """Simulate one step of scenario ``d``: {"trace", "info", "model", "cluster", "plan", "summary"
-    (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with launch times)}."""
+    """Simulate one step of scenario ``d``: {"result" (sim.result.Result), "trace", "info", "model", "cluster",
+    "plan", "summary" (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with
+    launch times), "report" (the workload's report data, e.g. FSDP's peak memory)}."""
     from distlab.sim import scenario as sc
-    from distlab.sim.ddp.plan import bucket_rows, summarize
-    trace, info, model, cluster, plan = sc.simulate(d)
-    out = {"trace": trace, "info": info, "model": model, "cluster": cluster, "plan": plan,
-           "summary": summarize(trace)}
-    if "buckets" in info:
-        rows, prev = bucket_rows(trace, info), float("-inf")
-        for r in rows:                              # Reducer::mark_bucket_ready: launch k = max(ready k, launch k-1)
-            prev = r["ddp_launch_s"] = max(r["ready_s"], prev)
-        out["buckets"] = rows
-    if "report" in info:
-        out["report"] = info["report"](trace)
+    r = sc.simulate(d)
+    out = {"result": r, "trace": r.trace, "info": r.info, "model": r.model, "cluster": r.cluster, "plan": r.plan,
+           "summary": r.summary}
+    data = r.report.get("json", {})
+    if "buckets" in data:
+        out["buckets"] = data["buckets"]
+    elif data:
+        out["report"] = data
+        pk = data.get("peak_memory")
+        if pk:                                      # the lessons' names for FSDP's peak: total, rank, time
+            out["report"] = {**data, "peak_memory": {**pk, "total": pk["total_bytes"], "rank": pk["rank"],
+                                                     "time": pk["time_s"], "breakdown": pk["breakdown_bytes"]}}
     return out
 
 
@@ -82,7 +84,7 @@ def sweep(d: dict, key: str, values) -> list[dict]:
     the value, world_size, buckets, step_s, compute_s, comm_s, exposed_comm_s, overlap_pct."""
     import copy
 
-    from distlab.sim.commands.simulate import set_value
+    from distlab.sim.scenario import set_value
     rows = []
     for v in values:
         e = copy.deepcopy(d)
@@ -175,7 +177,7 @@ def collectives_table(plan, rank: int = 0, title: str = "") -> Table:
 
 def plot_fsdp(result: dict, title: str | None = None) -> Figure:
     """The timeline of a simulated fsdp scenario (``simulate(...)``) with rank 0's memory beneath it."""
-    return from_pyplot(result["info"]["figure"](result["trace"], title=title))
+    return from_pyplot(result["result"].figure(title))
 
 
 def predicted_measured_table(rows: list[dict], key: str, title: str = "", extra: tuple[str, ...] = ()) -> Table:

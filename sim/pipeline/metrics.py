@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from distlab.sim.pipeline.schedules import Action
+from distlab.sim.spans import union_length
 
 
 def ideal_bubble(schedule: str, p: int, m: int, v: int = 1) -> float | None:
@@ -68,7 +69,7 @@ def compute(trace, meta: dict | None = None) -> PipelineMetrics:
     ranks = sorted({o.rank for o in trace.ops})
     makespan = trace.makespan
     acts = actions_of(trace)
-    busy = [_union(sorted((o.start, o.end) for _, o in acts if o.rank == r)) for r in ranks]
+    busy = [union_length((o.start, o.end) for _, o in acts if o.rank == r) for r in ranks]
     bubble = 1 - sum(busy) / (len(ranks) * makespan) if makespan > 0 else 0.0
     peak_flight: dict[int, int] = {}
     peak_stage_mem: dict[int, float] = {}
@@ -95,17 +96,6 @@ def compute(trace, meta: dict | None = None) -> PipelineMetrics:
     p2p = sum(o.end - (o.launch if o.launch is not None else o.start) for o in sends)
     return PipelineMetrics(makespan, bubble, busy, dict(sorted(peak_flight.items())),
                            dict(sorted(peak_stage_mem.items())), peak_rank_mem, p2p, sum(o.bytes for o in sends))
-
-
-def _union(spans) -> float:
-    total, cur = 0.0, None
-    for s, e in spans:
-        if cur is None or s > cur[1]:
-            total += 0.0 if cur is None else cur[1] - cur[0]
-            cur = [s, e]
-        else:
-            cur[1] = max(cur[1], e)
-    return total + (0.0 if cur is None else cur[1] - cur[0])
 
 
 def ideal_trace(actions: list[list[Action]], seconds, placement: list[int] | None = None):

@@ -1,6 +1,8 @@
 """Plan builder ``pipeline``: p stages (x v virtual stages) over m microbatches, optionally replicated d times.
 
-Rank layout: global rank = replica x p + pipeline rank. Each rank runs its schedule's actions (schedules.py)
+Rank layout from the mesh (sim/mesh.py): a rank's pipeline rank is its ``pp`` coordinate, its peers are its
+``pp`` group, and the replicas of its stage are its ``dp`` group (``build_plan`` uses the mesh {dp: d, pp: p}:
+global rank = replica x p + pipeline rank). Each rank runs its schedule's actions (schedules.py)
 in order on its ``compute`` stream. Between stages on different ranks the boundary tensor moves as Send/Recv:
 after ``F`` of stage s its output (activation) goes to stage s+1; after ``B``/``I`` of stage s the gradient of
 its input goes to stage s-1. Sends run on a stream per peer (``send>peer``), after the action that produced the
@@ -22,8 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from distlab.sim.errors import ConfigError
+from distlab.sim.mesh import Mesh
 from distlab.sim.pipeline import schedules as S
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Recv, Record, Send, Wait
+from distlab.sim.workloads.base import option
 
 
 @dataclass
@@ -65,6 +69,26 @@ class PipelineSpec:
     @property
     def world_size(self) -> int:
         return self.stages * self.data_parallel
+
+
+@dataclass
+class PipelineOptions:
+    """The ``pipeline:`` section of a scenario; stages and replicas come from the mesh (pp, dp)."""
+    schedule: str = option(PipelineSpec.schedule, f"pipeline schedule: {', '.join(S.SCHEDULES)}")
+    microbatches: int = option(PipelineSpec.microbatches, "microbatches per step (m)")
+    virtual_stages: int = option(PipelineSpec.virtual_stages, "model chunks per rank (v; 2 for interleaved, zbv)")
+    split: list[int] | None = option(PipelineSpec.split, "layers (transformer blocks) per stage, p x v numbers in "
+                                                         "stage order (none = even)")
+    weight_grad_fraction: float = option(PipelineSpec.weight_grad_fraction,
+                                         "W = min(B, 2 x fraction x F) per layer for I/W schedules")
+    recv: str = option(PipelineSpec.recv, "when receives are posted", choices=("auto", "on-demand", "early"),
+                       what="recv mode")
+
+    def spec(self, mesh: Mesh) -> PipelineSpec:
+        """The PipelineSpec on ``mesh``: stages = its pp size, data_parallel = its dp size (1 without dp)."""
+        dp = mesh.size("dp") if "dp" in mesh else 1
+        return PipelineSpec(self.schedule, mesh.size("pp"), self.microbatches, self.virtual_stages, dp,
+                            self.split, self.weight_grad_fraction, self.recv)
 
 
 def split_layers(n_layers: int, n_stages: int, split: list[int] | None = None, what: str = "layers") -> list[range]:
@@ -109,12 +133,22 @@ def boundary_bytes(model, layer: int) -> int:
 
 def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str | None = None,
                p2p_bytes: int | None = None, overhead: float = 0.0) -> Plan:
-    """The plan for one training step of ``model`` (sim.models.Model; layers in forward order) under ``spec``.
+    """The plan for one training step of ``model`` (sim.models.Model; layers in forward order) under ``spec``,
+    on the mesh {dp: data_parallel, pp: stages}. See :func:`pipeline_plan`."""
+    mesh = Mesh({"dp": spec.data_parallel, "pp": spec.stages}, "pipeline")
+    return pipeline_plan(model, mesh, spec, seconds, name, p2p_bytes, overhead)
+
+
+def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = None, name: str | None = None,
+                  p2p_bytes: int | None = None, overhead: float = 0.0) -> Plan:
+    """The plan on ``mesh`` (dimension ``pp`` of size spec.stages, optionally ``dp`` of spec.data_parallel).
     ``p2p_bytes`` overrides the boundary tensor size (0 with a zero-latency fabric = free p2p). ``overhead``
     seconds of the runtime's own work follow each action on the compute stream, before its send (an op named
     "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it)."""
     spec.check()
     p, m, v, D = spec.stages, spec.microbatches, spec.virtual_stages, spec.data_parallel
+    if mesh.size("pp") != p or (mesh.size("dp") if "dp" in mesh else 1) != D:
+        raise ConfigError(f"mesh {mesh.as_dict()} does not match stages {p} x data_parallel {D}", "mesh")
     n_stages = p * v
     ranges = stage_ranges(model, n_stages, spec.split)
     placement = S.stage_to_rank(spec.schedule, p, v)
@@ -172,38 +206,37 @@ def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str
                 last_backward[a.stage] = i
 
     ranks = []
-    for replica in range(D):
-        base = replica * p
-        for r, acts in enumerate(actions):
-            ops = []
-            for (src, dst), msgs in pair_msgs.items():
-                if dst == r and (src, dst) in early:
-                    for msg_name, nbytes in msgs:
-                        ops += [Recv(base + src, nbytes, dtype, msg_name, stream=f"recv<{base + src}"),
-                                Record(f"recv {msg_name}", stream=f"recv<{base + src}")]
-            for i, a in enumerate(acts):
-                need = needs(a)
-                if need and placement[need[0]] != r:
-                    src = placement[need[0]]
-                    if (src, r) in early:
-                        ops.append(Wait(f"recv {need[1]}", stream="compute"))
-                    else:
-                        ops.append(Recv(base + src, out_bytes[min(a.stage, need[0])], dtype, need[1], stream="compute"))
-                ops.append(compute(a))
-                if overhead:
-                    ops.append(Compute(name="runtime", seconds=float(overhead)))
-                msg = message(a)
-                if msg and placement[msg[0]] != r:
-                    peer = base + placement[msg[0]]
-                    ops += [Record(f"done {a}", stream="compute"), Wait(f"done {a}", stream=f"send>{peer}"),
-                            Send(peer, msg[2], dtype, msg[1], stream=f"send>{peer}")]
-                if D > 1 and last_backward.get(a.stage) == i:
-                    group = tuple(k * p + r for k in range(D))
-                    nbytes = sum(model.layers[j].param_bytes for j in ranges[a.stage])
-                    ops += [Record(f"grads {a.stage}", stream="compute"), Wait(f"grads {a.stage}", stream="comm"),
-                            Collective("all_reduce", int(nbytes), dtype, group,
-                                       name=f"grad all_reduce stage {a.stage}")]
-            ranks.append(ops)
+    for g in range(mesh.world_size):
+        r, peers = mesh.coords(g)["pp"], mesh.group_of(g, "pp")     # pipeline rank, global rank of each
+        replicas = mesh.group_of(g, "dp") if "dp" in mesh else (g,)
+        acts, ops = actions[r], []
+        for (src, dst), msgs in pair_msgs.items():
+            if dst == r and (src, dst) in early:
+                for msg_name, nbytes in msgs:
+                    ops += [Recv(peers[src], nbytes, dtype, msg_name, stream=f"recv<{peers[src]}"),
+                            Record(f"recv {msg_name}", stream=f"recv<{peers[src]}")]
+        for i, a in enumerate(acts):
+            need = needs(a)
+            if need and placement[need[0]] != r:
+                src = placement[need[0]]
+                if (src, r) in early:
+                    ops.append(Wait(f"recv {need[1]}", stream="compute"))
+                else:
+                    ops.append(Recv(peers[src], out_bytes[min(a.stage, need[0])], dtype, need[1], stream="compute"))
+            ops.append(compute(a))
+            if overhead:
+                ops.append(Compute(name="runtime", seconds=float(overhead)))
+            msg = message(a)
+            if msg and placement[msg[0]] != r:
+                peer = peers[placement[msg[0]]]
+                ops += [Record(f"done {a}", stream="compute"), Wait(f"done {a}", stream=f"send>{peer}"),
+                        Send(peer, msg[2], dtype, msg[1], stream=f"send>{peer}")]
+            if len(replicas) > 1 and last_backward.get(a.stage) == i:
+                nbytes = sum(model.layers[j].param_bytes for j in ranges[a.stage])
+                ops += [Record(f"grads {a.stage}", stream="compute"), Wait(f"grads {a.stage}", stream="comm"),
+                        Collective("all_reduce", int(nbytes), dtype, replicas,
+                                   name=f"grad all_reduce stage {a.stage}")]
+        ranks.append(ops)
     meta = {"pipeline": {**asdict(spec),
                          "stage_to_rank": placement,
                          "layers_per_stage": [len(r) for r in ranges],

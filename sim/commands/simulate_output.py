@@ -1,0 +1,182 @@
+"""What `distlab simulate` prints and writes of a Result (sim/result.py): labels that follow the overrides, the
+assumptions behind the numbers, the summary and the workload's tables (every marker explained), JSON; and the
+plan-file path (`distlab simulate plan.json`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+
+from distlab.sim.cli import print_json, print_table
+
+SUMMARY_NOTE = ("communication: time rank 0 has data moving (collectives, send/recv); exposed: communication "
+                "during which rank 0 computes nothing; overlap = hidden / communication")
+
+
+def title(result) -> str:
+    s = result.summary
+    return f"{result.label}: step {s['step_s'] * 1e3:.2f} ms, overlap {s['overlap_pct']:.0f}%"
+
+
+def assumptions(result) -> dict:
+    """What the numbers assume: batch, sequence, dtypes, blocks, activation checkpointing (not modelled)."""
+    cfg = result.model.config or {}
+    out = {}
+    if cfg.get("kind") == "gpt":
+        out.update(micro_batch=cfg["micro_batch"], seq_len=cfg["seq_len"], blocks=cfg["layers"])
+    elif cfg.get("kind") == "mlp":
+        out.update(micro_batch=cfg["batch"], layers=len(cfg["widths"]) - 1)
+    dtype = cfg.get("dtype") or (result.model.params[0].dtype if result.model.params else "float32")
+    out["param_dtype"] = dtype
+    opts = asdict(result.options)
+    if result.workload.name == "fsdp":
+        out["param_dtype"] = opts["param_dtype"] or dtype
+        out["reduce_dtype"] = opts["reduce_dtype"] or out["param_dtype"]
+        out["sharded_param_dtype"] = "float32" if result.plan.meta["zero"] == 3 else dtype
+    elif result.workload.name == "ddp":
+        out["grad_dtype"] = "float16" if opts["compress"] == "fp16" else dtype
+    out["activation_checkpointing"] = False          # not modelled: every activation is kept until backward
+    return out
+
+
+def summary_rows(s: dict) -> list[list]:
+    return [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
+            ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
+            ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"], ["overlap", f"{s['overlap_pct']:.1f} %"]]
+
+
+def mesh_json(result) -> dict:
+    gpn = result.cluster.gpus_per_node
+    return {"dims": result.mesh.as_dict(),
+            "placement": [{"dim": p.dim, "size": p.size, "nodes_per_group": p.nodes_per_group,
+                           "intra_node": p.intra_node} for p in result.mesh.placement(gpn)],
+            "warnings": result.workload.placement_warnings(result.mesh, gpn)}
+
+
+def result_json(result, changed: list[str]) -> dict:
+    from distlab.sim.analysis import straggler_report, time_breakdown
+    rep = result.report
+    c = result.cluster
+    return {"scenario": result.scenario, "name": result.name, "label": result.label, "overrides": changed,
+            "workload": result.workload.name, "options": asdict(result.options), "mesh": mesh_json(result),
+            "model": {"name": result.model.name, "summary": result.model.summary(),
+                      "params": result.model.num_params, "param_bytes": result.model.param_bytes},
+            "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+                        "gpu_memory_GiB": c.gpu.memory_GiB},
+            "world_size": result.plan.world_size, "assumptions": assumptions(result), **result.summary,
+            **rep.get("json", {}), "time_by_rank": [vars(b) for b in time_breakdown(result.trace)],
+            "stragglers": straggler_report(result.trace), "warnings": warnings(result)}
+
+
+def warnings(result) -> list[str]:
+    return result.workload.placement_warnings(result.mesh, result.cluster.gpus_per_node) \
+        + result.report.get("warnings", [])
+
+
+def print_result(result, changed: list[str]) -> None:
+    from distlab.sim.analysis import straggler_report, time_breakdown
+    c = result.cluster
+    name = result.scenario.get("name")
+    if name and changed:
+        print(f"scenario: {result.label} (from {name!r}, with {' '.join(changed)})")
+    else:
+        print(f"scenario: {name or result.label}")
+    print(f"model:    {result.model.summary()}")
+    print(f"cluster:  {c.name}, {result.plan.world_size} ranks ({c.nodes} node(s) x {c.gpus_per_node}, "
+          f"{c.gpu.memory_GiB:g} GiB per GPU)")
+    place = ", ".join(f"{p.dim}={p.size} ({'inside a node' if p.intra_node else f'across {p.nodes_per_group} nodes'})"
+                      for p in result.mesh.placement(c.gpus_per_node))
+    print(f"mesh:     {place}")
+    opts = asdict(result.options)
+    print(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
+    print("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()))
+    rep = result.report
+    print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
+    print(f"  ({SUMMARY_NOTE})")
+    if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
+        print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
+                    [[b.rank, f"{b.compute_s * 1e3:.3f}", f"{b.waiting_s * 1e3:.3f}", f"{b.transfer_s * 1e3:.3f}"]
+                     for b in time_breakdown(result.trace)[:16]])
+        for line in straggler_report(result.trace):
+            print(line)
+    for table in rep.get("tables", []):
+        print_table(table["title"], table["columns"], table["rows"], justify_left=1)
+        for note in table.get("notes", []):
+            print(f"  ({note})")
+    for line in warnings(result):
+        print(f"warning: {line}")
+
+
+def sweep_figure(workload, rows: list[dict], key: str, title: str):
+    if workload.sweep_figure is not None:
+        return workload.sweep_figure(rows, key, title)
+    from distlab.sim.plots import sweep
+    ms = lambda k: [r[k] * 1e3 for r in rows]  # noqa: E731
+    values = [r[key] for r in rows]
+    return sweep(values, {"step": ms("step_s"), "exposed communication": ms("exposed_comm_s")}, key, "time (ms)",
+                 title=title, logx=key == "bucket_cap_mb" and min(v for v in values if v is not None) > 0)
+
+
+def print_sweep(rows: list[dict], key: str, title: str) -> None:
+    base = [key, "world_size", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_pct"]
+    extra = [k for k in rows[0] if k not in base and k != "mesh"]
+    seconds = lambda k: k.endswith("_s") and not k.endswith("_per_s")  # noqa: E731
+    fmt = (lambda k, v: f"{v * 1e3:.3f}" if seconds(k) else f"{v:.1f}" if k.endswith("pct")
+           else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
+    head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
+            "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks"}
+    cols = base + extra
+    header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
+                                         k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
+                                         + (" (MiB)" if k.endswith("_bytes") else "")))
+    print_table(title, [header(k) for k in cols],
+                [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
+    best = min(rows, key=lambda r: r["step_s"])
+    print(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
+
+
+def run_plan_file(args) -> int:
+    """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size)."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.plan import Plan
+    from distlab.sim.result import step_summary
+    ignored = [f for f in ("model", "micro_batch", "mesh", "sweep") if getattr(args, f, None)]
+    if ignored:
+        raise ConfigError(f"--{ignored[0].replace('_', '-')} does not apply to a plan file (a plan fixes the "
+                          "model and the parallelism); allowed: --cluster, --nodes, --world-size", args.scenario)
+    plan = Plan.load(args.scenario)
+    cluster = load_cluster(args.cluster or "dgx-h100", args.nodes)
+    if cluster.world_size != plan.world_size:
+        cluster = cluster.with_world_size(plan.world_size)
+    if args.world_size is not None and args.world_size != plan.world_size:
+        raise ConfigError(f"the plan has {plan.world_size} ranks", "--world-size")
+    trace = simulate(plan, cluster, record_transfers=False)
+    summary = step_summary(trace)
+    files = {}
+    if args.save_plan:
+        plan.save(args.save_plan)
+        files["plan"] = args.save_plan
+    label = f"plan {plan.name!r} on {cluster.nodes} x {cluster.name} ({plan.world_size} ranks)"
+    if not args.no_files:
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import timeline
+        os.makedirs(args.out, exist_ok=True)
+        files["trace"] = os.path.join(args.out, "trace.json")
+        trace.save(files["trace"])
+        files["timeline"] = os.path.join(args.out, "timeline.png")
+        save_figure(timeline(trace, ranks=list(range(min(2, plan.world_size))),
+                             title=f"{label}: step {summary['step_s'] * 1e3:.2f} ms"), files["timeline"])
+    if args.json:
+        print_json({"schema": "distlab.simulate/1", "results": [{
+            "plan": plan.name, "label": label, "cluster": {"name": cluster.name, "nodes": cluster.nodes,
+                                                           "gpus_per_node": cluster.gpus_per_node},
+            "world_size": plan.world_size, **summary}], "files": files})
+        return 0
+    print(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)")
+    print(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}")
+    print_table(None, ["", "value"], summary_rows(summary))
+    print(f"  ({SUMMARY_NOTE})")
+    for path in files.values():
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,66 @@
+"""One simulated scenario: plan, trace, model, cluster, mesh, step summary and per-workload reports.
+
+``distlab.sim.scenario.simulate`` returns a :class:`Result`; the CLI (`distlab simulate`), the lessons and the
+runtime only format it. The step summary rule lives here, once (:func:`step_summary`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distlab.sim.spans import overlap, union
+
+
+def step_summary(trace, rank: int = 0) -> dict:
+    """Step, compute, communication (collectives and point-to-point, while data moves) and exposed
+    communication seconds of ``rank``; overlap % = hidden / communication. Exposed = communication during which
+    the rank computes nothing. Step = the trace's makespan (all ranks)."""
+    ops = trace.for_rank(rank)
+    compute = union([(o.start, o.end) for o in ops if o.kind == "compute"])
+    comm = union([(o.start if o.launch is None else o.launch, o.end) for o in ops
+                  if o.kind in ("collective", "send", "recv")])
+    t_compute = sum(e - s for s, e in compute)
+    t_comm = sum(e - s for s, e in comm)
+    hidden = overlap(comm, compute)
+    return {"step_s": trace.makespan, "compute_s": t_compute, "comm_s": t_comm, "exposed_comm_s": t_comm - hidden,
+            "overlap_pct": 100.0 * hidden / t_comm if t_comm > 0 else 0.0}
+
+
+@dataclass
+class Result:
+    """Everything one simulation of a scenario produced. ``workload`` is the registry record
+    (sim/workloads), ``options`` its options dataclass, ``info`` what its builder returned beside the plan,
+    ``reports`` the workload's report (by workload name): rows, tables, warnings, json."""
+    scenario: dict
+    workload: object
+    options: object
+    mesh: object
+    model: object
+    cluster: object
+    plan: object
+    info: dict
+    trace: object
+    summary: dict = field(default_factory=dict)
+    reports: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The scenario's name, or one made from what was simulated (follows every override)."""
+        return self.scenario.get("name") or self.label
+
+    @property
+    def label(self) -> str:
+        """``llama-70b fsdp on 16 x dgx-h100 (128 ranks)``: what was simulated, from the resolved objects."""
+        c = self.cluster
+        where = f"{c.nodes} x {c.name}" if c.nodes > 1 else c.name
+        return f"{self.model.name} {self.workload.name} on {where} ({self.plan.world_size} ranks)"
+
+    @property
+    def report(self) -> dict:
+        return self.reports.get(self.workload.name, {})
+
+    def figure(self, title: str | None = None):
+        """The workload's figure (a timeline by default) of this result."""
+        if self.workload.figure is not None:
+            return self.workload.figure(self, title)
+        from distlab.sim.plots import timeline
+        return timeline(self.trace, ranks=list(range(min(2, self.plan.world_size))), title=title)

@@ -1,0 +1,1 @@
+"""Workloads (parallelisms) for `distlab simulate`: one record each (base.py), registered in registry.py."""

@@ -1,0 +1,25 @@
+"""The ``fsdp`` workload: FSDP2 / ZeRO 1-2-3 over mesh dimension ``dp_shard``, HSDP replicas over
+``dp_replicate`` (sim/fsdp/plan.py builds the plan; sim/fsdp/report.py the memory report and figure)."""
+from __future__ import annotations
+
+from distlab.sim.fsdp.plan import FSDPOptions, fsdp_plan
+from distlab.sim.fsdp.report import figure_of, report
+from distlab.sim.workloads.base import Workload
+
+
+def build(model, mesh, opts: FSDPOptions, cluster):
+    return fsdp_plan(model, mesh, opts), {}
+
+
+def sweep_row(result) -> dict:
+    pk = result.report["json"]["peak_memory"]
+    return {"peak_memory_bytes": pk["total_bytes"]}
+
+
+WORKLOAD = Workload(
+    name="fsdp", help="FSDP2 / ZeRO: parameters, gradients and optimizer state sharded over dp_shard; HSDP "
+                      "all-reduces across dp_replicate",
+    dims=("dp_replicate", "dp_shard"), required_dims=("dp_shard",), fill_dim="dp_replicate", default_dim="dp_shard", options=FSDPOptions,
+    build=build, report=report, figure=figure_of, sweep_row=sweep_row,
+    dim_words={"dp_shard": "shard group size", "dp_replicate": "replica count"},
+    legacy_keys={"shard_size": "dp_shard"}, intra_node_dims=("dp_shard",))

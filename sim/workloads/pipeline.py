@@ -1,0 +1,111 @@
+"""The ``pipeline`` workload: stages over mesh dimension ``pp``, replicated over ``dp`` (each stage's gradients
+all-reduced across its replicas). sim/pipeline/plan.py builds the plan; the report gives makespan, bubble,
+p2p time and in-flight microbatches; the figure is the pipeline diagram. Sweeps report samples/s =
+m x micro-batch x d / makespan."""
+from __future__ import annotations
+
+from distlab.sim.pipeline import metrics as M
+from distlab.sim.pipeline.plan import PipelineOptions, pipeline_plan
+from distlab.sim.workloads.base import Workload
+
+
+def build(model, mesh, opts: PipelineOptions, cluster):
+    plan = pipeline_plan(model, mesh, opts.spec(mesh))
+    return plan, {"pipeline": plan.meta["pipeline"]}
+
+
+def report(result) -> dict:
+    meta = result.info["pipeline"]
+    met = M.compute(result.trace, meta)
+    ideal = M.ideal_bubble(meta["schedule"], meta["stages"], meta["microbatches"], meta["virtual_stages"])
+    rows = [["pipeline makespan", f"{met.makespan * 1e3:.3f} ms"],
+            ["bubble", f"{met.bubble:.1%}" + (f" (uniform stages, free p2p: {ideal:.1%})" if ideal is not None else "")],
+            ["p2p time (sum of sends)", f"{met.p2p_seconds * 1e3:.3f} ms"]]
+    rows += [[f"stage {s}: peak microbatches in flight, their activations", f"{met.peak_in_flight[s]}, "
+              f"{met.peak_stage_memory[s] / 2**20:.4g} MiB"] for s in met.peak_in_flight]
+    mem = memory(result, met)
+    rows += mem["rows"]
+    return {"rows": rows, "warnings": mem["warnings"], "json": {"pipeline": met.to_dict(), "memory": mem["json"]}}
+
+
+def memory(result, met) -> dict:
+    """Per-GPU memory of the fullest pipeline rank: its stages' params, grads and Adam state (bytes per
+    element as sim/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
+    in-flight activations, against the GPU's memory."""
+    from distlab.sim.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.plan import DTYPE_BYTES
+    meta = result.info["pipeline"]
+    dtype = (result.model.config or {}).get("dtype", "float32")
+    p, g, k = precision(dtype)
+    worst = None
+    for rank, act in enumerate(met.peak_rank_memory[:meta["stages"]]):
+        numel = sum(b for s, b in enumerate(meta["param_bytes"]) if meta["stage_to_rank"][s] == rank) \
+            // DTYPE_BYTES[dtype]
+        parts = {"params": numel * p, "grads": numel * g, "optimizer": numel * k, "activations": int(act)}
+        if worst is None or sum(parts.values()) > sum(worst[1].values()):
+            worst = (rank, parts)
+    rank, parts = worst
+    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
+    ok = fits(total, gpu)
+    rows = [[f"memory per GPU (pipeline rank {rank}: its stages + in-flight activations)", f"{total / 2**30:.3f} GiB"],
+            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+            "json": {"pipeline_rank": rank, "breakdown_bytes": parts, "total_bytes": total, "fits": ok,
+                     "gpu_memory_GiB": gpu}}
+
+
+def figure(result, title=None):
+    from distlab.sim.pipeline.diagram import draw, title_for
+    meta = result.info["pipeline"]
+    p = meta["stages"]
+    peers = list(result.mesh.group_of(0, "pp"))
+    return draw(result.trace, None, title=(title + "\n" if title else "") + title_for(meta, M.compute(result.trace, meta)),
+                ranks=peers, p=p)
+
+
+def sweep_row(result) -> dict:
+    meta = result.info["pipeline"]
+    met = M.compute(result.trace, meta)
+    cfg = result.model.config or {}
+    samples = meta["microbatches"] * cfg.get("micro_batch", cfg.get("batch", 1)) * meta["data_parallel"]
+    return {"makespan_s": met.makespan, "bubble": met.bubble, "samples_per_s": samples / met.makespan,
+            "peak_activation_bytes": max(met.peak_rank_memory), "p2p_s": met.p2p_seconds}
+
+
+def sweep_figure(rows: list[dict], key: str, title: str | None = None):
+    """Two panels against ``key``: bubble fraction, and throughput in samples/s."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = [r[key] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.plot(xs, [100 * r["bubble"] for r in rows], marker="o")
+    a.set_ylabel("bubble (%)")
+    b.plot(xs, [r["samples_per_s"] for r in rows], marker="o", color="#DD8452")
+    b.set_ylabel("throughput (samples/s)")
+    for ax in (a, b):
+        ax.set_xlabel(key)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def legacy(section: dict, mesh: dict, scenario: dict) -> None:
+    """Old ``parallelism: {kind: pipeline, stages, data_parallel}``: stages default 2; without a world_size,
+    data_parallel defaults to 1 and the world is stages x data_parallel (as before the mesh)."""
+    mesh.setdefault("pp", 2)
+    if scenario.get("world_size") is None:
+        mesh.setdefault("dp", 1)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in mesh.values()):
+            scenario["world_size"] = mesh["pp"] * mesh["dp"]
+
+
+WORKLOAD = Workload(
+    name="pipeline", help="pipeline parallelism: stages over pp (GPipe, 1F1B, interleaved, ZB-H1, ZBV), "
+                          "replicated over dp",
+    dims=("dp", "pp"), required_dims=("pp",), fill_dim="dp", options=PipelineOptions, build=build, report=report,
+    figure=figure, sweep_row=sweep_row, sweep_figure=sweep_figure,
+    dim_words={"pp": "pipeline stages", "dp": "pipeline replicas"},
+    legacy_keys={"stages": "pp", "data_parallel": "dp"}, legacy=legacy)
