@@ -94,14 +94,28 @@ def _demo_task(ctx, payload):
 
 
 # --- your own ring all-reduce --------------------------------------------------------------------------------
-def check_all_reduce(target: str, nproc: int = 4, numel: int = 10, backend: str = "gloo") -> list[dict]:
+def check_all_reduce(target: str, nproc: int = 4, numel=10, backend: str = "gloo", world_sizes=None) -> list[dict]:
     """Run your ``fn(tensor)`` (``path.py:function``) on ``nproc`` ranks and compare with dist.all_reduce.
-    ``fn`` may return the result or reduce in place. Per rank: max_abs_error, ok, sends, recvs (counted)."""
+    ``fn`` may return the result or reduce in place. Per rank: max_abs_error, ok, sends, recvs (counted).
+    ``numel`` may be a list of tensor lengths, all checked in the same launch: then one row per (length, rank),
+    each with its ``numel``. ``world_sizes`` (each <= nproc) runs ``fn`` on the first k ranks of the same launch
+    for each k, with dist.get_world_size() and dist.get_rank() answering as in a k-rank job (rows get
+    ``world_size``): one launch checks several ring sizes."""
     if ":" not in target:
         raise ValueError("target is 'path/to/file.py:function_name'")
     path, _, name = target.rpartition(":")
-    return run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
-                                                       "numel": numel}, nproc, backend)
+    lengths = [int(numel)] if isinstance(numel, int) else [int(k) for k in numel]
+    sizes = [nproc] if world_sizes is None else [int(k) for k in world_sizes]
+    if any(not 1 <= k <= nproc for k in sizes):
+        raise ValueError(f"world_sizes {sizes} must each be between 1 and nproc={nproc}")
+    out = run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
+                                                              "lengths": lengths, "world_sizes": sizes},
+                       nproc, backend)
+    rows = [row for per_rank in out for row in per_rank]
+    rows.sort(key=lambda r: (r["world_size"], r["numel"], r["rank"]))
+    if world_sizes is None and isinstance(numel, int):
+        return [{k: v for k, v in r.items() if k not in ("numel", "world_size")} for r in rows]
+    return rows if world_sizes is not None else [{k: v for k, v in r.items() if k != "world_size"} for r in rows]
 
 
 def _ring_task(ctx, payload):
@@ -110,30 +124,41 @@ def _ring_task(ctx, payload):
 
     from distlab.runtime.worker import load_target
     fn = load_target(payload["target"])
-    counts = {"sends": 0, "recvs": 0}
-    originals = {k: getattr(dist, k) for k in ("send", "recv", "isend", "irecv")}
+    names = ("send", "recv", "isend", "irecv", "get_rank", "get_world_size")
+    originals = {k: getattr(dist, k) for k in names}
+    rows = []
+    for size in payload["world_sizes"]:
+        group = dist.new_group(list(range(size))) if size < ctx.world_size else None   # every rank calls new_group
+        if ctx.rank >= size:
+            continue
+        for numel in payload["lengths"]:
+            counts = {"sends": 0, "recvs": 0}
 
-    def counting(name, f):
-        def wrapped(*a, **k):
-            counts["sends" if "send" in name else "recvs"] += 1
-            return f(*a, **k)
-        return wrapped
-    gen = torch.Generator().manual_seed(1234 + ctx.rank)
-    x = torch.randn(payload["numel"], generator=gen).to(ctx.device)
-    expected = x.clone()
-    dist.all_reduce(expected)
-    for k, f in originals.items():
-        setattr(dist, k, counting(k, f))
-    try:
-        mine = x.clone()
-        got = fn(mine)
-    finally:
-        for k, f in originals.items():
-            setattr(dist, k, f)
-    got = mine if got is None else got
-    err = float((got.to(expected.device) - expected).abs().max())
-    return {"rank": ctx.rank, "max_abs_error": err, "ok": err <= 1e-4 * max(1.0, float(expected.abs().max())),
-            **counts}
+            def counting(name, f, counts=counts):
+                def wrapped(*a, **k):
+                    counts["sends" if "send" in name else "recvs"] += 1
+                    return f(*a, **k)
+                return wrapped
+            gen = torch.Generator().manual_seed(1234 + ctx.rank + 100 * numel)
+            x = torch.randn(numel, generator=gen).to(ctx.device)
+            expected = x.clone()
+            dist.all_reduce(expected, group=group)
+            for k in ("send", "recv", "isend", "irecv"):
+                setattr(dist, k, counting(k, originals[k]))
+            dist.get_rank = lambda group=None, rank=ctx.rank: rank if group is None else originals["get_rank"](group)
+            dist.get_world_size = (lambda group=None, n=size: n if group is None
+                                   else originals["get_world_size"](group))
+            try:
+                mine = x.clone()
+                got = fn(mine)
+            finally:
+                for k, f in originals.items():
+                    setattr(dist, k, f)
+            got = mine if got is None else got
+            err = float((got.to(expected.device) - expected).abs().max())
+            rows.append({"rank": ctx.rank, "world_size": size, "numel": numel, "max_abs_error": err,
+                         "ok": err <= 1e-4 * max(1.0, float(expected.abs().max())), **counts})
+    return rows
 
 
 # --- torchrun ------------------------------------------------------------------------------------------------
