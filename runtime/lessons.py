@@ -12,6 +12,19 @@ import sys
 import time
 
 DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "all_to_all", "barrier")
+QUICK_ENV = "DISTLAB_LESSONS_QUICK"
+
+
+def quick() -> bool:
+    """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
+    repeat less (iterations, steps, warm-up; one process per node in a multi-node torchrun), so CI executes
+    every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def fewer(n: int, quick_n: int) -> int:
+    """``n``, or at most ``quick_n`` in quick mode."""
+    return min(n, quick_n) if quick() else n
 
 
 def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0) -> list:
@@ -167,6 +180,8 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
     (--nnodes, --node-rank, --master-addr 127.0.0.1), as you would on each machine of a cluster. Returns the
     ranks' output lines (torchrun's own banner dropped), sorted."""
     from distlab.runtime.launch import free_port
+    if nnodes > 1:
+        nproc_per_node = fewer(nproc_per_node, 1)
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
     if nnodes == 1:
         cmds = [base + ["--standalone", script]]
@@ -199,7 +214,8 @@ def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, w
     """What `distlab bench` measures (runtime/sweep.py), as data: {"rows": [...], "compute": {...} if asked,
     "plan": [per rank] if a plan payload (runtime.executor.plan_task) is given}. Rows are the slowest rank's
     median time ``time_s`` and the time from launch ``launch_time_s``, with algbw and busbw."""
-    payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": warmup, "iters": iters,
+    payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": fewer(warmup, 1),
+               "iters": fewer(iters, 2),
                "compute": compute, "plan": plan}
     results = run_on_ranks("distlab.runtime.sweep:sweep_task", payload, nproc, backend, timeout)
     out = dict(results[0])
@@ -222,8 +238,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     from distlab.sim.engine import simulate
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
-    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": steps,
-               "warmup": warmup, "calibrate": [int(s) for s in calibrate]}
+    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
+               "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate]}
     out = run_on_ranks("distlab.runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])
@@ -263,8 +279,8 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     model = model_from_spec(model)
     opts = list(variants.values())
     plans = [build_fsdp(model, nproc, o) for o in opts]
-    results = run(model, nproc, opts, steps=steps, warmup=warmup, calibrate=calibration_sizes(plans), local=True,
-                  timeout=timeout)
+    results = run(model, nproc, opts, steps=fewer(steps, 1), warmup=fewer(warmup, 1),
+                  calibrate=calibration_sizes(plans), local=True, timeout=timeout)
     cluster = calibrated_cluster(results, model, nproc)
     rows = []
     for i, (label, o) in enumerate(variants.items()):
@@ -300,7 +316,7 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     from distlab.runtime.pipeline_validate import measure_and_predict
     from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
-                 layers=nproc * blocks_per_rank, steps=steps, warmup=1) for s, v in schedules]
+                 layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1) for s, v in schedules]
     results = measure_and_predict(cfgs, nproc, timeout=timeout)
     r0 = results[0]
     out = {"rows": [], "measured": [], "predicted": [],
