@@ -62,7 +62,8 @@ def test_every_exercise_accepts_its_solution():
              "04-your-error": {"case": {"error": -0.125}},
              "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
              "06-your-error": {"row": {"error_pct": -12.0}},
-             "07-your-error": {"row": {"error_pct": 8.0}}}
+             "07-your-error": {"row": {"error_pct": 8.0}},
+             "05-your-prediction": {"row": {"measured_s": 0.040}}, "06-your-prediction": {"row": {"measured_s": 0.2}}}
     table = exercises()
     assert len({k[:2] for k in table}) >= 8 and all(sum(k.startswith(p) for k in table) >= 2
                                                     for p in ("01", "02", "03", "04", "05", "06", "07", "08"))
@@ -79,6 +80,9 @@ def test_every_exercise_accepts_its_solution():
     assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
     assert check("06-your-error", "-12%", **given["06-your-error"]).ok
     assert check("07-your-error", "8%", **given["07-your-error"]).ok
+    # predictions from lesson 04's fit: within 25% of the measurement
+    assert check("05-your-prediction", "48 ms", row={"measured_s": 0.040}).ok
+    assert check("05-your-prediction", "56 ms", row={"measured_s": 0.040}).status == "wrong"
 
 
 def test_ddp_and_fsdp_exercises_follow_the_library():

@@ -4,6 +4,7 @@ each within 3 minutes on a 2-core machine, and no exercise's answer is shown bef
 The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons.py, runtime/pitfalls.py)
 then repeat less (fewer iterations and steps), so every cell still executes, only cheaper."""
 import glob
+import math
 import os
 import re
 import time
@@ -113,27 +114,35 @@ def _text(output) -> str:
 
 
 def _shown_answers(text: str, ex_id: str, ex, strong_only: bool) -> list[str]:
-    """Tokens of ``text`` (numbers with or without a unit, words) that the checker accepts for ``ex_id``.
-    A small whole number or a word (a count, a choice) only counts when ``strong_only`` is False: such tokens
-    appear everywhere (\"4 ranks\") and are searched only in the exercise's own section."""
-    from distlab.sim.lessons import check
-    hits = []
+    """Tokens of ``text`` that give away exercise ``ex_id``'s answer: a number with a unit of the right kind that
+    the checker accepts ("4.77 ms", "27.3%"), or a bare number within 0.5% of the answer. A small whole number or
+    a word (a count, a choice) appears everywhere ("4 ranks"), so it counts only when ``strong_only`` is False
+    (outputs of the exercise's own section)."""
+    from distlab.sim.lessons import check, solution
+    from distlab.sim.lessons.units import UnitError, parse
     if ex.unit == "choice":
-        if not strong_only:
-            hits += [w for w in set(re.findall(r"[\w.-]+", text)) if w.lower() in ex.choices and check(ex_id, w).ok]
-        return hits
+        if strong_only:
+            return []
+        return [w for w in set(re.findall(r"[\w.-]+", text)) if w.lower() in ex.choices and check(ex_id, w).ok]
+    want = parse(solution(ex_id)).value
+    hits = []
     for number, unit in set(_TOKEN.findall(text)):
-        digits = len(re.sub(r"[^0-9]", "", number.split("e")[0].split("E")[0]).strip("0"))
-        strong = bool(unit) and ex.unit not in ("count",) or digits >= 3
-        if strong_only and not strong:
-            continue
-        for token in ([f"{number} {unit}"] if unit else []) + [number]:
+        quantity = None
+        if unit:
             try:
-                if check(ex_id, token).ok:
-                    hits.append(token)
-                    break
-            except Exception:
-                pass
+                quantity = parse(f"{number} {unit}")
+            except UnitError:
+                quantity = None                                      # "16 microbatches": a bare number
+        if quantity is not None and quantity.unit is not None:
+            if ex.unit != "count" and quantity.dimension == ex.dimension and check(ex_id, str(quantity)).ok:
+                hits.append(f"{number} {unit}")
+            continue
+        value = float(number)
+        digits = len(re.sub(r"[^0-9]", "", number.lower().split("e")[0]).strip("0"))
+        if strong_only and (digits < 3 or ex.unit == "count"):
+            continue
+        if math.isclose(value, want, rel_tol=0 if ex.unit == "count" else 0.005, abs_tol=1e-12):
+            hits.append(number)
     return hits
 
 

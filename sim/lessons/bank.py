@@ -211,6 +211,12 @@ register(
              "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
              hint="(slowest - fastest) / fastest, over measured_s",
              why="compare with the spread the simulator predicted for the same caps."),
+    Exercise("05-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
+             "measured DDP step of CPU_DDP_MODEL on 2 ranks at bucket_cap_mb=2 (pass row=... after the run). "
+             "Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
+             hint="simulate(scenario(CPU_DDP_MODEL, 'ddp', cluster=fitted_cluster(), bucket_cap_mb=2))"
+                  "['summary']['step_s']",
+             why="the fit of lesson 04 carried over to a new workload: the point of calibrating."),
     # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
     Exercise("06-zero3-memory", "llama-7b (Ψ = 6.74e9 parameters, bf16 params, Adam) on 64 GPUs with ZeRO-3 / "
              "FSDP: how much do params, grads and optimizer state take per GPU?", "GiB",
@@ -234,6 +240,12 @@ register(
              "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
              abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
+    Exercise("06-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
+             "measured FSDP2 step of CPU_FSDP_MODEL on 2 ranks with reshard_after_forward=True (pass row=... after "
+             "the run). Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
+             hint="simulate(scenario(CPU_FSDP_MODEL, 'fsdp', cluster=fitted_cluster()))['summary']['step_s']; "
+                  "gloo blocks in each collective, so on CPU add compute and communication rather than overlap",
+             why="the same fit predicts a workload it never saw, to within the noise of a shared machine."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
@@ -283,7 +295,8 @@ register(
              why="every rank reads all of it: the global batch holds 4 copies of each sample, and an epoch costs "
                  "4x the compute for the same data."),
     Exercise("08-per-rank", "Predict before the run below: 18 samples, 4 ranks, DistributedSampler "
-             "(drop_last=False): how many samples does each rank get per epoch?", "count", lambda: _pitfalls().sampler_share(18, 4), tolerance=0,
+             "(drop_last=False): how many samples does each rank get per epoch?", "count",
+             lambda: _pitfalls().sampler_share(18, 4), tolerance=0,
              hint="the sampler pads the index list to a multiple of the world size",
              why="ceil(18 / 4) = 5: 20 indices, so 2 samples are read twice per epoch (drop_last=True gives 4)."),
     Exercise("08-hang", "Lesson 08's program calls all_reduce(loss) inside `if rank != 3`, then a barrier. "
