@@ -50,3 +50,13 @@ def test_decimal_commas_are_refused_clearly():
 def test_solutions_still_check():
     for ex_id in ("01-ring-bytes", "02-busbw", "06-zero3-memory", "06-zero1-memory"):
         assert check(ex_id, solution(ex_id)).ok
+
+
+def test_a_usual_wrong_answer_is_named():
+    """05-buckets asks for bucket_cap_mb=100; the default cap's count gets its own hint (issue 21)."""
+    from distlab.sim.ddp.buckets import ddp_buckets
+    from distlab.sim.models import model_from_spec
+    default = len(ddp_buckets(model_from_spec("gpt2-medium"), None))
+    v = check("05-buckets", default)
+    assert v.status == "wrong" and "default cap" in v.message
+    assert check("05-buckets", int(solution("05-buckets")) + 2).ok          # a prediction within 2

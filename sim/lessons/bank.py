@@ -189,6 +189,8 @@ register(
     Exercise("05-buckets", "Predict: gpt2-medium (fp32, 355M parameters, ~1.3 GiB of gradients) with "
              "bucket_cap_mb=100: how many buckets after iteration 0? Within 2.", "count",
              lambda: len(_ddp_buckets("gpt2-medium", 100)), tolerance=0, abs_tolerance=2,
+             traps=lambda: {len(_ddp_buckets("gpt2-medium")): "that is the count with the default cap (25 MiB "
+                                                               "and a 1 MiB first bucket), not with 100"},
              hint="gradient bytes / cap, rounded; a cap is a threshold (a bucket closes once it reaches the cap, "
                   "with the tensor that crossed it), and an explicit cap applies to the first bucket too",
              why="about 1.3 GiB of gradients in buckets of at least 100 MiB; the last one holds what is left."),

@@ -34,6 +34,7 @@ class Exercise:
     hint: str = ""
     why: str = ""                            # shown once the answer is right
     needs: tuple[str, ...] = ()              # keyword arguments check() must be given
+    traps: Callable[[], dict] | None = None  # () -> {a usual wrong value: what it means}, named when answered
 
     @property
     def dimension(self) -> str:
@@ -192,7 +193,10 @@ def _numeric(ex: Exercise, got: float, want: float, shown: str) -> Verdict:
     if _close(got, want, ex.tolerance, ex.abs_tolerance):
         return Verdict(ex.id, "correct", f"{shown}. {ex.why}".strip())
     hint = _factor_hint(got, want)
-    text = f"not {shown}" + (f" ({hint})" if hint else "") + (f". Hint: {ex.hint}" if ex.hint else "")
+    trap = next((text for value, text in (ex.traps() if ex.traps else {}).items()
+                 if _close(got, float(value), ex.tolerance, ex.abs_tolerance)), "")
+    text = f"not {shown}" + (f" ({trap})" if trap else f" ({hint})" if hint else "") + \
+        (f". Hint: {ex.hint}" if ex.hint else "")
     return Verdict(ex.id, "wrong", text, {"ratio": got / want if want else None})
 
 
