@@ -314,3 +314,14 @@ def test_fsdp_predict_measure():
     assert [x["variant"] for x in r["rows"]] == ["a", "b"] and all(x["sequence_match"] for x in r["rows"])
     assert [x["collectives"] for x in r["rows"]] == [14, 10]
     assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 for x in r["rows"]) and len(r["traces"]) == 2
+
+
+def test_quick_mode_repeats_less(monkeypatch):
+    """tests/test_lessons_notebooks.py sets DISTLAB_LESSONS_QUICK=1: the real-run helpers then repeat less."""
+    from distlab.runtime.lessons import QUICK_ENV, fewer, quick
+    monkeypatch.delenv(QUICK_ENV, raising=False)
+    assert not quick() and fewer(6, 2) == 6
+    monkeypatch.setenv(QUICK_ENV, "1")
+    assert quick() and fewer(6, 2) == 2 and fewer(1, 2) == 1
+    monkeypatch.setenv(QUICK_ENV, "0")
+    assert not quick()
