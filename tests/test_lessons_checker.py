@@ -22,6 +22,7 @@ def test_the_closest_factor_wins_and_only_within_one_percent():
     assert "kB against KiB" in _factor_hint(1.024, 1.0) and "MB against MiB" in _factor_hint(1.0486, 1.0)
     assert "GB against GiB" in _factor_hint(1 / 1.0737, 1.0)
     assert _factor_hint(1.036, 1.0) == "off by +4%"          # between kB/KiB and MB/MiB, 1.2% from each
+    assert _factor_hint(1.039, 1.0) == "off by +4%"          # 0.9% from MB/MiB: too far to blame the units
     assert _factor_hint(1.5, 1.0) == "off by +50%" and "factor of 2" in _factor_hint(0.5, 1.0)
 
 
@@ -60,3 +61,11 @@ def test_a_usual_wrong_answer_is_named():
     v = check("05-buckets", default)
     assert v.status == "wrong" and "default cap" in v.message
     assert check("05-buckets", int(solution("05-buckets")) + 2).ok          # a prediction within 2
+
+
+def test_a_rounded_parameter_count_is_not_blamed_on_units():
+    """With Ψ = 7e9 instead of the stated 6.74e9 the answer is 3.9% off: the hint says so, not "GB against GiB"."""
+    v = check("06-zero3-memory", f"{16 * 7e9 / 64 / 2**30:.3f} GiB")
+    assert v.status == "wrong" and "off by +4%" in v.message and "against" not in v.message
+    assert "6.74e9" in v.message or "6.74e9" in __import__("distlab.sim.lessons", fromlist=["question"]).question(
+        "06-zero3-memory")

@@ -126,16 +126,16 @@ def _close(a: float, b: float, tol: float, abs_tol: float = 0.0) -> bool:
 
 
 # Ratios a wrong answer often has to the right one, and what usually causes each. The closest one within
-# HINT_TOLERANCE names the mistake: 1.024 (kB/KiB), 1.049 (MB/MiB) and 1.074 (GB/GiB) are only 2.4% apart.
+# HINT_TOLERANCE (~1%: 0.6%) names the mistake: 1.024 (kB/KiB), 1.049 (MB/MiB), 1.074 (GB/GiB) are 2.4% apart.
 FACTOR_HINTS = ((8.0, "bits against bytes?"), (1.024, "kB against KiB (10^3 against 2^10)?"),
                 (1.048576, "MB against MiB (10^6 against 2^20)?"), (1.073741824, "GB against GiB (10^9 against 2^30)?"),
                 (1.099511627776, "TB against TiB (10^12 against 2^40)?"), (1000.0, "a unit prefix (x1000)?"),
                 (2.0, "a factor of 2: both directions, or the 2(n-1)/n of all_reduce?"))
-HINT_TOLERANCE = 0.01
+HINT_TOLERANCE = 0.006        # an answer rounded to 3 digits stays within 0.5% of its factor
 
 
 def _factor_hint(got: float, want: float) -> str:
-    """"off by 1.074x: GB against GiB?" when got/want is within 1% of a known factor (or its inverse), the
+    """"off by 1.074x: GB against GiB?" when got/want is within 0.6% of a known factor (or its inverse), the
     closest one winning; else the relative error ("off by +12%")."""
     if want == 0 or got == 0 or (got < 0) != (want < 0):
         return "check the sign" if got and want and (got < 0) != (want < 0) else ""
