@@ -2,7 +2,7 @@
 mistake, equivalent units are accepted, and a decimal comma is refused with a clear message."""
 import pytest
 
-from distlab.sim.lessons import check, solution
+from distlab.sim.lessons import check, question, solution
 from distlab.sim.lessons.exercises import _factor_hint
 from distlab.sim.lessons.units import UnitError, parse
 
@@ -67,5 +67,4 @@ def test_a_rounded_parameter_count_is_not_blamed_on_units():
     """With Ψ = 7e9 instead of the stated 6.74e9 the answer is 3.9% off: the hint says so, not "GB against GiB"."""
     v = check("06-zero3-memory", f"{16 * 7e9 / 64 / 2**30:.3f} GiB")
     assert v.status == "wrong" and "off by +4%" in v.message and "against" not in v.message
-    assert "6.74e9" in v.message or "6.74e9" in __import__("distlab.sim.lessons", fromlist=["question"]).question(
-        "06-zero3-memory")
+    assert "6.74e9" in question("06-zero3-memory") and "6.74e9" in question("06-zero1-memory")
