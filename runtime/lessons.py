@@ -12,6 +12,19 @@ import sys
 import time
 
 DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "all_to_all", "barrier")
+QUICK_ENV = "DISTLAB_LESSONS_QUICK"
+
+
+def quick() -> bool:
+    """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
+    repeat less (iterations, steps, warm-up; one process per node in a multi-node torchrun), so CI executes
+    every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def fewer(n: int, quick_n: int) -> int:
+    """``n``, or at most ``quick_n`` in quick mode."""
+    return min(n, quick_n) if quick() else n
 
 
 def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0) -> list:
@@ -94,14 +107,28 @@ def _demo_task(ctx, payload):
 
 
 # --- your own ring all-reduce --------------------------------------------------------------------------------
-def check_all_reduce(target: str, nproc: int = 4, numel: int = 10, backend: str = "gloo") -> list[dict]:
+def check_all_reduce(target: str, nproc: int = 4, numel=10, backend: str = "gloo", world_sizes=None) -> list[dict]:
     """Run your ``fn(tensor)`` (``path.py:function``) on ``nproc`` ranks and compare with dist.all_reduce.
-    ``fn`` may return the result or reduce in place. Per rank: max_abs_error, ok, sends, recvs (counted)."""
+    ``fn`` may return the result or reduce in place. Per rank: max_abs_error, ok, sends, recvs (counted).
+    ``numel`` may be a list of tensor lengths, all checked in the same launch: then one row per (length, rank),
+    each with its ``numel``. ``world_sizes`` (each <= nproc) runs ``fn`` on the first k ranks of the same launch
+    for each k, with dist.get_world_size() and dist.get_rank() answering as in a k-rank job (rows get
+    ``world_size``): one launch checks several ring sizes."""
     if ":" not in target:
         raise ValueError("target is 'path/to/file.py:function_name'")
     path, _, name = target.rpartition(":")
-    return run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
-                                                       "numel": numel}, nproc, backend)
+    lengths = [int(numel)] if isinstance(numel, int) else [int(k) for k in numel]
+    sizes = [nproc] if world_sizes is None else [int(k) for k in world_sizes]
+    if any(not 1 <= k <= nproc for k in sizes):
+        raise ValueError(f"world_sizes {sizes} must each be between 1 and nproc={nproc}")
+    out = run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
+                                                              "lengths": lengths, "world_sizes": sizes},
+                       nproc, backend)
+    rows = [row for per_rank in out for row in per_rank]
+    rows.sort(key=lambda r: (r["world_size"], r["numel"], r["rank"]))
+    if world_sizes is None and isinstance(numel, int):
+        return [{k: v for k, v in r.items() if k not in ("numel", "world_size")} for r in rows]
+    return rows if world_sizes is not None else [{k: v for k, v in r.items() if k != "world_size"} for r in rows]
 
 
 def _ring_task(ctx, payload):
@@ -110,30 +137,41 @@ def _ring_task(ctx, payload):
 
     from distlab.runtime.worker import load_target
     fn = load_target(payload["target"])
-    counts = {"sends": 0, "recvs": 0}
-    originals = {k: getattr(dist, k) for k in ("send", "recv", "isend", "irecv")}
+    names = ("send", "recv", "isend", "irecv", "get_rank", "get_world_size")
+    originals = {k: getattr(dist, k) for k in names}
+    rows = []
+    for size in payload["world_sizes"]:
+        group = dist.new_group(list(range(size))) if size < ctx.world_size else None   # every rank calls new_group
+        if ctx.rank >= size:
+            continue
+        for numel in payload["lengths"]:
+            counts = {"sends": 0, "recvs": 0}
 
-    def counting(name, f):
-        def wrapped(*a, **k):
-            counts["sends" if "send" in name else "recvs"] += 1
-            return f(*a, **k)
-        return wrapped
-    gen = torch.Generator().manual_seed(1234 + ctx.rank)
-    x = torch.randn(payload["numel"], generator=gen).to(ctx.device)
-    expected = x.clone()
-    dist.all_reduce(expected)
-    for k, f in originals.items():
-        setattr(dist, k, counting(k, f))
-    try:
-        mine = x.clone()
-        got = fn(mine)
-    finally:
-        for k, f in originals.items():
-            setattr(dist, k, f)
-    got = mine if got is None else got
-    err = float((got.to(expected.device) - expected).abs().max())
-    return {"rank": ctx.rank, "max_abs_error": err, "ok": err <= 1e-4 * max(1.0, float(expected.abs().max())),
-            **counts}
+            def counting(name, f, counts=counts):
+                def wrapped(*a, **k):
+                    counts["sends" if "send" in name else "recvs"] += 1
+                    return f(*a, **k)
+                return wrapped
+            gen = torch.Generator().manual_seed(1234 + ctx.rank + 100 * numel)
+            x = torch.randn(numel, generator=gen).to(ctx.device)
+            expected = x.clone()
+            dist.all_reduce(expected, group=group)
+            for k in ("send", "recv", "isend", "irecv"):
+                setattr(dist, k, counting(k, originals[k]))
+            dist.get_rank = lambda group=None, rank=ctx.rank: rank if group is None else originals["get_rank"](group)
+            dist.get_world_size = (lambda group=None, n=size: n if group is None
+                                   else originals["get_world_size"](group))
+            try:
+                mine = x.clone()
+                got = fn(mine)
+            finally:
+                for k, f in originals.items():
+                    setattr(dist, k, f)
+            got = mine if got is None else got
+            err = float((got.to(expected.device) - expected).abs().max())
+            rows.append({"rank": ctx.rank, "world_size": size, "numel": numel, "max_abs_error": err,
+                         "ok": err <= 1e-4 * max(1.0, float(expected.abs().max())), **counts})
+    return rows
 
 
 # --- torchrun ------------------------------------------------------------------------------------------------
@@ -142,6 +180,8 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
     (--nnodes, --node-rank, --master-addr 127.0.0.1), as you would on each machine of a cluster. Returns the
     ranks' output lines (torchrun's own banner dropped), sorted."""
     from distlab.runtime.launch import free_port
+    if nnodes > 1:
+        nproc_per_node = fewer(nproc_per_node, 1)
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
     if nnodes == 1:
         cmds = [base + ["--standalone", script]]
@@ -174,7 +214,8 @@ def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, w
     """What `distlab bench` measures (runtime/sweep.py), as data: {"rows": [...], "compute": {...} if asked,
     "plan": [per rank] if a plan payload (runtime.executor.plan_task) is given}. Rows are the slowest rank's
     median time ``time_s`` and the time from launch ``launch_time_s``, with algbw and busbw."""
-    payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": warmup, "iters": iters,
+    payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": fewer(warmup, 1),
+               "iters": fewer(iters, 2),
                "compute": compute, "plan": plan}
     results = run_on_ranks("distlab.runtime.sweep:sweep_task", payload, nproc, backend, timeout)
     out = dict(results[0])
@@ -197,8 +238,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     from distlab.sim.engine import simulate
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
-    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": steps,
-               "warmup": warmup, "calibrate": [int(s) for s in calibrate]}
+    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
+               "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate]}
     out = run_on_ranks("distlab.runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])
@@ -238,8 +279,8 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     model = model_from_spec(model)
     opts = list(variants.values())
     plans = [build_fsdp(model, nproc, o) for o in opts]
-    results = run(model, nproc, opts, steps=steps, warmup=warmup, calibrate=calibration_sizes(plans), local=True,
-                  timeout=timeout)
+    results = run(model, nproc, opts, steps=fewer(steps, 1), warmup=fewer(warmup, 1),
+                  calibrate=calibration_sizes(plans), local=True, timeout=timeout)
     cluster = calibrated_cluster(results, model, nproc)
     rows = []
     for i, (label, o) in enumerate(variants.items()):
@@ -275,7 +316,7 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     from distlab.runtime.pipeline.validate import measure_and_predict
     from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
-                 layers=nproc * blocks_per_rank, steps=steps, warmup=1) for s, v in schedules]
+                 layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1) for s, v in schedules]
     results = measure_and_predict(cfgs, nproc, timeout=timeout)
     r0 = results[0]
     out = {"rows": [], "measured": [], "predicted": [],

@@ -1,6 +1,10 @@
 """Every lesson notebook follows the conventions of lessons/README.md and runs top to bottom on CPU (nbclient),
-each within 3 minutes on a 2-core machine."""
+each within 3 minutes on a 2-core machine, and no exercise's answer is shown before the cell that checks it.
+
+The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons.py, runtime/pitfalls.py)
+then repeat less (fewer iterations and steps), so every cell still executes, only cheaper."""
 import glob
+import math
 import os
 import re
 import time
@@ -12,6 +16,7 @@ nbformat = pytest.importorskip("nbformat")
 LESSONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lessons")
 NOTEBOOKS = sorted(glob.glob(os.path.join(LESSONS, "[0-9][0-9]_*.ipynb")))
 LIMIT_S = 180
+QUICK = "DISTLAB_LESSONS_QUICK"
 # Lessons whose cells start real ranks (torch.distributed); the others are simulator-only and fast.
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
         "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb",
@@ -50,16 +55,31 @@ def test_conventions(path):
     assert len(re.findall(r'^check\("\d\d-', code, re.M)) >= 2, "two or more checked exercises"
     assert re.search(r"plot_\w+\(", code), "at least one figure from the library"
     assert "from distlab.runtime." in code, "uses the real runtime"
-    assert "sim." in code, "uses the simulator"
+    assert "distlab.sim." in code, "uses the simulator"
+
+
+_EXECUTED: dict = {}
 
 
 def _execute(path, workdir):
+    """Run the notebook once per test session (both tests below read the same executed copy)."""
+    if path in _EXECUTED:
+        return _EXECUTED[path]
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}})
+    old = os.environ.get(QUICK)
+    os.environ[QUICK] = "1"                     # the kernel inherits it: smaller real runs, same cells
     t0 = time.monotonic()
-    client.execute()
-    return nb, time.monotonic() - t0
+    try:
+        client.execute()
+    finally:
+        if old is None:
+            os.environ.pop(QUICK, None)
+        else:
+            os.environ[QUICK] = old
+    _EXECUTED[path] = nb, time.monotonic() - t0
+    return _EXECUTED[path]
 
 
 def _marks(path):
@@ -78,3 +98,80 @@ def test_runs_top_to_bottom(path, tmp_path):
     verdicts = [o for o in outputs if "distlab-verdict" in o.get("data", {}).get("text/html", "")]
     assert len(verdicts) >= 2, "exercise verdicts are shown"
     assert elapsed < LIMIT_S, f"{os.path.basename(path)} took {elapsed:.0f} s (limit {LIMIT_S} s)"
+
+
+# --- predictions first: no exercise's answer in any output above its check cell --------------------------------
+_TOKEN = re.compile(r"(?<![\w.])([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:\s?(%|x\b|[A-Za-zµμ]+(?:/s)?))?")
+
+
+def _text(output) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    data = output.get("data", {})
+    if "distlab-verdict" in data.get("text/html", ""):
+        return ""                                                    # a verdict cell's own answer
+    return data.get("text/plain", "") + " " + re.sub(r"<[^>]+>", " ", data.get("text/html", ""))
+
+
+def _shown_answers(text: str, ex_id: str, ex, strong_only: bool) -> list[str]:
+    """Tokens of ``text`` that give away exercise ``ex_id``'s answer: a number with a unit of the right kind that
+    the checker accepts ("4.77 ms", "27.3%"), or a bare number within 0.5% of the answer. A small whole number or
+    a word (a count, a choice) appears everywhere ("4 ranks"), so it counts only when ``strong_only`` is False
+    (outputs of the exercise's own section)."""
+    from distlab.sim.lessons import check, solution
+    from distlab.sim.lessons.units import UnitError, parse
+    if ex.unit == "choice":
+        if strong_only:
+            return []
+        return [w for w in set(re.findall(r"[\w.-]+", text)) if w.lower() in ex.choices and check(ex_id, w).ok]
+    want = parse(solution(ex_id)).value
+    hits = []
+    for number, unit in set(_TOKEN.findall(text)):
+        quantity = None
+        if unit:
+            try:
+                quantity = parse(f"{number} {unit}")
+            except UnitError:
+                quantity = None                                      # "16 microbatches": a bare number
+        if quantity is not None and quantity.unit is not None:
+            if ex.unit != "count" and quantity.dimension == ex.dimension and check(ex_id, str(quantity)).ok:
+                hits.append(f"{number} {unit}")
+            continue
+        value = float(number)
+        digits = len(re.sub(r"[^0-9]", "", number.lower().split("e")[0]).strip("0"))
+        if strong_only and (digits < 3 or ex.unit == "count"):
+            continue
+        if math.isclose(value, want, rel_tol=0 if ex.unit == "count" else 0.005, abs_tol=1e-12):
+            hits.append(number)
+    return hits
+
+
+def _revealed(nb) -> list[str]:
+    from distlab.sim.lessons import exercises
+    table = exercises()
+    problems, earlier, section = [], [], 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            section += cell.source.startswith("## ")
+            continue
+        texts = [_text(o) for o in cell.outputs]
+        for ex_id in re.findall(r'^check\("(\d\d-[\w-]+)"', cell.source, re.M):
+            ex = table[ex_id]
+            if ex.needs:                                                 # answers computed from your own run
+                continue
+            shown = earlier + [(i, section, t) for t in texts]
+            for j, sec, text in shown:
+                hits = _shown_answers(text, ex_id, ex, strong_only=sec != section)
+                if hits:
+                    problems.append(f"{ex_id} (cell {i}): accepted answer {hits[0]!r} already in cell {j}'s output")
+                    break
+        earlier += [(i, section, t) for t in texts if t.strip()]
+    return problems
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p)) for p in NOTEBOOKS], ids=_ids())
+def test_no_answer_is_shown_before_its_check(path, tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb, _ = _execute(path, str(tmp_path))
+    assert not _revealed(nb), "predict first: " + "; ".join(_revealed(nb))

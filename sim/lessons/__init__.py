@@ -4,8 +4,9 @@ from distlab.sim.lessons.helpers import (Figure, Table, alpha_beta, demo_table, 
                                  plot_collective, plot_predicted_vs_measured, plot_rows, plot_xy,
                                  presets_table, ranks_table, rows_table, simulate_sweep, workdir)
 from distlab.sim.lessons.training import (CPU_DDP_MODEL, CPU_FSDP_MODEL, bucket_table, collectives_table,
-                                  comm_per_step, fastest, plot_fsdp, plot_timeline, predicted_measured_table,
-                                  scenario, simulate, summary_table, sweep, sweep_table, world_sweep,
+                                  comm_per_step, fastest, fitted_cluster, plot_fsdp, plot_timeline,
+                                  predicted_measured_table, scenario, simulate, summary_table, sweep, sweep_table,
+                                  world_sweep,
                                   zero_bytes, zero_table)
 from distlab.sim.lessons.pipelines import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table,
                                    pipeline_table, pipeline_trace, plot_bubble_sweep, plot_pipeline)
@@ -13,7 +14,7 @@ from distlab.sim.lessons.pipelines import (pipeline_measured_table, pipeline_met
 __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "Table", "alpha_beta", "demo_table",
            "error_table", "plot_bars", "plot_collective", "plot_predicted_vs_measured", "plot_rows", "plot_xy",
            "presets_table", "ranks_table", "rows_table", "simulate_sweep", "workdir", "CPU_DDP_MODEL", "CPU_FSDP_MODEL",
-           "bucket_table", "collectives_table", "comm_per_step", "fastest", "plot_fsdp", "plot_timeline",
-           "predicted_measured_table", "scenario", "simulate", "summary_table", "sweep", "sweep_table",
+           "bucket_table", "collectives_table", "comm_per_step", "fastest", "fitted_cluster", "plot_fsdp",
+           "plot_timeline", "predicted_measured_table", "scenario", "simulate", "summary_table", "sweep", "sweep_table",
            "world_sweep", "zero_bytes", "zero_table", "pipeline_measured_table", "pipeline_metrics",
            "pipeline_sweep_table", "pipeline_table", "pipeline_trace", "plot_bubble_sweep", "plot_pipeline"]

@@ -132,12 +132,16 @@ register(
     Exercise("02-busbw", "nccl-tests reports all_reduce of 1 GiB on 8 GPUs in 5.8 ms. What is the busbw?",
              "GB/s", lambda: _busbw("all_reduce", 8, 2**30, 5.8e-3),
              hint="algbw = S / t, busbw = algbw x 2(n-1)/n, GB = 10^9 bytes",
-             why="busbw compares with the link's bandwidth whatever n is: 324 of NVLink 4's 450 GB/s (72%)."),
+             why="busbw compares with the link's bandwidth whatever n is: 324 of NVLink 4's 450 GB/s (72%), for "
+                 "algorithms where every byte crosses a link (not in-switch NVLS)."),
     Exercise("02-small-message", "For an 8 B all_reduce on one dgx-h100 node, which algorithm does the "
              "simulator's auto choose?", "choice", lambda: _auto_algorithm("all_reduce", 8, "dgx-h100", 1),
              choices=("ring", "tree", "hierarchical", "nvls"),
              hint="for tiny messages only α counts: fewest sequential steps wins",
-             why="a tree has about 2·log2(n) latency steps; the ring 2(n-1); NVLS pays 25 µs per step."),
+             why="the simulator's tree has about 2·log2(n) latency steps, the ring 2(n-1), NVLS pays 25 µs per "
+                 "step. Real NCCL builds its trees across nodes and chains the GPUs inside one, so on one node its "
+                 "tree is no shorter than a ring (tuning.cc: 2((g-1)·intra + log2(nNodes)·inter)); there it picks "
+                 "the ring (or NVLS) with the LL protocol for tiny messages."),
     Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
              _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
              why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
@@ -149,10 +153,13 @@ register(
     Exercise("03-nvlink-ratio", "How many times more bandwidth per GPU does NVLink 4 (dgx-h100 intra_node) have "
              "than its NIC?", "x", lambda: (_preset("dgx-h100").intra_node.bandwidth_GBps /
                                             _preset("dgx-h100").inter_node.bandwidth_GBps),
-             why="so a ring that crosses nodes runs at the NIC's speed, not NVLink's."),
-    Exercise("03-two-nodes", "Simulate a ring all_reduce of 1 GiB on dgx-h100 with 2 nodes. How long does it take?",
-             "ms", lambda: _simulated_ms("all_reduce", 2**30, "dgx-h100", 2, "ring"), tolerance=0.03,
-             hint="simulate_collective('all_reduce', 2**30, load_cluster('dgx-h100', 2), 'ring')",
+             why="one ring crossing nodes through one NIC would run at the NIC's speed; NCCL runs 8 rings, one per "
+                 "rail, so each NIC carries 1/8 of the data and 8 NICs (400 GB/s) nearly match NVLink."),
+    Exercise("03-two-nodes", "Predict, before simulating: a ring all_reduce of 1 GiB on 2 dgx-h100 nodes (16 GPUs, "
+             "8 rails). How long does it take? Within 25%.", "ms",
+             lambda: _simulated_ms("all_reduce", 2**30, "dgx-h100", 2, "ring"), tolerance=0.25,
+             hint="t ≈ 2(n-1)/n · (S/8) / 50 GB/s: 8 rings, one per rail, each carrying S/8 through its own "
+                  "50 GB/s NIC (NVLink inside the node is faster, so the NICs set the pace)",
              why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
     Exercise("03-oversubscription", "A fat-tree node has 8 NICs of 50 GB/s and 4:1 oversubscription. What "
              "uplink capacity does the node have?", "GB/s", lambda: 8 * 50 / 4,
@@ -177,10 +184,15 @@ register(
              lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB,
              hint="gradients arrive last layer first (its bias, then its weight); the first bucket's 1 MiB cap is "
                   "a threshold, so the tensor that crosses it stays in the bucket",
-             why="the last layer's bias (4 KiB) and weight (4 MiB): a tensor larger than the cap is not split."),
-    Exercise("05-buckets", "gpt2-medium (fp32) with bucket_cap_mb=100: how many buckets after iteration 0?",
-             "count", lambda: len(_ddp_buckets("gpt2-medium", 100)), tolerance=0,
-             hint="ddp_buckets(model, 25): an explicit cap applies to the first bucket too",
+             why="the last layer's bias (4 KiB) and weight (4 MiB): the weight joins the bucket it arrives in and "
+                 "closes it; a tensor is never split."),
+    Exercise("05-buckets", "Predict: gpt2-medium (fp32, 355M parameters, ~1.3 GiB of gradients) with "
+             "bucket_cap_mb=100: how many buckets after iteration 0? Within 2.", "count",
+             lambda: len(_ddp_buckets("gpt2-medium", 100)), tolerance=0, abs_tolerance=2,
+             traps=lambda: {len(_ddp_buckets("gpt2-medium")): "that is the count with the default cap (25 MiB "
+                                                               "and a 1 MiB first bucket), not with 100"},
+             hint="gradient bytes / cap, rounded; a cap is a threshold (a bucket closes once it reaches the cap, "
+                  "with the tensor that crossed it), and an explicit cap applies to the first bucket too",
              why="about 1.3 GiB of gradients in buckets of at least 100 MiB; the last one holds what is left."),
     Exercise("05-exposed", "Simulated gpt2-medium, micro-batch 4, 2 x dgx-h100, default cap: how much "
              "communication is exposed (not hidden behind backward)?", "ms",
@@ -201,18 +213,27 @@ register(
              "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
              hint="(slowest - fastest) / fastest, over measured_s",
              why="compare with the spread the simulator predicted for the same caps."),
+    Exercise("05-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
+             "measured DDP step of CPU_DDP_MODEL on 2 ranks at bucket_cap_mb=2 (pass row=... after the run). "
+             "Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
+             hint="simulate(scenario(CPU_DDP_MODEL, 'ddp', cluster=fitted_cluster(), bucket_cap_mb=2))"
+                  "['summary']['step_s']",
+             why="the fit of lesson 04 carried over to a new workload: the point of calibrating."),
     # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
-    Exercise("06-zero3-memory", "llama-7b (bf16 params, Adam) on 64 GPUs with ZeRO-3 / FSDP: how much do "
-             "params, grads and optimizer state take per GPU?", "GiB", lambda: _zero_GiB("llama-7b", 64, 3),
+    Exercise("06-zero3-memory", "llama-7b (Ψ = 6.74e9 parameters, bf16 params, Adam) on 64 GPUs with ZeRO-3 / "
+             "FSDP: how much do params, grads and optimizer state take per GPU?", "GiB",
+             lambda: _zero_GiB("llama-7b", 64, 3),
              hint="(2 + 2 + 12) bytes x Ψ / N, and GiB = 2^30 bytes",
              why="16 bytes per parameter split 64 ways: 7B params fit where DDP needs 100 GiB per GPU."),
-    Exercise("06-zero1-memory", "The same on 64 GPUs with ZeRO-1 (only the optimizer state sharded)?", "GiB",
+    Exercise("06-zero1-memory", "The same llama-7b (Ψ = 6.74e9) on 64 GPUs with ZeRO-1 (only the optimizer state "
+             "sharded)?", "GiB",
              lambda: _zero_GiB("llama-7b", 64, 1), hint="2Ψ params + 2Ψ grads + 12Ψ / N, in GiB",
              why="the replicated 16-bit params and grads (4 bytes per parameter) now dominate."),
     Exercise("06-comm-ratio", "llama-7b on 8 GPUs: how many times the bytes of DDP does one GPU send per step "
              "under ZeRO-3?", "x", lambda: _comm_ratio("llama-7b", 8), tolerance=0.03,
              hint="DDP: one all-reduce (2 passes); ZeRO-3: all-gather forward, all-gather backward, reduce-scatter",
-             why="1.5x in the ZeRO paper; a bit less here because the root unit is not resharded after forward."),
+             why="1.5x in the ZeRO paper; a bit less here because the root unit keeps its parameters after forward "
+                 "(FSDP2's reshard_after_forward=None: True for blocks, False for the root)."),
     Exercise("06-all-gathers", "The small Llama of section 5 (4 blocks + root) with reshard_after_forward=True: "
              "how many all-gathers per step on each rank?", "count", lambda: _fsdp_gathers(True), tolerance=0,
              hint="every unit is gathered in forward; resharded blocks are gathered again in backward",
@@ -221,6 +242,12 @@ register(
              "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
              abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
+    Exercise("06-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
+             "measured FSDP2 step of CPU_FSDP_MODEL on 2 ranks with reshard_after_forward=True (pass row=... after "
+             "the run). Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
+             hint="simulate(scenario(CPU_FSDP_MODEL, 'fsdp', cluster=fitted_cluster()))['summary']['step_s']; "
+                  "gloo blocks in each collective, so on CPU add compute and communication rather than overlap",
+             why="the same fit predicts a workload it never saw, to within the noise of a shared machine."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
@@ -269,15 +296,18 @@ register(
              tolerance=0, hint="each rank iterates over the whole dataset",
              why="every rank reads all of it: the global batch holds 4 copies of each sample, and an epoch costs "
                  "4x the compute for the same data."),
-    Exercise("08-per-rank", "18 samples, 4 ranks, DistributedSampler (drop_last=False): how many samples does "
-             "each rank get per epoch?", "count", lambda: _pitfalls().sampler_share(18, 4), tolerance=0,
+    Exercise("08-per-rank", "Predict before the run below: 18 samples, 4 ranks, DistributedSampler "
+             "(drop_last=False): how many samples does each rank get per epoch?", "count",
+             lambda: _pitfalls().sampler_share(18, 4), tolerance=0,
              hint="the sampler pads the index list to a multiple of the world size",
              why="ceil(18 / 4) = 5: 20 indices, so 2 samples are read twice per epoch (drop_last=True gives 4)."),
     Exercise("08-hang", "Lesson 08's program calls all_reduce(loss) inside `if rank != 3`, then a barrier. "
              "Which rank do distlab check and distlab diagnose name?", "choice", _named_rank,
              choices=("0", "1", "2", "3"), hint="collectives match by order: compare each rank's second call",
-             why="rank 3 calls barrier as its collective #1 where ranks 0-2 call all_reduce(4 B); all four wait "
-                 "until the timeout."),
+             why="rank 3 calls barrier as its collective #1 where ranks 0-2 call all_reduce(4 B). On Gloo all four "
+                 "wait until the timeout; on NCCL a barrier is itself an all_reduce of one element, so it can "
+                 "silently match the others' all_reduce(loss) and the hang moves later, or never shows. "
+                 "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's op and shapes and raises at once."),
     Exercise("08-barrier-cost", "Gradient accumulation, 4 ranks, 4 micro-steps of 20 ms, at micro-step m rank "
              "m mod 4 is 3x slower. Simulated: how much longer is the step with a barrier after every "
              "micro-step than without?", "ms", lambda: _pitfalls().barrier_cost_ms(), tolerance=0.03,

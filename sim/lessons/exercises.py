@@ -4,10 +4,11 @@ Each exercise asks for a number in one unit (``ms``, ``GB/s``, ``MiB``, ``%``, `
 a few words. The expected value is computed by the library when you check (the simulator, the α-β formulas,
 or your own measurements passed as keyword arguments), so it always matches what the lessons run.
 
-Verdicts: ``correct``; ``wrong`` (with a hint, e.g. off by 8x: bits against bytes?); ``wrong unit`` (the
-answer is in another unit of the right kind: "that is in ms; the answer is in s", or a bare number that matches
-in another unit); ``wrong kind`` (a bandwidth where a time is asked); ``unanswered``; ``unreadable``.
-An answer with a unit must be written in the unit asked for: converting units is part of the exercise.
+Verdicts: ``correct``; ``wrong`` (with a hint: the closest of a few usual factors within 1%, e.g. "off by 8x:
+bits against bytes?", "off by 1.074x: GB against GiB?"); ``wrong unit`` (a bare number that is the answer in
+another unit: "0.2 is the answer in x; the answer is in %"); ``wrong kind`` (a bandwidth where a time is asked);
+``unanswered``; ``unreadable`` (including a number with an ambiguous decimal comma, "1,5 ms").
+An answer written with an equivalent unit of the right kind ("0.00477 s" for "4.77 ms") is correct.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Exercise:
     hint: str = ""
     why: str = ""                            # shown once the answer is right
     needs: tuple[str, ...] = ()              # keyword arguments check() must be given
+    traps: Callable[[], dict] | None = None  # () -> {a usual wrong value: what it means}, named when answered
 
     @property
     def dimension(self) -> str:
@@ -123,16 +125,24 @@ def _close(a: float, b: float, tol: float, abs_tol: float = 0.0) -> bool:
     return math.isclose(a, b, rel_tol=tol, abs_tol=max(abs_tol, 1e-12))
 
 
+# Ratios a wrong answer often has to the right one, and what usually causes each. The closest one within
+# HINT_TOLERANCE (~1%: 0.6%) names the mistake: 1.024 (kB/KiB), 1.049 (MB/MiB), 1.074 (GB/GiB) are 2.4% apart.
+FACTOR_HINTS = ((8.0, "bits against bytes?"), (1.024, "kB against KiB (10^3 against 2^10)?"),
+                (1.048576, "MB against MiB (10^6 against 2^20)?"), (1.073741824, "GB against GiB (10^9 against 2^30)?"),
+                (1.099511627776, "TB against TiB (10^12 against 2^40)?"), (1000.0, "a unit prefix (x1000)?"),
+                (2.0, "a factor of 2: both directions, or the 2(n-1)/n of all_reduce?"))
+HINT_TOLERANCE = 0.006        # an answer rounded to 3 digits stays within 0.5% of its factor
+
+
 def _factor_hint(got: float, want: float) -> str:
+    """"off by 1.074x: GB against GiB?" when got/want is within 0.6% of a known factor (or its inverse), the
+    closest one winning; else the relative error ("off by +12%")."""
     if want == 0 or got == 0 or (got < 0) != (want < 0):
         return "check the sign" if got and want and (got < 0) != (want < 0) else ""
     r = got / want
-    for factor, text in ((8, "bits against bytes?"), (1.024, "GB against GiB (10^9 against 2^30)?"),
-                         (1.048576, "MB against MiB?"), (1.073741824, "GB against GiB?"), (1000, "a unit prefix?"),
-                         (2, "a factor of 2: both directions, or the 2(n-1)/n of all_reduce?")):
-        for f in (factor, 1 / factor):
-            if _close(r, f, 0.03):
-                return f"off by {r:.3g}x: {text}"
+    distance, _, text = min((abs(math.log(r / g)), g, text) for f, text in FACTOR_HINTS for g in (f, 1 / f))
+    if distance <= math.log(1 + HINT_TOLERANCE):
+        return f"off by {r:.4g}x: {text}"
     return f"off by {(r - 1) * 100:+.0f}%"
 
 
@@ -167,10 +177,11 @@ def check(exercise_id: str, answer, **given) -> Verdict:
                                             f"{DIMENSION_WORDS[ex.dimension]}, in {ex.unit}", {"unit": q.unit})
     if q.unit != ex.unit:
         converted = q.to(ex.unit)
-        after = (": right once written in " + ex.unit) if _close(converted, want, ex.tolerance) else \
-            ", not the answer either"
-        return Verdict(ex.id, "wrong unit", f"that is in {_name(q.unit)}; the answer is in {_name(ex.unit)} "
-                                            f"({q} = {fmt(converted, ex.unit)}{after})", {"unit": q.unit})
+        if _close(converted, want, ex.tolerance, ex.abs_tolerance):      # an equivalent unit: as good
+            return _numeric(ex, converted, want, f"{q} = {fmt(converted, ex.unit)}")
+        verdict = _numeric(ex, converted, want, f"{q} (= {fmt(converted, ex.unit)})")
+        verdict.details["unit"] = q.unit
+        return verdict
     return _numeric(ex, q.value, want, str(q))
 
 
@@ -182,7 +193,10 @@ def _numeric(ex: Exercise, got: float, want: float, shown: str) -> Verdict:
     if _close(got, want, ex.tolerance, ex.abs_tolerance):
         return Verdict(ex.id, "correct", f"{shown}. {ex.why}".strip())
     hint = _factor_hint(got, want)
-    text = f"not {shown}" + (f" ({hint})" if hint else "") + (f". Hint: {ex.hint}" if ex.hint else "")
+    trap = next((text for value, text in (ex.traps() if ex.traps else {}).items()
+                 if _close(got, float(value), ex.tolerance, ex.abs_tolerance)), "")
+    text = f"not {shown}" + (f" ({trap})" if trap else f" ({hint})" if hint else "") + \
+        (f". Hint: {ex.hint}" if ex.hint else "")
     return Verdict(ex.id, "wrong", text, {"ratio": got / want if want else None})
 
 

@@ -58,6 +58,13 @@ class Figure:
     def _repr_png_(self) -> bytes:
         return self.png()
 
+    def __repr__(self) -> str:
+        """The titles, as text (what a screen reader or a text-only front end shows, and what the lesson tests
+        search for answers shown too early)."""
+        sup = self.fig._suptitle.get_text() if self.fig._suptitle is not None else ""
+        titles = [t for t in [sup] + [ax.get_title() for ax in self.axes] if t]
+        return "Figure: " + " | ".join(titles) if titles else "Figure"
+
     def save(self, path: str) -> str:
         from distlab.sim.io import write_atomic
         write_atomic(path, self.png())

@@ -43,6 +43,14 @@ def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-
     return sc.validate(d)
 
 
+def fitted_cluster(workdir: str = "work") -> str:
+    """Lesson 04's calibrated cluster file (``work/localhost-calibrated.yaml``) if it exists, else the uncalibrated
+    ``localhost-cpu`` preset: what the 'your machine' exercises of lessons 05 and 06 predict from."""
+    import os
+    path = os.path.join(workdir, "localhost-calibrated.yaml")
+    return path if os.path.isfile(path) else "localhost-cpu"
+
+
 def simulate(d: dict) -> dict:
     """Simulate one step of scenario ``d``: {"result" (sim.result.Result), "trace", "info", "model", "cluster",
     "plan", "summary" (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with

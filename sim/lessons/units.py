@@ -83,12 +83,37 @@ def parse(answer) -> Quantity:
         return Quantity(float(answer), None)
     if not isinstance(answer, str):
         raise UnitError(f"{answer!r} is not a number or a string such as '3.2 ms'")
-    text = answer.strip().replace(",", "").replace("_", "")
+    text = _drop_thousands_commas(answer.strip().replace("_", ""))
     m = re.fullmatch(rf"({_NUMBER})\s*(.*)", text)
     if not m:
         raise UnitError(f"{answer!r} does not start with a number; write e.g. '3.2 ms' or '50 GB/s'")
     value, unit = float(m.group(1)), m.group(2).strip()
     return Quantity(value, _normalise(unit) if unit else None)
+
+
+def _drop_thousands_commas(text: str) -> str:
+    """``"1,048,576 B"`` -> ``"1048576 B"``; a comma that may be a decimal comma is refused (UnitError).
+
+    Commas are read only as thousands separators, and only where no other reading exists: groups of exactly
+    three digits, and either more than one group (``1,000,000``) or a decimal point after them (``1,024.5``).
+    ``"1,5 ms"`` is a decimal comma; ``"1,024"`` could be 1024 or 1.024 (a decimal comma in much of Europe)."""
+    m = re.match(r"\s*([-+]?[\d,]*\d(?:\.\d*)?)", text)
+    if not m or "," not in m.group(1):
+        return text
+    number = m.group(1)
+    head = number.lstrip("+-").split(".")[0]
+    groups = head.split(",")
+    thousands = (1 <= len(groups[0]) <= 3 and all(len(g) == 3 for g in groups[1:])
+                 and (len(groups) > 2 or "." in number))
+    if not thousands:
+        point = number.replace(",", ".", 1) if number.count(",") == 1 else None
+        if point and len(groups) == 2 and len(groups[1]) == 3:
+            raise UnitError(f"{text!r}: the comma is ambiguous ({number.replace(',', '')} or {point}?); write the "
+                            f"number with a decimal point and no commas, e.g. {point!r} or "
+                            f"{number.replace(',', '')!r}")
+        raise UnitError(f"{text!r}: a decimal comma is not read; write the number with a decimal point"
+                        + (f", e.g. {point!r}" if point else ""))
+    return number.replace(",", "") + text[m.end():]
 
 
 def units_of(dimension: str) -> list[str]:

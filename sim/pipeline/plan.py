@@ -12,7 +12,8 @@ right before the action that needs the data (``_wait_batch_p2p``); the multi-sta
 receiving in the sender's order, the compute stream Waiting for the one it needs (``recv="early"``). A pair
 whose receiver needs the messages in another order than they are sent is always received early.
 With d > 1 replicas each stage's gradients are all-reduced over its d copies on the ``comm`` stream right after
-the stage's last backward (B or W) action.
+the stage's last backward (B or W) action. A model with tied embeddings (GPT-2) then all-reduces the embedding
+gradient between the first and the last stage's ranks (tied.py).
 
 Costs per microbatch: F = sum of the stage's layers' forward FLOPs, B = backward FLOPs (default 2 x F,
 2104.04473). For I/W schedules (Zero Bubble 2401.10241 assumes T_F = T_B = T_W) per layer
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.pipeline import schedules as S
+from distlab.sim.pipeline.tied import tied_embedding, tied_embedding_ops
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Recv, Record, Send, Wait
 from distlab.sim.workloads.base import option
 
@@ -199,6 +201,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
                 recv_order.setdefault((placement[need[0]], r), []).append(need[1])
     on_demand = spec.recv == "on-demand" or (spec.recv == "auto" and spec.schedule in ("gpipe", "1f1b"))
     early = {pair for pair, msgs in pair_msgs.items() if not on_demand or [n for n, _ in msgs] != recv_order[pair]}
+    tied = tied_embedding(model, placement)          # GPT-2's tied head: first <-> last stage (tied.py)
     last_backward = {}
     for acts in actions:
         for i, a in enumerate(acts):
@@ -236,7 +239,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
                 ops += [Record(f"grads {a.stage}", stream="compute"), Wait(f"grads {a.stage}", stream="comm"),
                         Collective("all_reduce", int(nbytes), dtype, replicas,
                                    name=f"grad all_reduce stage {a.stage}")]
-        ranks.append(ops)
+        ranks.append(ops + tied_embedding_ops(tied, r, peers))
     meta = {"pipeline": {**asdict(spec),
                          "stage_to_rank": placement,
                          "layers_per_stage": [len(r) for r in ranges],
