@@ -9,7 +9,12 @@ ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEAT
 A plan (target runtime.executor:plan_task) is checked statically first (sim/check.py): one whose ranks would
 call mismatched collectives is refused (PlanMismatch) before any rank starts, unless ``check=False``. Every
 rank keeps a flight recorder (runtime/flight.py) in ``dump_dir`` (default: the temporary run folder); after a
-failure the launcher adds run.json (exit codes, failures) there, and RunFailed.flight holds the records read back.
+failure or an interruption the launcher adds run.json (exit codes, failures, the signal that interrupted it)
+there, and RunFailed.flight holds the records read back.
+
+The run folder is ``distlab-run-PID-*`` in the temporary folder (PID: the launcher's); it is removed when the
+run ends, however it ends. A launcher killed by SIGKILL cannot remove it: the next launch removes every
+``distlab-run-PID-*`` whose launcher PID no longer runs (``remove_stale_run_dirs``).
 
 A rank that raises or dies ends the run: the others get ``grace`` seconds to report, then are killed, and
 RunFailed names the first rank that failed and its error. Ranks waiting for a peer that hangs give up after
@@ -30,6 +35,7 @@ import time
 from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
+RUN_DIR_PREFIX = "distlab-run-"
 # The rank process: distlab's worker, imported with the current folder removed from sys.path, so a user's own
 # `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
 WORKER_COMMAND = [sys.executable, "-c",
@@ -101,7 +107,8 @@ class Launch:
         return [p.pid for p in self.procs]
 
     def start(self) -> "Launch":
-        self.run_dir = tempfile.mkdtemp(prefix="distlab-run-")
+        remove_stale_run_dirs()
+        self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         if self.dump_dir:
             from distlab.runtime.flight import clear
             os.makedirs(self.dump_dir, exist_ok=True)
@@ -228,8 +235,8 @@ class Launch:
             for _ in self.polls():
                 if on_poll is not None:
                     on_poll(self)
-        except BaseException:
-            self.abort()
+        except BaseException as e:
+            self.abort(_signal_name(e))
             raise
         return self.finish()
 
@@ -247,25 +254,26 @@ class Launch:
         try:
             for _ in progress(ticks(), total, description, enabled):
                 pass
-        except BaseException:
-            self.abort()
+        except BaseException as e:
+            self.abort(_signal_name(e))
             raise
         return self.finish()
 
-    def abort(self) -> dict:
-        """Interrupted: end every rank, keep their partial results in ``self.kept`` (rank -> partial)."""
+    def abort(self, interrupted: str | None = None) -> dict:
+        """Interrupted (``interrupted``: the signal, e.g. 'SIGINT'): end every rank, keep their partial results
+        in ``self.kept`` (rank -> partial) and the signal in run.json."""
         self.stop()
         if self.run_dir and os.path.isdir(self.run_dir):
             self.kept = {r: self._read("partial", r) for r in range(self.nproc)}
-            self._keep_flight(sorted(getattr(self, "_failures", [])))
+            self._keep_flight(sorted(getattr(self, "_failures", [])), interrupted)
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return self.kept
 
-    def _keep_flight(self, failures) -> None:
-        """Write run.json beside the flight records (exit codes, failures) and read them back into .flight."""
+    def _keep_flight(self, failures, interrupted: str | None = None) -> None:
+        """Write run.json beside the flight records (exit codes, failures, interruption); read them back."""
         from distlab.runtime.flight import keep
         self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
-                           [{"rank": f[3], "message": f[4]} for f in failures])
+                           [{"rank": f[3], "message": f[4]} for f in failures], interrupted)
 
     def stop(self) -> None:
         """End every rank still running (SIGTERM to the group, SIGKILL after 2 s) and reap them all."""
@@ -304,7 +312,43 @@ def _signal_all(pgid, procs, sig) -> None:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _signal_name(e: BaseException) -> str | None:
+    """'SIGINT' for Ctrl-C, 'SIGTERM' for a SIGTERM to the launcher, None for any other exception."""
+    if not isinstance(e, KeyboardInterrupt):
+        return None
+    return e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                # another user's process
+        return True
+    return True
+
+
+def remove_stale_run_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the run folders (``distlab-run-PID-*``) of launchers that no longer run; the removed paths."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        if not name.startswith(RUN_DIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        if not _pid_alive(int(pid)):
+            path = os.path.join(tmp, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _sigterm_as_interrupt():
