@@ -70,6 +70,9 @@ def check_options(nproc: int, backend: str, threads: int, timeout: float) -> Non
         raise ConfigError(f"{threads!r} must be a whole number >= 1", "--threads")
     if not timeout > 0:
         raise ConfigError(f"{timeout!r} must be a number of seconds > 0", "--timeout")
+    if backend == "nccl":                  # in the launcher: one line now, not a timeout inside every rank
+        from distlab.runtime.preflight import check_nccl
+        check_nccl(nproc)
 
 
 def check_plans(payload) -> None:
@@ -88,8 +91,11 @@ class Launch:
 
     def __init__(self, target: str, payload, nproc: int, backend: str = "auto", threads: int = 1,
                  timeout: float = 60.0, grace: float = 3.0, verbose: bool = False, dump_dir: str | None = None,
-                 check: bool = True):
+                 check: bool = True, warn_cores: str | None = None):
         check_options(nproc, backend, threads, timeout)
+        if warn_cores:                         # the command's name: one warning line if ranks outnumber cores
+            from distlab.runtime.preflight import warn_cores as warn
+            warn(nproc, threads, warn_cores)
         if check:
             check_plans(payload)
         self.dump_dir = dump_dir

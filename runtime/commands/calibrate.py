@@ -4,7 +4,9 @@ Per world size (one launch each): a size sweep of every op (runtime/sweep.py), t
 median times from launch (last rank's arrival to last rank's end, what the simulator's collective time means;
 runtime/fit.py), and matmul FLOP/s with all ranks computing at once. The YAML is the
 localhost-cpu preset sized to the largest world size, with ``gpu`` = the measured compute (at the largest world
-size) and ``calibration.collectives`` = the fits. It is rewritten (atomically) after each world size.
+size) and ``calibration.collectives`` = the fits (with size bands where one line does not fit), and, for CPU
+ranks, ``cpu_cores`` = the cores this process may use, which the ranks share (sim/cores.py). It is rewritten
+(atomically) after each world size.
 """
 from __future__ import annotations
 
@@ -59,13 +61,23 @@ def write_cluster(path, rows, compute, nprocs, backend, sizes) -> object:
     from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
     from distlab.sim.io import write_atomic
     from distlab.sim.plan import format_bytes
+    from distlab.runtime.preflight import cpu_cores
     calibration = calibration_from_rows(rows)
-    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend)
+    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend,
+                                 cpu_cores() if backend == "gloo" else None)
     head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
             f"# backend {backend}, world sizes {','.join(map(str, nprocs))}, sizes {format_bytes(min(sizes))}.."
             f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n")
     write_atomic(path, head + cluster.to_yaml())
     return cluster
+
+
+def _lines(entry: dict) -> list[tuple[str, dict]]:
+    """('all', the one-line fit) or one ('1 MiB..32 MiB', fit) per size band."""
+    from distlab.sim.plan import format_bytes
+    if not entry.get("bands"):
+        return [("all", entry)]
+    return [(f"{format_bytes(b['min_bytes'])}..{format_bytes(b['max_bytes'])}", b) for b in entry["bands"]]
 
 
 def run(args) -> int:
@@ -74,6 +86,8 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.runtime.preflight import warn_cores
+    warn_cores(max(nprocs), args.threads, "distlab calibrate")
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
@@ -95,9 +109,10 @@ def run(args) -> int:
                     "rows": rows})
         return 0
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
-                ["op", "ranks", "latency (us)", "bandwidth (GB/s)"],
-                [[op, n, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}"]
-                 for op, per_n in table.items() for n, v in per_n.items()], justify_left=2)
+                ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)"],
+                [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}"]
+                 for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
+                justify_left=3)
     print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
     print(f"wrote {args.out}")
     return 0
