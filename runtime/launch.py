@@ -138,6 +138,7 @@ class Launch:
             except BaseException:
                 log.close()
                 self.stop()
+                shutil.rmtree(self.run_dir, ignore_errors=True)
                 raise
             log.close()
             self.procs.append(p)
