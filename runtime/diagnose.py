@@ -143,7 +143,8 @@ def diagnose(flight: dict) -> dict:
         pending = [x for x in recs if x["state"] in ("issued", "started")]
         died = d["source"] == "live" and (codes.get(r) is None or codes[r] != 0)
         if died:
-            how = said.get(r, "").removeprefix(f"rank {r} died: ").removeprefix(f"rank {r} ") or (f"exit code {codes[r]}" if r in codes else None)
+            how = said.get(r, "").removeprefix(f"rank {r} died: ").removeprefix(f"rank {r} ") or (
+                f"exit code {codes[r]}" if r in codes else None)
             after = f"after its last completed op, {where(done[-1])}" if done else "before completing any collective"
             if done and _index(done[-1]) is not None:
                 after += f" (plan op {_index(done[-1])})"

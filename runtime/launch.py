@@ -32,10 +32,10 @@ import sys
 import tempfile
 import time
 
+from distlab.runtime.rundir import RUN_DIR_PREFIX, remove_stale_run_dirs
 from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
-RUN_DIR_PREFIX = "distlab-run-"
 # The rank process: distlab's worker, imported with the current folder removed from sys.path, so a user's own
 # `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
 WORKER_COMMAND = [sys.executable, "-c",
@@ -327,35 +327,6 @@ def _signal_name(e: BaseException) -> str | None:
     if not isinstance(e, KeyboardInterrupt):
         return None
     return e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:                # another user's process
-        return True
-    return True
-
-
-def remove_stale_run_dirs(tmp: str | None = None) -> list[str]:
-    """Remove the run folders (``distlab-run-PID-*``) of launchers that no longer run; the removed paths."""
-    tmp = tmp or tempfile.gettempdir()
-    removed = []
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        return removed
-    for name in names:
-        pid = name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
-        if not name.startswith(RUN_DIR_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        if not _pid_alive(int(pid)):
-            path = os.path.join(tmp, name)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 def _sigterm_as_interrupt():

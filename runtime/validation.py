@@ -82,7 +82,8 @@ def summarize(cases: list[dict]) -> list[dict]:
     for c in cases:
         groups.setdefault((c["kind"], c["world_size"]), []).append(c)
     sizes = [c for c in cases if c["kind"] == "held-out size"]
-    return [_summary(k, n, v) for (k, n), v in sorted(groups.items())] + ([_summary("held-out size", "all", sizes)] if sizes else [])
+    rows = [_summary(k, n, v) for (k, n), v in sorted(groups.items())]
+    return rows + ([_summary("held-out size", "all", sizes)] if sizes else [])
 
 
 def _summary(kind: str, n, group: list[dict]) -> dict:

@@ -41,7 +41,7 @@ def test_memory_estimate_and_what_fits():
     assert sum(parts.values()) > 6 * P
     ddp = preflight.model_rank_bytes(model, "ddp", 2)
     assert sum(v for k, v in ddp.items() if k != "activations") == 7 * P
-    # the shipped CPU scenarios fit on a host with 4 GiB free; the 7B one (about 104 GiB per rank) does not fit in 100 GiB
+    # the shipped CPU scenarios fit on a host with 4 GiB free; the 7B one (104 GiB per rank) does not fit in 100
     for name in ("ddp-cpu", "fsdp-cpu", "pipeline-cpu"):
         preflight.check_scenario(os.path.join(ROOT, "scenarios", f"{name}.yaml"), 2, available=4 * 2**30)
     with pytest.raises(ConfigError, match="fewer ranks do not help"):

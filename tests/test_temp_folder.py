@@ -15,7 +15,8 @@ def run_inner(tmp_path, body: str):
     shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_inner.py").write_text(body)
     (tmp_path / "tmp").mkdir()
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_inner.py")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
     return p, sorted(os.listdir(tmp_path / "tmp"))

@@ -63,7 +63,8 @@ def run(args) -> int:
     except KeyboardInterrupt:
         keep_partial(plan, launch.kept, out, {"complete": False, "error": "interrupted"})
         if os.path.isdir(dump_dir):
-            sys.stderr.write(f"distlab run: every rank's flight record is in {dump_dir}/: distlab diagnose {dump_dir}\n")
+            sys.stderr.write(f"distlab run: every rank's flight record is in {dump_dir}/: "
+                             f"distlab diagnose {dump_dir}\n")
         raise
     except RunFailed as e:
         keep_partial(plan, e.partial, out, {"complete": False, "failed_rank": e.rank, "error": str(e)})
