@@ -70,10 +70,9 @@ def test_a_plan_whose_buffers_cannot_fit_is_refused_before_launch(cli, tmp_path)
 def test_nccl_without_cuda_is_one_line_in_the_launcher(cli, tmp_path):
     path = tmp_path / "p.json"
     Plan([[Collective("all_reduce", 1024)]] * 2, name="p").save(str(path))
-    t0 = time.monotonic()
-    rc, out, err = cli("run", str(path), "--backend", "nccl")
+    rc, out, err = cli("run", str(path), "--backend", "nccl", "-v")      # -v would print each rank's pid
     one_line_error(rc, out, err)
-    assert "--backend: NCCL needs" in err and time.monotonic() - t0 < 10
+    assert err.startswith("distlab run: error: --backend: NCCL needs") and " pid " not in err
     assert "CPU build" in err or "is_available() is False" in err
     rc, out, err = cli("bench", "--backend", "nccl", "--sizes", "1KiB")
     one_line_error(rc, out, err)
