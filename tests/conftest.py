@@ -35,8 +35,11 @@ def cli():
 # session (TMPDIR and tempfile.tempdir). At the end the folder must hold nothing but pytest's own tmp_path
 # folders: anything else was left behind by the code under test (a run folder, torchelastic_* logs, a
 # module-level mkdtemp) and fails the session. The folder is then removed, so the suite leaves nothing in the
-# system's temp folder.
+# system's temp folder. torch's own compile cache (created empty by `import torch._dynamo`, e.g. through
+# torch.distributed.pipelining: torch/_inductor/runtime/cache_dir_utils.py) goes to TORCHINDUCTOR_CACHE below,
+# a cache by design, removed with the folder.
 _SESSION_TMP: dict = {}
+TORCHINDUCTOR_CACHE = "torchinductor-cache"
 
 
 def pytest_configure(config):
@@ -46,12 +49,13 @@ def pytest_configure(config):
     path = tempfile.mkdtemp(prefix="distlab-tests-")
     _SESSION_TMP.update(path=path, environ=os.environ.get("TMPDIR"), tempdir=tempfile.tempdir)
     os.environ["TMPDIR"] = path
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(path, TORCHINDUCTOR_CACHE))
     tempfile.tempdir = path
 
 
 def leftovers(path: str) -> list[str]:
-    """Entries of the session's temp folder other than pytest's tmp_path base (pytest-of-USER)."""
-    return sorted(n for n in os.listdir(path) if not n.startswith("pytest-of-"))
+    """Entries of the session's temp folder other than pytest's tmp_path base (pytest-of-USER) and torch's cache."""
+    return sorted(n for n in os.listdir(path) if not n.startswith("pytest-of-") and n != TORCHINDUCTOR_CACHE)
 
 
 def pytest_sessionfinish(session, exitstatus):
