@@ -31,12 +31,14 @@ def backend_of(compute: dict) -> str:
 
 def write_cluster(path: str, rows: list[dict], compute: dict, nprocs: list[int], backend: str, sizes: list[int]):
     """Fit ``rows`` (runtime.fit.calibration_from_rows), build the calibrated cluster for ``max(nprocs)`` ranks,
-    write it as YAML to ``path`` (atomically, with a header saying where and how it was measured); the Cluster."""
+    with ``cpu_cores`` (the cores the CPU ranks share) for gloo, write it as YAML to ``path`` (atomically, with a header saying where and how it was measured); the Cluster."""
     from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
     from distlab.sim.io import write_atomic
     from distlab.sim.plan import format_bytes
+    from distlab.runtime.preflight import cpu_cores
     calibration = calibration_from_rows(rows)
-    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend)
+    cluster = calibrated_cluster(calibration, compute, max(nprocs), backend,
+                                 cpu_cores() if backend == "gloo" else None)
     head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
             f"# backend {backend}, world sizes {','.join(map(str, nprocs))}, sizes {format_bytes(min(sizes))}.."
             f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n")

@@ -4,12 +4,21 @@ Model (Thakur, Rabenseifner & Gropp 2005; sim.collectives.ring_cost): t(S) = ste
 A straight line t = a + b S fitted by least squares on the median times gives α = a / steps and B = f / b.
 Rows are weighted by 1 / t, so the fit minimises relative error (a 1 MiB point counts as much as a 64 MiB
 one). A negative intercept or slope (noise) falls back to α = 0 and a slope fitted through the origin.
+
+Size bands: where one line misses a calibrated size by more than BAND_TOLERANCE (relative), e.g. a CPU whose
+caches make small messages faster per byte than large ones, the sizes are split in two at the point that
+minimises the worst relative error of the two lines, recursively (each band keeps >= 2 sizes; at most
+MAX_BANDS). The entry keeps the one-line fit (older readers use it) and adds ``bands`` [{min_bytes,
+max_bytes, latency_us, bandwidth_GBps}]; sim/calibration.py looks a size up in them.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from distlab.sim.errors import ConfigError
+
+BAND_TOLERANCE = 0.25
+MAX_BANDS = 3
 
 
 def ring_cost(op: str, n: int) -> tuple[int, float]:
@@ -32,11 +41,44 @@ def fit_line(sizes, times) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def worst_error(sizes, times, a: float, b: float) -> float:
+    """The largest |a + b S - t| / t over the points."""
+    s, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    return float(np.max(np.abs(a + b * s - t) / t))
+
+
+def split_bands(sizes, times) -> list[tuple[list, list]]:
+    """The (sizes, times) of each size band (see the module docstring); one band when one line fits."""
+    order = np.argsort(sizes)
+    s, t = [float(sizes[i]) for i in order], [float(times[i]) for i in order]
+    bands = [(s, t)]
+    while len(bands) < MAX_BANDS:
+        errors = [worst_error(bs, bt, *fit_line(bs, bt)) if len(set(bs)) >= 2 else 0.0 for bs, bt in bands]
+        k = int(np.argmax(errors))
+        bs, bt = bands[k]
+        cuts = [i for i in range(2, len(bs) - 1) if bs[i - 1] < bs[i] and len(set(bs[:i])) >= 2
+                and len(set(bs[i:])) >= 2]
+        if errors[k] <= BAND_TOLERANCE or not cuts:
+            break
+        best = min(cuts, key=lambda i: max(worst_error(bs[:i], bt[:i], *fit_line(bs[:i], bt[:i])),
+                                           worst_error(bs[i:], bt[i:], *fit_line(bs[i:], bt[i:]))))
+        bands[k:k + 1] = [(bs[:best], bt[:best]), (bs[best:], bt[best:])]
+    return bands
+
+
 def fit_op(op: str, n: int, sizes, times) -> dict:
-    """{latency_us, bandwidth_GBps} of the ring model for ``op`` at group size ``n``."""
+    """{latency_us, bandwidth_GBps} of the ring model for ``op`` at group size ``n`` (one line over every
+    size), plus ``bands`` where one line does not fit (module docstring)."""
     steps, factor = ring_cost(op, n)
-    a, b = fit_line(sizes, times)
-    return {"latency_us": round(a / max(steps, 1) * 1e6, 3), "bandwidth_GBps": round(factor / b / 1e9, 6)}
+
+    def params(s, t) -> dict:
+        a, b = fit_line(s, t)
+        return {"latency_us": round(a / max(steps, 1) * 1e6, 3), "bandwidth_GBps": round(factor / b / 1e9, 6)}
+    out = params(sizes, times)
+    bands = split_bands(sizes, times)
+    if len(bands) > 1:
+        out["bands"] = [{"min_bytes": int(min(s)), "max_bytes": int(max(s)), **params(s, t)} for s, t in bands]
+    return out
 
 
 def calibration_from_rows(rows: list[dict]) -> dict:
@@ -54,21 +96,24 @@ def calibration_from_rows(rows: list[dict]) -> dict:
 
 
 def predict(calibration: dict, op: str, n: int, nbytes: float) -> float | None:
-    """The calibrated ring model's time, interpolated in n like sim.collectives.context (None if absent)."""
-    table = calibration.get("collectives", {}).get(op)
-    if not table:
+    """The calibrated ring model's time for ``nbytes`` (its size band), interpolated in n as the simulator
+    does (sim/calibration.py); None if the calibration has no entry for ``op``."""
+    from distlab.sim.calibration import calibrated
+    found = calibrated(calibration, op, n, nbytes)
+    if found is None:
         return None
-    points = sorted((int(k), v) for k, v in table.items())
-    ns = [k for k, _ in points]
-    lat = float(np.interp(n, ns, [v["latency_us"] for _, v in points])) * 1e-6
-    bw = float(np.interp(n, ns, [v["bandwidth_GBps"] for _, v in points])) * 1e9
+    lat, bw = found
     steps, factor = ring_cost(op, n)
     return steps * lat + factor * nbytes / bw
 
 
-def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int, backend: str):
+def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int, backend: str,
+                       cpu_cores: int | None = None):
     """The localhost-cpu preset sized to ``world_size`` ranks, with measured compute and the calibration.
-    intra_node gets the all_reduce fit at the largest group (used by plans the calibration does not cover)."""
+    intra_node gets the all_reduce fit at the largest group (used by plans the calibration does not cover).
+    ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/cores.py). Compute was measured with all
+    ``world_size`` ranks at once, each getting min(1, cores / world_size) of a core, so the rate of one rank
+    alone (the cluster's gpu) is the measured rate x max(1, world_size / cores)."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS, GPUSpec
@@ -76,15 +121,17 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
     gpu = base.gpu
     if compute:
         mem = _memory_GiB() / max(world_size, 1)
-        gpu = GPUSpec("cpu" if backend == "gloo" else "measured", tflops=round(compute["flops_per_s"] / 1e12, 6),
-                      hbm_GBps=round(compute["copy_Bps"] / 1e9, 3), memory_GiB=round(mem, 2))
+        alone = max(1.0, world_size / cpu_cores) if cpu_cores else 1.0
+        gpu = GPUSpec("cpu" if backend == "gloo" else "measured",
+                      tflops=round(compute["flops_per_s"] * alone / 1e12, 6),
+                      hbm_GBps=round(compute["copy_Bps"] * alone / 1e9, 3), memory_GiB=round(mem, 2))
     intra = base.intra_node
     ar = calibration.get("collectives", {}).get("all_reduce")
     if ar:
         best = ar[max(ar, key=int)]
         intra = replace(intra, bandwidth_GBps=best["bandwidth_GBps"], latency_us=best["latency_us"])
     name = "localhost-cpu-calibrated" if backend == "gloo" else "localhost-calibrated"
-    return replace(base, name=name, gpu=gpu, intra_node=intra, calibration=calibration)
+    return replace(base, name=name, gpu=gpu, intra_node=intra, calibration=calibration, cpu_cores=cpu_cores)
 
 
 def _memory_GiB() -> float:

@@ -10,7 +10,7 @@ written in place on every state change: about a microsecond, no system call), so
 SIGKILL leaves its last state on disk. On a timeout, an error, SIGTERM or SIGINT the rank also writes
 ``flight.R.json`` (atomically): the same records, decoded, with the reason. A thread woken through
 signal.set_wakeup_fd writes it at once, even while the main thread is blocked inside a collective.
-``distlab diagnose DIR`` (runtime/commands/diagnose.py) reads either.
+``distlab diagnose DIR`` (runtime/diagnose.py) reads either.
 """
 from __future__ import annotations
 
@@ -252,12 +252,12 @@ def _valid(d) -> bool:
     return True
 
 
-def keep(directory: str, exit_codes: list, failures: list) -> dict | None:
-    """After a failed run: write run.json (every rank's exit code, the failures in order) beside the records,
-    then load_dir() them; None if there are none."""
+def keep(directory: str, exit_codes: list, failures: list, interrupted: str | None = None) -> dict | None:
+    """After a failed or interrupted run: write run.json (every rank's exit code, the failures in order, the
+    signal that interrupted the launcher or None) beside the records, then load_dir() them; None if none."""
     from distlab.sim.io import write_atomic
     run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
-           "failures": failures}
+           "failures": failures, "interrupted": interrupted}
     try:
         write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1))
         return load_dir(directory)

@@ -9,7 +9,12 @@ ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEAT
 A plan (target runtime.executor:plan_task) is checked statically first (sim/check.py): one whose ranks would
 call mismatched collectives is refused (PlanMismatch) before any rank starts, unless ``check=False``. Every
 rank keeps a flight recorder (runtime/flight.py) in ``dump_dir`` (default: the temporary run folder); after a
-failure the launcher adds run.json (exit codes, failures) there, and RunFailed.flight holds the records read back.
+failure or an interruption the launcher adds run.json (exit codes, failures, the signal that interrupted it)
+there, and RunFailed.flight holds the records read back.
+
+The run folder is ``distlab-run-PID-*`` in the temporary folder (PID: the launcher's); it is removed when the
+run ends, however it ends. A launcher killed by SIGKILL cannot remove it: the next launch removes every
+``distlab-run-PID-*`` whose launcher PID no longer runs (``remove_stale_run_dirs``).
 
 A rank that raises or dies ends the run: the others get ``grace`` seconds to report, then are killed, and
 RunFailed names the first rank that failed and its error. Ranks waiting for a peer that hangs give up after
@@ -27,6 +32,7 @@ import sys
 import tempfile
 import time
 
+from distlab.runtime.rundir import RUN_DIR_PREFIX, remove_stale_run_dirs
 from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -64,6 +70,9 @@ def check_options(nproc: int, backend: str, threads: int, timeout: float) -> Non
         raise ConfigError(f"{threads!r} must be a whole number >= 1", "--threads")
     if not timeout > 0:
         raise ConfigError(f"{timeout!r} must be a number of seconds > 0", "--timeout")
+    if backend == "nccl":                  # in the launcher: one line now, not a timeout inside every rank
+        from distlab.runtime.preflight import check_nccl
+        check_nccl(nproc)
 
 
 def check_plans(payload) -> None:
@@ -82,8 +91,11 @@ class Launch:
 
     def __init__(self, target: str, payload, nproc: int, backend: str = "auto", threads: int = 1,
                  timeout: float = 60.0, grace: float = 3.0, verbose: bool = False, dump_dir: str | None = None,
-                 check: bool = True):
+                 check: bool = True, warn_cores: str | None = None):
         check_options(nproc, backend, threads, timeout)
+        if warn_cores:                         # the command's name: one warning line if ranks outnumber cores
+            from distlab.runtime.preflight import warn_cores as warn
+            warn(nproc, threads, warn_cores)
         if check:
             check_plans(payload)
         self.dump_dir = dump_dir
@@ -101,7 +113,8 @@ class Launch:
         return [p.pid for p in self.procs]
 
     def start(self) -> "Launch":
-        self.run_dir = tempfile.mkdtemp(prefix="distlab-run-")
+        remove_stale_run_dirs()
+        self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         if self.dump_dir:
             from distlab.runtime.flight import clear
             os.makedirs(self.dump_dir, exist_ok=True)
@@ -125,6 +138,7 @@ class Launch:
             except BaseException:
                 log.close()
                 self.stop()
+                shutil.rmtree(self.run_dir, ignore_errors=True)
                 raise
             log.close()
             self.procs.append(p)
@@ -228,8 +242,8 @@ class Launch:
             for _ in self.polls():
                 if on_poll is not None:
                     on_poll(self)
-        except BaseException:
-            self.abort()
+        except BaseException as e:
+            self.abort(_signal_name(e))
             raise
         return self.finish()
 
@@ -247,25 +261,26 @@ class Launch:
         try:
             for _ in progress(ticks(), total, description, enabled):
                 pass
-        except BaseException:
-            self.abort()
+        except BaseException as e:
+            self.abort(_signal_name(e))
             raise
         return self.finish()
 
-    def abort(self) -> dict:
-        """Interrupted: end every rank, keep their partial results in ``self.kept`` (rank -> partial)."""
+    def abort(self, interrupted: str | None = None) -> dict:
+        """Interrupted (``interrupted``: the signal, e.g. 'SIGINT'): end every rank, keep their partial results
+        in ``self.kept`` (rank -> partial) and the signal in run.json."""
         self.stop()
         if self.run_dir and os.path.isdir(self.run_dir):
             self.kept = {r: self._read("partial", r) for r in range(self.nproc)}
-            self._keep_flight(sorted(getattr(self, "_failures", [])))
+            self._keep_flight(sorted(getattr(self, "_failures", [])), interrupted)
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return self.kept
 
-    def _keep_flight(self, failures) -> None:
-        """Write run.json beside the flight records (exit codes, failures) and read them back into .flight."""
+    def _keep_flight(self, failures, interrupted: str | None = None) -> None:
+        """Write run.json beside the flight records (exit codes, failures, interruption); read them back."""
         from distlab.runtime.flight import keep
         self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
-                           [{"rank": f[3], "message": f[4]} for f in failures])
+                           [{"rank": f[3], "message": f[4]} for f in failures], interrupted)
 
     def stop(self) -> None:
         """End every rank still running (SIGTERM to the group, SIGKILL after 2 s) and reap them all."""
@@ -304,7 +319,14 @@ def _signal_all(pgid, procs, sig) -> None:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _signal_name(e: BaseException) -> str | None:
+    """'SIGINT' for Ctrl-C, 'SIGTERM' for a SIGTERM to the launcher, None for any other exception."""
+    if not isinstance(e, KeyboardInterrupt):
+        return None
+    return e.args[0] if e.args and isinstance(e.args[0], str) else "SIGINT"
 
 
 def _sigterm_as_interrupt():

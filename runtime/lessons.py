@@ -179,10 +179,21 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
     """Run ``script`` under torchrun. ``nnodes`` > 1 starts one torchrun agent per 'node' on this machine
     (--nnodes, --node-rank, --master-addr 127.0.0.1), as you would on each machine of a cluster. Returns the
     ranks' output lines (torchrun's own banner dropped), sorted."""
+    import shutil
+    import tempfile
+    logs = tempfile.mkdtemp(prefix="distlab-torchrun-")       # torchrun's logs (else torchelastic_* stays in /tmp)
+    try:
+        return _torchrun(script, nproc_per_node, nnodes, timeout, logs)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def _torchrun(script: str, nproc_per_node: int, nnodes: int, timeout: float, logs: str) -> str:
     from distlab.runtime.launch import free_port
     if nnodes > 1:
         nproc_per_node = fewer(nproc_per_node, 1)
-    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--log-dir", logs]
     if nnodes == 1:
         cmds = [base + ["--standalone", script]]
     else:

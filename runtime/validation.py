@@ -6,8 +6,11 @@ layer i's compute, then Record; the comm stream Waits and all-reduces layer i's 
 measured at each world size, since CPU ranks share cores; the communication of every case is held out.
 A collective's measured time is from its launch (last rank's arrival) to the last rank's end, which is what
 the simulator's one-collective makespan means (runtime/sweep.py).
-error = (predicted - measured) / measured. The workloads' scenario cases (runtime/<name>/validate.py) build
-their rows with ``case``; runtime/workloads.py picks the workload of a scenario.
+error = (predicted - measured) / measured, with measured the median over the repeats; next to it, where
+the repeats are known, ``worst_error`` (the repeat farthest from the prediction) and ``spread``
+((slowest - fastest) / median of the repeats), so a case whose repeats scatter or whose median hides a slow
+tail says so. The summary gives the median and the worst |error| per kind and world size. The workloads' scenario cases
+(runtime/<name>/validate.py) build their rows with ``case``; runtime/workloads.py picks the workload of a scenario.
 """
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend
         n = r["world_size"]
         cluster = cluster_for(calibration, compute, n, backend)
         trace, _ = simulate_collective(r["op"], r["bytes"], cluster)
-        out.append(case(kind, r["op"], n, r["bytes"], trace.makespan, r.get("launch_time_s", r["time_s"])))
+        out.append(case(kind, r["op"], n, r["bytes"], trace.makespan, r.get("launch_time_s", r["time_s"]),
+                        r.get("launch_times_s", r.get("times_s"))))
     return out
 
 
@@ -52,28 +56,43 @@ def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, ba
     n = plan.world_size
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
     predicted = simulate(plan, cluster_for(calibration, compute, n, backend), record_transfers=False).makespan
-    c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans))
+    c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans),
+             spans)
     c["measured_runs_s"] = spans
     return c
 
 
-def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: float) -> dict:
-    return {"kind": kind, "case": what, "world_size": n, "bytes": nbytes, "predicted_s": predicted,
-            "measured_s": measured, "error": (predicted - measured) / measured}
+def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: float,
+         repeats: list[float] | None = None) -> dict:
+    """One row: error = (predicted - measured) / measured; with the repeats' times, their fastest and slowest,
+    spread = (slowest - fastest) / measured and worst_error = the repeat's error of largest magnitude."""
+    c = {"kind": kind, "case": what, "world_size": n, "bytes": nbytes, "predicted_s": predicted,
+         "measured_s": measured, "error": (predicted - measured) / measured}
+    if repeats:
+        errors = [(predicted - t) / t for t in repeats]
+        c.update(repeats=len(repeats), measured_min_s=min(repeats), measured_max_s=max(repeats),
+                 spread=(max(repeats) - min(repeats)) / measured, worst_error=max(errors, key=abs))
+    return c
 
 
 def summarize(cases: list[dict]) -> list[dict]:
-    """Median |error| per (kind, world size), and over all held-out collective sizes."""
-    groups: dict[tuple, list[float]] = {}
+    """Per (kind, world size), and over all held-out collective sizes: the median and the worst |error| of
+    the cases (error of the median), with the case that has the worst one."""
+    groups: dict[tuple, list[dict]] = {}
     for c in cases:
-        groups.setdefault((c["kind"], c["world_size"]), []).append(abs(c["error"]))
-    rows = [{"kind": k, "world_size": n, "cases": len(v), "median_abs_error": statistics.median(v)}
-            for (k, n), v in sorted(groups.items())]
-    sizes = [abs(c["error"]) for c in cases if c["kind"] == "held-out size"]
-    if sizes:
-        rows.append({"kind": "held-out size", "world_size": "all", "cases": len(sizes),
-                     "median_abs_error": statistics.median(sizes)})
-    return rows
+        groups.setdefault((c["kind"], c["world_size"]), []).append(c)
+    sizes = [c for c in cases if c["kind"] == "held-out size"]
+    rows = [_summary(k, n, v) for (k, n), v in sorted(groups.items())]
+    return rows + ([_summary("held-out size", "all", sizes)] if sizes else [])
+
+
+def _summary(kind: str, n, group: list[dict]) -> dict:
+    from distlab.sim.plan import format_bytes
+    worst = max(group, key=lambda c: abs(c["error"]))
+    return {"kind": kind, "world_size": n, "cases": len(group),
+            "median_abs_error": statistics.median(abs(c["error"]) for c in group),
+            "worst_abs_error": abs(worst["error"]),
+            "worst_case": f"{worst['case']} {format_bytes(worst['bytes'])} on {worst['world_size']} ranks"}
 
 
 def scenario_kind(spec: dict):

@@ -28,3 +28,53 @@ def run_cli(*args, timeout=120):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# --- the temp folder --------------------------------------------------------------------------------------------
+# Every test, and every process it starts (CLI runs, ranks, torchrun), gets a private temp folder for the
+# session (TMPDIR and tempfile.tempdir). At the end the folder must hold nothing but pytest's own tmp_path
+# folders: anything else was left behind by the code under test (a run folder, torchelastic_* logs, a
+# module-level mkdtemp) and fails the session. The folder is then removed, so the suite leaves nothing in the
+# system's temp folder. torch's own compile cache (created empty by `import torch._dynamo`, e.g. through
+# torch.distributed.pipelining: torch/_inductor/runtime/cache_dir_utils.py) goes to TORCHINDUCTOR_CACHE below,
+# a cache by design, removed with the folder.
+_SESSION_TMP: dict = {}
+TORCHINDUCTOR_CACHE = "torchinductor-cache"
+
+
+def pytest_configure(config):
+    import tempfile
+    if os.environ.get("DISTLAB_TEST_TMPDIR_CHECK", "1") == "0":
+        return
+    path = tempfile.mkdtemp(prefix="distlab-tests-")
+    _SESSION_TMP.update(path=path, environ=os.environ.get("TMPDIR"), tempdir=tempfile.tempdir)
+    os.environ["TMPDIR"] = path
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(path, TORCHINDUCTOR_CACHE))
+    tempfile.tempdir = path
+
+
+def leftovers(path: str) -> list[str]:
+    """Entries of the session's temp folder other than pytest's tmp_path base (pytest-of-USER) and torch's cache."""
+    return sorted(n for n in os.listdir(path) if not n.startswith("pytest-of-") and n != TORCHINDUCTOR_CACHE)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+    import tempfile
+    path = _SESSION_TMP.get("path")
+    if not path:
+        return
+    left = leftovers(path)
+    if left:
+        sys.stderr.write(f"\nconftest: the tests left {len(left)} entries in the temp folder {path}: "
+                         f"{', '.join(left[:10])}\n")
+        session.exitstatus = 1
+    if exitstatus == 0 and not left:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        sys.stderr.write(f"conftest: kept {path} to look at\n")
+    if _SESSION_TMP["environ"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _SESSION_TMP["environ"]
+    tempfile.tempdir = _SESSION_TMP["tempdir"]

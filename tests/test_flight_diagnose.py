@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distlab.runtime.commands.diagnose import diagnose
+from distlab.runtime.diagnose import diagnose
 from distlab.runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
 from distlab.runtime.launch import Launch, RunFailed
 from distlab.sim.check import PlanMismatch, check_plan
@@ -64,8 +64,42 @@ def test_diagnosis_lines_up_truncated_rings_by_sequence_number():
                                          1: {"source": "dump", "records": recs(1, range(95, 101), "barrier")},
                                          2: {"source": "dump", "records": recs(2, range(93, 101))}}}
     d = diagnose(flight)
-    assert d["problems"] == ["group [0..2], collective #100: rank 1 calls barrier(0 B); ranks 0, 2 call "
-                             "all_reduce(8 B)"]
+    message = "group [0..2], collective #100: rank 1 calls barrier(0 B); ranks 0, 2 call all_reduce(8 B)"
+    assert d["problems"] == [{"rank": 1, "op_index": 100, "kind": "mismatch", "message": message}]
+    assert str(d["problems"][0]) == d["verdict"] == message and d["status"] == "mismatch"
+
+
+def _interrupted_flight(waited: float, completed_s: float = 0.01) -> dict:
+    """Rank 0 completed all_reduce #0-#9 and waits in #10 for ``waited`` s; rank 1 completed #0-#9 and was
+    stopped between collectives; the launcher was interrupted by SIGINT."""
+    def rec(seq, state):
+        return {"gen": seq, "seq": seq, "op": "all_reduce", "group": [0, 1], "stream": "comm", "bytes": 8,
+                "dtype": "float32", "root": 0, "index": seq, "state": state, "t_issued": 100.0 + seq,
+                "t_started": 100.0 + seq, "t_completed": 100.0 + seq + completed_s if state == "completed" else None}
+    r0 = [rec(s, "completed") for s in range(10)] + [rec(10, "started")]
+    r1 = [rec(s, "completed") for s in range(10)]
+    dumped = 110.0 + waited
+    return {"world_size": 2, "run": {"world_size": 2, "exit_codes": {"0": -15, "1": -15}, "failures": [],
+                                     "interrupted": "SIGINT"},
+            "ranks": {0: {"source": "dump", "reason": "signal SIGTERM", "dumped_at": dumped, "records": r0},
+                      1: {"source": "dump", "reason": "signal SIGTERM", "dumped_at": dumped, "records": r1}}}
+
+
+def test_an_interrupted_healthy_run_is_not_called_a_hang():
+    from distlab.runtime.diagnose import exit_code
+    d = diagnose(_interrupted_flight(waited=0.05))
+    assert d["status"] == "interrupted" and d["problems"] == [] and exit_code(d) == 0
+    assert d["verdict"].startswith("interrupted by SIGINT: the run was stopped, it did not hang")
+    assert "rank 0 in all_reduce(8 B) #10 on group [0,1]" in d["verdict"]
+    # the same records, but rank 0 had waited 30 s (10 x its longest collective is 0.1 s): a hang, then Ctrl-C
+    d = diagnose(_interrupted_flight(waited=30.0))
+    assert d["status"] == "hang" and exit_code(d) == 1
+    assert d["problems"] == [{"rank": 1, "op_index": None, "kind": "hang", "message": "would hang: ranks 0 wait in "
+                              "all_reduce #10 on group [0,1]; rank 1 never calls it"}]
+    # a failure before the interruption is never excused
+    f = _interrupted_flight(waited=0.05)
+    f["run"]["failures"] = [{"rank": 1, "message": "rank 1 failed: RuntimeError: boom"}]
+    assert diagnose(f)["status"] == "hang"
 
 
 def test_diagnose_bad_input_is_one_line_exit_2(tmp_path, cli):
@@ -106,11 +140,12 @@ def test_a_real_mismatch_times_out_and_diagnose_names_rank_3(tmp_path, cli):
     rc, out, err = cli("diagnose", str(dump))
     assert rc == 1, err
     lines = out.splitlines()
-    assert lines[1] == check_plan(plan)[0] == ("group [0..3], collective #5: rank 3 calls broadcast(4 MiB, root 0); "
+    assert lines[0] == check_plan(plan)[0] == ("group [0..3], collective #5: rank 3 calls broadcast(4 MiB, root 0); "
                                                "ranks 0-2 call all_reduce(4 MiB)")
     assert "rank 3: last completed all_reduce(4 MiB) #4 on group [0..3]; waits in broadcast(4 MiB, root 0) #5" in out
     rc, out, _ = cli("diagnose", str(dump), "--json")
     d = json.loads(out)
+    assert d["problems"] == [{"rank": 3, "op_index": 5, "kind": "mismatch", "message": lines[0]}]
     assert {r["record"] for r in d["ranks"]} == {"dump"} and not any(r["died"] for r in d["ranks"])
     assert [r["last_completed"]["seq"] for r in d["ranks"]] == [4, 4, 4, 4]
 
@@ -125,7 +160,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
                timeout=TIMEOUT, check=False).start().wait()
     assert e.value.flight is not None and e.value.dump_dir is None        # read back before the run dir went
     d = diagnose(e.value.flight)
-    assert d["problems"] == [expected]
+    assert d["problems"] == [{"rank": 2, "op_index": None, "kind": "hang", "message": expected}]
     assert [len(r["pending"]) for r in d["ranks"]] == [1, 1, 0]
     assert d["ranks"][2]["last_completed"]["seq"] == 4
 
@@ -147,6 +182,10 @@ def test_a_sigkilled_rank_is_reported_from_its_live_record(tmp_path):
     files = sorted(os.listdir(dump))
     assert "flight.1.ring" in files and "flight.1.json" not in files and "flight.0.json" in files
     d = diagnose(load_dir(str(dump)))
-    died = [p for p in d["problems"] if p.startswith("rank 1 died")]
-    assert died and "killed by SIGKILL" in died[0] and "its last record: all_reduce(1 MiB) #" in died[0]
+    last = d["ranks"][1]["last_completed"]
+    assert d["problems"][0]["rank"] == 1 and d["problems"][0]["kind"] == "died"
+    assert d["problems"][0]["op_index"] == last["index"]                  # the plan's op index
+    assert d["verdict"].startswith(f"rank 1 died without a final dump (killed by SIGKILL) after its last "
+                                   f"completed op, all_reduce(1 MiB) #{last['seq']} on group [0,1] (plan op "
+                                   f"{last['index']}); its last record: all_reduce(1 MiB) #")
     assert d["ranks"][1]["died"] and not d["ranks"][0]["died"] and d["ranks"][1]["last_completed"]["seq"] > 0

@@ -45,6 +45,10 @@ def raising_task(ctx, payload):
     dist.barrier()
 
 
+def rank_task(ctx, payload):
+    return ctx.rank
+
+
 def test_sigkill_of_one_rank_ends_the_run_naming_it_and_leaves_nothing():
     timeout = 20.0
     launch = Launch("distlab.runtime.executor:plan_task", {"plan": long_plan().to_dict(), "warmup": 0, "repeat": 1}, 2,
@@ -91,7 +95,8 @@ def _start_cli(tmp_path):
     plan = tmp_path / "long.json"
     long_plan().save(str(plan))
     p = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", str(plan), "--nproc", "2", "--warmup", "0", "-v",
-                          "--out", str(tmp_path / "t.trace")], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                          "--out", str(tmp_path / "t.trace"), "--dump-dir", str(tmp_path / "dumps")], cwd=ROOT,
+                         stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, TMPDIR=str(tmp_path)))     # a killed launcher leaves its run dir here
     pids = []
     while True:
@@ -103,14 +108,19 @@ def _start_cli(tmp_path):
             return p, pids
 
 
-def test_ctrl_c_reaps_every_rank(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_reaps_every_rank(tmp_path, sig, cli):
     p, pids = _start_cli(tmp_path)
     time.sleep(1.0)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(getattr(signal, sig))
     rc = p.wait(timeout=30)
     p.stderr.close()
     assert rc == 130
     assert not any(alive(pid) for pid in pids)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("distlab-run-")]     # the run folder is gone
+    rc, out, err = cli("diagnose", str(tmp_path / "dumps"))                          # a healthy run, stopped
+    assert rc == 0, out + err
+    assert out.startswith(f"interrupted by {sig}: the run was stopped, it did not hang"), out
     from distlab.sim.trace import Trace                            # what was measured before Ctrl-C is kept
     trace = Trace.from_json((tmp_path / "t.trace").read_text())
     assert trace.meta["complete"] is False and len(trace.ops) > 10
@@ -127,3 +137,13 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     while any(alive(pid) for pid in pids) and time.monotonic() < end:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids)
+    stale = [n for n in os.listdir(tmp_path) if n.startswith(f"distlab-run-{p.pid}-")]
+    assert len(stale) == 1                                  # a SIGKILLed launcher cannot clean up; the next one does
+    import tempfile
+    from distlab.runtime import launch as L
+    old, tempfile.tempdir = tempfile.tempdir, str(tmp_path)
+    try:
+        assert L.launch(f"{os.path.abspath(__file__)}:rank_task", {}, 2, timeout=20) == [0, 1]
+    finally:
+        tempfile.tempdir = old
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("distlab-run-")]

@@ -3,8 +3,10 @@
 Per world size (one launch each, runtime/calibration.py's ``measure``): a size sweep of every op, the ring model
 fitted to the median times from launch (runtime/fit.py), and matmul FLOP/s with all ranks computing at once.
 The YAML (runtime/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
-size, with ``gpu`` = the measured compute (at the largest world size) and ``calibration.collectives`` = the fits.
-It is rewritten (atomically) after each world size. This module only parses arguments and formats.
+size, with ``gpu`` = the measured compute (at the largest world size), ``calibration.collectives`` = the fits
+(with size bands where one line does not fit), and, for CPU ranks, ``cpu_cores`` = the cores this process may
+use, which the ranks share (sim/cores.py). It is rewritten (atomically) after each world size. This module only
+parses arguments and formats.
 """
 from __future__ import annotations
 
@@ -43,6 +45,14 @@ def check(args):
     return ops, sizes, sorted(set(nprocs))
 
 
+def _lines(entry: dict) -> list[tuple[str, dict]]:
+    """('all', the one-line fit) or one ('1 MiB..32 MiB', fit) per size band."""
+    from distlab.sim.plan import format_bytes
+    if not entry.get("bands"):
+        return [("all", entry)]
+    return [(f"{format_bytes(b['min_bytes'])}..{format_bytes(b['max_bytes'])}", b) for b in entry["bands"]]
+
+
 def run(args) -> int:
     from distlab.runtime.calibration import backend_of, measure, write_cluster
     from distlab.runtime.launch import RunFailed
@@ -50,6 +60,8 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.runtime.preflight import warn_cores
+    warn_cores(max(nprocs), args.threads, "distlab calibrate")
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
@@ -71,9 +83,10 @@ def run(args) -> int:
                     "rows": rows})
         return 0
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
-                ["op", "ranks", "latency (us)", "bandwidth (GB/s)"],
-                [[op, n, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}"]
-                 for op, per_n in table.items() for n, v in per_n.items()], justify_left=2)
+                ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)"],
+                [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}"]
+                 for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
+                justify_left=3)
     print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
     print(f"wrote {args.out}")
     return 0

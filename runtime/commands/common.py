@@ -16,7 +16,9 @@ def add_launch_arguments(p, nproc_help: str = "number of local ranks", nproc_def
 
 
 def launch_kwargs(args) -> dict:
-    return {"backend": args.backend, "threads": args.threads, "timeout": args.timeout, "verbose": args.verbose}
+    """Launch options from the flags (and a one-line warning, naming the command, when ranks outnumber cores)."""
+    return {"backend": args.backend, "threads": args.threads, "timeout": args.timeout, "verbose": args.verbose,
+            "warn_cores": f"distlab {getattr(args, 'command', None) or 'run'}"}
 
 
 def parse_nprocs(text, where: str = "--nproc") -> list[int]:

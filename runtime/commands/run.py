@@ -16,6 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of the whole plan first (default 1)")
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one (default 1)")
     p.add_argument("--out", help="trace file: *.trace native, *.json Chrome/Perfetto (default PLAN.measured.trace)")
+    p.add_argument("--perfetto", metavar="FILE.json", help="Perfetto (Chrome JSON) trace, written besides --out "
+                   "(default OUT.perfetto.json; 'none': no Perfetto trace); open it in ui.perfetto.dev")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--dump-dir", help="every rank's flight record goes here, kept after the run (default "
                    "OUT.flight/, kept only if the run fails); read it with distlab diagnose")
@@ -42,12 +44,15 @@ def run(args) -> int:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.repeat, "--repeat")
     check_dtypes(plan, args.backend)
+    from distlab.runtime.preflight import check_plan
+    check_plan(plan, nproc)
     if not args.no_check:
         try:
             assert_consistent(plan, args.plan)
         except PlanMismatch as e:
             raise PlanMismatch(f"{e} (--no-check starts the ranks anyway)") from None
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
+    perfetto = perfetto_path(out, args.perfetto)
     dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
     launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
@@ -57,6 +62,9 @@ def run(args) -> int:
                                        lambda L: len((L.partial(0) or {}).get("runs", [])))
     except KeyboardInterrupt:
         keep_partial(plan, launch.kept, out, {"complete": False, "error": "interrupted"})
+        if os.path.isdir(dump_dir):
+            sys.stderr.write(f"distlab run: every rank's flight record is in {dump_dir}/: "
+                             f"distlab diagnose {dump_dir}\n")
         raise
     except RunFailed as e:
         keep_partial(plan, e.partial, out, {"complete": False, "failed_rank": e.rank, "error": str(e)})
@@ -72,18 +80,35 @@ def run(args) -> int:
     trace = merge_results(plan, results, meta={"threads": args.threads, "warmup": args.warmup,
                                                "repeat": args.repeat})
     trace.save(out)
+    if perfetto:
+        trace.save(perfetto)
     rows = summary(trace)
     if args.json:
-        print_json({"trace": out, "makespan_s": trace.makespan, "backend": trace.meta.get("backend"),
-                    "streams": rows})
+        print_json({"trace": out, "perfetto": perfetto, "makespan_s": trace.makespan,
+                    "backend": trace.meta.get("backend"), "streams": rows})
         return 0
     print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
                 f"{trace.makespan * 1e3:.3f} ms", ["rank", "stream", "ops", "busy (ms)", "first start (ms)",
                                                    "last end (ms)"],
                 [[r["rank"], r["stream"], r["ops"], f"{r['busy_s'] * 1e3:.3f}", f"{r['start_s'] * 1e3:.3f}",
                   f"{r['end_s'] * 1e3:.3f}"] for r in rows], justify_left=2)
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" and {perfetto} (open in ui.perfetto.dev)" if perfetto else ""))
     return 0
+
+
+def perfetto_path(out: str, flag: str | None) -> str | None:
+    """The Perfetto trace's path: --perfetto, else OUT.perfetto.json; None for 'none' or when --out is
+    already a Chrome/Perfetto *.json."""
+    from distlab.sim.errors import ConfigError
+    if flag == "none":
+        return None
+    if flag is not None:
+        if not flag.endswith(".json") or flag.endswith(".distlab.json"):
+            raise ConfigError(f"{flag!r}: a Perfetto trace is a *.json file (not *.distlab.json)", "--perfetto")
+        return flag
+    if out.endswith(".json") and not out.endswith(".distlab.json"):
+        return None
+    return os.path.splitext(out.removesuffix(".distlab.json"))[0] + ".perfetto.json"
 
 
 def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:

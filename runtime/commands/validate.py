@@ -53,6 +53,10 @@ def run(args) -> int:
     if min(nprocs + holdout) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     positive_int(args.iters, "--iters")
+    from distlab.runtime.preflight import check_scenario, warn_cores
+    if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
+        check_scenario(args.scenario, nprocs[0])
+    warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
         scenario_rows = scenario_cases(args.scenario, args)
@@ -93,12 +97,17 @@ def run(args) -> int:
     if args.json:
         print_json({"calibration": calibration, "cases": cases, "summary": summary})
     else:
-        print_table("simulated (calibrated) against measured", ["case", "kind", "ranks", "size", "predicted (ms)",
-                                                                 "measured (ms)", "error"],
+        print_table("simulated (calibrated) against measured (median of the repeats; worst: the repeat farthest "
+                    "from the prediction; spread: (slowest - fastest) / median)",
+                    ["case", "kind", "ranks", "size", "predicted (ms)", "measured (ms)", "error", "worst", "spread"],
                     [[c["case"], c["kind"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
-                      f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%"] for c in cases], justify_left=2)
-        print_table("median |error|", ["kind", "ranks", "cases", "median |error|"],
-                    [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%"] for s in summary])
+                      f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%",
+                      f"{c['worst_error'] * 100:+.1f}%" if "worst_error" in c else "-",
+                      f"{c['spread'] * 100:.0f}%" if "spread" in c else "-"] for c in cases], justify_left=2)
+        print_table("|error| per kind and world size", ["kind", "ranks", "cases", "median |error|", "worst |error|",
+                                                        "worst case"],
+                    [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
+                      f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
         for path in (args.plot, args.out):
             if path:
                 print(f"wrote {path}")

@@ -32,23 +32,17 @@ class Context:
         return by_node
 
     # -- calibration -------------------------------------------------------------------------------------
-    def calibrated(self, op: str, n: int) -> tuple[float, float] | None:
-        """(α seconds, bandwidth bytes/s) fitted by `distlab calibrate` for ``op`` at group size ``n``,
-        interpolated linearly in n between calibrated sizes (the nearest one outside their range)."""
-        table = (self.cluster.calibration or {}).get("collectives", {}).get(op)
-        if not table:
-            return None
-        points = sorted((int(k), v) for k, v in table.items())
-        sizes = [k for k, _ in points]
-        lat = np.interp(n, sizes, [v["latency_us"] for _, v in points]) * 1e-6
-        bw = np.interp(n, sizes, [v["bandwidth_GBps"] for _, v in points]) * 1e9
-        return float(lat), float(bw)
+    def calibrated(self, op: str, n: int, nbytes: float | None = None) -> tuple[float, float] | None:
+        """(α seconds, bandwidth bytes/s) fitted by `distlab calibrate` for ``op`` at group size ``n`` and
+        message size ``nbytes`` (its size band, sim/calibration.py), interpolated linearly in n."""
+        from distlab.sim.calibration import calibrated
+        return calibrated(self.cluster.calibration, op, n, nbytes)
 
     # -- choosing ----------------------------------------------------------------------------------------
     def expand(self, op: str, group: tuple[int, ...], nbytes: float, algorithm: str, root: int = 0):
         """(algorithm used, steps). Calibrated clusters run the ring (or direct) with fitted α and bandwidth."""
         n = len(group)
-        cal = self.calibrated(op, n)
+        cal = self.calibrated(op, n, nbytes)
         if cal is not None:
             return self._calibrated_steps(op, group, nbytes, root, cal)
         if algorithm == "auto":
