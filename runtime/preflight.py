@@ -144,17 +144,11 @@ def check_fits(parts: dict, nproc: int, what: str, where: str, change: str, avai
                       f"(MemAvailable); {change}", where)
 
 
-def scenario_kind(d: dict) -> tuple[str | None, dict]:
-    """(parallelism kind, its options) of a loaded scenario."""
-    par = d.get("parallelism")
-    if isinstance(par, dict):
-        return par.get("kind"), par
-    if isinstance(par, str):
-        return par, {}
-    for kind in ("fsdp", "ddp", "pipeline"):                      # one section per parallelism
-        if isinstance(d.get(kind), dict):
-            return kind, d[kind]
-    return None, {}
+def scenario_kind(d: dict) -> tuple[str, dict]:
+    """(parallelism kind, its options in the flat form) of a loaded scenario (sim.scenario.parallelism)."""
+    from distlab.sim import scenario as sc
+    par = sc.parallelism(d)
+    return par["kind"], par
 
 
 def check_scenario(path: str, nproc: int, available: int | None = None) -> None:

@@ -34,7 +34,7 @@ def test_memory_estimate_and_what_fits():
     from distlab.sim import scenario as sc
     d = sc.load(os.path.join(ROOT, "scenarios/fsdp-llama-7b.yaml"))
     model, _ = sc.resolve(d)
-    parts = preflight.model_rank_bytes(model, "fsdp", 2, d["parallelism"])
+    parts = preflight.model_rank_bytes(model, "fsdp", 2, sc.parallelism(d))
     P = model.param_bytes                                   # 6.7e9 bf16 parameters: 12.6 GiB, every rank
     assert parts["whole model + reference"] == 4 * P
     assert parts["shards (params, grads, Adam)"] == pytest.approx(4 * P / 2, rel=0.01)
