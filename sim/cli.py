@@ -127,3 +127,47 @@ def run_command(module, args) -> int:
         return 0
     finally:
         _running.pop()
+
+
+class RowPrinter:
+    """A table printed row by row as results arrive, in nccl-tests' layout: '#' header lines (names, then
+    units), then right-aligned columns, flushed after each row (so a long sweep shows each size as it ends).
+    ``columns``: (name, unit, width) triples."""
+
+    def __init__(self, columns: list[tuple[str, str, int]], out=None):
+        self.columns, self.out = columns, out or sys.stdout
+
+    def comment(self, text: str) -> None:
+        self.out.write(f"# {text}\n")
+
+    def header(self) -> None:
+        for part in (0, 1):
+            cells = [f"{c[part]:>{c[2]}}" for c in self.columns]
+            self.out.write("#" + "  ".join(cells)[1:] + "\n")
+        self.out.flush()
+
+    def row(self, values: list) -> None:
+        self.out.write("  ".join(f"{str(v):>{c[2]}}" for v, c in zip(values, self.columns)) + "\n")
+        self.out.flush()
+
+
+NCCL_COLUMNS = [("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 8), ("redop", "", 6),
+                ("root", "", 6)]
+BW_COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8)]
+
+
+def nccl_fields(op: str, nbytes: int, dtype: str, root: int | None = None) -> dict:
+    """nccl-tests' first columns for one case: size (B), count (elements of ``dtype`` in it), type, redop
+    (sum for reductions, none otherwise) and root (-1 when the collective has none), as in nccl-tests'
+    writeBenchmarkLinePreamble (src/util.cu)."""
+    from distlab.sim.plan import DTYPE_BYTES
+    rooted = op in ("broadcast", "reduce")
+    return {"bytes": nbytes, "count": nbytes // DTYPE_BYTES[dtype], "type": dtype,
+            "redop": "sum" if op in ("all_reduce", "reduce_scatter", "reduce") else "none",
+            "root": (root or 0) if rooted else -1}
+
+
+def nccl_cells(row: dict) -> list:
+    """The NCCL_COLUMNS + BW_COLUMNS cells of a result row (bytes, count, type, redop, root, time_s, ...)."""
+    return [row["bytes"], row["count"], row["type"], row["redop"], row["root"], f"{row['time_s'] * 1e6:.2f}",
+            f"{row['algbw_GBps']:.2f}", f"{row['busbw_GBps']:.2f}"]

@@ -65,9 +65,9 @@ def run(args) -> int:
         parts["fits"] = fits(parts["total"], gib)
     sel = stages[zero]
     if args.json:
-        print_json({"model": model.summary(), "params": model.num_params, "world": args.world,
+        print_json({"model": model.summary(), "num_params": model.num_params, "world_size": args.world,
                     "shard_size": args.shard_size or args.world, "zero": zero, "gpu": gpu, "gpu_memory_GiB": gib,
-                    "selected": sel, "stages": {LABELS[z]: v for z, v in stages.items()}})
+                    "stages": [stage_json(z, v, z == zero) for z, v in stages.items()]})
         return 0
     G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
     print(f"model: {model.summary()}")
@@ -82,3 +82,10 @@ def run(args) -> int:
         print(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
             f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v))
     return 0
+
+
+def stage_json(zero: int, parts: dict, selected: bool) -> dict:
+    """One stage's row of ``memory --json``: each term in bytes (``<term>_bytes``), the total, fits."""
+    terms = {f"{k.replace(' ', '_')}_bytes": v for k, v in parts.items() if k not in ("total", "fits")}
+    return {"stage": LABELS[zero], "zero": zero, "selected": selected, **terms, "total_bytes": parts["total"],
+            "fits": parts["fits"]}
