@@ -26,7 +26,8 @@ def _hook(rec: dict, compress: str | None):
         t = time.perf_counter() - rec["t0"]
         k = bucket.index()
         rec["buckets"][k] = {"index": k, "launch": t, "bytes": bucket.buffer().numel() * bucket.buffer().element_size()}
-        fut = hooks.fp16_compress_hook(None, bucket) if compress == "fp16" else hooks.allreduce_hook(None, bucket)
+        chosen = {"fp16": hooks.fp16_compress_hook, "bf16": hooks.bf16_compress_hook}.get(compress, hooks.allreduce_hook)
+        fut = chosen(None, bucket)
 
         def done(f):
             rec["buckets"][k]["end"] = time.perf_counter() - rec["t0"]

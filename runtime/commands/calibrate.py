@@ -74,6 +74,8 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.sim.io import check_output
+    check_output(args.out, "--out", "file")     # before the ranks start
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     g.add_argument("--bucket-cap-mb", type=float, help="DDP bucket_cap_mb (default: PyTorch's 25, first bucket 1)")
     g.add_argument("--iteration", type=int, help="0 = the first step (one bucket); 1 = steady state (default)")
     g.add_argument("--grad-accum", type=int, help="micro-batches per step, all but the last under no_sync()")
-    g.add_argument("--compress", choices=["fp16"], help="fp16_compress_hook: all-reduce half the bytes")
+    g.add_argument("--compress", choices=["fp16", "bf16"], help="fp16/bf16_compress_hook: all-reduce half the bytes")
     g.add_argument("--algo", dest="algorithm", help="all-reduce algorithm (auto, ring, tree, ...)")
     g.add_argument("--optimizer", help="adam (default), sgd or none")
     p.add_argument("--sweep", metavar="KEY=V1,V2,...",
@@ -92,6 +92,8 @@ def parse_sweep(text: str) -> tuple[str, list]:
 def run(args) -> int:
     from distlab.sim import scenario as sc
     from distlab.sim.ddp.plan import bucket_rows, summarize
+    from distlab.sim.io import check_output
+    check_output(None if args.no_files else args.out, "--out", "dir")       # before any work (sim/io.py)
     d = scenario_from_args(args)
     files = {}
     if args.sweep:
