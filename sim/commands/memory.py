@@ -13,7 +13,8 @@ LABELS = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 def add_arguments(p) -> None:
     p.add_argument("--model", default="llama-7b", help="a model preset (gpt2-small, gpt2-medium, llama-7b, "
                                                         "llama-70b; default llama-7b)")
-    p.add_argument("--world", type=int, default=8, help="data-parallel ranks (default 8)")
+    p.add_argument("--world-size", "--world", dest="world", type=int, default=8,
+                   help="data-parallel ranks (default 8)")
     p.add_argument("--zero", default="3", help="stage: 0 or ddp, 1, 2, 3 (default 3 = FSDP)")
     p.add_argument("--shard-size", type=int, help="HSDP: shard within groups of this many ranks (default: world)")
     p.add_argument("--micro-batch", type=int, help="sequences per rank (activations scale with it)")
@@ -51,7 +52,7 @@ def run(args) -> int:
     from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
     if args.world < 1:
-        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world")
+        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world-size")
     gpu, gib = _gpu_GiB(args.gpu)
     spec = {"preset": args.model}
     for key in ("micro_batch", "seq_len", "dtype"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import os
 
-from distlab.sim.cli import print_json, print_table
+from distlab.sim.cli import print_json, print_table, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -168,7 +168,7 @@ def run_sweep(args, base: dict) -> int:
         from distlab.sim.pipeline.scenario import run_sweep as pipeline_sweep
         return pipeline_sweep(args, base, key, values)
     results = []
-    for v in values:
+    for v in progress(values, len(values), f"sweep of {key}"):     # a bar once it runs over 2 s
         d = copy.deepcopy(base)
         set_value(d, key, v)
         trace, info, model, cluster, plan = sc.simulate(d, f"--sweep {key}={v}")
