@@ -44,8 +44,8 @@ def report(rows: list[dict], args, nproc: int, sizes: list[int], backend, error)
     """The --json / --out object."""
     bw = [r["busbw_GBps"] for r in rows if r["op"] != "barrier"]
     return {"world_size": nproc, "backend": backend, "dtype": args.dtype, "complete": error is None,
-            "config": {"ops": parse_ops(args.ops), "min_bytes": min(sizes), "max_bytes": max(sizes), "sizes_bytes": sizes,
-                       "warmup_iters": args.warmup, "iterations": args.iters},
+            "config": {"ops": parse_ops(args.ops), "min_bytes": min(sizes), "max_bytes": max(sizes),
+                       "sizes_bytes": sizes, "warmup_iters": args.warmup, "iterations": args.iters},
             "results": rows, "average_busbw_GBps": sum(bw) / len(bw) if bw else None,
             "errors": [] if error is None else [str(error)]}
 
