@@ -16,6 +16,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from distlab.sim.errors import ConfigError
+
 CAL_SIZES = [2**20, 2**22, 2**24, 2**25]
 
 
@@ -145,7 +147,12 @@ def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5,
             local: bool = True, calibrate: list[int] | None = None, backend: str = "gloo",
             timeout: float = 300.0) -> list[dict]:
     """Launch ``world`` ranks running :func:`rank_task`; the per-rank results."""
+    import torch
+
     from distlab.runtime.launch import launch
+    if (ddp_opts or {}).get("compress") == "bf16" and (backend == "gloo" or not torch.cuda.is_available()):
+        raise ConfigError("bf16 compression needs NCCL: torch's DDP takes bf16_compress_hook only with CUDA 11+ "
+                          "and NCCL 2.10+ (DistributedDataParallel._check_comm_hook); with gloo use fp16", "compress")
     payload = {"model": {**model.config, "name": model.name}, "ddp": ddp_opts or {}, "steps": steps,
                "warmup": warmup, "local": local, "calibrate": calibrate}
     return launch("distlab.runtime.ddp:rank_task", payload, nproc=world, backend=backend, timeout=timeout)

@@ -115,6 +115,25 @@ def test_bf16_compression_as_torchs_hook(capsys):
     assert rc == 0, err
 
 
+def test_bf16_compression_needs_nccl_as_in_torch(tmp_path):
+    """torch's DDP refuses bf16_compress_hook without NCCL; the runtime says so before starting ranks."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from distlab.runtime.ddp import measure
+    from distlab.sim import models as m
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        with pytest.raises(TypeError, match="NCCL"):
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ConfigError, match="bf16 compression needs NCCL"):
+        measure(m.mlp(8, 8), {"compress": "bf16"}, backend="gloo")
+
+
 def test_check_speaks_of_one_rank_in_the_singular(capsys, tmp_path):
     mismatch, missing = tmp_path / "mismatch.json", tmp_path / "missing.json"
     Plan([[Collective("all_reduce", 1024)], [Collective("broadcast", 1024)]]).save(str(mismatch))
