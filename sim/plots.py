@@ -93,7 +93,7 @@ def timeline(trace, ranks: list[int] | None = None, streams: list[str] | None = 
     if waited:
         handles.append(Patch(facecolor="none", edgecolor="#999999", hatch="///", label="waiting for peers"))
     if handles:
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45 / max(len(rows), 1) - 0.12),
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.35 / max(len(rows), 1)),
                   ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
