@@ -22,9 +22,19 @@ COMMANDS = [
 ]
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml), through importlib.metadata."""
+    from importlib.metadata import PackageNotFoundError, version as package_version
+    try:
+        return package_version("distlab")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> tuple[Parser, dict]:
     parser = Parser(prog="distlab", description=__doc__.split(".")[0] + ".",
                     epilog="Run 'distlab COMMAND --help' for each command's options.")
+    parser.add_argument("--version", action="version", version=f"distlab {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     modules = {}
     for name in COMMANDS:
@@ -43,9 +53,9 @@ def build_parser() -> tuple[Parser, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:           # like git: the help, then exit 2 (a command is required)
+        parser.print_help(sys.stderr)
+        return 2
     return run_command(modules[args.command], args)
 
 

@@ -258,7 +258,7 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
                 rec.group = plan.group_of(op)
                 seq[(rec.group, op.stream, rank)].append(rec)
             elif isinstance(op, (Send, Recv)):
-                rec.bytes = op.bytes
+                rec.bytes, rec.peer = op.bytes, op.peer
                 pair = (rank, op.peer) if isinstance(op, Send) else (op.peer, rank)
                 seq[("p2p", pair, isinstance(op, Send))].append(rec)
             elif isinstance(op, Compute):

@@ -55,8 +55,11 @@ def _row(op, nbytes, dtype, n, spans, launches) -> dict:
             "busbw_GBps": algbw * busbw_factor(op, n), "times_s": spans, "launch_times_s": launches}
 
 
-def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None) -> list[dict]:
-    """Time every case on the whole world; every rank returns the same rows."""
+def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, on_final=None) -> list[dict]:
+    """Time every case on the whole world; every rank returns the same rows. ``on_round(k, rows)`` after
+    each round; ``on_final(rows)`` each time a case's row is final: in the last round the ranks compare
+    times after each case (after its call, so no timing changes), and its row is known at once, as
+    nccl-tests prints a line per size."""
     import torch
     import torch.distributed as dist
 
@@ -72,9 +75,18 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None) -
         torch.cuda.synchronize()
     spans = [[] for _ in todo]
     launches = [[] for _ in todo]
+
+    def gather(cs, mine):
+        every = [None] * n
+        dist.all_gather_object(every, mine)
+        for j, c in enumerate(cs):
+            spans[c].append(max(e[j][1] - e[j][0] for e in every))
+            launches[c].append(max(e[j][1] for e in every) - max(e[j][0] for e in every))
+
+    final = []
     for k in range(iters):
-        mine = []
-        for (op, _), (inp, out) in zip(todo, views):
+        mine, last = [], k == iters - 1
+        for c, ((op, b), (inp, out)) in enumerate(zip(todo, views)):
             dist.barrier()
             if cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -88,14 +100,16 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None) -
                 t0 = time.perf_counter()
                 issue(op, inp, out)
                 mine.append((t0 - offset, time.perf_counter() - offset))
-        every = [None] * n
-        dist.all_gather_object(every, mine)
-        for c in range(len(todo)):
-            spans[c].append(max(e[c][1] - e[c][0] for e in every))
-            launches[c].append(max(e[c][1] for e in every) - max(e[c][0] for e in every))
+            if last:
+                gather([c], mine[-1:])
+                final.append(_row(op, b, dtype, n, spans[c], launches[c]))
+                if on_final is not None:
+                    on_final(final)
+        if not last:
+            gather(range(len(todo)), mine)
         if on_round is not None:
             on_round(k + 1, [_row(op, b, dtype, n, spans[c], launches[c]) for c, (op, b) in enumerate(todo)])
-    return [_row(op, b, dtype, n, spans[c], launches[c]) for c, (op, b) in enumerate(todo)]
+    return final
 
 
 def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
@@ -129,17 +143,21 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
 
 
 def sweep_task(ctx, payload: dict):
-    """Worker target: the sweep (rank 0 keeps the rows so far after each round), then optionally compute
+    """Worker target: the sweep (rank 0 keeps the rows so far after each round, and the final rows as each
+    case's last round ends: partial = {"rounds", "rows", "final"}), then optionally compute
     rates and a plan (runtime.executor.plan_task payload) in the same ranks."""
     dtype = payload.get("dtype", "float32")
     check_backend_dtype(dtype, ctx.backend, "--dtype")
 
-    def keep(rounds, rows):
+    state = {"rounds": 0, "rows": [], "final": []}
+
+    def keep(**kw):
         if ctx.rank == 0:
-            ctx.save_partial({"rounds": rounds, "rows": rows})
+            state.update(kw)
+            ctx.save_partial(state)
     rows = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2), payload.get("iters", 10),
-                 keep) if payload["ops"] else []
-    result = {"rows": rows}
+                 lambda k, rows: keep(rounds=k, rows=rows), lambda final: keep(final=final)) if payload["ops"] else []
+    result = {"rows": rows, "backend": ctx.backend}
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
     if payload.get("plan"):

@@ -126,7 +126,7 @@ class _Simulation:
                 rec.name = op.name or op.op
             else:
                 launch = yield from self._p2p(rank, op)
-                rec.bytes, rec.launch = op.bytes, launch
+                rec.bytes, rec.launch, rec.peer = op.bytes, launch, op.peer
                 rec.name = op.name or op.kind
             rec.end = env.now
             self.records.append(rec)

@@ -184,12 +184,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"cannot read plan: {e.strerror}", path) from None
-        return cls.from_json(text, where=path)
+        from distlab.sim.io import read_text
+        return cls.from_json(read_text(path, "plan"), where=path)
 
     def save(self, path: str) -> None:
         from distlab.sim.io import write_atomic

@@ -3,7 +3,9 @@
 Times are seconds from the start of the run. An op record's ``start`` is when the rank reached it on its stream
 (for a collective: when it was issued and began waiting for its peers), ``launch`` when data began to move (all
 members had arrived), ``end`` when it finished on that rank. Chrome-trace export opens in Perfetto
-(ui.perfetto.dev) or chrome://tracing: one process per rank, one thread per stream.
+(ui.perfetto.dev) or chrome://tracing (sim/chrome.py): one process per rank, one thread per stream, flow
+arrows between the ranks of a collective and from each send to its recv, a "network" process with one
+thread per channel.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class OpRecord:
     launch: float | None = None
     group: tuple[int, ...] | None = None
     algorithm: str = ""
+    peer: int | None = None     # the other rank of a send or recv
 
     @property
     def duration(self) -> float:
@@ -90,38 +93,16 @@ class Trace:
     def from_json(cls, text: str) -> "Trace":
         return cls.from_dict(json.loads(text))
 
+    def stream_order(self) -> list[str]:
+        """Streams top to bottom, as the timeline PNG and the Chrome trace show them: compute first, then the
+        others in order of first appearance (comm, p2p, ...)."""
+        ops = [o for o in self.ops if o.kind not in ("record", "wait")] or self.ops
+        return list(dict.fromkeys(o.stream for o in sorted(ops, key=lambda o: o.stream != "compute")))
+
     def to_chrome(self) -> str:
-        """Chrome trace-event JSON: pid = rank, tid = stream; transfers under a 'network' process."""
-        events = []
-        streams = sorted({(o.rank, o.stream) for o in self.ops})
-        tid = {}
-        for rank, stream in streams:
-            tid[(rank, stream)] = len([s for r, s in tid if r == rank]) + 1
-            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid[(rank, stream)],
-                           "args": {"name": stream}})
-        for o in self.ops:
-            if o.kind in ("record", "wait"):
-                continue
-            args = {"bytes": o.bytes, "index": o.index}
-            if o.kind == "collective":
-                args.update(op=o.op, algorithm=o.algorithm, group=list(o.group or ()))
-                if o.launch is not None and o.launch > o.start:
-                    events.append({"ph": "X", "name": f"wait {o.name or o.op}", "cat": "wait", "pid": o.rank,
-                                   "tid": tid[(o.rank, o.stream)], "ts": o.start * 1e6,
-                                   "dur": (o.launch - o.start) * 1e6})
-            begin = o.start if o.launch is None else o.launch
-            events.append({"ph": "X", "name": o.name or o.op or o.kind, "cat": o.kind, "pid": o.rank,
-                           "tid": tid[(o.rank, o.stream)], "ts": begin * 1e6, "dur": (o.end - begin) * 1e6,
-                           "args": args})
-        if self.transfers:
-            net = 1 + max((o.rank for o in self.ops), default=-1)
-            events.append({"ph": "M", "name": "process_name", "pid": net, "tid": 0, "args": {"name": "network"}})
-            for t in self.transfers:
-                events.append({"ph": "X", "name": f"{t.src}->{t.dst}", "cat": "transfer", "pid": net, "tid": t.src,
-                               "ts": t.start * 1e6, "dur": (t.end - t.start) * 1e6,
-                               "args": {"bytes": t.bytes, "links": list(t.links)}})
-        return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.meta},
+        """Chrome trace-event JSON (sim/chrome.py): opens in Perfetto (ui.perfetto.dev) or chrome://tracing."""
+        from distlab.sim.chrome import chrome_events
+        return json.dumps({"traceEvents": chrome_events(self), "displayTimeUnit": "ms", "otherData": self.meta},
                           sort_keys=True, separators=(",", ":"))
 
     def save(self, path: str) -> None:

@@ -149,15 +149,18 @@ def test_same_input_gives_byte_identical_trace(cli, tmp_path):
 def test_cli_json_and_sweep(cli, tmp_path):
     rc, out, err = cli("collective", "all_gather", "--sizes", "1KiB:1MiB", "--json", "--plot", str(tmp_path / "p.png"))
     assert rc == 0, err
-    rows = json.loads(out)
+    doc = json.loads(out)
+    rows = doc["results"]
+    assert doc["schema"] == "distlab.collective/1" and doc["world_size"] == 8
     assert len(rows) == 11 and (tmp_path / "p.png").stat().st_size > 1000
-    for key in ("op", "algorithm", "world_size", "bytes", "time_s", "algbw_GBps", "busbw_GBps"):
+    for key in ("op", "algorithm", "bytes", "count", "type", "redop", "root", "time_s", "algbw_GBps", "busbw_GBps"):
         assert key in rows[0]
     assert rows[-1]["busbw_GBps"] > rows[0]["busbw_GBps"]
     rc, out, _ = cli("collective", "all_reduce", "--size", "256MiB", "--cluster", "dgx-h100", "--nodes", "2",
                      "--algo", "ring", "--json")
-    row = json.loads(out)
-    assert row["world_size"] == 16 and row["algorithm"] == "ring" and 300 < row["busbw_GBps"] < 400
+    doc = json.loads(out)
+    row, = doc["results"]                               # one shape whatever the flags: a list even for one size
+    assert doc["world_size"] == 16 and row["algorithm"] == "ring" and 300 < row["busbw_GBps"] < 400
 
 
 def test_cli_timeline_figure(cli, tmp_path):

@@ -102,8 +102,10 @@ def test_cli_memory_table_and_json(cli):
     assert "ZeRO-3 / FSDP <" in out and "DDP" in out
     rc, out, err = cli("memory", "--model", "llama-7b", "--world", "64", "--zero", "3", "--json")
     d = json.loads(out)
-    assert d["selected"]["params"] == 2 * LLAMA_7B // 64 and d["selected"]["optimizer"] == 12 * LLAMA_7B // 64
-    assert d["stages"]["DDP"]["fits"] is False and d["selected"]["fits"] is True
+    stages = {s["stage"]: s for s in d["stages"]}
+    selected = next(s for s in d["stages"] if s["selected"])
+    assert selected["params_bytes"] == 2 * LLAMA_7B // 64 and selected["optimizer_bytes"] == 12 * LLAMA_7B // 64
+    assert stages["DDP"]["fits"] is False and selected["fits"] is True and selected["stage"] == "ZeRO-3 / FSDP"
 
 
 @pytest.mark.parametrize("args,text", [(("--zero", "7"), "unknown stage '7'"),

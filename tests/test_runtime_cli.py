@@ -69,16 +69,25 @@ def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
 @pytest.mark.slow
 def test_bench_table_json_and_plot(cli, tmp_path):
     rc, out, err = cli("bench", "--ops", "all_reduce,all_gather,barrier", "--sizes", "64KiB,256KiB", "--iters",
-                       "2", "--json", "--plot", str(tmp_path / "b.png"), "--out", str(tmp_path / "b.json"))
+                       "2", "--plot", str(tmp_path / "b.png"), "--out", str(tmp_path / "b.json"))
     assert rc == 0, err
-    rows = json.loads(out)
+    doc = json.loads((tmp_path / "b.json").read_text())            # --out holds what --json prints
+    table = [line.split() for line in out.splitlines() if line and not line.startswith(("#", "wrote"))]
+    assert [t[:6] for t in table] == [[r["op"], str(r["bytes"]), str(r["count"]), r["type"], r["redop"],
+                                       str(r["root"])] for r in doc["results"]]      # nccl-tests' columns
+    assert "# Avg bus bandwidth" in out
+    rows = doc["results"]
+    assert doc["schema"] == "distlab.bench/1" and doc["world_size"] == 2 and doc["complete"] and not doc["errors"]
+    assert doc["config"]["min_bytes"] == 65536 and doc["config"]["iterations"] == 2
     assert [(r["op"], r["bytes"]) for r in rows] == [("all_reduce", 65536), ("all_reduce", 262144),
                                                      ("all_gather", 65536), ("all_gather", 262144), ("barrier", 0)]
+    assert [(r["count"], r["redop"], r["root"], r["in_place"]) for r in rows[1:3]] == [
+        (65536, "sum", -1, True), (16384, "none", -1, False)]                # nccl-tests' fields
+    assert doc["average_busbw_GBps"] == pytest.approx(sum(r["busbw_GBps"] for r in rows[:4]) / 4)
     ar = rows[1]
     assert ar["algbw_GBps"] == pytest.approx(262144 / ar["time_s"] / 1e9)
     assert ar["busbw_GBps"] == pytest.approx(ar["algbw_GBps"])           # 2 ranks: 2(n-1)/n = 1
     assert (tmp_path / "b.png").stat().st_size > 0
-    assert json.loads((tmp_path / "b.json").read_text())["complete"]
 
 
 @pytest.mark.slow

@@ -1,4 +1,10 @@
-"""`distlab bench`: an nccl-tests-style sweep of real collectives on local ranks (time, algbw, busbw)."""
+"""`distlab bench`: an nccl-tests-style sweep of real collectives on local ranks (time, algbw, busbw).
+
+The table has nccl-tests' columns (size, count, type, redop, root, time, algbw, busbw; src/util.cu) and
+prints a line as each case's last round ends. ``--json`` follows the layout of nccl-tests' JSON output
+(``-J``, version 2: a "config" object, a "results" list with one object per size, the average bus bandwidth,
+"errors") in distlab's key conventions (units in key names): see README "JSON output".
+"""
 from __future__ import annotations
 
 import json
@@ -8,11 +14,13 @@ from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs,
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
+IN_PLACE = ("all_reduce", "broadcast", "reduce")          # runtime/sweep.py: one buffer for these
 
 
 def add_arguments(p) -> None:
-    p.epilog = ("'from launch' = from the last rank's arrival to the last rank's end, what the simulator's "
-                "collective time means (runtime/sweep.py).")
+    p.epilog = ("time = the slowest rank's start-to-end, median over --iters rounds; min/max = the fastest and "
+                "slowest round; 'from launch' = from the last rank's arrival to the last rank's end, what the "
+                "simulator's collective time means (runtime/sweep.py).")
     p.add_argument("--ops", default="all_reduce", help="comma-separated collectives, or all (default all_reduce)")
     p.add_argument("--sizes", default="1MiB:64MiB", help="LO:HI in x2 steps (LO:HI:F for xF), or a list "
                                                         "1MiB,4MiB (default 1MiB:64MiB)")
@@ -20,74 +28,105 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=10, help="timed calls per size; the median is reported (default 10)")
     add_launch_arguments(p, "number of local ranks (default 2)", "2")
-    p.add_argument("--out", metavar="RESULTS.json", help="also write the rows here (kept if the run fails)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
+    p.add_argument("--out", metavar="RESULTS.json", help="also write the --json object here (kept if the run fails)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="save busbw against size, error bars from the repeats")
+
+
+def result_row(row: dict) -> dict:
+    """A sweep row (runtime/sweep.py) with nccl-tests' fields (sim.cli.nccl_fields) and in_place."""
+    from distlab.sim.cli import nccl_fields
+    return {"op": row["op"], **nccl_fields(row["op"], row["bytes"], row["dtype"]),
+            "in_place": row["op"] in IN_PLACE, **{k: v for k, v in row.items() if k not in ("op", "bytes", "dtype")}}
+
+
+def report(rows: list[dict], args, nproc: int, sizes: list[int], backend, error) -> dict:
+    """The --json / --out object."""
+    bw = [r["busbw_GBps"] for r in rows if r["op"] != "barrier"]
+    return {"world_size": nproc, "backend": backend, "dtype": args.dtype, "complete": error is None,
+            "config": {"ops": parse_ops(args.ops), "min_bytes": min(sizes), "max_bytes": max(sizes),
+                       "sizes_bytes": sizes, "warmup_iters": args.warmup, "iterations": args.iters},
+            "results": rows, "average_busbw_GBps": sum(bw) / len(bw) if bw else None,
+            "errors": [] if error is None else [str(error)]}
 
 
 def run(args) -> int:
     from distlab.runtime.launch import Launch, RunFailed
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import BW_COLUMNS, NCCL_COLUMNS, RowPrinter, nccl_cells, print_json, progress, with_schema
     from distlab.sim.errors import ConfigError
-    from distlab.sim.io import parse_size_range, write_atomic
-    from distlab.sim.plan import DTYPE_BYTES, format_bytes
+    from distlab.sim.io import check_outputs, parse_size_range, write_atomic
+    from distlab.sim.plan import DTYPE_BYTES
 
     ops = parse_ops(args.ops)
-    sizes = parse_size_range(args.sizes)
     nproc = parse_nproc(args.nproc)
     if args.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "--dtype")
+    sizes = parse_size_range(args.sizes, "--sizes", args.dtype)
     if args.backend == "gloo":
         from distlab.runtime.collectives import check_backend_dtype
         check_backend_dtype(args.dtype, "gloo", "--dtype")
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
+    check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
+    printer = None if args.json else RowPrinter([("op", "", 14)] + NCCL_COLUMNS + BW_COLUMNS +
+                                                [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)])
+    if printer:
+        printer.comment(f"bench: {nproc} local ranks, {args.dtype}, warmup {args.warmup}, iters {args.iters}; "
+                        "time = slowest rank, median of the iters; min/max = fastest/slowest iter; "
+                        "launch = from the last rank's arrival")
+        printer.header()
+    shown = []
+
+    def show(rows):
+        for row in rows[len(shown):]:
+            shown.append(result_row(row))
+            if printer:
+                r = shown[-1]
+                printer.row([r["op"]] + nccl_cells(r) + [f"{r[k] * 1e6:.2f}" for k in
+                                                         ("time_min_s", "time_max_s", "launch_time_s")])
+
     payload = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters}
     launch = Launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
+
+    def rounds():                     # one tick per finished round, printing each final row as it comes
+        done = 0
+        for _ in launch.polls():
+            part = launch.partial(0) or {}
+            show(part.get("final", []))
+            while done < min(args.iters, part.get("rounds", 0)):
+                done += 1
+                yield
+    failed, backend = None, None
     try:
-        rows = launch.wait_progress(args.iters, f"bench on {nproc} ranks",
-                                    lambda L: (L.partial(0) or {}).get("rounds", 0))[0]["rows"]
-        failed = None
+        for _ in progress(rounds(), args.iters, f"bench on {nproc} ranks"):
+            pass
+        result = launch.finish()[0]
+        show(result["rows"])
+        backend = result.get("backend")
     except RunFailed as e:
-        rows, failed = (e.partial.get(0) or {}).get("rows", []), e
+        show((e.partial.get(0) or {}).get("final", []))
+        failed = e
+    except BaseException:
+        launch.abort()
+        raise
+    obj = report(shown, args, nproc, sizes, backend, failed)
     if args.out:
-        write_atomic(args.out, json.dumps({"complete": failed is None, "rows": rows}, indent=1))
-    if args.plot and rows:
-        plot_busbw(rows, args.plot)
+        write_atomic(args.out, json.dumps(with_schema(obj, NAME), indent=1))
+    if args.plot and shown:
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import busbw_figure
+        save_figure(busbw_figure(shown, f"measured busbw, {nproc} local ranks ({args.dtype}, median of "
+                                        f"{args.iters}; bars: fastest to slowest)"), args.plot)
     if args.json:
-        print_json(rows)
-    elif rows:
-        print_table(f"measured on {nproc} local ranks ({args.dtype}; time = slowest rank, median of {args.iters})",
-                    ["op", "size", "time (ms)", "min (ms)", "from launch (ms)", "algbw (GB/s)", "busbw (GB/s)"],
-                    [[r["op"], format_bytes(r["bytes"]), f"{r['time_s'] * 1e3:.3f}", f"{r['time_min_s'] * 1e3:.3f}",
-                      f"{r['launch_time_s'] * 1e3:.3f}", f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}"]
-                     for r in rows], justify_left=2)
+        print_json(obj)
+    elif shown:
+        if obj["average_busbw_GBps"] is not None:
+            printer.comment(f"Avg bus bandwidth    : {obj['average_busbw_GBps']:.3f} GB/s")
         for path in (args.out, args.plot):
             if path:
                 print(f"wrote {path}")
     if failed is not None:
-        sys.stderr.write(f"distlab bench: error: {failed}" + (f" ({len(rows)} rows kept)\n" if rows else "\n"))
+        sys.stderr.write(f"distlab bench: error: {failed}" + (f" ({len(shown)} rows kept)\n" if shown else "\n"))
         return 1
     return 0
-
-
-def plot_busbw(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from distlab.sim.io import save_figure
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for op in dict.fromkeys(r["op"] for r in rows if r["op"] != "barrier"):
-        rs = [r for r in rows if r["op"] == op]
-        ax.plot([r["bytes"] for r in rs], [r["busbw_GBps"] for r in rs], marker="o", label=op)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    n = rows[0]["world_size"]
-    ax.set_title(f"measured busbw, {n} local ranks")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    save_figure(fig, path)
-    plt.close(fig)

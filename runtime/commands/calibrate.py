@@ -60,6 +60,8 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.sim.io import check_output
+    check_output(args.out, "--out", "file")     # before the ranks start
     from distlab.runtime.preflight import warn_cores
     warn_cores(max(nprocs), args.threads, "distlab calibrate")
     rows, compute, backend, done = [], None, "gloo", []

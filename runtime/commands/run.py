@@ -52,7 +52,13 @@ def run(args) -> int:
         except PlanMismatch as e:
             raise PlanMismatch(f"{e} (--no-check starts the ranks anyway)") from None
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
+    from distlab.sim.io import check_output
+    check_output(out, "--out", "trace")     # before the ranks start
     perfetto = perfetto_path(out, args.perfetto)
+    if perfetto:
+        check_output(perfetto, "--perfetto", "trace")
+    if args.dump_dir:
+        check_output(args.dump_dir, "--dump-dir", "dir")
     dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
     launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,

@@ -42,6 +42,8 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops = parse_ops(args.ops, allow_barrier=False)
+    from distlab.sim.io import check_outputs
+    check_outputs((args.plot, "--plot", "figure"), (args.out, "--out", "file"))
     calib, held = parse_size_range(args.calib_sizes, "--calib-sizes"), parse_size_range(args.sizes)
     if set(calib) & set(held):
         raise ConfigError(f"{format_bytes(sorted(set(calib) & set(held))[0])} is in both --calib-sizes and "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from distlab.sim.errors import ConfigError
 
 
 def _hook(rec: dict, compress: str | None):
@@ -20,7 +21,8 @@ def _hook(rec: dict, compress: str | None):
         t = time.perf_counter() - rec["t0"]
         k = bucket.index()
         rec["buckets"][k] = {"index": k, "launch": t, "bytes": bucket.buffer().numel() * bucket.buffer().element_size()}
-        fut = hooks.fp16_compress_hook(None, bucket) if compress == "fp16" else hooks.allreduce_hook(None, bucket)
+        chosen = {"fp16": hooks.fp16_compress_hook, "bf16": hooks.bf16_compress_hook}.get(compress, hooks.allreduce_hook)
+        fut = chosen(None, bucket)
 
         def done(f):
             rec["buckets"][k]["end"] = time.perf_counter() - rec["t0"]
@@ -138,7 +140,12 @@ def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5,
             local: bool = True, calibrate: list[int] | None = None, backend: str = "gloo",
             timeout: float = 300.0) -> list[dict]:
     """Launch ``world`` ranks running :func:`rank_task`; the per-rank results."""
+    import torch
+
     from distlab.runtime.launch import launch
+    if (ddp_opts or {}).get("compress") == "bf16" and (backend == "gloo" or not torch.cuda.is_available()):
+        raise ConfigError("bf16 compression needs NCCL: torch's DDP takes bf16_compress_hook only with CUDA 11+ "
+                          "and NCCL 2.10+ (DistributedDataParallel._check_comm_hook); with gloo use fp16", "compress")
     payload = {"model": {**model.config, "name": model.name}, "ddp": ddp_opts or {}, "steps": steps,
                "warmup": warmup, "local": local, "calibrate": calibrate}
     return launch("distlab.runtime.ddp.run:rank_task", payload, nproc=world, backend=backend, timeout=timeout)

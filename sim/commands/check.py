@@ -8,23 +8,25 @@ HELP = ("Check a plan statically: collectives that differ between ranks or that 
 
 def add_arguments(p) -> None:
     p.add_argument("plan", help="a plan JSON file (distlab-plan/1)")
-    p.add_argument("--json", action="store_true", help="print the problems as a JSON list")
+    p.add_argument("--json", action="store_true", help="print the problems as JSON objects (rank, op_index, kind, "
+                                                       "message)")
 
 
 def run(args) -> int:
-    from distlab.sim.check import check_plan
+    from distlab.sim.check import plan_problems
     from distlab.sim.cli import print_json
     from distlab.sim.plan import Plan
 
     plan = Plan.load(args.plan)
-    problems = check_plan(plan)
+    problems = plan_problems(plan)
+    ops = sum(len(r) for r in plan.ranks)
     if args.json:
-        print_json({"plan": args.plan, "ranks": plan.world_size, "problems": problems})
+        print_json({"plan": args.plan, "world_size": plan.world_size, "ops": ops, "ok": not problems,
+                    "problems": [p.to_dict() for p in problems]})
     elif problems:
         for p in problems:
-            print(p)
+            print(p.message)
     else:
-        ops = sum(len(r) for r in plan.ranks)
         print(f"{args.plan}: {plan.world_size} ranks, {ops} ops: no mismatched collectives, no unmatched "
               "send/recv, no waits on missing events")
     return 1 if problems else 0

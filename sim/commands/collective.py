@@ -1,12 +1,13 @@
 """`distlab collective`: simulate one collective, or sweep sizes like nccl-tests."""
 from __future__ import annotations
 
-from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.cli import BW_COLUMNS, NCCL_COLUMNS, RowPrinter, nccl_cells, nccl_fields, print_json, progress
 from distlab.sim.errors import ConfigError
-from distlab.sim.plan import ALGORITHMS, COLLECTIVES, format_bytes
+from distlab.sim.plan import ALGORITHMS, COLLECTIVES, DTYPE_BYTES, format_bytes
 
 NAME = "collective"
-HELP = "Simulate a collective on a cluster: time, algbw and busbw (nccl-tests definitions)."
+HELP = "Simulate a collective on a cluster: time, algbw and busbw (nccl-tests definitions and columns)."
+ROOTED = ("broadcast", "reduce")
 
 
 def add_arguments(p) -> None:
@@ -14,12 +15,14 @@ def add_arguments(p) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--size", default="256MiB", help="message size, e.g. 8B, 64KiB, 256MiB, 1GiB (default 256MiB)")
     size.add_argument("--sizes", help="a sweep: LO:HI in x2 steps (LO:HI:F for xF), or a list 1MiB,4MiB")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES),
+                   help="element type: sizes must be whole numbers of its elements (default float32)")
     p.add_argument("--cluster", default="dgx-h100",
                    help="a preset (dgx-a100, dgx-h100, hgx-h200, pcie-8gpu, localhost-cpu) or a cluster .yaml")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the cluster's)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node (default: the cluster's)")
     p.add_argument("--algo", default="auto", choices=ALGORITHMS, help="algorithm (default auto: the fastest)")
-    p.add_argument("--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    p.add_argument("--root", type=int, help="root rank of broadcast and reduce (default 0; an error for others)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto) of every transfer")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
     p.add_argument("--timeline", metavar="OUT.png", help="save a figure of every transfer (one --size only)")
@@ -32,67 +35,69 @@ def run(args) -> int:
     from distlab.sim.cluster import _validated, load_cluster
     from distlab.sim.collectives import metrics
     from distlab.sim.engine import simulate_collective
-    from distlab.sim.io import parse_size, parse_size_range
+    from distlab.sim.io import check_outputs, parse_size, parse_size_range
 
-    sizes = parse_size_range(args.sizes) if args.sizes else [parse_size(args.size, "--size")]
+    sizes = (parse_size_range(args.sizes, "--sizes", args.dtype) if args.sizes
+             else [parse_size(args.size, "--size", args.dtype)])
     for flag, value in (("--trace", args.trace), ("--timeline", args.timeline)):
         if value and len(sizes) > 1:
             raise ConfigError(f"{flag} shows one collective; use it with --size, not --sizes", flag)
+    if args.root is not None and args.op not in ROOTED:
+        raise ConfigError(f"{args.op} has no root; --root is for {' and '.join(ROOTED)}", "--root")
+    check_outputs((args.trace, "--trace", "trace"), (args.plot, "--plot", "figure"),
+                  (args.timeline, "--timeline", "figure"))
     if args.nodes is not None and args.nodes < 1:
         raise ConfigError(f"{args.nodes} must be a whole number >= 1", "--nodes")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
         cluster = _validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")
     n = cluster.world_size
-    if args.op in ("broadcast", "reduce") and not 0 <= args.root < n:
-        raise ConfigError(f"root {args.root} is outside the world (0..{n - 1})", "--root")
+    root = args.root or 0
+    if args.op in ROOTED and not 0 <= root < n:
+        raise ConfigError(f"root {root} is outside the world (0..{n - 1})", "--root")
     record = bool(args.trace or args.timeline)
     if record and n * n * 2 * n > 5e7:
         raise ConfigError(f"a transfer trace of {n} ranks would be too large; use fewer nodes", "--trace")
 
+    printer = None if args.json else RowPrinter(NCCL_COLUMNS + [("algorithm", "", 12)] + BW_COLUMNS)
+    if printer:
+        printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
+                        f"algorithm {args.algo}; simulated (time = from launch to the last rank's end)")
+        printer.header()
     rows, trace = [], None
-    for size in progress(sizes, len(sizes), f"{args.op} sweep", enabled=len(sizes) > 4):
-        trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, args.root,
-                                               record_transfers=record)
-        rows.append({"op": args.op, "algorithm": algorithm, "world_size": n, "nodes": cluster.nodes,
-                     "cluster": cluster.name, "bytes": size, **metrics(args.op, n, size, trace.makespan)})
+    for size in progress(sizes, len(sizes), f"{args.op} sweep"):
+        trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, root, record_transfers=record)
+        rows.append({"op": args.op, **nccl_fields(args.op, size, args.dtype, root), "algorithm": algorithm,
+                     **metrics(args.op, n, size, trace.makespan)})
+        if printer:
+            cells = nccl_cells(rows[-1])
+            printer.row(cells[:5] + [algorithm] + cells[5:])
 
     if args.trace:
         trace.save(args.trace)
     if args.plot:
-        plot_busbw(rows, args.plot)
+        from distlab.sim.io import save_figure
+        from distlab.sim.plots import busbw_figure
+        save_figure(busbw_figure(rows, f"{args.op} on {cluster.name}, {n} ranks (simulated, {args.dtype})",
+                                 auto=args.algo == "auto"), args.plot)
     if args.timeline:
+        from distlab.sim.cli import working
         from distlab.sim.io import save_figure
         from distlab.sim.plots import transfers_timeline
         r = rows[0]
-        save_figure(transfers_timeline(trace, title=f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, "
-                                                    f"{n} ranks on {cluster.name}"), args.timeline)
+        with working(f"drawing {len(trace.transfers)} transfers"):
+            save_figure(transfers_timeline(trace, title=f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, "
+                                                        f"{n} ranks on {cluster.name}"), args.timeline)
     if args.json:
-        print_json(rows if args.sizes else rows[0])
+        print_json({"op": args.op, "cluster": cluster.name, "world_size": n, "nodes": cluster.nodes,
+                    "gpus_per_node": cluster.gpus_per_node, "dtype": args.dtype, "algorithm_requested": args.algo,
+                    "results": rows, "files": {k: v for k, v in (("trace", args.trace), ("plot", args.plot),
+                                                                  ("timeline", args.timeline)) if v}})
         return 0
-    title = f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node})"
-    print_table(title, ["size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
-                [[format_bytes(r["bytes"]), r["algorithm"], f"{r['time_s'] * 1e6:.2f}", f"{r['algbw_GBps']:.2f}",
-                  f"{r['busbw_GBps']:.2f}"] for r in rows], justify_left=2)
+    if args.algo == "auto" and len({r["algorithm"] for r in rows}) > 1:
+        changes = [r for i, r in enumerate(rows) if i == 0 or r["algorithm"] != rows[i - 1]["algorithm"]]
+        print("# auto chose: " + ", ".join(f"{r['algorithm']} from {format_bytes(r['bytes'])}" for r in changes))
     for path in (args.trace, args.plot, args.timeline):
         if path:
             print(f"wrote {path}")
     return 0
-
-
-def plot_busbw(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from distlab.sim.io import save_figure
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    r = rows[0]
-    ax.set_title(f"{r['op']} on {r['cluster']}, {r['world_size']} ranks")
-    ax.grid(True, alpha=0.3)
-    save_figure(fig, path)
-    plt.close(fig)

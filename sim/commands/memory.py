@@ -13,7 +13,8 @@ LABELS = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
 def add_arguments(p) -> None:
     p.add_argument("--model", default="llama-7b", help="a model preset (gpt2-small, gpt2-medium, llama-7b, "
                                                         "llama-70b; default llama-7b)")
-    p.add_argument("--world", type=int, default=8, help="data-parallel ranks (default 8)")
+    p.add_argument("--world-size", "--world", dest="world", type=int, default=8,
+                   help="data-parallel ranks (default 8)")
     p.add_argument("--zero", default="3", help="stage: 0 or ddp, 1, 2, 3 (default 3 = FSDP)")
     p.add_argument("--shard-size", type=int, help="HSDP: shard within groups of this many ranks (default: world)")
     p.add_argument("--micro-batch", type=int, help="sequences per rank (activations scale with it)")
@@ -51,7 +52,7 @@ def run(args) -> int:
     from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
     if args.world < 1:
-        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world")
+        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world-size")
     gpu, gib = _gpu_GiB(args.gpu)
     spec = {"preset": args.model}
     for key in ("micro_batch", "seq_len", "dtype"):
@@ -65,9 +66,9 @@ def run(args) -> int:
         parts["fits"] = fits(parts["total"], gib)
     sel = stages[zero]
     if args.json:
-        print_json({"model": model.summary(), "params": model.num_params, "world": args.world,
+        print_json({"model": model.summary(), "num_params": model.num_params, "world_size": args.world,
                     "shard_size": args.shard_size or args.world, "zero": zero, "gpu": gpu, "gpu_memory_GiB": gib,
-                    "selected": sel, "stages": {LABELS[z]: v for z, v in stages.items()}})
+                    "stages": [stage_json(z, v, z == zero) for z, v in stages.items()]})
         return 0
     G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
     print(f"model: {model.summary()}")
@@ -82,3 +83,10 @@ def run(args) -> int:
         print(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
             f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v))
     return 0
+
+
+def stage_json(zero: int, parts: dict, selected: bool) -> dict:
+    """One stage's row of ``memory --json``: each term in bytes (``<term>_bytes``), the total, fits."""
+    terms = {f"{k.replace(' ', '_')}_bytes": v for k, v in parts.items() if k not in ("total", "fits")}
+    return {"stage": LABELS[zero], "zero": zero, "selected": selected, **terms, "total_bytes": parts["total"],
+            "fits": parts["fits"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 
-from distlab.sim.cli import print_json
+from distlab.sim.cli import print_json, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -116,6 +116,10 @@ def parse_sweep(text: str, d: dict) -> tuple[str, list]:
 
 def run(args) -> int:
     from distlab.sim.commands import simulate_output as out
+    from distlab.sim.io import check_output
+    check_output(None if args.no_files else args.out, "--out", "dir")       # before any work (sim/io.py)
+    if args.save_plan:
+        check_output(args.save_plan, "--save-plan", "file")
     if is_plan_file(args.scenario):
         return out.run_plan_file(args)
     d, changed = scenario_from_args(args)
@@ -150,7 +154,7 @@ def run_sweep(args, base: dict) -> int:
     from distlab.sim.commands import simulate_output as out
     key, values = parse_sweep(args.sweep, base)
     results, rows = [], []
-    for v in values:
+    for v in progress(values, len(values), f"sweep of {key}"):     # a bar once it runs over 2 s
         d = copy.deepcopy(base)
         sc.set_value(d, key, v)
         r = sc.simulate(d, f"--sweep {key}={v}")

@@ -7,7 +7,8 @@ rule (all its gradients ready and every lower bucket launched; NCCL and Gloo run
 last bucket, the compute stream waits for the comm stream and runs the optimizer step.
 
 Gradient accumulation: the first ``grad_accum - 1`` micro-batches run under ``no_sync()`` (no all-reduce).
-``compress="fp16"``: ``fp16_compress_hook`` all-reduces 2-byte values. Compute ops carry FLOPs and HBM bytes
+``compress="fp16"`` / ``"bf16"``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``
+(ddp_comm_hooks/default_hooks.py) all-reduce 2-byte values. Compute ops carry FLOPs and HBM bytes
 (roofline on the cluster's GPU): forward reads the layer's parameters and writes its activations, backward
 reads both and writes gradients. Optimizer: Adam reads p, g, m, v and writes p, m, v (7 x param bytes at
 fp32), SGD reads p, g and writes p (3 x).
@@ -26,14 +27,16 @@ from distlab.sim.workloads.base import option
 OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
 
 
+COMPRESS = {"fp16": "float16", "bf16": "bfloat16"}   # torch's compress hooks: the dtype they all-reduce
+
 @dataclass
 class DDPOptions:
     """The ``ddp:`` section of a scenario (and `distlab simulate` DDP flags)."""
     bucket_cap_mb: float | None = option(None, "DDP bucket_cap_mb in MiB (none = PyTorch's 25, first bucket 1)")
     iteration: int = option(1, "0 = the first step (one bucket); 1 = steady state, rebuilt buckets")
     grad_accum: int = option(1, "micro-batches per step, all but the last under no_sync()")
-    compress: str | None = option(None, "fp16_compress_hook: all-reduce 2-byte values", choices=("fp16",),
-                                  what="compression")
+    compress: str | None = option(None, "fp16/bf16_compress_hook: all-reduce 2-byte values",
+                                  choices=tuple(COMPRESS), what="compression")
     algorithm: str = option("auto", "all-reduce algorithm", choices=ALGORITHMS, what="algorithm", flag="--algo")
     optimizer: str = option("adam", "optimizer step after the all-reduces", choices=tuple(OPTIMIZERS),
                             what="optimizer")
@@ -59,8 +62,9 @@ class DDPOptions:
         if self.grad_accum > 1024:
             raise ConfigError(f"{self.grad_accum} is more micro-batches than the simulator takes (at most 1024)",
                               f"{where}.grad_accum")
-        if self.compress not in (None, "fp16"):
-            raise ConfigError(f"unknown compression {self.compress!r}; allowed: fp16 (or none)", f"{where}.compress")
+        if self.compress is not None and self.compress not in COMPRESS:
+            raise ConfigError(f"unknown compression {self.compress!r}; allowed: fp16, bf16 (or none)",
+                              f"{where}.compress")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}",
                               f"{where}.algorithm")
@@ -100,7 +104,7 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
                         ops.append(Record(f"ready {k}"))
     for k, b in enumerate(buckets):
         numel = sum(model.params[i].numel for i in b.params)
-        nbytes, dtype = (2 * numel, "float16") if opts.compress == "fp16" else (b.bytes, b.dtype)
+        nbytes, dtype = (2 * numel, COMPRESS[opts.compress]) if opts.compress else (b.bytes, b.dtype)
         coll_index[k] = len(ops) + 1
         ops += [Wait(f"ready {k}"), Collective("all_reduce", nbytes, dtype=dtype, algorithm=opts.algorithm,
                                                name=f"bucket {k}")]
