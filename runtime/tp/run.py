@@ -86,8 +86,8 @@ def local_shapes(module) -> list[list]:
     return [[n, list((p.to_local() if isinstance(p, DTensor) else p).shape)] for n, p in module.named_parameters()]
 
 
-def _step(module, x, capture: CollectiveCapture, loss_parallel: bool) -> list[float]:
-    """One forward + backward (cross-entropy on next tokens); seconds of [forward, backward]."""
+def _step(module, opt, x, capture: CollectiveCapture, loss_parallel: bool) -> list[float]:
+    """One training step (cross-entropy on next tokens, AdamW); seconds of [forward, backward, optimizer]."""
     import contextlib
 
     import torch.nn.functional as F
@@ -101,14 +101,18 @@ def _step(module, x, capture: CollectiveCapture, loss_parallel: bool) -> list[fl
         t1 = time.perf_counter()
         capture.phase = "backward"
         loss.backward()
-    module.zero_grad(set_to_none=True)
-    return [t1 - t0, time.perf_counter() - t1]
+    t2 = time.perf_counter()
+    capture.phase = "optimizer"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return [t1 - t0, t2 - t1, time.perf_counter() - t2]
 
 
 def rank_task(ctx, payload: dict) -> dict:
     """One rank: per variant ({model, sequence_parallel, loss_parallel}) a fresh TP module on a 1-D tp mesh
     of the whole world, a warm-up step, then ``steps`` captured steps."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from distlab.runtime.tp.model import build_llama
@@ -119,17 +123,26 @@ def rank_task(ctx, payload: dict) -> dict:
         model = model_from_spec(v["model"])
         torch.manual_seed(0)
         module = parallelize(build_llama(model), mesh, v.get("sequence_parallel", True), v.get("loss_parallel", False))
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
-            _step(module, x, CollectiveCapture(), v.get("loss_parallel", False))
+            _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
         steps = []
         for _ in range(payload.get("steps", 1)):
             cap = CollectiveCapture()
+            dist.barrier()
+            t0 = time.perf_counter()
             with cap:
-                phases = _step(module, x, cap, v.get("loss_parallel", False))
-            steps.append({"phases": phases, "calls": cap.calls})
+                phases = _step(module, opt, x, cap, v.get("loss_parallel", False))
+            steps.append({"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls})
         out.append({"local_shapes": local_shapes(module), "steps": steps})
     return {"rank": ctx.rank, "variants": out}
+
+
+def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tuple]:
+    """(kind, bytes, dtype, group, phase) of every collective one rank issued in the last captured step."""
+    calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
+    return [(k, b, d, tuple(g), ph) for k, b, d, g, ph in calls]
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0) -> list:
