@@ -19,11 +19,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 KINDS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
          "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
+C10D = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter", "allreduce_": "all_reduce"}
 
 
 class CollectiveCapture(TorchDispatchMode):
-    """Every functional collective, in issue order: [kind, bytes (nccl-tests: AG output, RS input, AR buffer),
-    dtype, group ranks, phase]. ``phase`` is set by the caller ("forward", "backward")."""
+    """Every collective, in issue order: functional ones (DTensor) and c10d ones (FSDP2's all-gather and
+    reduce-scatter): [kind, bytes (nccl-tests: AG output, RS input, AR buffer), dtype, group ranks, phase].
+    ``phase`` is set by the caller ("forward", "backward", "optimizer")."""
 
     def __init__(self):
         super().__init__()
@@ -38,7 +40,21 @@ class CollectiveCapture(TorchDispatchMode):
         name = func._overloadpacket.__name__
         if func.namespace in ("_c10d_functional", "c10d_functional") and name in KINDS:
             self.calls.append(self._note(KINDS[name], args))
+        elif func.namespace == "c10d" and name in C10D:
+            self.calls.append(self._note_c10d(C10D[name], args))
         return out
+
+    def _note_c10d(self, kind: str, args) -> list:
+        """c10d._allgather_base_(out, in, pg, ...), _reduce_scatter_base_(out, in, pg, ...), allreduce_([t], pg, ...)."""
+        import torch
+        import torch.distributed as dist
+        t, pg = {"all_gather": (args[0], args[2]), "reduce_scatter": (args[1], args[2]),
+                 "all_reduce": (args[0][0] if isinstance(args[0], (list, tuple)) else args[0], args[1])}[kind]
+        from torch.distributed import ProcessGroup
+        if isinstance(pg, torch.ScriptObject):
+            pg = ProcessGroup.unbox(pg)
+        ranks = dist.get_process_group_ranks(pg)
+        return [kind, t.numel() * t.element_size(), str(t.dtype).replace("torch.", ""), ranks, self.phase]
 
     def _note(self, kind: str, args) -> list:
         import torch.distributed as dist
@@ -81,7 +97,8 @@ def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: 
 
 
 def local_shapes(module) -> list[list]:
-    """[name, local shape] of every parameter (a DTensor's local shard, or the plain tensor)."""
+    """[name, local shape] of every parameter (a DTensor's local shard, or the plain tensor; with FSDP2 the
+    shard of the TP shard)."""
     from torch.distributed.tensor import DTensor
     return [[n, list((p.to_local() if isinstance(p, DTensor) else p).shape)] for n, p in module.named_parameters()]
 
@@ -109,20 +126,28 @@ def _step(module, opt, x, capture: CollectiveCapture, loss_parallel: bool) -> li
 
 
 def rank_task(ctx, payload: dict) -> dict:
-    """One rank: per variant ({model, sequence_parallel, loss_parallel}) a fresh TP module on a 1-D tp mesh
-    of the whole world, a warm-up step, then ``steps`` captured steps."""
+    """One rank: per variant ({model, sequence_parallel, loss_parallel, mesh}) a fresh TP module on the mesh
+    (default: a 1-D tp mesh of the whole world; with a dp_shard dimension also ``fully_shard`` per block and on
+    the root), a warm-up step, then ``steps`` captured steps."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from distlab.runtime.tp.model import build_llama
     from distlab.sim.models import model_from_spec
-    mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("tp",))
+    from torch.distributed.fsdp import fully_shard
     out = []
     for v in payload["variants"]:
         model = model_from_spec(v["model"])
+        dims = v.get("mesh") or [["tp", ctx.world_size]]
+        mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
         torch.manual_seed(0)
-        module = parallelize(build_llama(model), mesh, v.get("sequence_parallel", True), v.get("loss_parallel", False))
+        module = parallelize(build_llama(model), mesh["tp"], v.get("sequence_parallel", True),
+                             v.get("loss_parallel", False))
+        if "dp_shard" in mesh.mesh_dim_names:       # torchtitan's order: TP first, then fully_shard blocks, root
+            for block in module.h:
+                fully_shard(block, mesh=mesh["dp_shard"])
+            fully_shard(module, mesh=mesh["dp_shard"])
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
@@ -146,7 +171,8 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0) -> list:
-    """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool}."""
+    """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
+    mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
                "steps": steps, "warmup": warmup}

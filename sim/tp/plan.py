@@ -71,7 +71,7 @@ class _Program:
                      Record(f"t{self.n}", "tp"), Wait(f"t{self.n}", "compute")]
 
 
-PHASES = {"fwd": "forward", "bwd": "backward", "optimizer": "optimizer"}
+PHASES = {"fwd": "forward", "bwd": "backward", "optimizer": "optimizer", "forward": "forward", "backward": "backward"}
 
 
 def collective_sequence(plan: Plan, rank: int = 0) -> list[tuple]:
@@ -120,62 +120,78 @@ def _numel(shape) -> int:
 
 
 def _program(model, group: tuple, o: TPOptions) -> _Program:
-    tp, sp = len(group), o.sequence_parallel
-    k = shapes_of(model, tp)
-    X, L = k["X"], model.config["layers"]
     p = _Program(group, model.config["dtype"])
-    norm = 2 * X / (tp if sp else 1)                   # a norm reads and writes the (sequence-sharded) stream
-    redo_attn = {"none": 0.0, "selective": k["core_flops"], "full": k["attn_flops"]}[o.recompute]
-    redo_mlp = k["mlp_flops"] if o.recompute == "full" else 0.0
-    # forward
-    p.compute("fwd embed", nbytes=X)
-    p.coll("reduce_scatter" if sp else "all_reduce", X, "embed fwd")
-    for i in range(L):
-        p.compute(f"fwd h.{i}.norm1", nbytes=norm)
-        if sp:
-            p.coll("all_gather", X, f"h.{i}.attn input fwd")
-        p.compute(f"fwd h.{i}.attn", k["attn_flops"], k["attn_bytes"])
-        p.coll("reduce_scatter" if sp else "all_reduce", X, f"h.{i}.attn output fwd")
-        p.compute(f"fwd h.{i}.norm2", nbytes=norm)
-        if sp:
-            p.coll("all_gather", X, f"h.{i}.mlp input fwd")
-        p.compute(f"fwd h.{i}.mlp", k["mlp_flops"], k["mlp_bytes"])
-        p.coll("reduce_scatter" if sp else "all_reduce", X, f"h.{i}.mlp output fwd")
-    p.compute("fwd norm_f", nbytes=norm)
-    if sp:
-        p.coll("all_gather", X, "lm_head input fwd")
-    p.compute("fwd lm_head", k["head_flops"], k["head_bytes"])
-    if o.loss_parallel:
-        p.compute("fwd loss", nbytes=k["tokens"] * 4 * model.config["vocab"] / tp)
-        for what in ("max", "sum exp", "target logit"):
-            p.coll("all_reduce", k["tokens"] * 4, f"loss {what} fwd", "float32")
-    else:
-        p.coll("all_gather", k["logits"], "lm_head output fwd")
-        p.compute("fwd loss", nbytes=k["tokens"] * 4 * model.config["vocab"])
-    # backward: adjoints in reverse
-    p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"])
-    p.coll("reduce_scatter" if sp else "all_reduce", X, "lm_head input bwd")
-    p.compute("bwd norm_f", nbytes=norm)
-    for i in reversed(range(L)):
-        if sp:
-            p.coll("all_gather", X, f"h.{i}.mlp output bwd")
-        p.compute(f"bwd h.{i}.mlp", 2 * k["mlp_flops"] + redo_mlp, k["mlp_bytes"])
-        for j in range(1 if sp else k["col_mlp"]):
-            p.coll("reduce_scatter" if sp else "all_reduce", X, f"h.{i}.mlp input bwd")
-        p.compute(f"bwd h.{i}.norm2", nbytes=norm)
-        if sp:
-            p.coll("all_gather", X, f"h.{i}.attn output bwd")
-        p.compute(f"bwd h.{i}.attn", 2 * k["attn_flops"] + redo_attn, k["attn_bytes"])
-        for j in range(1 if sp else k["col_attn"]):
-            p.coll("reduce_scatter" if sp else "all_reduce", X, f"h.{i}.attn input bwd")
-        p.compute(f"bwd h.{i}.norm1", nbytes=norm)
-    if sp:
-        p.coll("all_gather", X, "embed bwd")
-    p.compute("bwd embed", nbytes=X)
-    # optimizer: AdamW on the local shards; Partial norm gradients all-reduced on every read
-    for q in partial_grad_params(model, sp):
-        for _ in range(ADAMW_GRAD_READS):
-            p.coll("all_reduce", q.bytes, f"{q.name} grad optimizer")
-    n = sum(_numel(local_shape(q, tp)) for q in model.params)
+    seg = Segments(model, o, p)
+    for layer in model.layers:
+        seg.forward(layer.name)
+    for layer in reversed(model.layers):
+        seg.backward(layer.name)
+    seg.partial_grads([q.name for q in partial_grad_params(model, o.sequence_parallel)], ADAMW_GRAD_READS,
+                      "optimizer")
+    n = sum(_numel(local_shape(q, len(group))) for q in model.params)
     p.compute("optimizer", flops=ADAM_FLOPS * n, nbytes=ADAM_BYTES * n)
     return p
+
+
+class Segments:
+    """The ops of one layer (``embed``, ``h.{i}``, ``head``) forward or backward, appended to a _Program: the
+    pieces tp_plan strings together and FSDP2 x TP (sim/tp/compose.py) splices into FSDP2's program."""
+
+    def __init__(self, model, o: TPOptions, p: _Program):
+        self.model, self.o, self.p = model, o, p
+        tp, sp = len(p.group), o.sequence_parallel
+        self.k, self.sp = shapes_of(model, tp), sp
+        self.norm = 2 * self.k["X"] / (tp if sp else 1)     # a norm reads and writes the (sharded) stream
+        self.redo_attn = {"none": 0.0, "selective": self.k["core_flops"], "full": self.k["attn_flops"]}[o.recompute]
+        self.redo_mlp = self.k["mlp_flops"] if o.recompute == "full" else 0.0
+
+    def forward(self, name: str):
+        p, k, sp, X, V = self.p, self.k, self.sp, self.k["X"], self.model.config["vocab"]
+        if name == "embed":
+            p.compute("fwd embed", nbytes=X)
+            p.coll("reduce_scatter" if sp else "all_reduce", X, "embed fwd")
+        elif name == "head":
+            p.compute("fwd norm_f", nbytes=self.norm)
+            if sp:
+                p.coll("all_gather", X, "lm_head input fwd")
+            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"])
+            if self.o.loss_parallel:
+                p.compute("fwd loss", nbytes=k["tokens"] * 4 * V / len(p.group))
+                for what in ("max", "sum exp", "target logit"):
+                    p.coll("all_reduce", k["tokens"] * 4, f"loss {what} fwd", "float32")
+            else:
+                p.coll("all_gather", k["logits"], "lm_head output fwd")
+                p.compute("fwd loss", nbytes=k["tokens"] * 4 * V)
+        else:
+            for part, norm in (("attn", "norm1"), ("mlp", "norm2")):
+                p.compute(f"fwd {name}.{norm}", nbytes=self.norm)
+                if sp:
+                    p.coll("all_gather", X, f"{name}.{part} input fwd")
+                p.compute(f"fwd {name}.{part}", k[f"{part}_flops"], k[f"{part}_bytes"])
+                p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} output fwd")
+
+    def backward(self, name: str):
+        p, k, sp, X = self.p, self.k, self.sp, self.k["X"]
+        if name == "embed":
+            if sp:
+                p.coll("all_gather", X, "embed bwd")
+            p.compute("bwd embed", nbytes=X)
+        elif name == "head":
+            p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"])
+            p.coll("reduce_scatter" if sp else "all_reduce", X, "lm_head input bwd")
+            p.compute("bwd norm_f", nbytes=self.norm)
+        else:
+            for part, norm, redo in (("mlp", "norm2", self.redo_mlp), ("attn", "norm1", self.redo_attn)):
+                if sp:
+                    p.coll("all_gather", X, f"{name}.{part} output bwd")
+                p.compute(f"bwd {name}.{part}", 2 * k[f"{part}_flops"] + redo, k[f"{part}_bytes"])
+                for _ in range(1 if sp else k[f"col_{part}"]):
+                    p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} input bwd")
+                p.compute(f"bwd {name}.{norm}", nbytes=self.norm)
+
+    def partial_grads(self, names: list[str], reads: int, phase: str):
+        """All-reduce the Partial(sum) gradients of parameters ``names``, ``reads`` times each."""
+        by_name = {q.name: q for q in self.model.params}
+        for n in names:
+            for _ in range(reads):
+                self.p.coll("all_reduce", by_name[n].bytes, f"{n} grad {phase}")
