@@ -92,7 +92,8 @@ def _yaml(tmp_path, text):
 
 @pytest.mark.parametrize("text,msg", [
     ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\nworld_size: 3\n", "tp 3 does not divide heads 32"),
-    ("model: llama3-8b\nmesh: {tp: 4}\ntp: {}\n", "the world has 8"),
+    ("model: llama3-8b\nmesh: {dp_shard: 3, tp: 2}\ntp: {}\n", "= 6 ranks, but the world has 8"),
+    ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\n", "must divide the world size 8"),
     ("model: llama3-8b\ntp: {recompute: some}\nmesh: {tp: 8}\n", "unknown recompute 'some'")])
 def test_cli_bad_input_one_line_exit_2(cli, tmp_path, text, msg):
     rc, out, err = cli("simulate", _yaml(tmp_path, text + "cluster: dgx-h100\n"), "--no-files")
@@ -118,3 +119,17 @@ def test_selective_recompute_and_sequence_parallel_shrink_memory_in_the_report()
     plain, sp, sel = total({"sequence_parallel": False}), total({}), total({"recompute": "selective"})
     assert plain > sp > sel
     assert preset("llama3-8b").num_params > 8e9
+
+
+def test_fsdp2_x_tp_from_the_mesh(cli):
+    """A dp_shard dimension makes the tp section FSDP2 x TP; a mesh {tp: 2} on 8 GPUs fills dp_shard with 4."""
+    d = {"model": {"preset": "llama3-8b", "layers": 2, "micro_batch": 1}, "mesh": {"tp": 2}, "tp": {},
+         "cluster": "dgx-h100"}
+    r = sc.build(d)
+    assert r.mesh.as_dict() == {"dp_shard": 4, "tp": 2} and r.plan.meta["builder"] == "fsdp_tp"
+    rc, out, err = cli("simulate", "scenarios/tp-fsdp-llama3-8b.yaml", "--json", "--no-files")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    dims = {(c["mesh_dim"], c["op"]) for c in res["collectives"]}
+    assert {("dp_shard", "all_gather"), ("dp_shard", "reduce_scatter"), ("tp", "all_gather")} <= dims
+    assert res["memory"]["fits"]

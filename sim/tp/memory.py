@@ -41,12 +41,17 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, seque
     return sbh * per * elem_bytes / 2
 
 
-def tp_memory(model, tp: int, sequence_parallel: bool = True, recompute: str = "none") -> dict:
+def tp_memory(model, tp: int, sequence_parallel: bool = True, recompute: str = "none", dp_shard: int = 1) -> dict:
     """Bytes per rank: params, grads, optimizer (AdamW: fp32 master + m + v for 16-bit params, m + v for fp32;
-    sim/fsdp/memory.py ``precision``) on the local shards, and activations of all layers (Table 2)."""
+    sim/fsdp/memory.py ``precision``) on the local shards (with FSDP2 over ``dp_shard`` ranks: each TP-local
+    shard's dim 0 padded to a multiple of dp_shard, then split), and activations of all layers (Table 2;
+    FSDP2's transient unsharded units are not counted)."""
+    from distlab.sim.fsdp.units import padded_numel
     from distlab.sim.plan import DTYPE_BYTES
+    from distlab.sim.tp.rules import local_shape
     c = model.config
-    n = local_numel(model, tp)
+    n = local_numel(model, tp) if dp_shard == 1 else \
+        sum(padded_numel(local_shape(q, tp), dp_shard) for q in model.params) // dp_shard
     p, g, k = precision(c["dtype"])
     act = c["layers"] * activation_bytes_per_layer(c["seq_len"], c["micro_batch"], c["hidden"], c["heads"], tp,
                                                    sequence_parallel, recompute, DTYPE_BYTES[c["dtype"]])
