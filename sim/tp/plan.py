@@ -93,7 +93,7 @@ def shapes_of(model, tp: int) -> dict:
             "attn_flops": (2.0 * b * s * attn + 4.0 * b * s * s * h) / tp, "attn_bytes": attn * e / tp,
             "core_flops": 4.0 * b * s * s * h / tp, "mlp_flops": 2.0 * b * s * mlp / tp, "mlp_bytes": mlp * e / tp,
             "head_flops": 2.0 * b * s * h * V / tp, "head_bytes": h * V * e / tp,
-            "col_attn": 1 if st["qkv"] == "fused" else 3, "col_mlp": 3 - 1 if st["mlp"] == "swiglu" else 1}
+            "col_attn": 1 if st["qkv"] == "fused" else 3, "col_mlp": 2 if st["mlp"] == "swiglu" else 1}
 
 
 def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp") -> Plan:
