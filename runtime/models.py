@@ -85,68 +85,109 @@ class MLP(nn.Module):
         return x
 
 
+class RMSNormBias(nn.Module):
+    """RMSNorm with a bias (``norm: rmsnorm, norm_bias: true``; torch's nn.RMSNorm has none)."""
+
+    def __init__(self, h, dtype):
+        super().__init__()
+        self.norm = nn.RMSNorm(h, elementwise_affine=False, dtype=dtype)
+        self.weight = nn.Parameter(torch.ones(h, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(h, dtype=dtype))
+
+    def forward(self, x):
+        return self.norm(x) * self.weight + self.bias
+
+
+def _structure(c) -> dict:
+    from distlab.sim.models import ARCH_DEFAULTS
+    return {k: c.get(k, v) for k, v in ARCH_DEFAULTS[c["arch"]].items()}
+
+
+def _norm(st, h, dtype):
+    if st["norm"] == "layernorm":
+        return nn.LayerNorm(h, bias=st["norm_bias"], dtype=dtype)
+    return RMSNormBias(h, dtype) if st["norm_bias"] else nn.RMSNorm(h, dtype=dtype)
+
+
 class Block(nn.Module):
+    """One block of ``sim.models.gpt`` with its structural choices (qkv, mlp, norm, biases), parameters
+    registered in the arch's order (llama: attn, mlp, norm1, norm2; gpt2: norm1, attn, norm2, mlp)."""
+
     def __init__(self, c, dtype):
         super().__init__()
+        st = _structure(c)
         h, ffn, kv = c["hidden"], c["ffn_hidden"], c["kv_heads"] * (c["hidden"] // c["heads"])
-        self.heads, self.kv_heads, self.llama = c["heads"], c["kv_heads"], c["arch"] == "llama"
-        L = lambda a, b: nn.Linear(a, b, bias=not self.llama, dtype=dtype)  # noqa: E731
-        N = (lambda: nn.RMSNorm(h, dtype=dtype)) if self.llama else (lambda: nn.LayerNorm(h, dtype=dtype))
-        if self.llama:     # registration order as sim.models.gpt: attention, mlp, norms
+        self.heads, self.kv_heads, self.st = c["heads"], c["kv_heads"], st
+        L = lambda a, b: nn.Linear(a, b, bias=st["bias"], dtype=dtype)  # noqa: E731
+
+        def attn():
             self.attn = nn.Module()
-            self.attn.q, self.attn.k, self.attn.v, self.attn.o = L(h, h), L(h, kv), L(h, kv), L(h, h)
+            if st["qkv"] == "fused":
+                self.attn.qkv = L(h, h + 2 * kv)
+            else:
+                self.attn.q, self.attn.k, self.attn.v = L(h, h), L(h, kv), L(h, kv)
+            self.attn.o = L(h, h)
+
+        def mlp():
             self.mlp = nn.Module()
-            self.mlp.gate, self.mlp.up, self.mlp.down = L(h, ffn), L(h, ffn), L(ffn, h)
-            self.norm1, self.norm2 = N(), N()
+            if st["mlp"] == "swiglu":
+                self.mlp.gate, self.mlp.up, self.mlp.down = L(h, ffn), L(h, ffn), L(ffn, h)
+            else:
+                self.mlp.fc, self.mlp.proj = L(h, ffn), L(ffn, h)
+        if c["arch"] == "llama":
+            attn()
+            mlp()
+            self.norm1, self.norm2 = _norm(st, h, dtype), _norm(st, h, dtype)
         else:
-            self.norm1 = N()
-            self.attn = nn.Module()
-            self.attn.qkv, self.attn.o = L(h, h + 2 * kv), L(h, h)
-            self.norm2 = N()
-            self.mlp = nn.Module()
-            self.mlp.fc, self.mlp.proj = L(h, ffn), L(ffn, h)
+            self.norm1 = _norm(st, h, dtype)
+            attn()
+            self.norm2 = _norm(st, h, dtype)
+            mlp()
 
     def forward(self, x):
         b, s, h = x.shape
         d = h // self.heads
         y = self.norm1(x)
-        if self.llama:
-            q, k, v = self.attn.q(y), self.attn.k(y), self.attn.v(y)
-        else:
+        if self.st["qkv"] == "fused":
             q, k, v = self.attn.qkv(y).split([h, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        else:
+            q, k, v = self.attn.q(y), self.attn.k(y), self.attn.v(y)
         q = q.view(b, s, self.heads, d).transpose(1, 2)
         k, v = (t.view(b, s, self.kv_heads, d).transpose(1, 2) for t in (k, v))
         a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.attn.o(a.transpose(1, 2).reshape(b, s, h))
         y = self.norm2(x)
-        if self.llama:
+        if self.st["mlp"] == "swiglu":
             return x + self.mlp.down(nn.functional.silu(self.mlp.gate(y)) * self.mlp.up(y))
-        return x + self.mlp.proj(nn.functional.gelu(self.mlp.fc(y)))
+        act = nn.functional.gelu if self.st["mlp"] == "gelu" else torch.relu
+        return x + self.mlp.proj(act(self.mlp.fc(y)))
 
 
 class GPT(nn.Module):
-    """The transformer ``sim.models.gpt`` describes, parameter for parameter (names, shapes, order)."""
+    """The transformer ``sim.models.gpt`` describes, parameter for parameter (names, shapes, order); RoPE
+    positions are not applied (they hold no parameters and do not change the collectives)."""
 
     def __init__(self, c, dtype=torch.float32):
         super().__init__()
-        self.llama = c["arch"] == "llama"
+        st = _structure(c)
+        self.learned, self.tied = st["positions"] == "learned", st["tied"]
         self.embed = nn.Module()
         self.embed.tok = nn.Embedding(c["vocab"], c["hidden"], dtype=dtype)
-        if not self.llama:
+        if self.learned:
             self.embed.pos = nn.Embedding(c.get("max_positions") or c["seq_len"], c["hidden"], dtype=dtype)
         self.h = nn.ModuleList(Block(c, dtype) for _ in range(c["layers"]))
-        self.norm_f = (nn.RMSNorm if self.llama else nn.LayerNorm)(c["hidden"], dtype=dtype)
-        if self.llama:
+        self.norm_f = _norm(st, c["hidden"], dtype)
+        if not self.tied:
             self.lm_head = nn.Linear(c["hidden"], c["vocab"], bias=False, dtype=dtype)
 
     def forward(self, idx):
         x = self.embed.tok(idx)
-        if not self.llama:
+        if self.learned:
             x = x + self.embed.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.h:
             x = block(x)
         x = self.norm_f(x)
-        return self.lm_head(x) if self.llama else x @ self.embed.tok.weight.t()
+        return x @ self.embed.tok.weight.t() if self.tied else self.lm_head(x)
 
 
 def build_module(model: Model) -> nn.Module:

@@ -118,26 +118,56 @@ LLAMA_READY = (6, 5, 4, 8, 3, 2, 1, 0, 7)             # down up gate norm2 o v k
 
 
 # --- builders ----------------------------------------------------------------------------------------------
+# What each arch means when a choice is left out (None): GPT-2 (Radford et al. 2019) and LLaMA (Touvron et al.
+# 2023, arXiv 2302.13971; Llama 2 2307.09288; Llama 3 2407.21783).
+ARCH_DEFAULTS = {
+    "gpt2": dict(qkv="fused", mlp="gelu", norm="layernorm", norm_bias=True, bias=True, tied=True, positions="learned"),
+    "llama": dict(qkv="separate", mlp="swiglu", norm="rmsnorm", norm_bias=False, bias=False, tied=False,
+                  positions="rope"),
+}
+CHOICES = {"qkv": ("fused", "separate"), "mlp": ("gelu", "relu", "swiglu"), "norm": ("layernorm", "rmsnorm"),
+           "positions": ("learned", "rope")}
+
+
 def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_batch: int = 1,
         dtype: str = "bfloat16", ffn_hidden: int | None = None, kv_heads: int | None = None,
-        arch: str = "gpt2", max_positions: int | None = None, name: str = "gpt") -> Model:
-    """A decoder-only transformer. ``arch="gpt2"``: learned positions, LayerNorm with bias, biased linears,
-    GELU MLP (4h), tied embeddings (GPT-2, Radford et al. 2019). ``arch="llama"``: RMSNorm, no biases,
-    SwiGLU MLP (3 matrices of ffn_hidden), grouped-query attention with ``kv_heads``, untied head
-    (LLaMA, Touvron et al. 2023, arXiv 2302.13971 and 2307.09288)."""
-    if arch not in ("gpt2", "llama"):
-        raise ConfigError(f"unknown arch {arch!r}; allowed: gpt2, llama", "model.arch")
+        arch: str = "gpt2", max_positions: int | None = None, name: str = "gpt", qkv: str | None = None,
+        mlp: str | None = None, norm: str | None = None, norm_bias: bool | None = None, bias: bool | None = None,
+        tied: bool | None = None, positions: str | None = None) -> Model:
+    """A decoder-only transformer. ``arch`` sets the defaults of every structural choice (ARCH_DEFAULTS):
+    ``gpt2``: learned positions, LayerNorm with bias, biased linears, fused QKV, GELU MLP (4h), tied embeddings;
+    ``llama``: RoPE, RMSNorm, no biases, separate q/k/v with ``kv_heads`` (grouped-query attention), SwiGLU MLP
+    (gate, up, down of ``ffn_hidden``), untied head. Each choice can be overridden: ``qkv`` (fused|separate),
+    ``mlp`` (gelu|relu: 2 matrices fc, proj; swiglu: 3), ``norm`` (layernorm|rmsnorm), ``norm_bias``, ``bias``
+    (linear biases), ``tied`` (head shares the embedding), ``positions`` (learned|rope). Parameters are
+    registered in the arch's module order (gpt2: norm1, attn, norm2, mlp; llama: attn, mlp, norm1, norm2)."""
+    if arch not in ARCH_DEFAULTS:
+        raise ConfigError(f"unknown arch {arch!r}; allowed: {', '.join(ARCH_DEFAULTS)}", "model.arch")
     for key, v in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len),
                    ("vocab", vocab), ("micro_batch", micro_batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ConfigError(f"{v!r} must be a whole number > 0", f"model.{key}")
+    for key, v in (("ffn_hidden", ffn_hidden), ("kv_heads", kv_heads)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
             raise ConfigError(f"{v!r} must be a whole number > 0", f"model.{key}")
     if layers > MAX_LAYERS:
         raise ConfigError(f"{layers} layers is more than the simulator takes (at most {MAX_LAYERS})", "model.layers")
     if hidden % heads:
         raise ConfigError(f"hidden {hidden} is not a multiple of heads {heads}", "model.heads")
+    if kv_heads is not None and heads % kv_heads:
+        raise ConfigError(f"heads {heads} is not a multiple of kv_heads {kv_heads}; allowed: divisors of {heads}",
+                          "model.kv_heads")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "model.dtype")
-    llama = arch == "llama"
+    given = dict(qkv=qkv, mlp=mlp, norm=norm, norm_bias=norm_bias, bias=bias, tied=tied, positions=positions)
+    for key, v in given.items():
+        if v is None:
+            continue
+        if key in CHOICES and v not in CHOICES[key]:
+            raise ConfigError(f"unknown {key} {v!r}; allowed: {', '.join(CHOICES[key])}", f"model.{key}")
+        if key not in CHOICES and not isinstance(v, bool):
+            raise ConfigError(f"{v!r} must be true or false", f"model.{key}")
+    c = {k: (ARCH_DEFAULTS[arch][k] if v is None else v) for k, v in given.items()}
     ffn = ffn_hidden or 4 * hidden
     kv = (kv_heads or heads) * (hidden // heads)
     b, s, h, V = micro_batch, seq_len, hidden, vocab
@@ -147,33 +177,53 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
     def P(n, *shape):
         return Param(n, tuple(shape), dtype)
 
+    def linear(n, out_f, in_f):
+        return [P(n + ".weight", out_f, in_f)] + ([P(n + ".bias", out_f)] if c["bias"] else [])
+
+    def norm_params(n):
+        return [P(n + ".weight", h)] + ([P(n + ".bias", h)] if c["norm_bias"] else [])
+
     out: list[Layer] = []
-    emb = [P("embed.tok.weight", V, h)] + ([] if llama else [P("embed.pos.weight", max_positions or s, h)])
+    emb = [P("embed.tok.weight", V, h)] + ([P("embed.pos.weight", max_positions or s, h)]
+                                            if c["positions"] == "learned" else [])
     out.append(Layer("embed", emb, fwd_flops=0.0, activation_bytes=tokens * h * act_elem))
+    default = c == ARCH_DEFAULTS[arch]
     for i in range(layers):
         p = f"h.{i}."
-        if llama:
-            ps = [P(p + "attn.q.weight", h, h), P(p + "attn.k.weight", kv, h), P(p + "attn.v.weight", kv, h),
-                  P(p + "attn.o.weight", h, h), P(p + "mlp.gate.weight", ffn, h), P(p + "mlp.up.weight", ffn, h),
-                  P(p + "mlp.down.weight", h, ffn), P(p + "norm1.weight", h), P(p + "norm2.weight", h)]
+        if c["qkv"] == "fused":
+            attn = linear(p + "attn.qkv", h + 2 * kv, h)
         else:
-            ps = [P(p + "norm1.weight", h), P(p + "norm1.bias", h),
-                  P(p + "attn.qkv.weight", h + 2 * kv, h), P(p + "attn.qkv.bias", h + 2 * kv),
-                  P(p + "attn.o.weight", h, h), P(p + "attn.o.bias", h),
-                  P(p + "norm2.weight", h), P(p + "norm2.bias", h),
-                  P(p + "mlp.fc.weight", ffn, h), P(p + "mlp.fc.bias", ffn),
-                  P(p + "mlp.proj.weight", h, ffn), P(p + "mlp.proj.bias", h)]
+            attn = linear(p + "attn.q", h, h) + linear(p + "attn.k", kv, h) + linear(p + "attn.v", kv, h)
+        attn += linear(p + "attn.o", h, h)
+        if c["mlp"] == "swiglu":
+            mlp_ps = linear(p + "mlp.gate", ffn, h) + linear(p + "mlp.up", ffn, h) + linear(p + "mlp.down", h, ffn)
+        else:
+            mlp_ps = linear(p + "mlp.fc", ffn, h) + linear(p + "mlp.proj", h, ffn)
+        if arch == "llama":
+            ps = attn + mlp_ps + norm_params(p + "norm1") + norm_params(p + "norm2")
+        else:
+            ps = norm_params(p + "norm1") + attn + norm_params(p + "norm2") + mlp_ps
         matrix = sum(q.numel for q in ps if len(q.shape) == 2)
         flops = 2.0 * tokens * matrix + 4.0 * b * s * s * h
         act = s * b * h * (34 + 5 * heads * s / h) * act_elem / 2     # 2205.05198 counts 16-bit bytes
-        out.append(Layer(f"h.{i}", ps, fwd_flops=flops, activation_bytes=act,
-                         ready=LLAMA_READY if llama else GPT2_READY))
-    head = [P("norm_f.weight", h)] + ([P("lm_head.weight", V, h)] if llama else [P("norm_f.bias", h)])
+        ready = (LLAMA_READY if arch == "llama" else GPT2_READY) if default else None
+        out.append(Layer(f"h.{i}", ps, fwd_flops=flops, activation_bytes=act, ready=ready))
+    head = norm_params("norm_f") + ([] if c["tied"] else [P("lm_head.weight", V, h)])
     out.append(Layer("head", head, fwd_flops=2.0 * tokens * h * V, activation_bytes=tokens * V * act_elem,
-                     ready=None if llama else (0, 1)))
+                     ready=(0, 1) if default and arch == "gpt2" else None))
     config = dict(arch=arch, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab,
                   micro_batch=micro_batch, dtype=dtype, ffn_hidden=ffn, kv_heads=kv_heads or heads)
+    if max_positions is not None:
+        config["max_positions"] = max_positions
+    config.update({k: v for k, v in c.items() if v != ARCH_DEFAULTS[arch][k]})   # only what differs
     return Model(name, out, {"kind": "gpt", **config})
+
+
+def structure(model: Model) -> dict:
+    """The structural choices of a gpt Model (arch defaults filled in): qkv, mlp, norm, norm_bias, bias, tied,
+    positions."""
+    cfg = model.config
+    return {k: cfg.get(k, v) for k, v in ARCH_DEFAULTS[cfg["arch"]].items()}
 
 
 MAX_LAYERS = 4096            # a bound on model size, so a typo cannot exhaust memory
@@ -210,21 +260,32 @@ PRESETS = {
     # Llama 2 70B (2307.09288; HF config): 80 layers, 8192 hidden, 64 heads, 8 KV heads, 28672 FFN, 4096 ctx.
     "llama-70b": dict(arch="llama", layers=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096, vocab=32000,
                       ffn_hidden=28672),
+    # Llama 3 (Llama Team, "The Llama 3 Herd of Models", 2024, arXiv 2407.21783, Table 3): layers, model
+    # dimension, FFN dimension, attention heads, 8 key/value heads, vocabulary "128,000" (the released tokenizer:
+    # 128,000 tokens + 256 special = 128256, HF config vocab_size), 8192-token pre-training context; untied head.
+    "llama3-8b": dict(arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                      seq_len=8192),
+    "llama3-70b": dict(arch="llama", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
+                       vocab=128256, seq_len=8192),
+    "llama3-405b": dict(arch="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
+                        vocab=128256, seq_len=8192),
 }
 GPT_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "micro_batch", "dtype", "ffn_hidden",
-            "kv_heads", "max_positions")
+            "kv_heads", "max_positions") + tuple(ARCH_DEFAULTS["gpt2"])
 MLP_KEYS = ("widths", "batch", "dtype", "bias")
 
 
 def preset(name: str, **overrides) -> Model:
-    """A preset by name (``gpt2-small``, ``gpt2-medium``, ``llama-7b``, ``llama-70b``) with overrides."""
+    """A preset by name (``gpt2-small``, ``gpt2-medium``, ``llama-7b``, ``llama-70b``, ``llama3-8b``,
+    ``llama3-70b``, ``llama3-405b``) with overrides."""
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}", "model")
     return gpt(**{**PRESETS[name], **overrides}, name=name)
 
 
 def model_from_spec(spec, where: str = "model") -> Model:
-    """A preset name, ``{preset: NAME, micro_batch: 4, ...}``, ``{kind: gpt, layers: ..., ...}`` or
+    """A preset name, ``{preset: NAME, micro_batch: 4, ...}``, ``{kind: gpt, layers: ..., ...}`` (``kind`` may be
+    left out when ``arch`` is given: ``{arch: llama, layers: 2, ...}``) or
     ``{kind: mlp, widths: [1024, 1024, 1024], batch: 32}``."""
     if isinstance(spec, Model):
         return spec
@@ -241,7 +302,7 @@ def model_from_spec(spec, where: str = "model") -> Model:
         if name not in PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}", f"{where}.preset")
         return _call(gpt, {**PRESETS[name], "name": name, **spec}, where)
-    kind = spec.pop("kind", None)
+    kind = spec.pop("kind", "gpt" if "arch" in spec else None)
     if kind == "gpt":
         _check_keys(spec, ("name",) + GPT_KEYS, where)
         return _call(gpt, spec, where)

@@ -1,0 +1,1 @@
+"""Real tensor parallelism: DTensor's ``parallelize_module`` on the transformer the simulator plans."""

@@ -1,0 +1,179 @@
+"""Real tensor parallelism on gloo ranks: ``parallelize_module`` with torchtitan's Llama plan (TP + SP) or the
+plain Megatron plan (TP), every collective torch issues recorded by a TorchDispatchMode (as torch's
+CommDebugMode sees them: it lets DTensor desugar first, then notes the functional collectives it runs).
+
+torchtitan (torchtitan/models/llama3/infra/parallelize.py, ``apply_tp``), TP + SP:
+  embed.tok RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)); norm_f SequenceParallel();
+  lm_head ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()); per block: norm1/norm2
+  SequenceParallel(); attn/mlp PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate());
+  q, k, v, gate, up ColwiseParallel(); o, down RowwiseParallel(output_layouts=Shard(1)).
+Plain TP (Megatron-LM, Shoeybi et al. 2019): embed.tok RowwiseParallel(input_layouts=Replicate()); q, k, v,
+gate, up, lm_head ColwiseParallel() (lm_head output_layouts=Replicate()); o, down RowwiseParallel(); norms
+replicated plain tensors.
+"""
+from __future__ import annotations
+
+import time
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+KINDS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+         "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
+C10D = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter", "allreduce_": "all_reduce"}
+
+
+class CollectiveCapture(TorchDispatchMode):
+    """Every collective, in issue order: functional ones (DTensor) and c10d ones (FSDP2's all-gather and
+    reduce-scatter): [kind, bytes (nccl-tests: AG output, RS input, AR buffer), dtype, group ranks, phase].
+    ``phase`` is set by the caller ("forward", "backward", "optimizer")."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[list] = []
+        self.phase = "forward"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+        if any(t is DTensor for t in types):
+            return NotImplemented           # let DTensor desugar into local ops and collectives first
+        out = func(*args, **(kwargs or {}))
+        name = func._overloadpacket.__name__
+        if func.namespace in ("_c10d_functional", "c10d_functional") and name in KINDS:
+            self.calls.append(self._note(KINDS[name], args))
+        elif func.namespace == "c10d" and name in C10D:
+            self.calls.append(self._note_c10d(C10D[name], args))
+        return out
+
+    def _note_c10d(self, kind: str, args) -> list:
+        """c10d._allgather_base_(out, in, pg, ...), _reduce_scatter_base_(out, in, pg, ...), allreduce_([t], pg, ...)."""
+        import torch
+        import torch.distributed as dist
+        t, pg = {"all_gather": (args[0], args[2]), "reduce_scatter": (args[1], args[2]),
+                 "all_reduce": (args[0][0] if isinstance(args[0], (list, tuple)) else args[0], args[1])}[kind]
+        from torch.distributed import ProcessGroup
+        if isinstance(pg, torch.ScriptObject):
+            pg = ProcessGroup.unbox(pg)
+        ranks = dist.get_process_group_ranks(pg)
+        return [kind, t.numel() * t.element_size(), str(t.dtype).replace("torch.", ""), ranks, self.phase]
+
+    def _note(self, kind: str, args) -> list:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        t = args[0]
+        group = _resolve_process_group(args[-1])
+        ranks = dist.get_process_group_ranks(group)
+        nbytes = t.numel() * t.element_size() * (len(ranks) if kind == "all_gather" else 1)
+        return [kind, nbytes, str(t.dtype).replace("torch.", ""), ranks, self.phase]
+
+
+def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False):
+    """Apply the TP (+ SP) plan above to a ``runtime.tp.model.Llama``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    head_out = Shard(-1) if loss_parallel else Replicate()
+    if sequence_parallel:
+        root = {"embed.tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                "norm_f": SequenceParallel(),
+                "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=head_out,
+                                           use_local_output=not loss_parallel)}
+    else:
+        root = {"embed.tok": RowwiseParallel(input_layouts=Replicate()),
+                "lm_head": ColwiseParallel(output_layouts=head_out, use_local_output=not loss_parallel)}
+    parallelize_module(module, tp_mesh, root)
+    for block in module.h:
+        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+                "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel()}
+        if sequence_parallel:
+            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                         "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                         "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                         "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+                         "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
+        else:
+            plan.update({"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()})
+        parallelize_module(block, tp_mesh, plan)
+    return module
+
+
+def local_shapes(module) -> list[list]:
+    """[name, local shape] of every parameter (a DTensor's local shard, or the plain tensor; with FSDP2 the
+    shard of the TP shard)."""
+    from torch.distributed.tensor import DTensor
+    return [[n, list((p.to_local() if isinstance(p, DTensor) else p).shape)] for n, p in module.named_parameters()]
+
+
+def _step(module, opt, x, capture: CollectiveCapture, loss_parallel: bool) -> list[float]:
+    """One training step (cross-entropy on next tokens, AdamW); seconds of [forward, backward, optimizer]."""
+    import contextlib
+
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import loss_parallel as lp
+    ctx = lp() if loss_parallel else contextlib.nullcontext()
+    t0 = time.perf_counter()
+    with ctx:
+        capture.phase = "forward"
+        logits = module(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), x.roll(-1, 1).flatten())
+        t1 = time.perf_counter()
+        capture.phase = "backward"
+        loss.backward()
+    t2 = time.perf_counter()
+    capture.phase = "optimizer"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return [t1 - t0, t2 - t1, time.perf_counter() - t2]
+
+
+def rank_task(ctx, payload: dict) -> dict:
+    """One rank: per variant ({model, sequence_parallel, loss_parallel, mesh}) a fresh TP module on the mesh
+    (default: a 1-D tp mesh of the whole world; with a dp_shard dimension also ``fully_shard`` per block and on
+    the root), a warm-up step, then ``steps`` captured steps."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from distlab.runtime.tp.model import build_llama
+    from distlab.sim.models import model_from_spec
+    from torch.distributed.fsdp import fully_shard
+    out = []
+    for v in payload["variants"]:
+        model = model_from_spec(v["model"])
+        dims = v.get("mesh") or [["tp", ctx.world_size]]
+        mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
+        torch.manual_seed(0)
+        module = parallelize(build_llama(model), mesh["tp"], v.get("sequence_parallel", True),
+                             v.get("loss_parallel", False))
+        if "dp_shard" in mesh.mesh_dim_names:       # torchtitan's order: TP first, then fully_shard blocks, root
+            for block in module.h:
+                fully_shard(block, mesh=mesh["dp_shard"])
+            fully_shard(module, mesh=mesh["dp_shard"])
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
+        for _ in range(payload.get("warmup", 1)):
+            _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
+        steps = []
+        for _ in range(payload.get("steps", 1)):
+            cap = CollectiveCapture()
+            dist.barrier()
+            t0 = time.perf_counter()
+            with cap:
+                phases = _step(module, opt, x, cap, v.get("loss_parallel", False))
+            steps.append({"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls})
+        out.append({"local_shapes": local_shapes(module), "steps": steps})
+    return {"rank": ctx.rank, "variants": out}
+
+
+def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tuple]:
+    """(kind, bytes, dtype, group, phase) of every collective one rank issued in the last captured step."""
+    calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
+    return [(k, b, d, tuple(g), ph) for k, b, d, g, ph in calls]
+
+
+def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0) -> list:
+    """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
+    mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}."""
+    from distlab.runtime.launch import launch
+    payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
+               "steps": steps, "warmup": warmup}
+    return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)

@@ -1,0 +1,1 @@
+"""Tensor and sequence parallelism: sharding rules, the per-rank plan, activation memory."""

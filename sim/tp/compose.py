@@ -1,0 +1,74 @@
+"""FSDP2 x TP on one 2-D mesh (dp_shard, tp), in torchtitan's order: ``parallelize_module`` on the tp
+sub-mesh first, then ``fully_shard`` on every block and on the root over dp_shard. FSDP2 then shards each
+parameter's TP-local shard (dim 0, padded to a multiple of dp_shard), so its all-gathers and reduce-scatters
+carry the TP-local units; the TP collectives run inside each layer as in the 1-D plan.
+
+The program is FSDP2's (sim/fsdp/plan.py, on the model with TP-local shapes) with each layer's compute replaced
+by that layer's TP segment (sim/tp/plan.py ``Segments``). Sequence-parallel norms: FSDP2's post-backward
+all-reduces each Partial(sum) gradient over tp once, just before the unit's reduce-scatter (so the optimizer
+reads Replicate gradients and issues nothing). As seen with torch 2.13 on gloo (tests/test_tp_runtime.py).
+"""
+from __future__ import annotations
+
+from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.plan import FSDPOptions, fsdp_plan, units_of
+from distlab.sim.models import Layer, Model, Param
+from distlab.sim.plan import Collective, Compute, Plan
+from distlab.sim.tp.plan import PHASES, Segments, TPOptions, _Program
+from distlab.sim.tp.rules import check_divides, local_shape, partial_grad_params
+
+
+def tp_local_model(model, tp: int) -> Model:
+    """``model`` with every parameter at its TP-local shape and compute divided by tp (what FSDP2 shards)."""
+    layers = [Layer(L.name, [Param(q.name, local_shape(q, tp), q.dtype) for q in L.params],
+                    fwd_flops=L.fwd_flops / tp, bwd_flops=L.bwd_flops / tp,
+                    activation_bytes=L.activation_bytes / tp, ready=L.ready) for L in model.layers]
+    return Model(model.name, layers, dict(model.config))
+
+
+def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPOptions | None = None,
+                 name: str | None = None, where: str = "tp") -> Plan:
+    """The plan of one step on ``mesh`` with dimensions dp_shard (FSDP2, ZeRO-3) and tp."""
+    fsdp_opts, tp_opts = fsdp_opts or FSDPOptions(), tp_opts or TPOptions()
+    for dim in ("dp_shard", "tp"):
+        if dim not in mesh:
+            raise ConfigError(f"FSDP2 x TP needs mesh dimensions dp_shard and tp; this mesh has "
+                              f"{', '.join(mesh.names)}", f"{where}: mesh")
+    if fsdp_opts.zero != 3:
+        raise ConfigError(f"FSDP2 x TP is built for ZeRO-3 (fully_shard) only; got zero {fsdp_opts.zero}",
+                          f"{where}: zero")
+    tp = mesh.size("tp")
+    check_divides(model, tp, "mesh.tp", tp_opts.sequence_parallel)
+    local = tp_local_model(model, tp)
+    base = fsdp_plan(local, mesh, fsdp_opts, where=where)
+    partial = {q.name for q in partial_grad_params(model, tp_opts.sequence_parallel)}
+    units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(local)}
+    ranks = []
+    for r, ops in enumerate(base.ranks):
+        p = _Program(mesh.group_of(r, "tp"), model.config["dtype"])
+        seg = Segments(model, tp_opts, p)
+        for op in ops:
+            kind, _, rest = getattr(op, "name", "").partition(" ")
+            if isinstance(op, Compute) and kind == "fwd":
+                seg.forward(rest)
+            elif isinstance(op, Compute) and kind == "bwd":
+                seg.backward(rest)
+            else:
+                if isinstance(op, Compute) and op.name.startswith("copy-in grads "):
+                    seg.partial_grads(units[op.name.removeprefix("copy-in grads ")], 1, "backward")
+                p.ops.append(op)
+        ranks.append(p.ops)
+    meta = {**base.meta, "builder": "fsdp_tp", "tp": tp, "sequence_parallel": tp_opts.sequence_parallel}
+    return Plan(ranks, name=name or f"fsdp{mesh.size('dp_shard')}-tp{tp}-{model.name}", meta=meta).validate()
+
+
+def collective_sequence(plan: Plan, rank: int = 0) -> list[tuple]:
+    """(kind, bytes, dtype, group, phase) in issue order; FSDP2's all-gathers carry their phase in the name,
+    its reduce-scatters run in backward."""
+    out = []
+    for o in plan.ranks[rank]:
+        if isinstance(o, Collective):
+            last = o.name.rsplit(" ", 1)[-1]
+            phase = PHASES.get(last, "forward" if last == "forward" else "backward")
+            out.append((o.op, o.bytes, o.dtype, plan.group_of(o), phase))
+    return out

@@ -1,0 +1,75 @@
+"""How tensor parallelism shards a transformer's parameters: the placements torch 2.13's ParallelStyles give
+them (torch/distributed/tensor/parallel/style.py) under torchtitan's Llama plan, and the local shard shapes.
+
+  ColwiseParallel (q, k, v or fused qkv, gate, up, fc, lm_head): weight Shard(0) (output features), bias Shard(0)
+  RowwiseParallel (o, down, proj): weight Shard(1) (input features), bias Replicate
+  RowwiseParallel on the embedding (vocabulary-parallel): weight Shard(0) (vocabulary rows)
+  norms, learned positions: Replicate (under SequenceParallel their gradients come out Partial(sum): computed
+  from this rank's sequence shard only, all-reduced when the optimizer reads them).
+Shard(d) splits dimension d into tp equal pieces; the plan requires tp to divide it (heads, kv_heads, the FFN
+width and the vocabulary), so every rank holds ``shape[d] / tp``.
+"""
+from __future__ import annotations
+
+import math
+
+from distlab.sim.errors import ConfigError
+
+COLWISE = ("attn.q", "attn.k", "attn.v", "attn.qkv", "mlp.gate", "mlp.up", "mlp.fc", "lm_head")
+ROWWISE = ("attn.o", "mlp.down", "mlp.proj")
+
+
+def module_of(param_name: str) -> str:
+    """``h.3.attn.q.weight`` -> ``attn.q``; ``embed.tok.weight`` -> ``embed.tok``."""
+    parts = param_name.split(".")
+    if parts[0] == "h":
+        parts = parts[2:]
+    return ".".join(parts[:-1])
+
+
+def placement(param_name: str) -> tuple:
+    """("shard", dim) or ("replicate",) of one parameter."""
+    mod, leaf = module_of(param_name), param_name.rsplit(".", 1)[-1]
+    if mod in COLWISE or mod == "embed.tok":
+        return ("shard", 0)
+    if mod in ROWWISE:
+        return ("shard", 1) if leaf == "weight" else ("replicate",)
+    return ("replicate",)
+
+
+def local_shape(param, tp: int) -> tuple[int, ...]:
+    """The shape of ``param``'s shard on one of ``tp`` ranks (DTensor ``to_local().shape``)."""
+    pl = placement(param.name)
+    if pl[0] == "replicate" or tp == 1:
+        return tuple(param.shape)
+    d = pl[1]
+    return tuple(n // tp if i == d else n for i, n in enumerate(param.shape))
+
+
+def local_numel(model, tp: int) -> int:
+    return sum(math.prod(local_shape(p, tp)) for p in model.params)
+
+
+def partial_grad_params(model, sequence_parallel: bool) -> list:
+    """Replicated parameters whose gradient is Partial(sum) under SequenceParallel (norm weights and biases)."""
+    if not sequence_parallel:
+        return []
+    return [p for p in model.params if "norm" in module_of(p.name)]
+
+
+def check_divides(model, tp: int, where: str = "mesh.tp", sequence_parallel: bool = False) -> None:
+    """ConfigError unless ``tp`` divides every dimension the plan shards: heads, kv_heads, FFN width, vocabulary
+    (and, with sequence parallelism, the sequence length)."""
+    c = model.config
+    if c.get("kind") != "gpt":
+        raise ConfigError(f"tensor parallelism needs a transformer model (a preset or {{arch: ...}}); got kind "
+                          f"{c.get('kind')!r}", where)
+    dims = {"heads": c["heads"], "kv_heads": c["kv_heads"], "ffn_hidden": c["ffn_hidden"], "vocab": c["vocab"]}
+    if sequence_parallel:
+        dims["seq_len"] = c["seq_len"]
+    g = math.gcd(*dims.values())
+    allowed = ", ".join(str(d) for d in range(1, g + 1) if g % d == 0)
+    for key, n in dims.items():
+        if n % tp:
+            raise ConfigError(f"tp {tp} does not divide {key} {n} (tensor parallelism splits it across the tp "
+                              f"ranks); allowed tp for this model: {allowed}", where)

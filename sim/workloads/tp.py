@@ -1,0 +1,67 @@
+"""The ``tp`` workload: tensor parallelism (+ sequence parallelism) over mesh dimension ``tp``, as torch 2.13's
+``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
+dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
+(sim/tp/compose.py, FSDP2's defaults). Reports the
+per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
+the tp collectives per step, and flags what does not fit."""
+from __future__ import annotations
+
+from distlab.sim.plan import Collective
+from distlab.sim.tp.compose import fsdp_tp_plan
+from distlab.sim.tp.plan import TPOptions, tp_plan
+from distlab.sim.workloads.base import Workload
+
+
+def build(model, mesh, opts: TPOptions, cluster):
+    """TP alone, or FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1."""
+    if "dp_shard" in mesh and mesh.size("dp_shard") > 1:
+        plan = fsdp_tp_plan(model, mesh, tp_opts=opts)
+    else:
+        plan = tp_plan(model, mesh, opts)
+    return plan, {"tp": plan.meta}
+
+
+def memory(result) -> dict:
+    from distlab.sim.fsdp.memory import breakdown_line, fits
+    from distlab.sim.tp.memory import tp_memory
+    o = result.options
+    dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
+    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, o.recompute, dp)
+    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
+    ok = fits(total, gpu)
+    rows = [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
+    rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
+             ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+            "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu,
+                     "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, recompute "
+                                    f"{o.recompute}"}}
+
+
+def report(result) -> dict:
+    from distlab.sim.tp.compose import collective_sequence
+    counts: dict = {}
+    seq = collective_sequence(result.plan, 0)
+    ops = [o for o in result.plan.ranks[0] if isinstance(o, Collective)]
+    for o, (op, nbytes, _, _, phase) in zip(ops, seq):
+        key = ("tp" if o.name.startswith("tp ") else "dp_shard", op, phase)
+        n, b = counts.get(key, (0, 0))
+        counts[key] = (n + 1, b + nbytes)
+    table = {"title": "collectives per step (rank 0)", "columns": ["mesh dim", "collective", "phase", "count", "MiB"],
+             "rows": [[d, op, ph, n, f"{b / 2**20:.3f}"] for (d, op, ph), (n, b) in counts.items()],
+             "notes": ["bytes as nccl-tests count them (all_gather: output, reduce_scatter: input)"]}
+    mem = memory(result)
+    rows = [["tp group size", result.mesh.size("tp")], ["sequence parallel", result.options.sequence_parallel]]
+    if "dp_shard" in result.mesh:
+        rows.append(["FSDP2 shard group size (dp_shard)", result.mesh.size("dp_shard")])
+    rows += mem["rows"]
+    return {"rows": rows, "tables": [table], "warnings": mem["warnings"],
+            "json": {"collectives": [{"mesh_dim": d, "op": op, "phase": ph, "count": n, "bytes": b}
+                                     for (d, op, ph), (n, b) in counts.items()], "memory": mem["json"]}}
+
+
+WORKLOAD = Workload(
+    name="tp", help="tensor parallelism (+ sequence parallelism) over tp: linears sharded column- and row-wise as "
+                    "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension",
+    dims=("dp_shard", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
+    report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size"})

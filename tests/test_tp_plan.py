@@ -1,0 +1,135 @@
+"""The tp plan builder (sim/tp/plan.py): the collectives per phase that torch's ParallelStyles imply (counts and
+sizes for plain TP and TP + SP, fused and separate q/k/v, SwiGLU and GELU), compute divided by tp, recompute,
+bad input as one line with exit code 2, and `distlab simulate` of the shipped tp scenarios."""
+import json
+
+import pytest
+
+from distlab.sim import scenario as sc
+from distlab.sim.errors import ConfigError
+from distlab.sim.mesh import Mesh
+from distlab.sim.models import gpt, preset
+from distlab.sim.plan import Collective, Compute
+from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
+
+LLAMA = gpt(layers=3, hidden=64, heads=8, kv_heads=4, seq_len=16, vocab=256, micro_batch=2, dtype="bfloat16",
+            arch="llama", ffn_hidden=128)
+GPT2 = gpt(layers=3, hidden=64, heads=8, seq_len=16, vocab=256, micro_batch=2, dtype="bfloat16", arch="gpt2")
+X = 2 * 16 * 64 * 2            # b·s·h·e
+
+
+def counts(plan):
+    out = {}
+    for op, b, _, _, phase in collective_sequence(plan):
+        out[(op, phase)] = out.get((op, phase), 0) + 1
+    return out
+
+
+def test_sequence_parallel_counts_and_sizes():
+    plan = tp_plan(LLAMA, Mesh({"tp": 4}), TPOptions())
+    L = 3
+    assert counts(plan) == {("reduce_scatter", "forward"): 2 * L + 1, ("all_gather", "forward"): 2 * L + 2,
+                            ("reduce_scatter", "backward"): 2 * L + 1, ("all_gather", "backward"): 2 * L + 1,
+                            ("all_reduce", "optimizer"): 3 * (2 * L + 1)}     # 7 norms, 3 reads each
+    seq = collective_sequence(plan)
+    assert {b for op, b, *_ in seq if op != "all_reduce"} == {X, 2 * 16 * 256 * 2}      # logits gathered once
+    assert seq[4 * L + 2][:2] == ("all_gather", 2 * 16 * 256 * 2) and seq[-1][1] == 64 * 2
+
+
+def test_plain_tp_all_reduces_once_per_column_parallel_linear_in_backward():
+    L = 3
+    llama = counts(tp_plan(LLAMA, Mesh({"tp": 4}), TPOptions(sequence_parallel=False)))
+    assert llama == {("all_reduce", "forward"): 2 * L + 1, ("all_gather", "forward"): 1,
+                     ("all_reduce", "backward"): (3 + 2) * L + 1}          # q, k, v, gate, up, lm_head
+    gpt2 = counts(tp_plan(GPT2, Mesh({"tp": 4}), TPOptions(sequence_parallel=False)))
+    assert gpt2[("all_reduce", "backward")] == (1 + 1) * L + 1              # fused qkv, fc
+
+
+def test_loss_parallel_keeps_logits_sharded_and_all_reduces_three_vectors():
+    seq = collective_sequence(tp_plan(LLAMA, Mesh({"tp": 4}), TPOptions(loss_parallel=True)))
+    assert 2 * 16 * 256 * 2 not in [b for _, b, *_ in seq]
+    loss = [s for s in seq if s[0] == "all_reduce" and s[4] == "forward"]
+    assert [(b, d) for _, b, d, *_ in loss] == [(2 * 16 * 4, "float32")] * 3
+
+
+def test_compute_divides_by_tp_and_tp1_issues_nothing():
+    def flops(plan, prefix):
+        return sum(o.flops for o in plan.ranks[0] if isinstance(o, Compute) and o.name.startswith(prefix))
+    one, four = (tp_plan(LLAMA, Mesh({"tp": t}), TPOptions()) for t in (1, 4))
+    assert not any(isinstance(o, Collective) for o in one.ranks[0])
+    for prefix in ("fwd", "bwd"):
+        assert flops(four, prefix) == pytest.approx(flops(one, prefix) / 4)
+    assert flops(one, "fwd") == pytest.approx(LLAMA.fwd_flops)       # the model's own FLOPs count
+    full = tp_plan(LLAMA, Mesh({"tp": 4}), TPOptions(recompute="full"))
+    assert flops(full, "bwd") == pytest.approx(flops(four, "bwd") + flops(four, "fwd h."))
+
+
+def test_groups_follow_the_mesh():
+    plan = tp_plan(LLAMA, Mesh({"dp": 2, "tp": 2}), TPOptions())
+    assert {g for *_, g, _ in collective_sequence(plan, 3)} == {(2, 3)}
+
+
+@pytest.mark.parametrize("model,where,text", [
+    ({"arch": "llama", "layers": 1, "hidden": 48, "heads": 6, "seq_len": 16, "vocab": 64}, "mesh.tp", "heads 6"),
+    ({"arch": "llama", "layers": 1, "hidden": 64, "heads": 8, "kv_heads": 2, "seq_len": 16, "vocab": 64},
+     "mesh.tp", "kv_heads 2"),
+    ({"arch": "llama", "layers": 1, "hidden": 64, "heads": 8, "ffn_hidden": 102, "seq_len": 16, "vocab": 64},
+     "mesh.tp", "ffn_hidden 102"),
+    ({"arch": "llama", "layers": 1, "hidden": 64, "heads": 8, "seq_len": 16, "vocab": 1001}, "mesh.tp", "vocab 1001"),
+    ({"arch": "llama", "layers": 1, "hidden": 64, "heads": 8, "seq_len": 18, "vocab": 64}, "mesh.tp", "seq_len 18")])
+def test_tp_must_divide_what_it_shards(model, where, text):
+    d = {"model": model, "mesh": {"tp": 4}, "tp": {}, "cluster": "dgx-h100", "world_size": 4}
+    with pytest.raises(ConfigError) as e:
+        sc.build(d)
+    assert where in e.value.where and text in str(e.value) and "allowed tp" in str(e.value)
+
+
+def _yaml(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\nworld_size: 3\n", "tp 3 does not divide heads 32"),
+    ("model: llama3-8b\nmesh: {dp_shard: 3, tp: 2}\ntp: {}\n", "= 6 ranks, but the world has 8"),
+    ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\n", "must divide the world size 8"),
+    ("model: llama3-8b\ntp: {recompute: some}\nmesh: {tp: 8}\n", "unknown recompute 'some'")])
+def test_cli_bad_input_one_line_exit_2(cli, tmp_path, text, msg):
+    rc, out, err = cli("simulate", _yaml(tmp_path, text + "cluster: dgx-h100\n"), "--no-files")
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_cli_simulate_tp_scenarios(cli):
+    rc, out, err = cli("simulate", "scenarios/tp-llama3-8b.yaml", "--json", "--no-files")
+    assert rc == 0, err
+    r = json.loads(out)["results"][0]
+    mem = r["memory"]
+    assert mem["fits"] and set(mem["breakdown_bytes"]) == {"params", "grads", "optimizer", "activations"}
+    assert r["step_s"] > r["compute_s"] > 0 and r["exposed_comm_s"] > 0
+    rc, out, err = cli("simulate", "scenarios/tp-llama3-70b.yaml", "--no-files")
+    assert rc == 0 and "warning: does not fit" in out and "GB = " in out and "GiB" in out
+
+
+def test_selective_recompute_and_sequence_parallel_shrink_memory_in_the_report():
+    def total(opts):
+        d = sc.load("scenarios/tp-llama3-8b.yaml")
+        d["tp"].update(opts)
+        return sc.simulate(d).report["json"]["memory"]["breakdown_bytes"]["activations"]
+    plain, sp, sel = total({"sequence_parallel": False}), total({}), total({"recompute": "selective"})
+    assert plain > sp > sel
+    assert preset("llama3-8b").num_params > 8e9
+
+
+def test_fsdp2_x_tp_from_the_mesh(cli):
+    """A dp_shard dimension makes the tp section FSDP2 x TP; a mesh {tp: 2} on 8 GPUs fills dp_shard with 4."""
+    d = {"model": {"preset": "llama3-8b", "layers": 2, "micro_batch": 1}, "mesh": {"tp": 2}, "tp": {},
+         "cluster": "dgx-h100"}
+    r = sc.build(d)
+    assert r.mesh.as_dict() == {"dp_shard": 4, "tp": 2} and r.plan.meta["builder"] == "fsdp_tp"
+    rc, out, err = cli("simulate", "scenarios/tp-fsdp-llama3-8b.yaml", "--json", "--no-files")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    dims = {(c["mesh_dim"], c["op"]) for c in res["collectives"]}
+    assert {("dp_shard", "all_gather"), ("dp_shard", "reduce_scatter"), ("tp", "all_gather")} <= dims
+    assert res["memory"]["fits"]
