@@ -182,9 +182,14 @@ def set_value(d: dict, key: str, value) -> None:
     w = workload_of(d)
     dim = w.legacy_keys.get(key, key)
     if dim in w.dims:
-        d["mesh"] = {**(d.get("mesh") or {}), dim: value}
-        if w.fill_dim and dim != w.fill_dim:
-            d["mesh"].pop(w.fill_dim, None)        # the fill dim takes what the new size leaves
+        mesh = dict(d.get("mesh") or {})
+        pinned = set(mesh) == set(w.dims) and d.get("world_size") == math.prod(mesh.values())
+        mesh[dim] = value
+        if pinned:                                 # world_size was the mesh's product: it follows the mesh
+            d["world_size"] = math.prod(mesh.values()) if all(isinstance(v, int) for v in mesh.values()) else None
+        elif w.fill_dim and dim != w.fill_dim:
+            mesh.pop(w.fill_dim, None)             # the fill dim takes what the new size leaves
+        d["mesh"] = mesh
         return
     d[w.name][key] = value
 

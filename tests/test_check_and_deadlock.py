@@ -117,15 +117,15 @@ def test_scenario_straggler_and_degraded_link_reported_by_cli(cli, tmp_path):
     rc, out, err = cli("simulate", str(path), "--no-files", "--json")
     assert rc == 0, err
     import json
-    d = json.loads(out)
+    d = json.loads(out)["results"][0]          # distlab.simulate/1: a list of results
     assert d["stragglers"][0].startswith("rank 3 arrived last")
     ranks = {r["rank"]: r for r in d["time_by_rank"]}
     assert ranks[3]["compute_s"] == pytest.approx(4 * ranks[0]["compute_s"])
     assert ranks[0]["waiting_s"] > 0 and ranks[3]["waiting_s"] == 0
     path.write_text(base)
-    fast = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["step_s"]
+    fast = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["results"][0]["step_s"]
     path.write_text(base + "degraded_links: {gpu5.up: 0.1}\n")
-    slow = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["step_s"]
+    slow = json.loads(cli("simulate", str(path), "--no-files", "--json")[1])["results"][0]["step_s"]
     assert slow > 2 * fast
     for bad, message in (("stragglers: {3: 0}\n", "must be a number > 0"), ("stragglers: {99: 2}\n", "rank 99"),
                          ("degraded_links: {gpu5.up: 2}\n", "in (0, 1]"), ("degraded_links: {warp9: 0.5}\n",

@@ -177,3 +177,15 @@ def test_pipeline_on_a_pp_outer_mesh_takes_groups_from_the_mesh():
     assert peers == {2} and groups == {(0, 1)}
     default = sc.build({**base, "mesh": {"dp": 2, "pp": 2}})
     assert {o.peer for o in default.plan.ranks[0] if isinstance(o, Send)} == {1}
+
+
+def test_sweeping_stages_of_an_old_pipeline_file_keeps_one_replica():
+    """Old format without world_size: the world was stages x 1, and a sweep of stages keeps it so."""
+    from distlab.sim.pipeline.scenario import sweep_results
+    d = sc.validate({"model": {"kind": "mlp", "widths": [64] * 9, "batch": 4},
+                     "parallelism": {"kind": "pipeline", "stages": 2, "microbatches": 4}, "cluster": "dgx-h100"})
+    rows = sweep_results(d, "stages", [2, 4])
+    assert [r["world_size"] for r in rows] == [2, 4]
+    d = sc.validate({"model": {"kind": "mlp", "widths": [64] * 9, "batch": 4}, "mesh": {"pp": 2},
+                     "pipeline": {"microbatches": 4}, "cluster": "dgx-h100"})
+    assert [r["world_size"] for r in sweep_results(d, "pp", [2, 4])] == [8, 8]     # dp takes the rest

@@ -19,7 +19,7 @@ def sweep_row(result) -> dict:
 WORKLOAD = Workload(
     name="fsdp", help="FSDP2 / ZeRO: parameters, gradients and optimizer state sharded over dp_shard; HSDP "
                       "all-reduces across dp_replicate",
-    dims=("dp_replicate", "dp_shard"), required_dims=("dp_shard",), fill_dim="dp_replicate", default_dim="dp_shard", options=FSDPOptions,
-    build=build, report=report, figure=figure_of, sweep_row=sweep_row,
+    dims=("dp_replicate", "dp_shard"), required_dims=("dp_shard",), fill_dim="dp_replicate", default_dim="dp_shard",
+    options=FSDPOptions, build=build, report=report, figure=figure_of, sweep_row=sweep_row,
     dim_words={"dp_shard": "shard group size", "dp_replicate": "replica count"},
     legacy_keys={"shard_size": "dp_shard"}, intra_node_dims=("dp_shard",))

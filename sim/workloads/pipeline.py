@@ -19,7 +19,8 @@ def report(result) -> dict:
     met = M.compute(result.trace, meta)
     ideal = M.ideal_bubble(meta["schedule"], meta["stages"], meta["microbatches"], meta["virtual_stages"])
     rows = [["pipeline makespan", f"{met.makespan * 1e3:.3f} ms"],
-            ["bubble", f"{met.bubble:.1%}" + (f" (uniform stages, free p2p: {ideal:.1%})" if ideal is not None else "")],
+            ["bubble (idle share of ranks x makespan)",
+             f"{met.bubble:.1%}" + (f" (uniform stages, free p2p: {ideal:.1%})" if ideal is not None else "")],
             ["p2p time (sum of sends)", f"{met.p2p_seconds * 1e3:.3f} ms"]]
     rows += [[f"stage {s}: peak microbatches in flight, their activations", f"{met.peak_in_flight[s]}, "
               f"{met.peak_stage_memory[s] / 2**20:.4g} MiB"] for s in met.peak_in_flight]
@@ -59,8 +60,8 @@ def figure(result, title=None):
     meta = result.info["pipeline"]
     p = meta["stages"]
     peers = list(result.mesh.group_of(0, "pp"))
-    return draw(result.trace, None, title=(title + "\n" if title else "") + title_for(meta, M.compute(result.trace, meta)),
-                ranks=peers, p=p)
+    heading = (title + "\n" if title else "") + title_for(meta, M.compute(result.trace, meta))
+    return draw(result.trace, None, title=heading, ranks=peers, p=p)
 
 
 def sweep_row(result) -> dict:
