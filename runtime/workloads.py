@@ -56,7 +56,10 @@ def scenario_workload(spec, where: str) -> str:
         if kind not in WORKLOADS:
             raise ConfigError(f"scenario kind {kind!r} not supported yet; allowed: {allowed}", where)
         return kind
-    sections = [name for name in spec if name in WORKLOADS]
+    from distlab.sim.workloads.registry import names as simulated
+    sections = [name for name in spec if name in WORKLOADS or name in simulated()]
+    if len(sections) == 1 and sections[0] not in WORKLOADS:
+        raise ConfigError(f"workload {sections[0]!r} is simulated but has no real run yet; allowed: {allowed}", where)
     if len(sections) != 1:
         found = f"sections {', '.join(sections)}" if sections else "no workload section"
         raise ConfigError(f"a real run needs exactly one workload section, found {found}; allowed: {allowed}",

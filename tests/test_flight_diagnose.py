@@ -94,7 +94,7 @@ def test_an_interrupted_healthy_run_is_not_called_a_hang():
     # the same records, but rank 0 had waited 30 s (10 x its longest collective is 0.1 s): a hang, then Ctrl-C
     d = diagnose(_interrupted_flight(waited=30.0))
     assert d["status"] == "hang" and exit_code(d) == 1
-    assert d["problems"] == [{"rank": 1, "op_index": None, "kind": "hang", "message": "would hang: ranks 0 wait in "
+    assert d["problems"] == [{"rank": 1, "op_index": None, "kind": "hang", "message": "would hang: rank 0 waits in "
                               "all_reduce #10 on group [0,1]; rank 1 never calls it"}]
     # a failure before the interruption is never excused
     f = _interrupted_flight(waited=0.05)

@@ -62,7 +62,7 @@ def test_schema_first_snake_case_and_world_size(capsys, plans):
     }
     for command, doc in outputs.items():
         assert list(doc)[0] == "schema" and doc["schema"] == f"distlab.{command}/1", command
-        assert "world_size" in doc, command
+        assert "world_size" in (doc["results"][0] if command == "simulate" else doc), command
         if command != "simulate":                  # simulate's keys are sim/commands/simulate.py's (issue 11)
             odd = [k for k in keys(doc) if not KEY.match(k)]
             assert not odd, (command, odd)

@@ -29,8 +29,13 @@ def test_each_workload_is_its_own_folder():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_scenarios_name_their_workload(path):
+    from distlab.sim.workloads.registry import names as simulated
     spec = load_yaml(str(path))
-    kind = spec["parallelism"]["kind"] if "parallelism" in spec else next(k for k in spec if k in WORKLOADS)
+    kind = spec["parallelism"]["kind"] if "parallelism" in spec else next(k for k in spec if k in simulated())
+    if kind not in WORKLOADS:            # simulated only (tp): refused in one line that says so
+        with pytest.raises(ConfigError, match=f"workload '{kind}' is simulated but has no real run yet"):
+            scenario_workload(spec, str(path))
+        return
     assert scenario_workload(spec, str(path)) == kind
     assert workload_section(spec, kind) is not None
 
@@ -48,7 +53,8 @@ def test_mesh_format_takes_the_section_named_after_a_workload():
     ({"parallelism": {"kind": "tp"}}, "scenario kind 'tp' not supported yet; allowed: ddp, fsdp, pipeline"),
     ({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}},
      "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline"),
-    ({"mesh": {"tp": 2}, "tp": {}}, "found no workload section; allowed: ddp, fsdp, pipeline"),
+    ({"mesh": {"tp": 2}, "tp": {}}, "workload 'tp' is simulated but has no real run yet; allowed: ddp, fsdp, pipeline"),
+    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline"),
     (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline"),
 ])
 def test_unknown_workloads_are_one_line_errors(spec, message):

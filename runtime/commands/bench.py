@@ -69,6 +69,9 @@ def run(args) -> int:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
     check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
+    if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
+        from distlab.runtime.preflight import check_nccl
+        check_nccl(nproc)
     printer = None if args.json else RowPrinter([("op", "", 14)] + NCCL_COLUMNS + BW_COLUMNS +
                                                 [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)])
     if printer:
