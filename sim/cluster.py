@@ -25,6 +25,7 @@ class GPUSpec:
     hbm_GBps: float               # memory bandwidth
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
+    arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
 
 
 @dataclass(frozen=True)

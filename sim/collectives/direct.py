@@ -4,6 +4,8 @@ send/recv). On a non-blocking switch each rank's egress carries n-1 flows of S/n
 """
 from __future__ import annotations
 
+NAME, NCCL_NAME = "direct", None
+PROTOCOLS = ("Simple",)
 OPS = ("all_to_all",)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
 
+NAME, NCCL_NAME = "hierarchical", None
+PROTOCOLS = ("LL", "LL128", "Simple")
 OPS = ("all_reduce",)
 
 
