@@ -3,9 +3,9 @@
 Each GPU pushes its data into the switch, which reduces it and multicasts the result back (multimem loads and
 stores). Per GPU the egress and the ingress each carry (n+1)/n·S (its whole buffer for the reduction plus its
 own slice of the result). Two pipeline stages (up, down; common.pipeline) in k = num_chunks(S) chunks:
-    t = B + 2α + (k+1)/k · (n+1)/n · S·β / e
+    t = B + h·α + (k+1)/k · (n+1)/n · S·β / e,   h = 1 if k = 1 else 2 (the fill steps that use an up-link)
 B = 25 us, NCCL's NVLS latency paid once per call (tuning.cc:161, :425); e = nvlsEfficiency (Hopper 0.85,
-Blackwell 0.74; tuning.cc:139-144), the protocols module applies both. α: the NVLink hop.
+Blackwell 0.74; tuning.cc:139-144), the protocols module applies both. α: the NVLink hop (on the GPU's up-link).
 One node only: across nodes NCCL runs NVLS only with CollNet (tuning.cc:504-506); use nvls_tree there.
 """
 from __future__ import annotations

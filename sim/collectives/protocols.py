@@ -44,7 +44,6 @@ HW_US = {
 LL_MAX_ONE_NODE = {"ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
 LL_MAX_NODES = (39.0, 20.4)
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}   # tuning.cc:139-144 (0 before Hopper: no NVLS)
-ARCHS = ("ampere", "hopper", "blackwell", "cpu")
 
 # NCCL's algorithm whose hop latencies a simulator algorithm's steps pay (None: no per-hop protocol cost)
 HOP_ROW = {"ring": "Ring", "tree": "Tree", "hierarchical": "Ring", "direct": "Ring", "nvls": None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.cluster import PRESETS
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import ALGORITHMS, COLLECTIVES, format_bytes
 
@@ -15,10 +16,12 @@ def add_arguments(p) -> None:
     size.add_argument("--size", default="256MiB", help="message size, e.g. 8B, 64KiB, 256MiB, 1GiB (default 256MiB)")
     size.add_argument("--sizes", help="a sweep: LO:HI in x2 steps (LO:HI:F for xF), or a list 1MiB,4MiB")
     p.add_argument("--cluster", default="dgx-h100",
-                   help="a preset (dgx-a100, dgx-h100, hgx-h200, pcie-8gpu, localhost-cpu) or a cluster .yaml")
+                   help=f"a preset ({', '.join(PRESETS)}) or a cluster .yaml")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the cluster's)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node (default: the cluster's)")
     p.add_argument("--algo", default="auto", choices=ALGORITHMS, help="algorithm (default auto: the fastest)")
+    p.add_argument("--proto", default="auto", help="NCCL protocol: LL, LL128, Simple (default auto: the fastest; "
+                   "NCCL_PROTO and NCCL_ALGO in the environment limit auto as they limit NCCL)")
     p.add_argument("--root", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto) of every transfer")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
@@ -34,6 +37,8 @@ def run(args) -> int:
     from distlab.sim.engine import simulate_collective
     from distlab.sim.io import parse_size, parse_size_range
 
+    from distlab.sim.collectives.protocols import check_protocol
+    check_protocol(args.proto, "--proto")
     sizes = parse_size_range(args.sizes) if args.sizes else [parse_size(args.size, "--size")]
     for flag, value in (("--trace", args.trace), ("--timeline", args.timeline)):
         if value and len(sizes) > 1:
@@ -53,8 +58,10 @@ def run(args) -> int:
     rows, trace = [], None
     for size in progress(sizes, len(sizes), f"{args.op} sweep", enabled=len(sizes) > 4):
         trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, args.root,
-                                               record_transfers=record)
-        rows.append({"op": args.op, "algorithm": algorithm, "world_size": n, "nodes": cluster.nodes,
+                                               record_transfers=record, protocol=args.proto)
+        protocol = ",".join(trace.meta["protocols"]) or "-"
+        rows.append({"op": args.op, "algorithm": algorithm, "protocol": protocol, "world_size": n,
+                     "nodes": cluster.nodes,
                      "cluster": cluster.name, "bytes": size, **metrics(args.op, n, size, trace.makespan)})
 
     if args.trace:
@@ -71,9 +78,9 @@ def run(args) -> int:
         print_json(rows if args.sizes else rows[0])
         return 0
     title = f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node})"
-    print_table(title, ["size", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
-                [[format_bytes(r["bytes"]), r["algorithm"], f"{r['time_s'] * 1e6:.2f}", f"{r['algbw_GBps']:.2f}",
-                  f"{r['busbw_GBps']:.2f}"] for r in rows], justify_left=2)
+    print_table(title, ["size", "algorithm", "protocol", "time (us)", "algbw (GB/s)", "busbw (GB/s)"],
+                [[format_bytes(r["bytes"]), r["algorithm"], r["protocol"], f"{r['time_s'] * 1e6:.2f}",
+                  f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows], justify_left=3)
     for path in (args.trace, args.plot, args.timeline):
         if path:
             print(f"wrote {path}")
