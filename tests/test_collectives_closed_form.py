@@ -138,3 +138,28 @@ def test_auto_picks_the_fastest_pair():
         trace, used = simulate_collective("all_reduce", size, c, "auto")
         assert (used, trace.meta["protocols"][0]) == min(times, key=times.get)
         assert close(trace.makespan, min(times.values()))
+
+
+@pytest.mark.parametrize("g", [2, 4])
+@pytest.mark.parametrize("size", SIZES)
+def test_nvls_tree_two_nodes(g, size):
+    # 6 pipeline stages per chunk (u = S/k): 0 GPU->switch u, 1 switch->GPU u/g, 2 tree up and 3 tree down on the
+    # rail NICs (u/2g per tree; with 2 nodes each NIC carries one up and one down flow), 4 GPU->switch u/g,
+    # 5 switch->GPU u. A step costs its busiest link; fill steps (t < 6) pay the route latency, those using the
+    # network NCCL's NVLSTree extra (20.9 - 2.7 us). B = 25 us, e = 0.85.
+    from dataclasses import replace
+    c = multi_node(2, g)
+    c = replace(c, intra_node=replace(c.intra_node, nvls=True))
+    k = max(1, min(64, math.ceil(size / 2**20)))
+    u, bi, be = size / k, 1 / 100e9, 1 / 10e9
+    expected = NVLS_B
+    for t in range(6 + k - 1):
+        on = [s for s in range(6) if 0 <= t - s <= k - 1]
+        up = (u if 0 in on else 0) + (u / g if 4 in on else 0)
+        down = (u / g if 1 in on else 0) + (u if 5 in on else 0)
+        nic = u / (2 * g) * ((2 in on) + (3 in on))
+        expected += max(up * bi, down * bi, nic * be) / NVLS_E
+        if t < 6:
+            net = 2 in on or 3 in on
+            expected += (7e-6 + 18.2 * US) if net else (2e-6 if (0 in on or 4 in on) else 0.0)
+    assert close(sim_time("all_reduce", 2 * g, size, "nvls_tree", c), expected)
