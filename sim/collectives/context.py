@@ -13,15 +13,17 @@ from distlab.sim.network import Pairs, Topology
 
 class Context:
     """``protocol``: "auto" (NCCL_PROTO, if set, limits the choice) or one of LL, LL128, Simple for every call.
-    NCCL_ALGO, if set, limits what `auto` may choose (an algorithm named in the plan is always honoured)."""
+    NCCL_ALGO, if set, limits what `auto` may choose (an algorithm named in the plan is always honoured).
+    On CPU clusters (Gloo) both variables are ignored, as Gloo ignores them."""
 
     def __init__(self, topo: Topology, protocol: str = "auto"):
         self.topo = topo
         self.cluster = topo.cluster
+        nccl = self.cluster.gpu.arch != "cpu"              # Gloo ignores NCCL's variables
         self.protocols = set(PROTOCOLS) if check_protocol(protocol) == "auto" else {protocol}
-        if protocol == "auto":
+        if protocol == "auto" and nccl:
             self.protocols = env_protocols() or self.protocols
-        self.auto_algorithms = env_algorithms(algorithms.NCCL_NAMES)
+        self.auto_algorithms = env_algorithms(algorithms.NCCL_NAMES) if nccl else None
         self._pairs: dict = {}
         self._sizes: dict = {}
         self._derived: dict = {}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from distlab.sim.collectives.common import num_chunks
 
 NAME, NCCL_NAME = "ring", "Ring"
@@ -66,14 +68,14 @@ def path_latency(ctx, pairs, nodes: int, n: int):
     nInterSteps x inter, tuning.cc:411-412). Each step's latency is that path's mean hop:
         α_step = (1 - s)·α_intra + s·α_inter,   s = (N-1)/(n-1)
     Returns ``pairs`` with that latency (protocols weigh their per-hop extra by s too)."""
-    topo = ctx.topo
-    lat = {True: 0.0, False: 0.0}
-    for a, b in zip(pairs.src.tolist(), pairs.dst.tolist()):
-        crosses = ctx.cluster.node_of(a) != ctx.cluster.node_of(b)
-        lat[crosses] = max(lat[crosses], float(topo.latency[list(topo.route(a, b))].sum()))
+    per_flow = np.bincount(pairs.entry_flow, weights=ctx.topo.latency[pairs.entry_link], minlength=len(pairs))
+    g = ctx.cluster.gpus_per_node
+    crosses = pairs.src // g != pairs.dst // g
+    lat_intra = float(per_flow[~crosses].max()) if (~crosses).any() else 0.0
     share = (nodes - 1) / (n - 1)
     intra_hw = 1 if ctx.cluster.intra_node.kind == "pcie" else 0
-    return replace(pairs, latency=(1 - share) * lat[False] + share * lat[True], hw=intra_hw, net_share=share)
+    latency = (1 - share) * lat_intra + share * float(per_flow[crosses].max())
+    return replace(pairs, latency=latency, hw=intra_hw, net_share=share)
 
 
 def _chain(ctx, op, group, nbytes, root):
