@@ -84,7 +84,8 @@ class Context:
 
     def choose(self, op: str, group, nbytes: float, algorithm: str = "auto", root: int = 0):
         """(algorithm, protocol, its ProtocolCost) with the lowest uncontended time, as NCCL's tuner picks the
-        (algorithm, protocol) pair of least predicted time (tuning.cc:630-654). ``algorithm`` may fix it."""
+        (algorithm, protocol) pair of least predicted time (tuning.cc:630-654, enqueue.cc:2014-2048).
+        ``algorithm`` may fix it."""
         key = (op, tuple(group), nbytes, algorithm, root)
         if key in self._choices:
             return self._choices[key]

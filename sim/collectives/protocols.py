@@ -1,8 +1,8 @@
 """NCCL's protocols and its tuning model's per-call costs (NCCL 2.30.7, src/graph/tuning.cc, commit 5067397).
 
 NCCL predicts a collective's time as  t = latency(algorithm, protocol) + S / bandwidth(algorithm, protocol)
-(tuning.cc:653) and runs the pair with the lowest t. The simulator keeps NCCL's latency terms and turns its
-bandwidth factors into bytes on the wire, so contention still comes from the network model:
+(tuning.cc:653) and runs the pair with the lowest t (enqueue.cc:2032-2048). The simulator keeps NCCL's latency
+terms and turns its bandwidth factors into bytes on the wire, so contention still comes from the network model:
 - base latency, paid once per call: baseLatencies[algorithm][protocol] (tuning.cc:150-155), plus the terms that
   NCCL charges per call rather than per step (NVLS: 25 us; PAT: 2.8 us x ranks; tuning.cc:424-434);
 - hop latency per step: the route's latency from the cluster spec (what a step costs with LL, the lightest
