@@ -13,7 +13,7 @@ def test_every_algorithm_module_is_listed_once_and_names_itself():
         module = importlib.import_module(f"distlab.sim.collectives.{info.name}")
         if hasattr(module, "NAME"):
             assert module.NAME == info.name and module in algorithms.MODULES
-            assert {"OPS", "PROTOCOLS", "NCCL_NAME", "check", "steps"} <= set(dir(module))
+            assert {"OPS", "PROTOCOLS", "NCCL_NAME", "NCCL_AUTO", "check", "steps"} <= set(dir(module))
             found.add(module.NAME)
     assert found == set(algorithms.NAMES) and len(algorithms.NAMES) == len(found)
 

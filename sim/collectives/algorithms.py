@@ -1,6 +1,7 @@
 """The collective algorithms, declared once. Each module names itself (NAME), the collectives it implements
 (OPS), the NCCL protocols it runs with (PROTOCOLS), NCCL's name for it (NCCL_NAME, None when NCCL has no such
-algorithm), ``check(ctx, group)`` and ``steps(ctx, op, group, nbytes, root)``.
+algorithm), whether `auto` may pick it on NCCL clusters as NCCL's tuner would (NCCL_AUTO), ``check(ctx, group)``
+and ``steps(ctx, op, group, nbytes, root)``.
 
 The order below is the order `auto` tries them in (a tie goes to the earlier one); plan.ALGORITHMS and the
 runtime's NCCL_ALGO map derive from it. Adding an algorithm: write its module, add it here.

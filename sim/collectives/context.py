@@ -93,7 +93,8 @@ class Context:
         if algorithm != "auto":
             candidates = [algorithms.module(algorithm, op)]
         else:
-            candidates = [m for m in algorithms.MODULES if op in m.OPS
+            nccl = self.cluster.gpu.arch != "cpu"
+            candidates = [m for m in algorithms.MODULES if op in m.OPS and (m.NCCL_AUTO or not nccl)
                           and (self.auto_algorithms is None or m.NAME in self.auto_algorithms)]
         best, best_t, refusal = None, float("inf"), None
         for m in candidates:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 NAME, NCCL_NAME = "direct", None
 PROTOCOLS = ("Simple",)
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_to_all",)
 
 

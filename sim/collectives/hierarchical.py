@@ -11,6 +11,7 @@ from distlab.sim.errors import ConfigError
 
 NAME, NCCL_NAME = "hierarchical", None
 PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_AUTO = False          # not an NCCL algorithm: `auto` picks it on Gloo clusters only
 OPS = ("all_reduce",)
 
 

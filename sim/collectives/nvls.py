@@ -16,6 +16,7 @@ from distlab.sim.network import SWITCH
 
 NAME, NCCL_NAME = "nvls", "NVLS"
 PROTOCOLS = ("Simple",)
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_reduce",)
 
 

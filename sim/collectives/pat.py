@@ -14,6 +14,7 @@ from distlab.sim.errors import ConfigError
 
 NAME, NCCL_NAME = "pat", "PAT"
 PROTOCOLS = ("Simple",)
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_gather", "reduce_scatter")
 
 

@@ -20,6 +20,7 @@ from distlab.sim.collectives.common import num_chunks
 
 NAME, NCCL_NAME = "ring", "Ring"
 PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier")
 
 

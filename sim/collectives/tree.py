@@ -21,6 +21,7 @@ from distlab.sim.collectives.common import num_chunks, pipeline
 
 NAME, NCCL_NAME = "tree", "Tree"
 PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_reduce", "barrier")
 
 
