@@ -21,11 +21,12 @@ import time
 from collections import defaultdict
 
 from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers
+from distlab.sim.collectives.algorithms import NCCL_NAMES
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 from distlab.sim.trace import OpRecord, Trace
 
-NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS"}
+NCCL_ALGOS = NCCL_NAMES        # our algorithm -> NCCL_ALGO's name (sim.collectives.algorithms declares both)
 
 
 def group_keys(plan: Plan) -> list[tuple[tuple[int, ...], str]]:

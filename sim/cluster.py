@@ -16,6 +16,7 @@ MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (81
 INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
 INTER_KINDS = ("infiniband", "ethernet")
 FABRICS = ("rail-optimized", "fat-tree")
+GPU_ARCHS = ("ampere", "hopper", "blackwell", "cpu")   # NCCL's tuning rows (sim.collectives.protocols)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class GPUSpec:
     hbm_GBps: float               # memory bandwidth
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
+    arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
 
 
 @dataclass(frozen=True)
@@ -98,16 +100,30 @@ class Cluster:
 # --- presets ------------------------------------------------------------------------------------------------
 GPUS = {
     # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, 80 GB.
-    "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0),
+    "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0, arch="ampere"),
     # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB.
     "h100": GPUSpec("h100", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0),
     # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e (nvidia-smi: 143,771 MiB) at 4.8 TB/s.
     "h200": GPUSpec("h200", tflops=989.0, hbm_GBps=4800.0, memory_GiB=140.4),
+    # NVIDIA HGX B200 / DGX B200 datasheets: 2.25 PFLOP/s dense bf16 per GPU (4.5 with sparsity), HBM3e 8 TB/s,
+    # 180 GB (DGX B200: 1,440 GB for 8 GPUs).
+    "b200": GPUSpec("b200", tflops=2250.0, hbm_GBps=8000.0, memory_GiB=180.0, arch="blackwell"),
+    # NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s bf16 with sparsity for 72 GPUs = 2.5 PFLOP/s dense per GPU;
+    # HBM3e 13.4 TB at 576 TB/s for 72 GPUs = 186 GB at 8 TB/s per GPU.
+    "gb200": GPUSpec("gb200", tflops=2500.0, hbm_GBps=8000.0, memory_GiB=186.0, arch="blackwell"),
     # NVIDIA L40S datasheet: 362 TFLOP/s dense bf16 (733 with sparsity), 864 GB/s GDDR6, 48 GB; PCIe only.
-    "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0),
-    # A CPU rank on a laptop-class core; `distlab calibrate` replaces it with measured numbers.
-    "cpu": GPUSpec("cpu", tflops=0.05, hbm_GBps=10.0, memory_GiB=8.0),
+    # NCCL tunes sm89 with the Ampere row (tuning.cc:263-266).
+    "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0, arch="ampere"),
+    # A CPU rank on a laptop-class core; `distlab calibrate` replaces it with measured numbers. Gloo: no NCCL.
+    "cpu": GPUSpec("cpu", tflops=0.05, hbm_GBps=10.0, memory_GiB=8.0, arch="cpu"),
 }
+
+# NDR InfiniBand / 400 GbE: ConnectX-7 400 Gb/s = 50 GB/s per NIC per direction (NVIDIA ConnectX-7 datasheet).
+NDR_IB = InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")
+# NVLink 5 (Blackwell): 18 links, 1.8 TB/s bidirectional = 900 GB/s per direction per GPU (NVIDIA B200 / GB200
+# datasheets). Efficiency 0.802 = NCCL's 18 links x 40.1 GB/s = 721.8 GB/s (topo.h:24 SM100_NVLINK_BW, NCCL
+# 2.30.7). NVLink Switch with SHARP (NVLS).
+NVLINK5 = IntraNode("nvswitch", 900.0, 0.6, efficiency=0.802, nvls=True)
 
 PRESETS = {
     # DGX A100: 8 x A100 SXM, NVSwitch gen 2 = NVLink 3, 12 links, 600 GB/s bidirectional = 300 GB/s per
@@ -117,15 +133,32 @@ PRESETS = {
                         IntraNode("nvswitch", 300.0, 0.6, efficiency=0.8),
                         InterNode("infiniband", 8, 25.0, 5.0, "rail-optimized")),
     # DGX H100: NVLink 4, 18 links, 900 GB/s bidirectional = 450 GB/s per direction (DGX H100 datasheet).
-    # Efficiency 0.824 = NCCL tuning.cc's 18 links x 20.6 GB/s = 370.8 GB/s (nccl-tests: ~370 GB/s busbw).
-    # NVSwitch gen 3 has NVLink SHARP (NVLS). 8 x ConnectX-7 NDR 400 Gb/s = 50 GB/s per NIC, one per GPU.
+    # Efficiency 0.824 = NCCL tuning.cc's 18 links x 20.6 GB/s = 370.8 GB/s (nccl-tests: ~370 GB/s busbw ring,
+    # ~480 GB/s NVLS). NVSwitch gen 3 has NVLink SHARP (NVLS). 8 x ConnectX-7 NDR 400 Gb/s, one per GPU.
+    # Two nodes over the 8 NICs: 400-450 GB/s all_reduce busbw at 8 GB (Saturn Cloud, "Validating Multi-Node GPU
+    # Clusters with NCCL Tests": H100 SXM, NVLink + IB NDR).
     "dgx-h100": Cluster("dgx-h100", 1, 8, GPUS["h100"],
-                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
-                        InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")),
+                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True), NDR_IB),
+    # The same nodes on 400 GbE RoCE (ConnectX-7 in Ethernet mode, 50 GB/s per NIC; Meta's RoCE clusters, Gangidi
+    # et al., "RDMA over Ethernet for Distributed AI Training at Meta Scale", SIGCOMM 2024). Latency and
+    # efficiency: no published figure found; InfiniBand's values are used.
+    "dgx-h100-roce": Cluster("dgx-h100-roce", 1, 8, GPUS["h100"],
+                             IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
+                             InterNode("ethernet", 8, 50.0, 5.0, "rail-optimized")),
     # HGX H200: the same NVLink 4 baseboard and NDR network as DGX H100, with H200 GPUs.
     "hgx-h200": Cluster("hgx-h200", 1, 8, GPUS["h200"],
-                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
-                        InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")),
+                        IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True), NDR_IB),
+    # DGX B200: 8 x B200 on NVLink 5 (2 NVLink Switch chips), 8 x ConnectX-7 400 Gb/s (DGX B200 datasheet).
+    # Measured nccl-tests busbw: no published figure found.
+    "dgx-b200": Cluster("dgx-b200", 1, 8, GPUS["b200"], NVLINK5, NDR_IB),
+    # GB200 NVL72: 72 GPUs in one NVLink 5 domain (18 compute trays, 9 NVLink Switch trays), one ConnectX-7
+    # 400 Gb/s per GPU (NVIDIA GB200 NVL72 datasheet); a "node" here is the rack. `--nodes N` = N racks over
+    # InfiniBand. Measured nccl-tests busbw: no published figure found.
+    "gb200-nvl72": Cluster("gb200-nvl72", 1, 72, GPUS["gb200"], NVLINK5,
+                           InterNode("infiniband", 72, 50.0, 5.0, "rail-optimized")),
+    # Racks of GB200 NVL72 on 400 GbE RoCE (Spectrum-X); latency and efficiency: no published figure found.
+    "gb200-nvl72-roce": Cluster("gb200-nvl72-roce", 1, 72, GPUS["gb200"], NVLINK5,
+                                InterNode("ethernet", 72, 50.0, 5.0, "rail-optimized")),
     # 8 x L40S on PCIe 4 x16 (~32 GB/s per direction, PCI-SIG), no NVLink; NCCL tuning.cc PCIe per-hop
     # latency ~1 us (LL). One 200 GbE NIC per 4 GPUs (25 GB/s), fat-tree.
     "pcie-8gpu": Cluster("pcie-8gpu", 1, 8, GPUS["l40s"],
@@ -224,6 +257,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
         _positive(c.cpu_cores, f"{where}: cpu_cores", integer=True)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
+    if c.gpu.arch not in GPU_ARCHS:
+        raise ConfigError(f"unknown arch {c.gpu.arch!r}; allowed: {', '.join(GPU_ARCHS)}", f"{where}: gpu.arch")
     if c.intra_node.kind not in INTRA_KINDS:
         raise ConfigError(f"unknown kind {c.intra_node.kind!r}; allowed: {', '.join(INTRA_KINDS)}",
                           f"{where}: intra_node.kind")

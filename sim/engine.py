@@ -33,10 +33,12 @@ def compute_seconds(op: Compute, cluster: Cluster) -> float:
 
 def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
              slowdown: dict[int, float] | None = None, link_factors: dict[str, float] | None = None,
-             check: bool = True) -> Trace:
+             check: bool = True, protocol: str = "auto") -> Trace:
     """Simulate ``plan`` on ``cluster`` (rank r runs on GPU r). Returns the trace (meta source=simulated).
     ``slowdown[rank]`` multiplies that rank's compute time (a straggler); ``link_factors[link name]``
-    multiplies a link's bandwidth (a degraded link). ``check`` runs sim.check first (mismatched collectives)."""
+    multiplies a link's bandwidth (a degraded link). ``check`` runs sim.check first (mismatched collectives).
+    ``protocol``: NCCL's protocol for every collective (LL, LL128, Simple) or "auto" (the fastest; NCCL_PROTO
+    and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner)."""
     if check:
         from distlab.sim.check import assert_consistent
         assert_consistent(plan)
@@ -47,17 +49,18 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     if plan.world_size > cluster.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
                           f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")
-    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors)
+    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol)
     return sim.run()
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors):
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto"):
         self.plan, self.cluster, self.slowdown = plan, cluster, slowdown
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
-        self.ctx = Context(self.topo)
+        self.ctx = Context(self.topo, protocol)
+        self.protocols_used: set[str] = set()
         cores = cluster.cpu_cores
         self.cores = [SharedCores(self.env, cores) for _ in range(cluster.nodes)] if cores else None
         self.records: list[OpRecord] = []
@@ -94,7 +97,8 @@ class _Simulation:
                      for s, d, st, e, b, route in self.net.transfers]
         transfers.sort(key=lambda t: (t.start, t.end, t.src, t.dst))
         meta = {"source": "simulated", "plan": self.plan.name, "cluster": self.cluster.name,
-                "world_size": self.plan.world_size, "flows": self.net.flows_done}
+                "world_size": self.plan.world_size, "flows": self.net.flows_done,
+                "protocols": sorted(self.protocols_used)}
         return Trace(self.records, transfers, meta)
 
     def _stream(self, rank, stream, ops):
@@ -151,8 +155,9 @@ class _Simulation:
 
     def _run_collective(self, rv, op, group):
         rv["launch"] = self.env.now
-        algorithm, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
+        algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
         rv["algorithm"] = algorithm
+        self.protocols_used.add(protocol)
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
         rv["done"].succeed()
@@ -189,13 +194,15 @@ def _fmt(group) -> str:
 
 
 def simulate_collective(op: str, nbytes: int, cluster: Cluster, algorithm: str = "auto", root: int = 0,
-                        group: tuple[int, ...] | None = None, record_transfers: bool = False) -> tuple[Trace, str]:
-    """One collective over the whole cluster (or ``group``): (trace, algorithm used)."""
+                        group: tuple[int, ...] | None = None, record_transfers: bool = False,
+                        protocol: str = "auto") -> tuple[Trace, str]:
+    """One collective over the whole cluster (or ``group``): (trace, algorithm used); the protocol used is in
+    trace.meta["protocols"]."""
     n = cluster.world_size
     group = tuple(range(n)) if group is None else tuple(group)
     c = Collective(op=op, bytes=int(nbytes), group=group, algorithm=algorithm, root=root, name=op)
     plan = Plan([[c] if r in group else [] for r in range(n)], name=f"{op}-{nbytes}").validate()
-    trace = simulate(plan, cluster, record_transfers=record_transfers)
+    trace = simulate(plan, cluster, record_transfers=record_transfers, protocol=protocol)
     algos = {o.algorithm for o in trace.ops}
     return trace, algos.pop() if algos else algorithm
 

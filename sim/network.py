@@ -117,6 +117,8 @@ class Pairs:
     entry_flow: np.ndarray   # for each (flow, link) entry: the flow's index
     entry_link: np.ndarray   # ... and the link id
     latency: float           # the largest route latency: the step's α
+    hw: int = 0              # hardware class for protocol costs: 0 NVLink, 1 PCIe, 2 network (crosses nodes)
+    net_share: float = -1.0  # >= 0: share of a chunk's hops that cross nodes, hw then the intra-node class
 
     @classmethod
     def build(cls, topo: Topology, pairs: list[tuple[int, int]]) -> "Pairs":
@@ -124,12 +126,16 @@ class Pairs:
         dst = np.array([p[1] for p in pairs], dtype=np.int64)
         flows, links = [], []
         lat = 0.0
+        c = topo.cluster
+        hw = 1 if c.intra_node.kind == "pcie" else 0
         for i, (s, d) in enumerate(pairs):
             route = topo.route(s, d)
             flows.extend([i] * len(route))
             links.extend(route)
             lat = max(lat, float(topo.latency[list(route)].sum()))
-        return cls(src, dst, np.array(flows, dtype=np.int64), np.array(links, dtype=np.int64), lat)
+            if s != SWITCH and d != SWITCH and c.node_of(s) != c.node_of(d):
+                hw = 2
+        return cls(src, dst, np.array(flows, dtype=np.int64), np.array(links, dtype=np.int64), lat, hw)
 
     def __len__(self) -> int:
         return len(self.src)

@@ -50,12 +50,16 @@ def test_max_min_gives_leftover_to_unconstrained_flows():
 def test_fat_tree_oversubscription_slows_inter_node_ring(oversub):
     """Ring all-reduce over 2 nodes x 8 GPUs, 8 channels: each step 8 channel flows leave a node. The node
     uplink carries nics x B / o, so each flow gets min(B, 8 B / (o x 8)) = B / o. With NVLink much faster than
-    the NICs: t = 2(n-1) (α_inter + S/(n C) / (B/o))."""
-    n, C, B, a = 16, 8, 10e9, 7e-6
+    the NICs: t = B_simple + 2(n-1) (α + S/(n C) / (B/o)), with NCCL's Simple-protocol terms (issue 14): base
+    8.4 us, and a ring step's α the mean hop along a chunk's path, 1 of 15 hops crossing nodes (7 us + 11.3 us
+    Simple extra), 14 inside (0 + 2.8 us)."""
+    n, C, B = 16, 8, 10e9
+    s = 1 / 15
+    a = s * (7e-6 + 11.3e-6) + (1 - s) * 2.8e-6
     c = multi_node(2, 8, intra_gbps=10_000.0, intra_us=0.0, inter_gbps=10.0, inter_us=7.0, fabric="fat-tree",
                    oversubscription=oversub)
-    t = simulate_collective("all_reduce", S, c, "ring")[0].makespan
-    expected = 2 * (n - 1) * (a + S / (n * C) / (B / oversub))
+    t = simulate_collective("all_reduce", S, c, "ring", protocol="Simple")[0].makespan
+    expected = 8.4e-6 + 2 * (n - 1) * (a + S / (n * C) / (B / oversub))
     assert t == pytest.approx(expected, rel=1e-6)
 
 

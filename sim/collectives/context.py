@@ -1,22 +1,35 @@
-"""What collective algorithms share: the topology, cached flow patterns, algorithm choice, calibration."""
+"""What collective algorithms share: the topology, cached flow patterns, algorithm and protocol choice,
+NCCL's per-call costs, calibration."""
 from __future__ import annotations
 
 import numpy as np
 
-from distlab.sim.collectives import ring_cost, steps as algorithm_steps, supported
+from distlab.sim.collectives import algorithms, ring_cost
+from distlab.sim.collectives.protocols import (PROTOCOLS, ProtocolCost, check_protocol, cost, env_algorithms,
+                                               env_protocols, protocols_for)
 from distlab.sim.errors import ConfigError
 from distlab.sim.network import Pairs, Topology
 
-ALGORITHM_ORDER = ("ring", "tree", "hierarchical", "nvls", "direct")
-
 
 class Context:
-    def __init__(self, topo: Topology):
+    """``protocol``: "auto" (NCCL_PROTO, if set, limits the choice) or one of LL, LL128, Simple for every call.
+    NCCL_ALGO, if set, limits what `auto` may choose (an algorithm named in the plan is always honoured).
+    On CPU clusters (Gloo) both variables are ignored, as Gloo ignores them."""
+
+    def __init__(self, topo: Topology, protocol: str = "auto"):
         self.topo = topo
         self.cluster = topo.cluster
+        nccl = self.cluster.gpu.arch != "cpu"              # Gloo ignores NCCL's variables
+        self.protocols = set(PROTOCOLS) if check_protocol(protocol) == "auto" else {protocol}
+        if protocol == "auto" and nccl:
+            self.protocols = env_protocols() or self.protocols
+        self.auto_algorithms = env_algorithms(algorithms.NCCL_NAMES) if nccl else None
         self._pairs: dict = {}
-        self._estimates: dict = {}
+        self._sizes: dict = {}
+        self._derived: dict = {}
+        self._choices: dict = {}
         self._step_cost: dict = {}
+        self._empty = Pairs.build(topo, [])
 
     def pairs(self, key, make) -> Pairs:
         """One Pairs object per distinct flow pattern (``make()`` returns the (src, dst) list)."""
@@ -24,6 +37,20 @@ class Context:
         if p is None:
             p = self._pairs[key] = Pairs.build(self.topo, make())
         return p
+
+    def cached(self, key, make):
+        """Any object derived from the topology, made once per key."""
+        v = self._derived.get(key)
+        if v is None:
+            v = self._derived[key] = make()
+        return v
+
+    def sizes(self, key, make) -> np.ndarray:
+        """One array of flow sizes per distinct pattern (``make()`` returns the list)."""
+        s = self._sizes.get(key)
+        if s is None:
+            s = self._sizes[key] = np.asarray(make(), dtype=float)
+        return s
 
     def nodes_of(self, group) -> dict[int, list[int]]:
         by_node: dict[int, list[int]] = {}
@@ -40,47 +67,94 @@ class Context:
 
     # -- choosing ----------------------------------------------------------------------------------------
     def expand(self, op: str, group: tuple[int, ...], nbytes: float, algorithm: str, root: int = 0):
-        """(algorithm used, steps). Calibrated clusters run the ring (or direct) with fitted α and bandwidth."""
-        n = len(group)
-        cal = self.calibrated(op, n, nbytes)
+        """(algorithm, protocol, steps with the protocol's costs applied). Calibrated clusters run the ring (or
+        direct) with fitted α and bandwidth."""
+        cal = self.calibrated(op, len(group), nbytes)
         if cal is not None:
-            return self._calibrated_steps(op, group, nbytes, root, cal)
-        if algorithm == "auto":
-            algorithm = self.choose(op, group, nbytes, root)
-        return algorithm, algorithm_steps(self, op, group, nbytes, algorithm, root)
+            name, step_iter = self._calibrated_steps(op, group, nbytes, root, cal)
+            return name, "Simple", step_iter
+        algorithm, protocol, pc = self.choose(op, group, nbytes, algorithm, root)
+        return algorithm, protocol, self._apply(pc, algorithms.steps(self, op, group, nbytes, algorithm, root))
 
-    def choose(self, op: str, group, nbytes: float, root: int = 0) -> str:
-        """`auto`: the algorithm with the lowest uncontended estimate for this size and cluster."""
-        key = (op, tuple(group), nbytes, root)
-        if key in self._estimates:
-            return self._estimates[key]
-        best, best_t = None, float("inf")
-        for name in ALGORITHM_ORDER:
-            if not supported(op)[name]:
+    def choose(self, op: str, group, nbytes: float, algorithm: str = "auto", root: int = 0):
+        """(algorithm, protocol, its ProtocolCost) with the lowest uncontended time, as NCCL's tuner picks the
+        (algorithm, protocol) pair of least predicted time (tuning.cc:630-654, enqueue.cc:2014-2048).
+        ``algorithm`` may fix it."""
+        key = (op, tuple(group), nbytes, algorithm, root)
+        if key in self._choices:
+            return self._choices[key]
+        n, nodes = len(group), len(self.nodes_of(group))
+        if algorithm != "auto":
+            candidates = [algorithms.module(algorithm, op)]
+        else:
+            nccl = self.cluster.gpu.arch != "cpu"
+            candidates = [m for m in algorithms.MODULES if op in m.OPS and (m.NCCL_AUTO or not nccl)
+                          and (self.auto_algorithms is None or m.NAME in self.auto_algorithms)]
+        best, best_t, refusal = None, float("inf"), None
+        for m in candidates:
+            protos = [p for p in protocols_for(m, self.cluster) if p in self.protocols]
+            if not protos:
+                refusal = refusal or ConfigError(
+                    f"algorithm {m.NAME!r} runs only the {', '.join(protocols_for(m, self.cluster))} protocol; "
+                    f"asked for {', '.join(sorted(self.protocols))}", "protocol")
                 continue
             try:
-                t = self.estimate(algorithm_steps(self, op, group, nbytes, name, root))
-            except ConfigError:
+                m.check(self, group)
+            except ConfigError as e:
+                refusal = refusal or e
                 continue
-            if t < best_t - 1e-15:
-                best, best_t = name, t
-        self._estimates[key] = best
+            parts = self._estimate_parts(m.steps(self, op, group, nbytes, root))
+            for p in protos:
+                pc = cost(m.NAME, p, self.cluster, n, nodes)
+                t = _time(pc, parts)
+                if t < best_t * (1 - 1e-12):
+                    best, best_t = (m.NAME, p, pc), t
+        if best is None:
+            raise refusal or ConfigError(f"no algorithm implements {op} here", "algorithm")
+        self._choices[key] = best
         return best
 
-    def estimate(self, step_iter) -> float:
-        """Uncontended time of a step sequence: each step costs its latency plus the busiest link's bytes over
-        its capacity (exact when a step's flows on a link are equal in size)."""
-        total = 0.0
+    def estimate(self, op: str, group, nbytes: float, algorithm: str = "auto", root: int = 0) -> float:
+        """Uncontended time of the chosen (or given) algorithm with its protocol."""
+        name, _, pc = self.choose(op, group, nbytes, algorithm, root)
+        return _time(pc, self._estimate_parts(algorithms.steps(self, op, group, nbytes, name, root)))
+
+    def _estimate_parts(self, step_iter) -> tuple:
+        """(explicit latency sum, route latency sum, steps per hw class, Σ bytes on the busiest link / capacity):
+        each step costs its latency plus its busiest link's bytes over its capacity (exact when a step's flows
+        on a link are equal in size)."""
+        explicit = route = 0.0
+        per_hw = [0, 0, 0]
+        transfer = 0.0
         for pairs, sizes, latency in step_iter:
             size_key = sizes if np.isscalar(sizes) else sizes.tobytes()
             key = (id(pairs), size_key)
-            cost = self._step_cost.get(key)
-            if cost is None:
+            c = self._step_cost.get(key)
+            if c is None:
                 w = np.broadcast_to(np.asarray(sizes, dtype=float), (len(pairs),))[pairs.entry_flow]
                 load = np.bincount(pairs.entry_link, weights=w, minlength=len(self.topo.capacity))
-                cost = self._step_cost[key] = float(np.max(load / self.topo.capacity))
-            total += (pairs.latency if latency is None else latency) + cost
-        return total
+                c = self._step_cost[key] = float(np.max(load / self.topo.capacity)) if len(pairs) else 0.0
+            transfer += c
+            if latency is None:
+                route += pairs.latency
+                if pairs.net_share >= 0:
+                    per_hw[pairs.hw] += 1 - pairs.net_share
+                    per_hw[2] += pairs.net_share
+                else:
+                    per_hw[pairs.hw] += 1
+            else:
+                explicit += latency
+        return explicit, route, per_hw, transfer
+
+    def _apply(self, pc: ProtocolCost, step_iter):
+        """The protocol's costs on the algorithm's steps: the base latency first (one empty step), each step's
+        latency + the protocol's extra per hop, bytes x stretch (collectives.protocols)."""
+        if pc.base_s > 0:
+            yield self._empty, 0.0, pc.base_s
+        for pairs, sizes, latency in step_iter:
+            if latency is None:
+                latency = pairs.latency + _hop_extra(pc, pairs)
+            yield pairs, (sizes * pc.stretch if pc.stretch != 1.0 else sizes), latency
 
     def _calibrated_steps(self, op, group, nbytes, root, cal):
         alpha, bandwidth = cal
@@ -98,3 +172,18 @@ class Context:
             for _ in range(n_steps):
                 yield pairs, per_step, alpha
         return name, gen()
+
+
+def _hop_extra(pc: ProtocolCost, pairs: Pairs) -> float:
+    """The protocol's extra latency for one step: by the step's hw class, or mixed by its share of hops across
+    nodes (a ring, ring.py)."""
+    if pairs.net_share < 0:
+        return pc.hop_extra_s[pairs.hw]
+    return (1 - pairs.net_share) * pc.hop_extra_s[pairs.hw] + pairs.net_share * pc.hop_extra_s[2]
+
+
+def _time(pc: ProtocolCost, parts) -> float:
+    explicit, route, per_hw, transfer = parts
+    extra = sum(count * pc.hop_extra_s[hw] for hw, count in enumerate(per_hw))
+    return pc.base_s + explicit + route + extra + transfer * pc.stretch
+

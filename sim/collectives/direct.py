@@ -4,6 +4,9 @@ send/recv). On a non-blocking switch each rank's egress carries n-1 flows of S/n
 """
 from __future__ import annotations
 
+NAME, NCCL_NAME = "direct", None
+PROTOCOLS = ("Simple",)
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_to_all",)
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
 
+NAME, NCCL_NAME = "hierarchical", None
+PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_AUTO = False          # not an NCCL algorithm: `auto` picks it on Gloo clusters only
 OPS = ("all_reduce",)
 
 

@@ -1,27 +1,36 @@
-"""NVLS: all-reduce inside the NVSwitch (NVLink SHARP, NVSwitch gen 3, Hopper; NCCL >= 2.17).
+"""NVLS: all-reduce inside the NVSwitch (NVLink SHARP, NVSwitch gen 3+, Hopper and later; NCCL >= 2.17).
 
 Each GPU pushes its data into the switch, which reduces it and multicasts the result back (multimem loads and
-stores). Per GPU the egress and ingress each carry (n+1)/n·S (its whole buffer for the reduction plus its own
-slice of the result); the two directions overlap, pipelined in k = num_chunks(S) chunks:
-    t = (k+1)·(α_nvls + (n+1)/(n·k) · S·β),   α_nvls = 25 µs (NCCL tuning.cc's NVLS latency)
-One node only; the switch must support it (cluster intra_node.nvls).
+stores). Per GPU the egress and the ingress each carry (n+1)/n·S (its whole buffer for the reduction plus its
+own slice of the result). Two pipeline stages (up, down; common.pipeline) in k = num_chunks(S) chunks:
+    t = B + h·α + (k+1)/k · (n+1)/n · S·β / e,   h = 1 if k = 1 else 2 (the fill steps that use an up-link)
+B = 25 us, NCCL's NVLS latency paid once per call (tuning.cc:161, :425); e = nvlsEfficiency (Hopper 0.85,
+Blackwell 0.74; tuning.cc:139-144), the protocols module applies both. α: the NVLink hop (on the GPU's up-link).
+One node only: across nodes NCCL runs NVLS only with CollNet (tuning.cc:504-506); use nvls_tree there.
 """
 from __future__ import annotations
 
-from distlab.sim.collectives import num_chunks
+from distlab.sim.collectives.common import num_chunks, pipeline
 from distlab.sim.errors import ConfigError
 from distlab.sim.network import SWITCH
 
+NAME, NCCL_NAME = "nvls", "NVLS"
+PROTOCOLS = ("Simple",)
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_reduce",)
-NVLS_LATENCY_S = 25e-6     # NCCL src/graph/tuning.cc: NVLS latency 25 us (vs 0.6 us per NVLink hop)
+
+
+def check_switch(ctx, name: str) -> None:
+    c = ctx.cluster
+    if c.intra_node.kind != "nvswitch" or not c.intra_node.nvls:
+        raise ConfigError(f"{name} needs an NVSwitch with in-switch reduction (NVLink SHARP); cluster {c.name!r} "
+                          "has none; allowed there: ring, tree, hierarchical", "algorithm")
 
 
 def check(ctx, group) -> None:
-    c = ctx.cluster
-    if c.intra_node.kind != "nvswitch" or not c.intra_node.nvls:
-        raise ConfigError(f"nvls needs an NVSwitch with in-switch reduction; cluster {c.name!r} has none", "algorithm")
+    check_switch(ctx, NAME)
     if len(ctx.nodes_of(group)) > 1:
-        raise ConfigError("nvls runs inside one node; use hierarchical or ring across nodes", "algorithm")
+        raise ConfigError("nvls runs inside one node; across nodes use nvls_tree, hierarchical or ring", "algorithm")
 
 
 def steps(ctx, op, group, nbytes, root):
@@ -29,11 +38,6 @@ def steps(ctx, op, group, nbytes, root):
     if n == 1:
         return
     g = tuple(sorted(group))
-    k = num_chunks(nbytes)
-    chunk = (n + 1) / n * nbytes / k
-    up = ctx.pairs(("nvls-up", g), lambda: [(r, SWITCH) for r in g])
-    both = ctx.pairs(("nvls-both", g), lambda: [(r, SWITCH) for r in g] + [(SWITCH, r) for r in g])
-    down = ctx.pairs(("nvls-down", g), lambda: [(SWITCH, r) for r in g])
-    alpha = NVLS_LATENCY_S
-    for t in range(k + 1):
-        yield (up if t == 0 else down if t == k else both), chunk, alpha
+    moved = (n + 1) / n * nbytes
+    stages = [[(r, SWITCH, moved) for r in g], [(SWITCH, r, moved) for r in g]]
+    yield from pipeline(ctx, ("nvls", g), stages, num_chunks(nbytes), nbytes)

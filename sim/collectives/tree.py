@@ -1,23 +1,27 @@
 """Double binary tree all-reduce (NCCL >= 2.4; Sanders, Speck & Träff 2009; NVIDIA blog "Massively scale your
 deep learning training with NCCL 2.4").
 
-Two binary trees over the group, each carrying half the data: tree A is a heap over the ranks in order, tree B
-the same heap over the ranks reversed, so a rank is interior in at most one tree. Each tree reduces up, then
-broadcasts down, in k = num_chunks(S/2) pipelined chunks of c = S/(2k) bytes. D = floor(log2 n) is the depth.
-Reduce and broadcast take D+k-1 steps each; in a full step the busiest link carries two chunks (two children
-into one parent, or one rank sending up both trees), so on an uncontended fabric:
-    t = 2(D+k-1)·α + (2·(2(D+k-1)) - e)·c·β
-where e counts the steps whose busiest link carries one chunk: e = 2(D+k-1) when n = 2 (every step), e = 2 when
-n = 2^D >= 4 (the first reduce step and the last broadcast step feed the single deepest rank), else e = 0.
-For large S this tends to 2·S·β: the same bus bandwidth as the ring, with log-depth latency.
-Across nodes the trees follow NCCL's layout: a double binary tree over the nodes with a chain inside each node,
-and C = min(NICs, g) / 2 channels, each a pair of trees carrying S/C, whose node heads use distinct NICs.
-Simplification: NCCL overlaps the reduce and broadcast phases; here broadcast starts after the reduce.
+Two trees over the group, each carrying half the data. Across nodes (NCCL's layout) a double binary tree over the
+nodes with a chain inside each node; inside one node NCCL's tree is that chain (two chains, run opposite ways,
+D = n - 1); with unequal members per node, tree A is a heap over the ranks in order and tree B the same heap over
+the ranks reversed (D = floor(log2 n)). D is the depth.
+Each tree reduces up and broadcasts down in k = num_chunks(S/2) pipelined chunks of c = S/(2k) bytes, and, as in
+NCCL, the two phases overlap: the root broadcasts chunk j as soon as it has reduced it, so a chunk runs through
+2D stages (D levels up, D levels down) and the collective takes 2D + k - 1 steps (common.pipeline). The hop
+latency is paid while the pipeline fills (2D steps: NCCL's tree latency is per level, tuning.cc:416):
+    t = 2D·α + Σ_t L_t·c·β,   L_t = chunks on the busiest link at step t
+For n = 2 that is exactly 2α + S·β. Otherwise a busy rank sends up to 4 chunks a step (up and down in both
+trees), so Σ L_t = 4k + O(D) and t tends to 2·S·β for large S: the ring's bus bandwidth (x n/(n-1)), with
+latency 2D·α instead of the ring's 2(n-1)·α (log-depth across nodes). Across nodes there are C = min(NICs, g) / 2
+channels, each a pair of trees carrying S/C, whose node heads use distinct NICs.
 """
 from __future__ import annotations
 
-from distlab.sim.collectives import num_chunks
+from distlab.sim.collectives.common import num_chunks, pipeline
 
+NAME, NCCL_NAME = "tree", "Tree"
+PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_AUTO = True           # `auto` may pick it on NCCL clusters
 OPS = ("all_reduce", "barrier")
 
 
@@ -63,7 +67,9 @@ def steps(ctx, op, group, nbytes, root):
     if n == 1:
         return
     by_node = list(ctx.nodes_of(group).values())
-    if len(by_node) == 1 or len({len(m) for m in by_node}) > 1:
+    if len(by_node) == 1:                    # NCCL: inside a node the "tree" is a chain (two, opposite ways)
+        trees = list(node_trees(by_node))
+    elif len({len(m) for m in by_node}) > 1:
         order = [r for members in by_node for r in members]
         trees = [heap_parents(order), heap_parents(order[::-1])]
     else:                                    # channel c rotates each node by 2c: its heads use 2 more NICs
@@ -72,14 +78,10 @@ def steps(ctx, op, group, nbytes, root):
         trees = [t for c in range(channels) for t in node_trees([m[2 * c:] + m[:2 * c] for m in by_node])]
     depth_of = [depths(t, group) for t in trees]
     D = max(max(d.values()) for d in depth_of)
-    k = num_chunks(nbytes / len(trees))
-    chunk = 0.0 if op == "barrier" else nbytes / (len(trees) * k)
-    key = tuple(sorted(group))
-    for t in range(D + k - 1):               # reduce: a rank at depth d sends chunk j up at step j + (D - d)
-        edges = tuple((c, p) for tree, dep in zip(trees, depth_of) for c, p in tree.items()
-                      if 0 <= t - (D - dep[c]) <= k - 1)
-        yield ctx.pairs(("tree", key, edges), lambda e=edges: list(e)), chunk, None
-    for t in range(D + k - 1):               # broadcast: a rank at depth d sends chunk j down at step j + d
-        edges = tuple((p, c) for tree, dep in zip(trees, depth_of) for c, p in tree.items()
-                      if 0 <= t - (dep[c] - 1) <= k - 1)
-        yield ctx.pairs(("tree", key, edges), lambda e=edges: list(e)), chunk, None
+    per_tree = 0.0 if op == "barrier" else nbytes / len(trees)
+    stages = [[] for _ in range(2 * D)]       # up: child at depth d sends in stage D - d; down: stage D + d - 1
+    for tree, dep in zip(trees, depth_of):
+        for c, p in tree.items():
+            stages[D - dep[c]].append((c, p, per_tree))
+            stages[D + dep[c] - 1].append((p, c, per_tree))
+    yield from pipeline(ctx, ("tree", tuple(sorted(group))), stages, num_chunks(per_tree), nbytes)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from distlab.sim.cli import BW_COLUMNS, NCCL_COLUMNS, RowPrinter, nccl_cells, nccl_fields, print_json, progress
+from distlab.sim.cluster import PRESETS
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import ALGORITHMS, COLLECTIVES, DTYPE_BYTES, format_bytes
 
@@ -18,10 +19,12 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES),
                    help="element type: sizes must be whole numbers of its elements (default float32)")
     p.add_argument("--cluster", default="dgx-h100",
-                   help="a preset (dgx-a100, dgx-h100, hgx-h200, pcie-8gpu, localhost-cpu) or a cluster .yaml")
+                   help=f"a preset ({', '.join(PRESETS)}) or a cluster .yaml")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the cluster's)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node (default: the cluster's)")
     p.add_argument("--algo", default="auto", choices=ALGORITHMS, help="algorithm (default auto: the fastest)")
+    p.add_argument("--proto", default="auto", help="NCCL protocol: LL, LL128, Simple (default auto: the fastest; "
+                   "NCCL_PROTO and NCCL_ALGO in the environment limit auto as they limit NCCL)")
     p.add_argument("--root", type=int, help="root rank of broadcast and reduce (default 0; an error for others)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto) of every transfer")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
@@ -37,6 +40,8 @@ def run(args) -> int:
     from distlab.sim.engine import simulate_collective
     from distlab.sim.io import check_outputs, parse_size, parse_size_range
 
+    from distlab.sim.collectives.protocols import check_protocol
+    check_protocol(args.proto, "--proto")
     sizes = (parse_size_range(args.sizes, "--sizes", args.dtype) if args.sizes
              else [parse_size(args.size, "--size", args.dtype)])
     for flag, value in (("--trace", args.trace), ("--timeline", args.timeline)):
@@ -59,19 +64,21 @@ def run(args) -> int:
     if record and n * n * 2 * n > 5e7:
         raise ConfigError(f"a transfer trace of {n} ranks would be too large; use fewer nodes", "--trace")
 
-    printer = None if args.json else RowPrinter(NCCL_COLUMNS + [("algorithm", "", 12)] + BW_COLUMNS)
+    printer = None if args.json else RowPrinter(NCCL_COLUMNS + [("algorithm", "", 12), ("protocol", "", 8)] + BW_COLUMNS)
     if printer:
         printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
                         f"algorithm {args.algo}; simulated (time = from launch to the last rank's end)")
         printer.header()
     rows, trace = [], None
     for size in progress(sizes, len(sizes), f"{args.op} sweep"):
-        trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, root, record_transfers=record)
+        trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, root, record_transfers=record,
+                                               protocol=args.proto)
+        protocol = ",".join(trace.meta.get("protocols", [])) or "-"
         rows.append({"op": args.op, **nccl_fields(args.op, size, args.dtype, root), "algorithm": algorithm,
-                     **metrics(args.op, n, size, trace.makespan)})
+                     "protocol": protocol, **metrics(args.op, n, size, trace.makespan)})
         if printer:
             cells = nccl_cells(rows[-1])
-            printer.row(cells[:5] + [algorithm] + cells[5:])
+            printer.row(cells[:5] + [algorithm, protocol] + cells[5:])
 
     if args.trace:
         trace.save(args.trace)
@@ -94,9 +101,9 @@ def run(args) -> int:
                     "results": rows, "files": {k: v for k, v in (("trace", args.trace), ("plot", args.plot),
                                                                   ("timeline", args.timeline)) if v}})
         return 0
-    if args.algo == "auto" and len({r["algorithm"] for r in rows}) > 1:
-        changes = [r for i, r in enumerate(rows) if i == 0 or r["algorithm"] != rows[i - 1]["algorithm"]]
-        print("# auto chose: " + ", ".join(f"{r['algorithm']} from {format_bytes(r['bytes'])}" for r in changes))
+    if args.algo == "auto" and len({(r["algorithm"], r["protocol"]) for r in rows}) > 1:
+        changes = [r for i, r in enumerate(rows) if i == 0 or (r["algorithm"], r["protocol"]) != (rows[i - 1]["algorithm"], rows[i - 1]["protocol"])]
+        print("# auto chose: " + ", ".join(f"{r['algorithm']} ({r['protocol']}) from {format_bytes(r['bytes'])}" for r in changes))
     for path in (args.trace, args.plot, args.timeline):
         if path:
             print(f"wrote {path}")
