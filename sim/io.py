@@ -37,7 +37,7 @@ def parse_size(text: str, where: str = "size", dtype: str | None = None) -> int:
 
 def check_elements(nbytes: int, dtype: str, where: str) -> None:
     """A byte count must hold a whole number of ``dtype`` elements (torch sizes buffers in elements)."""
-    from distlab.sim.plan import DTYPE_BYTES
+    from distlab.sim.dtypes import DTYPE_BYTES
     e = DTYPE_BYTES[dtype]
     if nbytes % e:
         raise ConfigError(f"{nbytes} B is not a whole number of {dtype} elements ({e} bytes each); allowed: "

@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar, Union
 
 from distlab.sim.collectives.algorithms import NAMES
+from distlab.sim.dtypes import DTYPE_BYTES  # noqa: F401  (re-exported: plan.DTYPE_BYTES)
 from distlab.sim.errors import ConfigError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
 ALGORITHMS = ("auto", *NAMES)              # sim.collectives.algorithms declares them
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
-               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1}
 FORMAT = "distlab-plan/1"
 
 

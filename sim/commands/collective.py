@@ -65,10 +65,6 @@ def run(args) -> int:
         raise ConfigError(f"a transfer trace of {n} ranks would be too large; use fewer nodes", "--trace")
 
     printer = None if args.json else RowPrinter(NCCL_COLUMNS + [("algorithm", "", 12), ("protocol", "", 8)] + BW_COLUMNS)
-    if printer:
-        printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
-                        f"algorithm {args.algo}; simulated (time = from launch to the last rank's end)")
-        printer.header()
     rows, trace = [], None
     for size in progress(sizes, len(sizes), f"{args.op} sweep"):
         trace, algorithm = simulate_collective(args.op, size, cluster, args.algo, root, record_transfers=record,
@@ -76,6 +72,10 @@ def run(args) -> int:
         protocol = ",".join(trace.meta.get("protocols", [])) or "-"
         rows.append({"op": args.op, **nccl_fields(args.op, size, args.dtype, root), "algorithm": algorithm,
                      "protocol": protocol, **metrics(args.op, n, size, trace.makespan)})
+        if printer and len(rows) == 1:      # after the first size: a refused algorithm prints only its error
+            printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
+                            f"algorithm {args.algo}; simulated (time = from launch to the last rank's end)")
+            printer.header()
         if printer:
             cells = nccl_cells(rows[-1])
             printer.row(cells[:5] + [algorithm, protocol] + cells[5:])
