@@ -30,6 +30,12 @@ import time
 from dataclasses import asdict, dataclass
 
 
+# torchrun's agent shares its rendezvous TCPStore with the ranks by default; after a restart the new ranks can
+# read keys the previous attempt left there (Gloo or NCCL addresses of dead ranks) and fail to connect
+# (pytorch/pytorch#135712). A store per attempt avoids it: set this for every torchrun with --max-restarts.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 @dataclass
 class TrainSpec:
     steps: int = 10
@@ -188,7 +194,7 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
            "--dir", root] + [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1"})
     try:
         output = proc.communicate(timeout=timeout)[0]
     finally:

@@ -89,8 +89,9 @@ def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False
     if verbose:
         sys.stderr.write(f"{prog}: {' '.join(cmd)}\n")
     with tempfile.TemporaryFile("w+") as log:
+        from distlab.runtime.elastic import ELASTIC_ENV
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**ELASTIC_ENV, **os.environ})
         try:
             rc = proc.wait()
         except BaseException:
