@@ -126,11 +126,12 @@ def train(spec: TrainSpec, root: str) -> dict:
         opt.step()
         if spec.checkpoint_every and step % spec.checkpoint_every == 0:
             saved = checkpoint.save(root, step, model, opt)
+            saved_at = time.time()        # complete on every rank: DCP's finish step ends on all of them
             sizes = [None] * world
             dist.all_gather_object(sizes, saved["bytes"])
             if rank == 0:
                 _event(events, event="checkpoint", attempt=attempt, step=step, time_s=saved["time_s"],
-                       bytes=sum(sizes), bytes_per_rank=sizes)
+                       bytes=sum(sizes), bytes_per_rank=sizes, time=saved_at)
     dist.barrier()
     if rank == 0:
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(root, "final.pt"))

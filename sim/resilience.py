@@ -155,20 +155,16 @@ def goodput_curve(delta_s: float, mtbf_s: float, restart_s: float = 0.0, points:
     return GoodputCurve(taus, sim, exp, delta_s, mtbf_s, restart_s)
 
 
-def plot_goodput(curve: GoodputCurve, unit: str = "min", title: str | None = None):
-    """Goodput against the checkpoint interval: simulated points, the expected curve, Young's and Daly's
-    intervals and the simulated optimum. Returns the matplotlib Figure."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+def draw_goodput(ax, curve: GoodputCurve, unit: str = "min", title: str | None = None) -> None:
+    """Goodput against the checkpoint interval on ``ax``: simulated points, the expected curve, Young's and
+    Daly's intervals and the simulated optimum."""
     scale = {"s": 1.0, "min": 60.0, "h": 3600.0}[unit]
-    fig, ax = plt.subplots(figsize=(7.5, 4))
     xs = [t / scale for t in curve.intervals_s]
     ax.plot(xs, [g * 100 for g in curve.expected], color="#3182bd", label="expected (model)")
     ax.plot(xs, [g * 100 for g in curve.simulated], "o", ms=3, color="#e6550d", label="simulated failures")
     for x, style, label in ((curve.young_s, ":", "Young"), (curve.daly_s, "--", "Daly"),
                             (curve.simulated_optimum_s, "-", "simulated optimum")):
-        ax.axvline(x / scale, ls=style, color="#444444" if label != "simulated optimum" else "#e6550d",
+        ax.axvline(x / scale, ls=style, color="#e6550d" if label == "simulated optimum" else "#444444",
                    lw=1, label=f"{label}: {x / scale:.3g} {unit}")
     ax.set_xscale("log")
     ax.set_xlabel(f"checkpoint interval ({unit})")
@@ -176,5 +172,14 @@ def plot_goodput(curve: GoodputCurve, unit: str = "min", title: str | None = Non
     ax.set_title(title or f"checkpoint {curve.delta_s:g} s, MTBF {curve.mtbf_s / 3600:.3g} h, restart "
                           f"{curve.restart_s:g} s")
     ax.legend(fontsize=8)
+
+
+def plot_goodput(curve: GoodputCurve, unit: str = "min", title: str | None = None):
+    """draw_goodput on a new matplotlib Figure (no pyplot; save it with fig.savefig(path))."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7.5, 4))
+    FigureCanvasAgg(fig)
+    draw_goodput(fig.subplots(), curve, unit, title)
     fig.tight_layout()
     return fig
