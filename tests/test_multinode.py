@@ -28,10 +28,10 @@ def cli(*args, env=None, timeout=90):
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
 
 
-def node(plan_path, out, k, port, nproc=2, nnodes=2, shift=0.0, timeout=20):
+def node(plan_path, out, k, port, nproc=2, nnodes=2, shift=0.0, timeout=20, host="127.0.0.1"):
     env = {"DISTLAB_TEST_CLOCK_SHIFT_S": str(shift)} if shift else {}
     return cli("run", plan_path, "--nnodes", str(nnodes), "--node-rank", str(k), "--rdzv-endpoint",
-               f"127.0.0.1:{port}", "--nproc", str(nproc), "--backend", "gloo", "--timeout", str(timeout),
+               f"{host}:{port}", "--nproc", str(nproc), "--backend", "gloo", "--timeout", str(timeout),
                "--out", out, env=env)
 
 
@@ -91,10 +91,12 @@ def test_an_endpoint_nobody_serves_fails_in_one_line_with_exit_2(tmp_path):
     plan = str(tmp_path / "p.json")
     small_plan().save(plan)
     t0 = time.monotonic()
-    p = node(plan, str(tmp_path / "t.trace"), 1, free_port(), timeout=3)   # node 1 alone: node 0 never comes
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never assigned, so nobody answers there
+    p = node(plan, str(tmp_path / "t.trace"), 1, 29500, timeout=3, host="192.0.2.1")
     rc, out, err = finish([p], timeout=60)[0]
     assert rc == 2
-    assert err.count("\n") == 1 and err.startswith("distlab run: error: --rdzv-endpoint: "), err
+    assert err.count("\n") == 1 and err.startswith("distlab run: error: --rdzv-endpoint: cannot reach the "
+                                                    "rendezvous at 192.0.2.1:29500 within 3 s"), err
     assert time.monotonic() - t0 < 40
     assert not (tmp_path / "t.trace").exists()
 
