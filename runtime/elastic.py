@@ -47,6 +47,7 @@ class TrainSpec:
     seed: int = 0
     kill_rank: int = -1              # test hook: this rank SIGKILLs itself ...
     kill_step: int = -1              # ... as this step begins, in the first attempt only
+    timeout_s: float = 60.0          # a rank waiting on a dead peer gives up after this long
 
 
 def build(spec: TrainSpec):
@@ -100,9 +101,13 @@ def train(spec: TrainSpec, root: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from datetime import timedelta
+
     from distlab.runtime import checkpoint
+    from distlab.runtime.worker import _die_with_parent
+    _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = os.path.join(root, "events.jsonl")
@@ -198,12 +203,12 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
                             env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1"})
     try:
         output = proc.communicate(timeout=timeout)[0]
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+    except BaseException:
+        from distlab.runtime.multinode import _end
+        _end(proc)
+        raise
+    from distlab.runtime.multinode import _kill_session
+    _kill_session(proc)
     summary_path, final_path = os.path.join(root, "summary.json"), os.path.join(root, "final.pt")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else None
     final = torch.load(final_path) if os.path.exists(final_path) else None

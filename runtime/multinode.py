@@ -8,8 +8,8 @@ It starts torchrun (``python -m torch.distributed.run``) with c10d rendezvous an
 - the nodes disagree on the world size (N x nproc-per-node is not the plan's world size): every rank refuses
   the plan before joining the process group: exit 2;
 - a rank fails during the run: exit 1 with the rank's error.
-torchrun and its ranks run in a new session (process group), killed (SIGKILL) when it ends or on Ctrl-C, so
-nothing is left running. Rank 0 writes the one merged trace, aligned to its clock (runtime/clock.py), on its
+torchrun runs in a new session, SIGTERMed then SIGKILLed on Ctrl-C or SIGTERM; its ranks (each in a session of
+its own, as torchrun starts them) die with it (PR_SET_PDEATHSIG, runtime/worker.py), so nothing is left running. Rank 0 writes the one merged trace, aligned to its clock (runtime/clock.py), on its
 node; the other nodes write nothing.
 """
 from __future__ import annotations
@@ -92,11 +92,15 @@ def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False
         from distlab.runtime.elastic import ELASTIC_ENV
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**ELASTIC_ENV, **os.environ})
+        old = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
         try:
             rc = proc.wait()
-        except BaseException:
-            _kill_session(proc)
+        except BaseException:           # Ctrl-C or SIGTERM: torchrun stops its ranks on SIGTERM
+            _end(proc)
             raise
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
         _kill_session(proc)
         log.seek(0)
         text = log.read()
@@ -110,6 +114,26 @@ def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False
     code, message = explain(text, spec)
     sys.stderr.write(f"{prog}: error: {message}\n")
     return code
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _end(proc, grace_s: float = 5.0) -> None:
+    """SIGTERM torchrun (its agent then ends its ranks, which also die with it: PR_SET_PDEATHSIG), then
+    SIGKILL what is left of its session."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    _kill_session(proc)
 
 
 def _kill_session(proc) -> None:

@@ -214,6 +214,7 @@ def run_torchrun(argv: list[str]) -> int:
     from distlab.sim.check import assert_consistent
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
+    _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     plan = Plan.load(args.plan)
     world = env_int("WORLD_SIZE")
     if plan.world_size != world:           # before joining the group: every rank says so at once
