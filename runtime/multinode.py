@@ -77,8 +77,9 @@ def explain(log: str, spec: NodeSpec) -> tuple[int, str]:
     if "RendezvousConnectionError" in log or "DistNetworkError" in log or "RendezvousClosedError" in log:
         return 2, (f"--rdzv-endpoint: cannot reach the rendezvous at {spec.rdzv_endpoint} within {t} (is the "
                    f"host right, the port open, node 0 started?)")
-    errors = [ln.strip() for ln in log.splitlines() if re.match(r"\s*\w*(Error|Exception)\b.*:", ln)]
-    return 1, "a rank failed: " + (errors[-1][:300] if errors else "see torchrun's output (-v)")
+    errors = [m.group(0) for m in re.finditer(r"\b\w*(?:Error|Exception): .+", log)
+              if not m.group(0).startswith("ChildFailedError")]
+    return 1, "a rank failed: " + (errors[0][:300] if errors else "see torchrun's output (-v)")
 
 
 def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False,
@@ -147,18 +148,21 @@ def _kill_session(proc) -> None:
 
 def run_plan_on_node(args) -> int:
     """`distlab run` with --nnodes: the plan's ranks spread over the nodes, this node's share started here."""
+    from distlab.runtime.commands.common import parse_nproc
     from distlab.sim.plan import Plan
-    plan = Plan.load(args.plan)
-    nproc = int(args.nproc) if args.nproc is not None else plan.world_size // max(args.nnodes, 1)
     if args.node_rank is None or args.rdzv_endpoint is None:
         raise ConfigError("--nnodes needs --node-rank and --rdzv-endpoint", "--nnodes")
+    NodeSpec(args.nnodes, args.node_rank, args.rdzv_endpoint, 1, timeout_s=args.timeout).check()
+    plan = Plan.load(args.plan)
+    nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size // args.nnodes
     if nproc < 1 or nproc * args.nnodes != plan.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks; --nnodes {args.nnodes} x --nproc {nproc} "
                           f"must equal it", "--nproc")
     spec = NodeSpec(args.nnodes, args.node_rank, args.rdzv_endpoint, nproc, timeout_s=args.timeout)
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
     worker = [os.path.abspath(args.plan), "--out", os.path.abspath(out), "--backend", args.backend,
-              "--threads", str(args.threads), "--timeout", str(args.timeout), "--warmup", str(args.warmup)]
+              "--threads", str(args.threads), "--timeout", str(args.timeout), "--warmup", str(args.warmup),
+              "--repeat", str(args.repeat)]
     if args.no_check:
         worker.append("--no-check")
     return run_node(spec, WORKER_MODULE, worker, args.verbose)

@@ -204,6 +204,7 @@ def run_torchrun(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one")
     p.add_argument("--dump-dir", help="flight records of every rank go here (see distlab diagnose)")
     p.add_argument("--no-check", action="store_true", help="run even a plan that the static check refuses")
     args = p.parse_args(argv)
@@ -227,7 +228,7 @@ def run_torchrun(argv: list[str]) -> int:
     ctx = init(args.backend, args.threads, args.timeout)
     ctx.flight = flight
     try:
-        result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": 1})
+        result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
         gathered = [None] * ctx.world_size if ctx.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         if ctx.rank == 0:
