@@ -198,12 +198,13 @@ def _run_threads(streams: dict, partial: dict, events: _Events) -> None:
 def plan_task(ctx, payload: dict) -> dict:
     """Run the plan ``warmup`` times untimed then ``repeat`` times timed. Each run: {"zero": this rank's exit
     from the starting barrier, "ops": [[index, start, end], ...]}, in seconds on rank 0's clock."""
-    from distlab.runtime.clock import clock_offset, start_barrier
+    from distlab.runtime.clock import Alignment, measure, start_barrier
     plan = Plan.from_dict(payload["plan"])
     if plan.world_size != ctx.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but {ctx.world_size} were started", "--nproc")
     ex = Executor(plan, ctx)
-    offset = clock_offset(ctx)
+    before = measure(ctx)
+    offset = before.offset_s
     runs: list = []
     warmup, repeat = int(payload.get("warmup", 1)), int(payload.get("repeat", 1))
     now = {"k": -1, "zero": 0.0}
@@ -225,9 +226,18 @@ def plan_task(ctx, payload: dict) -> dict:
             ctx.save_partial({"rank": ctx.rank, "runs": runs, "complete": False})
         ex.partial = {}
     ctx.on_failure = None
+    align = Alignment(before, measure(ctx))        # again after the run: the drift, interpolated over it
+    runs = [_realign(r, offset, align) for r in runs]
     rates = {s: mm.flops_per_s for s, mm in ex.matmuls.items() if mm.seconds_per_iter}
     return {"rank": ctx.rank, "runs": runs, "complete": True, "backend": ctx.backend,
-            "device": str(ctx.device), "clock_offset": offset, "matmul_flops_per_s": rates}
+            "device": str(ctx.device), "clock_offset": offset, "clock": align.report(), "matmul_flops_per_s": rates}
+
+
+def _realign(run: dict, offset: float, align) -> dict:
+    """Times shifted by the offset measured before -> by the offset interpolated at each time (clock drift)."""
+    def fix(t):
+        return align(t + offset)
+    return {"zero": fix(run["zero"]), "ops": [[i, fix(a), fix(b)] for i, a, b in run["ops"]]}
 
 
 def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict | None = None) -> Trace:
@@ -283,6 +293,10 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
     for key in ("backend", "device"):
         if key in any_r:
             info[key] = any_r[key]
+    clocks = {rank: r["clock"] for rank, r in per_rank.items() if r.get("clock")}
+    if clocks:
+        from distlab.runtime.clock import summarize
+        info["clock"] = summarize(clocks)
     info.update(meta or {})
     return Trace(ops, [], info)
 

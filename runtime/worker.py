@@ -1,6 +1,11 @@
-"""One rank. Started by `distlab run` (runtime/launch.py) or by torchrun:
+"""One rank. Started by `distlab run` (runtime/launch.py) or by torchrun, on one node or several:
 
-    torchrun --nproc-per-node 4 -m runtime.worker PLAN.json --out measured.trace
+    torchrun --nproc-per-node 4 -m distlab.runtime.worker PLAN.json --out measured.trace
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
+        -m distlab.runtime.worker PLAN.json --out measured.trace          # on every node
+
+Under torchrun, rank 0 gathers every rank's records, aligned to its clock (runtime/clock.py), and writes the
+one merged trace on its node.
 
 Add ``--dump-dir DIR`` to keep every rank's flight record there (runtime/flight.py; read it with
 ``distlab diagnose DIR``); the plan is checked statically first (``--no-check`` runs a mismatched one anyway).
@@ -192,22 +197,30 @@ def _finish() -> None:
 
 def run_torchrun(argv: list[str]) -> int:
     """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace."""
-    p = argparse.ArgumentParser(prog="python -m runtime.worker", description="Run a plan under torchrun.")
+    p = argparse.ArgumentParser(prog="python -m distlab.runtime.worker", description="Run a plan under torchrun.")
     p.add_argument("plan")
     p.add_argument("--out", default="measured.trace")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one")
     p.add_argument("--dump-dir", help="flight records of every rank go here (see distlab diagnose)")
     p.add_argument("--no-check", action="store_true", help="run even a plan that the static check refuses")
     args = p.parse_args(argv)
     import torch.distributed as dist
 
+    from distlab.runtime.clock import describe
     from distlab.runtime.executor import merge_results, plan_task
     from distlab.sim.check import assert_consistent
+    from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
+    _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     plan = Plan.load(args.plan)
+    world = env_int("WORLD_SIZE")
+    if plan.world_size != world:           # before joining the group: every rank says so at once
+        raise ConfigError(f"the plan has {plan.world_size} ranks but torchrun started {world} (nnodes x "
+                          f"nproc-per-node must equal it)", "WORLD_SIZE")
     if not args.no_check:
         assert_consistent(plan, args.plan)
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -215,13 +228,15 @@ def run_torchrun(argv: list[str]) -> int:
     ctx = init(args.backend, args.threads, args.timeout)
     ctx.flight = flight
     try:
-        result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": 1})
+        result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
         gathered = [None] * ctx.world_size if ctx.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         if ctx.rank == 0:
             trace = merge_results(plan, gathered)
             trace.save(args.out)
-            print(f"wrote {args.out}: makespan {trace.makespan * 1e3:.3f} ms")
+            print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
+            if "clock" in trace.meta:
+                print(describe(trace.meta["clock"]))
         _finish()
     except BaseException as e:
         if flight is not None:
@@ -231,6 +246,8 @@ def run_torchrun(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from distlab.runtime.clock import install_test_shift
+    install_test_shift()
     run_dir = os.environ.get("DISTLAB_RUN_DIR")
     if run_dir:
         rc = run_task(run_dir)

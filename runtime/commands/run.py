@@ -23,6 +23,10 @@ def add_arguments(p) -> None:
                    "OUT.flight/, kept only if the run fails); read it with distlab diagnose")
     p.add_argument("--no-check", action="store_true", help="start the ranks even if the static check (distlab "
                    "check) finds mismatched collectives: to see a real hang")
+    p.add_argument("--nnodes", type=int, help="run across nodes under torchrun (same command on every node; "
+                   "--nproc is then per node; see runtime/multinode.py)")
+    p.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (with --nnodes)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes)")
 
 
 def run(args) -> int:
@@ -36,6 +40,9 @@ def run(args) -> int:
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
 
+    if args.nnodes is not None:                    # torchrun on this node (issue 20)
+        from distlab.runtime.multinode import run_plan_on_node
+        return run_plan_on_node(args)
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:

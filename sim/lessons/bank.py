@@ -313,3 +313,4 @@ register(
              hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
              why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
 )
+from distlab.sim.lessons import failures  # noqa: E402,F401  (registers lesson 12, issue 20)

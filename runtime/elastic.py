@@ -1,0 +1,231 @@
+"""Elastic training under torchrun: checkpoints every k steps, a restart after a failure resumes from the last one.
+
+Every rank runs (``torchrun --max-restarts R ... -m distlab.runtime.elastic --dir D``):
+
+    start = last complete checkpoint in D (runtime/checkpoint.py) or 0
+    for step in start+1 .. steps:        (1-based)
+        batch = seeded by (seed, step, rank); loss.backward(); all_reduce(grads) / world; SGD with momentum
+        every ``checkpoint_every`` steps: DCP save, sharded over the ranks
+
+so a resumed run repeats exactly what the lost steps did and ends with the parameters of an uninterrupted
+run, bit for bit (CPU, Gloo, one thread: every operation is deterministic). When a rank dies, torchrun's agent
+stops the other ranks and, while restarts remain, starts the whole group again (TORCHELASTIC_RESTART_COUNT
+counts them). Test hook: ``--kill-rank r --kill-step s`` makes rank r SIGKILL itself as step s begins, in the
+first attempt only.
+
+Rank 0 appends events to ``D/events.jsonl`` (wall clock, time.time(): one host) and at the end writes
+``D/final.pt`` (the parameters) and ``D/summary.json``: attempts, the step resumed from, the lost work
+(from the end of the last checkpoint to the failure: work done again) and the restart time (from the failure
+to the first step of the new attempt: detection, restart of the processes, rendezvous, loading).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+
+# torchrun's agent shares its rendezvous TCPStore with the ranks by default; after a restart the new ranks can
+# read keys the previous attempt left there (Gloo or NCCL addresses of dead ranks) and fail to connect
+# (pytorch/pytorch#135712). A store per attempt avoids it: set this for every torchrun with --max-restarts.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@dataclass
+class TrainSpec:
+    steps: int = 10
+    checkpoint_every: int = 2        # 0: never
+    width: int = 32
+    layers: int = 3
+    batch: int = 16
+    lr: float = 0.05
+    seed: int = 0
+    kill_rank: int = -1              # test hook: this rank SIGKILLs itself ...
+    kill_step: int = -1              # ... as this step begins, in the first attempt only
+    timeout_s: float = 60.0          # a rank waiting on a dead peer gives up after this long
+
+
+def build(spec: TrainSpec):
+    """A few Linear layers with ReLU, the same initial weights on every rank (seeded), SGD with momentum."""
+    import torch
+    torch.manual_seed(spec.seed)
+    layers = []
+    for _ in range(spec.layers - 1):
+        layers += [torch.nn.Linear(spec.width, spec.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(spec.width, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9)
+
+
+def batch(spec: TrainSpec, step: int, rank: int):
+    import torch
+    g = torch.Generator().manual_seed(spec.seed * 1_000_003 + step * 1009 + rank)
+    x = torch.randn(spec.batch, spec.width, generator=g)
+    return x, x.sum(dim=1, keepdim=True).tanh()
+
+
+def reference(spec: TrainSpec, world: int = 2) -> dict:
+    """The parameters after an uninterrupted run, computed in this process: every rank's gradient, summed in
+    rank order and divided by ``world``, as the ranks' all_reduce does (with 2 ranks a + b = b + a exactly, so
+    this equals the real run bit for bit)."""
+    import torch
+    torch.set_num_threads(1)
+    model, opt = build(spec)
+    for step in range(1, spec.steps + 1):
+        grads = []
+        for rank in range(world):
+            x, y = batch(spec, step, rank)
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            total = grads[0][i]
+            for g in grads[1:]:
+                total = total + g[i]
+            p.grad = total / world
+        opt.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _event(path: str, **fields) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"time": time.time(), **fields}) + "\n")
+
+
+def train(spec: TrainSpec, root: str) -> dict:
+    """The loop above, on this rank (the process group is initialised here from torchrun's environment)."""
+    import torch
+    import torch.distributed as dist
+
+    from datetime import timedelta
+
+    from distlab.runtime import checkpoint
+    from distlab.runtime.worker import _die_with_parent
+    _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    events = os.path.join(root, "events.jsonl")
+    model, opt = build(spec)
+    start = checkpoint.latest(root) or 0
+    load_s = checkpoint.load(root, start, model, opt) if start else 0.0
+    if rank == 0:
+        _event(events, event="start", attempt=attempt, step=start, world_size=world, load_s=load_s)
+    for step in range(start + 1, spec.steps + 1):
+        if rank == spec.kill_rank and step == spec.kill_step and attempt == 0:
+            _event(events, event="killed", attempt=attempt, step=step, rank=rank)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 0 and step == start + 1:
+            _event(events, event="first_step", attempt=attempt, step=step)
+        x, y = batch(spec, step, rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+        if spec.checkpoint_every and step % spec.checkpoint_every == 0:
+            saved = checkpoint.save(root, step, model, opt)
+            saved_at = time.time()        # complete on every rank: DCP's finish step ends on all of them
+            sizes = [None] * world
+            dist.all_gather_object(sizes, saved["bytes"])
+            if rank == 0:
+                _event(events, event="checkpoint", attempt=attempt, step=step, time_s=saved["time_s"],
+                       bytes=sum(sizes), bytes_per_rank=sizes, time=saved_at)
+    dist.barrier()
+    if rank == 0:
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(root, "final.pt"))
+        _event(events, event="done", attempt=attempt, step=spec.steps)
+        summary = summarize(read_events(events), spec)
+        with open(os.path.join(root, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(describe(summary))
+    dist.destroy_process_group()
+    return {"rank": rank}
+
+
+def read_events(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize(events: list[dict], spec: TrainSpec) -> dict:
+    """Attempts, resumes, lost work and restart time from the events of rank 0 (and of the killed rank)."""
+    starts = [e for e in events if e["event"] == "start"]
+    firsts = {e["attempt"]: e for e in events if e["event"] == "first_step"}
+    ckpts = [e for e in events if e["event"] == "checkpoint"]
+    out = {"steps": spec.steps, "checkpoint_every": spec.checkpoint_every, "attempts": len(starts),
+           "resumed_from_step": [e["step"] for e in starts[1:]], "failures": [], "checkpoints": len(ckpts),
+           "checkpoint_time_s": [e["time_s"] for e in ckpts],
+           "checkpoint_bytes": ckpts[-1]["bytes"] if ckpts else 0}
+    for e in events:
+        if e["event"] != "killed":
+            continue
+        before = [c for c in ckpts if c["attempt"] == e["attempt"] and c["time"] <= e["time"]]
+        began = [s for s in starts if s["attempt"] == e["attempt"]][0]["time"]
+        saved_at = before[-1]["time"] if before else began
+        resumed = firsts.get(e["attempt"] + 1)
+        out["failures"].append({
+            "rank": e["rank"], "step": e["step"],
+            "last_checkpoint_step": before[-1]["step"] if before else 0,
+            "lost_steps": e["step"] - 1 - (before[-1]["step"] if before else 0),
+            "lost_work_s": e["time"] - saved_at,
+            "restart_s": (resumed["time"] - e["time"]) if resumed else None})
+    return out
+
+
+def describe(summary: dict) -> str:
+    """One line: ``elastic: ...``."""
+    head = (f"elastic: {summary['steps']} steps in {summary['attempts']} attempt(s), "
+            f"{summary['checkpoints']} checkpoints of {summary['checkpoint_bytes']} bytes")
+    for f in summary["failures"]:
+        restart = f"{f['restart_s']:.2f} s" if f["restart_s"] is not None else "no restart"
+        head += (f"; rank {f['rank']} died at step {f['step']}, resumed from step {f['last_checkpoint_step']}: "
+                 f"lost {f['lost_steps']} whole steps ({f['lost_work_s']:.3f} s of work), restart {restart}")
+    return head
+
+
+def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1, timeout: float = 120.0) -> dict:
+    """Start ``torchrun --standalone --nproc-per-node nproc --max-restarts R`` on this machine, wait for it.
+    Returns {"returncode", "output", "summary" (or None), "final" (the parameters, or None)}."""
+    import torch
+    os.makedirs(root, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "distlab.runtime.elastic",
+           "--dir", root] + [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+    except BaseException:
+        from distlab.runtime.multinode import _end
+        _end(proc)
+        raise
+    from distlab.runtime.multinode import _kill_session
+    _kill_session(proc)
+    summary_path, final_path = os.path.join(root, "summary.json"), os.path.join(root, "final.pt")
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else None
+    final = torch.load(final_path) if os.path.exists(final_path) else None
+    return {"returncode": proc.returncode, "output": output, "summary": summary, "final": final}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m distlab.runtime.elastic",
+                                description="Elastic training with DCP checkpoints (run it under torchrun).")
+    p.add_argument("--dir", required=True, help="checkpoints, events.jsonl, final.pt and summary.json go here")
+    for name, value in asdict(TrainSpec()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = vars(p.parse_args(argv))
+    root = args.pop("dir")
+    train(TrainSpec(**args), root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""`distlab run --nnodes`: the torchrun command it builds, its checks, and how it reads torchrun's failures."""
+from __future__ import annotations
+
+import pytest
+
+from distlab.runtime.multinode import NodeSpec, explain, torchrun_command
+from distlab.sim.errors import ConfigError
+
+
+def test_the_command_is_torchrun_with_c10d_rendezvous_and_the_timeout():
+    spec = NodeSpec(2, 1, "node0:29500", 8, max_restarts=1, timeout_s=30)
+    cmd = torchrun_command(spec, "distlab.runtime.worker", ["plan.json"])
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    text = " ".join(cmd[3:])
+    assert ("--nnodes 2 --nproc-per-node 8 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 "
+            "--rdzv-conf join_timeout=30,read_timeout=30 --max-restarts 1 -m distlab.runtime.worker plan.json") == text
+
+
+@pytest.mark.parametrize("spec, where", [
+    (NodeSpec(0, 0, "h:1", 1), "--nnodes"), (NodeSpec(2, 2, "h:1", 1), "--node-rank"),
+    (NodeSpec(2, 0, "h", 1), "--rdzv-endpoint"), (NodeSpec(2, 0, "h:99999", 1), "--rdzv-endpoint"),
+    (NodeSpec(2, 0, "h:1", 1, timeout_s=0), "--timeout")])
+def test_bad_options_are_config_errors(spec, where):
+    with pytest.raises(ConfigError) as e:
+        spec.check()
+    assert e.value.where == where
+
+
+def test_torchrun_failures_become_one_line():
+    spec = NodeSpec(2, 0, "node0:29500", 4, timeout_s=5)
+    code, line = explain("...\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n", spec)
+    assert code == 2 and line.startswith("--rdzv-endpoint: not all 2 nodes joined the rendezvous at node0:29500 "
+                                         "within 5 s")
+    code, line = explain("torch.distributed.DistNetworkError: The client socket has timed out\n", spec)
+    assert code == 2 and line.startswith("--rdzv-endpoint: cannot reach the rendezvous at node0:29500")
+    code, line = explain("W1130 x\ndistlab.runtime.worker: error: WORLD_SIZE: the plan has 4 ranks\n", spec)
+    assert (code, line) == (2, "WORLD_SIZE: the plan has 4 ranks")
+    code, line = explain("[rank1]: RuntimeError: boom\n", spec)
+    assert code == 1 and "RuntimeError: boom" in line
