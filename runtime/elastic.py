@@ -29,11 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-
-# torchrun's agent shares its rendezvous TCPStore with the ranks by default; after a restart the new ranks can
-# read keys the previous attempt left there (Gloo or NCCL addresses of dead ranks) and fail to connect
-# (pytorch/pytorch#135712). A store per attempt avoids it: set this for every torchrun with --max-restarts.
-ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+from distlab.runtime.multinode import ELASTIC_ENV  # noqa: F401  (re-exported; one store per restart)
 
 
 @dataclass

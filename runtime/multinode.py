@@ -24,6 +24,11 @@ from dataclasses import dataclass
 
 from distlab.sim.errors import ConfigError
 
+# torchrun's agent shares its rendezvous TCPStore with the ranks by default; after a restart the new ranks can
+# read keys the previous attempt left there (Gloo or NCCL addresses of dead ranks) and fail to connect
+# (pytorch/pytorch#135712). A store per attempt avoids it: set this for every torchrun with --max-restarts.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
 WORKER_MODULE = "distlab.runtime.worker"
 
 
@@ -90,7 +95,6 @@ def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False
     if verbose:
         sys.stderr.write(f"{prog}: {' '.join(cmd)}\n")
     with tempfile.TemporaryFile("w+") as log:
-        from distlab.runtime.elastic import ELASTIC_ENV
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**ELASTIC_ENV, **os.environ})
         old = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
