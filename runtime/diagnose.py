@@ -166,6 +166,8 @@ def diagnose(flight: dict) -> dict:
         flying = f"; in flight when stopped: {'; '.join(in_flight[:3])}" if in_flight else ""
         verdict = (f"interrupted by {interrupted}: the run was stopped, it did not hang (no rank failed, every "
                    f"rank's collectives agree){flying}")
+    elif rows and all(r.get("reason") == "completed" for r in rows):
+        status, verdict = "completed", f"completed: all {world} ranks finished their work (no failure, no mismatch)"
     else:
         status, verdict = "ok", "no mismatch: every rank's recorded collectives agree"
     return {"directory": flight.get("directory"), "world_size": world, "status": status, "verdict": verdict,

@@ -158,6 +158,8 @@ def run_task(run_dir: str) -> int:
         open(os.path.join(run_dir, f"ready.{rank}"), "w").close()
         result = load_target(task["target"])(ctx, task["payload"])
         _write_json(os.path.join(run_dir, f"result.{rank}.json"), result)
+        if flight is not None:
+            flight.dump(COMPLETED)        # a final dump: `distlab diagnose` then knows this rank finished
         _finish()
         return 0
     except BaseException as e:       # noqa: BLE001 - report every failure, then exit non-zero
@@ -176,6 +178,9 @@ def run_task(run_dir: str) -> int:
         _write_json(os.path.join(run_dir, f"error.{rank}.json"), {"time": time.time(), "error": message})
         traceback.print_exc()
         return 1
+
+
+COMPLETED = "completed"          # the reason of the final dump a rank writes when its task ends well
 
 
 def _recorder(directory: str | None, rank: int):
@@ -237,6 +242,8 @@ def run_torchrun(argv: list[str]) -> int:
             print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
             if "clock" in trace.meta:
                 print(describe(trace.meta["clock"]))
+        if flight is not None:
+            flight.dump(COMPLETED)
         _finish()
     except BaseException as e:
         if flight is not None:

@@ -57,13 +57,20 @@ def test_bad_input_is_one_line_and_exit_2(cli, argv, plan_file, tmp_path):
 def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
     from distlab.sim.trace import Trace
     out = tmp_path / "m.trace"
-    rc, stdout, err = cli("run", plan_file, "--nproc", "2", "--repeat", "2", "--out", str(out), "--json")
+    rc, stdout, err = cli("run", plan_file, "--nproc", "2", "--repeat", "2", "--out", str(out), "--json",
+                          "--dump-dir", str(tmp_path / "flight"))
     assert rc == 0, err
     summary = json.loads(stdout)
     assert summary["backend"] == "gloo" and summary["makespan_s"] > 0
     trace = Trace.from_json(out.read_text())
     assert trace.meta["source"] == "measured" and len(trace.ops) == 10
     assert {o.kind for o in trace.ops} == {"compute", "record", "wait", "collective"}
+    # a healthy run: every rank left a final dump, and diagnose says the run completed (not "died")
+    from distlab.runtime.diagnose import diagnose
+    from distlab.runtime.flight import load_dir
+    d = diagnose(load_dir(str(tmp_path / "flight")))
+    assert d["status"] == "completed" and not d["problems"], d["verdict"]
+    assert d["verdict"].startswith("completed: all 2 ranks finished")
 
 
 @pytest.mark.slow
