@@ -72,7 +72,8 @@ def check(schedule: str, p: int, m: int, v: int = 1) -> str:
         raise ConfigError(f"{schedule} runs one stage per rank, so virtual_stages must be 1 (got {v}); "
                           "use schedule interleaved", "virtual_stages")
     if schedule in ("zbv", "dualpipev") and v != 2:
-        raise ConfigError(f"{schedule} runs exactly 2 stages per rank, so virtual_stages must be 2 (got {v})",
+        raise ConfigError(f"{schedule} runs exactly 2 stages per rank, so virtual_stages must be 2 (got {v}); "
+                          "allowed: virtual_stages 2",
                           "virtual_stages")
     if schedule == "dualpipev" and m < 2 * p:
         raise ConfigError(f"dualpipev needs at least as many microbatches as stages (2 x {p} ranks = {2 * p}); "
