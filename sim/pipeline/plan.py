@@ -268,11 +268,12 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
         ranks.append(ops + tied_embedding_ops(tied, r, peers))
     meta = {"pipeline": {**asdict(spec),
                          "stage_to_rank": placement,
-                         "overlap_f_b": [[f"{f};{b}" for f, b in rank] for rank in pairs],
                          "layers_per_stage": [len(r) for r in ranges],
                          "activation_bytes": [sum(model.layers[i].activation_bytes for i in r) for r in ranges],
                          "boundary_bytes": out_bytes,
                          "param_bytes": [sum(model.layers[i].param_bytes for i in r) for r in ranges]}}
+    if any(pairs):               # DualPipeV only: other schedules' plans stay byte-identical
+        meta["pipeline"]["overlap_f_b"] = [[f"{f};{b}" for f, b in rank] for rank in pairs]
     plan_name = name or (f"pipeline-{spec.schedule}-p{p}-m{m}" + (f"-v{v}" if v > 1 else "")
                          + (f"-d{D}" if D > 1 else ""))
     return Plan(ranks, name=plan_name, meta=meta).validate()
