@@ -18,7 +18,7 @@ have arrived and sends both outputs after the pair. ``schedules.build`` flattens
 """
 from __future__ import annotations
 
-from distlab.sim.pipeline.schedules import Action
+from distlab.sim.pipeline.action import Action
 
 
 def looped_bfs(r: int, p: int, m: int, v: int) -> list[tuple[Action, ...]]:

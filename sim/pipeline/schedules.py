@@ -24,10 +24,9 @@ dualpipe.py builds the last two; :func:`overlap_pairs` gives DualPipeV's overlap
 """
 from __future__ import annotations
 
-import re
-from typing import NamedTuple
-
 from distlab.sim.errors import ConfigError
+from distlab.sim.pipeline import dualpipe
+from distlab.sim.pipeline.action import Action
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev", "loopedbfs")
 ALIASES = {"interleaved1f1b": "interleaved", "interleaved-1f1b": "interleaved", "zb-h1": "zbh1", "zb1p": "zbh1",
@@ -37,21 +36,6 @@ ALIASES = {"interleaved1f1b": "interleaved", "interleaved-1f1b": "interleaved", 
 TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
                  "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
                  "dualpipev": "ScheduleDualPipeV", "loopedbfs": "ScheduleLoopedBFS"}
-_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)$")
-
-
-class Action(NamedTuple):
-    stage: int
-    kind: str        # F, B, I, W
-    mb: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
-
-    @staticmethod
-    def parse(text: str) -> "Action | None":
-        m = _ACTION_RE.match(text.strip())
-        return Action(int(m.group(1)), m.group(2), int(m.group(3))) if m else None
 
 
 def normalise(name: str) -> str:
@@ -116,7 +100,6 @@ def overlap_pairs(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple[
 
 
 def _steps(schedule, p, m, v):
-    from distlab.sim.pipeline import dualpipe
     if schedule == "dualpipev":
         return [dualpipe.dualpipe_v(r, p, m) for r in range(p)]
     return [dualpipe.looped_bfs(r, p, m, v) for r in range(p)]
