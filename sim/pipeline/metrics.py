@@ -74,7 +74,6 @@ def compute(trace, meta: dict | None = None) -> PipelineMetrics:
     peak_flight: dict[int, int] = {}
     peak_stage_mem: dict[int, float] = {}
     peak_rank_mem = []
-    split = {a.stage for a, _ in actions_of(trace) if a.kind in ("I", "W")}
     for r in ranks:
         flight: dict[int, int] = {}
         mem = peak = 0.0
@@ -82,7 +81,7 @@ def compute(trace, meta: dict | None = None) -> PipelineMetrics:
         for a, o in actions_of(trace, r):
             if a.kind == "F":
                 events.append((o.start, 1, a.stage))
-            elif a.kind == "W" or (a.kind == "B" and a.stage not in split):
+            elif a.kind in ("B", "W"):        # a microbatch ends with its B, or with its W when split
                 events.append((o.end, -1, a.stage))
         for _, delta, s in sorted(events, key=lambda e: (e[0], e[1])):
             per_mb = act_bytes[s] if s < len(act_bytes) else 0.0

@@ -19,6 +19,11 @@ Costs per microbatch: F = sum of the stage's layers' forward FLOPs, B = backward
 2104.04473). For I/W schedules (Zero Bubble 2401.10241 assumes T_F = T_B = T_W) per layer
 W = min(B, 2·weight_grad_fraction·F) and I = B - W: with 0.5, W = F (the weight-gradient matmul), and a first
 layer, which needs no input gradient, has I = 0. ``seconds={(stage, kind): s}`` bypasses the roofline.
+
+DualPipeV's forward/backward pairs that torch marks OVERLAP_F_B (meta ``overlap_f_b``, "F;B" per rank) run as
+torch 2.13's runtime runs them without a custom overlap function: the pair starts once both inputs have
+arrived, F then B on the compute stream, then F's send and B's send (``_add_send_recv``). The compute of the
+two is not overlapped (torch does not; DeepSeek's DualPipe overlaps their communication with compute).
 """
 from __future__ import annotations
 
@@ -78,7 +83,7 @@ class PipelineOptions:
     """The ``pipeline:`` section of a scenario; stages and replicas come from the mesh (pp, dp)."""
     schedule: str = option(PipelineSpec.schedule, f"pipeline schedule: {', '.join(S.SCHEDULES)}")
     microbatches: int = option(PipelineSpec.microbatches, "microbatches per step (m)")
-    virtual_stages: int = option(PipelineSpec.virtual_stages, "model chunks per rank (v; 2 for interleaved, zbv)")
+    virtual_stages: int = option(PipelineSpec.virtual_stages, "model chunks per rank (v; 2 for zbv, dualpipev)")
     split: list[int] | None = option(PipelineSpec.split, "layers (transformer blocks) per stage, p x v numbers in "
                                                          "stage order (none = even)")
     weight_grad_fraction: float = option(PipelineSpec.weight_grad_fraction,
@@ -208,6 +213,29 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
             if a.kind in ("B", "W"):
                 last_backward[a.stage] = i
 
+    pairs = S.overlap_pairs(spec.schedule, p, m, v)
+    pair_f = [dict(rank) for rank in pairs]                     # F -> its overlapped B
+    pair_b = [{b for _, b in rank} for rank in pairs]
+
+    def receive(a: S.Action, r: int, peers) -> list:
+        """Ops on the compute stream that get action ``a``'s input from another rank."""
+        need = needs(a)
+        if not need or placement[need[0]] == r:
+            return []
+        src = placement[need[0]]
+        if (src, r) in early:
+            return [Wait(f"recv {need[1]}", stream="compute")]
+        return [Recv(peers[src], out_bytes[min(a.stage, need[0])], dtype, need[1], stream="compute")]
+
+    def send(a: S.Action, r: int, peers) -> list:
+        """Ops that send action ``a``'s output to another rank once it is computed."""
+        msg = message(a)
+        if not msg or placement[msg[0]] == r:
+            return []
+        peer = peers[placement[msg[0]]]
+        return [Record(f"done {a}", stream="compute"), Wait(f"done {a}", stream=f"send>{peer}"),
+                Send(peer, msg[2], dtype, msg[1], stream=f"send>{peer}")]
+
     ranks = []
     for g in range(mesh.world_size):
         r, peers = mesh.coords(g)["pp"], mesh.group_of(g, "pp")     # pipeline rank, global rank of each
@@ -218,22 +246,20 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
                 for msg_name, nbytes in msgs:
                     ops += [Recv(peers[src], nbytes, dtype, msg_name, stream=f"recv<{peers[src]}"),
                             Record(f"recv {msg_name}", stream=f"recv<{peers[src]}")]
+        held: list = []              # an overlapped pair's F sends after its B (torch's _add_send_recv)
         for i, a in enumerate(acts):
-            need = needs(a)
-            if need and placement[need[0]] != r:
-                src = placement[need[0]]
-                if (src, r) in early:
-                    ops.append(Wait(f"recv {need[1]}", stream="compute"))
-                else:
-                    ops.append(Recv(peers[src], out_bytes[min(a.stage, need[0])], dtype, need[1], stream="compute"))
+            if a not in pair_b[r]:   # a pair waits for both its inputs before its F starts
+                for b in ([a, pair_f[r][a]] if a in pair_f[r] else [a]):
+                    ops += receive(b, r, peers)
             ops.append(compute(a))
             if overhead:
                 ops.append(Compute(name="runtime", seconds=float(overhead)))
-            msg = message(a)
-            if msg and placement[msg[0]] != r:
-                peer = peers[placement[msg[0]]]
-                ops += [Record(f"done {a}", stream="compute"), Wait(f"done {a}", stream=f"send>{peer}"),
-                        Send(peer, msg[2], dtype, msg[1], stream=f"send>{peer}")]
+            sends = send(a, r, peers)
+            if a in pair_f[r]:
+                held = sends
+            else:
+                ops += held + sends
+                held = []
             if len(replicas) > 1 and last_backward.get(a.stage) == i:
                 nbytes = sum(model.layers[j].param_bytes for j in ranges[a.stage])
                 ops += [Record(f"grads {a.stage}", stream="compute"), Wait(f"grads {a.stage}", stream="comm"),
@@ -246,6 +272,8 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
                          "activation_bytes": [sum(model.layers[i].activation_bytes for i in r) for r in ranges],
                          "boundary_bytes": out_bytes,
                          "param_bytes": [sum(model.layers[i].param_bytes for i in r) for r in ranges]}}
+    if any(pairs):               # DualPipeV only: other schedules' plans stay byte-identical
+        meta["pipeline"]["overlap_f_b"] = [[f"{f};{b}" for f, b in rank] for rank in pairs]
     plan_name = name or (f"pipeline-{spec.schedule}-p{p}-m{m}" + (f"-v{v}" if v > 1 else "")
                          + (f"-d{D}" if D > 1 else ""))
     return Plan(ranks, name=plan_name, meta=meta).validate()

@@ -15,35 +15,27 @@ Schedules (p ranks, m microbatches, v stages per rank; stage s sits on rank s % 
   cool-down bubble (Zero Bubble 2401.10241, "ZB-H1"; torch ``ScheduleInterleavedZeroBubble``).
 - ``zbv``: two chunks per rank in a V (rank r holds stages r and 2p-1-r), I and W split (2401.10241 section 6;
   torch ``ScheduleZBVZeroBubble``). Near zero bubble when F = I = W.
+- ``dualpipev``: ZBV's V layout, DualPipe's phases with forward/backward pairs of different microbatches that
+  torch marks OVERLAP_F_B (DeepSeek-V3 2412.19437; torch ``ScheduleDualPipeV``). Needs v = 2 and m >= 2p.
+- ``loopedbfs``: v stages per rank in a loop, all forwards stage by stage, then all backwards (Breadth-First
+  Pipeline Parallelism 2211.05953; torch ``ScheduleLoopedBFS``). Any p, m, v.
+
+dualpipe.py builds the last two; :func:`overlap_pairs` gives DualPipeV's overlapped pairs.
 """
 from __future__ import annotations
 
-import re
-from typing import NamedTuple
-
 from distlab.sim.errors import ConfigError
+from distlab.sim.pipeline import dualpipe
+from distlab.sim.pipeline.action import Action
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev", "loopedbfs")
 ALIASES = {"interleaved1f1b": "interleaved", "interleaved-1f1b": "interleaved", "zb-h1": "zbh1", "zb1p": "zbh1",
-           "zb-v": "zbv", "zbvzerobubble": "zbv"}
+           "zb-v": "zbv", "zbvzerobubble": "zbv", "dualpipe-v": "dualpipev",
+           "looped-bfs": "loopedbfs", "bfs": "loopedbfs"}
 # torch.distributed.pipelining class for each schedule
 TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
-                 "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
-_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)$")
-
-
-class Action(NamedTuple):
-    stage: int
-    kind: str        # F, B, I, W
-    mb: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
-
-    @staticmethod
-    def parse(text: str) -> "Action | None":
-        m = _ACTION_RE.match(text.strip())
-        return Action(int(m.group(1)), m.group(2), int(m.group(3))) if m else None
+                 "zbh1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                 "dualpipev": "ScheduleDualPipeV", "loopedbfs": "ScheduleLoopedBFS"}
 
 
 def normalise(name: str) -> str:
@@ -63,9 +55,13 @@ def check(schedule: str, p: int, m: int, v: int = 1) -> str:
     if schedule in ("gpipe", "1f1b") and v != 1:
         raise ConfigError(f"{schedule} runs one stage per rank, so virtual_stages must be 1 (got {v}); "
                           "use schedule interleaved", "virtual_stages")
-    if schedule == "zbv" and v != 2:
-        raise ConfigError(f"zbv runs exactly 2 stages per rank, so virtual_stages must be 2 (got {v})",
+    if schedule in ("zbv", "dualpipev") and v != 2:
+        raise ConfigError(f"{schedule} runs exactly 2 stages per rank, so virtual_stages must be 2 (got {v}); "
+                          "allowed: virtual_stages 2",
                           "virtual_stages")
+    if schedule == "dualpipev" and m < 2 * p:
+        raise ConfigError(f"dualpipev needs at least as many microbatches as stages (2 x {p} ranks = {2 * p}); "
+                          f"got {m}; allowed: microbatches >= {2 * p}", "microbatches")
     if schedule == "1f1b" and m < p:
         raise ConfigError(f"1f1b needs at least as many microbatches as stages: {m} microbatches < {p} stages",
                           "microbatches")
@@ -80,7 +76,7 @@ def check(schedule: str, p: int, m: int, v: int = 1) -> str:
 
 def stage_to_rank(schedule: str, p: int, v: int = 1) -> list[int]:
     """Rank of each of the p·v stages: loop (stage s on rank s % p), or V for zbv (r holds r and 2p-1-r)."""
-    if normalise(schedule) == "zbv":
+    if normalise(schedule) in ("zbv", "dualpipev"):
         return [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
     return [s % p for s in range(p * v)]
 
@@ -88,8 +84,25 @@ def stage_to_rank(schedule: str, p: int, v: int = 1) -> list[int]:
 def build(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
     """Per-rank ordered action lists for ``schedule`` with p ranks, m microbatches, v stages per rank."""
     schedule = check(schedule, p, m, v)
+    if schedule in ("dualpipev", "loopedbfs"):
+        return [[a for step in rank for a in step] for rank in _steps(schedule, p, m, v)]
     fn = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved, "zbh1": _zbh1, "zbv": _zbv}[schedule]
     return [fn(r, p, m, v) for r in range(p)]
+
+
+def overlap_pairs(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple[Action, Action]]]:
+    """Per rank, the (F, B) pairs torch marks OVERLAP_F_B (only DualPipeV has them); ``build`` lists each pair's
+    F right before its B, the order torch 2.13's runtime runs them."""
+    schedule = check(schedule, p, m, v)
+    if schedule != "dualpipev":
+        return [[] for _ in range(p)]
+    return [[step for step in rank if len(step) == 2] for rank in _steps(schedule, p, m, v)]
+
+
+def _steps(schedule, p, m, v):
+    if schedule == "dualpipev":
+        return [dualpipe.dualpipe_v(r, p, m) for r in range(p)]
+    return [dualpipe.looped_bfs(r, p, m, v) for r in range(p)]
 
 
 def _gpipe(r, p, m, v):

@@ -22,11 +22,16 @@ def report(result) -> dict:
             ["bubble (idle share of ranks x makespan)",
              f"{met.bubble:.1%}" + (f" (uniform stages, free p2p: {ideal:.1%})" if ideal is not None else "")],
             ["p2p time (sum of sends)", f"{met.p2p_seconds * 1e3:.3f} ms"]]
+    pairs = meta.get("overlap_f_b") or []
+    if any(pairs):
+        rows.append(["overlapped F;B pairs per rank (torch OVERLAP_F_B, run F then B)",
+                     ", ".join(f"{len(rank)}" for rank in pairs) + f" (rank 0: {' '.join(pairs[0][:3])} ...)"])
     rows += [[f"stage {s}: peak microbatches in flight, their activations", f"{met.peak_in_flight[s]}, "
               f"{met.peak_stage_memory[s] / 2**20:.4g} MiB"] for s in met.peak_in_flight]
     mem = memory(result, met)
     rows += mem["rows"]
-    return {"rows": rows, "warnings": mem["warnings"], "json": {"pipeline": met.to_dict(), "memory": mem["json"]}}
+    return {"rows": rows, "warnings": mem["warnings"], "json": {"pipeline": {**met.to_dict(), "overlap_f_b": pairs},
+                                                                "memory": mem["json"]}}
 
 
 def memory(result, met) -> dict:
@@ -104,7 +109,8 @@ def legacy(section: dict, mesh: dict, scenario: dict) -> None:
 
 
 WORKLOAD = Workload(
-    name="pipeline", help="pipeline parallelism: stages over pp (GPipe, 1F1B, interleaved, ZB-H1, ZBV), "
+    name="pipeline", help="pipeline parallelism: stages over pp (GPipe, 1F1B, interleaved, ZB-H1, ZBV, DualPipeV, "
+                          "Looped BFS), "
                           "replicated over dp",
     dims=("dp", "pp"), required_dims=("pp",), fill_dim="dp", options=PipelineOptions, build=build, report=report,
     figure=figure, sweep_row=sweep_row, sweep_figure=sweep_figure,
