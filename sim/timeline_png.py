@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 # matplotlib's "tab20" colormap (matplotlib/_cm.py _tab20_data); destination d gets TAB20[d % 20]
 TAB20 = ["#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
@@ -29,8 +30,8 @@ def rank_label(rank: int) -> str:
 
 @dataclass
 class Layout:
-    """Where things go, in pixels: the plot area (left, top, right, bottom), rows of ``row_h`` pixels, and
-    ``time_max_s`` at the right edge."""
+    """Where things go, in pixels: the plot area (left, top, right, bottom), rows of ``row_h`` pixels (one
+    per source, ``lanes`` lanes each), and ``time_max_s`` at the right edge."""
     width: int
     height: int
     left: int
@@ -41,9 +42,12 @@ class Layout:
     lanes: dict[int, int]
     time_max_s: float
 
-    @property
-    def row_h(self) -> float:
-        return (self.bottom - self.top) / max(len(self.sources), 1)
+    row_h: float = field(init=False)
+    row: dict[int, int] = field(init=False)            # source -> its row, from the top
+
+    def __post_init__(self):
+        self.row_h = (self.bottom - self.top) / max(len(self.sources), 1)
+        self.row = {src: i for i, src in enumerate(self.sources)}
 
     def x(self, time_s: float) -> float:
         return self.left + time_s / self.time_max_s * (self.right - self.left)
@@ -56,9 +60,8 @@ class Layout:
 
     def bar(self, t, lane: int) -> tuple[int, int, int, int]:
         """(x0, y0, x1, y1) of a transfer's bar, inclusive pixels: 80% of its row, split among its lanes."""
-        row = self.sources.index(t.src)
         h = 0.8 * self.row_h / self.lanes[t.src]
-        y0 = self.top + (row + 0.1) * self.row_h + lane * h
+        y0 = self.top + (self.row[t.src] + 0.1) * self.row_h + lane * h
         x0, x1 = round(self.x(t.start)), round(self.x(t.end))
         return x0, round(y0), max(x0, x1 - 1), max(round(y0), round(y0 + h) - 1)
 
@@ -73,6 +76,7 @@ def nice_ticks(hi: float, target: int = 8) -> list[float]:
     return [round(k * step, 12) for k in range(int(hi / step + 1e-9) + 1)]
 
 
+@lru_cache(maxsize=None)
 def _font(size: int):
     from PIL import ImageFont
     return ImageFont.load_default(size=size)
