@@ -1,9 +1,10 @@
 """How much `--timeline` adds to `distlab collective` (issue 12.6: within 2x of the same command without it).
 
 Runs `distlab collective all_reduce --size 64MiB --nodes 2` with and without `--timeline t.png`, each as a
-fresh process (Python start, imports, simulation, and for the timeline matplotlib's import, drawing and PNG
-encoding), alternating, and prints the median wall time of each and their ratio; then, in this process, the
-parts: the simulation, matplotlib's import (a fixed cost every figure pays, --plot too), drawing, saving.
+fresh process (Python start, imports, simulation, and for the timeline Pillow's import, drawing and PNG
+encoding: sim/timeline_png.py, no matplotlib), alternating, and prints the median wall time of each and their
+ratio; then, in this process, the parts: the simulation, Pillow's import, drawing and encoding the PNG, and for
+comparison matplotlib's import (~0.4 s, which the PNG path no longer pays) and its figure (sim/plots.py).
 
     python benchmarks/timeline_speed.py [--repeats 7]
 """
@@ -48,32 +49,37 @@ def main() -> int:
 
 
 def parts() -> None:
-    """Seconds of each part of `--timeline`, in this process (median of 3 for all but the one-off import)."""
+    """Seconds of each part of `--timeline`, in this process (median of 3 for all but the one-off imports)."""
     import io
 
     from distlab.sim.cluster import load_cluster
     from distlab.sim.engine import simulate_collective
     cluster = load_cluster("dgx-h100", 2)
     t0 = time.perf_counter()
+    from PIL import Image, ImageDraw, ImageFont  # noqa: F401
+    pillow_import = time.perf_counter() - t0
+    from distlab.sim.timeline_png import timeline_png
+    sim, png = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        trace, _ = simulate_collective("all_reduce", 64 * 2**20, cluster, "auto", 0, record_transfers=True)
+        t1 = time.perf_counter()
+        timeline_png(trace, title="timeline")
+        sim.append(t1 - t0), png.append(time.perf_counter() - t1)
+    m = statistics.median
+    print(f"  parts: simulation {m(sim):.3f} s ({len(trace.transfers)} transfers), Pillow import "
+          f"{pillow_import:.3f} s, drawing and encoding the PNG {m(png):.3f} s ({m(png) / m(sim):.2f}x the simulation)")
+    t0 = time.perf_counter()
     import matplotlib.collections  # noqa: F401
     import matplotlib.figure  # noqa: F401
     from matplotlib.backends import backend_agg  # noqa: F401
     imports = time.perf_counter() - t0
     from distlab.sim.plots import transfers_timeline
-    sim, draw, save = [], [], []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        trace, _ = simulate_collective("all_reduce", 64 * 2**20, cluster, "auto", 0, record_transfers=True)
-        t1 = time.perf_counter()
-        fig = transfers_timeline(trace, title="timeline")
-        t2 = time.perf_counter()
-        fig.savefig(io.BytesIO(), format="png", dpi=120, pil_kwargs={"compress_level": 1})
-        sim.append(t1 - t0), draw.append(t2 - t1), save.append(time.perf_counter() - t2)
-    m = statistics.median
-    print(f"  parts: simulation {m(sim):.3f} s ({len(trace.transfers)} transfers), matplotlib import {imports:.3f} s, "
-          f"building the figure {m(draw):.3f} s, drawing and saving the PNG {m(save):.3f} s")
-    print(f"  figure / simulation, without the import: {(m(draw) + m(save)) / m(sim):.2f}x")
-
+    t0 = time.perf_counter()
+    transfers_timeline(trace, title="timeline").savefig(io.BytesIO(), format="png", dpi=120,
+                                                        pil_kwargs={"compress_level": 1})
+    print(f"  for comparison, matplotlib (sim/plots.py, .svg/.pdf timelines): import {imports:.3f} s, "
+          f"figure and PNG {time.perf_counter() - t0:.3f} s")
 
 if __name__ == "__main__":
     sys.exit(main())

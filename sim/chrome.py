@@ -110,6 +110,28 @@ def channels(transfers) -> list[tuple[tuple[int, int, int], object]]:
     return out
 
 
+def transfer_lanes(transfers, max_ranks: int = 16) -> tuple[list[int], list[tuple[object, int]], dict[int, int]]:
+    """The rows and lanes of a transfers timeline (the PNG figures of sim/plots.py and sim/timeline_png.py):
+    the sending switch (-1, NVLS) if any, then the first ``max_ranks`` sending ranks (one row each), and each of their
+    transfers, in ``channels`` order, with its lane: the lowest lane of its source free at its start, so
+    concurrent transfers from one rank (NCCL's channels, a tree's two children) never overlap. Returns
+    (sources, [(transfer, lane)], {source: number of lanes})."""
+    transfers = list(transfers)
+    senders = sorted({t.src for t in transfers})
+    srcs = [s for s in senders if s < 0] + [s for s in senders if s >= 0][:max_ranks]
+    shown = set(srcs)
+    placed, ends = [], {}
+    for _, t in channels(t for t in transfers if t.src in shown):
+        free = ends.setdefault(t.src, [])             # end time of each lane's last transfer
+        lane = next((i for i, end in enumerate(free) if end <= t.start), None)
+        if lane is None:
+            free.append(0.0)
+            lane = len(free) - 1
+        free[lane] = t.end
+        placed.append((t, lane))
+    return srcs, placed, {src: len(free) for src, free in ends.items()}
+
+
 def network_events(trace, pid: int) -> list[dict]:
     if not trace.transfers:
         return []

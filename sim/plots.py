@@ -126,33 +126,26 @@ def transfers_timeline(trace, max_ranks: int = 16, title: str | None = None, uni
     destination. Shows a ring's 2(n-1) steps, a tree's pipeline, or flows stretched by contention. Concurrent
     transfers from one rank (NCCL's channels, a tree's two children) get separate lanes, as the channels of
     the Chrome trace (sim/chrome.py). Fast for thousands of transfers: every bar goes into one
-    PolyCollection, the figure is built without pyplot and laid out by hand (one draw when saved)."""
+    PolyCollection, the figure is built without pyplot and laid out by hand (one draw when saved). As a PNG
+    (`collective --timeline x.png`), sim/timeline_png.py draws the same figure with Pillow, without
+    matplotlib's import; rows and lanes come from sim/chrome.py ``transfer_lanes`` for both."""
     import matplotlib.cm as cm
     import numpy as np
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from distlab.sim.chrome import channels
+    from distlab.sim.chrome import transfer_lanes
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
-    srcs = sorted({t.src for t in trace.transfers})[:max_ranks]
+    srcs, placed, lanes = transfer_lanes(trace.transfers, max_ranks)
     row = {src: y for y, src in enumerate(srcs)}
-    placed, ends = [], {}
-    for _, t in channels(t for t in trace.transfers if t.src in row):
-        free = ends.setdefault(t.src, [])             # lanes of one source: the lowest free at the start
-        lane = next((i for i, end in enumerate(free) if end <= t.start), None)
-        if lane is None:
-            free.append(0.0)
-            lane = len(free) - 1
-        free[lane] = t.end
-        placed.append((t, lane))
     height = 0.35 * len(srcs) + 2.0
     fig = Figure(figsize=(12, height))
     ax = fig.add_axes((0.08, 0.9 / height, 0.80, 1 - 1.5 / height))
     if placed:
         x0 = np.array([t.start for t, _ in placed]) * scale
         x1 = np.array([t.end for t, _ in placed]) * scale
-        h = np.array([0.8 / len(ends[t.src]) for t, _ in placed])
+        h = np.array([0.8 / lanes[t.src] for t, _ in placed])
         y0 = np.array([row[t.src] - 0.4 for t, _ in placed]) + np.array([lane for _, lane in placed]) * h
         boxes = np.stack([np.stack([x0, y0], 1), np.stack([x0, y0 + h], 1), np.stack([x1, y0 + h], 1),
                           np.stack([x1, y0], 1)], 1)

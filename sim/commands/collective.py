@@ -89,12 +89,16 @@ def run(args) -> int:
                                  auto=args.algo == "auto"), args.plot)
     if args.timeline:
         from distlab.sim.cli import working
-        from distlab.sim.io import save_figure
-        from distlab.sim.plots import transfers_timeline
         r = rows[0]
+        title = f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, {n} ranks on {cluster.name}"
         with working(f"drawing {len(trace.transfers)} transfers"):
-            save_figure(transfers_timeline(trace, title=f"{args.op} {format_bytes(r['bytes'])}, {r['algorithm']}, "
-                                                        f"{n} ranks on {cluster.name}"), args.timeline)
+            if args.timeline.lower().endswith(".png"):      # Pillow: no matplotlib import (issue 12.6)
+                from distlab.sim.timeline_png import save_timeline_png
+                save_timeline_png(trace, args.timeline, title)
+            else:
+                from distlab.sim.io import save_figure
+                from distlab.sim.plots import transfers_timeline
+                save_figure(transfers_timeline(trace, title=title), args.timeline)
     if args.json:
         print_json({"op": args.op, "cluster": cluster.name, "world_size": n, "nodes": cluster.nodes,
                     "gpus_per_node": cluster.gpus_per_node, "dtype": args.dtype, "algorithm_requested": args.algo,
