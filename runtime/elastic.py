@@ -191,7 +191,9 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
     Returns {"returncode", "output", "summary" (or None), "final" (the parameters, or None)}."""
     import torch
     os.makedirs(root, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+    logs = os.path.join(root, "torchrun-logs")         # torchrun's own logs (else a torchelastic_* temp folder)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--standalone", "--nproc-per-node",
+           str(nproc),
            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "distlab.runtime.elastic",
            "--dir", root] + [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -56,10 +56,12 @@ class NodeSpec:
             raise ConfigError(f"{self.timeout_s!r} must be a number of seconds > 0", "--timeout")
 
 
-def torchrun_command(spec: NodeSpec, module: str, args: list[str]) -> list[str]:
-    """The torchrun command line this node runs (c10d rendezvous; the rendezvous times out after timeout_s)."""
+def torchrun_command(spec: NodeSpec, module: str, args: list[str], log_dir: str | None = None) -> list[str]:
+    """The torchrun command line this node runs (c10d rendezvous; the rendezvous times out after timeout_s).
+    ``log_dir``: torchrun's own log folder (without one it leaves a torchelastic_* folder in the temp folder)."""
     t = max(1, int(round(spec.timeout_s)))
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes),
+    logs = ["--log-dir", log_dir] if log_dir else []
+    return [sys.executable, "-m", "torch.distributed.run", *logs, "--nnodes", str(spec.nnodes),
             "--nproc-per-node", str(spec.nproc_per_node), "--node-rank", str(spec.node_rank),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint,
             "--rdzv-conf", f"join_timeout={t},read_timeout={t}", "--max-restarts", str(spec.max_restarts),
@@ -91,7 +93,11 @@ def run_node(spec: NodeSpec, module: str, args: list[str], verbose: bool = False
              prog: str = "distlab run") -> int:
     """Run this node's torchrun to the end; print the workers' summary lines, or one error line."""
     spec.check()
-    cmd = torchrun_command(spec, module, args)
+    with tempfile.TemporaryDirectory(prefix="distlab-torchrun-") as logs:     # torchrun's logs, removed after
+        return _run_node(spec, torchrun_command(spec, module, args, logs), verbose, prog)
+
+
+def _run_node(spec: NodeSpec, cmd: list[str], verbose: bool, prog: str) -> int:
     if verbose:
         sys.stderr.write(f"{prog}: {' '.join(cmd)}\n")
     with tempfile.TemporaryFile("w+") as log:
