@@ -164,8 +164,9 @@ register(
              choices=("ring", "tree", "hierarchical", "nvls"),
              hint="for tiny messages only α counts: the least latency wins (NCCL's tuning model)",
              why="NCCL's model: ring LL 6.6 + 14 x 0.6 = 15.0 µs; tree LL (chains inside a node) 15.2 µs; "
-                 "NVLS 25 µs once per call. Real NCCL builds its trees across nodes and chains the GPUs inside one "
-                 "(tuning.cc: 2((g-1)·intra + log2(nNodes)·inter)), so on one node its tree is no shorter than a ring."),
+                 "NVLS 25 µs once per call (tuning.cc:149-175, :414-428). NCCL builds its trees across nodes and "
+                 "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
+                 "node the tree is no shorter than the ring."),
     Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
              _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
              why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
