@@ -31,6 +31,15 @@ def _auto_algorithm(op: str, nbytes: int, cluster: str, nodes: int) -> str:
     return simulate_collective(op, nbytes, load_cluster(cluster, nodes), "auto")[1]
 
 
+def _simulated(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str, protocol: str) -> tuple[float, float]:
+    """(time in µs, busbw in GB/s) of one simulated collective with ``protocol`` forced."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.engine import simulate_collective
+    c = load_cluster(cluster, nodes)
+    trace, _ = simulate_collective(op, nbytes, c, algorithm, protocol=protocol)
+    return trace.makespan * 1e6, _busbw(op, c.world_size, nbytes, trace.makespan)
+
+
 def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     from distlab.sim.collectives import metrics
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
@@ -134,13 +143,30 @@ register(
              hint="algbw = S / t, busbw = algbw x 2(n-1)/n, GB = 10^9 bytes",
              why="busbw compares with the link's bandwidth whatever n is: 324 of NVLink 4's 450 GB/s (72%), for "
                  "algorithms where every byte crosses a link (not in-switch NVLS)."),
+    Exercise("02-simple-floor", "Forced to the Simple protocol (NCCL_PROTO=Simple), how long does an 8 B ring "
+             "all_reduce take on one dgx-h100 node (8 GPUs)?", "us",
+             lambda: _simulated("all_reduce", 8, "dgx-h100", 1, "ring", "Simple")[0], tolerance=0.05,
+             traps=lambda: {15.0: "that is LL's floor: 6.6 + 14 x 0.6 µs; use Simple's base and hop latencies"},
+             hint="once per call the base latency, then 2(n-1) = 14 hops: Ring/Simple base 8.4 µs, NVLink hop 3.4 µs "
+                  "(tuning.cc:150-165)",
+             why="8.4 + 14 x 3.4 = 56 µs, almost 4x LL's 15 µs: Simple synchronises every step with a fence and a "
+                 "flag, LL's flags travel inside the data. Bytes do not matter at 8 B; only the latencies do."),
+    Exercise("02-ll-busbw", "Forced to LL (NCCL_PROTO=LL), what busbw does a ring all_reduce of 1 GiB reach on one "
+             "dgx-h100 node? (Simple reaches ~370 GB/s.)", "GB/s",
+             lambda: _simulated("all_reduce", 2**30, "dgx-h100", 1, "ring", "LL")[1], tolerance=0.05,
+             traps=lambda: {185.0: "half of 370: right about the flags, but NCCL also caps LL's bus bandwidth"},
+             hint="LL sends 4 data bytes per 8-byte line (half), and NCCL caps LL at llMaxBw of bus bandwidth: "
+                  "141 GB/s on one Hopper node (tuning.cc:177-183, :327)",
+             why="min(370 / 2, 141) = 141 GB/s: LL stops paying off after a few MiB, where its lower latency no "
+                 "longer makes up for the bandwidth; NCCL's tuner moves on to LL128, then Simple."),
     Exercise("02-small-message", "For an 8 B all_reduce on one dgx-h100 node, which algorithm does the "
              "simulator's auto choose?", "choice", lambda: _auto_algorithm("all_reduce", 8, "dgx-h100", 1),
              choices=("ring", "tree", "hierarchical", "nvls"),
              hint="for tiny messages only α counts: the least latency wins (NCCL's tuning model)",
              why="NCCL's model: ring LL 6.6 + 14 x 0.6 = 15.0 µs; tree LL (chains inside a node) 15.2 µs; "
-                 "NVLS 25 µs once per call. Real NCCL builds its trees across nodes and chains the GPUs inside one "
-                 "(tuning.cc: 2((g-1)·intra + log2(nNodes)·inter)), so on one node its tree is no shorter than a ring."),
+                 "NVLS 25 µs once per call (tuning.cc:149-175, :414-428). NCCL builds its trees across nodes and "
+                 "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
+                 "node the tree is no shorter than the ring."),
     Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
              _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
              why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
@@ -160,6 +186,14 @@ register(
              hint="t ≈ 2(n-1)/n · (S/8) / 50 GB/s: 8 rings, one per rail, each carrying S/8 through its own "
                   "50 GB/s NIC (NVLink inside the node is faster, so the NICs set the pace)",
              why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
+    Exercise("03-all-to-all", "Predict, before simulating: an all_to_all of 1 GiB on 8 dgx-h100 nodes (64 GPUs, "
+             "one 50 GB/s NIC per GPU). What busbw does it reach? Within 15%.", "GB/s",
+             lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.15,
+             traps=lambda: {369.0: "that is one node, inside NVLink; across nodes the NICs carry most of it"},
+             hint="each GPU sends (n-g)/n of its buffer to other nodes, all through its own NIC; busbw = algbw x "
+                  "(n-1)/n (nccl-tests)",
+             why="busbw = 50 x (n-1)/(n-g) = 50 x 63/56 = 56 GB/s: the NIC's speed, not NVLink's. Every rank talks "
+                 "to every other, so rails do not help: all-to-all (MoE) is NIC-bound across nodes."),
     Exercise("03-oversubscription", "A fat-tree node has 8 NICs of 50 GB/s and 4:1 oversubscription. What "
              "uplink capacity does the node have?", "GB/s", lambda: 8 * 50 / 4,
              hint="capacity = NICs x bandwidth / oversubscription (sim/cluster.py, InterNode)",

@@ -103,20 +103,23 @@ def alpha_beta(op: str, n: int, nbytes: float, alpha_s: float, bandwidth_Bps: fl
     return steps * alpha_s + factor * nbytes / bandwidth_Bps
 
 
-def simulate_sweep(op: str, sizes, cluster, algorithm: str = "auto") -> list[dict]:
-    """One simulated collective per size on ``cluster`` (a Cluster or a preset name / YAML path):
-    rows with bytes, algorithm, time_s, algbw_GBps, busbw_GBps (nccl-tests definitions)."""
+def simulate_sweep(op: str, sizes, cluster, algorithm: str = "auto", protocol: str = "auto",
+                   group=None) -> list[dict]:
+    """One simulated collective per size on ``cluster`` (a Cluster or a preset name / YAML path), over the whole
+    cluster or ``group`` (ranks), with NCCL ``protocol`` (auto, LL, LL128, Simple): rows with bytes, algorithm,
+    protocol, time_s, algbw_GBps, busbw_GBps (nccl-tests definitions)."""
     from distlab.sim.cluster import load_cluster
     from distlab.sim.collectives import metrics
     from distlab.sim.engine import simulate_collective
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
-    n = cluster.world_size
+    n = cluster.world_size if group is None else len(group)
     rows = []
     for s in sizes:
-        trace, used = simulate_collective(op, int(s), cluster, algorithm)
-        rows.append({"op": op, "bytes": int(s), "algorithm": used, "world_size": n, "nodes": cluster.nodes,
-                     "cluster": cluster.name, **metrics(op, n, s, trace.makespan)})
+        trace, used = simulate_collective(op, int(s), cluster, algorithm, group=group, protocol=protocol)
+        rows.append({"op": op, "bytes": int(s), "algorithm": used,
+                     "protocol": ",".join(trace.meta.get("protocols", [])) or "-", "world_size": n,
+                     "nodes": cluster.nodes, "cluster": cluster.name, **metrics(op, n, s, trace.makespan)})
     return rows
 
 
