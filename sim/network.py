@@ -77,6 +77,15 @@ class Topology:
         self.capacity = np.array(caps, dtype=float)
         self.latency = np.array(lats, dtype=float)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._route_latency: dict[tuple[int, int], float] = {}
+
+    def route_latency(self, src: int, dst: int) -> float:
+        """The sum of the route's link latencies (cached with the route)."""
+        key = (src, dst)
+        lat = self._route_latency.get(key)
+        if lat is None:
+            lat = self._route_latency[key] = float(self.latency[list(self.route(src, dst))].sum())
+        return lat
 
     def rail(self, rank: int) -> int:
         return self.cluster.local_rank(rank) % self.cluster.inter_node.nics_per_node
@@ -132,7 +141,7 @@ class Pairs:
             route = topo.route(s, d)
             flows.extend([i] * len(route))
             links.extend(route)
-            lat = max(lat, float(topo.latency[list(route)].sum()))
+            lat = max(lat, topo.route_latency(s, d))
             if s != SWITCH and d != SWITCH and c.node_of(s) != c.node_of(d):
                 hw = 2
         return cls(src, dst, np.array(flows, dtype=np.int64), np.array(links, dtype=np.int64), lat, hw)
