@@ -8,6 +8,9 @@
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
   node's running compute ops share the cores for (sim.cores: processor sharing).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
+Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
+simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
+with the world size; ``simulate(..., symmetric=False)`` runs every rank (the same trace, tests/test_symmetry.py).
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class _Simulation:
     def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None):
         self.plan, self.cluster, self.slowdown, self.sym = plan, cluster, slowdown, sym
         self.simulated = [sym.representative] if sym else range(plan.world_size)
-        self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algo, proto, flows)
+        self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
@@ -172,7 +175,7 @@ class _Simulation:
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
-            seconds, rv["algorithm"], protocol, flows = self.durations[key]
+            seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
             rv["done"].succeed()
@@ -184,7 +187,7 @@ class _Simulation:
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
-            self.durations[key] = (self.env.now - start, algorithm, protocol, self.net.flows_done - flows)
+            self.durations[key] = (self.env.now - start, algorithm, self.net.flows_done - flows)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):
