@@ -8,6 +8,9 @@
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
   node's running compute ops share the cores for (sim.cores: processor sharing).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
+Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
+simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
+with the world size; ``simulate(..., symmetric=False)`` runs every rank (the same trace, tests/test_symmetry.py).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from distlab.sim.cores import SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
-from distlab.sim.trace import OpRecord, Trace, TransferRecord
+from distlab.sim.symmetry import find_symmetry, representative_plan
+from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
 
 
 def compute_seconds(op: Compute, cluster: Cluster) -> float:
@@ -33,15 +37,17 @@ def compute_seconds(op: Compute, cluster: Cluster) -> float:
 
 def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
              slowdown: dict[int, float] | None = None, link_factors: dict[str, float] | None = None,
-             check: bool = True, protocol: str = "auto") -> Trace:
+             check: bool = True, protocol: str = "auto", symmetric: bool = True) -> Trace:
     """Simulate ``plan`` on ``cluster`` (rank r runs on GPU r). Returns the trace (meta source=simulated).
     ``slowdown[rank]`` multiplies that rank's compute time (a straggler); ``link_factors[link name]``
     multiplies a link's bandwidth (a degraded link). ``check`` runs sim.check first (mismatched collectives).
     ``protocol``: NCCL's protocol for every collective (LL, LL128, Simple) or "auto" (the fastest; NCCL_PROTO
-    and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner)."""
+    and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner). ``symmetric``: where all ranks are
+    provably symmetric (sim/symmetry.py), simulate one and copy its records (the same trace, much faster)."""
+    sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
     if check:
         from distlab.sim.check import assert_consistent
-        assert_consistent(plan)
+        assert_consistent(representative_plan(plan) if sym else plan)
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
             raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
@@ -49,13 +55,15 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     if plan.world_size > cluster.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
                           f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")
-    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol)
+    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol, sym)
     return sim.run()
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto"):
-        self.plan, self.cluster, self.slowdown = plan, cluster, slowdown
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None):
+        self.plan, self.cluster, self.slowdown, self.sym = plan, cluster, slowdown, sym
+        self.simulated = [sym.representative] if sym else range(plan.world_size)
+        self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
@@ -72,18 +80,25 @@ class _Simulation:
         self.seq = self._sequence_numbers()
 
     def _sequence_numbers(self) -> dict:
-        """(rank, op index) -> (group, n): the n-th collective this rank issues on that group, in plan order."""
-        seq, counters = {}, defaultdict(int)
-        for r, ops in enumerate(self.plan.ranks):
-            for i, op in enumerate(ops):
+        """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that group, in plan
+        order. Groups are interned (one tuple and a small id per distinct group): nothing per op grows with the
+        world size, and matching hashes an int, not a tuple of every member."""
+        seq, counters, by_id, by_tuple = {}, defaultdict(int), {}, {}
+        for r in self.simulated:
+            for i, op in enumerate(self.plan.ranks[r]):
                 if isinstance(op, Collective):
-                    g = self.plan.group_of(op)
-                    seq[r, i] = (g, counters[r, g])
-                    counters[r, g] += 1
+                    hit = by_id.get(id(op.group))
+                    if hit is None:
+                        g = self.plan.group_of(op)
+                        hit = by_id[id(op.group)] = by_tuple.setdefault(g, (len(by_tuple), g))
+                    gid, g = hit
+                    seq[r, i] = (gid, counters[r, gid], g)
+                    counters[r, gid] += 1
         return seq
 
     def run(self) -> Trace:
-        for r, ops in enumerate(self.plan.ranks):
+        for r in self.simulated:
+            ops = self.plan.ranks[r]
             streams = list(dict.fromkeys(op.stream for op in ops))
             for s in streams:
                 self.waiting[r, s] = "start"
@@ -93,6 +108,8 @@ class _Simulation:
         if stuck:
             raise SimulationDeadlock(stuck, self.env.now)
         self.records.sort(key=lambda o: (o.rank, o.index))
+        if self.sym:
+            self.records = RankCopies(self.records, self.sym.representative, self.sym.members)
         transfers = [TransferRecord(s, d, st, e, b, tuple(self.topo.names[l] for l in route))
                      for s, d, st, e, b, route in self.net.transfers]
         transfers.sort(key=lambda t: (t.start, t.end, t.src, t.dst))
@@ -123,7 +140,7 @@ class _Simulation:
                 self.waiting[rank, stream] = f"wait for event {op.event!r} (op #{index})"
                 yield self.events[rank][op.event]
             elif isinstance(op, Collective):
-                group = self.plan.group_of(op)
+                group = self.seq[rank, index][2]
                 self.waiting[rank, stream] = f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(group)}"
                 launch, algorithm = yield from self._collective(rank, index, op)
                 rec.bytes, rec.op, rec.group, rec.launch, rec.algorithm = op.bytes, op.op, group, launch, algorithm
@@ -137,8 +154,8 @@ class _Simulation:
         self.waiting[rank, stream] = None
 
     def _collective(self, rank, index, op: Collective):
-        key = self.seq[rank, index]
-        group = key[0]
+        gid, n, group = self.seq[rank, index]
+        key = (gid, n)
         rv = self.rendezvous.get(key)
         if rv is None:
             rv = self.rendezvous[key] = {"op": op, "rank": rank, "arrived": 0, "done": self.env.event()}
@@ -148,18 +165,29 @@ class _Simulation:
                 raise ConfigError(f"collective mismatch on group {_fmt(group)}, collective #{key[1]}: rank {rv['rank']} "
                                   f"calls {describe(first)}, rank {rank} calls {describe(op)}", "plan")
         rv["arrived"] += 1
-        if rv["arrived"] == len(group):
+        if rv["arrived"] == (1 if self.sym else len(group)):      # symmetric: all members arrive together
+            del self.rendezvous[key]
             self.env.process(self._run_collective(rv, op, group))
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
     def _run_collective(self, rv, op, group):
-        rv["launch"] = self.env.now
+        rv["launch"] = start = self.env.now
+        key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
+        if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
+            seconds, rv["algorithm"], flows = self.durations[key]
+            self.net.flows_done += flows
+            yield self.env.timeout(seconds)
+            rv["done"].succeed()
+            return
+        flows = self.net.flows_done
         algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
+        if key is not None:
+            self.durations[key] = (self.env.now - start, algorithm, self.net.flows_done - flows)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):

@@ -13,6 +13,7 @@ overheads beyond the per-fabric efficiency, switch buffers, and latency that gro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import simpy
@@ -77,6 +78,19 @@ class Topology:
         self.capacity = np.array(caps, dtype=float)
         self.latency = np.array(lats, dtype=float)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._route_info: dict[tuple[int, int], tuple] = {}
+
+    def route_info(self, src: int, dst: int) -> tuple[tuple[int, ...], float, bool]:
+        """(route, the sum of its link latencies, whether it crosses nodes), cached: large collectives ask for
+        the same pairs step after step."""
+        key = (src, dst)
+        info = self._route_info.get(key)
+        if info is None:
+            route = self.route(src, dst)
+            node_of = self.cluster.node_of
+            crosses = src != SWITCH and dst != SWITCH and node_of(src) != node_of(dst)
+            info = self._route_info[key] = (route, float(self.latency[list(route)].sum()), crosses)
+        return info
 
     def rail(self, rank: int) -> int:
         return self.cluster.local_rank(rank) % self.cluster.inter_node.nics_per_node
@@ -124,18 +138,16 @@ class Pairs:
     def build(cls, topo: Topology, pairs: list[tuple[int, int]]) -> "Pairs":
         src = np.array([p[0] for p in pairs], dtype=np.int64)
         dst = np.array([p[1] for p in pairs], dtype=np.int64)
-        flows, links = [], []
-        lat = 0.0
         c = topo.cluster
         hw = 1 if c.intra_node.kind == "pcie" else 0
-        for i, (s, d) in enumerate(pairs):
-            route = topo.route(s, d)
-            flows.extend([i] * len(route))
-            links.extend(route)
-            lat = max(lat, float(topo.latency[list(route)].sum()))
-            if s != SWITCH and d != SWITCH and c.node_of(s) != c.node_of(d):
-                hw = 2
-        return cls(src, dst, np.array(flows, dtype=np.int64), np.array(links, dtype=np.int64), lat, hw)
+        infos = [topo.route_info(s, d) for s, d in pairs]          # (route, latency, crosses nodes), cached
+        routes = [info[0] for info in infos]
+        flows = np.repeat(np.arange(len(pairs), dtype=np.int64), [len(r) for r in routes])
+        links = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=len(flows))
+        lat = max([0.0] + [info[1] for info in infos])
+        if any(info[2] for info in infos):
+            hw = 2
+        return cls(src, dst, flows, links, lat, hw)
 
     def __len__(self) -> int:
         return len(self.src)

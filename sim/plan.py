@@ -124,22 +124,39 @@ class Plan:
         return len(self.ranks)
 
     def group_of(self, op: Collective) -> tuple[int, ...]:
-        return op.group if op.group is not None else tuple(range(self.world_size))
+        """The op's group; the whole world (group None) is one tuple shared by every op of the plan."""
+        return op.group if op.group is not None else self.world_group()
+
+    def world_group(self) -> tuple[int, ...]:
+        """``(0, ..., world_size - 1)``, made once per world size (not per op: plans of 1000s of ranks)."""
+        world = self.__dict__.get("_world_group")
+        if world is None or len(world) != self.world_size:
+            world = self.__dict__["_world_group"] = tuple(range(self.world_size))
+        return world
 
     def validate(self, where: str = "plan") -> "Plan":
         n = self.world_size
         if n < 1:
             raise ConfigError("a plan needs at least one rank", where)
-        checked_groups: set = set()
+        checked_groups: dict = {}
+        checked_local: set = set()       # ids of rank-independent ops already checked (ranks share op objects)
+        same_everywhere = None           # a checked program whose every op is rank-independent
         for r, ops in enumerate(self.ranks):
+            if same_everywhere is not None and (ops is same_everywhere or ops == same_everywhere):
+                continue                 # the same ops as a checked rank (list ==: identical items compare fast)
             recorded: set = set()
             for i, op in enumerate(ops):
-                _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
+                if id(op) not in checked_local:
+                    _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
+                    if isinstance(op, (Compute, Record, Wait)) or (isinstance(op, Collective) and op.group is None):
+                        checked_local.add(id(op))
                 if isinstance(op, Record):
                     if op.event in recorded:
                         raise ConfigError(f"event {op.event!r} is recorded twice on rank {r}; event names are "
                                           "unique per rank", f"{where}: ranks[{r}][{i}]")
                     recorded.add(op.event)
+            if all(id(op) in checked_local for op in ops):
+                same_everywhere = ops
         return self
 
     def to_dict(self) -> dict:
@@ -220,7 +237,7 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x not in (float("inf"),)
 
 
-def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> None:
+def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> None:
     if not isinstance(op, tuple(OP_TYPES.values())):
         raise ConfigError(f"not an op: {op!r}", where)
     stream = getattr(op, "stream")
@@ -252,10 +269,15 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> Non
         raise ConfigError(f"unknown collective {op.op!r}; allowed: {', '.join(COLLECTIVES)}", where)
     if not isinstance(op.algorithm, str) or op.algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {op.algorithm!r}; allowed: {', '.join(ALGORITHMS)}", where)
-    group = op.group if op.group is not None else tuple(range(n))
+    if op.group is None:                 # the whole world: every rank is a member
+        if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or not 0 <= op.root < n):
+            raise ConfigError(f"root {op.root!r} is not in group {list(range(n))}", where)
+        return
+    group = op.group
     if not isinstance(group, tuple):
         raise ConfigError("group must be a non-empty list of ranks", where)
-    if group not in checked_groups:
+    members = checked_groups.get(group)
+    if members is None:
         if not group or not all(_is_int(g) for g in group):
             raise ConfigError("group must be a non-empty list of ranks", where)
         for g in group:
@@ -263,8 +285,8 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: set) -> Non
                 raise ConfigError(f"group names rank {g}, outside the world (0..{n - 1})", where)
         if len(set(group)) != len(group):
             raise ConfigError(f"group {list(group)} names a rank twice", where)
-        checked_groups.add(group)
-    if rank not in group:
+        members = checked_groups[group] = frozenset(group)
+    if rank not in members:
         raise ConfigError(f"rank {rank} calls a collective on group {list(group)} it is not in", where)
-    if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or op.root not in group):
+    if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or op.root not in members):
         raise ConfigError(f"root {op.root!r} is not in group {list(group)}", where)

@@ -10,13 +10,16 @@ thread per channel.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 FORMAT = "distlab-trace/1"
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
+    """One op on one rank. Slotted (no per-record dict): a step of 1000s of ranks holds millions of them; a
+    collective's ``group`` is the plan's own tuple, shared by every record of that group."""
     rank: int
     stream: str
     index: int          # position in the rank's op list of the plan
@@ -36,7 +39,45 @@ class OpRecord:
         return self.end - self.start
 
 
-@dataclass
+class RankCopies(Sequence):
+    """The op records of ranks whose timelines are equal (sim/symmetry.py): one representative's records,
+    read as the records of every member, sorted by (rank, index). Nothing per member is stored: a record of
+    another member is made when it is read (a copy with its rank)."""
+
+    def __init__(self, records: list[OpRecord], representative: int, members: range):
+        self.records, self.representative, self.members = records, representative, members
+
+    def for_rank(self, rank: int) -> list[OpRecord]:
+        if rank not in self.members:
+            return []
+        if rank == self.representative:
+            return list(self.records)
+        return [OpRecord(rank, o.stream, o.index, o.kind, o.name, o.start, o.end, o.bytes, o.op, o.launch,
+                         o.group, o.algorithm, o.peer) for o in self.records]
+
+    def __len__(self) -> int:
+        return len(self.records) * len(self.members)
+
+    def __iter__(self):
+        for r in self.members:
+            yield from self.for_rank(r)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self.records)
+        if not -len(self) <= i < len(self):
+            raise IndexError("record index out of range")
+        rank_pos, k = divmod(i % len(self), n)
+        o = self.records[k]
+        r = self.members[rank_pos]
+        return o if r == self.representative else self.for_rank(r)[k]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+
+@dataclass(slots=True)
 class TransferRecord:
     src: int
     dst: int
@@ -48,7 +89,7 @@ class TransferRecord:
 
 @dataclass
 class Trace:
-    ops: list[OpRecord] = field(default_factory=list)
+    ops: list[OpRecord] | RankCopies = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
     meta: dict = field(default_factory=dict)   # source: simulated|measured, plan, cluster, ...
 
@@ -56,11 +97,14 @@ class Trace:
     @property
     def makespan(self) -> float:
         """From the earliest op start to the latest op end, over all ranks."""
-        if not self.ops:
+        ops = self.ops.records if isinstance(self.ops, RankCopies) else self.ops   # copies: the same times
+        if not ops:
             return 0.0
-        return max(o.end for o in self.ops) - min(o.start for o in self.ops)
+        return max(o.end for o in ops) - min(o.start for o in ops)
 
     def for_rank(self, rank: int) -> list[OpRecord]:
+        if isinstance(self.ops, RankCopies):
+            return self.ops.for_rank(rank)
         return [o for o in self.ops if o.rank == rank]
 
     def busy_time(self, rank: int, stream: str) -> float:

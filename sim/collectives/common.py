@@ -24,7 +24,8 @@ def pipeline(ctx, key, stages: list[list[tuple[int, int, float]]], k: int, nbyte
     n_stages = len(stages)
     for t in range(n_stages + k - 1):
         lo, hi = max(0, t - k + 1), min(n_stages - 1, t)
-        flows = [f for s in range(lo, hi + 1) for f in stages[s]]
-        pairs = ctx.pairs((key, lo, hi), lambda f=flows: [(a, b) for a, b, _ in f])
-        sizes = ctx.sizes((key, lo, hi, k, nbytes), lambda f=flows: [b / k for _, _, b in f])
+        def flows(lo=lo, hi=hi):         # built only on a cache miss (large rings repeat their steps)
+            return [f for s in range(lo, hi + 1) for f in stages[s]]
+        pairs = ctx.pairs((key, lo, hi), lambda: [(a, b) for a, b, _ in flows()])
+        sizes = ctx.sizes((key, lo, hi, k, nbytes), lambda: [b / k for _, _, b in flows()])
         yield pairs, sizes, (None if t < n_stages else 0.0)
