@@ -2,7 +2,9 @@
 plan's collectives: kind, order, bytes, dtype, group and phase (forward, backward, optimizer) per rank, for a
 whole Llama-style model (vocabulary-parallel embedding, grouped-query attention, SwiGLU, final norm, head), in
 plain TP and TP + SP, with and without loss parallel, on 2 and 4 ranks; and the simulated local parameter
-shards equal the real DTensor local shards. One launch per world size."""
+shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
+rounds of `distlab validate --scenario scenarios/tp-cpu.yaml` (its model and plan are variant 0's), whose rows
+(runtime/tp/validate.py) are checked here without a launch of their own."""
 import pytest
 
 from distlab.sim.mesh import Mesh
@@ -26,9 +28,40 @@ FSDP_TP = [{"sequence_parallel": True, "mesh": MESH_2X2}, {"sequence_parallel": 
 def launched(request):
     """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) on the 2 x 2 mesh (after the 1-D variants)."""
     from distlab.runtime.tp import run
+    from distlab.runtime.tp.validate import prepare
     world = request.param
     variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP      # 4 ranks: no loss parallel (suite time)
-    return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300)
+    sizes = prepare(SCENARIO, 2)[2] if world == 2 else None
+    return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
+                          calibrate=sizes)
+
+
+SCENARIO = "scenarios/tp-cpu.yaml"
+
+
+def test_validate_scenario_rows_from_the_same_launch(launched):
+    """The validate hook's comparison: the scenario is tp (registered in runtime/workloads.py); one row for the
+    step and one per collective kind and size with its number of calls; sequences match; calibration fitted."""
+    from collections import Counter
+
+    from distlab.runtime.tp.validate import compare, prepare, rows_as_cases
+    from distlab.runtime.workloads import WORKLOADS, scenario_workload
+    from distlab.sim.io import load_yaml
+    world, results = launched
+    if world != 2:
+        pytest.skip("calibrated in the 2-rank launch")
+    assert WORKLOADS[scenario_workload(load_yaml(SCENARIO), SCENARIO)].name == "tp"
+    built, variant, _ = prepare(SCENARIO, 2)
+    assert variant["model"].config == MODEL.config and variant["sequence_parallel"] == VARIANTS[0]["sequence_parallel"]
+    r = compare(built, results)
+    rows = rows_as_cases(r, 2)
+    seq = collective_sequence(built.plan, 0)
+    assert rows[0]["case"].startswith(f"tp step ({len(seq)} collectives") and rows[0]["bytes"] == sum(b for _, b, *_ in seq)
+    got = {(c["case"].split()[1], c["bytes"]): int(c["case"].rsplit("x", 1)[1]) for c in rows[1:]}
+    assert got == Counter((op, b) for op, b, *_ in seq)
+    assert set(r["cluster"].calibration["collectives"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    for c in rows:
+        assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 
 
 @pytest.mark.parametrize("i", range(len(VARIANTS)), ids=[str(v) for v in VARIANTS])
