@@ -22,15 +22,17 @@ VARIANTS = [{"sequence_parallel": True}, {"sequence_parallel": False},
 
 MESH_2X2 = [["dp_shard", 2], ["tp", 2]]
 FSDP_TP = [{"sequence_parallel": True, "mesh": MESH_2X2}, {"sequence_parallel": False, "mesh": MESH_2X2}]
+DDP_TP = {"sequence_parallel": True, "mesh": [["dp", 2], ["tp", 2]]}       # DDP(device_mesh=mesh["dp"])
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def launched(request):
-    """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) on the 2 x 2 mesh (after the 1-D variants)."""
+    """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) and DDP x TP+SP on 2 x 2 meshes (after the
+    1-D variants)."""
     from distlab.runtime.tp import run
     from distlab.runtime.tp.validate import prepare
     world = request.param
-    variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP      # 4 ranks: no loss parallel (suite time)
+    variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP + [DDP_TP]   # 4 ranks: no loss parallel
     sizes = prepare(SCENARIO, 2)[2] if world == 2 else None
     return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
                           calibrate=sizes)
@@ -94,6 +96,22 @@ def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launched, i):
     assert groups == {(1, 3), (2, 3)}                       # rank 3: dp_shard group (1, 3), tp group (2, 3)
 
 
+def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launched):
+    """TP collectives, the SP norms' gradients all-reduced over tp at the end of backward, one DDP bucket of the
+    TP-local gradients over dp; nothing in the optimizer; the parameters DDP holds are the TP-local shards."""
+    from distlab.runtime.tp.run import measured_sequence
+    from distlab.sim.tp.ddp import ddp_tp_plan
+    world, results = launched
+    if world != 4:
+        pytest.skip("the 2 x 2 mesh needs 4 ranks")
+    plan = ddp_tp_plan(MODEL, Mesh(dict(DDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
+    for rank in range(4):
+        assert measured_sequence(results, 4, rank) == collective_sequence(plan, rank)
+    assert {g for *_, g, _ in collective_sequence(plan, 3)} == {(2, 3), (1, 3)}    # tp (2, 3), dp (1, 3)
+    want = [[p.name, list(local_shape(p, 2))] for p in MODEL.params]
+    assert all(r["variants"][4]["local_shapes"] == want for r in results)
+
+
 def test_local_parameter_shards_equal_dtensor_local_shards(launched):
     from distlab.sim.fsdp.units import padded_numel
     world, results = launched
@@ -106,6 +124,6 @@ def test_local_parameter_shards_equal_dtensor_local_shards(launched):
         fsdp = [[p.name, [padded_numel(tuple(s), 2) // 2 // (s[1] if len(s) > 1 else 1)] + s[1:]]
                 for p, s in zip(MODEL.params, tp_local)]
         for r in results:
-            for v in r["variants"][2:]:
+            for v in r["variants"][2:4]:
                 assert v["local_shapes"] == fsdp
     assert dict(want)["h.0.attn.k.weight"] == [4 * 4 // world, 32] and dict(want)["h.0.attn.o.weight"] == [32, 32 // world]

@@ -141,7 +141,7 @@ def _step(module, opt, x, capture: CollectiveCapture, loss_parallel: bool) -> li
 def rank_task(ctx, payload: dict) -> dict:
     """One rank: per variant ({model, sequence_parallel, loss_parallel, mesh}) a fresh TP module on the mesh
     (default: a 1-D tp mesh of the whole world; with a dp_shard dimension also ``fully_shard`` per block and on
-    the root), a warm-up step, then ``steps`` captured steps. With ``calibrate`` (runtime/tp/calibrate.py), each
+    the root; with a dp dimension wrapped in ``DistributedDataParallel(device_mesh=mesh['dp'])``), a warm-up step, then ``steps`` captured steps. With ``calibrate`` (runtime/tp/calibrate.py), each
     captured step of the first variant is preceded by one round of calibration measurements on its tp group
     and followed by one uncaptured step (``plain_time``: the step time without the capture's overhead)."""
     import torch
@@ -164,6 +164,11 @@ def rank_task(ctx, payload: dict) -> dict:
             for block in module.h:
                 fully_shard(block, mesh=mesh["dp_shard"])
             fully_shard(module, mesh=mesh["dp_shard"])
+        if "dp" in mesh.mesh_dim_names:             # DDP x TP: DDP on the dp sub-mesh (TP-local gradients)
+            from torch.nn.parallel import DistributedDataParallel
+            module = DistributedDataParallel(module, device_mesh=mesh["dp"])
+            shapes = local_shapes(module.module)    # the plain TP-local Parameters DDP holds: after a forward the
+            # module's pre-hook has made them DTensor attributes, no longer registered parameters (torch 2.13)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
@@ -187,7 +192,7 @@ def rank_task(ctx, payload: dict) -> dict:
                 st["plain_phases"] = _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
                 st["plain_time"] = time.perf_counter() - t0
             steps.append(st)
-        out.append({"local_shapes": local_shapes(module), "steps": steps,
+        out.append({"local_shapes": shapes if "dp" in mesh.mesh_dim_names else local_shapes(module), "steps": steps,
                     **({"calibration": cal.results()} if cal else {})})
     return {"rank": ctx.rank, "variants": out}
 

@@ -19,7 +19,8 @@ from distlab.sim.errors import ConfigError
 
 
 def _sequence(plan, rank: int) -> list[tuple]:
-    from distlab.sim.tp import compose, plan as tp_plan
+    from distlab.sim.tp import compose
+    from distlab.sim.tp import plan as tp_plan
     fn = compose.collective_sequence if plan.meta.get("builder") == "fsdp_tp" else tp_plan.collective_sequence
     return fn(plan, rank)
 
@@ -38,9 +39,9 @@ def prepare(scenario, nproc: int):
     if opts.recompute != "none":
         raise ConfigError(f"the real run does not recompute activations; got recompute {opts.recompute!r}; "
                           "allowed for a real run: none", "tp.recompute")
-    extra = [k for k in mesh.names if k not in ("tp", "dp_shard")]
+    extra = [k for k in mesh.names if k not in ("tp", "dp_shard", "dp")]
     if extra:
-        raise ConfigError(f"the real TP run has mesh dimensions tp and dp_shard only; got {', '.join(extra)}",
+        raise ConfigError(f"the real TP run has mesh dimensions tp, dp_shard and dp only; got {', '.join(extra)}",
                           "mesh")
     variant = {"model": built.model, "sequence_parallel": opts.sequence_parallel,
                "loss_parallel": opts.loss_parallel, "mesh": [[k, v] for k, v in mesh.as_dict().items()]}

@@ -1,20 +1,28 @@
 """The ``tp`` workload: tensor parallelism (+ sequence parallelism) over mesh dimension ``tp``, as torch 2.13's
 ``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
 dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
-(sim/tp/compose.py, FSDP2's defaults). Reports the
-per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
+(sim/tp/compose.py, FSDP2's defaults); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults).
+Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
 from __future__ import annotations
 
+from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective
 from distlab.sim.tp.compose import fsdp_tp_plan
+from distlab.sim.tp.ddp import ddp_tp_plan
 from distlab.sim.tp.plan import TPOptions, tp_plan
 from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: TPOptions, cluster):
-    """TP alone, or FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1."""
-    if "dp_shard" in mesh and mesh.size("dp_shard") > 1:
+    """TP alone, FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1, DDP x TP when dp > 1."""
+    dp, dp_shard = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard"))
+    if dp > 1 and dp_shard > 1:
+        raise ConfigError(f"dp {dp} (DDP) and dp_shard {dp_shard} (FSDP2) together are not built yet; allowed: "
+                          "one of them > 1", "tp: mesh")
+    if dp > 1:
+        plan = ddp_tp_plan(model, mesh, tp_opts=opts)
+    elif dp_shard > 1:
         plan = fsdp_tp_plan(model, mesh, tp_opts=opts)
     else:
         plan = tp_plan(model, mesh, opts)
@@ -44,7 +52,7 @@ def report(result) -> dict:
     seq = collective_sequence(result.plan, 0)
     ops = [o for o in result.plan.ranks[0] if isinstance(o, Collective)]
     for o, (op, nbytes, _, _, phase) in zip(ops, seq):
-        key = ("tp" if o.name.startswith("tp ") else "dp_shard", op, phase)
+        key = (o.name.split(" ", 1)[0] if o.name.startswith(("tp ", "dp ")) else "dp_shard", op, phase)
         n, b = counts.get(key, (0, 0))
         counts[key] = (n + 1, b + nbytes)
     table = {"title": "collectives per step (rank 0)", "columns": ["mesh dim", "collective", "phase", "count", "MiB"],
@@ -54,6 +62,8 @@ def report(result) -> dict:
     rows = [["tp group size", result.mesh.size("tp")], ["sequence parallel", result.options.sequence_parallel]]
     if "dp_shard" in result.mesh:
         rows.append(["FSDP2 shard group size (dp_shard)", result.mesh.size("dp_shard")])
+    if "dp" in result.mesh:
+        rows.append(["DDP replicas (dp)", result.mesh.size("dp")])
     rows += mem["rows"]
     return {"rows": rows, "tables": [table], "warnings": mem["warnings"],
             "json": {"collectives": [{"mesh_dim": d, "op": op, "phase": ph, "count": n, "bytes": b}
@@ -62,6 +72,7 @@ def report(result) -> dict:
 
 WORKLOAD = Workload(
     name="tp", help="tensor parallelism (+ sequence parallelism) over tp: linears sharded column- and row-wise as "
-                    "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension",
-    dims=("dp_shard", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
-    report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size"})
+                    "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension, DDP x TP with dp",
+    dims=("dp", "dp_shard", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
+    report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size",
+                                  "dp": "DDP replicas"})
