@@ -17,6 +17,8 @@ from distlab.runtime.fsdp import run as fsdp_run
 from distlab.runtime.fsdp import validate as fsdp_validate
 from distlab.runtime.pipeline import run as pipeline_run
 from distlab.runtime.pipeline import validate as pipeline_validate
+from distlab.runtime.tp import run as tp_run
+from distlab.runtime.tp import validate as tp_validate
 from distlab.sim.errors import ConfigError
 
 
@@ -39,6 +41,8 @@ WORKLOADS: dict[str, RuntimeWorkload] = {w.name: w for w in (
                     fsdp_validate.validate_fsdp, fsdp_validate.fsdp_cases),
     RuntimeWorkload("pipeline", "torch.distributed.pipelining schedules: every action", pipeline_run.measure,
                     pipeline_validate.validate_pipeline, pipeline_validate.pipeline_cases),
+    RuntimeWorkload("tp", "DTensor tensor parallelism (+ FSDP2 x TP): the collective sequence and the step time",
+                    tp_run.run, tp_validate.validate_tp, tp_validate.tp_cases),
 )}
 
 

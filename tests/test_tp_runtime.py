@@ -2,7 +2,9 @@
 plan's collectives: kind, order, bytes, dtype, group and phase (forward, backward, optimizer) per rank, for a
 whole Llama-style model (vocabulary-parallel embedding, grouped-query attention, SwiGLU, final norm, head), in
 plain TP and TP + SP, with and without loss parallel, on 2 and 4 ranks; and the simulated local parameter
-shards equal the real DTensor local shards. One launch per world size."""
+shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
+rounds of `distlab validate --scenario scenarios/tp-cpu.yaml` (its model and plan are variant 0's), whose rows
+(runtime/tp/validate.py) are checked here without a launch of their own."""
 import pytest
 
 from distlab.sim.mesh import Mesh
@@ -20,15 +22,48 @@ VARIANTS = [{"sequence_parallel": True}, {"sequence_parallel": False},
 
 MESH_2X2 = [["dp_shard", 2], ["tp", 2]]
 FSDP_TP = [{"sequence_parallel": True, "mesh": MESH_2X2}, {"sequence_parallel": False, "mesh": MESH_2X2}]
+DDP_TP = {"sequence_parallel": True, "mesh": [["dp", 2], ["tp", 2]]}       # DDP(device_mesh=mesh["dp"])
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def launched(request):
-    """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) on the 2 x 2 mesh (after the 1-D variants)."""
+    """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) and DDP x TP+SP on 2 x 2 meshes (after the
+    1-D variants)."""
     from distlab.runtime.tp import run
+    from distlab.runtime.tp.validate import prepare
     world = request.param
-    variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP      # 4 ranks: no loss parallel (suite time)
-    return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300)
+    variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP + [DDP_TP]   # 4 ranks: no loss parallel
+    sizes = prepare(SCENARIO, 2)[2] if world == 2 else None
+    return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
+                          calibrate=sizes)
+
+
+SCENARIO = "scenarios/tp-cpu.yaml"
+
+
+def test_validate_scenario_rows_from_the_same_launch(launched):
+    """The validate hook's comparison: the scenario is tp (registered in runtime/workloads.py); one row for the
+    step and one per collective kind and size with its number of calls; sequences match; calibration fitted."""
+    from collections import Counter
+
+    from distlab.runtime.tp.validate import compare, prepare, rows_as_cases
+    from distlab.runtime.workloads import WORKLOADS, scenario_workload
+    from distlab.sim.io import load_yaml
+    world, results = launched
+    if world != 2:
+        pytest.skip("calibrated in the 2-rank launch")
+    assert WORKLOADS[scenario_workload(load_yaml(SCENARIO), SCENARIO)].name == "tp"
+    built, variant, _ = prepare(SCENARIO, 2)
+    assert variant["model"].config == MODEL.config and variant["sequence_parallel"] == VARIANTS[0]["sequence_parallel"]
+    r = compare(built, results)
+    rows = rows_as_cases(r, 2)
+    seq = collective_sequence(built.plan, 0)
+    assert rows[0]["case"].startswith(f"tp step ({len(seq)} collectives") and rows[0]["bytes"] == sum(b for _, b, *_ in seq)
+    got = {(c["case"].split()[1], c["bytes"]): int(c["case"].rsplit("x", 1)[1]) for c in rows[1:]}
+    assert got == Counter((op, b) for op, b, *_ in seq)
+    assert set(r["cluster"].calibration["collectives"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    for c in rows:
+        assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 
 
 @pytest.mark.parametrize("i", range(len(VARIANTS)), ids=[str(v) for v in VARIANTS])
@@ -61,6 +96,22 @@ def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launched, i):
     assert groups == {(1, 3), (2, 3)}                       # rank 3: dp_shard group (1, 3), tp group (2, 3)
 
 
+def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launched):
+    """TP collectives, the SP norms' gradients all-reduced over tp at the end of backward, one DDP bucket of the
+    TP-local gradients over dp; nothing in the optimizer; the parameters DDP holds are the TP-local shards."""
+    from distlab.runtime.tp.run import measured_sequence
+    from distlab.sim.tp.ddp import ddp_tp_plan
+    world, results = launched
+    if world != 4:
+        pytest.skip("the 2 x 2 mesh needs 4 ranks")
+    plan = ddp_tp_plan(MODEL, Mesh(dict(DDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
+    for rank in range(4):
+        assert measured_sequence(results, 4, rank) == collective_sequence(plan, rank)
+    assert {g for *_, g, _ in collective_sequence(plan, 3)} == {(2, 3), (1, 3)}    # tp (2, 3), dp (1, 3)
+    want = [[p.name, list(local_shape(p, 2))] for p in MODEL.params]
+    assert all(r["variants"][4]["local_shapes"] == want for r in results)
+
+
 def test_local_parameter_shards_equal_dtensor_local_shards(launched):
     from distlab.sim.fsdp.units import padded_numel
     world, results = launched
@@ -73,6 +124,6 @@ def test_local_parameter_shards_equal_dtensor_local_shards(launched):
         fsdp = [[p.name, [padded_numel(tuple(s), 2) // 2 // (s[1] if len(s) > 1 else 1)] + s[1:]]
                 for p, s in zip(MODEL.params, tp_local)]
         for r in results:
-            for v in r["variants"][2:]:
+            for v in r["variants"][2:4]:
                 assert v["local_shapes"] == fsdp
     assert dict(want)["h.0.attn.k.weight"] == [4 * 4 // world, 32] and dict(want)["h.0.attn.o.weight"] == [32, 32 // world]

@@ -25,23 +25,36 @@ C10D = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatt
 class CollectiveCapture(TorchDispatchMode):
     """Every collective, in issue order: functional ones (DTensor) and c10d ones (FSDP2's all-gather and
     reduce-scatter): [kind, bytes (nccl-tests: AG output, RS input, AR buffer), dtype, group ranks, phase].
-    ``phase`` is set by the caller ("forward", "backward", "optimizer")."""
+    ``phase`` is set by the caller ("forward", "backward", "optimizer"). ``spans``: per call [start, end] in
+    perf_counter seconds, from the issue to the ``wait_tensor`` that waits for its result (a functional
+    collective runs asynchronously until then), or to the issue's return (c10d calls, waited outside dispatch)."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[list] = []
+        self.spans: list[list] = []
         self.phase = "forward"
+        self._pending: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):
             return NotImplemented           # let DTensor desugar into local ops and collectives first
+        start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        end = time.perf_counter()
         name = func._overloadpacket.__name__
         if func.namespace in ("_c10d_functional", "c10d_functional") and name in KINDS:
             self.calls.append(self._note(KINDS[name], args))
+            self.spans.append([start, end])
+            self._pending[id(out)] = len(self.spans) - 1
+        elif func.namespace in ("_c10d_functional", "c10d_functional") and name == "wait_tensor":
+            k = self._pending.pop(id(args[0]), None)
+            if k is not None:
+                self.spans[k][1] = end
         elif func.namespace == "c10d" and name in C10D:
             self.calls.append(self._note_c10d(C10D[name], args))
+            self.spans.append([start, end])
         return out
 
     def _note_c10d(self, kind: str, args) -> list:
@@ -128,7 +141,9 @@ def _step(module, opt, x, capture: CollectiveCapture, loss_parallel: bool) -> li
 def rank_task(ctx, payload: dict) -> dict:
     """One rank: per variant ({model, sequence_parallel, loss_parallel, mesh}) a fresh TP module on the mesh
     (default: a 1-D tp mesh of the whole world; with a dp_shard dimension also ``fully_shard`` per block and on
-    the root), a warm-up step, then ``steps`` captured steps."""
+    the root; with a dp dimension wrapped in ``DistributedDataParallel(device_mesh=mesh['dp'])``), a warm-up step, then ``steps`` captured steps. With ``calibrate`` (runtime/tp/calibrate.py), each
+    captured step of the first variant is preceded by one round of calibration measurements on its tp group
+    and followed by one uncaptured step (``plain_time``: the step time without the capture's overhead)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -136,8 +151,9 @@ def rank_task(ctx, payload: dict) -> dict:
     from distlab.runtime.tp.model import build_llama
     from distlab.sim.models import model_from_spec
     from torch.distributed.fsdp import fully_shard
+    from distlab.runtime.tp.calibrate import Calibrator
     out = []
-    for v in payload["variants"]:
+    for vi, v in enumerate(payload["variants"]):
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["tp", ctx.world_size]]
         mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
@@ -148,19 +164,36 @@ def rank_task(ctx, payload: dict) -> dict:
             for block in module.h:
                 fully_shard(block, mesh=mesh["dp_shard"])
             fully_shard(module, mesh=mesh["dp_shard"])
+        if "dp" in mesh.mesh_dim_names:             # DDP x TP: DDP on the dp sub-mesh (TP-local gradients)
+            from torch.nn.parallel import DistributedDataParallel
+            module = DistributedDataParallel(module, device_mesh=mesh["dp"])
+            shapes = local_shapes(module.module)    # the plain TP-local Parameters DDP holds: after a forward the
+            # module's pre-hook has made them DTensor attributes, no longer registered parameters (torch 2.13)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
             _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
+        cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group()) \
+            if payload.get("calibrate") and vi == 0 else None
         steps = []
         for _ in range(payload.get("steps", 1)):
+            if cal:
+                cal.round()
             cap = CollectiveCapture()
             dist.barrier()
             t0 = time.perf_counter()
             with cap:
                 phases = _step(module, opt, x, cap, v.get("loss_parallel", False))
-            steps.append({"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls})
-        out.append({"local_shapes": local_shapes(module), "steps": steps})
+            st = {"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls,
+                  "spans": [[a - t0, b - t0] for a, b in cap.spans]}
+            if cal:             # the capture dispatches every op through Python: time one step without it too
+                dist.barrier()
+                t0 = time.perf_counter()
+                st["plain_phases"] = _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
+                st["plain_time"] = time.perf_counter() - t0
+            steps.append(st)
+        out.append({"local_shapes": shapes if "dp" in mesh.mesh_dim_names else local_shapes(module), "steps": steps,
+                    **({"calibration": cal.results()} if cal else {})})
     return {"rank": ctx.rank, "variants": out}
 
 
@@ -170,10 +203,12 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
     return [(k, b, d, tuple(g), ph) for k, b, d, g, ph in calls]
 
 
-def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0) -> list:
+def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
+        calibrate: dict | None = None) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
-    mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}."""
+    mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
+    the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py)."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate}
     return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)

@@ -48,8 +48,13 @@ class TPOptions:
                                         "parallel (torch's loss_parallel)")
     recompute: str = option("none", "activation recomputation for the memory report and backward compute",
                             choices=("none", "selective", "full"), what="recompute")
+    schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/tp/pipeline.py)",
+                           choices=("gpipe", "1f1b"), what="pipeline schedule", flag="--tp-schedule")
+    microbatches: int = option(4, "micro-batches per step when the mesh has pp", flag="--tp-microbatches")
 
     def validate(self, where: str = "tp") -> "TPOptions":
+        if self.microbatches < 1:
+            raise ConfigError(f"{self.microbatches} must be a whole number >= 1", f"{where}.microbatches")
         return self
 
 

@@ -1,20 +1,37 @@
 """The ``tp`` workload: tensor parallelism (+ sequence parallelism) over mesh dimension ``tp``, as torch 2.13's
 ``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
 dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
-(sim/tp/compose.py, FSDP2's defaults). Reports the
-per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
+(sim/tp/compose.py, FSDP2's defaults); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults);
+with ``pp`` PP x TP (sim/tp/pipeline.py; dp then replicates the pipeline).
+Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
 from __future__ import annotations
 
+import math
+
+from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective
 from distlab.sim.tp.compose import fsdp_tp_plan
+from distlab.sim.pipeline.plan import PipelineSpec
+from distlab.sim.tp.ddp import ddp_tp_plan
+from distlab.sim.tp.pipeline import pp_tp_plan
 from distlab.sim.tp.plan import TPOptions, tp_plan
 from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: TPOptions, cluster):
-    """TP alone, or FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1."""
-    if "dp_shard" in mesh and mesh.size("dp_shard") > 1:
+    """TP alone, FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1, DDP x TP when dp > 1,
+    PP x TP (x dp replicas of the pipeline) when pp > 1."""
+    dp, dp_shard, pp = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp"))
+    if dp > 1 and dp_shard > 1 or pp > 1 and dp_shard > 1:
+        raise ConfigError(f"dp_shard {dp_shard} (FSDP2) with dp {dp} (DDP) or pp {pp} is not built yet; allowed: "
+                          "dp_shard > 1 with tp alone", "tp: mesh")
+    if pp > 1:
+        spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
+        plan = pp_tp_plan(model, mesh, spec, opts)
+    elif dp > 1:
+        plan = ddp_tp_plan(model, mesh, tp_opts=opts)
+    elif dp_shard > 1:
         plan = fsdp_tp_plan(model, mesh, tp_opts=opts)
     else:
         plan = tp_plan(model, mesh, opts)
@@ -27,6 +44,8 @@ def memory(result) -> dict:
     o = result.options
     dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
     parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, o.recompute, dp)
+    if "pp" in result.mesh and result.mesh.size("pp") > 1:
+        parts = first_stage_memory(result, parts)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
@@ -38,13 +57,30 @@ def memory(result) -> dict:
                                     f"{o.recompute}"}}
 
 
+def first_stage_memory(result, whole: dict) -> dict:
+    """PP x TP: pipeline stage 0 (the fullest under 1F1B): its layers' share of the parameters, gradients and
+    optimizer state (TP-local), and its layers' activations for the micro-batches it keeps in flight (1F1B:
+    min(pp, m), GPipe: m; Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)."""
+    from distlab.sim.pipeline.plan import stage_ranges
+    from distlab.sim.tp.rules import local_numel, local_shape
+    model, o, pp, tp = result.model, result.options, result.mesh.size("pp"), result.mesh.size("tp")
+    first = stage_ranges(model, pp)[0]
+    numel = sum(math.prod(local_shape(q, tp)) for i in first for q in model.layers[i].params)
+    share = numel / local_numel(model, tp)
+    blocks = sum(1 for i in first if model.layers[i].name.startswith("h."))
+    in_flight = min(pp, o.microbatches) if o.schedule == "1f1b" else o.microbatches
+    out = {k: v * share for k, v in whole.items() if k != "activations"}
+    return {**out, "activations": whole["activations"] / model.config["layers"] * blocks * in_flight}
+
+
 def report(result) -> dict:
     from distlab.sim.tp.compose import collective_sequence
     counts: dict = {}
     seq = collective_sequence(result.plan, 0)
     ops = [o for o in result.plan.ranks[0] if isinstance(o, Collective)]
     for o, (op, nbytes, _, _, phase) in zip(ops, seq):
-        key = ("tp" if o.name.startswith("tp ") else "dp_shard", op, phase)
+        dim = "tp" if o.name.startswith("tp ") else "dp" if o.name.startswith(("dp ", "grad all_reduce")) else "dp_shard"
+        key = (dim, op, phase)
         n, b = counts.get(key, (0, 0))
         counts[key] = (n + 1, b + nbytes)
     table = {"title": "collectives per step (rank 0)", "columns": ["mesh dim", "collective", "phase", "count", "MiB"],
@@ -54,6 +90,11 @@ def report(result) -> dict:
     rows = [["tp group size", result.mesh.size("tp")], ["sequence parallel", result.options.sequence_parallel]]
     if "dp_shard" in result.mesh:
         rows.append(["FSDP2 shard group size (dp_shard)", result.mesh.size("dp_shard")])
+    if "dp" in result.mesh:
+        rows.append(["DDP replicas (dp)", result.mesh.size("dp")])
+    if "pp" in result.mesh:
+        rows.append(["pipeline stages (pp)", f"{result.mesh.size('pp')} ({result.options.schedule}, "
+                                             f"{result.options.microbatches} micro-batches)"])
     rows += mem["rows"]
     return {"rows": rows, "tables": [table], "warnings": mem["warnings"],
             "json": {"collectives": [{"mesh_dim": d, "op": op, "phase": ph, "count": n, "bytes": b}
@@ -62,6 +103,7 @@ def report(result) -> dict:
 
 WORKLOAD = Workload(
     name="tp", help="tensor parallelism (+ sequence parallelism) over tp: linears sharded column- and row-wise as "
-                    "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension",
-    dims=("dp_shard", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
-    report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size"})
+                    "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension, DDP x TP with dp",
+    dims=("dp", "dp_shard", "pp", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
+    report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size",
+                                  "dp": "DDP replicas", "pp": "pipeline stages"})

@@ -1,0 +1,146 @@
+"""Calibration for tensor parallelism, measured in the same launch as the TP steps (runtime/tp/run.py), and the
+cluster fitted to it (runtime/tp/validate.py uses it).
+
+On the ranks (``Calibrator``), one round before each captured TP step, so that load from other processes falls
+on both alike: each collective of the plan at its own sizes on the tp group, issued as DTensor issues it (torch's functional
+collectives, float32, barrier first; timed from the issue to ``wait_tensor``);
+the unparallelized model's forward+backward on this rank; AdamW on plain tensors the size of this rank's TP
+shards. On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B (``ring_cost``: all_gather
+and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least squares over the sizes (α = 0 and B from
+the largest size if α comes out negative); a memory rate M = 28 B x local elements / AdamW time (sim/tp/plan.py
+ADAM_BYTES) and a compute rate F (bisection) such that the roofline sum of max(flops/F, bytes/M) over the tp = 1
+plan's forward and backward ops equals the measured unparallelized forward+backward. Per quantity: the median
+over rounds of the slowest rank.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+class Calibrator:
+    """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
+    buffer); ``model``: the sim Model; ``group``: the tp process group."""
+
+    def __init__(self, sizes: dict, model, group):
+        import torch
+        import torch.distributed as dist
+
+        from distlab.runtime.tp.model import build_llama
+        from distlab.sim.tp.rules import local_shape
+        self.sizes, self.group = sizes, group
+        self.n = dist.get_world_size(group)
+        torch.manual_seed(0)
+        self.module = build_llama(model)
+        self.opt = torch.optim.AdamW(self.module.parameters(), lr=1e-4)
+        c = model.config
+        self.x = torch.randint(0, c["vocab"], (c["micro_batch"], c["seq_len"]))
+        numel = [max(1, _prod(local_shape(q, self.n))) for q in model.params]
+        self.shards = [torch.zeros(k, requires_grad=True) for k in numel]
+        for t in self.shards:
+            t.grad = torch.zeros_like(t)
+        self.shard_opt = torch.optim.AdamW(self.shards, lr=1e-4)
+        self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
+                      "fwd_bwd": [], "optimizer": []}
+        self._local_step()                         # warm-up
+
+    def _local_step(self) -> float:
+        import torch.nn.functional as F
+        t0 = time.perf_counter()
+        logits = self.module(self.x)
+        F.cross_entropy(logits.flatten(0, 1).float(), self.x.roll(-1, 1).flatten()).backward()
+        t = time.perf_counter() - t0
+        self.opt.zero_grad(set_to_none=True)
+        return t
+
+    def round(self) -> None:
+        import torch.distributed as dist
+        for op, table in self.times["collectives"].items():
+            for size, times in table.items():
+                times.append(self._collective(op, int(size)))
+        dist.barrier()
+        self.times["fwd_bwd"].append(self._local_step())
+        t0 = time.perf_counter()
+        self.shard_opt.step()
+        self.times["optimizer"].append(time.perf_counter() - t0)
+
+    def _collective(self, op: str, nbytes: int) -> float:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+        n, g = self.n, self.group
+        numel = max(nbytes // 4 // n * n, n)
+        big, small = torch.ones(numel), torch.ones(numel // n)
+        dist.barrier(group=g)
+        t0 = time.perf_counter()       # the functional collectives DTensor issues, issue to wait
+        if op == "all_gather":
+            out = funcol.all_gather_tensor(small, 0, g)
+        elif op == "reduce_scatter":
+            out = funcol.reduce_scatter_tensor(big, "sum", 0, g)
+        else:
+            out = funcol.all_reduce(big, "sum", g)
+        funcol.wait_tensor(out)
+        return time.perf_counter() - t0
+
+    def results(self) -> dict:
+        return self.times
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def plan_sizes(plan) -> dict:
+    """{op: sorted distinct bytes} of ``plan``'s tp collectives, plus 8 x the largest (a second point for the fit)."""
+    from distlab.sim.plan import Collective
+    out: dict = {}
+    for ops in plan.ranks:
+        for o in ops:
+            if isinstance(o, Collective) and o.name.startswith("tp "):
+                out.setdefault(o.op, set()).add(o.bytes)
+    return {op: sorted(v | {8 * max(v)}) for op, v in out.items()}
+
+
+def _over_rounds(results: list[dict], get) -> float:
+    """Median over rounds of the slowest rank's value."""
+    rounds = min(len(get(r)) for r in results)
+    return statistics.median(max(get(r)[i] for r in results) for i in range(rounds))
+
+
+def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parallel: bool = True):
+    """localhost-cpu on ``world`` ranks with the fitted collectives (at group size tp), compute rate and
+    memory rate (module docstring)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.collectives import ring_cost
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.plan import Compute
+    from distlab.sim.tp.plan import ADAM_BYTES, TPOptions, tp_plan
+    from distlab.sim.tp.rules import local_numel
+    cals = [r["variants"][0]["calibration"] for r in results]
+    coll = {}
+    for op, table in cals[0]["collectives"].items():
+        steps, f = ring_cost(op, tp)
+        pts = sorted((int(s), _over_rounds(cals, lambda c, op=op, s=s: c["collectives"][op][s])) for s in table)
+        slope, icpt = np.polyfit(*zip(*pts), 1) if len(pts) > 1 else (0.0, -1.0)
+        if icpt < 0 or slope <= 0:
+            slope, icpt = pts[-1][1] / pts[-1][0], 0.0
+        coll[op] = {str(tp): {"latency_us": float(icpt) / steps * 1e6 + 1e-3,
+                              "bandwidth_GBps": f / float(slope) / 1e9}}
+    fb = _over_rounds(cals, lambda c: c["fwd_bwd"])
+    M = ADAM_BYTES * local_numel(model, tp) / _over_rounds(cals, lambda c: c["optimizer"])
+    one = tp_plan(model, Mesh({"tp": 1}), TPOptions(sequence_parallel=sequence_parallel))
+    work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute) and o.name != "optimizer"]
+    lo, hi = 1e6, 1e15
+    for _ in range(100):      # the roofline total falls as F grows: find F where it equals the measurement
+        F = (lo * hi) ** 0.5
+        lo, hi = (F, hi) if sum(max(fl / F, b / M) for fl, b in work) > fb else (lo, F)
+    base = PRESETS["localhost-cpu"].with_world_size(world)
+    gpu = replace(base.gpu, name="this-cpu", tflops=F / 1e12, hbm_GBps=M / 1e9, mfu=1.0)
+    return replace(base, gpu=gpu, calibration={"collectives": coll})

@@ -1,0 +1,121 @@
+"""Real tensor parallelism against the simulator: calibrate, simulate the same step, compare
+(`distlab validate --scenario tp.yaml`).
+
+``validate_tp`` builds the scenario's plan for ``nproc`` ranks (sim.scenario.build: TP, or FSDP2 x TP when the
+mesh leaves a dp_shard dimension), runs the same model with DTensor ``parallelize_module`` (runtime/tp/run.py)
+on gloo ranks with the calibration rounds of runtime/tp/calibrate.py in the same launch, simulates the plan on
+the fitted cluster, and reports: the step (median over uncaptured steps of the slowest rank) predicted vs
+measured; per
+collective kind and size on rank 0, the time of one call predicted (simulated trace) vs measured (issue to
+``wait_tensor``, median over steps of the mean over calls); and whether the collective sequence (kind, bytes,
+dtype, group, phase) of every rank equals the plan's.
+"""
+from __future__ import annotations
+
+import statistics
+
+from distlab.runtime.validation import case
+from distlab.sim.errors import ConfigError
+
+
+def _sequence(plan, rank: int) -> list[tuple]:
+    from distlab.sim.tp import compose
+    from distlab.sim.tp import plan as tp_plan
+    fn = compose.collective_sequence if plan.meta.get("builder") == "fsdp_tp" else tp_plan.collective_sequence
+    return fn(plan, rank)
+
+
+def prepare(scenario, nproc: int):
+    """(built scenario Result, the run's variant, calibration sizes) for ``nproc`` ranks; refuses what the real
+    run cannot do (recomputation, mesh dimensions other than tp and dp_shard) before starting ranks."""
+    from distlab.runtime.tp.calibrate import plan_sizes
+    from distlab.sim import scenario as sc
+    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
+    if "tp" not in d:
+        raise ConfigError("validate_tp needs a scenario with a tp: section", "tp")
+    d["world_size"] = nproc
+    built = sc.build(d)
+    opts, mesh = built.options, built.mesh
+    if opts.recompute != "none":
+        raise ConfigError(f"the real run does not recompute activations; got recompute {opts.recompute!r}; "
+                          "allowed for a real run: none", "tp.recompute")
+    extra = [k for k in mesh.names if k not in ("tp", "dp_shard", "dp")]
+    if extra:
+        raise ConfigError(f"the real TP run has mesh dimensions tp, dp_shard and dp only; got {', '.join(extra)}",
+                          "mesh")
+    variant = {"model": built.model, "sequence_parallel": opts.sequence_parallel,
+               "loss_parallel": opts.loss_parallel, "mesh": [[k, v] for k, v in mesh.as_dict().items()]}
+    return built, variant, plan_sizes(built.plan)
+
+
+def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeout: float = 300.0) -> dict:
+    """Run the scenario for real on ``nproc`` gloo ranks and compare (:func:`compare`)."""
+    from distlab.runtime.tp.run import run
+    built, variant, sizes = prepare(scenario, nproc)
+    return compare(built, run([variant], world=nproc, steps=steps, warmup=warmup, timeout=timeout,
+                              calibrate=sizes))
+
+
+def compare(built, results: list[dict]) -> dict:
+    """Report dict from a launch whose first variant is the scenario's, run with calibration: rows [{what, op,
+    bytes, calls, predicted_s, measured_s, repeats}], sequence_match, the plan, the fitted cluster, results."""
+    from distlab.runtime.tp.calibrate import fit_cluster
+    from distlab.runtime.tp.run import measured_sequence
+    from distlab.sim.engine import simulate
+    mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
+    cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel)
+    trace = simulate(built.plan, cluster, record_transfers=False)
+    match = all(measured_sequence(results, 0, r) == _sequence(built.plan, r) for r in range(nproc))
+    step_times = [max(r["variants"][0]["steps"][i]["plain_time"] for r in results)
+                  for i in range(min(len(r["variants"][0]["steps"]) for r in results))]
+    seq = _sequence(built.plan, 0)
+    rows = [{"what": f"tp step ({len(seq)} collectives per rank)", "op": None, "bytes": sum(s[1] for s in seq),
+             "calls": 1, "predicted_s": trace.makespan, "measured_s": statistics.median(step_times),
+             "repeats": step_times}]
+    rows += _collective_rows(trace, results)
+    return {"rows": rows, "sequence_match": match, "plan": built.plan, "cluster": cluster, "results": results,
+            "mesh": mesh.as_dict(), "model": model}
+
+
+def _collective_rows(trace, results: list[dict]) -> list[dict]:
+    """Per (op, bytes) on rank 0: one call's predicted and measured seconds (see the module docstring)."""
+    predicted: dict = {}
+    for o in trace.for_rank(0):
+        if o.kind == "collective":
+            predicted.setdefault((o.op, o.bytes), []).append(o.end - (o.start if o.launch is None else o.launch))
+    rank0 = next(r for r in results if r["rank"] == 0)["variants"][0]["steps"]
+    per_step: dict = {}
+    for st in rank0:
+        spans: dict = {}
+        for (kind, nbytes, *_), (a, b) in zip(st["calls"], st["spans"]):
+            spans.setdefault((kind, nbytes), []).append(b - a)
+        for key, v in spans.items():
+            per_step.setdefault(key, []).append(statistics.mean(v))
+    rows = []
+    for key in sorted(predicted, key=lambda k: (k[0], k[1])):
+        if key in per_step:
+            rows.append({"what": f"tp {key[0]} (one call)", "op": key[0], "bytes": key[1],
+                         "calls": len(predicted[key]), "predicted_s": statistics.mean(predicted[key]),
+                         "measured_s": statistics.median(per_step[key]), "repeats": per_step[key]})
+    return rows
+
+
+def tp_cases(path: str, args) -> list[dict]:
+    """`distlab validate --scenario tp.yaml` rows (runtime.validation.case format): the step and one row per
+    collective kind and size, predicted (calibrated in the same launch) against measured real DTensor TP; each
+    row also says whether the collective sequences match."""
+    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    r = validate_tp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+                    warmup=max(getattr(args, "warmup", 1), 1))
+    return rows_as_cases(r, nproc)
+
+
+def rows_as_cases(r: dict, nproc: int) -> list[dict]:
+    """A :func:`compare` report as runtime.validation.case rows."""
+    out = []
+    for row in r["rows"]:
+        what = row["what"] if row["op"] is None else f"{row['what']} x{row['calls']}"
+        c = case("tp scenario", what, nproc, row["bytes"], row["predicted_s"], row["measured_s"], row["repeats"])
+        c["sequence_match"] = r["sequence_match"]
+        out.append(c)
+    return out
