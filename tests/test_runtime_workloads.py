@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_each_workload_is_its_own_folder():
-    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline"]
+    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp"]
     for name, w in WORKLOADS.items():
         assert w.name == name and (ROOT / "runtime" / name / "run.py").is_file()
         assert w.run.__module__ == f"distlab.runtime.{name}.run"
@@ -50,12 +50,11 @@ def test_mesh_format_takes_the_section_named_after_a_workload():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"parallelism": {"kind": "tp"}}, "scenario kind 'tp' not supported yet; allowed: ddp, fsdp, pipeline"),
+    ({"parallelism": {"kind": "ep"}}, "scenario kind 'ep' not supported yet; allowed: ddp, fsdp, pipeline, tp"),
     ({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}},
-     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline"),
-    ({"mesh": {"tp": 2}, "tp": {}}, "workload 'tp' is simulated but has no real run yet; allowed: ddp, fsdp, pipeline"),
-    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline"),
-    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline"),
+     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline, tp"),
+    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline, tp"),
+    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline, tp"),
 ])
 def test_unknown_workloads_are_one_line_errors(spec, message):
     with pytest.raises(ConfigError) as e:
@@ -83,3 +82,22 @@ def test_every_launch_target_in_runtime_resolves():
     for target in targets:
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name)), target
+
+
+def test_a_workload_the_simulator_has_but_the_runtime_lacks_says_so():
+    """A section naming a simulated-only workload is refused in one line that says it has no real run yet."""
+    import dataclasses
+
+    from distlab.sim.workloads.base import Workload
+    from distlab.sim.workloads.registry import register, unregister
+
+    @dataclasses.dataclass
+    class Options:
+        pass
+    register(Workload(name="toyrt", help="a toy", dims=("dp",), options=Options, build=lambda *a: None,
+                      fill_dim="dp", default_dim="dp"))
+    try:
+        with pytest.raises(ConfigError, match="workload 'toyrt' is simulated but has no real run yet"):
+            scenario_workload({"mesh": {"dp": 2}, "toyrt": {}}, "s.yaml")
+    finally:
+        unregister("toyrt")
