@@ -277,10 +277,10 @@ def test_check_all_reduce_catches_a_wrong_ring(tmp_path):
                    "    dist.recv(buf, (r - 1) % n)\n"
                    "    req.wait()\n"
                    "    return x + buf\n")                       # only the left neighbour's data
-    res = check_all_reduce(f"{bad}:ring", nproc=2)                # with 2 ranks this is right
-    assert all(r["ok"] and r["sends"] == 1 and r["recvs"] == 1 for r in res)
-    res = check_all_reduce(f"{bad}:ring", nproc=3)                # with 3 it is not
-    assert not any(r["ok"] for r in res)
+    rows = check_all_reduce(f"{bad}:ring", nproc=3, world_sizes=[2, 3])    # one launch, both ring sizes
+    two, three = ([r for r in rows if r["world_size"] == k] for k in (2, 3))
+    assert len(two) == 2 and all(r["ok"] and r["sends"] == 1 and r["recvs"] == 1 for r in two)  # right on 2 ranks
+    assert len(three) == 3 and not any(r["ok"] for r in three)                                  # wrong on 3
 
 
 @pytest.mark.slow

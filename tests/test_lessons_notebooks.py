@@ -58,28 +58,43 @@ def test_conventions(path):
     assert "distlab.sim." in code, "uses the simulator"
 
 
-_EXECUTED: dict = {}
+PARALLEL = 2                    # notebooks executed at once: a kernel is serial and its ranks often wait
 
 
 def _execute(path, workdir):
-    """Run the notebook once per test session (both tests below read the same executed copy)."""
-    if path in _EXECUTED:
-        return _EXECUTED[path]
+    """Run the notebook in a fresh kernel with DISTLAB_LESSONS_QUICK=1 (the kernel's environment only):
+    (executed notebook, seconds)."""
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}})
-    old = os.environ.get(QUICK)
-    os.environ[QUICK] = "1"                     # the kernel inherits it: smaller real runs, same cells
     t0 = time.monotonic()
+    client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
+    return nb, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def executed(request, tmp_path_factory):
+    """Every notebook this session selected, executed once (both tests below read the same executed copy),
+    ``PARALLEL`` at a time in background threads, each in its own kernel and folder: the tests wait for theirs.
+    Two kernels at once keep both cores of a small machine busy (a notebook alone mostly waits on one)."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from concurrent.futures import ThreadPoolExecutor
+    wanted = []
+    for item in request.session.items:
+        path = getattr(item, "callspec", None) and item.callspec.params.get("path")
+        if item.module is request.module and path and item.originalname != "test_conventions" \
+                and path not in wanted:
+            wanted.append(path)
+    pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="notebook")
+    futures = {p: pool.submit(_execute, p, str(tmp_path_factory.mktemp("nb-" + os.path.basename(p)[:2])))
+               for p in wanted}
     try:
-        client.execute()
+        yield futures
     finally:
-        if old is None:
-            os.environ.pop(QUICK, None)
-        else:
-            os.environ[QUICK] = old
-    _EXECUTED[path] = nb, time.monotonic() - t0
-    return _EXECUTED[path]
+        for f in futures.values():
+            f.cancel()
+        pool.shutdown(wait=True)
 
 
 def _marks(path):
@@ -87,10 +102,8 @@ def _marks(path):
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p)) for p in NOTEBOOKS], ids=_ids())
-def test_runs_top_to_bottom(path, tmp_path):
-    pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    nb, elapsed = _execute(path, str(tmp_path))
+def test_runs_top_to_bottom(path, executed):
+    nb, elapsed = executed[path].result()
     print(f"{os.path.basename(path)}: {elapsed:.1f} s")
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -170,8 +183,6 @@ def _revealed(nb) -> list[str]:
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p)) for p in NOTEBOOKS], ids=_ids())
-def test_no_answer_is_shown_before_its_check(path, tmp_path):
-    pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    nb, _ = _execute(path, str(tmp_path))
+def test_no_answer_is_shown_before_its_check(path, executed):
+    nb, _ = executed[path].result()
     assert not _revealed(nb), "predict first: " + "; ".join(_revealed(nb))

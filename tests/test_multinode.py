@@ -95,12 +95,12 @@ def test_an_endpoint_nobody_serves_fails_in_one_line_with_exit_2(tmp_path):
     small_plan().save(plan)
     t0 = time.monotonic()
     port = free_port()           # a loopback port nobody listens on (tests never reach beyond this machine)
-    p = node(plan, str(tmp_path / "t.trace"), 1, port, timeout=3)
+    p = node(plan, str(tmp_path / "t.trace"), 1, port, timeout=1)    # only the timeout has to fire
     rc, out, err = finish([p], timeout=60)[0]
     assert rc == 2
     # node 1 cannot reach a store on node 0: torchrun gives up at the timeout, reported as one line
     assert err.count("\n") == 1 and err.startswith("distlab run: error: --rdzv-endpoint: "), err
-    assert f"rendezvous at 127.0.0.1:{port} within 3 s" in err, err
+    assert f"rendezvous at 127.0.0.1:{port} within 1 s" in err, err
     assert time.monotonic() - t0 < 40
     assert not (tmp_path / "t.trace").exists()
 
@@ -110,7 +110,7 @@ def test_nodes_that_disagree_on_the_world_size_fail_in_one_line_with_exit_2(tmp_
     small_plan().save(plan)
     port = free_port()
     procs = [cli("run", plan, "--nnodes", "2", "--node-rank", str(k), "--rdzv-endpoint", f"127.0.0.1:{port}",
-                 "--nproc", str(n), "--backend", "gloo", "--timeout", "4",
+                 "--nproc", str(n), "--backend", "gloo", "--timeout", "2",
                  "--out", str(tmp_path / "t.trace")) for k, n in ((0, 2), (1, 1))]
     # node 1 asks for 1 rank per node: 2 x 1 is not the plan's 4, it refuses at once; node 0 waits for it in vain
     t0 = time.monotonic()
