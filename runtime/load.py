@@ -92,7 +92,7 @@ def background_cores(before: tuple, after: tuple, own: int, count_pids=()) -> fl
     return used / elapsed
 
 
-def sample(window: float = 0.5, count_pids=(), proc: str = "/proc") -> Load | None:
+def sample(window: float = 0.25, count_pids=(), proc: str = "/proc") -> Load | None:
     """The machine's load now (module docstring); None where /proc cannot be read (not Linux)."""
     from distlab.runtime.preflight import cpu_cores
     try:
