@@ -1,6 +1,6 @@
 """Predicted vs measured DDP on this machine: 2 gloo ranks, an MLP of 8 x Linear(1024, 1024) (33.6 MB).
 
-    python benchmarks/ddp_accuracy.py [--steps 5] [--caps none,5] [--out DIR]
+    python benchmarks/ddp_accuracy.py [--steps 5] [--caps none,5] [--out DIR] [--background-load 0.5]
 
 For each bucket cap: real DDP steps (runtime/ddp/run.py), interleaved with the calibration (the model alone on
 each rank: forward, backward, Adam; all-reduces of 1-32 MiB), then the simulator's prediction with that
@@ -24,7 +24,18 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--caps", default="none,5", help="bucket_cap_mb values; none = PyTorch's default")
     p.add_argument("--out", help="write predicted and measured timelines (PNG) here")
+    p.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
+                   help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
     args = p.parse_args(argv)
+    from distlab.runtime.load import BackgroundLoad
+    with BackgroundLoad(args.background_load) as gen:
+        return _main(args, gen.pids)
+
+
+def _main(args, load_pids) -> int:
+    from distlab.runtime import load as machine_load
+    load = machine_load.sample(count_pids=load_pids)
+    print(f"at calibration: {load.line() if load else 'load unknown'}")
     from distlab.runtime.ddp.validate import validate_ddp
     from distlab.sim.models import model_from_spec
     model = model_from_spec(MODEL)
@@ -61,6 +72,8 @@ def main(argv=None) -> int:
                 path = os.path.join(args.out, f"ddp-{kind}-cap{cap}.png")
                 save_figure(timeline(r[kind], title=f"{kind}: bucket_cap_mb={cap}"), path)
                 print(f"  wrote {path}")
+    after = machine_load.sample(count_pids=load_pids)
+    print(f"at the end: {after.line() if after else 'load unknown'}")
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """Predicted vs measured pipeline makespans on this machine (gloo, CPU ranks).
 
-    python benchmarks/pipeline_accuracy.py [--ranks 2 4] [--microbatches 8] [--steps 3]
+    python benchmarks/pipeline_accuracy.py [--ranks 2 4] [--microbatches 8] [--steps 3] [--background-load 0.5]
 
 For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of N gloo ranks
 (runtime/pipeline/validate.py, shared with `distlab validate --scenario` and lesson 07):
@@ -39,11 +39,15 @@ def one_launch(n: int, args):
     from distlab.sim.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=n, microbatches=args.microbatches, virtual_stages=v, width=args.width,
                  rows=args.rows, layers=n * args.blocks_per_rank, steps=args.steps, warmup=1) for s, v in SCHEDULES]
-    results = measure_and_predict(cfgs, n, timeout=600)
+    results = measure_and_predict(cfgs, n, timeout=600, count_pids=args.load_pids)
     r0 = results[0]
     c, q = r0["calibration"][0], r0["p2p"]
-    note = (f"      last launch, {r0['cores']} cores; probes (latency, overhead per action): "
-            + ", ".join(f"{r['cfg']['schedule']} {r['latency'] * 1e6:.0f}/{r['overhead'] * 1e6:.0f} us" for r in results)
+    load = r0["load"] or {}
+    note = (f"      last launch, {r0['cores']} cores left to the ranks (load average {load.get('loadavg_1m')}, other "
+            f"processes {load.get('background_cores')} of {load.get('cores')} cores); probes (latency, overhead per action): "
+            + ", ".join(f"{r['cfg']['schedule']} {r['latency'] * 1e6:.0f}/{r['overhead'] * 1e6:.0f} us"
+                         + (f" (fitted {r['overhead_fitted'] * 1e6:.0f}, rejected)" if r['overhead'] != r['overhead_fitted'] else "")
+                         for r in results)
             + f"; rank 0, one block alone (gpipe run): F {c['F'] * 1e3:.3f} ms, B {c['B'] * 1e3:.3f}, "
             f"I {c['I'] * 1e3:.3f}, W {c['W'] * 1e3:.3f}; "
             f"p2p one-way {q['small'] * 1e6:.0f} us (4 B), {q['large'] * 1e6:.0f} us ({q['bytes'] // 1024} KiB)")
@@ -65,7 +69,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3, help="launches per rank count; medians are reported")
     ap.add_argument("--tolerance", type=float, default=0.25)
+    ap.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
+                    help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
     args = ap.parse_args(argv)
+    from distlab.runtime.load import BackgroundLoad
+    with BackgroundLoad(args.background_load) as gen:
+        args.load_pids = gen.pids
+        return _main(args)
+
+
+def _main(args) -> int:
     worst = {"predicted": 0.0, "replay": 0.0}
     print(f"{'ranks':>5} {'schedule':>15} {'predicted':>10} {'replay':>8} {'fastest':>9} {'median':>8} "
           f"{'error':>7} {'replay err':>10} {'bubble pred':>11} {'bubble meas':>11}   (ms)")

@@ -1,9 +1,12 @@
 """Fit the ring model to measured collective times and turn the fit into a cluster's ``calibration`` section.
 
 Model (Thakur, Rabenseifner & Gropp 2005; sim.collectives.ring_cost): t(S) = steps(n) x α + f(n) x S / B.
-A straight line t = a + b S fitted by least squares on the median times gives α = a / steps and B = f / b.
-Rows are weighted by 1 / t, so the fit minimises relative error (a 1 MiB point counts as much as a 64 MiB
-one). A negative intercept or slope (noise) falls back to α = 0 and a slope fitted through the origin.
+A straight line t = a + b S fitted to the times gives α = a / steps and B = f / b. Robust (runtime/robust.py):
+each size's time is the median of medians of its repeated samples (a row's ``launch_times_s``), and the line
+is fitted by IRLS with bisquare weights on relative residuals, so a 1 MiB point counts as much as a 64 MiB
+one and a size spoiled by a burst of load gets no weight. A negative intercept or slope (noise) falls back to
+α = 0 and a slope fitted through the origin. Each entry keeps ``spread``: the largest robust CV of one size's
+samples; above robust.SPREAD_WARN the fit warns (``fit_warnings``).
 
 Size bands: where one line misses a calibrated size by more than BAND_TOLERANCE (relative), e.g. a CPU whose
 caches make small messages faster per byte than large ones, the sizes are split in two at the point that
@@ -27,18 +30,13 @@ def ring_cost(op: str, n: int) -> tuple[int, float]:
 
 
 def fit_line(sizes, times) -> tuple[float, float]:
-    """(a, b) of t = a + b S, weighted least squares with weights 1 / t; a >= 0."""
+    """(a, b) of t = a + b S, robust relative-error fit (robust.line); a >= 0."""
+    from distlab.runtime import robust
     s = np.asarray(sizes, dtype=float)
-    t = np.asarray(times, dtype=float)
     if len(s) < 2 or len(set(s.tolist())) < 2:
         raise ConfigError("a fit needs at least two different sizes", "--sizes")
-    w = 1.0 / t
-    A = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
-    (a, b), *_ = np.linalg.lstsq(A, t * w, rcond=None)
-    if a < 0 or b <= 0:
-        a = 0.0
-        b = float(np.sum(s * w * t * w) / np.sum((s * w) ** 2))
-    return float(a), float(b)
+    a, b, _ = robust.line(s, times)
+    return a, b
 
 
 def worst_error(sizes, times, a: float, b: float) -> float:
@@ -67,14 +65,20 @@ def split_bands(sizes, times) -> list[tuple[list, list]]:
 
 
 def fit_op(op: str, n: int, sizes, times) -> dict:
-    """{latency_us, bandwidth_GBps} of the ring model for ``op`` at group size ``n`` (one line over every
-    size), plus ``bands`` where one line does not fit (module docstring)."""
+    """{latency_us, bandwidth_GBps, spread, samples} of the ring model for ``op`` at group size ``n`` (one line
+    over every size), plus ``bands`` where one line does not fit (module docstring). ``times``: per size one
+    time or a list of repeated samples (robust center per size)."""
+    from distlab.runtime import robust
     steps, factor = ring_cost(op, n)
+    samples = [list(t) if isinstance(t, (list, tuple)) else [t] for t in times]
+    times = [robust.center(x) for x in samples]
 
     def params(s, t) -> dict:
         a, b = fit_line(s, t)
         return {"latency_us": round(a / max(steps, 1) * 1e6, 3), "bandwidth_GBps": round(factor / b / 1e9, 6)}
     out = params(sizes, times)
+    out["spread"] = round(max(robust.spread(x) for x in samples), 4)
+    out["samples"] = sum(len(x) for x in samples)
     bands = split_bands(sizes, times)
     if len(bands) > 1:
         out["bands"] = [{"min_bytes": int(min(s)), "max_bytes": int(max(s)), **params(s, t)} for s, t in bands]
@@ -90,9 +94,21 @@ def calibration_from_rows(rows: list[dict]) -> dict:
             groups.setdefault((r["op"], r["world_size"]), []).append(r)
     table: dict[str, dict] = {}
     for (op, n), rs in sorted(groups.items()):
-        times = [r.get("launch_time_s", r["time_s"]) for r in rs]
+        times = [r.get("launch_times_s") or r.get("times_s") or [r.get("launch_time_s", r["time_s"])] for r in rs]
         table.setdefault(op, {})[str(n)] = fit_op(op, n, [r["bytes"] for r in rs], times)
     return {"collectives": table}
+
+
+def fit_warnings(calibration: dict) -> list[str]:
+    """One line per fitted entry whose samples scatter more than robust.SPREAD_WARN."""
+    from distlab.runtime import robust
+    out = []
+    for op, per_n in calibration.get("collectives", {}).items():
+        for n, entry in per_n.items():
+            w = robust.warning(f"{op} on {n} ranks", entry.get("spread", 0.0))
+            if w:
+                out.append(w)
+    return out
 
 
 def predict(calibration: dict, op: str, n: int, nbytes: float) -> float | None:
@@ -108,10 +124,11 @@ def predict(calibration: dict, op: str, n: int, nbytes: float) -> float | None:
 
 
 def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int, backend: str,
-                       cpu_cores: int | None = None):
+                       cpu_cores: float | None = None):
     """The localhost-cpu preset sized to ``world_size`` ranks, with measured compute and the calibration.
     intra_node gets the all_reduce fit at the largest group (used by plans the calibration does not cover).
-    ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/cores.py). Compute was measured with all
+    ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/cores.py), fewer than the machine's when other
+    processes use some (runtime/load.py: available_cores). Compute was measured with all
     ``world_size`` ranks at once, each getting min(1, cores / world_size) of a core, so the rate of one rank
     alone (the cluster's gpu) is the measured rate x max(1, world_size / cores)."""
     from dataclasses import replace

@@ -112,9 +112,11 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     return final
 
 
-def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
+def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
     """Matmul FLOP/s and copy bandwidth per rank with all ranks working at once (CPU ranks share cores as
-    in a run): the same work on every rank, rate = work / (last end - first start), median of ``rounds``."""
+    in a run): the same work on every rank, rate = work / (last end - first start), the robust center of
+    ``rounds`` (runtime/robust.py: a round another process interrupts does not count), with its spread."""
+    from distlab.runtime import robust
     import torch.distributed as dist
 
     from distlab.runtime.compute import Matmuls
@@ -139,7 +141,8 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 3) -> dict:
             dist.all_gather_object(every, (t0, time.perf_counter()))
             out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
     return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""),
-            "flops_per_s": statistics.median(flops), "copy_Bps": statistics.median(copy)}
+            "flops_per_s": robust.center(flops), "copy_Bps": robust.center(copy),
+            "flops_spread": robust.spread(flops), "copy_spread": robust.spread(copy)}
 
 
 def sweep_task(ctx, payload: dict):

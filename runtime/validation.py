@@ -29,12 +29,14 @@ def overlap_plan(n: int, layers: int = 4, flops: float = 4e8, nbytes: int = 4 * 
                                                                          "bytes": nbytes}).validate()
 
 
-def cluster_for(calibration: dict, compute: dict, n: int, backend: str):
+def cluster_for(calibration: dict, compute: dict, n: int, backend: str, cpu_cores: float | None = None):
+    """The calibrated cluster; ``cpu_cores``: the cores left to CPU ranks (runtime/load.py), None = one each."""
     from distlab.runtime.fit import calibrated_cluster
-    return calibrated_cluster(calibration, compute, n, backend)
+    return calibrated_cluster(calibration, compute, n, backend, cpu_cores if backend == "gloo" else None)
 
 
-def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str) -> list[dict]:
+def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str,
+                     cpu_cores: float | None = None) -> list[dict]:
     """One case per measured row: predicted by simulating that one collective on the calibrated cluster."""
     from distlab.sim.engine import simulate_collective
     out = []
@@ -42,20 +44,22 @@ def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend
         if r["op"] == "barrier":
             continue
         n = r["world_size"]
-        cluster = cluster_for(calibration, compute, n, backend)
+        cluster = cluster_for(calibration, compute, n, backend, cpu_cores)
         trace, _ = simulate_collective(r["op"], r["bytes"], cluster)
         out.append(case(kind, r["op"], n, r["bytes"], trace.makespan, r.get("launch_time_s", r["time_s"]),
                         r.get("launch_times_s", r.get("times_s"))))
     return out
 
 
-def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str) -> dict:
+def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str,
+                 cpu_cores: float | None = None) -> dict:
     """The overlap plan: simulated makespan against the median measured makespan over the repeats."""
     from distlab.runtime.executor import merge_results
     from distlab.sim.engine import simulate
     n = plan.world_size
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
-    predicted = simulate(plan, cluster_for(calibration, compute, n, backend), record_transfers=False).makespan
+    predicted = simulate(plan, cluster_for(calibration, compute, n, backend, cpu_cores),
+                         record_transfers=False).makespan
     c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans),
              spans)
     c["measured_runs_s"] = spans

@@ -58,7 +58,8 @@ class Cluster:
     intra_node: IntraNode
     inter_node: InterNode | None = None
     calibration: dict = field(default_factory=dict, compare=False, hash=False)
-    cpu_cores: int | None = None   # cores per node shared by its ranks' compute (CPU ranks); None = one each
+    cpu_cores: float | None = None  # cores per node shared by its ranks' compute (CPU ranks; fewer when other
+    #                                 processes load the machine, runtime/load.py); None = one each
 
     @property
     def world_size(self) -> int:
@@ -254,7 +255,7 @@ def _validated(c: Cluster, where: str) -> Cluster:
         raise ConfigError(f"{c.nodes} nodes x {c.gpus_per_node} GPUs is more than the simulator takes "
                           f"(at most {MAX_RANKS} ranks)", where)
     if c.cpu_cores is not None:
-        _positive(c.cpu_cores, f"{where}: cpu_cores", integer=True)
+        _positive(c.cpu_cores, f"{where}: cpu_cores")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     if c.gpu.arch not in GPU_ARCHS:

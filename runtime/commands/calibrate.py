@@ -64,13 +64,18 @@ def run(args) -> int:
     check_output(args.out, "--out", "file")     # before the ranks start
     from distlab.runtime.preflight import warn_cores
     warn_cores(max(nprocs), args.threads, "distlab calibrate")
+    from distlab.runtime import load as machine_load
+    from distlab.runtime.fit import fit_warnings
+    load = machine_load.sample()          # before the ranks start: the other processes' share
+    if load and not args.json:
+        print(load.line())
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
             result = measure(ops, sizes, n, args.warmup, args.iters, **launch_kwargs(args))[0]
         except RunFailed as e:
             if done:
-                write_cluster(args.out, rows, compute, done, backend, sizes)
+                write_cluster(args.out, rows, compute, done, backend, sizes, load)
                 sys.stderr.write(f"distlab calibrate: kept world sizes {done} in {args.out}\n")
             sys.stderr.write(f"distlab calibrate: error: {e}\n")
             return 1
@@ -78,17 +83,23 @@ def run(args) -> int:
         compute = result["compute"]
         backend = backend_of(compute)
         done.append(n)
-        cluster = write_cluster(args.out, rows, compute, done, backend, sizes)
+        cluster = write_cluster(args.out, rows, compute, done, backend, sizes, load)
     table = cluster.calibration["collectives"]
+    after = machine_load.sample()
+    loads = {"at_calibration": load.to_dict() if load else None, "after": after.to_dict() if after else None}
+    for w in fit_warnings(cluster.calibration):
+        sys.stderr.write(f"distlab calibrate: {w}\n")
     if args.json:
         print_json({"cluster": args.out, "calibration": cluster.calibration, "gpu": cluster.gpu.__dict__,
-                    "rows": rows})
+                    "cpu_cores": cluster.cpu_cores, "load": loads, "rows": rows})
         return 0
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
-                ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)"],
-                [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}"]
+                ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)", "spread"],
+                [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
                  for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
                 justify_left=3)
     print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
-    print(f"wrote {args.out}")
+    if after:
+        print(f"after: {after.line()}")
+    print(f"wrote {args.out} (cpu_cores {cluster.cpu_cores}: the cores left to the ranks)")
     return 0

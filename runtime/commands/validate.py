@@ -59,6 +59,9 @@ def run(args) -> int:
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])
     warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
+    from distlab.runtime import load as machine_load
+    load = machine_load.sample()          # before the ranks start: the other processes' share
+    cores = round(load.available_cores, 2) if load else None
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
         scenario_rows = scenario_cases(args.scenario, args)
@@ -85,19 +88,25 @@ def run(args) -> int:
         compute = results[0]["compute"]
         rows = [r for r in results[0]["rows"] if r["bytes"] in held]
         cases += collective_cases(rows, calibration, compute, backend,
-                                  "held-out size" if n in nprocs else "held-out world size")
+                                  "held-out size" if n in nprocs else "held-out world size", cores)
         if not args.no_overlap:
             plan = overlap_plan(n)
-            cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, compute, backend))
+            cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, compute, backend,
+                                      cores))
     cases += scenario_rows
+    after = machine_load.sample()
+    loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None}
+    from distlab.runtime.fit import fit_warnings
+    for w in fit_warnings(calibration):
+        sys.stderr.write(f"distlab validate: {w}\n")
     summary = summarize(cases)
     if args.out:
         write_atomic(args.out, json.dumps({"complete": failed is None, "calibration": calibration, "cases": cases,
-                                           "summary": summary, "measured": measured}, indent=1))
+                                           "summary": summary, "load": loads, "measured": measured}, indent=1))
     if args.plot and cases:
         plot(cases, args.plot)
     if args.json:
-        print_json({"calibration": calibration, "cases": cases, "summary": summary})
+        print_json({"calibration": calibration, "cases": cases, "summary": summary, "load": loads})
     else:
         print_table("simulated (calibrated) against measured (median of the repeats; worst: the repeat farthest "
                     "from the prediction; spread: (slowest - fastest) / median)",
@@ -110,6 +119,9 @@ def run(args) -> int:
                                                         "worst case"],
                     [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
                       f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
+        for when, reading in (("at calibration", load), ("after measurement", after)):
+            if reading:
+                print(f"{when}: {reading.line()}")
         for path in (args.plot, args.out):
             if path:
                 print(f"wrote {path}")

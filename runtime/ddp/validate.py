@@ -6,8 +6,6 @@ simulates the same step, and puts predicted and measured step, backward and per-
 """
 from __future__ import annotations
 
-import statistics
-
 from distlab.runtime.ddp.run import measure, to_trace
 from distlab.runtime.validation import case, workload_section
 
@@ -18,12 +16,12 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     """(model, cluster) fitted to the measurements (slowest rank). The 'GPU' runs forward FLOPs at the
     measured forward rate; each layer's backward FLOPs are scaled so backward/forward is the measured ratio
     (about 2 in theory, more on CPUs); memory bandwidth makes the optimizer take the measured time; the
-    all-reduce is fitted as t = 2(n-1)·α + 2(n-1)/n · S / B (least squares over the calibrated sizes)."""
+    all-reduce is fitted as t = 2(n-1)·α + 2(n-1)/n · S / B by the fit every calibration shares
+    (runtime/fit.py fit_op: robust per size and robust line, runtime/robust.py), on the slowest rank's times."""
     import copy
     from dataclasses import replace
 
-    import numpy as np
-
+    from distlab.runtime.fit import fit_op
     from distlab.sim.cluster import PRESETS
     from distlab.sim.ddp.plan import OPTIMIZERS
     n = len(results)
@@ -37,13 +35,12 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     cluster = replace(PRESETS[base], name=f"{base} (calibrated)", gpus_per_node=n, gpu=gpu)
     cal = results[0].get("calibration")
     if cal:
-        sizes = np.array([float(s) for s in cal])
-        times = np.array([STAT[stat]([max(r["calibration"][s][i] for r in results) for i in range(len(cal[s]))])
-                          for s in cal])
-        b, a = np.polyfit(sizes * 2 * (n - 1) / n, times, 1)
-        alpha, bw = max(float(a), 0.0) / (2 * (n - 1)), 1.0 / float(b)
+        sizes = [int(s) for s in cal]
+        samples = [[max(r["calibration"][s][i] for r in results) for i in range(len(cal[s]))] for s in cal]
+        if stat == "min":
+            samples = [[min(x)] for x in samples]
         cluster = replace(cluster, calibration={"collectives": {"all_reduce": {
-            str(n): {"latency_us": alpha * 1e6, "bandwidth_GBps": bw / 1e9}}}})
+            str(n): fit_op("all_reduce", n, sizes, samples)}}})
     return model, cluster
 
 
@@ -96,11 +93,17 @@ def compare(model, opts, results: list[dict], stat: str = "median") -> dict:
             "predicted": predicted, "measured": to_trace(results), "results": results}
 
 
-STAT = {"median": statistics.median, "min": min}
+def _robust_center(samples) -> float:
+    from distlab.runtime.robust import center
+    return center(samples)
+
+
+STAT = {"median": _robust_center, "min": min}
 
 
 def slowest(results: list[dict], key: str, field: str, get=None, stat: str = "median") -> float:
-    """``stat`` over iterations of the slowest rank's value (``get`` maps the field's value to a number).
+    """``stat`` over iterations of the slowest rank's value (``get`` maps the field's value to a number);
+    "median" is the robust center (median of medians, runtime/robust.py).
     ("min" discounts other processes' bursts, but mixes the luckiest moments of different quantities.)"""
     get = get or (lambda v: v)
     n = min(len(r[key]) for r in results)

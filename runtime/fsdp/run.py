@@ -105,7 +105,7 @@ def rank_task(ctx, payload: dict) -> dict:
     each round times the calibration collectives (``calibrate``: op -> sizes in bytes), one unsharded step of
     the whole model on this rank plus Adam on plain tensors the size of its shards (``local``), and one recorded
     step of every variant, so that load from other processes falls on all of them alike. Calibration and local
-    times: the best of the rounds."""
+    times: every round's (runtime/fsdp/validate.py takes their robust center)."""
     import torch
     import torch.distributed as dist
 
@@ -154,7 +154,7 @@ def rank_task(ctx, payload: dict) -> dict:
             with Recorder(t0) as rec:
                 phases = _step(module, opt, x)
             res["steps"].append({"time": time.perf_counter() - t0, "phases": phases, "calls": rec.calls})
-    out["calibration"] = {op: {k: min(v) for k, v in t.items()} for op, t in cal.items()}
+    out["calibration"] = cal
     if local:
         out["local"] = {"fwd_bwd": min(fb), "optimizer": min(st), "rounds": [fb, st]}
     return out

@@ -24,28 +24,29 @@ def calibration_sizes(plans) -> dict:
 
 
 def calibrated_cluster(results: list[dict], model, world: int):
-    """localhost-cpu with (a) per collective the ring α and bandwidth, t = (n-1)α + (n-1)/n·S/B, fitted to the
-    times measured at the plan's own sizes (least squares; α = 0 and B from the largest size if the fit's α is
-    negative), and (b) a compute rate F (bisection) and memory rate M such that the roofline
-    max(flops/F, bytes/M) reproduces one unsharded rank's measured forward+backward, and Adam on plain tensors
-    the size of the rank's shards."""
+    """localhost-cpu with (a) per collective the ring α and bandwidth, t = (n-1)α + (n-1)/n·S/B, fitted by the
+    fit every calibration shares (runtime/fit.py fit_op: robust center per size of the rounds' slowest-rank
+    times, robust line) at the plan's own sizes, and (b) a compute rate F (bisection) and memory rate M such
+    that the roofline max(flops/F, bytes/M) reproduces one unsharded rank's forward+backward, and Adam on plain
+    tensors the size of the rank's shards (robust centers of the rounds, slowest rank)."""
     from dataclasses import replace
 
-    import numpy as np
-
+    from distlab.runtime.fit import fit_op
+    from distlab.runtime.robust import center
     from distlab.sim.cluster import PRESETS
     from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
     n, coll = world, {}
     for op, table in results[0]["calibration"].items():
-        pts = sorted((int(k), max(r["calibration"][op][k] for r in results)) for k in table)
-        slope, icpt = np.polyfit(*zip(*pts), 1) if len(pts) > 1 else (0.0, -1.0)
-        if icpt < 0 or slope <= 0:
-            slope, icpt = pts[-1][1] / pts[-1][0], 0.0
-        coll[op] = {str(n): {"latency_us": float(icpt) / (n - 1) * 1e6 + 1e-3,
-                             "bandwidth_GBps": (n - 1) / n / float(slope) / 1e9}}
-    fb = max(r["local"]["fwd_bwd"] for r in results)
+        sizes = sorted(table, key=int)
+        samples = [_slowest([r["calibration"][op][k] for r in results]) for k in sizes]
+        if len(sizes) > 1:
+            coll[op] = {str(n): fit_op(op, n, [int(k) for k in sizes], samples)}
+        else:                                   # one size: α = 0, B from it
+            coll[op] = {str(n): {"latency_us": 1e-3, "bandwidth_GBps": (n - 1) / n * int(sizes[0])
+                                 / center(samples[0]) / 1e9}}
+    fb = center(_slowest([r["local"]["rounds"][0] for r in results]))
     shard = sum(padded_numel(q.shape, n) for q in model.params) // n
-    M = ADAM_BYTES * shard / max(r["local"]["optimizer"] for r in results)
+    M = ADAM_BYTES * shard / center(_slowest([r["local"]["rounds"][1] for r in results]))
     work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
     work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
     lo, hi = 1e6, 1e15
@@ -57,9 +58,20 @@ def calibrated_cluster(results: list[dict], model, world: int):
     return replace(base, gpu=gpu, calibration={"collectives": coll})
 
 
-def measured_step(results: list[dict], variant: int = 0, stat=min) -> float:
-    """Over measured steps (``stat``: min = best of N, as timeit, which other load on the machine disturbs
-    least; or statistics.median), the slowest rank's step time."""
+def _slowest(per_rank: list) -> list[float]:
+    """Per round, the slowest rank's time (a rank's entry: a list of rounds, or one number)."""
+    lists = [v if isinstance(v, list) else [v] for v in per_rank]
+    return [max(x) for x in zip(*lists)]
+
+
+def _center(samples) -> float:
+    from distlab.runtime.robust import center
+    return center(list(samples))
+
+
+def measured_step(results: list[dict], variant: int = 0, stat=_center) -> float:
+    """Over measured steps (``stat``: the robust center, runtime/robust.py, as for the calibration; or min =
+    best of N, or statistics.median), the slowest rank's step time."""
     steps = zip(*[r["variants"][variant]["steps"] for r in results])
     return stat([max(s["time"] for s in per_rank) for per_rank in steps])
 

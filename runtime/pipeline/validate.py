@@ -25,6 +25,7 @@ import os
 import statistics
 from dataclasses import replace
 
+from distlab.runtime import robust
 from distlab.runtime.pipeline.run import DEFAULTS, measure
 from distlab.runtime.validation import case, scenario_kind, workload_section
 
@@ -63,10 +64,10 @@ def _sources(trace):
 
 
 def p2p_latency(trace) -> float:
-    """Mean delay from the end of an action whose output another rank needs to the start of the action that
+    """Robust center (median of medians, runtime/robust.py) of the delays from the end of an action whose output another rank needs to the start of the action that
     needs it, where that action waited for nothing else: the effective one-way p2p latency of a real pipeline
-    (gloo's threads hand messages over more slowly than a ping-pong shows; on a loaded machine the mean keeps
-    the waits for a core, as the calibration's mean does)."""
+    (gloo's threads hand messages over more slowly than a ping-pong shows); a hand-off another process delayed
+    does not count."""
     acts, end, source = _sources(trace)
     prev_end, delays = {}, []
     for a, o in acts:
@@ -74,19 +75,19 @@ def p2p_latency(trace) -> float:
         if a.kind != "W" and src in end and end[src] > prev_end.get(o.rank, 0.0):
             delays.append(o.start - end[src])
         prev_end[o.rank] = o.end
-    return statistics.fmean(delays) if delays else 0.0
+    return robust.center(delays) if delays else 0.0
 
 
 def action_gap(trace) -> float:
-    """Mean gap between consecutive actions of a rank when the second had nothing to wait for: the time the
-    runtime leaves between actions (Python, posting sends and receives, waiting for a core)."""
+    """Robust center (runtime/robust.py) of the gaps between consecutive actions of a rank when the second had
+    nothing to wait for: the time the runtime leaves between actions (Python, posting sends and receives)."""
     acts, end, source = _sources(trace)
     prev_end, gaps = {}, []
     for a, o in acts:
         if o.rank in prev_end and end.get(source(a), 0.0) <= prev_end[o.rank]:
             gaps.append(o.start - prev_end[o.rank])
         prev_end[o.rank] = o.end
-    return statistics.fmean(gaps) if gaps else 0.0
+    return robust.center(gaps) if gaps else 0.0
 
 
 def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
@@ -147,26 +148,40 @@ def fit_overhead(cfg: dict, calib: list[dict], cluster, target: float) -> float:
     return (lo + hi) / 2
 
 
-def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> list[dict]:
+def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0, count_pids=()) -> list[dict]:
     """One launch of ``n`` gloo ranks: every runtime config in ``cfgs`` (stages = n), each after its probe,
     calibrated and run. Per config: {"cfg", "plan", "measured", "predicted", "replayed" (traces), "probe"
     ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per rank,
     one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the plan
-    adds "overhead" of runtime work after each action)}."""
+    adds "overhead" of runtime work after each action), "load" (runtime/load.py, before the ranks start; the
+    cluster's cores are its available_cores), "spread" (robust CV of the probe's step makespans)}.
+    Robust (runtime/robust.py): the probe's makespan is the robust center of its steps; the overhead per action
+    is a property of the runtime, not of a schedule, so with 3 or more configs a fit farther than 3 MADs from
+    their median (one probe a burst of load disturbed) is replaced by the median (robust.reject)."""
+    from distlab.runtime import load as machine_load
+    load = machine_load.sample(count_pids=count_pids)
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
     runs = [run for c in cfgs for run in (probe_config(c), c)]
     res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout)
     ranks = sorted(res["ranks"], key=lambda r: r["rank"])
-    cores, p2p = machine_cores(), ranks[0]["p2p"]
+    cores = round(load.available_cores, 2) if load else machine_cores()
+    p2p = ranks[0]["p2p"]
+    fits = []
+    for i, cfg in enumerate(cfgs):
+        probe = res["traces"][2 * i]
+        probe_calib = [r["runs"][2 * i]["calibration"] for r in ranks]
+        latency = p2p_latency(probe)
+        cluster = cluster_of(n, p2p, latency, cores)
+        probe_s = robust.center(probe.meta["step_makespans"])
+        fits.append((latency, cluster, probe_s, fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)))
+    overheads = robust.reject([f[3] for f in fits])
     out = []
     for i, cfg in enumerate(cfgs):
         probe, measured = res["traces"][2 * i], res["traces"][2 * i + 1]
         probe_calib = [r["runs"][2 * i]["calibration"] for r in ranks]
         calib = [r["runs"][2 * i + 1]["calibration"] for r in ranks]
-        latency = p2p_latency(probe)
-        cluster = cluster_of(n, p2p, latency, cores)
-        probe_s = statistics.median(probe.meta["step_makespans"])
-        overhead = fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)
+        latency, cluster, probe_s, _ = fits[i]
+        overhead = overheads[i]
         # the part of it that a measured timeline shows between actions stays between them, the rest is in them
         between = min(overhead, action_gap(probe))
         probe_pred = simulate_cfg(runs[2 * i], block_seconds(runs[2 * i], probe_calib, overhead - between),
@@ -180,7 +195,9 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0) -> lis
         out.append({"cfg": cfg, "plan": plan, "measured": measured, "predicted": predicted, "replayed": replayed,
                     "probe": {"cfg": runs[2 * i], "measured_s": probe_s, "predicted_s": probe_pred.makespan},
                     "latency": latency, "overhead": overhead, "cores": cores, "p2p": p2p, "calibration": calib,
-                    "action_seconds": block_seconds(cfg, calib), "overhead_between": between})
+                    "action_seconds": block_seconds(cfg, calib), "overhead_between": between,
+                    "overhead_fitted": fits[i][3], "load": load.to_dict() if load else None,
+                    "spread": robust.spread(probe.meta["step_makespans"])})
     return out
 
 
@@ -221,7 +238,7 @@ def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float 
     r = measure_and_predict([cfg], cfg["stages"], timeout=timeout)[0]
     meta = r["plan"].meta["pipeline"]
     r["metrics"] = {k: M.compute(r[k], meta) for k in ("predicted", "measured", "replayed")}
-    r["measured_median_s"] = statistics.median(r["measured"].meta["step_makespans"])
+    r["measured_median_s"] = robust.center(r["measured"].meta["step_makespans"])
     return r
 
 
@@ -254,7 +271,7 @@ def pipeline_cases(path: str, args) -> list[dict]:
     top = case("pipeline scenario", f"pipeline makespan ({label})", n, nbytes, mp.makespan, r["measured_median_s"])
     top.update({"predicted_bubble": mp.bubble, "measured_bubble": mm.bubble, "measured_fastest_s": mm.makespan,
                 "step_makespans_s": r["measured"].meta["step_makespans"], "p2p_latency_s": r["latency"],
-                "action_overhead_s": r["overhead"], "cpu_cores": r["cores"], "probe": r["probe"],
+                "action_overhead_s": r["overhead"], "cpu_cores": r["cores"], "probe": r["probe"], "load": r["load"],
                 "actions": action_rows(r["predicted"], r["measured"])})
     out = [top, case("pipeline scenario", f"pipeline replay ({label})", n, nbytes,
                      r["metrics"]["replayed"].makespan, r["measured_median_s"])]
