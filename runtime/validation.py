@@ -35,6 +35,23 @@ def cluster_for(calibration: dict, compute: dict, n: int, backend: str, cpu_core
     return calibrated_cluster(calibration, compute, n, backend, cpu_cores if backend == "gloo" else None)
 
 
+def roofline_cluster(work: list[tuple[float, float]], measured_s: float, bytes_per_s: float, world: int,
+                     collectives: dict):
+    """localhost-cpu sized to ``world`` with the FLOP rate F at which the roofline total of ``work`` ((flops,
+    bytes) per compute op: max(flops / F, bytes / M)) equals ``measured_s`` (bisection in log F; the total falls
+    as F grows), memory rate M = ``bytes_per_s`` and the fitted ``collectives``."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import PRESETS
+    lo, hi = 1e6, 1e15
+    for _ in range(100):
+        F = (lo * hi) ** 0.5
+        lo, hi = (F, hi) if sum(max(f / F, b / bytes_per_s) for f, b in work) > measured_s else (lo, F)
+    base = PRESETS["localhost-cpu"].with_world_size(world)
+    gpu = replace(base.gpu, name="this-cpu", tflops=F / 1e12, hbm_GBps=bytes_per_s / 1e9, mfu=1.0)
+    return replace(base, gpu=gpu, calibration={"collectives": collectives})
+
+
 def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str,
                      cpu_cores: float | None = None) -> list[dict]:
     """One case per measured row: predicted by simulating that one collective on the calibrated cluster."""

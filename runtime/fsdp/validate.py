@@ -9,7 +9,7 @@ benchmarks/fsdp_accuracy.py and `distlab validate --scenario` (kind fsdp).
 from __future__ import annotations
 
 from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
-from distlab.runtime.validation import case, scenario_kind, workload_section
+from distlab.runtime.validation import case, roofline_cluster, scenario_kind, workload_section
 
 
 def calibration_sizes(plans) -> dict:
@@ -29,11 +29,8 @@ def calibrated_cluster(results: list[dict], model, world: int):
     times, robust line) at the plan's own sizes, and (b) a compute rate F (bisection) and memory rate M such
     that the roofline max(flops/F, bytes/M) reproduces one unsharded rank's forward+backward, and Adam on plain
     tensors the size of the rank's shards (robust centers of the rounds, slowest rank)."""
-    from dataclasses import replace
-
     from distlab.runtime.fit import fit_op
     from distlab.runtime.robust import center
-    from distlab.sim.cluster import PRESETS
     from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
     n, coll = world, {}
     for op, table in results[0]["calibration"].items():
@@ -49,13 +46,7 @@ def calibrated_cluster(results: list[dict], model, world: int):
     M = ADAM_BYTES * shard / center(_slowest([r["local"]["rounds"][1] for r in results]))
     work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
     work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
-    lo, hi = 1e6, 1e15
-    for _ in range(100):      # total roofline time falls as F grows: find F where it equals the measurement
-        F = (lo * hi) ** 0.5
-        lo, hi = (F, hi) if sum(max(f / F, b / M) for f, b in work) > fb else (lo, F)
-    base = PRESETS["localhost-cpu"].with_world_size(world)
-    gpu = replace(base.gpu, name="this-cpu", tflops=F / 1e12, hbm_GBps=M / 1e9, mfu=1.0)
-    return replace(base, gpu=gpu, calibration={"collectives": coll})
+    return roofline_cluster(work, fb, M, world, coll)
 
 
 def _slowest(per_rank: list) -> list[float]:

@@ -113,11 +113,8 @@ def _over_rounds(results: list[dict], get) -> float:
 def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parallel: bool = True):
     """localhost-cpu on ``world`` ranks with the fitted collectives (at group size tp), compute rate and
     memory rate (module docstring)."""
-    from dataclasses import replace
-
     import numpy as np
 
-    from distlab.sim.cluster import PRESETS
     from distlab.sim.collectives import ring_cost
     from distlab.sim.mesh import Mesh
     from distlab.sim.plan import Compute
@@ -137,10 +134,5 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
     M = ADAM_BYTES * local_numel(model, tp) / _over_rounds(cals, lambda c: c["optimizer"])
     one = tp_plan(model, Mesh({"tp": 1}), TPOptions(sequence_parallel=sequence_parallel))
     work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute) and o.name != "optimizer"]
-    lo, hi = 1e6, 1e15
-    for _ in range(100):      # the roofline total falls as F grows: find F where it equals the measurement
-        F = (lo * hi) ** 0.5
-        lo, hi = (F, hi) if sum(max(fl / F, b / M) for fl, b in work) > fb else (lo, F)
-    base = PRESETS["localhost-cpu"].with_world_size(world)
-    gpu = replace(base.gpu, name="this-cpu", tflops=F / 1e12, hbm_GBps=M / 1e9, mfu=1.0)
-    return replace(base, gpu=gpu, calibration={"collectives": coll})
+    from distlab.runtime.validation import roofline_cluster
+    return roofline_cluster(work, fb, M, world, coll)
