@@ -144,19 +144,13 @@ def check_fits(parts: dict, nproc: int, what: str, where: str, change: str, avai
                       f"(MemAvailable); {change}", where)
 
 
-def scenario_kind(d: dict) -> tuple[str, dict]:
-    """(parallelism kind, its options in the flat form) of a loaded scenario (sim.scenario.parallelism)."""
-    from distlab.sim import scenario as sc
-    par = sc.parallelism(d)
-    return par["kind"], par
-
-
 def check_scenario(path: str, nproc: int, available: int | None = None) -> None:
     """Refuse `distlab validate --scenario` when the real ranks would not fit in this host's memory."""
     from distlab.sim import scenario as sc
     d = sc.load(path)
     model, _ = sc.resolve(d, path)
-    kind, opts = scenario_kind(d)
+    opts = sc.parallelism(d)                     # the flat options, whatever the file's format
+    kind = opts["kind"]
     world = int(opts.get("stages", 2) or 2) if kind == "pipeline" else max(nproc, 2)
     parts = model_rank_bytes(model, kind, world, opts)
     every = "every rank builds the whole model, so fewer ranks do not help; " if kind in ("ddp", "fsdp") else ""
