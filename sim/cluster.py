@@ -75,8 +75,9 @@ class Cluster:
         return _validated(replace(self, nodes=nodes), "nodes")
 
     def with_world_size(self, world_size: int) -> "Cluster":
-        """One node of ``world_size`` ranks if it fits a node, else whole nodes."""
-        if world_size <= self.gpus_per_node and self.nodes == 1:
+        """One node of ``world_size`` ranks if it fits a node (or the cluster is one machine without an inter-node
+        network, as localhost-cpu: any number of ranks on this machine), else whole nodes."""
+        if self.nodes == 1 and (world_size <= self.gpus_per_node or self.inter_node is None):
             return _validated(replace(self, gpus_per_node=world_size), "world_size")
         if world_size % self.gpus_per_node:
             raise ConfigError(f"{world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs",

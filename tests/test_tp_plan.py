@@ -94,7 +94,10 @@ def _yaml(tmp_path, text):
     ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\nworld_size: 3\n", "tp 3 does not divide heads 32"),
     ("model: llama3-8b\nmesh: {dp_shard: 3, tp: 2}\ntp: {}\n", "= 6 ranks, but the world has 8"),
     ("model: llama3-8b\nmesh: {tp: 3}\ntp: {}\n", "must divide the world size 8"),
-    ("model: llama3-8b\ntp: {recompute: some}\nmesh: {tp: 8}\n", "unknown recompute 'some'")])
+    ("model: llama3-8b\ntp: {recompute: some}\nmesh: {tp: 8}\n", "unknown recompute 'some'"),
+    ("model: {preset: llama3-8b, layers: 2}\nmesh: {pp: 4, tp: 2}\ntp: {}\n",
+     "mesh.pp: pp 4 is more than the model's 2 transformer blocks (every stage holds the same number of blocks); "
+     "allowed pp: 1, 2")])
 def test_cli_bad_input_one_line_exit_2(cli, tmp_path, text, msg):
     rc, out, err = cli("simulate", _yaml(tmp_path, text + "cluster: dgx-h100\n"), "--no-files")
     assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1 and out == ""

@@ -34,8 +34,12 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
         raise ConfigError("tp must be the innermost mesh dimension (its group inside a node)", f"{where}: mesh")
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", tp_opts.sequence_parallel)
-    if len(stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)) < 1:
-        raise ConfigError("no stages", f"{where}: pp")
+    blocks, stages = model.config["layers"], spec.stages * spec.virtual_stages
+    if blocks % stages:
+        what = "more than" if stages > blocks else "not a divisor of"
+        allowed = ", ".join(str(d) for d in range(1, blocks + 1) if blocks % d == 0)
+        raise ConfigError(f"pp {stages} is {what} the model's {blocks} transformer blocks (every stage holds the "
+                          f"same number of blocks); allowed pp: {allowed}", "mesh.pp")
     local = tp_local_model(model, tp)
     per_rank = boundary_bytes(model, 0) // (tp if tp_opts.sequence_parallel else 1)
     base = pipeline_plan(local, mesh, spec, p2p_bytes=per_rank)
