@@ -27,6 +27,7 @@ class GPUSpec:
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
     arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
+    launch_s: float = 0.0         # host overhead per dispatched op (Compute.launches); see sim/engine.py
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 - A collective starts moving data when every member of its group has reached it (the n-th collective a rank
   issues on a group, in plan order, meets the n-th of every other member) and ends for all members together.
 - Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
-- Compute takes ``seconds``, or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM bandwidth), times the
+- Compute takes ``seconds``, or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM bandwidth) + launches x
+  launch_s (host overhead per dispatched op), times the
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
   node's running compute ops share the cores for (sim.cores: processor sharing).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
@@ -32,7 +33,7 @@ def compute_seconds(op: Compute, cluster: Cluster) -> float:
     if op.seconds is not None:
         return op.seconds
     gpu = cluster.gpu
-    return max(op.flops / (gpu.tflops * 1e12 * gpu.mfu), op.bytes / (gpu.hbm_GBps * 1e9))
+    return max(op.flops / (gpu.tflops * 1e12 * gpu.mfu), op.bytes / (gpu.hbm_GBps * 1e9)) + op.launches * gpu.launch_s
 
 
 def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,

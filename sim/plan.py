@@ -26,12 +26,14 @@ FORMAT = "distlab-plan/1"
 
 @dataclass(frozen=True)
 class Compute:
-    """Local work: ``seconds`` if given, else a roofline of ``flops`` and HBM ``bytes`` on the GPU spec."""
+    """Local work: ``seconds`` if given, else a roofline of ``flops`` and HBM ``bytes`` on the GPU spec, plus
+    ``launches`` x the GPU spec's ``launch_s`` (ops the host dispatches one by one; 0 = none counted)."""
     name: str = "compute"
     seconds: float | None = None
     flops: float = 0.0
     bytes: float = 0.0
     stream: str = "compute"
+    launches: int = 0
     kind: ClassVar[str] = "compute"
 
 
@@ -162,7 +164,8 @@ class Plan:
     def to_dict(self) -> dict:
         ranks = []
         for ops in self.ranks:
-            ranks.append([{"kind": op.kind, **{k: v for k, v in asdict(op).items()}} for op in ops])
+            ranks.append([{"kind": op.kind, **{k: v for k, v in asdict(op).items()
+                                               if not (k == "launches" and v == 0)}} for op in ops])
         return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta,
                 "ranks": ranks}
 

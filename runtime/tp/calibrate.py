@@ -2,20 +2,30 @@
 cluster fitted to it (runtime/tp/validate.py uses it).
 
 On the ranks (``Calibrator``), one round before each captured TP step, so that load from other processes falls
-on both alike: each collective of the plan at its own sizes on the tp group, issued as DTensor issues it (torch's functional
-collectives, float32, barrier first; timed from the issue to ``wait_tensor``);
+on both alike: each collective of the plan at its own sizes on the tp group, issued as DTensor issues it (torch's
+functional collectives, float32; timed from the issue to ``wait_tensor``) in the step's duty cycle: one barrier,
+then CHAIN calls each after GAP_OPS small local ops (a step of the plan dispatches about that many ops between
+two collectives), median over the chain. Isolated calls (a barrier before each) are also timed and reported:
+with more ranks than free cores, a rank that has just computed must be woken for every ring hop, and the
+in-chain call costs several times the isolated one (4 gloo ranks on ~1 free core: ~3 ms vs ~0.5 ms a hop);
+the fit uses the in-chain times. Also timed: one DTensor elementwise op against the same op on its local shard
+(``dtensor_op_s``: DTensor's Python dispatch, sharding propagation; reported, see runtime/tp/validate.py);
 the unparallelized model's forward+backward on this rank; AdamW on plain tensors the size of this rank's TP
 shards. On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B (``ring_cost``: all_gather
 and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least squares over the sizes (α = 0 and B from
 the largest size if α comes out negative); a memory rate M = 28 B x local elements / AdamW time (sim/tp/plan.py
 ADAM_BYTES) and a compute rate F (bisection) such that the roofline sum of max(flops/F, bytes/M) over the tp = 1
-plan's forward and backward ops equals the measured unparallelized forward+backward. Per quantity: the median
-over rounds of the slowest rank.
+plan's forward and backward ops equals the measured unparallelized forward+backward; the GPU spec's ``launch_s``
+= DTensor op time - local op time (sim/tp/plan.py: launches). Per quantity: the median over rounds of the
+slowest rank.
 """
 from __future__ import annotations
 
 import statistics
 import time
+
+CHAIN = 8          # calls per in-chain measurement
+GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 dispatched ops, ~40 collectives)
 
 
 class Calibrator:
@@ -41,7 +51,14 @@ class Calibrator:
             t.grad = torch.zeros_like(t)
         self.shard_opt = torch.optim.AdamW(self.shards, lr=1e-4)
         self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
-                      "fwd_bwd": [], "optimizer": []}
+                      "isolated": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
+                      "fwd_bwd": [], "optimizer": [], "dtensor_op": [], "local_op": []}
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = DeviceMesh.from_group(group, "cpu")
+        self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
+        self.dtensor = distribute_tensor(torch.ones(c["micro_batch"], c["seq_len"] // self.n * self.n, c["hidden"]),
+                                         mesh, [Shard(1)])
         self._local_step()                         # warm-up
 
     def _local_step(self) -> float:
@@ -57,21 +74,26 @@ class Calibrator:
         import torch.distributed as dist
         for op, table in self.times["collectives"].items():
             for size, times in table.items():
-                times.append(self._collective(op, int(size)))
+                times.append(self._chain(op, int(size)))
+                self.times["isolated"][op][size].append(self._collective(op, int(size)))
         dist.barrier()
+        self.times["dtensor_op"].append(_per_call(lambda: self.dtensor * 1.0001))
+        local = self.dtensor.to_local()
+        self.times["local_op"].append(_per_call(lambda: local * 1.0001))
         self.times["fwd_bwd"].append(self._local_step())
         t0 = time.perf_counter()
         self.shard_opt.step()
         self.times["optimizer"].append(time.perf_counter() - t0)
 
-    def _collective(self, op: str, nbytes: int) -> float:
+    def _collective(self, op: str, nbytes: int, barrier: bool = True) -> float:
         import torch
         import torch.distributed as dist
         import torch.distributed._functional_collectives as funcol
         n, g = self.n, self.group
         numel = max(nbytes // 4 // n * n, n)
         big, small = torch.ones(numel), torch.ones(numel // n)
-        dist.barrier(group=g)
+        if barrier:
+            dist.barrier(group=g)
         t0 = time.perf_counter()       # the functional collectives DTensor issues, issue to wait
         if op == "all_gather":
             out = funcol.all_gather_tensor(small, 0, g)
@@ -82,8 +104,28 @@ class Calibrator:
         funcol.wait_tensor(out)
         return time.perf_counter() - t0
 
+    def _chain(self, op: str, nbytes: int) -> float:
+        """Median time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring)."""
+        import torch.distributed as dist
+        dist.barrier(group=self.group)
+        times = []
+        for _ in range(CHAIN):
+            y = self.gap
+            for _ in range(GAP_OPS):
+                y = y * 1.0001
+            times.append(self._collective(op, nbytes, barrier=False))
+        return statistics.median(times)
+
     def results(self) -> dict:
         return self.times
+
+
+def _per_call(fn, calls: int = 50) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
 def _prod(shape) -> int:
@@ -126,13 +168,18 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
         steps, f = ring_cost(op, tp)
         pts = sorted((int(s), _over_rounds(cals, lambda c, op=op, s=s: c["collectives"][op][s])) for s in table)
         slope, icpt = np.polyfit(*zip(*pts), 1) if len(pts) > 1 else (0.0, -1.0)
-        if icpt < 0 or slope <= 0:
-            slope, icpt = pts[-1][1] / pts[-1][0], 0.0
+        if icpt < 0 or slope <= 0:      # noise at latency-bound sizes: α from the smallest, B from the rest
+            icpt = min(t for _, t in pts)
+            slope = max((pts[-1][1] - icpt) / pts[-1][0], 1e-12)
         coll[op] = {str(tp): {"latency_us": float(icpt) / steps * 1e6 + 1e-3,
                               "bandwidth_GBps": f / float(slope) / 1e9}}
     fb = _over_rounds(cals, lambda c: c["fwd_bwd"])
     M = ADAM_BYTES * local_numel(model, tp) / _over_rounds(cals, lambda c: c["optimizer"])
     one = tp_plan(model, Mesh({"tp": 1}), TPOptions(sequence_parallel=sequence_parallel))
     work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute) and o.name != "optimizer"]
+    from dataclasses import replace
+
     from distlab.runtime.validation import roofline_cluster
-    return roofline_cluster(work, fb, M, world, coll)
+    cluster = roofline_cluster(work, fb, M, world, coll)
+    launch = _over_rounds(cals, lambda c: c["dtensor_op"]) - _over_rounds(cals, lambda c: c["local_op"])
+    return replace(cluster, gpu=replace(cluster.gpu, launch_s=max(launch, 0.0)))

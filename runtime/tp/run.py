@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 KINDS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
          "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
 C10D = {"_allgather_base_": "all_gather", "_reduce_scatter_base_": "reduce_scatter", "allreduce_": "all_reduce"}
+P2P = {"send": "send", "recv_": "recv"}
 
 
 class CollectiveCapture(TorchDispatchMode):
@@ -34,11 +35,13 @@ class CollectiveCapture(TorchDispatchMode):
         self.calls: list[list] = []
         self.spans: list[list] = []
         self.phase = "forward"
+        self.dtensor_ops: dict[str, int] = {}       # per phase: ops dispatched on DTensors (sim/tp/plan.py launches)
         self._pending: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):
+            self.dtensor_ops[self.phase] = self.dtensor_ops.get(self.phase, 0) + 1
             return NotImplemented           # let DTensor desugar into local ops and collectives first
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
@@ -55,7 +58,21 @@ class CollectiveCapture(TorchDispatchMode):
         elif func.namespace == "c10d" and name in C10D:
             self.calls.append(self._note_c10d(C10D[name], args))
             self.spans.append([start, end])
+        elif func.namespace == "c10d" and name in P2P:          # pipelining's batch_isend_irecv
+            self.calls.append(self._note_p2p(P2P[name], args))
+            self.spans.append([start, end])
         return out
+
+    def _note_p2p(self, kind: str, args) -> list:
+        """c10d.send([t], pg, dst, tag), recv_([t], pg, src, tag): [kind, bytes, dtype, [peer], phase]."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import ProcessGroup
+        t, pg = args[0][0], args[1]
+        if isinstance(pg, torch.ScriptObject):
+            pg = ProcessGroup.unbox(pg)
+        peer = dist.get_global_rank(pg, args[2])
+        return [kind, t.numel() * t.element_size(), str(t.dtype).replace("torch.", ""), [peer], self.phase]
 
     def _note_c10d(self, kind: str, args) -> list:
         """c10d._allgather_base_(out, in, pg, ...), _reduce_scatter_base_(out, in, pg, ...), allreduce_([t], pg, ...)."""
@@ -79,33 +96,47 @@ class CollectiveCapture(TorchDispatchMode):
         return [kind, nbytes, str(t.dtype).replace("torch.", ""), ranks, self.phase]
 
 
-def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False):
-    """Apply the TP (+ SP) plan above to a ``runtime.tp.model.Llama``."""
+def root_plan(sequence_parallel: bool = True, loss_parallel: bool = False) -> dict:
+    """The plan of the embedding, final norm and head (module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
     head_out = Shard(-1) if loss_parallel else Replicate()
     if sequence_parallel:
-        root = {"embed.tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        return {"embed.tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
                 "norm_f": SequenceParallel(),
                 "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=head_out,
                                            use_local_output=not loss_parallel)}
+    return {"embed.tok": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=head_out, use_local_output=not loss_parallel)}
+
+
+def block_plan(sequence_parallel: bool = True) -> dict:
+    """The plan of one transformer block (module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel()}
+    if sequence_parallel:
+        plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                     "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                     "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+                     "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
     else:
-        root = {"embed.tok": RowwiseParallel(input_layouts=Replicate()),
-                "lm_head": ColwiseParallel(output_layouts=head_out, use_local_output=not loss_parallel)}
+        plan.update({"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()})
+    return plan
+
+
+def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False):
+    """Apply the TP (+ SP) plan above to a ``runtime.tp.model.Llama`` (or a pipeline stage of one: the root
+    plan's entries whose module the stage holds; blocks in ``module.h``, a ModuleList or ModuleDict)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    root = {k: v for k, v in root_plan(sequence_parallel, loss_parallel).items()
+            if getattr(module, k.split(".")[0], None) is not None}
     parallelize_module(module, tp_mesh, root)
-    for block in module.h:
-        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-                "mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel()}
-        if sequence_parallel:
-            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
-                         "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                         "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                         "attn.o": RowwiseParallel(output_layouts=Shard(1)),
-                         "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
-        else:
-            plan.update({"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()})
-        parallelize_module(block, tp_mesh, plan)
+    for block in (module.h.values() if hasattr(module.h, "values") else module.h):
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
     return module
 
 
@@ -154,6 +185,10 @@ def rank_task(ctx, payload: dict) -> dict:
     from distlab.runtime.tp.calibrate import Calibrator
     out = []
     for vi, v in enumerate(payload["variants"]):
+        if "pp" in dict(v.get("mesh") or []):
+            from distlab.runtime.tp.pipeline import run_variant
+            out.append(run_variant(ctx, v, payload.get("steps", 1), payload.get("warmup", 1)))
+            continue
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["tp", ctx.world_size]]
         mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
@@ -184,7 +219,7 @@ def rank_task(ctx, payload: dict) -> dict:
             t0 = time.perf_counter()
             with cap:
                 phases = _step(module, opt, x, cap, v.get("loss_parallel", False))
-            st = {"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls,
+            st = {"time": time.perf_counter() - t0, "phases": phases, "calls": cap.calls, "dtensor_ops": cap.dtensor_ops,
                   "spans": [[a - t0, b - t0] for a, b in cap.spans]}
             if cal:             # the capture dispatches every op through Python: time one step without it too
                 dist.barrier()

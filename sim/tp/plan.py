@@ -23,6 +23,13 @@ Compute per rank (Megatron-LM, Narayanan et al. 2021, arXiv 2104.04473): the lin
 attention's 4·b·s²·h/t (selective; Korthikanti et al. 2022, arXiv 2205.05198 sec. 5). Norms and the embedding
 are memory-bound (bytes). Collectives run on stream ``tp``; compute waits for each (they sit on the critical
 path: each result is the next op's input).
+
+Host overhead: every op on a DTensor goes through DTensor's Python dispatch (sharding propagation, placement
+checks, redistribution) before its local op runs. Each Compute op carries ``launches`` = the DTensor ops it
+dispatches (DTENSOR_OPS, counted on torch 2.13 with a TorchDispatchMode: runtime/tp/run.py CollectiveCapture,
+checked in tests/test_tp_runtime.py), and costs launches x ``launch_s`` on top of its roofline time;
+runtime/tp/calibrate.py measures ``launch_s`` as a DTensor elementwise op's time minus the same op on its
+local shard (the local op's own cost is in the roofline rate fitted on the unparallelized model).
 """
 from __future__ import annotations
 
@@ -31,12 +38,19 @@ from dataclasses import dataclass
 from distlab.sim.errors import ConfigError
 from distlab.sim.models import structure
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
-from distlab.sim.tp.rules import check_divides, local_shape, partial_grad_params
+from distlab.sim.tp.rules import check_divides, local_shape, module_of, partial_grad_params, placement
 from distlab.sim.workloads.base import option
 
 ADAM_BYTES = 28      # per local element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12
 ADAMW_GRAD_READS = 3     # torch.optim._single_tensor_adamw / _multi_tensor_adamw: lerp_(grad), addcmul_(grad, grad)
+# DTensor ops dispatched per transformer block (split evenly between its attention and MLP halves) and by the
+# embedding, final norm, head and loss together (given to the head), forward and backward, with sequence
+# parallelism (True) or without (False); AdamW: per DTensor parameter (weight decay mul_, lerp_, mul_,
+# addcmul_, sqrt, div, add_, addcdiv_: _single_tensor_adamw, as DTensor parameters get). Counted on torch 2.13.
+DTENSOR_OPS = {True: {"block fwd": 42, "block bwd": 102, "ends fwd": 12, "ends bwd": 29},
+               False: {"block fwd": 28, "block bwd": 63, "ends fwd": 5, "ends bwd": 11}}
+ADAMW_DTENSOR_OPS = 8
 
 
 @dataclass
@@ -64,8 +78,8 @@ class _Program:
     def __init__(self, group: tuple, dtype: str):
         self.ops, self.group, self.dtype, self.n = [], group, dtype, 0
 
-    def compute(self, name: str, flops: float = 0.0, nbytes: float = 0.0):
-        self.ops.append(Compute(name, flops=flops, bytes=nbytes))
+    def compute(self, name: str, flops: float = 0.0, nbytes: float = 0.0, launches: int = 0):
+        self.ops.append(Compute(name, flops=flops, bytes=nbytes, launches=launches if len(self.group) > 1 else 0))
 
     def coll(self, op: str, nbytes: int, name: str, dtype: str | None = None):
         if len(self.group) == 1:
@@ -134,7 +148,9 @@ def _program(model, group: tuple, o: TPOptions) -> _Program:
     seg.partial_grads([q.name for q in partial_grad_params(model, o.sequence_parallel)], ADAMW_GRAD_READS,
                       "optimizer")
     n = sum(_numel(local_shape(q, len(group))) for q in model.params)
-    p.compute("optimizer", flops=ADAM_FLOPS * n, nbytes=ADAM_BYTES * n)
+    dtensors = sum(1 for q in model.params if placement(q.name)[0] == "shard"
+                   or o.sequence_parallel and "norm" in module_of(q.name))      # SequenceParallel norms too
+    p.compute("optimizer", flops=ADAM_FLOPS * n, nbytes=ADAM_BYTES * n, launches=ADAMW_DTENSOR_OPS * dtensors)
     return p
 
 
@@ -149,6 +165,7 @@ class Segments:
         self.norm = 2 * self.k["X"] / (tp if sp else 1)     # a norm reads and writes the (sharded) stream
         self.redo_attn = {"none": 0.0, "selective": self.k["core_flops"], "full": self.k["attn_flops"]}[o.recompute]
         self.redo_mlp = self.k["mlp_flops"] if o.recompute == "full" else 0.0
+        self.dt = DTENSOR_OPS[sp]
 
     def forward(self, name: str):
         p, k, sp, X, V = self.p, self.k, self.sp, self.k["X"], self.model.config["vocab"]
@@ -159,7 +176,7 @@ class Segments:
             p.compute("fwd norm_f", nbytes=self.norm)
             if sp:
                 p.coll("all_gather", X, "lm_head input fwd")
-            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"])
+            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"], self.dt["ends fwd"])
             if self.o.loss_parallel:
                 p.compute("fwd loss", nbytes=k["tokens"] * 4 * V / len(p.group))
                 for what in ("max", "sum exp", "target logit"):
@@ -172,7 +189,7 @@ class Segments:
                 p.compute(f"fwd {name}.{norm}", nbytes=self.norm)
                 if sp:
                     p.coll("all_gather", X, f"{name}.{part} input fwd")
-                p.compute(f"fwd {name}.{part}", k[f"{part}_flops"], k[f"{part}_bytes"])
+                p.compute(f"fwd {name}.{part}", k[f"{part}_flops"], k[f"{part}_bytes"], self._half("fwd", part))
                 p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} output fwd")
 
     def backward(self, name: str):
@@ -182,17 +199,22 @@ class Segments:
                 p.coll("all_gather", X, "embed bwd")
             p.compute("bwd embed", nbytes=X)
         elif name == "head":
-            p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"])
+            p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"], self.dt["ends bwd"])
             p.coll("reduce_scatter" if sp else "all_reduce", X, "lm_head input bwd")
             p.compute("bwd norm_f", nbytes=self.norm)
         else:
             for part, norm, redo in (("mlp", "norm2", self.redo_mlp), ("attn", "norm1", self.redo_attn)):
                 if sp:
                     p.coll("all_gather", X, f"{name}.{part} output bwd")
-                p.compute(f"bwd {name}.{part}", 2 * k[f"{part}_flops"] + redo, k[f"{part}_bytes"])
+                p.compute(f"bwd {name}.{part}", 2 * k[f"{part}_flops"] + redo, k[f"{part}_bytes"],
+                          self._half("bwd", part))
                 for _ in range(1 if sp else k[f"col_{part}"]):
                     p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} input bwd")
                 p.compute(f"bwd {name}.{norm}", nbytes=self.norm)
+
+    def _half(self, phase: str, part: str) -> int:
+        n = self.dt[f"block {phase}"]
+        return n // 2 if part == "attn" else n - n // 2
 
     def partial_grads(self, names: list[str], reads: int, phase: str):
         """All-reduce the Partial(sum) gradients of parameters ``names``, ``reads`` times each."""

@@ -1,0 +1,94 @@
+"""Real PP x TP on a (pp, tp) mesh: each pipeline stage is a slice of the Llama (embedding and the first blocks;
+the last blocks, final norm and head), parallelized over the tp sub-mesh with the plan of runtime/tp/run.py and
+run by torch.distributed.pipelining (``PipelineStage`` on the pp sub-mesh's group, ``ScheduleGPipe`` or
+``Schedule1F1B``), as torchtitan composes them (TP inside each stage, stages exchanging the TP-local activations).
+Recorded per rank: every collective (runtime/tp/run.py CollectiveCapture, the phase set by the stage's forward
+and backward chunks) and every point-to-point send and receive (c10d ``send``/``recv_``: bytes, peer), local
+shard shapes and the step time. No optimizer (the simulated pipeline plans have none)."""
+from __future__ import annotations
+
+import time
+
+import torch.nn as nn
+
+class Stage(nn.Module):
+    """Layers ``names`` (sim layer names: embed, h.{i}, head) of ``full``, keeping their parameter names."""
+
+    def __init__(self, full, names: list[str]):
+        super().__init__()
+        self.embed = full.embed if "embed" in names else None
+        self.h = nn.ModuleDict({n.split(".")[1]: full.h[int(n.split(".")[1])] for n in names if n.startswith("h.")})
+        self.norm_f = full.norm_f if "head" in names else None
+        self.lm_head = full.lm_head if "head" in names else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed.tok(x)
+        for block in self.h.values():
+            x = block(x)
+        return self.lm_head(self.norm_f(x)) if self.lm_head is not None else x
+
+
+def _loss(logits, target):
+    import torch.nn.functional as F
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+def run_variant(ctx, v: dict, steps: int, warmup: int) -> dict:
+    """One PP x TP variant on this rank: {model, sequence_parallel, mesh [[pp, n], [tp, n]], schedule,
+    microbatches}."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.pipelining as pp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from distlab.runtime.tp.model import build_llama
+    from distlab.runtime.tp.run import CollectiveCapture, local_shapes, parallelize
+    from distlab.sim.models import model_from_spec
+    from distlab.sim.pipeline.plan import stage_ranges
+    model = model_from_spec(v["model"])
+    dims = v["mesh"]
+    mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
+    n_stages, s = mesh["pp"].size(), mesh["pp"].get_local_rank()
+    names = [model.layers[i].name for i in stage_ranges(model, n_stages)[s]]
+    torch.manual_seed(0)
+    module = parallelize(Stage(build_llama(model), names), mesh["tp"], v.get("sequence_parallel", True))
+    stage = pp.PipelineStage(module, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+    m = v.get("microbatches", 2)
+    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[v.get("schedule", "1f1b")]
+    sched = cls(stage, m, loss_fn=_loss)
+    c = model.config
+    x = torch.randint(0, c["vocab"], (c["micro_batch"] * m, c["seq_len"]))
+    cap = CollectiveCapture()
+    _phases(stage, cap)
+    out = []
+    for i in range(warmup + steps):
+        module.zero_grad(set_to_none=True)
+        cap.calls, cap.spans = [], []
+        dist.barrier()
+        t0 = time.perf_counter()
+        kwargs = {"target": x.roll(-1, 1)} if s == n_stages - 1 else {}
+        with cap if i >= warmup else _null():
+            sched.step(*((x,) if s == 0 else ()), **kwargs)
+        if i >= warmup:
+            out.append({"time": time.perf_counter() - t0, "calls": list(cap.calls)})
+    return {"local_shapes": local_shapes(module), "steps": out, "stage": s}
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _phases(stage, cap) -> None:
+    """Set ``cap.phase`` while the stage runs a forward or a backward chunk."""
+    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(*a, **k):
+        cap.phase = "forward"
+        return fwd(*a, **k)
+
+    def backward_one_chunk(*a, **k):
+        cap.phase = "backward"
+        return bwd(*a, **k)
+    stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
