@@ -1,8 +1,9 @@
 """Real tensor parallelism (torch 2.13 DTensor, ``parallelize_module``, gloo) issues exactly the simulated
 plan's collectives: kind, order, bytes, dtype, group and phase (forward, backward, optimizer) per rank, for a
 whole Llama-style model (vocabulary-parallel embedding, grouped-query attention, SwiGLU, final norm, head), in
-plain TP and TP + SP, with and without loss parallel, on 2 and 4 ranks; and the simulated local parameter
-shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
+plain TP and TP + SP, with and without loss parallel, on 2 and 4 ranks, with the DTensor ops per phase the plan
+counts; FSDP2 x TP, DDP x TP and PP x TP (torch.distributed.pipelining, p2p included) on 2 x 2 meshes; and the
+simulated local parameter shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
 rounds of `distlab validate --scenario scenarios/tp-cpu.yaml` (its model and plan are variant 0's), whose rows
 (runtime/tp/validate.py) are checked here without a launch of their own."""
 import pytest
@@ -25,23 +26,39 @@ FSDP_TP = [{"sequence_parallel": True, "mesh": MESH_2X2}, {"sequence_parallel": 
 DDP_TP = {"sequence_parallel": True, "mesh": [["dp", 2], ["tp", 2]]}       # DDP(device_mesh=mesh["dp"])
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def launched(request):
-    """One launch per world size; 4 ranks also run FSDP2 x TP(+SP) and DDP x TP+SP on 2 x 2 meshes (after the
-    1-D variants)."""
+PP_TP = [{"sequence_parallel": sp, "mesh": [["pp", 2], ["tp", 2]], "schedule": "1f1b", "microbatches": 2}
+         for sp in (True, False)]
+FOUR = VARIANTS[:2] + FSDP_TP + [DDP_TP] + PP_TP        # 4 ranks: no loss parallel; 2 x 2 meshes after the 1-D
+
+
+def _launch(world: int, variants: list, calibrate=None):
     from distlab.runtime.tp import run
+    return run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
+                   calibrate=calibrate)
+
+
+@pytest.fixture(scope="module")
+def launch2():
+    """2 ranks: the 1-D variants, with the calibration rounds of the validate hook."""
     from distlab.runtime.tp.validate import prepare
-    world = request.param
-    variants = VARIANTS if world == 2 else VARIANTS[:2] + FSDP_TP + [DDP_TP]   # 4 ranks: no loss parallel
-    sizes = prepare(SCENARIO, 2)[2] if world == 2 else None
-    return world, run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
-                          calibrate=sizes)
+    return _launch(2, VARIANTS, prepare(SCENARIO, 2)[2])
+
+
+@pytest.fixture(scope="module")
+def launch4():
+    """4 ranks: TP and TP + SP on 4, then FSDP2 x TP(+SP), DDP x TP+SP and PP x TP(+SP) on 2 x 2 meshes."""
+    return _launch(4, FOUR)
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def launched(request, launch2, launch4):
+    return request.param, {2: launch2, 4: launch4}[request.param]
 
 
 SCENARIO = "scenarios/tp-cpu.yaml"
 
 
-def test_validate_scenario_rows_from_the_same_launch(launched):
+def test_validate_scenario_rows_from_the_same_launch(launch2):
     """The validate hook's comparison: the scenario is tp (registered in runtime/workloads.py); one row for the
     step and one per collective kind and size with its number of calls; sequences match; calibration fitted."""
     from collections import Counter
@@ -49,9 +66,7 @@ def test_validate_scenario_rows_from_the_same_launch(launched):
     from distlab.runtime.tp.validate import compare, prepare, rows_as_cases
     from distlab.runtime.workloads import WORKLOADS, scenario_workload
     from distlab.sim.io import load_yaml
-    world, results = launched
-    if world != 2:
-        pytest.skip("calibrated in the 2-rank launch")
+    results = launch2
     assert WORKLOADS[scenario_workload(load_yaml(SCENARIO), SCENARIO)].name == "tp"
     built, variant, _ = prepare(SCENARIO, 2)
     assert variant["model"].config == MODEL.config and variant["sequence_parallel"] == VARIANTS[0]["sequence_parallel"]
@@ -66,28 +81,34 @@ def test_validate_scenario_rows_from_the_same_launch(launched):
         assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 
 
-@pytest.mark.parametrize("i", range(len(VARIANTS)), ids=[str(v) for v in VARIANTS])
-def test_simulated_collectives_equal_what_torch_issues(launched, i):
+@pytest.mark.parametrize("world,i", [(2, i) for i in range(4)] + [(4, 0), (4, 1)],
+                         ids=[f"{w}-{VARIANTS[i]}" for w, i in [(2, 0), (2, 1), (2, 2), (2, 3), (4, 0), (4, 1)]])
+def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, i):
+    """Per rank: the collectives, and the DTensor ops per phase (the plan's launches: sim/tp/plan.py DTENSOR_OPS)."""
     from distlab.runtime.tp.run import measured_sequence
-    world, results = launched
-    if world == 4 and i >= 2:
-        pytest.skip("loss parallel runs on 2 ranks only")
+    from distlab.sim.plan import Compute
+    results = {2: launch2, 4: launch4}[world]
     plan = tp_plan(MODEL, Mesh({"tp": world}), TPOptions(**VARIANTS[i]))
     for rank in range(world):
         measured = measured_sequence(results, i, rank)
         assert measured == collective_sequence(plan, rank)
     phases = [c[-1] for c in measured]
     assert phases.count("forward") > 0 and phases.count("backward") > 0
+    if not VARIANTS[i].get("loss_parallel"):
+        launches: dict = {}
+        for o in plan.ranks[0]:
+            if isinstance(o, Compute) and o.launches:
+                ph = {"fwd": "forward", "bwd": "backward"}.get(o.name.split()[0], "optimizer")
+                launches[ph] = launches.get(ph, 0) + o.launches
+        assert all(r["variants"][i]["steps"][-1]["dtensor_ops"] == launches for r in results)
 
 
 @pytest.mark.parametrize("i", range(len(FSDP_TP)), ids=["fsdp2-x-tp-sp", "fsdp2-x-tp"])
-def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launched, i):
+def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.tp.compose import collective_sequence as fsdp_tp_sequence
     from distlab.sim.tp.compose import fsdp_tp_plan
-    world, results = launched
-    if world != 4:
-        pytest.skip("the 2 x 2 mesh needs 4 ranks")
+    results = launch4
     v = FSDP_TP[i]
     plan = fsdp_tp_plan(MODEL, Mesh(dict(v["mesh"])), tp_opts=TPOptions(sequence_parallel=v["sequence_parallel"]))
     for rank in range(4):
@@ -96,14 +117,12 @@ def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launched, i):
     assert groups == {(1, 3), (2, 3)}                       # rank 3: dp_shard group (1, 3), tp group (2, 3)
 
 
-def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launched):
+def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launch4):
     """TP collectives, the SP norms' gradients all-reduced over tp at the end of backward, one DDP bucket of the
     TP-local gradients over dp; nothing in the optimizer; the parameters DDP holds are the TP-local shards."""
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.tp.ddp import ddp_tp_plan
-    world, results = launched
-    if world != 4:
-        pytest.skip("the 2 x 2 mesh needs 4 ranks")
+    results = launch4
     plan = ddp_tp_plan(MODEL, Mesh(dict(DDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
     for rank in range(4):
         assert measured_sequence(results, 4, rank) == collective_sequence(plan, rank)
@@ -127,3 +146,31 @@ def test_local_parameter_shards_equal_dtensor_local_shards(launched):
             for v in r["variants"][2:4]:
                 assert v["local_shapes"] == fsdp
     assert dict(want)["h.0.attn.k.weight"] == [4 * 4 // world, 32] and dict(want)["h.0.attn.o.weight"] == [32, 32 // world]
+
+
+@pytest.mark.parametrize("i", range(len(PP_TP)), ids=["pp-x-tp-sp", "pp-x-tp"])
+def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
+    """torch.distributed.pipelining (Schedule1F1B, 2 micro-batches) over stages parallelized on the tp sub-mesh:
+    per rank the TP collectives (kind, order, bytes, dtype, group, phase) and the p2p sends and receives (order,
+    bytes, peer) equal the simulated PP x TP plan's; each stage's local shards equal the simulated TP-local ones."""
+    from distlab.runtime.tp.run import measured_sequence
+    from distlab.sim.pipeline.plan import PipelineSpec
+    from distlab.sim.plan import Recv, Send
+    from distlab.sim.tp.pipeline import pp_tp_plan
+    v, k = PP_TP[i], FOUR.index(PP_TP[i])
+    plan = pp_tp_plan(MODEL, Mesh(dict(v["mesh"])), PipelineSpec("1f1b", 2, v["microbatches"]),
+                      TPOptions(sequence_parallel=v["sequence_parallel"]))
+    for rank in range(4):
+        measured = measured_sequence(launch4, k, rank)
+        assert [c for c in measured if c[0] not in ("send", "recv")] == collective_sequence(plan, rank)
+        assert [(c[0], c[1], c[3]) for c in measured if c[0] in ("send", "recv")] == \
+            [("send" if isinstance(o, Send) else "recv", o.bytes, (o.peer,)) for o in plan.ranks[rank]
+             if isinstance(o, (Send, Recv))]
+    X = 2 * 8 * 32 * 4
+    assert {c[1] for c in measured_sequence(launch4, k, 0) if c[0] == "send"} == {X // 2 if i == 0 else X}
+    names = {0: [p.name for L in MODEL.layers[:2] for p in L.params],
+             1: [p.name for L in MODEL.layers[2:] for p in L.params]}
+    by_name = {p.name: p for p in MODEL.params}
+    for r in launch4:
+        got = r["variants"][k]
+        assert got["local_shapes"] == [[n, list(local_shape(by_name[n], 2))] for n in names[got["stage"]]]
