@@ -136,3 +136,21 @@ def test_fsdp2_x_tp_from_the_mesh(cli):
     dims = {(c["mesh_dim"], c["op"]) for c in res["collectives"]}
     assert {("dp_shard", "all_gather"), ("dp_shard", "reduce_scatter"), ("tp", "all_gather")} <= dims
     assert res["memory"]["fits"]
+
+
+def test_hsdp_x_tp_on_a_3d_mesh_all_reduces_each_shard_over_the_replicas():
+    """HSDP x TP (dp_replicate 2 x dp_shard 2 x tp 2): after each unit's reduce-scatter over dp_shard, one
+    all-reduce of the shard over dp_replicate; memory per rank as FSDP2 x TP with the same dp_shard (replicas
+    hold copies)."""
+    from distlab.sim.tp.compose import collective_sequence as seq3
+    d = {"model": {"preset": "llama3-8b", "layers": 2, "micro_batch": 1}, "tp": {}, "cluster": "dgx-h100",
+         "mesh": {"dp_replicate": 2, "dp_shard": 2, "tp": 2}}
+    r = sc.simulate(d)
+    calls = seq3(r.plan, 0)
+    rs = [c for c in calls if c[0] == "reduce_scatter" and c[3] == (0, 2)]
+    ar = [c for c in calls if c[0] == "all_reduce" and c[3] == (0, 4)]
+    assert len(rs) == len(ar) == 3 and [c[1] // 2 for c in rs] == [c[1] for c in ar]
+    two_d = sc.simulate({**d, "mesh": {"dp_shard": 2, "tp": 2}, "world_size": 4})
+    mem = r.report["json"]["memory"]["breakdown_bytes"]
+    assert mem == two_d.report["json"]["memory"]["breakdown_bytes"]
+    assert ["dp_replicate", "all_reduce", "backward", 3] == r.report["tables"][0]["rows"][-1][:4]

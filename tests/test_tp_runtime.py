@@ -28,7 +28,8 @@ DDP_TP = {"sequence_parallel": True, "mesh": [["dp", 2], ["tp", 2]]}       # DDP
 
 PP_TP = [{"sequence_parallel": sp, "mesh": [["pp", 2], ["tp", 2]], "schedule": "1f1b", "microbatches": 2}
          for sp in (True, False)]
-FOUR = VARIANTS[:2] + FSDP_TP + [DDP_TP] + PP_TP        # 4 ranks: no loss parallel; 2 x 2 meshes after the 1-D
+HSDP_TP = {"sequence_parallel": True, "mesh": [["dp_replicate", 1], ["dp_shard", 2], ["tp", 2]]}
+FOUR = VARIANTS[:2] + FSDP_TP + [DDP_TP] + PP_TP + [HSDP_TP]    # 4 ranks: no loss parallel; 2-D, 3-D after 1-D
 
 
 def _launch(world: int, variants: list, calibrate=None):
@@ -174,3 +175,17 @@ def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
     for r in launch4:
         got = r["variants"][k]
         assert got["local_shapes"] == [[n, list(local_shape(by_name[n], 2))] for n in names[got["stage"]]]
+
+
+def test_hsdp_x_tp_on_a_1x2x2_mesh_equals_the_simulated_plan(launch4):
+    """fully_shard on the (dp_replicate, dp_shard) sub-mesh of a 3-D mesh: torch all-reduces every unit's
+    gradient shard over the replicate group even when it holds one rank; the plan does too (sim/tp/compose.py)."""
+    from distlab.runtime.tp.run import measured_sequence
+    from distlab.sim.tp.compose import collective_sequence as fsdp_tp_sequence
+    from distlab.sim.tp.compose import fsdp_tp_plan
+    k = FOUR.index(HSDP_TP)
+    plan = fsdp_tp_plan(MODEL, Mesh(dict(HSDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
+    for rank in range(4):
+        assert measured_sequence(launch4, k, rank) == fsdp_tp_sequence(plan, rank)
+    assert sum(1 for c in fsdp_tp_sequence(plan, 3) if c[0] == "all_reduce" and c[3] == (3,)) == 3
+    assert all(r["variants"][k]["local_shapes"] == r["variants"][2]["local_shapes"] for r in launch4)

@@ -196,9 +196,10 @@ def rank_task(ctx, payload: dict) -> dict:
         module = parallelize(build_llama(model), mesh["tp"], v.get("sequence_parallel", True),
                              v.get("loss_parallel", False))
         if "dp_shard" in mesh.mesh_dim_names:       # torchtitan's order: TP first, then fully_shard blocks, root
-            for block in module.h:
-                fully_shard(block, mesh=mesh["dp_shard"])
-            fully_shard(module, mesh=mesh["dp_shard"])
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if "dp_replicate" in mesh.mesh_dim_names else mesh["dp_shard"]
+            for block in module.h:                  # HSDP x TP: the 2-D (replicate, shard) sub-mesh
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(module, mesh=dp_mesh)
         if "dp" in mesh.mesh_dim_names:             # DDP x TP: DDP on the dp sub-mesh (TP-local gradients)
             from torch.nn.parallel import DistributedDataParallel
             module = DistributedDataParallel(module, device_mesh=mesh["dp"])

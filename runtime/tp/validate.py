@@ -39,9 +39,10 @@ def prepare(scenario, nproc: int):
     if opts.recompute != "none":
         raise ConfigError(f"the real run does not recompute activations; got recompute {opts.recompute!r}; "
                           "allowed for a real run: none", "tp.recompute")
-    extra = [k for k in mesh.names if k not in ("tp", "dp_shard", "dp")]
+    extra = [k for k in mesh.names if k not in ("tp", "dp_shard", "dp", "dp_replicate", "pp")]
     if extra:
-        raise ConfigError(f"the real TP run has mesh dimensions tp, dp_shard and dp only; got {', '.join(extra)}",
+        raise ConfigError(f"the real TP run has mesh dimensions tp, dp_shard, dp_replicate, dp and pp only; got "
+                          f"{', '.join(extra)}",
                           "mesh")
     variant = {"model": built.model, "sequence_parallel": opts.sequence_parallel,
                "loss_parallel": opts.loss_parallel, "mesh": [[k, v] for k, v in mesh.as_dict().items()]}

@@ -7,6 +7,12 @@ The program is FSDP2's (sim/fsdp/plan.py, on the model with TP-local shapes) wit
 by that layer's TP segment (sim/tp/plan.py ``Segments``). Sequence-parallel norms: FSDP2's post-backward
 all-reduces each Partial(sum) gradient over tp once, just before the unit's reduce-scatter (so the optimizer
 reads Replicate gradients and issues nothing). As seen with torch 2.13 on gloo (tests/test_tp_runtime.py).
+
+HSDP x TP (3-D mesh dp_replicate, dp_shard, tp): ``fully_shard`` on the 2-D (dp_replicate, dp_shard) sub-mesh;
+after each unit's reduce-scatter FSDP2 all-reduces the shard over dp_replicate (sim/fsdp/plan.py). torch issues
+that all-reduce whenever the dp mesh is 2-D, even over a replicate group of one rank
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: ``if all_reduce_group is not
+None``), so with dp_replicate 1 the plan has it too (a 1-rank group: no time).
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
     base = fsdp_plan(local, mesh, fsdp_opts, where=where)
     partial = {q.name for q in partial_grad_params(model, tp_opts.sequence_parallel)}
     units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(local)}
+    replicate_of_one = "dp_replicate" in mesh and mesh.size("dp_replicate") == 1
     ranks = []
     for r, ops in enumerate(base.ranks):
         p = _Program(mesh.group_of(r, "tp"), model.config["dtype"])
@@ -57,6 +64,10 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
                 if isinstance(op, Compute) and op.name.startswith("copy-in grads "):
                     seg.partial_grads(units[op.name.removeprefix("copy-in grads ")], 1, "backward")
                 p.ops.append(op)
+                if replicate_of_one and isinstance(op, Collective) and op.op == "reduce_scatter":
+                    unit = op.name.removeprefix("reduce_scatter ")
+                    p.ops.append(Collective("all_reduce", op.bytes // len(op.group), op.dtype, (r,),
+                                            name=f"all_reduce {unit} backward", stream=op.stream))
         ranks.append(p.ops)
     meta = {**base.meta, "builder": "fsdp_tp", "tp": tp, "sequence_parallel": tp_opts.sequence_parallel}
     return Plan(ranks, name=name or f"fsdp{mesh.size('dp_shard')}-tp{tp}-{model.name}", meta=meta).validate()

@@ -1,7 +1,7 @@
 """The ``tp`` workload: tensor parallelism (+ sequence parallelism) over mesh dimension ``tp``, as torch 2.13's
 ``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
 dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
-(sim/tp/compose.py, FSDP2's defaults); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults);
+(sim/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults);
 with ``pp`` PP x TP (sim/tp/pipeline.py; dp then replicates the pipeline).
 Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
@@ -22,16 +22,16 @@ from distlab.sim.workloads.base import Workload
 def build(model, mesh, opts: TPOptions, cluster):
     """TP alone, FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1, DDP x TP when dp > 1,
     PP x TP (x dp replicas of the pipeline) when pp > 1."""
-    dp, dp_shard, pp = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp"))
-    if dp > 1 and dp_shard > 1 or pp > 1 and dp_shard > 1:
-        raise ConfigError(f"dp_shard {dp_shard} (FSDP2) with dp {dp} (DDP) or pp {pp} is not built yet; allowed: "
-                          "dp_shard > 1 with tp alone", "tp: mesh")
+    dp, dp_shard, pp, rep = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp", "dp_replicate"))
+    if dp > 1 and dp_shard > 1 or pp > 1 and dp_shard > 1 or "dp_replicate" in mesh and (dp > 1 or pp > 1):
+        raise ConfigError(f"dp_shard {dp_shard} (FSDP2) or dp_replicate {rep} (HSDP) with dp {dp} (DDP) or pp {pp} "
+                          "is not built yet; allowed: dp_shard (and dp_replicate) with tp alone", "tp: mesh")
     if pp > 1:
         spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
         plan = pp_tp_plan(model, mesh, spec, opts)
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
-    elif dp_shard > 1:
+    elif dp_shard > 1 or "dp_replicate" in mesh:
         plan = fsdp_tp_plan(model, mesh, tp_opts=opts)
     else:
         plan = tp_plan(model, mesh, opts)
@@ -79,7 +79,8 @@ def report(result) -> dict:
     seq = collective_sequence(result.plan, 0)
     ops = [o for o in result.plan.ranks[0] if isinstance(o, Collective)]
     for o, (op, nbytes, _, _, phase) in zip(ops, seq):
-        dim = "tp" if o.name.startswith("tp ") else "dp" if o.name.startswith(("dp ", "grad all_reduce")) else "dp_shard"
+        dim = "tp" if o.name.startswith("tp ") else "dp" if o.name.startswith(("dp ", "grad all_reduce")) else \
+            "dp_replicate" if o.name.startswith("all_reduce ") else "dp_shard"
         key = (dim, op, phase)
         n, b = counts.get(key, (0, 0))
         counts[key] = (n + 1, b + nbytes)
@@ -90,6 +91,8 @@ def report(result) -> dict:
     rows = [["tp group size", result.mesh.size("tp")], ["sequence parallel", result.options.sequence_parallel]]
     if "dp_shard" in result.mesh:
         rows.append(["FSDP2 shard group size (dp_shard)", result.mesh.size("dp_shard")])
+    if "dp_replicate" in result.mesh:
+        rows.append(["HSDP replicas (dp_replicate)", result.mesh.size("dp_replicate")])
     if "dp" in result.mesh:
         rows.append(["DDP replicas (dp)", result.mesh.size("dp")])
     if "pp" in result.mesh:
@@ -104,6 +107,6 @@ def report(result) -> dict:
 WORKLOAD = Workload(
     name="tp", help="tensor parallelism (+ sequence parallelism) over tp: linears sharded column- and row-wise as "
                     "torchtitan's Llama plan; FSDP2 x TP with a dp_shard dimension, DDP x TP with dp",
-    dims=("dp", "dp_shard", "pp", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
+    dims=("dp", "dp_replicate", "dp_shard", "pp", "tp"), required_dims=("tp",), fill_dim="dp_shard", options=TPOptions, build=build,
     report=report, dim_words={"tp": "tensor-parallel ranks", "dp_shard": "FSDP2 shard group size",
-                                  "dp": "DDP replicas", "pp": "pipeline stages"})
+                                  "dp": "DDP replicas", "pp": "pipeline stages", "dp_replicate": "HSDP replicas"})
