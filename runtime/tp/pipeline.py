@@ -7,6 +7,7 @@ and backward chunks) and every point-to-point send and receive (c10d ``send``/``
 shard shapes and the step time. No optimizer (the simulated pipeline plans have none)."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch.nn as nn
@@ -34,16 +35,17 @@ def _loss(logits, target):
     return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
 
-def run_variant(ctx, v: dict, steps: int, warmup: int) -> dict:
+def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | None = None) -> dict:
     """One PP x TP variant on this rank: {model, sequence_parallel, mesh [[pp, n], [tp, n]], schedule,
-    microbatches}."""
+    microbatches}; ``tp``: the runtime/tp/run.py module (its capture, plan and shapes). With ``calibrate``
+    (runtime/tp/calibrate.py sizes), one calibration round on the tp group before each captured step and one
+    uncaptured step after it (``plain_time``), as runtime/tp/run.py does for the other compositions."""
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining as pp
     from torch.distributed.device_mesh import init_device_mesh
 
     from distlab.runtime.tp.model import build_llama
-    from distlab.runtime.tp.run import CollectiveCapture, local_shapes, parallelize
     from distlab.sim.models import model_from_spec
     from distlab.sim.pipeline.plan import stage_ranges
     model = model_from_spec(v["model"])
@@ -52,32 +54,39 @@ def run_variant(ctx, v: dict, steps: int, warmup: int) -> dict:
     n_stages, s = mesh["pp"].size(), mesh["pp"].get_local_rank()
     names = [model.layers[i].name for i in stage_ranges(model, n_stages)[s]]
     torch.manual_seed(0)
-    module = parallelize(Stage(build_llama(model), names), mesh["tp"], v.get("sequence_parallel", True))
+    module = tp.parallelize(Stage(build_llama(model), names), mesh["tp"], v.get("sequence_parallel", True))
     stage = pp.PipelineStage(module, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
     m = v.get("microbatches", 2)
     cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[v.get("schedule", "1f1b")]
     sched = cls(stage, m, loss_fn=_loss)
     c = model.config
     x = torch.randint(0, c["vocab"], (c["micro_batch"] * m, c["seq_len"]))
-    cap = CollectiveCapture()
+    cap = tp.CollectiveCapture()
     _phases(stage, cap)
-    out = []
-    for i in range(warmup + steps):
+    kwargs = {"target": x.roll(-1, 1)} if s == n_stages - 1 else {}
+    args = (x,) if s == 0 else ()
+
+    def step(capture: bool) -> float:
         module.zero_grad(set_to_none=True)
         cap.calls, cap.spans = [], []
         dist.barrier()
         t0 = time.perf_counter()
-        kwargs = {"target": x.roll(-1, 1)} if s == n_stages - 1 else {}
-        with cap if i >= warmup else _null():
-            sched.step(*((x,) if s == 0 else ()), **kwargs)
+        with cap if capture else contextlib.nullcontext():
+            sched.step(*args, **kwargs)
+        return time.perf_counter() - t0
+    from distlab.runtime.tp.calibrate import Calibrator
+    cal = Calibrator(calibrate, model, mesh["tp"].get_group()) if calibrate else None
+    out = []
+    for i in range(warmup + steps):
+        if cal and i >= warmup:
+            cal.round()
+        t = step(i >= warmup)
         if i >= warmup:
-            out.append({"time": time.perf_counter() - t0, "calls": list(cap.calls)})
-    return {"local_shapes": local_shapes(module), "steps": out, "stage": s}
-
-
-def _null():
-    import contextlib
-    return contextlib.nullcontext()
+            out.append({"time": t, "calls": list(cap.calls), "spans": [], "phases": []})
+            if cal:
+                out[-1]["plain_time"] = step(False)
+    return {"local_shapes": tp.local_shapes(module), "steps": out, "stage": s,
+            **({"calibration": cal.results()} if cal else {})}
 
 
 def _phases(stage, cap) -> None:

@@ -13,6 +13,7 @@ replicated plain tensors.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -187,7 +188,8 @@ def rank_task(ctx, payload: dict) -> dict:
     for vi, v in enumerate(payload["variants"]):
         if "pp" in dict(v.get("mesh") or []):
             from distlab.runtime.tp.pipeline import run_variant
-            out.append(run_variant(ctx, v, payload.get("steps", 1), payload.get("warmup", 1)))
+            out.append(run_variant(ctx, v, payload.get("steps", 1), payload.get("warmup", 1), sys.modules[__name__],
+                                   payload.get("calibrate") if vi == 0 else None))
             continue
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["tp", ctx.world_size]]
