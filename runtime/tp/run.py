@@ -232,6 +232,11 @@ def rank_task(ctx, payload: dict) -> dict:
             steps.append(st)
         out.append({"local_shapes": shapes if "dp" in mesh.mesh_dim_names else local_shapes(module), "steps": steps,
                     **({"calibration": cal.results()} if cal else {})})
+        if payload.get("comm_debug"):     # one more step under torch's own CommDebugMode (lesson 09)
+            from torch.distributed.tensor.debug import CommDebugMode
+            with CommDebugMode() as mode:
+                _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
+            out[-1]["comm_debug"] = {str(k): n for k, n in mode.get_comm_counts().items()}
     return {"rank": ctx.rank, "variants": out}
 
 
@@ -242,11 +247,12 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
-        calibrate: dict | None = None) -> list:
+        calibrate: dict | None = None, comm_debug: bool = False) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
     mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
-    the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py)."""
+    the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py). ``comm_debug``:
+    one more step per variant under torch's CommDebugMode, its counts per collective kept."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup, "calibrate": calibrate}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate, "comm_debug": comm_debug}
     return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)

@@ -18,3 +18,4 @@ __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "T
            "plot_timeline", "predicted_measured_table", "scenario", "simulate", "summary_table", "sweep", "sweep_table",
            "world_sweep", "zero_bytes", "zero_table", "pipeline_measured_table", "pipeline_metrics",
            "pipeline_sweep_table", "pipeline_table", "pipeline_trace", "plot_bubble_sweep", "plot_pipeline"]
+from distlab.sim.lessons import bank_tp  # noqa: E402,F401  (registers lesson 09's exercises)

@@ -1,0 +1,29 @@
+"""Lesson 09's real run: the lesson's model (sim/lessons/bank_tp.py LESSON_MODEL) under plain TP and TP + SP on
+2 gloo ranks, one launch: each rank's collectives as runtime/tp/run.py records them, and the counts torch's own
+CommDebugMode (torch/distributed/tensor/debug/_comm_mode.py) reports for one more step."""
+from __future__ import annotations
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+def _kind(op_name: str) -> str:
+    """CommDebugMode's key (e.g. ``c10d_functional.all_gather_into_tensor``) -> all_gather."""
+    return next((k for k in KINDS if k in op_name), op_name)
+
+
+def tp_commdebug(world: int = 2) -> dict:
+    """{world_size, variants: [{sequence_parallel, sequence (rank 0, kind, bytes, dtype, group, phase),
+    comm_debug {kind: calls}}]} for plain TP and TP + SP."""
+    from distlab.runtime.tp.run import measured_sequence, run
+    from distlab.sim.lessons.bank_tp import LESSON_MODEL
+    variants = [{"model": LESSON_MODEL, "sequence_parallel": sp} for sp in (False, True)]
+    results = run(variants, world=world, steps=1, warmup=1, comm_debug=True)
+    rank0 = next(r for r in results if r["rank"] == 0)["variants"]
+    out = []
+    for i, v in enumerate(variants):
+        counts: dict = {}
+        for name, n in rank0[i]["comm_debug"].items():
+            counts[_kind(name)] = counts.get(_kind(name), 0) + n
+        out.append({"sequence_parallel": v["sequence_parallel"], "comm_debug": counts,
+                    "sequence": [list(c) for c in measured_sequence(results, i, 0)]})
+    return {"world_size": world, "variants": out}
