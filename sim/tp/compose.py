@@ -16,11 +16,13 @@ None``), so with dp_replicate 1 the plan has it too (a 1-rank group: no time).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distlab.sim.errors import ConfigError
 from distlab.sim.fsdp.plan import FSDPOptions, fsdp_plan, units_of
 from distlab.sim.models import Layer, Model, Param
 from distlab.sim.plan import Collective, Compute, Plan
-from distlab.sim.tp.plan import PHASES, Segments, TPOptions, _Program
+from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS, PHASES, Segments, TPOptions, _Program
 from distlab.sim.tp.rules import check_divides, local_shape, partial_grad_params
 
 
@@ -60,6 +62,8 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
                 seg.forward(rest)
             elif isinstance(op, Compute) and kind == "bwd":
                 seg.backward(rest)
+            elif isinstance(op, Compute) and op.name == "optimizer":   # AdamW on DTensor shards: every one
+                p.ops.append(replace(op, launches=ADAMW_DTENSOR_OPS * len(model.params)))     # a DTensor
             else:
                 if isinstance(op, Compute) and op.name.startswith("copy-in grads "):
                     seg.partial_grads(units[op.name.removeprefix("copy-in grads ")], 1, "backward")
