@@ -1,4 +1,4 @@
-"""PP x TP in the simulator (sim/tp/pipeline.py; not yet checked against real torch pipelining): each stage's
+"""PP x TP in the simulator (sim/tp/pipeline.py; against real torch pipelining: tests/test_tp_runtime.py): each stage's
 forward and backward actions carry the TP collectives of its layers, on the rank's TP group, once per
 micro-batch; stage boundaries send the TP-local (SP: sequence-sharded) tensor; dp replicas all-reduce the
 TP-local stage gradients; schedules that split the backward are refused."""

@@ -154,3 +154,46 @@ def test_hsdp_x_tp_on_a_3d_mesh_all_reduces_each_shard_over_the_replicas():
     mem = r.report["json"]["memory"]["breakdown_bytes"]
     assert mem == two_d.report["json"]["memory"]["breakdown_bytes"]
     assert ["dp_replicate", "all_reduce", "backward", 3] == r.report["tables"][0]["rows"][-1][:4]
+
+
+def test_dtensor_launches_cost_launch_s_each_on_the_critical_path():
+    """Each Compute op of a TP plan carries the DTensor ops it dispatches (sim/tp/plan.py DTENSOR_OPS; real
+    counts checked in tests/test_tp_runtime.py); the engine adds launches x launch_s. TP's compute and
+    collectives are serial, so the step grows by exactly the sum; a tp = 1 plan has none."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute
+    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS, DTENSOR_OPS
+    model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
+                arch="llama", ffn_hidden=64)
+    plan = tp_plan(model, Mesh({"tp": 2}), TPOptions())
+    n = sum(o.launches for o in plan.ranks[0] if isinstance(o, Compute))
+    d = DTENSOR_OPS[True]
+    assert n == 2 * (d["block fwd"] + d["block bwd"]) + d["ends fwd"] + d["ends bwd"] + ADAMW_DTENSOR_OPS * 21
+    base = PRESETS["localhost-cpu"]
+    slow = replace(base, gpu=replace(base.gpu, launch_s=1e-3))
+    assert simulate(plan, slow).makespan - simulate(plan, base).makespan == pytest.approx(n * 1e-3)
+    one = tp_plan(model, Mesh({"tp": 1}), TPOptions())
+    assert all(o.launches == 0 for o in one.ranks[0] if isinstance(o, Compute))
+    assert "launches" not in one.to_json()            # plans without launches serialize as before
+
+
+def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
+    """runtime/tp/calibrate.py fit_cluster: launch_s = DTensor op - local op (median over rounds of the slowest
+    rank); latency-bound collectives whose line fit comes out negative (a larger size timed faster) keep α =
+    the shortest time instead of dropping it to 0."""
+    from distlab.runtime.tp.calibrate import fit_cluster
+    model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
+                arch="llama", ffn_hidden=64)
+
+    def rank(scale):
+        coll = {"all_gather": {"2048": [3e-3 * scale] * 3, "65536": [2.5e-3 * scale] * 3}}
+        return {"variants": [{"calibration": {"collectives": coll, "isolated": coll, "fwd_bwd": [6e-3] * 3,
+                                              "optimizer": [1e-3] * 3, "dtensor_op": [20e-6 * scale] * 3,
+                                              "local_op": [3e-6] * 3}}]}
+    cluster = fit_cluster([rank(1.0), rank(1.2)], model, 2, 2)
+    assert cluster.gpu.launch_s == pytest.approx(24e-6 - 3e-6)
+    fit = cluster.calibration["collectives"]["all_gather"]["2"]
+    assert fit["latency_us"] == pytest.approx(2.5e-3 * 1.2 * 1e6, rel=1e-3)    # 1 ring step at n = 2

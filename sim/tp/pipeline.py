@@ -1,4 +1,5 @@
-"""PP x TP (simulator only; not yet checked against torch's pipelining on a real 2 x 2 mesh): mesh dimensions
+"""PP x TP (checked against torch.distributed.pipelining with parallelize_module'd stages on a real 2 x 2 mesh:
+runtime/tp/pipeline.py, tests/test_tp_runtime.py; TP collectives, p2p order and sizes, stage shards): mesh dimensions
 pp (outer; optionally dp outside it) and tp (inner, the fastest-varying, so a TP group stays inside a node).
 
 The program is the pipeline's (sim/pipeline/plan.py on the model with TP-local shapes, so stage placement,
