@@ -197,3 +197,4 @@ def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
     assert cluster.gpu.launch_s == pytest.approx(24e-6 - 3e-6)
     fit = cluster.calibration["collectives"]["all_gather"]["2"]
     assert fit["latency_us"] == pytest.approx(2.5e-3 * 1.2 * 1e6, rel=1e-3)    # 1 ring step at n = 2
+    assert cluster.intra_node.latency_us == fit["latency_us"]         # a stage-to-stage send: one hop

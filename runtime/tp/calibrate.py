@@ -16,8 +16,9 @@ and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least squares ove
 the largest size if α comes out negative); a memory rate M = 28 B x local elements / AdamW time (sim/tp/plan.py
 ADAM_BYTES) and a compute rate F (bisection) such that the roofline sum of max(flops/F, bytes/M) over the tp = 1
 plan's forward and backward ops equals the measured unparallelized forward+backward; the GPU spec's ``launch_s``
-= DTensor op time - local op time (sim/tp/plan.py: launches). Per quantity: the median over rounds of the
-slowest rank.
+= DTensor op time - local op time (sim/tp/plan.py: launches); the link latency (PP x TP's sends between
+stages) = the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken). Per
+quantity: the median over rounds of the slowest rank.
 """
 from __future__ import annotations
 
@@ -182,4 +183,6 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
     from distlab.runtime.validation import roofline_cluster
     cluster = roofline_cluster(work, fb, M, world, coll)
     launch = _over_rounds(cals, lambda c: c["dtensor_op"]) - _over_rounds(cals, lambda c: c["local_op"])
-    return replace(cluster, gpu=replace(cluster.gpu, launch_s=max(launch, 0.0)))
+    hop = coll.get("all_gather", {}).get(str(tp), {}).get("latency_us", cluster.intra_node.latency_us)
+    return replace(cluster, gpu=replace(cluster.gpu, launch_s=max(launch, 0.0)),
+                   intra_node=replace(cluster.intra_node, latency_us=hop))

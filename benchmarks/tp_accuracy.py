@@ -1,0 +1,51 @@
+"""Predicted vs measured step time of TP, FSDP2 x TP and PP x TP on 4 gloo ranks: is the simulator within 20%?
+
+    python benchmarks/tp_accuracy.py [--steps 7] [--only tp,fsdp_tp,pp_tp] [--tolerance 20]
+
+Per composition, one launch (runtime/tp/validate.py ``validate_tp``) of the model of scenarios/tp-cpu.yaml on a
+mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches): before each captured step
+one calibration round on the tp group (collectives at the plan's sizes in the step's duty cycle, the DTensor op
+overhead ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
+it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
+measured steps, the error, the spread (min, max), whether the collective sequences match, and the machine's
+load (runtime/load.py) before and after. Exit 1 if any |error| exceeds --tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+MESHES = {"tp": {"tp": 4}, "fsdp_tp": {"dp_shard": 2, "tp": 2}, "pp_tp": {"pp": 2, "tp": 2}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--only", default=",".join(MESHES), help="compositions: " + ", ".join(MESHES))
+    p.add_argument("--tolerance", type=float, default=20.0, help="allowed |error| in percent")
+    args = p.parse_args(argv)
+    from distlab.runtime.load import sample
+    from distlab.runtime.tp.validate import validate_tp
+    from distlab.sim.io import load_yaml
+    base = load_yaml("scenarios/tp-cpu.yaml")
+    worst = 0.0
+    print(f"{'composition':12} {'predicted':>10} {'measured':>10} {'error':>7}  spread (min..max)  sequences  launch_s")
+    for name in args.only.split(","):
+        before = sample()
+        d = {**base, "mesh": MESHES[name], "world_size": 4, "tp": {**base["tp"], "microbatches": 2}}
+        r = validate_tp(d, nproc=4, steps=args.steps)
+        row = r["rows"][0]
+        err = 100 * (row["predicted_s"] / row["measured_s"] - 1)
+        worst = max(worst, abs(err))
+        print(f"{name:12} {row['predicted_s'] * 1e3:8.1f}ms {row['measured_s'] * 1e3:8.1f}ms {err:+6.0f}%  "
+              f"{min(row['repeats']) * 1e3:.0f}..{max(row['repeats']) * 1e3:.0f} ms"
+              f" (sd {statistics.pstdev(row['repeats']) * 1e3:.0f})  "
+              f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us")
+        for when, load in (("before", before), ("after", sample())):
+            print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
+    return 0 if worst <= args.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
