@@ -2,7 +2,8 @@
 plan's collectives: kind, order, bytes, dtype, group and phase (forward, backward, optimizer) per rank, for a
 whole Llama-style model (vocabulary-parallel embedding, grouped-query attention, SwiGLU, final norm, head), in
 plain TP and TP + SP, with and without loss parallel, on 2 and 4 ranks, with the DTensor ops per phase the plan
-counts; FSDP2 x TP, DDP x TP and PP x TP (torch.distributed.pipelining, p2p included) on 2 x 2 meshes; and the
+counts; FSDP2 x TP, DDP x TP and PP x TP (torch.distributed.pipelining, p2p included) on 2 x 2 meshes, HSDP x TP
+on a 1 x 2 x 2 mesh; and the
 simulated local parameter shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
 rounds of `distlab validate --scenario scenarios/tp-cpu.yaml` (its model and plan are variant 0's), whose rows
 (runtime/tp/validate.py) are checked here without a launch of their own."""
