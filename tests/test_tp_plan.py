@@ -198,3 +198,21 @@ def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
     fit = cluster.calibration["collectives"]["all_gather"]["2"]
     assert fit["latency_us"] == pytest.approx(2.5e-3 * 1.2 * 1e6, rel=1e-3)    # 1 ring step at n = 2
     assert cluster.intra_node.latency_us == fit["latency_us"]         # a stage-to-stage send: one hop
+
+
+def test_cli_memory_of_a_tp_scenario(cli, tmp_path):
+    """`distlab memory --scenario`: the mesh, a custom model and recompute of a tp scenario; GB and GiB labelled;
+    what does not fit flagged; a scenario without a tp section refused in one line."""
+    big = _yaml(tmp_path, "model: {arch: llama, layers: 4, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: "
+                          "53248, seq_len: 4096, vocab: 128256, dtype: bfloat16}\nmesh: {tp: 2}\ntp: {}\n"
+                          "cluster: dgx-h100\nworld_size: 2\n")
+    rc, out, err = cli("memory", "--scenario", big)
+    assert rc == 0 and "1 GiB = 2^30 bytes" in out and "NO: over 80 GiB" in out and "warning: does not fit" in out
+    custom = _yaml(tmp_path, "model: {arch: llama, layers: 4, hidden: 1024, heads: 16, kv_heads: 4, seq_len: 2048, "
+                             "vocab: 32000}\nmesh: {dp_shard: 2, tp: 4}\ntp: {recompute: selective}\n"
+                             "cluster: dgx-h100\n")
+    rc, out, err = cli("memory", "--scenario", custom, "--json")
+    r = json.loads(out)
+    assert rc == 0 and r["mesh"] == {"dp_shard": 2, "tp": 4} and r["fits"] and "selective" in r["activations"]
+    rc, out, err = cli("memory", "--scenario", "scenarios/fsdp-cpu.yaml")
+    assert rc == 2 and "--scenario takes a scenario with a tp: section" in err and len(err.strip().splitlines()) == 1

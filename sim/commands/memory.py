@@ -24,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-reshard", action="store_true", help="ZeRO-3: reshard_after_forward=False")
     p.add_argument("--gpu", default="h100", help="GPU whose memory to check against (a preset name or GiB; "
                                                  "default h100, 80 GiB)")
+    p.add_argument("--scenario", help="a scenario YAML with a tp: section (its mesh, model, recompute): the "
+                                      "per-GPU memory of that layout (TP, SP, FSDP2/HSDP x TP, DDP x TP, PP x TP; "
+                                      "sim/workloads/tp.py); the other options are then ignored")
     p.add_argument("--json", action="store_true", help="print results as JSON")
 
 
@@ -48,6 +51,8 @@ def _gpu_GiB(text: str) -> tuple[str, float]:
 
 
 def run(args) -> int:
+    if getattr(args, "scenario", None):
+        return _scenario(args)
     from distlab.sim.fsdp.memory import estimate, fits
     from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
@@ -90,3 +95,24 @@ def stage_json(zero: int, parts: dict, selected: bool) -> dict:
     terms = {f"{k.replace(' ', '_')}_bytes": v for k, v in parts.items() if k not in ("total", "fits")}
     return {"stage": LABELS[zero], "zero": zero, "selected": selected, **terms, "total_bytes": parts["total"],
             "fits": parts["fits"]}
+
+
+def _scenario(args) -> int:
+    """``--scenario``: the tp workload's memory report (local shards, Korthikanti et al. 2022 activations)."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.workloads.tp import memory
+    result = sc.build(sc.load(args.scenario))
+    if result.workload.name != "tp":
+        raise ConfigError(f"--scenario takes a scenario with a tp: section; this one is {result.workload.name}",
+                          "--scenario")
+    mem = memory(result)
+    if args.json:
+        print_json({"model": result.model.summary(), "world_size": result.mesh.world_size,
+                    "mesh": result.mesh.as_dict(), **mem["json"]})
+        return 0
+    print(f"model: {result.model.summary()}")
+    print(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}")
+    print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
+    for w in mem["warnings"]:
+        print(f"warning: {w}")
+    return 0
