@@ -68,10 +68,17 @@ class CostCache:
         return simulate(Plan(ranks, name="p2p").validate(), small, record_transfers=False).makespan
 
     def _cut(self, group: tuple):
-        """The cluster cut down to the nodes ``group`` spans (renumbered in order), and the group on it."""
+        """The cluster cut down to the nodes ``group`` spans (renumbered in order), and the group on it. A group
+        with one rank per node on a fabric with a NIC per GPU runs as on nodes of one GPU and one NIC (what NCCL
+        sees too: one rank per node), so its cost does not grow with the GPUs left idle beside it."""
+        from dataclasses import replace
         nodes = sorted({r // self.gpn for r in group})
         index = {node: i for i, node in enumerate(nodes)}
-        small = self.cluster.with_nodes(len(nodes))
+        c = self.cluster
+        if len(nodes) == len(group) > 1 and c.inter_node.nics_per_node == self.gpn and self.gpn > 1:
+            small = replace(c, nodes=len(nodes), gpus_per_node=1, inter_node=replace(c.inter_node, nics_per_node=1))
+            return small, tuple(range(len(group)))
+        small = c.with_nodes(len(nodes))
         return small, tuple(index[r // self.gpn] * self.gpn + r % self.gpn for r in group)
 
 

@@ -28,15 +28,16 @@ def largest_difference(a, b) -> tuple[str, float]:
     return name, diffs[name]
 
 
-def neighbours(L: Layout, world: int, global_batch: int) -> list[tuple[str, Layout]]:
+def neighbours(L: Layout, world: int, global_batch: int, layers: int) -> list[tuple[str, Layout]]:
     """Layouts one change away from L that keep the world size and the global batch: tp or pp doubled or
     halved (dp takes the rest), micro-batch doubled or halved (micro-batches take the rest), sequence
-    parallelism toggled, another recompute, schedule or data-parallel kind."""
+    parallelism toggled, another recompute, schedule or data-parallel kind. Stages split the ``layers`` evenly."""
     out = []
 
     def add(what: str, **kw):
         M = replace(L, **kw)
-        if M.world_size == world and M.dp * M.micro_batch * M.microbatches == global_batch and M != L:
+        ok = M.world_size == world and M.dp * M.micro_batch * M.microbatches == global_batch and layers % M.pp == 0
+        if ok and M != L and not (M.schedule == "1f1b" and M.pp > 1 and M.microbatches < M.pp):
             out.append((what, M))
 
     for f in (2, 0.5):
@@ -75,7 +76,8 @@ def first_vs_second(search, estimator) -> dict | None:
     term, seconds = largest_difference(a, b)
     best = None
     q = search.question
-    for what, M in neighbours(b.layout, q["world_size"], q["global_batch"]):
+    layers = estimator.model(1).config["layers"]
+    for what, M in neighbours(b.layout, q["world_size"], q["global_batch"], layers):
         mem = sum(estimator.memory(M).values())
         if not fits(mem, search.gpu_GiB):
             continue

@@ -93,21 +93,21 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
         if world % tp:
             continue
         for pp in divisors(world // tp):
-            if pp > min(layers, max_pp or layers):
-                continue
+            if layers % pp or pp > (max_pp or layers):
+                continue                      # stages split the blocks evenly (the builders' default split)
             dp = world // (tp * pp)
             for mb in micro_batches:
                 if global_batch % (dp * mb):
                     continue
                 m = global_batch // (dp * mb)
-                if pp > 1 and m < pp:
-                    continue                  # 1F1B and GPipe need m >= p to fill the pipeline (torch refuses fewer)
                 if pp == 1 and m != 1:
                     continue                  # no gradient accumulation in the builders
                 for sp in ((True, False) if tp > 1 else (False,)):
                     for rc in RECOMPUTE:
                         if pp > 1:
                             for sched in SCHEDULES:
+                                if sched == "1f1b" and m < pp:
+                                    continue  # torch's Schedule1F1B refuses fewer micro-batches than stages
                                 out.append(Layout(tp, pp, dp, "ddp", mb, m, sp, rc, sched))
                         else:
                             for kind in (("ddp", "fsdp") if dp > 1 else ("ddp",)):
@@ -115,11 +115,11 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
     return out
 
 
-def batch_suggestions(world: int, global_batch: int, tps: list[int], layers: int, count: int = 3) -> list[int]:
+def batch_suggestions(world: int, global_batch: int, tps: list[int], layers: int, count: int = 2) -> list[int]:
     """Global batches near ``global_batch`` that some layout divides (for the bad-input message)."""
     def ok(b: int) -> bool:
         return any(b % (world // (tp * pp)) == 0 for tp in tps if world % tp == 0
-                   for pp in divisors(world // tp) if pp <= layers)
+                   for pp in divisors(world // tp) if layers % pp == 0)
     below = [b for b in range(global_batch - 1, 0, -1) if ok(b)][:count]
     above = [b for b in range(global_batch + 1, 4 * global_batch + world + 1) if ok(b)][:count]
     return sorted(below + above)

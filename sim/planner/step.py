@@ -44,12 +44,19 @@ class Estimator:
         """Bytes per GPU by part (params, grads, optimizer, activations), as `distlab simulate` reports them."""
         from distlab.sim.tp.memory import tp_memory
         from distlab.sim.workloads.tp import first_stage_memory
-        model = self.model(L.micro_batch)
-        o = self.options(L)
-        parts = tp_memory(model, L.tp, o.sequence_parallel, L.recompute, L.dp if L.dp_kind == "fsdp" else 1)
-        if L.pp > 1:
-            view = SimpleNamespace(model=model, options=o, mesh=Mesh(L.mesh()))
-            parts = first_stage_memory(view, parts)
+        sp = L.sequence_parallel and L.tp > 1
+        in_flight = (min(L.pp, L.microbatches) if L.schedule == "1f1b" else L.microbatches) if L.pp > 1 else 1
+        shard = L.dp if L.dp_kind == "fsdp" else 1
+        key = ("memory", L.tp, sp, L.recompute, shard, L.pp, in_flight)
+        if key not in self._layers:          # at micro-batch 1: activations scale with it (Table 2: s·b·h·...)
+            model = self.model(1)
+            parts = tp_memory(model, L.tp, sp, L.recompute, shard)
+            if L.pp > 1:
+                view = SimpleNamespace(model=model, options=self.options(L), mesh=Mesh(L.mesh()))
+                parts = first_stage_memory(view, parts)
+            self._layers[key] = parts
+        parts = dict(self._layers[key])
+        parts["activations"] *= L.micro_batch
         return parts
 
     # -- time --------------------------------------------------------------------------------------------
