@@ -12,6 +12,7 @@ COMMANDS = [
     "distlab.sim.commands.collective",
     "distlab.sim.commands.check",
     "distlab.sim.commands.memory",
+    "distlab.sim.commands.plan",
     "distlab.sim.commands.lessons",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",

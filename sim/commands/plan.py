@@ -1,0 +1,135 @@
+"""`distlab plan`: the best layout for a model on a cluster, searched, simulated and explained."""
+from __future__ import annotations
+
+from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.errors import ConfigError
+
+NAME = "plan"
+HELP = ("Search the layouts (tp, pp, dp/FSDP, micro-batches, recompute, schedule) of a model on a cluster: drop what "
+        "does not fit, estimate the rest, confirm the best with the simulator, rank and explain them.")
+KEYS = ("model", "cluster", "nodes", "global_batch", "seq_len", "confirm")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("question", nargs="?", help="a YAML file with keys model, cluster, nodes, global_batch "
+                                               "[, seq_len, confirm]; flags override it")
+    p.add_argument("--model", help="a model preset (e.g. llama3-70b); default llama3-8b")
+    p.add_argument("--cluster", help="a cluster preset or file (default dgx-h100)")
+    p.add_argument("--nodes", type=int, help="nodes (default 2)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (default 64)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--confirm", type=int, help="simulate this many of the best estimates (default 3)")
+    p.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    p.add_argument("--save", help="write the chosen layout (#1) as a scenario file (.yaml) that `distlab simulate` "
+                                  "and `distlab validate` take")
+    p.add_argument("--plot", help="write a Pareto figure (step time against memory per GPU), e.g. plan.png")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+
+
+def question(args) -> dict:
+    """The question from the YAML file (if any) and the flags, validated."""
+    from distlab.sim.io import load_yaml
+    q = {"model": "llama3-8b", "cluster": "dgx-h100", "nodes": 2, "global_batch": 64, "seq_len": None, "confirm": 3}
+    if args.question:
+        d = load_yaml(args.question)
+        if not isinstance(d, dict):
+            raise ConfigError(f"must be a mapping with keys {', '.join(KEYS)}", args.question)
+        for k in d:
+            if k not in KEYS:
+                raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(KEYS)}", args.question)
+        q.update(d)
+    for k in KEYS:
+        v = getattr(args, k, None)
+        if v is not None:
+            q[k] = v
+    for k in ("nodes", "global_batch", "confirm"):
+        if not isinstance(q[k], int) or isinstance(q[k], bool) or q[k] < (0 if k == "confirm" else 1):
+            raise ConfigError(f"{q[k]!r} must be a whole number >= {0 if k == 'confirm' else 1}",
+                              "--" + k.replace("_", "-"))
+    model = q["model"] if isinstance(q["model"], dict) else {"preset": q["model"]}
+    if q["seq_len"] is not None:
+        model = {**model, "seq_len": q["seq_len"]}
+    q["model"] = model
+    return q
+
+
+def run(args) -> int:
+    from distlab.sim.io import check_outputs
+    from distlab.sim.models import model_from_spec
+    from distlab.sim.planner import explain
+    from distlab.sim.planner.search import search
+    q = question(args)
+    check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
+    model_from_spec({**q["model"], "micro_batch": 1}, "--model")
+    bar = _Bar(not args.json)
+    s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update)
+    bar.close()
+    why = explain.first_vs_second(s, s.estimator)
+    fams = explain.families(s)
+    top = s.ranked[:max(args.top, 1)]
+    if args.save:
+        _save(args.save, s)
+    if args.plot:
+        from distlab.sim.planner.figure import pareto
+        from distlab.sim.io import save_figure
+        save_figure(pareto(s), args.plot)
+    if args.json:
+        print_json({"question": {k: v for k, v in s.question.items()}, "gpu_memory_GiB": s.gpu_GiB,
+                    "candidates": len(s.all), "fit": len(s.ranked), "confirmed": s.confirmed,
+                    "ranked": [{"rank": i + 1, "layout": c.layout.to_dict(), "label": c.layout.label(),
+                                **explain.breakdown(s, c)} for i, c in enumerate(top)],
+                    "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
+        return 0
+    print(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
+          f"{len(s.ranked)} fit, best {s.confirmed} simulated")
+    rows = []
+    for i, c in enumerate(top):
+        b = explain.breakdown(s, c)
+        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("" if c.simulated_s is not None else " ~"),
+                     f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
+                     f"{b['headroom_GiB']:.1f}"])
+    print_table("layouts, fastest first (~ = estimate; others simulated)",
+                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows)
+    b = explain.breakdown(s, s.ranked[0])
+    print_table("#1 term by term (estimate)", ["term", "ms"],
+                [[name, f"{b[name] * 1e3:.1f}"] for name in explain.TERMS.values()])
+    if why:
+        line = (f"#1 beats #2 by {why['gap_s'] * 1e3:.1f} ms; the term that differs most: {why['term']} "
+                f"(+{why['term_gap_s'] * 1e3:.1f} ms in #2).")
+        if "change" in why:
+            line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
+                     f"ms ({'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
+        print(line)
+    print_table("the best of each family", ["family", "best layout", "step ms", "why it lost"],
+                [[f["family"], f["best"] or "-", f"{f['step_s'] * 1e3:.1f}" if f.get("step_s") else "-", f["why"]]
+                 for f in fams])
+    if args.save:
+        print(f"saved #1 as {args.save} (distlab simulate {args.save})")
+    return 0
+
+
+def _save(path: str, s) -> None:
+    import yaml
+    from distlab.sim.io import write_atomic
+    q, c = s.question, s.ranked[0]
+    d = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
+    d["description"] = (f"distlab plan's #1 for global batch {q['global_batch']}: step {c.step_s * 1e3:.1f} ms, "
+                        f"{c.memory_bytes / 2**30:.1f} GiB per GPU")
+    write_atomic(path, yaml.safe_dump(d, sort_keys=False))
+
+
+class _Bar:
+    """The search's progress bar (rich, on stderr, after 2 s; nothing when not a terminal)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.it, self.total = enabled, None, 0
+
+    def update(self, done: int, total: int) -> None:
+        if self.it is None:
+            self.it = progress(iter(range(total)), total, "estimating layouts", self.enabled)
+        next(self.it, None)
+
+    def close(self) -> None:
+        if self.it is not None:
+            for _ in self.it:
+                pass

@@ -1,0 +1,1 @@
+"""`distlab plan`: search, estimate, confirm and explain layouts (sim/planner/search.py)."""

@@ -1,0 +1,125 @@
+"""Why the planner ranked what it ranked: a breakdown per term, #1 against #2 (the term that differs most, and the
+single change to #2 that closes most of the gap), and the best layout of every family that lost."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from distlab.sim.fsdp.memory import fits
+from distlab.sim.planner.layouts import RECOMPUTE, SCHEDULES, Layout
+
+TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP communication",
+         "dp_comm_exposed_s": "exposed DP/FSDP communication", "bubble_and_p2p_s": "pipeline bubble and p2p"}
+
+
+def breakdown(search, c) -> dict:
+    """Seconds per term (estimate), step (simulated when confirmed), memory and its headroom on the GPU."""
+    gib = search.gpu_GiB
+    out = {name: c.estimate.terms.get(key, 0.0) for key, name in TERMS.items()}
+    out.update({"step_s": c.step_s, "estimate_s": c.estimate.step_s, "simulated_s": c.simulated_s,
+                "memory_GiB": c.memory_bytes / 2**30, "headroom_GiB": gib - c.memory_bytes / 2**30,
+                "mfu": search.mfu(c), "tokens_per_s_per_gpu": search.tokens_per_s_per_gpu(c)})
+    return out
+
+
+def largest_difference(a, b) -> tuple[str, float]:
+    """The term (name, seconds) by which candidate b's estimate exceeds a's the most."""
+    diffs = {name: b.estimate.terms.get(k, 0.0) - a.estimate.terms.get(k, 0.0) for k, name in TERMS.items()}
+    name = max(diffs, key=diffs.get)
+    return name, diffs[name]
+
+
+def neighbours(L: Layout, world: int, global_batch: int, layers: int) -> list[tuple[str, Layout]]:
+    """Layouts one change away from L that keep the world size and the global batch: tp or pp doubled or
+    halved (dp takes the rest), micro-batch doubled or halved (micro-batches take the rest), sequence
+    parallelism toggled, another recompute, schedule or data-parallel kind. Stages split the ``layers`` evenly."""
+    out = []
+
+    def add(what: str, **kw):
+        M = replace(L, **kw)
+        ok = M.world_size == world and M.dp * M.micro_batch * M.microbatches == global_batch and layers % M.pp == 0
+        if ok and M != L and not (M.schedule == "1f1b" and M.pp > 1 and M.microbatches < M.pp):
+            out.append((what, M))
+
+    for f in (2, 0.5):
+        for dim in ("tp", "pp"):
+            new = int(getattr(L, dim) * f)
+            if new >= 1 and getattr(L, dim) * f == new and (L.tp * L.pp * L.dp) % new == 0:
+                rest = world // (new * (L.pp if dim == "tp" else L.tp))
+                if rest >= 1 and global_batch % (rest * L.micro_batch) == 0:
+                    m = global_batch // (rest * L.micro_batch)
+                    pp = new if dim == "pp" else L.pp
+                    add(f"{dim} {getattr(L, dim)} -> {new}", **{dim: new}, dp=rest,
+                        microbatches=m if pp > 1 else 1, dp_kind=L.dp_kind if pp == 1 else "ddp")
+        mb = int(L.micro_batch * f)
+        if mb >= 1 and L.micro_batch * f == mb and global_batch % (L.dp * mb) == 0:
+            m = global_batch // (L.dp * mb)
+            if L.pp > 1 or m == 1:
+                add(f"micro-batch {L.micro_batch} -> {mb}", micro_batch=mb, microbatches=m)
+    if L.tp > 1:
+        add(f"sequence parallel {'off' if L.sequence_parallel else 'on'}", sequence_parallel=not L.sequence_parallel)
+    for rc in RECOMPUTE:
+        add(f"recompute {L.recompute} -> {rc}", recompute=rc)
+    if L.pp > 1:
+        for s in SCHEDULES:
+            add(f"schedule {L.schedule} -> {s}", schedule=s)
+    elif L.dp > 1:
+        add(f"dp {L.dp_kind} -> {'fsdp' if L.dp_kind == 'ddp' else 'ddp'}",
+            dp_kind="fsdp" if L.dp_kind == "ddp" else "ddp")
+    return out
+
+
+def first_vs_second(search, estimator) -> dict | None:
+    """Why #1 beats #2 and the single change to #2 that would close the gap (or most of it)."""
+    if len(search.ranked) < 2:
+        return None
+    a, b = search.ranked[0], search.ranked[1]
+    term, seconds = largest_difference(a, b)
+    best = None
+    q = search.question
+    layers = estimator.model(1).config["layers"]
+    for what, M in neighbours(b.layout, q["world_size"], q["global_batch"], layers):
+        mem = sum(estimator.memory(M).values())
+        if not fits(mem, search.gpu_GiB):
+            continue
+        t = estimator.estimate(M).step_s
+        if best is None or t < best[2]:
+            best = (what, M, t)
+    out = {"first": a.layout.label(), "second": b.layout.label(), "gap_s": b.step_s - a.step_s,
+           "term": term, "term_gap_s": seconds}
+    if best:
+        out.update({"change": best[0], "changed": best[1].label(), "changed_step_s": best[2],
+                    "closes_gap": best[2] <= a.estimate.step_s * 1.0001})
+    return out
+
+
+def families(search) -> list[dict]:
+    """The best layout of each family (sim/planner/layouts.py Layout.family) and why it lost to #1."""
+    top = search.ranked[0]
+    best: dict[str, object] = {}
+    smallest: dict[str, object] = {}
+    for c in search.all:
+        fam = c.layout.family
+        if c.estimate is not None and (fam not in best or c.estimate.step_s < best[fam].estimate.step_s):
+            best[fam] = c
+        if fam not in smallest or c.memory_bytes < smallest[fam].memory_bytes:
+            smallest[fam] = c
+    rows = []
+    for fam in sorted(smallest):
+        if fam not in best:
+            c = smallest[fam]
+            rows.append({"family": fam, "best": None, "why": f"does not fit: needs at least "
+                         f"{c.memory_bytes / 2**30:.1f} GiB per GPU ({c.layout.label()}) > {search.gpu_GiB:g} GiB"})
+            continue
+        c = best[fam]
+        if c is top or fam == top.layout.family:
+            rows.append({"family": fam, "best": c.layout.label(), "step_s": c.estimate.step_s, "why": "the winner's family"})
+            continue
+        term, seconds = largest_difference(top, c)
+        share = c.estimate.terms.get(_key(term), 0.0) / c.estimate.step_s
+        rows.append({"family": fam, "best": c.layout.label(), "step_s": c.estimate.step_s,
+                     "why": f"{term} {share:.0%} of its step (+{seconds * 1e3:.1f} ms over #1)"})
+    return rows
+
+
+def _key(name: str) -> str:
+    return next(k for k, v in TERMS.items() if v == name)

@@ -1,0 +1,103 @@
+"""`distlab plan`'s search: enumerate layouts, drop those that do not fit, estimate the rest fast, confirm the
+best with the discrete-event simulator, rank them.
+
+Ranking: step time for the fixed global batch (so also tokens per second); MFU = model FLOPs per step / (GPUs x
+peak FLOP/s x step), model FLOPs counted as 3 x forward (forward + backward = 2 x forward; recomputation is not
+counted, as in Narayanan et al. 2021 sec. 5.1 "model FLOPs", and Chowdhery et al. 2022's MFU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distlab.sim.cluster import load_cluster
+from distlab.sim.errors import ConfigError
+from distlab.sim.fsdp.memory import fits
+from distlab.sim.planner.layouts import Layout, batch_suggestions, enumerate_layouts, tp_degrees
+from distlab.sim.planner.step import Estimator
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    memory: dict                      # bytes per GPU by part
+    estimate: object = None           # estimate.Estimate
+    simulated_s: float | None = None  # the discrete-event simulator's step (confirmed candidates)
+    simulated: dict | None = None     # its step summary
+
+    @property
+    def memory_bytes(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def step_s(self) -> float:
+        return self.simulated_s if self.simulated_s is not None else self.estimate.step_s
+
+
+@dataclass
+class Search:
+    """What one search found: ``ranked`` (fitting candidates, fastest first; the first ``confirmed`` ones
+    simulated), every enumerated candidate in ``all``, and the question it answered."""
+    question: dict
+    cluster: object
+    ranked: list = field(default_factory=list)
+    all: list = field(default_factory=list)
+    confirmed: int = 0
+    model_flops: float = 0.0          # per step
+    gpu_GiB: float = 0.0
+    estimator: object = None          # the Estimator (explanations estimate neighbours with it)
+
+    def mfu(self, c: Candidate) -> float:
+        return self.model_flops / (self.cluster.world_size * self.cluster.gpu.tflops * 1e12 * c.step_s)
+
+    def tokens_per_s_per_gpu(self, c: Candidate) -> float:
+        q = self.question
+        return q["global_batch"] * q["seq_len"] / c.step_s / self.cluster.world_size
+
+
+def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
+           micro_batches=(1, 2, 4, 8, 16), progress=None) -> Search:
+    """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
+    nodes of ``cluster`` for ``global_batch`` sequences per step. ``progress(done, total)`` is called as the
+    estimate goes. Raises ConfigError when no layout divides the batch or none fits."""
+    c = load_cluster(cluster, nodes)
+    est = Estimator(model, c)
+    config = est.model(1).config
+    world, gpn = c.world_size, c.gpus_per_node
+    if global_batch < 1:
+        raise ConfigError(f"{global_batch} must be a whole number >= 1", "--global-batch")
+    layouts = enumerate_layouts(config, world, gpn, global_batch, micro_batches)
+    if not layouts:
+        near = batch_suggestions(world, global_batch, tp_degrees(config, gpn), config["layers"])
+        raise ConfigError(f"no layout of {world} GPUs divides a global batch of {global_batch} sequences "
+                          f"(data-parallel size x micro-batch x micro-batches); allowed nearby: "
+                          f"{', '.join(map(str, near))}", "--global-batch")
+    gib = c.gpu.memory_GiB
+    cands = [Candidate(L, est.memory(L)) for L in layouts]
+    feasible = [x for x in cands if fits(x.memory_bytes, gib)]
+    if not feasible:
+        least = min(cands, key=lambda x: x.memory_bytes)
+        raise ConfigError(f"{est.model(1).name} does not fit on {world} x {c.gpu.name} "
+                          f"({gib:g} GiB each) in any layout; the smallest needs "
+                          f"{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.layout.label()}); allowed: "
+                          "more nodes, a GPU with more memory, or a smaller micro-batch / sequence", "--model")
+    for i, x in enumerate(feasible):
+        x.estimate = est.estimate(x.layout)
+        if progress:
+            progress(i + 1, len(feasible))
+    feasible.sort(key=lambda x: x.estimate.step_s)
+    out = Search({"model": model, "cluster": cluster, "nodes": nodes, "global_batch": global_batch,
+                  "seq_len": config["seq_len"], "world_size": world}, c, feasible, cands, 0,
+                 3.0 * est.model(1).fwd_flops * global_batch, gib, est)
+    confirm_top(out, confirm)
+    return out
+
+
+def confirm_top(s: Search, k: int) -> None:
+    """Simulate the best ``k`` estimates with the discrete-event simulator and re-rank them by its step."""
+    from distlab.sim.scenario import simulate
+    q = s.question
+    for x in s.ranked[:k]:
+        r = simulate(x.layout.scenario(q["model"], q["cluster"], q["nodes"]), "plan")
+        x.simulated_s, x.simulated = r.summary["step_s"], dict(r.summary)
+    s.confirmed = min(k, len(s.ranked))
+    s.ranked[:s.confirmed] = sorted(s.ranked[:s.confirmed], key=lambda x: x.step_s)

@@ -1,0 +1,139 @@
+"""`distlab plan`: the fast estimate against the discrete-event simulator, the search never ranking what does
+not fit, explanations, outputs and bad input."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from distlab.sim.cluster import load_cluster
+from distlab.sim.fsdp.memory import fits
+from distlab.sim.pipeline import schedules as S
+from distlab.sim.planner import explain
+from distlab.sim.planner.estimate import pipeline_makespan, streams_makespan
+from distlab.sim.planner.layouts import Layout, enumerate_layouts
+from distlab.sim.planner.search import search
+from distlab.sim.planner.step import Estimator
+from distlab.sim.plan import Compute, Record, Wait
+from distlab.sim.scenario import simulate
+
+TINY = {"arch": "llama", "layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn_hidden": 512, "vocab": 1024,
+        "seq_len": 128}
+
+
+@pytest.fixture(scope="module")
+def small_cluster(tmp_path_factory):
+    """Two nodes of four H100s, a NIC each: layouts cross nodes, and the simulator stays fast."""
+    c = load_cluster("dgx-h100", 2).to_dict()
+    c["gpus_per_node"], c["inter_node"]["nics_per_node"] = 4, 4
+    path = tmp_path_factory.mktemp("cluster") / "four-per-node.yaml"
+    path.write_text(yaml.safe_dump(c))
+    return str(path)
+
+
+def test_estimate_agrees_with_the_simulator_on_50_random_layouts(small_cluster):
+    cluster = load_cluster(small_cluster, 2)
+    est = Estimator(TINY, cluster)
+    layouts = enumerate_layouts(est.model(1).config, cluster.world_size, cluster.gpus_per_node, 8, (1, 2))
+    feasible = [L for L in layouts if fits(sum(est.memory(L).values()), cluster.gpu.memory_GiB)]
+    sample = stratified(feasible, 50, random.Random(0))
+    assert len(sample) == 50
+    assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP"}
+    worst = 0.0
+    for L in sample:
+        des = simulate(L.scenario(TINY, small_cluster, 2)).summary["step_s"]
+        worst = max(worst, abs(est.estimate(L).step_s / des - 1))
+    assert worst <= 0.05, f"worst estimate error {worst:.1%}"
+
+
+def stratified(layouts: list, n: int, rng) -> list:
+    """n layouts drawn family by family in turn (each family shuffled), so every family is tested."""
+    by: dict = {}
+    for L in layouts:
+        by.setdefault(L.family, []).append(L)
+    for v in by.values():
+        rng.shuffle(v)
+    out = []
+    while len(out) < n and any(by.values()):
+        for fam in sorted(by):
+            if by[fam] and len(out) < n:
+                out.append(by[fam].pop())
+    return out
+
+
+def test_pipeline_list_schedule_is_the_1f1b_closed_form():
+    """Uniform stages, free messages: 1F1B and GPipe take (m + p - 1)(F + B) (Narayanan et al. 2021, sec. 2.2)."""
+    for sched, p, m in (("1f1b", 4, 8), ("gpipe", 3, 5), ("1f1b", 2, 2)):
+        _, ends = pipeline_makespan(S.build(sched, p, m), lambda a: 1.0 if a.kind == "F" else 2.0, lambda a, b: 0.0)
+        assert max(ends) == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_streams_share_the_network_but_not_latency():
+    """Two 1 s transfers on two streams of the same link end together at 2 s (each at half rate) after their
+    unshared latency; compute on its own stream overlaps them."""
+    ops = [Record("go", "compute"), Compute("c", seconds=1.5), Wait("go", "a"), Wait("go", "b"),
+           Compute("x", seconds=0.0, stream="a"), Compute("y", seconds=0.0, stream="b")]
+    times = {"x": (0.1, 1.0), "y": (0.1, 1.0), "c": (0.0, 1.5)}
+    t = streams_makespan(ops, lambda op: times[op.name], lambda op: "link" if op.name in "xy" else None)
+    assert t == pytest.approx(2.1)
+
+
+def test_search_ranks_only_layouts_that_fit_and_confirms_the_best(small_cluster, tmp_path):
+    c = load_cluster(small_cluster, 2).to_dict()
+    c["gpu"]["memory_GiB"] = 0.03              # tiny GPUs: some layouts of the tiny model do not fit
+    path = tmp_path / "tiny-gpus.yaml"
+    path.write_text(yaml.safe_dump(c))
+    s = search(TINY, str(path), 2, 8, confirm=2, micro_batches=(1, 2))
+    assert len(s.ranked) < len(s.all)
+    assert all(fits(x.memory_bytes, 0.03) for x in s.ranked)
+    assert [x.step_s for x in s.ranked[:2]] == sorted(x.step_s for x in s.ranked[:2])
+    first = s.ranked[0]
+    assert first.simulated_s == pytest.approx(simulate(first.layout.scenario(TINY, str(path), 2))
+                                              .summary["step_s"], rel=1e-9)
+    rows = explain.families(s)
+    assert any(r["best"] is None and r["why"].startswith("does not fit") for r in rows)
+    why = explain.first_vs_second(s, s.estimator)
+    assert why["term"] in explain.TERMS.values()
+    assert why["changed_step_s"] < s.ranked[1].estimate.step_s
+
+
+def test_neighbours_keep_the_world_and_the_batch():
+    L = Layout(2, 2, 2, "ddp", 1, 4, True, "none")
+    around = explain.neighbours(L, 8, 8, 4)
+    assert around and all(M.world_size == 8 and M.dp * M.micro_batch * M.microbatches == 8 for _, M in around)
+    assert {"sequence parallel off", "schedule 1f1b -> gpipe"} <= {w for w, _ in around}
+
+
+def test_cli_saves_a_scenario_that_simulate_takes(small_cluster, tmp_path, capsys):
+    from distlab.runtime.cli import main
+    q = tmp_path / "question.yaml"
+    q.write_text(yaml.safe_dump({"model": TINY, "cluster": small_cluster, "nodes": 2, "global_batch": 8,
+                                 "confirm": 1}))
+    out = tmp_path / "best.yaml"
+    assert main(["plan", str(q), "--save", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "distlab.plan/1" and report["ranked"][0]["rank"] == 1
+    assert report["candidates"] >= report["fit"] >= len(report["ranked"]) > 0
+    assert main(["simulate", str(out), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["results"][0]["step_s"] == pytest.approx(report["ranked"][0]["simulated_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--global-batch", "7"], "allowed nearby: 4, 6, 8, 10"),
+    (["--global-batch", "8", "--model", "llama3-405b"], "smallest needs"),
+])
+def test_bad_questions_get_one_line_and_exit_2(small_cluster, args, words, tmp_path, capsys):
+    """Three blocks on 8 GPUs: no pipeline divides them, so the data-parallel size is even and an odd batch has
+    no layout. Llama 3 405B fits no layout of 8 GPUs."""
+    from distlab.runtime.cli import main
+    base = ["plan", "--cluster", small_cluster, "--nodes", "2", "--confirm", "0"]
+    if "--model" not in args:
+        q = tmp_path / "three-blocks.yaml"
+        q.write_text(yaml.safe_dump({"model": {**TINY, "layers": 3}}))
+        base.insert(1, str(q))
+    assert main(base + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "Traceback" not in err[0]
