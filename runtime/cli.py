@@ -13,6 +13,7 @@ COMMANDS = [
     "distlab.sim.commands.check",
     "distlab.sim.commands.memory",
     "distlab.sim.commands.lessons",
+    "distlab.sim.commands.reproduce",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",
     "distlab.runtime.commands.calibrate",
