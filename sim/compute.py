@@ -17,6 +17,13 @@ forward FLOPs = 4 · batch · heads · seq² · head_dim, halved with causal mas
 matrix is skipped), backward = 2.5 x forward (5 matmuls instead of 2), 3.5 x with the forward recomputed; time = launch_s + FLOPs / (tflops ·
 1e12 · attention_efficiency), where attention_efficiency defaults to eff() of the attention's FLOPs.
 
+Unfused attention (Megatron-LM before FlashAttention): per (batch, head) two batched GEMMs forward, Q·Kᵀ (s, s, d)
+and P·V (s, d, s), over the whole score matrix (masking happens in the softmax), four in the backward, each timed
+as one GEMM of all (batch x heads) problems; plus the memory-bound passes over the b·heads·s² score matrix that
+Korthikanti et al. 2022 (arXiv 2205.05198, sec. 4.1) list: scale-mask-softmax (read scores, write
+probabilities: 2e bytes an element) and dropout (read, write, a 1-byte mask: 2e + 1) forward, their backwards
+(dropout: read gradient and mask, write: 2e + 1; softmax: read gradient and probabilities, write: 3e).
+
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch_s + bytes / (hbm_GBps·1e9).
 An op without kernel fields keeps the roofline max(flops / (tflops·mfu), bytes / HBM) + launch_s.
 """
@@ -79,6 +86,24 @@ def attention_time(batch: int, heads: int, seq: int, head_dim: int, gpu, causal:
     return gpu.launch_s + flops / (gpu.tflops * 1e12 * eff)
 
 
+def batched_gemm_time(count: int, M: int, N: int, K: int, dtype_bytes: float, gpu) -> float:
+    """Seconds of ``count`` equal GEMMs run as one batched kernel: the curve at the kernel's total FLOPs."""
+    flops = 2.0 * count * M * N * K
+    math_s = flops / (gpu.tflops * 1e12 * gemm_efficiency(flops, gpu))
+    memory_s = count * (M * K + K * N + M * N) * dtype_bytes / (gpu.hbm_GBps * 1e9)
+    return gpu.launch_s + max(math_s, memory_s)
+
+
+def unfused_attention_time(batch: int, heads: int, seq: int, head_dim: int, gpu, dtype_bytes: float = 2,
+                           attention_pass: str = "forward") -> float:
+    """Seconds of unfused attention (module docstring): batched GEMMs plus softmax/dropout memory passes."""
+    n, s, d, e = batch * heads, seq, head_dim, dtype_bytes
+    gemm = batched_gemm_time(n, s, s, d, e, gpu) + batched_gemm_time(n, s, d, s, e, gpu)
+    forward = gemm + memory_time(n * s * s * 2 * e, gpu) + memory_time(n * s * s * (2 * e + 1), gpu)
+    backward = 2 * gemm + memory_time(n * s * s * (2 * e + 1), gpu) + memory_time(n * s * s * 3 * e, gpu)
+    return {"forward": forward, "backward": backward, "recompute+backward": forward + backward}[attention_pass]
+
+
 def memory_time(nbytes: float, gpu) -> float:
     """Seconds of a memory-bound kernel moving ``nbytes`` through HBM."""
     return gpu.launch_s + nbytes / (gpu.hbm_GBps * 1e9)
@@ -92,7 +117,9 @@ def op_seconds(op, gpu) -> float:
     if op.gemms or op.attention is not None:
         e = DTYPE_BYTES[op.dtype]
         t = sum(gemm_time(M, N, K, e, gpu) for M, N, K in op.gemms)
-        if op.attention is not None:
+        if op.attention is not None and op.attention_kernel == "unfused":
+            t += unfused_attention_time(*op.attention, gpu, e, op.attention_pass)
+        elif op.attention is not None:
             t += attention_time(*op.attention, gpu, op.causal, op.attention_pass)
         return t
     t = max(op.flops / (gpu.tflops * 1e12 * gpu.mfu), op.bytes / (gpu.hbm_GBps * 1e9))

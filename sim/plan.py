@@ -27,8 +27,8 @@ FORMAT = "distlab-plan/1"
 @dataclass(frozen=True)
 class Compute:
     """Local work: ``seconds`` if given; else, where the op names its kernels (``gemms``: (M, N, K) of each
-    matmul; ``attention``: (batch, heads, seq, head_dim) of a FlashAttention call, ``causal``, its pass
-    ``attention_pass`` forward, backward or recompute+backward; ``dtype`` of the operands), the per-kernel model of sim/compute.py;
+    matmul; ``attention``: (batch, heads, seq, head_dim) of an attention call, ``causal``, its pass
+    ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash or unfused; ``dtype`` of the operands), the per-kernel model of sim/compute.py;
     else a roofline of ``flops`` and HBM ``bytes`` on the GPU spec. ``flops``/``bytes`` stay the op's totals."""
     name: str = "compute"
     seconds: float | None = None
@@ -39,12 +39,14 @@ class Compute:
     attention: tuple[int, int, int, int] | None = None
     causal: bool = True
     attention_pass: str = "forward"
+    attention_kernel: str = "flash"
     dtype: str = "bfloat16"
     kind: ClassVar[str] = "compute"
 
 
 COMPUTE_MODEL_FIELDS = {"gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
-                        "dtype": "bfloat16"}     # left out of a plan's JSON at these defaults (older plans)
+                        "attention_kernel": "flash", "dtype": "bfloat16"}   # left out of JSON at these defaults
+ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
 ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
 
 
@@ -280,6 +282,9 @@ def _check_kernels(op: Compute, where: str) -> None:
     if op.attention_pass not in ATTENTION_PASSES:
         raise ConfigError(f"unknown attention_pass {op.attention_pass!r}; allowed: {', '.join(ATTENTION_PASSES)}",
                           where)
+    if op.attention_kernel not in ATTENTION_KERNELS:
+        raise ConfigError(f"unknown attention_kernel {op.attention_kernel!r}; allowed: "
+                          f"{', '.join(ATTENTION_KERNELS)}", where)
     if not isinstance(op.dtype, str) or op.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
 

@@ -131,3 +131,16 @@ def test_cluster_file_carries_the_curve():
     d["gpu"]["gemm_efficiency"] = [[1e12, 0.3], [1e9, 0.7]]
     with pytest.raises(ConfigError, match="gemm_efficiency"):
         cluster_from_dict(d)
+
+
+def test_unfused_attention_by_hand():
+    # b·heads = 2 x 4 = 8 problems, s = 1024, d = 64, 2-byte elements; the curve at each batched GEMM's FLOPs
+    gpu = replace(GPU, launch_s=0.0)
+    f = 2.0 * 8 * 1024 * 1024 * 64
+    gemm = 2 * f / (100e12 * gemm_efficiency(f, gpu))
+    scores = 8 * 1024 * 1024
+    fwd = gemm + scores * (4 + 5) / 1e12
+    bwd = 2 * gemm + scores * (5 + 6) / 1e12
+    op = Compute("attn", attention=(2, 4, 1024, 64), attention_kernel="unfused")
+    assert op_seconds(op, gpu) == pytest.approx(fwd, rel=1e-12)
+    assert op_seconds(replace(op, attention_pass="recompute+backward"), gpu) == pytest.approx(fwd + bwd, rel=1e-12)

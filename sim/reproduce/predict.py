@@ -4,8 +4,9 @@ The plan is PP x TP x DP (sim/tp/pipeline.py ``pp_tp_plan`` on the mesh {dp, pp,
 with each forward/backward replaced by the TP segments of its layers, each stage's gradients all-reduced over
 its dp replicas after its last backward), plain Megatron TP (all-reduces; sequence parallelism came later), then
 the optimizer step: AdamW's memory-bound pass over the rank's parameters once the gradients are reduced
-(ADAM_BYTES per element, sim/tp/plan.py). ``attention: unfused`` (Megatron 2021, before FlashAttention) computes
-the whole score matrix: the attention kernels are timed without the causal half skipped.
+(ADAM_BYTES per element, sim/tp/plan.py). ``attention: unfused`` (Megatron 2021, before FlashAttention): the
+attention kernels are timed as batched GEMMs over the whole score matrix plus the memory-bound softmax and
+dropout (sim/compute.py).
 
 The GPU gets its generation's fitted GEMM efficiency curve (runs.yaml ``generations``; sim/compute.py).
 Model FLOPs are counted as the source counts them: ``megatron-eq3`` = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))
@@ -72,13 +73,19 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
     stage_to_rank = plan.meta["pipeline"]["stage_to_rank"]
     keep = L["pp"] * L["tp"] if replicas else plan.world_size
     cache = cache if cache is not None else {"cluster": PRESETS[run.cluster].with_world_size(run.gpus)}
+    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cache["cluster"].gpus_per_node == 0
     ranks = []
     for g in range(keep):
         ops = plan.ranks[g]
+        if one_tp_rank and g % L["tp"]:
+            ranks.append([])                          # TP rank 0 of the stage stands for the others
+            continue
         if run.attention == "unfused":
-            ops = [_full_scores(op, cache) for op in ops]
+            ops = [_unfused(op, cache) for op in ops]
         if replicas and dp > 1:
             ops = [_timed_allreduce(op, g, run, cache) for op in ops]
+        if one_tp_rank:
+            ops = [_timed_tp_collective(op, g, cache) for op in ops]
         layers = _layers_of(mesh.coords(g)["pp"], per_stage, stage_to_rank)
         n = sum(local.layers[i].param_bytes for i in layers) // _dtype_bytes(run)
         ops = ops + [Record("grads reduced", "comm"), Wait("grads reduced", "compute"),
@@ -93,6 +100,20 @@ def _timed_allreduce(op, rank: int, run, cache: dict):
         return op
     seconds = dp_allreduce_seconds(run, rank, op.bytes, op.dtype, cache)
     return Compute(op.name, seconds=seconds, stream=op.stream)
+
+
+def _timed_tp_collective(op, rank: int, cache: dict):
+    """A TP collective of ``rank``, as a fixed-duration op on its stream: with tp a multiple of the node size,
+    its group fills whole nodes and only it uses their NVLink/NVSwitch links (pipeline sends and dp all-reduces
+    cross nodes on the NICs, sim/network.py routes), so its duration is that of the collective alone."""
+    if not isinstance(op, Collective) or op.stream != "tp":
+        return op
+    from distlab.sim.engine import simulate_collective
+    key = ("tp", op.op, op.bytes, op.algorithm, len(op.group))     # every node alike
+    if key not in cache:
+        trace, _ = simulate_collective(op.op, op.bytes, cache["cluster"], op.algorithm, group=op.group)
+        cache[key] = trace.makespan
+    return Compute(op.name, seconds=cache[key], stream=op.stream)
 
 
 def dp_allreduce_seconds(run, rank: int, nbytes: int, dtype: str, cache: dict) -> float:
@@ -130,12 +151,13 @@ def _layers_of(pp_rank: int, layers_per_stage: list, stage_to_rank: list) -> lis
     return out
 
 
-def _full_scores(op, cache: dict):
+def _unfused(op, cache: dict):
+    """The attention kernel of ``op`` as unfused attention (sim/compute.py), the op shared across ranks."""
     if not isinstance(op, Compute) or op.attention is None:
         return op
     hit = cache.get(id(op))
     if hit is None:
-        hit = cache[id(op)] = (op, replace(op, causal=False))
+        hit = cache[id(op)] = (op, replace(op, attention_kernel="unfused"))
     return hit[1]
 
 
