@@ -46,7 +46,7 @@ def run(args) -> int:
                     "summary": summary(results)}, NAME)
     else:
         rows = [[x["name"], x["gpus"], x["figure"], f"{x['reported']:.4g}", f"{x['predicted']:.4g}",
-                 f"{100 * x['error']:+.1f}%", f"{x['step_time_s']:.3f}", "yes" if x["fitted"] else "",
+                 f"{100 * x['error']:+.1f}%", f"{x['step_time_s']:.4g}", "yes" if x["fitted"] else "",
                  f"{x['wall_s']:.1f}"] for x in results]
         print_table(f"distlab reproduce {path}", ["run", "GPUs", "figure", "reported", "predicted", "error",
                                                   "step s", "fitted", "sim wall s"], rows)
