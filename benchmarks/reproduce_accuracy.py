@@ -89,7 +89,7 @@ def main() -> int:
         results.append(predict(r, gens))
         x = results[-1]
         if not args.json:
-            print(f"{x['name']:16} {x['gpus']:5} GPUs  reported {x['reported']:8.4g}  predicted "
+            print(f"{x['name']:16} {x['world_size']:5} GPUs  reported {x['reported']:8.4g}  predicted "
                   f"{x['predicted']:8.4g}  error {100 * x['error']:+6.1f}%  {'fitted' if x['fitted'] else '      '}"
                   f"  step {x['step_time_s']:.3f} s  sim wall {x['wall_s']:.1f} s", flush=True)
     errs = sorted(abs(x["error"]) for x in results if not x["fitted"])

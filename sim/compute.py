@@ -29,6 +29,7 @@ An op without kernel fields keeps the roofline max(flops / (tflops·mfu), bytes 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from distlab.sim.dtypes import DTYPE_BYTES
@@ -115,12 +116,18 @@ def op_seconds(op, gpu) -> float:
     if op.seconds is not None:
         return op.seconds
     if op.gemms or op.attention is not None:
-        e = DTYPE_BYTES[op.dtype]
-        t = sum(gemm_time(M, N, K, e, gpu) for M, N, K in op.gemms)
-        if op.attention is not None and op.attention_kernel == "unfused":
-            t += unfused_attention_time(*op.attention, gpu, e, op.attention_pass)
-        elif op.attention is not None:
-            t += attention_time(*op.attention, gpu, op.causal, op.attention_pass)
-        return t
+        return _kernel_seconds(op, gpu)
     t = max(op.flops / (gpu.tflops * 1e12 * gpu.mfu), op.bytes / (gpu.hbm_GBps * 1e9))
     return t + gpu.launch_s if (op.flops or op.bytes) else t
+
+
+@functools.lru_cache(maxsize=4096)
+def _kernel_seconds(op, gpu) -> float:
+    """The sum of the op's kernels (cached: a step repeats the same layer ops thousands of times)."""
+    e = DTYPE_BYTES[op.dtype]
+    t = sum(gemm_time(M, N, K, e, gpu) for M, N, K in op.gemms)
+    if op.attention is not None and op.attention_kernel == "unfused":
+        t += unfused_attention_time(*op.attention, gpu, e, op.attention_pass)
+    elif op.attention is not None:
+        t += attention_time(*op.attention, gpu, op.causal, op.attention_pass)
+    return t

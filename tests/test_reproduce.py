@@ -56,6 +56,7 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     assert main(["reproduce", path, "--json", "--only", "tiny"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["schema"] == "distlab.reproduce/1" and [r["name"] for r in d["results"]] == ["tiny"]
+    assert d["results"][0]["world_size"] == 8 and d["summary"]["rows"] == 1
     r = d["results"][0]
     assert r["predicted"] == pytest.approx(model_flops(load_runs(path)[0][0]) / (r["step_time_s"] * 8) / 1e12)
     assert r["error"] == pytest.approx(r["predicted"] / r["reported"] - 1)

@@ -36,7 +36,8 @@ def run(args) -> int:
     results, skipped = [], []
     for r in chosen:
         if args.max_gpus is not None and r.gpus > args.max_gpus:
-            skipped.append({"name": r.name, "gpus": r.gpus, "reason": f"more than --max-gpus {args.max_gpus}"})
+            skipped.append({"name": r.name, "world_size": r.gpus,
+                            "reason": f"more than --max-gpus {args.max_gpus}"})
             continue
         results.append(predict(r, generations))
     fitted = {arch: {"peak_fraction": g.peak_fraction, "half_flops": g.half_flops, "fitted_on": g.fitted_on}
@@ -45,7 +46,7 @@ def run(args) -> int:
         print_json({"runs_file": path, "results": results, "skipped": skipped, "fitted": fitted,
                     "summary": summary(results)}, NAME)
     else:
-        rows = [[x["name"], x["gpus"], x["figure"], f"{x['reported']:.4g}", f"{x['predicted']:.4g}",
+        rows = [[x["name"], x["world_size"], x["figure"], f"{x['reported']:.4g}", f"{x['predicted']:.4g}",
                  f"{100 * x['error']:+.1f}%", f"{x['step_time_s']:.4g}", "yes" if x["fitted"] else "",
                  f"{x['wall_s']:.1f}"] for x in results]
         print_table(f"distlab reproduce {path}", ["run", "GPUs", "figure", "reported", "predicted", "error",
@@ -55,7 +56,7 @@ def run(args) -> int:
             print(f"not fitted rows: {s['rows']}, median |error| {100 * s['median_abs_error']:.1f}%, "
                   f"max |error| {100 * s['max_abs_error']:.1f}%")
         for x in skipped:
-            print(f"skipped {x['name']} ({x['gpus']} GPUs): {x['reason']}")
+            print(f"skipped {x['name']} ({x['world_size']} GPUs): {x['reason']}")
     if args.plot:
         from distlab.sim.io import save_figure
         save_figure(draw(results), args.plot)

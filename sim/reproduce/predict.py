@@ -183,7 +183,7 @@ def predict(run, generations: dict, replicas: bool = True) -> dict:
     figure, reported = run.figure
     predicted = predicted_figure(figure, step_s, run, cluster.gpu.tflops)
     gen = generations.get(cluster.gpu.arch)
-    return {"name": run.name, "source": run.source, "gpus": run.gpus, "figure": figure,
+    return {"name": run.name, "source": run.source, "world_size": run.gpus, "figure": figure,
             "reported": reported, "predicted": predicted, "error": (predicted - reported) / reported,
             "step_time_s": step_s, "fitted": bool(gen and run.name in gen.fitted_on),
             "wall_s": time.perf_counter() - t0}
