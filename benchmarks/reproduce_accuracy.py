@@ -44,10 +44,14 @@ def fit(runs, arch: str, names: list[str]) -> tuple[float, float]:
     if len(names) == 1:
         return solve_pf(first, arch, 1e9), 1e9
     second = by_name[names[1]]
-    lo, hi = 6.0, 13.0                       # log10(half_flops)
+    lo, hi = 8.0, 12.0                       # log10(half_flops)
     for _ in range(8):
         mid = (lo + hi) / 2
         pf = solve_pf(first, arch, 10 ** mid)
+        if pf > 0.999:                       # no peak_fraction <= 1 fits the first row: half_flops too large
+            print(f"  half_flops 1e{mid:.3f}: no peak_fraction <= 1 fits {first.name}", flush=True)
+            hi = mid
+            continue
         e = error(second, arch, pf, 10 ** mid)
         print(f"  half_flops 1e{mid:.3f}: peak_fraction {pf:.4f}, {second.name} error {100 * e:+.2f}%",
               flush=True)

@@ -9,8 +9,10 @@ cut into output tiles (cuBLAS: 128x128 or 256x128 on A100/H100) run in waves ove
 tiles leaves SMs idle (wave quantization) and pays the fixed prologue/epilogue of each tile (NVIDIA, "Matrix
 Multiplication Background User's Guide", sections 2.3 and 3). ``saturating_curve`` gives such a curve from two
 constants: eff(F) = peak_fraction · F / (F + half_flops) (F = FLOPs of the GEMM; half_flops = the size at which
-half of peak_fraction is reached). On the GPU presets both constants are *fitted* (sim/reproduce/runs.yaml
-says on which published rows), not measured; ``distlab calibrate --compute`` writes a measured curve instead.
+half of peak_fraction is reached). `distlab reproduce` gives each GPU generation such a curve with both
+constants *fitted* on at most two published rows (sim/reproduce/runs.yaml ``generations`` names them), not
+measured; ``distlab calibrate --compute`` writes a measured curve into a cluster file instead. The GPU presets
+carry no curve (the flat ``mfu`` roofline) until a published benchmark or a calibration gives one.
 
 FlashAttention (Dao 2023, "FlashAttention-2", arXiv 2307.08691, sec. 4.1, the FLOP count of its benchmarks):
 forward FLOPs = 4 · batch · heads · seq² · head_dim, halved with causal masking (the masked half of the score
