@@ -67,17 +67,21 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
     spec = PipelineSpec(schedule=run.schedule, stages=L["pp"], microbatches=run.microbatches,
                         virtual_stages=L["virtual_stages"], data_parallel=dp)
     tp_opts = TPOptions(sequence_parallel=False, recompute=run.recompute)
-    plan = pp_tp_plan(model, mesh, spec, tp_opts, name=run.name, where=f"run {run.name}")
+    cache = cache if cache is not None else {"cluster": PRESETS[run.cluster].with_world_size(run.gpus)}
+    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cache["cluster"].gpus_per_node == 0
+    keep = L["pp"] * L["tp"] if replicas else mesh.world_size
+    needed = [g for g in range(keep) if not (one_tp_rank and g % L["tp"])]
+    if replicas:
+        plan = _pp_tp_ranks(model, mesh, spec, tp_opts, needed, run.name)
+    else:
+        plan = pp_tp_plan(model, mesh, spec, tp_opts, name=run.name, where=f"run {run.name}")
     local = tp_local_model(model, L["tp"])
     per_stage = plan.meta["pipeline"]["layers_per_stage"]
     stage_to_rank = plan.meta["pipeline"]["stage_to_rank"]
-    keep = L["pp"] * L["tp"] if replicas else plan.world_size
-    cache = cache if cache is not None else {"cluster": PRESETS[run.cluster].with_world_size(run.gpus)}
-    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cache["cluster"].gpus_per_node == 0
     ranks = []
     for g in range(keep):
         ops = plan.ranks[g]
-        if one_tp_rank and g % L["tp"]:
+        if g not in needed:
             ranks.append([])                          # TP rank 0 of the stage stands for the others
             continue
         if run.attention == "unfused":
@@ -92,6 +96,37 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
                      Compute("optimizer", bytes=float(ADAM_BYTES * n), dtype=run.precision)]
         ranks.append(ops)
     return Plan(ranks, name=plan.name, meta=plan.meta)
+
+
+def _pp_tp_ranks(model, mesh, spec, tp_opts, needed: list[int], name: str) -> Plan:
+    """sim/tp/pipeline.py ``pp_tp_plan``'s programs for the ranks ``needed`` only (the others empty): the pipeline
+    program with each F/B action replaced by the TP segments of its stage's layers, as pp_tp_plan builds them
+    (tests/test_reproduce.py: the same step time as the full plan)."""
+    from distlab.sim.pipeline.plan import boundary_bytes, pipeline_plan, stage_ranges
+    from distlab.sim.pipeline.schedules import Action
+    from distlab.sim.tp.compose import tp_local_model
+    from distlab.sim.tp.plan import Segments, _Program
+    tp = mesh.size("tp")
+    per_rank = boundary_bytes(model, 0) // (tp if tp_opts.sequence_parallel else 1)
+    base = pipeline_plan(tp_local_model(model, tp), mesh, spec, p2p_bytes=per_rank)
+    ranges = stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)
+    names = [layer.name for layer in model.layers]
+    ranks = [[] for _ in base.ranks]
+    for g in needed:
+        p = _Program(mesh.group_of(g, "tp"), model.config["dtype"])
+        seg = Segments(model, tp_opts, p)
+        for op in base.ranks[g]:
+            a = Action.parse(op.name) if isinstance(op, Compute) else None
+            if a is None:
+                p.ops.append(op)
+            elif a.kind == "F":
+                for i in ranges[a.stage]:
+                    seg.forward(names[i])
+            else:
+                for i in reversed(ranges[a.stage]):
+                    seg.backward(names[i])
+        ranks[g] = p.ops
+    return Plan(ranks, name=name, meta=base.meta)
 
 
 def _timed_allreduce(op, rank: int, run, cache: dict):
