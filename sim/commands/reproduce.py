@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import print_json, print_table, progress
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import check_output
     from distlab.sim.reproduce.predict import predict
@@ -34,7 +34,7 @@ def run(args) -> int:
             raise ConfigError(f"no run named {n!r}; allowed: {', '.join(names)}", "--only")
     chosen = [r for r in runs if not args.only or r.name in args.only]
     results, skipped = [], []
-    for r in chosen:
+    for r in progress(chosen, len(chosen), "simulating published runs"):
         if args.max_gpus is not None and r.gpus > args.max_gpus:
             skipped.append({"name": r.name, "world_size": r.gpus,
                             "reason": f"more than --max-gpus {args.max_gpus}"})
