@@ -14,6 +14,7 @@ COMMANDS = [
     "distlab.sim.commands.memory",
     "distlab.sim.commands.plan",
     "distlab.sim.commands.lessons",
+    "distlab.sim.commands.reproduce",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",
     "distlab.runtime.commands.calibrate",

@@ -27,7 +27,10 @@ class GPUSpec:
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
     arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
-    launch_s: float = 0.0         # host overhead per dispatched op (Compute.launches); see sim/engine.py
+    # The per-op compute model (sim/compute.py); the defaults keep the flat roofline above:
+    gemm_efficiency: tuple[tuple[float, float], ...] | None = None   # (FLOPs of one GEMM, fraction of tflops)
+    attention_efficiency: float | None = None   # fraction of tflops FlashAttention reaches
+    launch_s: float = 0.0                       # per op the host dispatches or kernel it launches (sim/compute.py)
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ class Cluster:
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-             "gpu": asdict(self.gpu), "intra_node": asdict(self.intra_node),
+             "gpu": gpu_to_dict(self.gpu), "intra_node": asdict(self.intra_node),
              "inter_node": asdict(self.inter_node) if self.inter_node else None}
         if self.cpu_cores is not None:
             d["cpu_cores"] = self.cpu_cores
@@ -98,6 +101,18 @@ class Cluster:
     def to_yaml(self) -> str:
         import yaml
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def gpu_to_dict(gpu: GPUSpec) -> dict:
+    """The gpu section of a cluster file; the compute-model fields only where they differ from the defaults
+    (older files and outputs stay as they were), the curve as a list of [flops, fraction] pairs."""
+    d = asdict(gpu)
+    for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0)):
+        if d[key] == default:
+            del d[key]
+    if "gemm_efficiency" in d:
+        d["gemm_efficiency"] = [[float(f), float(e)] for f, e in d["gemm_efficiency"]]
+    return d
 
 
 # --- presets ------------------------------------------------------------------------------------------------
@@ -218,6 +233,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     else:
         g = _fields_of(GPUSpec, gpu, f"{where}: gpu")
         g.setdefault("name", "custom")
+        if isinstance(g.get("gemm_efficiency"), list):
+            g["gemm_efficiency"] = tuple(tuple(p) if isinstance(p, list) else p for p in g["gemm_efficiency"])
         gpu = _construct(GPUSpec, g, f"{where}: gpu")
     intra = _construct(IntraNode, _fields_of(IntraNode, d["intra_node"], f"{where}: intra_node"),
                        f"{where}: intra_node")
@@ -260,6 +277,7 @@ def _validated(c: Cluster, where: str) -> Cluster:
         _positive(c.cpu_cores, f"{where}: cpu_cores")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
+    _check_compute_model(c.gpu, f"{where}: gpu")
     if c.gpu.arch not in GPU_ARCHS:
         raise ConfigError(f"unknown arch {c.gpu.arch!r}; allowed: {', '.join(GPU_ARCHS)}", f"{where}: gpu.arch")
     if c.intra_node.kind not in INTRA_KINDS:
@@ -291,3 +309,25 @@ def _validated(c: Cluster, where: str) -> Cluster:
         raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking)",
                           f"{where}: inter_node.oversubscription")
     return c
+
+
+def _check_compute_model(gpu: GPUSpec, where: str) -> None:
+    """gemm_efficiency: (flops, fraction) pairs, flops > 0 strictly increasing, fraction in (0, 1];
+    attention_efficiency in (0, 1]; launch_s >= 0 (sim/compute.py)."""
+    curve = gpu.gemm_efficiency
+    if curve is not None:
+        ok = isinstance(curve, tuple) and len(curve) >= 1 and all(
+            isinstance(p, tuple) and len(p) == 2 and all(_is_number(x) for x in p) for p in curve)
+        if not ok or any(f <= 0 or not 0 < e <= 1 for f, e in curve) or any(
+                a[0] >= b[0] for a, b in zip(curve, curve[1:])):
+            raise ConfigError(f"{curve!r} must be a list of [flops, fraction] pairs, flops > 0 increasing, "
+                              "fraction in (0, 1]", f"{where}.gemm_efficiency")
+    a = gpu.attention_efficiency
+    if a is not None and (not _is_number(a) or not 0 < a <= 1):
+        raise ConfigError(f"{a!r} must be a number in (0, 1]", f"{where}.attention_efficiency")
+    if not _is_number(gpu.launch_s) or not 0 <= gpu.launch_s < 1:
+        raise ConfigError(f"{gpu.launch_s!r} must be a number of seconds in [0, 1)", f"{where}.launch_s")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")

@@ -26,15 +26,32 @@ FORMAT = "distlab-plan/1"
 
 @dataclass(frozen=True)
 class Compute:
-    """Local work: ``seconds`` if given, else a roofline of ``flops`` and HBM ``bytes`` on the GPU spec, plus
-    ``launches`` x the GPU spec's ``launch_s`` (ops the host dispatches one by one; 0 = none counted)."""
+    """Local work: ``seconds`` if given; else, where the op names its kernels (``gemms``: (M, N, K) of each
+    matmul; ``attention``: (batch, heads, seq, head_dim) of an attention call, ``causal``, its pass
+    ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash or unfused; ``dtype`` of
+    the operands), the per-kernel model of sim/compute.py; else a roofline of ``flops`` and HBM ``bytes`` on the
+    GPU spec. ``flops``/``bytes`` stay the op's totals. Each kernel pays the GPU spec's ``launch_s``; an op that
+    counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/tp/plan.py)
+    pays launches x launch_s instead."""
     name: str = "compute"
     seconds: float | None = None
     flops: float = 0.0
     bytes: float = 0.0
     stream: str = "compute"
-    launches: int = 0
+    launches: int | None = None
+    gemms: tuple[tuple[int, int, int], ...] = ()
+    attention: tuple[int, int, int, int] | None = None
+    causal: bool = True
+    attention_pass: str = "forward"
+    attention_kernel: str = "flash"
+    dtype: str = "bfloat16"
     kind: ClassVar[str] = "compute"
+
+
+COMPUTE_MODEL_FIELDS = {"launches": None, "gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
+                        "attention_kernel": "flash", "dtype": "bfloat16"}   # left out of JSON at these defaults
+ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
+ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
 
 
 @dataclass(frozen=True)
@@ -164,8 +181,7 @@ class Plan:
     def to_dict(self) -> dict:
         ranks = []
         for ops in self.ranks:
-            ranks.append([{"kind": op.kind, **{k: v for k, v in asdict(op).items()
-                                               if not (k == "launches" and v == 0)}} for op in ops])
+            ranks.append([{"kind": op.kind, **_fields_of(op)} for op in ops])
         return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta,
                 "ranks": ranks}
 
@@ -212,6 +228,17 @@ class Plan:
         write_atomic(path, self.to_json(indent=1))
 
 
+def _fields_of(op: Op) -> dict:
+    d = asdict(op)
+    if isinstance(op, Compute):
+        for key, default in COMPUTE_MODEL_FIELDS.items():
+            if d[key] == default:
+                del d[key]
+        if "gemms" in d:
+            d["gemms"] = [list(g) for g in d["gemms"]]
+    return d
+
+
 def _op_from_dict(o, where: str) -> Op:
     if not isinstance(o, dict):
         raise ConfigError("an op must be an object with a 'kind'", where)
@@ -226,6 +253,11 @@ def _op_from_dict(o, where: str) -> Op:
             raise ConfigError(f"unknown key {k!r} for a {kind} op; allowed: {', '.join(sorted(names))}", where)
     if cls is Collective and isinstance(kwargs.get("group"), list):
         kwargs["group"] = tuple(kwargs["group"])
+    if cls is Compute:
+        if isinstance(kwargs.get("gemms"), list):
+            kwargs["gemms"] = tuple(tuple(g) if isinstance(g, list) else g for g in kwargs["gemms"])
+        if isinstance(kwargs.get("attention"), list):
+            kwargs["attention"] = tuple(kwargs["attention"])
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -238,6 +270,27 @@ def _is_int(x) -> bool:
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and x not in (float("inf"),)
+
+
+def _check_kernels(op: Compute, where: str) -> None:
+    """The optional kernel fields of a Compute op (sim/compute.py reads them)."""
+    def whole(t, n):
+        return isinstance(t, tuple) and len(t) == n and all(_is_int(x) and x > 0 for x in t)
+    if not isinstance(op.gemms, tuple) or not all(whole(g, 3) for g in op.gemms):
+        raise ConfigError(f"gemms must be a list of [M, N, K] whole numbers > 0, got {op.gemms!r}", where)
+    if op.attention is not None and not whole(op.attention, 4):
+        raise ConfigError(f"attention must be [batch, heads, seq, head_dim] whole numbers > 0, got {op.attention!r}",
+                          where)
+    if not isinstance(op.causal, bool):
+        raise ConfigError(f"causal must be true or false, got {op.causal!r}", where)
+    if op.attention_pass not in ATTENTION_PASSES:
+        raise ConfigError(f"unknown attention_pass {op.attention_pass!r}; allowed: {', '.join(ATTENTION_PASSES)}",
+                          where)
+    if op.attention_kernel not in ATTENTION_KERNELS:
+        raise ConfigError(f"unknown attention_kernel {op.attention_kernel!r}; allowed: "
+                          f"{', '.join(ATTENTION_KERNELS)}", where)
+    if not isinstance(op.dtype, str) or op.dtype not in DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
 
 
 def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> None:
@@ -253,6 +306,7 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
             v = getattr(op, key)
             if not _is_num(v) or v < 0:
                 raise ConfigError(f"{key} must be a number >= 0, got {v!r}", where)
+        _check_kernels(op, where)
         return
     if isinstance(op, (Record, Wait)):
         if not isinstance(op.event, str) or not op.event:

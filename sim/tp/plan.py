@@ -78,8 +78,14 @@ class _Program:
     def __init__(self, group: tuple, dtype: str):
         self.ops, self.group, self.dtype, self.n = [], group, dtype, 0
 
-    def compute(self, name: str, flops: float = 0.0, nbytes: float = 0.0, launches: int = 0):
-        self.ops.append(Compute(name, flops=flops, bytes=nbytes, launches=launches if len(self.group) > 1 else 0))
+    def compute(self, name: str, flops: float = 0.0, nbytes: float = 0.0, gemms: tuple = (), attention=None,
+                attention_pass: str = "forward", launches: int = 0):
+        """A compute op; ``gemms``/``attention`` name its kernels for sim/compute.py; ``launches`` the DTensor
+        ops it dispatches (the op's whole overhead when the group shards, tp > 1; with tp = 1, None: one
+        launch per kernel, sim/compute.py)."""
+        self.ops.append(Compute(name, flops=flops, bytes=nbytes, gemms=gemms, attention=attention,
+                                attention_pass=attention_pass, dtype=self.dtype,
+                                launches=launches if len(self.group) > 1 else None))
 
     def coll(self, op: str, nbytes: int, name: str, dtype: str | None = None):
         if len(self.group) == 1:
@@ -112,7 +118,28 @@ def shapes_of(model, tp: int) -> dict:
             "attn_flops": (2.0 * b * s * attn + 4.0 * b * s * s * h) / tp, "attn_bytes": attn * e / tp,
             "core_flops": 4.0 * b * s * s * h / tp, "mlp_flops": 2.0 * b * s * mlp / tp, "mlp_bytes": mlp * e / tp,
             "head_flops": 2.0 * b * s * h * V / tp, "head_bytes": h * V * e / tp,
-            "col_attn": 1 if st["qkv"] == "fused" else 3, "col_mlp": 2 if st["mlp"] == "swiglu" else 1}
+            "col_attn": 1 if st["qkv"] == "fused" else 3, "col_mlp": 2 if st["mlp"] == "swiglu" else 1,
+            **gemm_shapes(model, tp)}
+
+
+def gemm_shapes(model, tp: int) -> dict:
+    """Per rank, the (M, N, K) of each forward GEMM of a block's attention and MLP and of the head (M = b·s tokens:
+    under sequence parallelism the all-gathered input; column-parallel N and row-parallel K divided by tp), and the
+    FlashAttention call (b, heads / tp, s, head_dim) (sim/compute.py times them)."""
+    c, st = model.config, structure(model)
+    b, s, h, V, heads = c["micro_batch"], c["seq_len"], c["hidden"], c["vocab"], c["heads"]
+    T, d, ffn = b * s, h // heads, c["ffn_hidden"]
+    kv = c["kv_heads"] * d
+    qkv = (((T, (h + 2 * kv) // tp, h),) if st["qkv"] == "fused"
+           else ((T, h // tp, h), (T, max(1, kv // tp), h), (T, max(1, kv // tp), h)))
+    up = ((T, ffn // tp, h),) * (2 if st["mlp"] == "swiglu" else 1)
+    return {"attn_gemms": qkv + ((T, h, h // tp),), "mlp_gemms": up + ((T, h, ffn // tp),),
+            "head_gemms": ((T, V // tp, h),), "core": (b, heads // tp, s, d)}
+
+
+def backward_gemms(gemms: tuple) -> tuple:
+    """The backward of each forward GEMM (M, N, K): input gradient (M, K, N) and weight gradient (K, N, M)."""
+    return tuple(g for M, N, K in gemms for g in ((M, K, N), (K, N, M)))
 
 
 def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp") -> Plan:
@@ -176,7 +203,7 @@ class Segments:
             p.compute("fwd norm_f", nbytes=self.norm)
             if sp:
                 p.coll("all_gather", X, "lm_head input fwd")
-            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"], self.dt["ends fwd"])
+            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"], k["head_gemms"], launches=self.dt["ends fwd"])
             if self.o.loss_parallel:
                 p.compute("fwd loss", nbytes=k["tokens"] * 4 * V / len(p.group))
                 for what in ("max", "sum exp", "target logit"):
@@ -189,7 +216,8 @@ class Segments:
                 p.compute(f"fwd {name}.{norm}", nbytes=self.norm)
                 if sp:
                     p.coll("all_gather", X, f"{name}.{part} input fwd")
-                p.compute(f"fwd {name}.{part}", k[f"{part}_flops"], k[f"{part}_bytes"], self._half("fwd", part))
+                p.compute(f"fwd {name}.{part}", k[f"{part}_flops"], k[f"{part}_bytes"], k[f"{part}_gemms"],
+                          k["core"] if part == "attn" else None, launches=self._half("fwd", part))
                 p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} output fwd")
 
     def backward(self, name: str):
@@ -199,15 +227,20 @@ class Segments:
                 p.coll("all_gather", X, "embed bwd")
             p.compute("bwd embed", nbytes=X)
         elif name == "head":
-            p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"], self.dt["ends bwd"])
+            p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"], backward_gemms(k["head_gemms"]),
+                      launches=self.dt["ends bwd"])
             p.coll("reduce_scatter" if sp else "all_reduce", X, "lm_head input bwd")
             p.compute("bwd norm_f", nbytes=self.norm)
         else:
             for part, norm, redo in (("mlp", "norm2", self.redo_mlp), ("attn", "norm1", self.redo_attn)):
                 if sp:
                     p.coll("all_gather", X, f"{name}.{part} output bwd")
+                full = self.o.recompute == "full"
                 p.compute(f"bwd {name}.{part}", 2 * k[f"{part}_flops"] + redo, k[f"{part}_bytes"],
-                          self._half("bwd", part))
+                          (k[f"{part}_gemms"] if full else ()) + backward_gemms(k[f"{part}_gemms"]),
+                          k["core"] if part == "attn" else None,
+                          "recompute+backward" if self.o.recompute != "none" else "backward",
+                          launches=self._half("bwd", part))
                 for _ in range(1 if sp else k[f"col_{part}"]):
                     p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} input bwd")
                 p.compute(f"bwd {name}.{norm}", nbytes=self.norm)

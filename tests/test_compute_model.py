@@ -1,0 +1,164 @@
+"""The per-op compute model (sim/compute.py): GEMM, FlashAttention and memory-bound times against hand-computed
+values, the efficiency curve (log-linear, clamped), the engine's use of it, the TP builders' GEMM shapes (a TP
+degree or micro-batch change moves each GEMM along the curve), and the plan / cluster file fields."""
+import math
+from dataclasses import replace
+
+import pytest
+
+from distlab.sim.cluster import GPUS, PRESETS, cluster_from_dict
+from distlab.sim.compute import attention_time, gemm_efficiency, gemm_time, memory_time, op_seconds
+from distlab.sim.engine import simulate
+from distlab.sim.errors import ConfigError
+from distlab.sim.mesh import Mesh
+from distlab.sim.models import gpt
+from distlab.sim.plan import Compute, Plan
+from distlab.sim.tp.plan import TPOptions, tp_plan
+
+# 100 TFLOP/s, 1000 GB/s; 25% of peak at 1 GFLOP, 75% at 100 GFLOP; 2 us per kernel.
+GPU = replace(GPUS["h100"], tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),
+              launch_s=2e-6)
+
+
+def test_gemm_time_by_hand():
+    # 2·1000³ = 2e9 FLOPs: log10 = 9.30103, a quarter of the way from 1e9 to 1e11 -> eff 0.25 + 0.5 x 0.150515
+    eff = 0.25 + 0.5 * (math.log10(2e9) - 9) / 2
+    assert gemm_efficiency(2e9, GPU) == pytest.approx(eff, rel=1e-12)
+    assert gemm_time(1000, 1000, 1000, 2, GPU) == pytest.approx(2e-6 + 2e9 / (100e12 * eff), rel=1e-12)
+
+
+def test_curve_is_clamped_at_both_ends():
+    assert gemm_efficiency(1e3, GPU) == 0.25 and gemm_efficiency(1e15, GPU) == 0.75
+    # a large GEMM at 75%: 2·8192³ FLOPs / 75 TFLOP/s
+    assert gemm_time(8192, 8192, 8192, 2, GPU) == pytest.approx(2e-6 + 2 * 8192**3 / 75e12, rel=1e-12)
+
+
+def test_skinny_gemm_is_memory_bound():
+    # (1 x 8192) @ (8192 x 8192): 134 MFLOP (at 25% = 5.4 us) but 8192² x 2 bytes of weight = 134 us of HBM
+    t = gemm_time(1, 8192, 8192, 2, GPU)
+    assert t == pytest.approx(2e-6 + (8192 + 8192 * 8192 + 8192) * 2 / 1e12, rel=1e-12)
+
+
+def test_without_a_curve_the_old_flat_roofline():
+    gpu = replace(GPUS["a100"], mfu=0.5)
+    assert gemm_efficiency(1e6, gpu) == 0.5
+    assert gemm_time(4096, 4096, 4096, 2, gpu) == pytest.approx(2 * 4096**3 / (312e12 * 0.5), rel=1e-12)
+    old = Compute("x", flops=1e12, bytes=1e9)
+    assert op_seconds(old, gpu) == max(1e12 / (312e12 * 0.5), 1e9 / 2039e9)
+
+
+def test_flash_attention_flops_causal_and_backward():
+    gpu = replace(GPU, attention_efficiency=0.5)
+    full = 4.0 * 2 * 16 * 4096**2 * 128            # 4·b·heads·s²·d
+    assert attention_time(2, 16, 4096, 128, gpu, causal=False) == pytest.approx(2e-6 + full / 50e12, rel=1e-12)
+    assert attention_time(2, 16, 4096, 128, gpu) == pytest.approx(2e-6 + full / 2 / 50e12, rel=1e-12)
+    assert attention_time(2, 16, 4096, 128, gpu, attention_pass="backward") == pytest.approx(
+        2e-6 + 2.5 * full / 2 / 50e12, rel=1e-12)
+    assert attention_time(2, 16, 4096, 128, gpu, attention_pass="recompute+backward") == pytest.approx(
+        2e-6 + 3.5 * full / 2 / 50e12, rel=1e-12)
+
+
+def test_memory_bound_op_and_launch_overhead():
+    assert memory_time(1e9, GPU) == pytest.approx(2e-6 + 1e-3, rel=1e-12)
+    assert op_seconds(Compute("norm", bytes=1e9), GPU) == pytest.approx(2e-6 + 1e-3, rel=1e-12)
+    op = Compute("mlp", gemms=((1000, 1000, 1000), (8192, 8192, 8192)))
+    assert op_seconds(op, GPU) == pytest.approx(gemm_time(1000, 1000, 1000, 2, GPU)
+                                                + gemm_time(8192, 8192, 8192, 2, GPU), rel=1e-12)
+
+
+def test_the_engine_times_compute_with_the_model():
+    cluster = replace(PRESETS["dgx-h100"], gpu=GPU).with_world_size(1)
+    op = Compute("attn", gemms=((4096, 4096, 4096),), attention=(1, 32, 4096, 128))
+    trace = simulate(Plan([[op]]), cluster)
+    assert trace.makespan == pytest.approx(op_seconds(op, GPU), rel=1e-12)
+
+
+LLAMA = gpt(layers=2, hidden=4096, heads=32, kv_heads=8, seq_len=4096, vocab=32000, micro_batch=1,
+            arch="llama", ffn_hidden=14336)
+
+
+def _op(plan, name):
+    return next(o for o in plan.ranks[0] if isinstance(o, Compute) and o.name == name)
+
+
+def test_tp_slices_gemms_and_moves_them_down_the_curve():
+    one = _op(tp_plan(LLAMA, Mesh({"tp": 1}), TPOptions()), "fwd h.0.mlp")
+    eight = _op(tp_plan(LLAMA, Mesh({"tp": 8}), TPOptions()), "fwd h.0.mlp")
+    T = 4096
+    assert one.gemms == ((T, 14336, 4096), (T, 14336, 4096), (T, 4096, 14336))       # gate, up, down
+    assert eight.gemms == ((T, 1792, 4096), (T, 1792, 4096), (T, 4096, 1792))
+    # each tp-8 slice has 1/8 of the FLOPs; on the curve it runs at a lower efficiency, as the curve says
+    gpu = replace(GPU, gemm_efficiency=((1e9, 0.25), (1e13, 0.75)), launch_s=0.0)   # +0.125 per decade
+    f1, f8 = 2.0 * T * 14336 * 4096, 2.0 * T * 1792 * 4096
+    drop = gemm_efficiency(f1, gpu) - gemm_efficiency(f8, gpu)
+    assert drop == pytest.approx(0.125 * math.log10(8), rel=1e-9)
+    ratio = 8 * op_seconds(eight, gpu) / op_seconds(one, gpu)
+    assert ratio == pytest.approx(gemm_efficiency(f1, gpu) / gemm_efficiency(f8, gpu), rel=1e-9)
+    assert ratio > 1.1
+
+
+def test_backward_gemms_and_micro_batch():
+    plan = tp_plan(LLAMA, Mesh({"tp": 2}), TPOptions(sequence_parallel=False))
+    fwd, bwd = _op(plan, "fwd h.0.attn"), _op(plan, "bwd h.0.attn")
+    assert fwd.attention == (1, 16, 4096, 128) and bwd.attention_pass == "backward"
+    assert bwd.gemms == tuple(g for M, N, K in fwd.gemms for g in ((M, K, N), (K, N, M)))
+    full = _op(tp_plan(LLAMA, Mesh({"tp": 2}), TPOptions(recompute="full")), "bwd h.0.attn")
+    assert full.gemms[:len(fwd.gemms)] == fwd.gemms and full.attention_pass == "recompute+backward"
+    big = gpt(**{**{k: LLAMA.config[k] for k in ("layers", "hidden", "heads", "kv_heads", "seq_len", "vocab",
+                                                 "arch", "ffn_hidden")}, "micro_batch": 4})
+    assert _op(tp_plan(big, Mesh({"tp": 2}), TPOptions()), "fwd h.0.attn").gemms[0][0] == 4 * 4096
+
+
+def test_plan_json_round_trip_and_old_plans_unchanged():
+    op = Compute("attn", gemms=((8, 16, 32),), attention=(1, 2, 64, 8), causal=False, attention_pass="backward")
+    plan = Plan([[op, Compute("norm", bytes=10.0)]])
+    again = Plan.from_json(plan.to_json())
+    assert again.ranks[0] == plan.ranks[0]
+    assert set(plan.to_dict()["ranks"][0][1]) == {"kind", "name", "seconds", "flops", "bytes", "stream"}
+    with pytest.raises(ConfigError, match="gemms"):
+        Plan([[Compute("x", gemms=((8, 0, 32),))]]).validate()
+    with pytest.raises(ConfigError, match="attention_pass"):
+        Plan([[Compute("x", attention_pass="sideways")]]).validate()
+
+
+def test_cluster_file_carries_the_curve():
+    d = PRESETS["dgx-a100"].to_dict()
+    assert "gemm_efficiency" not in d["gpu"] and "launch_s" not in d["gpu"]      # old files stay as they were
+    d["gpu"].update(gemm_efficiency=[[1e9, 0.3], [1e12, 0.7]], attention_efficiency=0.5, launch_s=3e-6)
+    c = cluster_from_dict(d)
+    assert c.gpu.gemm_efficiency == ((1e9, 0.3), (1e12, 0.7)) and c.gpu.launch_s == 3e-6
+    assert cluster_from_dict(c.to_dict()).gpu == c.gpu
+    d["gpu"]["gemm_efficiency"] = [[1e12, 0.3], [1e9, 0.7]]
+    with pytest.raises(ConfigError, match="gemm_efficiency"):
+        cluster_from_dict(d)
+
+
+def test_unfused_attention_by_hand():
+    # b·heads = 2 x 4 = 8 problems, s = 1024, d = 64, 2-byte elements; the curve at each batched GEMM's FLOPs
+    gpu = replace(GPU, launch_s=0.0)
+    f = 2.0 * 8 * 1024 * 1024 * 64
+    gemm = 2 * f / (100e12 * gemm_efficiency(f, gpu))
+    scores = 8 * 1024 * 1024
+    fwd = gemm + scores * (4 + 5) / 1e12
+    bwd = 2 * gemm + scores * (5 + 6) / 1e12
+    op = Compute("attn", attention=(2, 4, 1024, 64), attention_kernel="unfused")
+    assert op_seconds(op, gpu) == pytest.approx(fwd, rel=1e-12)
+    assert op_seconds(replace(op, attention_pass="recompute+backward"), gpu) == pytest.approx(fwd + bwd, rel=1e-12)
+
+
+def test_counted_launches_replace_the_per_kernel_overhead():
+    """One rule for launch_s: per kernel, or, where the op counts the ops its host dispatches (``launches``, e.g.
+    DTensor's in a TP plan), per dispatched op instead: never both."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.compute import op_seconds
+    from distlab.sim.plan import Compute
+    gpu = replace(PRESETS["dgx-h100"].gpu, launch_s=1e-5)
+    bare = replace(gpu, launch_s=0.0)
+    op = Compute("mlp", gemms=((512, 1024, 256), (512, 256, 1024)))
+    assert op_seconds(op, gpu) == pytest.approx(op_seconds(op, bare) + 2e-5)
+    assert op_seconds(replace(op, launches=7), gpu) == pytest.approx(op_seconds(op, bare) + 7e-5)
+    flat = Compute("norm", bytes=1e6)
+    assert op_seconds(replace(flat, launches=0), gpu) == pytest.approx(op_seconds(flat, bare))
+    assert op_seconds(flat, gpu) == pytest.approx(op_seconds(flat, bare) + 1e-5)

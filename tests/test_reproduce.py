@@ -1,0 +1,74 @@
+"""`distlab reproduce` (sim/reproduce/): the shipped runs (Megatron-LM Table 1), FLOPs as eq. 3 counts them, the
+one-replica / one-TP-rank reduction equal to the full simulation, the CLI table, JSON and plot, and bad runs
+files as one line naming the run and the key, exit code 2."""
+import json
+
+import pytest
+import yaml
+
+from distlab.runtime.cli import main
+from distlab.sim.reproduce.predict import model_flops, step_seconds
+from distlab.sim.reproduce.runs import load_runs
+
+TINY = {"name": "tiny", "source": "a test", "model": {"arch": "gpt2", "layers": 2, "hidden": 256, "heads": 8,
+                                                      "seq_len": 128, "vocab": 1024},
+        "gpu": "a100", "cluster": "dgx-a100", "gpus": 32, "layout": {"tp": 8, "pp": 2, "dp": 2},
+        "global_batch": 8, "micro_batch": 2, "precision": "float16", "recompute": "full",
+        "attention": "unfused", "reported": {"tflops_per_gpu": 1.0}}
+
+
+def runs_file(tmp_path, *runs, generations=None):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"generations": generations or {"ampere": {"peak_fraction": 0.6,
+                                                                             "half_flops": 1e9}},
+                                    "runs": list(runs)}))
+    return str(path)
+
+
+def test_shipped_runs_are_table_1_with_eq3_flops():
+    runs, gens = load_runs()
+    table = [r for r in runs if r.source.startswith("Narayanan et al. 2021")]
+    assert len(table) == 10 and all(r.gpus == r.layout["tp"] * r.layout["pp"] * r.layout["dp"] for r in table)
+    assert [r.figure[1] for r in table] == [137, 138, 142, 135, 138, 140, 148, 155, 163, 163]
+    assert all(len(g.fitted_on) <= 2 for g in gens.values())
+    top = table[-1]                       # 1T: B 3072, s 2048, l 128, h 25600, V 51200
+    B, s, l, h, V = 3072, 2048, 128, 25600, 51200
+    assert model_flops(top) == pytest.approx(96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)))
+
+
+@pytest.mark.parametrize("layout,gpus,batch", [({"tp": 8, "pp": 2, "dp": 2}, 32, 8),
+                                               ({"tp": 2, "pp": 1, "dp": 4}, 8, 8)])
+def test_one_replica_one_tp_rank_equals_the_full_simulation(tmp_path, layout, gpus, batch):
+    runs, gens = load_runs(runs_file(tmp_path, {**TINY, "layout": layout, "gpus": gpus, "global_batch": batch}))
+    reduced, full = step_seconds(runs[0], gens), step_seconds(runs[0], gens, replicas=False)
+    assert reduced == pytest.approx(full, rel=1e-9)
+
+
+def test_cli_table_json_and_plot(tmp_path, capsys):
+    path = runs_file(tmp_path, {**TINY, "gpus": 8, "layout": {"tp": 2, "pp": 1, "dp": 4}},
+                     {**TINY, "name": "big", "gpus": 4096, "layout": {"tp": 8, "pp": 2, "dp": 256},
+                      "global_batch": 512})
+    png = tmp_path / "r.png"
+    assert main(["reproduce", path, "--plot", str(png), "--max-gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "predicted" in out and "skipped big (4096 GPUs)" in out
+    assert png.stat().st_size > 1000
+    assert main(["reproduce", path, "--json", "--only", "tiny"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema"] == "distlab.reproduce/1" and [r["name"] for r in d["results"]] == ["tiny"]
+    assert d["results"][0]["world_size"] == 8 and d["summary"]["rows"] == 1
+    r = d["results"][0]
+    assert r["predicted"] == pytest.approx(model_flops(load_runs(path)[0][0]) / (r["step_time_s"] * 8) / 1e12)
+    assert r["error"] == pytest.approx(r["predicted"] / r["reported"] - 1)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"layout": {"tp": 8, "pp": 2, "dp": 3}}, ["run 'tiny'.layout", "48", "32 GPUs"]),
+    ({"gpu": "a200"}, ["run 'tiny'.gpu", "unknown gpu 'a200'"]),
+    ({"reported": {}}, ["run 'tiny'.reported", "no reported figure"]),
+])
+def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
+    assert main(["reproduce", runs_file(tmp_path, {**TINY, **change})]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
