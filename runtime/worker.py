@@ -212,6 +212,8 @@ def run_torchrun(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one")
     p.add_argument("--dump-dir", help="flight records of every rank go here (see distlab diagnose)")
     p.add_argument("--no-check", action="store_true", help="run even a plan that the static check refuses")
+    p.add_argument("--json", action="store_true", help="rank 0 prints the summary as one line of JSON "
+                   "(distlab.run/1, as `distlab run --json`)")
     args = p.parse_args(argv)
     import torch.distributed as dist
 
@@ -239,9 +241,12 @@ def run_torchrun(argv: list[str]) -> int:
         if ctx.rank == 0:
             trace = merge_results(plan, gathered)
             trace.save(args.out)
-            print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
-            if "clock" in trace.meta:
-                print(describe(trace.meta["clock"]))
+            if args.json:
+                print(json.dumps(run_json(trace, args.out)))
+            else:
+                print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
+                if "clock" in trace.meta:
+                    print(describe(trace.meta["clock"]))
         if flight is not None:
             flight.dump(COMPLETED)
         _finish()
@@ -250,6 +255,15 @@ def run_torchrun(argv: list[str]) -> int:
             flight.dump(f"{type(e).__name__}: {e}".strip().splitlines()[0][:500])
         raise
     return 0
+
+
+def run_json(trace, out: str) -> dict:
+    """`distlab run --json`'s object for a torchrun run (runtime/commands/run.py's keys, plus the clocks)."""
+    from distlab.runtime.commands.run import summary
+    from distlab.sim.cli import with_schema
+    return with_schema({"trace": out, "perfetto": None, "world_size": trace.meta.get("world_size"),
+                        "makespan_s": trace.makespan, "backend": trace.meta.get("backend"),
+                        "clock": trace.meta.get("clock"), "streams": summary(trace)}, "run")
 
 
 def main(argv: list[str] | None = None) -> int:

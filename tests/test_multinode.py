@@ -3,6 +3,7 @@ rank 0 writes one merged trace of 4 ranks, and a clock shift injected on node 1 
 Bad input (an endpoint nobody serves, nodes that disagree on the world size) ends in one line, exit 2."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,11 +29,11 @@ def cli(*args, env=None, timeout=90):
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
 
 
-def node(plan_path, out, k, port, nproc=2, nnodes=2, shift=0.0, timeout=20, host="127.0.0.1"):
+def node(plan_path, out, k, port, nproc=2, nnodes=2, shift=0.0, timeout=20, host="127.0.0.1", as_json=False):
     env = {"DISTLAB_TEST_CLOCK_SHIFT_S": str(shift)} if shift else {}
     return cli("run", plan_path, "--nnodes", str(nnodes), "--node-rank", str(k), "--rdzv-endpoint",
                f"{host}:{port}", "--nproc", str(nproc), "--backend", "gloo", "--timeout", str(timeout),
-               "--out", out, env=env)
+               "--out", out, *(["--json"] if as_json else []), env=env)
 
 
 def finish(procs, timeout=120):
@@ -55,7 +56,8 @@ def two_nodes(tmp_path_factory):
     plan = str(d / "small.json")
     small_plan().save(plan)
     port = free_port()
-    procs = [node(plan, str(d / "merged.trace"), k, port, shift=SHIFT_S if k == 1 else 0.0) for k in (0, 1)]
+    procs = [node(plan, str(d / "merged.trace"), k, port, shift=SHIFT_S if k == 1 else 0.0, as_json=True)
+             for k in (0, 1)]
     outs = finish(procs)
     return d, outs
 
@@ -66,9 +68,13 @@ def test_two_nodes_give_one_merged_trace_of_four_ranks(two_nodes):
     trace = Trace.from_json((d / "merged.trace").read_text())
     assert {o.rank for o in trace.ops} == {0, 1, 2, 3}
     assert trace.meta["complete"] and trace.meta["world_size"] == 4
-    # c10d rendezvous assigns node ranks itself: rank 0 (which writes the trace) is on either launcher
-    (writer,) = [out for _, out, _ in outs if "wrote" in out]
-    assert "clocks: 2 nodes aligned to rank 0 within" in writer
+    # c10d rendezvous assigns node ranks itself: rank 0 (which writes the trace) is on either launcher; with
+    # --json its node prints one JSON object (the other node prints nothing)
+    (writer,) = [json.loads(out) for _, out, _ in outs if out]
+    assert writer["schema"] == "distlab.run/1" and writer["world_size"] == 4
+    assert writer["trace"] == str(d / "merged.trace") and writer["makespan_s"] == pytest.approx(trace.makespan)
+    assert {s["rank"] for s in writer["streams"]} == {0, 1, 2, 3}
+    assert writer["clock"]["offset_s"] == trace.meta["clock"]["offset_s"]
 
 
 def test_an_injected_clock_offset_is_recovered_within_100_us(two_nodes):
@@ -76,7 +82,7 @@ def test_an_injected_clock_offset_is_recovered_within_100_us(two_nodes):
     trace = Trace.from_json((d / "merged.trace").read_text())
     clock = trace.meta["clock"]
     assert clock["offset_s"][:2] == [0.0, 0.0]                        # rank 0's node: the same clock
-    expected = -SHIFT_S if "wrote" in outs[1][1] else SHIFT_S          # rank 0 on the shifted node, or not
+    expected = -SHIFT_S if outs[1][1] else SHIFT_S          # rank 0 on the shifted node (it prints), or not
     for r in (2, 3):
         assert abs(clock["offset_s"][r] - expected) < 100e-6, clock
         assert 0 < clock["uncertainty_s"][r] < 1e-3

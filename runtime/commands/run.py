@@ -43,6 +43,11 @@ def run(args) -> int:
     if args.nnodes is not None:                    # torchrun on this node (issue 20)
         from distlab.runtime.multinode import run_plan_on_node
         return run_plan_on_node(args)
+    from distlab.runtime.torchrun_rank import under_torchrun
+    if under_torchrun():                           # this process is one of torchrun's ranks
+        from distlab.runtime.multinode import worker_args
+        from distlab.runtime.worker import run_torchrun
+        return run_torchrun(worker_args(args))
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:
@@ -97,7 +102,7 @@ def run(args) -> int:
         trace.save(perfetto)
     rows = summary(trace)
     if args.json:
-        print_json({"trace": out, "perfetto": perfetto, "makespan_s": trace.makespan,
+        print_json({"trace": out, "perfetto": perfetto, "world_size": nproc, "makespan_s": trace.makespan,
                     "backend": trace.meta.get("backend"), "streams": rows})
         return 0
     print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
