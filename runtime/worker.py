@@ -242,6 +242,7 @@ def run_torchrun(argv: list[str]) -> int:
             trace = merge_results(plan, gathered)
             trace.save(args.out)
             if args.json:
+                from distlab.runtime.run_summary import run_json
                 print(json.dumps(run_json(trace, args.out)))
             else:
                 print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
@@ -255,15 +256,6 @@ def run_torchrun(argv: list[str]) -> int:
             flight.dump(f"{type(e).__name__}: {e}".strip().splitlines()[0][:500])
         raise
     return 0
-
-
-def run_json(trace, out: str) -> dict:
-    """`distlab run --json`'s object for a torchrun run (runtime/commands/run.py's keys, plus the clocks)."""
-    from distlab.runtime.commands.run import summary
-    from distlab.sim.cli import with_schema
-    return with_schema({"trace": out, "perfetto": None, "world_size": trace.meta.get("world_size"),
-                        "makespan_s": trace.makespan, "backend": trace.meta.get("backend"),
-                        "clock": trace.meta.get("clock"), "streams": summary(trace)}, "run")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,8 @@ def run(args) -> int:
     from distlab.runtime.executor import merge_results
     import contextlib
 
+    from distlab.runtime.run_summary import summary
+
     from distlab.runtime.flight import clear
     from distlab.runtime.launch import Launch, RunFailed
     from distlab.sim.check import PlanMismatch, assert_consistent
@@ -153,15 +155,3 @@ def check_dtypes(plan, backend: str) -> None:
             return
     r, i, op = bad[0]
     check_backend_dtype(op.dtype, "gloo", f"{plan.name}: ranks[{r}][{i}]")
-
-
-def summary(trace) -> list[dict]:
-    """Per (rank, stream): op count, busy time, first start and last end."""
-    rows = []
-    for rank, stream in sorted({(o.rank, o.stream) for o in trace.ops}):
-        ops = [o for o in trace.ops if o.rank == rank and o.stream == stream and o.kind not in ("record", "wait")]
-        if not ops:
-            continue
-        rows.append({"rank": rank, "stream": stream, "ops": len(ops), "busy_s": trace.busy_time(rank, stream),
-                     "start_s": min(o.start for o in ops), "end_s": max(o.end for o in ops)})
-    return rows
