@@ -1,5 +1,5 @@
 """The lessons' library: the exercise checker (right, wrong, wrong unit), units, tables and figures, the
-`distlab lessons` command, and the real-run helpers of runtime/lessons.py."""
+`distlab lessons` command, and the real-run helpers of runtime/lessons/."""
 import argparse
 import os
 
@@ -253,7 +253,7 @@ def test_lessons_command_line(cli):
     assert rc == 2 and ("port" in err or "JupyterLab is not installed" in err)
 
 
-# --- real runs (runtime/lessons.py) ------------------------------------------------------------------------
+# --- real runs (runtime/lessons/) ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_collectives_demo_every_rank():
     from distlab.runtime.lessons import collectives_demo

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_ops, positive_int
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_ops, positive_int
 
 NAME = "calibrate"
 HELP = "Fit latency and bandwidth of real collectives per world size, and compute speed; write a cluster YAML."
