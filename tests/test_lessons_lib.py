@@ -62,7 +62,7 @@ def test_every_exercise_accepts_its_solution():
              "04-your-error": {"case": {"error": -0.125}},
              "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
              "06-your-error": {"row": {"error_pct": -12.0}},
-             "07-your-error": {"row": {"error_pct": 8.0}},
+             "07-your-prediction": {"row": {"measured_s": 0.5}},
              "05-your-prediction": {"row": {"measured_s": 0.040}}, "06-your-prediction": {"row": {"measured_s": 0.2}}}
     table = exercises()
     assert len({k[:2] for k in table}) >= 8 and all(sum(k.startswith(p) for k in table) >= 2
@@ -79,10 +79,18 @@ def test_every_exercise_accepts_its_solution():
         check("02-your-busbw", "1 GB/s")
     assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
     assert check("06-your-error", "-12%", **given["06-your-error"]).ok
-    assert check("07-your-error", "8%", **given["07-your-error"]).ok
     # predictions from lesson 04's fit: within 25% of the measurement
     assert check("05-your-prediction", "48 ms", row={"measured_s": 0.040}).ok
     assert check("05-your-prediction", "56 ms", row={"measured_s": 0.040}).status == "wrong"
+    assert check("07-your-prediction", "0.6 s", row={"measured_s": 0.5}).ok
+    assert check("07-your-prediction", "300 ms", row={"measured_s": 0.5}).status == "wrong"
+    assert check("02-your-busbw", "0.95 GB/s", **given["02-your-busbw"]).ok        # 0.786 measured: +21%
+    assert check("02-your-busbw", "1.05 GB/s", **given["02-your-busbw"]).status == "wrong"
+    # a prediction left unanswered says, once the run is there, what it measured (and marks it for the tests)
+    v = check("07-your-prediction", None, row={"measured_s": 0.5})
+    assert v.status == "unanswered" and v.message.endswith("measured: 500 ms") and 'data-expected="500.0"' in \
+        v._repr_html_()
+    assert "measured" not in check("04-your-error", None, **given["04-your-error"]).message   # not a prediction
 
 
 def test_ddp_and_fsdp_exercises_follow_the_library():

@@ -45,10 +45,6 @@ def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
 
 
-def _measured_busbw(row: dict) -> float:
-    return _busbw(row["op"], row["world_size"], row["bytes"], row["time_s"])
-
-
 def _preset(name: str):
     from distlab.sim.cluster import PRESETS
     return PRESETS[name]
@@ -167,9 +163,6 @@ register(
                  "NVLS 25 µs once per call (tuning.cc:149-175, :414-428). NCCL builds its trees across nodes and "
                  "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
                  "node the tree is no shorter than the ring."),
-    Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
-             _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
-             why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
     # --- 03 topologies ------------------------------------------------------------------------------------
     Exercise("03-nic", "A DGX H100 has one 400 Gb/s NDR NIC per GPU. What bandwidth per direction does one GPU "
              "get across nodes?", "GB/s", lambda: _preset("dgx-h100").inter_node.bandwidth_GBps,
@@ -246,12 +239,6 @@ register(
              "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
              hint="(slowest - fastest) / fastest, over measured_s",
              why="compare with the spread the simulator predicted for the same caps."),
-    Exercise("05-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
-             "measured DDP step of CPU_DDP_MODEL on 2 ranks at bucket_cap_mb=2 (pass row=... after the run). "
-             "Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
-             hint="simulate(scenario(CPU_DDP_MODEL, 'ddp', cluster=fitted_cluster(), bucket_cap_mb=2))"
-                  "['summary']['step_s']",
-             why="the fit of lesson 04 carried over to a new workload: the point of calibrating."),
     # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
     Exercise("06-zero3-memory", "llama-7b (Ψ = 6.74e9 parameters, bf16 params, Adam) on 64 GPUs with ZeRO-3 / "
              "FSDP: how much do params, grads and optimizer state take per GPU?", "GiB",
@@ -275,12 +262,6 @@ register(
              "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
              abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
              why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
-    Exercise("06-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
-             "measured FSDP2 step of CPU_FSDP_MODEL on 2 ranks with reshard_after_forward=True (pass row=... after "
-             "the run). Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
-             hint="simulate(scenario(CPU_FSDP_MODEL, 'fsdp', cluster=fitted_cluster()))['summary']['step_s']; "
-                  "gloo blocks in each collective, so on CPU add compute and communication rather than overlap",
-             why="the same fit predicts a workload it never saw, to within the noise of a shared machine."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
@@ -301,10 +282,7 @@ register(
              lambda: (_pipe("1f1b", 4, 8).makespan - _pipe("zbh1", 4, 8).makespan) * 1e3,
              hint="simulate both: pipeline_metrics('1f1b', 4, 8).makespan and the same for 'zbh1'",
              why="the delayed W's fill the cool-down bubble: 33 ms against 27 ms, with the same peak memory."),
-    Exercise("07-your-error", "From your measurement (pass row=...): what is the error of the prediction for "
-             "that schedule?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
-             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="compare it with replay_s: the schedule and p2p model alone, with the measured action times."),
+
 )
 
 
@@ -347,4 +325,5 @@ register(
              hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
              why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
 )
+from distlab.sim.lessons import bank_machine  # noqa: E402,F401  ('your machine' predictions of 02, 05-07)
 from distlab.sim.lessons import failures  # noqa: E402,F401  (registers lesson 12, issue 20)
