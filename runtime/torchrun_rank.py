@@ -40,6 +40,18 @@ def quiet_other_ranks() -> None:
         sys.stdout.distlab_quiet = True
 
 
+def _leave_group() -> None:
+    """At exit, every rank waits for the others (rank 0 last: it writes the results) and leaves the process group:
+    a rank that exits with the group still up, its peers' sockets closing under it, may abort (SIGABRT)."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:          # noqa: BLE001 - a peer already gone: nothing left to wait for
+            pass
+
+
 def world_sizes(text, default: str, where: str = "--nproc") -> list[int]:
     """The world sizes to measure: ``text`` (or ``default``) as a list; under torchrun [WORLD_SIZE], and a
     ``text`` naming any other world size is a ConfigError."""
@@ -86,9 +98,12 @@ class TorchrunRank:
 
     def start(self) -> "TorchrunRank":
         if "ctx" not in _GROUP:
+            import atexit
+
             from distlab.runtime.worker import _die_with_parent, init
             _die_with_parent(os.getppid())          # torchrun's agent: if it dies, so does this rank
             _GROUP["ctx"] = init(self.backend, self.threads, self.timeout)
+            atexit.register(_leave_group)
         self.ctx = _GROUP["ctx"]
         if self.verbose:
             sys.stderr.write(f"distlab: rank {self.ctx.rank} of {self.ctx.world_size} pid {os.getpid()} "

@@ -59,7 +59,7 @@ def test_other_verdicts():
 
 def test_every_exercise_accepts_its_solution():
     given = {"02-your-busbw": {"row": {"op": "all_reduce", "world_size": 4, "bytes": 2**20, "time_s": 2e-3}},
-             "04-your-error": {"case": {"error": -0.125}},
+             "04-your-prediction": {"case": {"measured_s": 0.004}},
              "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
              "06-your-error": {"row": {"error_pct": -12.0}},
              "07-your-prediction": {"row": {"measured_s": 0.5}},
@@ -72,9 +72,8 @@ def test_every_exercise_accepts_its_solution():
         assert check(ex_id, sol, **given.get(ex_id, {})).ok, (ex_id, sol)
         assert question(ex_id)
     assert solution("02-your-busbw", **given["02-your-busbw"]) == "0.7864 GB/s"   # 2^20 B / 2 ms x 2(3)/4
-    assert check("04-your-error", "-12.5%", **given["04-your-error"]).ok
-    small = {"case": {"error": 0.012}}                     # 1.2%: "1%" is close enough (0.5 points)
-    assert check("04-your-error", "1%", **small).ok and not check("04-your-error", "2%", **small).ok
+    assert check("04-your-prediction", "4.9 ms", **given["04-your-prediction"]).ok                  # +22%
+    assert check("04-your-prediction", "5.5 ms", **given["04-your-prediction"]).status == "wrong"
     with pytest.raises(TypeError, match="needs row"):
         check("02-your-busbw", "1 GB/s")
     assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
@@ -85,12 +84,12 @@ def test_every_exercise_accepts_its_solution():
     assert check("07-your-prediction", "0.6 s", row={"measured_s": 0.5}).ok
     assert check("07-your-prediction", "300 ms", row={"measured_s": 0.5}).status == "wrong"
     assert check("02-your-busbw", "0.95 GB/s", **given["02-your-busbw"]).ok        # 0.786 measured: +21%
-    assert check("02-your-busbw", "1.05 GB/s", **given["02-your-busbw"]).status == "wrong"
+    assert check("02-your-busbw", "1.1 GB/s", **given["02-your-busbw"]).status == "wrong"
     # a prediction left unanswered says, once the run is there, what it measured (and marks it for the tests)
     v = check("07-your-prediction", None, row={"measured_s": 0.5})
-    assert v.status == "unanswered" and v.message.endswith("measured: 500 ms") and 'data-expected="500.0"' in \
+    assert v.status == "unanswered" and v.message.endswith("; measured: 500 ms") and 'data-expected="500.0"' in \
         v._repr_html_()
-    assert "measured" not in check("04-your-error", None, **given["04-your-error"]).message   # not a prediction
+    assert "measured:" not in check("05-your-sweep", None, **given["05-your-sweep"]).message   # not a prediction
 
 
 def test_ddp_and_fsdp_exercises_follow_the_library():

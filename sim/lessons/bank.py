@@ -200,10 +200,6 @@ register(
              lambda: _ring("all_gather", 4, 8 * MiB, 150e-6, 1.2e9) * 1e3,
              hint="all_gather: (n-1) steps and (n-1)/n x S bytes",
              why="the same formula the calibrated simulator uses (runtime/fit.py predict)."),
-    Exercise("04-your-error", "Pick one case of your error table (pass case=...): what is its error?", "%",
-             lambda case: case["error"] * 100, needs=("case",), tolerance=0.05, abs_tolerance=0.5,
-             hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="see which kind of case misses most, and why, in the next section."),
     # --- 05 DDP ----------------------------------------------------------------------------------------------
     Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
              "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",

@@ -1,4 +1,4 @@
-"""The 'your machine' exercises of lessons 02, 05, 06 and 07 (issue 21): each asks for a prediction made before
+"""The 'your machine' exercises of lessons 02, 04, 05, 06 and 07 (issue 21): each asks for a prediction made before
 the real run, from lesson 04's fit (``fitted_cluster()``: work/localhost-calibrated.yaml, written by `distlab
 calibrate`, else the uncalibrated localhost-cpu preset), and checks it against the run within 25%
 (``prediction=True``: check(ID, my_prediction, row=...) after the run; unanswered, it says what was measured)."""
@@ -24,6 +24,12 @@ register(
              prediction=True, hint="simulate_sweep('all_reduce', [4 * MiB], fitted_cluster())[0]['busbw_GBps']",
              why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel; a fit of your own "
                  "machine (lesson 04) predicts it better than a preset measured on another."),
+    Exercise("04-your-prediction", "Before you see it measured, from your own fit (the α per step and B of "
+             "all_reduce on 2 ranks): predict a held-out all_reduce of 2 MiB, steps·α + factor·S/B (pass case=... "
+             "after the error table). Within 25%.", "ms", lambda case: case["measured_s"] * 1e3, needs=("case",),
+             tolerance=0.25, prediction=True, hint="2 ranks: 2(n-1) = 2 steps of α, factor 2(n-1)/n = 1",
+             why="the measurement is the time from launch, what the fit was made of; the error table shows how "
+                 "far each held-out size landed."),
     Exercise("05-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
              "measured DDP step of CPU_DDP_MODEL on 2 ranks at bucket_cap_mb=2 (pass row=... after the run). "
              "Within 25%.", "ms", _measured_ms, needs=("row",), tolerance=0.25, prediction=True,
