@@ -40,6 +40,21 @@ def quiet_other_ranks() -> None:
         sys.stdout.distlab_quiet = True
 
 
+def join_group(backend: str = "auto", threads: int = 1, timeout: float = 60.0):
+    """This process's Context (runtime/worker.py) in torchrun's process group: joined on the first call, reused
+    by every later command of the process, left at exit (``_leave_group``)."""
+    if "ctx" not in _GROUP:
+        import atexit
+
+        from distlab.runtime.clock import install_test_shift
+        from distlab.runtime.worker import _die_with_parent, init
+        install_test_shift()                    # the tests' clock shift of one node, as runtime/worker.py's
+        _die_with_parent(os.getppid())          # torchrun's agent: if it dies, so does this rank
+        _GROUP["ctx"] = init(backend, threads, timeout)
+        atexit.register(_leave_group)
+    return _GROUP["ctx"]
+
+
 def _leave_group() -> None:
     """At exit, every rank waits for the others (rank 0 last: it writes the results) and leaves the process group:
     a rank that exits with the group still up, its peers' sockets closing under it, may abort (SIGABRT)."""
@@ -97,14 +112,7 @@ class TorchrunRank:
         self._gathered, self._done = None, False
 
     def start(self) -> "TorchrunRank":
-        if "ctx" not in _GROUP:
-            import atexit
-
-            from distlab.runtime.worker import _die_with_parent, init
-            _die_with_parent(os.getppid())          # torchrun's agent: if it dies, so does this rank
-            _GROUP["ctx"] = init(self.backend, self.threads, self.timeout)
-            atexit.register(_leave_group)
-        self.ctx = _GROUP["ctx"]
+        self.ctx = join_group(self.backend, self.threads, self.timeout)
         if self.verbose:
             sys.stderr.write(f"distlab: rank {self.ctx.rank} of {self.ctx.world_size} pid {os.getpid()} "
                              f"({self.ctx.backend})\n")

@@ -200,8 +200,10 @@ def _finish() -> None:
         dist.destroy_process_group()
 
 
-def run_torchrun(argv: list[str]) -> int:
-    """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace."""
+def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
+    """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace. ``ctx``:
+    a process group joined already (`distlab run` under torchrun, runtime/torchrun_rank.py), kept after the run;
+    without one, this joins torchrun's group and leaves it at the end."""
     p = argparse.ArgumentParser(prog="python -m distlab.runtime.worker", description="Run a plan under torchrun.")
     p.add_argument("plan")
     p.add_argument("--out", default="measured.trace")
@@ -222,6 +224,8 @@ def run_torchrun(argv: list[str]) -> int:
     from distlab.sim.check import assert_consistent
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
+    from distlab.runtime.clock import install_test_shift
+    install_test_shift()                     # (also when `distlab run` calls this under torchrun)
     _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     plan = Plan.load(args.plan)
     world = env_int("WORLD_SIZE")
@@ -232,7 +236,8 @@ def run_torchrun(argv: list[str]) -> int:
         assert_consistent(plan, args.plan)
     signal.signal(signal.SIGTERM, _on_sigterm)
     flight = _recorder(args.dump_dir or os.environ.get("DISTLAB_FLIGHT_DIR"), env_int("RANK"))
-    ctx = init(args.backend, args.threads, args.timeout)
+    own_group = ctx is None
+    ctx = init(args.backend, args.threads, args.timeout) if own_group else ctx
     ctx.flight = flight
     try:
         result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
@@ -250,7 +255,8 @@ def run_torchrun(argv: list[str]) -> int:
                     print(describe(trace.meta["clock"]))
         if flight is not None:
             flight.dump(COMPLETED)
-        _finish()
+        if own_group:
+            _finish()
     except BaseException as e:
         if flight is not None:
             flight.dump(f"{type(e).__name__}: {e}".strip().splitlines()[0][:500])

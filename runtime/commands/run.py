@@ -45,11 +45,11 @@ def run(args) -> int:
     if args.nnodes is not None:                    # torchrun on this node (issue 20)
         from distlab.runtime.multinode import run_plan_on_node
         return run_plan_on_node(args)
-    from distlab.runtime.torchrun_rank import under_torchrun
+    from distlab.runtime.torchrun_rank import join_group, under_torchrun
     if under_torchrun():                           # this process is one of torchrun's ranks
         from distlab.runtime.multinode import worker_args
         from distlab.runtime.worker import run_torchrun
-        return run_torchrun(worker_args(args))
+        return run_torchrun(worker_args(args), join_group(args.backend, args.threads, args.timeout))
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:
