@@ -173,7 +173,8 @@ def _revealed(nb) -> list[str]:
             if ex.prediction:                                            # asked before the run, checked after it
                 problems += _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier)
                 continue
-            if ex.needs:                                                 # answers computed from your own run
+            if ex.needs:                                 # read off your own run, not predicted: not allowed
+                problems.append(f"{ex_id} (cell {i}): takes your measurement but is not a prediction")
                 continue
             shown = earlier + [(i, section, t) for t in texts]
             for j, sec, text in shown:

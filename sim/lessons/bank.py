@@ -76,11 +76,6 @@ def _collectives(plan, op: str) -> int:
     return sum(isinstance(o, Collective) and o.op == op for o in plan.ranks[0])
 
 
-def _spread_pct(rows: list[dict]) -> float:
-    times = [r["measured_s"] for r in rows]
-    return (max(times) - min(times)) / min(times) * 100
-
-
 def _zero_GiB(model: str, world: int, zero: int) -> float:
     from distlab.sim.lessons import zero_bytes
     return zero_bytes(model, world, zero)["total"] / 2**30
@@ -231,10 +226,6 @@ register(
              lambda: _collectives(_ddp_sim(grad_accum=4)["plan"], "all_reduce"), tolerance=0,
              hint="no_sync() skips the all-reduce; gradients keep accumulating locally",
              why="one all-reduce per bucket, only on the last micro-batch: 4x less communication per sample."),
-    Exercise("05-your-sweep", "From your measured sweep (pass rows=...): how much longer was the slowest cap's "
-             "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
-             hint="(slowest - fastest) / fastest, over measured_s",
-             why="compare with the spread the simulator predicted for the same caps."),
     # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
     Exercise("06-zero3-memory", "llama-7b (Ψ = 6.74e9 parameters, bf16 params, Adam) on 64 GPUs with ZeRO-3 / "
              "FSDP: how much do params, grads and optimizer state take per GPU?", "GiB",
@@ -254,10 +245,6 @@ register(
              "how many all-gathers per step on each rank?", "count", lambda: _fsdp_gathers(True), tolerance=0,
              hint="every unit is gathered in forward; resharded blocks are gathered again in backward",
              why="5 in forward (root + 4 blocks) and 4 in backward; with False only the 5."),
-    Exercise("06-your-error", "From your measurement (pass row=...): what is the error of the prediction "
-             "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
-             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
