@@ -18,9 +18,9 @@ def measure(ops: list[str], sizes: list[int], n: int, warmup: int, iters: int, p
     """Per rank: {"rows": the sweep's rows, "compute": rates, "plan": the plan payload's results or None}.
     ``plan`` is an executor payload ({"plan", "warmup", "repeat"}); ``launch_options`` go to runtime.launch.Launch
     (backend, threads, timeout, verbose). Progress is shown per timed round."""
-    from distlab.runtime.launch import Launch
+    from distlab.runtime.torchrun_rank import new_launch    # Launch, or this rank's share under torchrun
     payload = {"ops": ops, "sizes": sizes, "warmup": warmup, "iters": iters, "compute": True, "plan": plan}
-    launch = Launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_options).start()
+    launch = new_launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_options).start()
     return launch.wait_progress(iters, f"{label}: {n} ranks", lambda L: (L.partial(0) or {}).get("rounds", 0))
 
 

@@ -53,6 +53,8 @@ def build_parser() -> tuple[Parser, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from distlab.runtime.torchrun_rank import quiet_other_ranks
+    quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/torchrun_rank.py)
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:           # like git: the help, then exit 2 (a command is required)

@@ -14,6 +14,7 @@ node; the other nodes write nothing.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -121,6 +122,8 @@ def _run_node(spec: NodeSpec, cmd: list[str], verbose: bool, prog: str) -> int:
         for line in text.splitlines():
             if line.startswith(("wrote ", "clocks:", "elastic:")):
                 print(line)
+            elif line.startswith('{"schema": '):          # the worker's --json, one line: printed indented
+                sys.stdout.write(json.dumps(json.loads(line), indent=2) + "\n")
         return 0
     code, message = explain(text, spec)
     sys.stderr.write(f"{prog}: error: {message}\n")
@@ -169,10 +172,15 @@ def run_plan_on_node(args) -> int:
         raise ConfigError(f"the plan has {plan.world_size} ranks; --nnodes {args.nnodes} x --nproc {nproc} "
                           f"must equal it", "--nproc")
     spec = NodeSpec(args.nnodes, args.node_rank, args.rdzv_endpoint, nproc, timeout_s=args.timeout)
+    return run_node(spec, WORKER_MODULE, worker_args(args), args.verbose)
+
+
+def worker_args(args) -> list[str]:
+    """`distlab run`'s options as the arguments of runtime/worker.py's ``run_torchrun``."""
     out = args.out or os.path.splitext(args.plan)[0] + ".measured.trace"
     worker = [os.path.abspath(args.plan), "--out", os.path.abspath(out), "--backend", args.backend,
               "--threads", str(args.threads), "--timeout", str(args.timeout), "--warmup", str(args.warmup),
               "--repeat", str(args.repeat)]
-    if args.no_check:
-        worker.append("--no-check")
-    return run_node(spec, WORKER_MODULE, worker, args.verbose)
+    if args.dump_dir:
+        worker += ["--dump-dir", args.dump_dir]
+    return worker + (["--no-check"] if args.no_check else []) + (["--json"] if args.json else [])

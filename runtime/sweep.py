@@ -114,12 +114,15 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
 
 def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
     """Matmul FLOP/s and copy bandwidth per rank with all ranks working at once (CPU ranks share cores as
-    in a run): the same work on every rank, rate = work / (last end - first start), the robust center of
+    in a run): the same work on every rank, rate = work / (last end - first start) on rank 0's clock
+    (runtime/clock.py: hosts' clocks differ), the robust center of
     ``rounds`` (runtime/robust.py: a round another process interrupts does not count), with its spread."""
     from distlab.runtime import robust
     import torch.distributed as dist
 
+    from distlab.runtime.clock import clock_offset
     from distlab.runtime.compute import Matmuls
+    offset = clock_offset(ctx)          # first start and last end are compared across ranks: one timeline
     mm = Matmuls(ctx.device)
     probe = [mm.measure(0.05)]
     dist.broadcast_object_list(probe, src=0)
@@ -138,7 +141,7 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
                 import torch
                 torch.cuda.synchronize()
             every = [None] * ctx.world_size
-            dist.all_gather_object(every, (t0, time.perf_counter()))
+            dist.all_gather_object(every, (t0 - offset, time.perf_counter() - offset))
             out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
     return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""),
             "flops_per_s": robust.center(flops), "copy_Bps": robust.center(copy),

@@ -200,8 +200,10 @@ def _finish() -> None:
         dist.destroy_process_group()
 
 
-def run_torchrun(argv: list[str]) -> int:
-    """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace."""
+def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
+    """Run a plan under torchrun: every rank executes, rank 0 gathers the records and writes the trace. ``ctx``:
+    a process group joined already (`distlab run` under torchrun, runtime/torchrun_rank.py), kept after the run;
+    without one, this joins torchrun's group and leaves it at the end."""
     p = argparse.ArgumentParser(prog="python -m distlab.runtime.worker", description="Run a plan under torchrun.")
     p.add_argument("plan")
     p.add_argument("--out", default="measured.trace")
@@ -212,6 +214,8 @@ def run_torchrun(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one")
     p.add_argument("--dump-dir", help="flight records of every rank go here (see distlab diagnose)")
     p.add_argument("--no-check", action="store_true", help="run even a plan that the static check refuses")
+    p.add_argument("--json", action="store_true", help="rank 0 prints the summary as one line of JSON "
+                   "(distlab.run/1, as `distlab run --json`)")
     args = p.parse_args(argv)
     import torch.distributed as dist
 
@@ -220,6 +224,8 @@ def run_torchrun(argv: list[str]) -> int:
     from distlab.sim.check import assert_consistent
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
+    from distlab.runtime.clock import install_test_shift
+    install_test_shift()                     # (also when `distlab run` calls this under torchrun)
     _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     plan = Plan.load(args.plan)
     world = env_int("WORLD_SIZE")
@@ -230,7 +236,8 @@ def run_torchrun(argv: list[str]) -> int:
         assert_consistent(plan, args.plan)
     signal.signal(signal.SIGTERM, _on_sigterm)
     flight = _recorder(args.dump_dir or os.environ.get("DISTLAB_FLIGHT_DIR"), env_int("RANK"))
-    ctx = init(args.backend, args.threads, args.timeout)
+    own_group = ctx is None
+    ctx = init(args.backend, args.threads, args.timeout) if own_group else ctx
     ctx.flight = flight
     try:
         result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
@@ -239,12 +246,17 @@ def run_torchrun(argv: list[str]) -> int:
         if ctx.rank == 0:
             trace = merge_results(plan, gathered)
             trace.save(args.out)
-            print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
-            if "clock" in trace.meta:
-                print(describe(trace.meta["clock"]))
+            if args.json:
+                from distlab.runtime.run_summary import run_json
+                print(json.dumps(run_json(trace, args.out)))
+            else:
+                print(f"wrote {args.out}: {ctx.world_size} ranks, makespan {trace.makespan * 1e3:.3f} ms")
+                if "clock" in trace.meta:
+                    print(describe(trace.meta["clock"]))
         if flight is not None:
             flight.dump(COMPLETED)
-        _finish()
+        if own_group:
+            _finish()
     except BaseException as e:
         if flight is not None:
             flight.dump(f"{type(e).__name__}: {e}".strip().splitlines()[0][:500])

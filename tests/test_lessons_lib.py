@@ -1,5 +1,5 @@
 """The lessons' library: the exercise checker (right, wrong, wrong unit), units, tables and figures, the
-`distlab lessons` command, and the real-run helpers of runtime/lessons.py."""
+`distlab lessons` command, and the real-run helpers of runtime/lessons/."""
 import argparse
 import os
 
@@ -59,10 +59,8 @@ def test_other_verdicts():
 
 def test_every_exercise_accepts_its_solution():
     given = {"02-your-busbw": {"row": {"op": "all_reduce", "world_size": 4, "bytes": 2**20, "time_s": 2e-3}},
-             "04-your-error": {"case": {"error": -0.125}},
-             "05-your-sweep": {"rows": [{"measured_s": 0.050}, {"measured_s": 0.040}, {"measured_s": 0.045}]},
-             "06-your-error": {"row": {"error_pct": -12.0}},
-             "07-your-error": {"row": {"error_pct": 8.0}},
+             "04-your-prediction": {"case": {"measured_s": 0.004}},
+             "07-your-prediction": {"row": {"measured_s": 0.5}},
              "05-your-prediction": {"row": {"measured_s": 0.040}}, "06-your-prediction": {"row": {"measured_s": 0.2}}}
     table = exercises()
     assert len({k[:2] for k in table}) >= 8 and all(sum(k.startswith(p) for k in table) >= 2
@@ -72,17 +70,23 @@ def test_every_exercise_accepts_its_solution():
         assert check(ex_id, sol, **given.get(ex_id, {})).ok, (ex_id, sol)
         assert question(ex_id)
     assert solution("02-your-busbw", **given["02-your-busbw"]) == "0.7864 GB/s"   # 2^20 B / 2 ms x 2(3)/4
-    assert check("04-your-error", "-12.5%", **given["04-your-error"]).ok
-    small = {"case": {"error": 0.012}}                     # 1.2%: "1%" is close enough (0.5 points)
-    assert check("04-your-error", "1%", **small).ok and not check("04-your-error", "2%", **small).ok
+    assert check("04-your-prediction", "4.9 ms", **given["04-your-prediction"]).ok                  # +22%
+    assert check("04-your-prediction", "5.5 ms", **given["04-your-prediction"]).status == "wrong"
     with pytest.raises(TypeError, match="needs row"):
         check("02-your-busbw", "1 GB/s")
-    assert check("05-your-sweep", "25%", **given["05-your-sweep"]).ok            # (50 - 40) / 40
-    assert check("06-your-error", "-12%", **given["06-your-error"]).ok
-    assert check("07-your-error", "8%", **given["07-your-error"]).ok
     # predictions from lesson 04's fit: within 25% of the measurement
     assert check("05-your-prediction", "48 ms", row={"measured_s": 0.040}).ok
     assert check("05-your-prediction", "56 ms", row={"measured_s": 0.040}).status == "wrong"
+    assert check("07-your-prediction", "0.6 s", row={"measured_s": 0.5}).ok
+    assert check("07-your-prediction", "300 ms", row={"measured_s": 0.5}).status == "wrong"
+    assert check("02-your-busbw", "0.95 GB/s", **given["02-your-busbw"]).ok        # 0.786 measured: +21%
+    assert check("02-your-busbw", "1.1 GB/s", **given["02-your-busbw"]).status == "wrong"
+    # a prediction left unanswered says, once the run is there, what it measured (and marks it for the tests)
+    v = check("07-your-prediction", None, row={"measured_s": 0.5})
+    assert v.status == "unanswered" and v.message.endswith("; measured: 500 ms") and 'data-expected="500.0"' in \
+        v._repr_html_()
+    # every exercise that takes your measurement is such a prediction (issue 21: predict before measuring)
+    assert all(ex.prediction for ex in exercises().values() if ex.needs)
 
 
 def test_ddp_and_fsdp_exercises_follow_the_library():
@@ -253,7 +257,7 @@ def test_lessons_command_line(cli):
     assert rc == 2 and ("port" in err or "JupyterLab is not installed" in err)
 
 
-# --- real runs (runtime/lessons.py) ------------------------------------------------------------------------
+# --- real runs (runtime/lessons/) ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_collectives_demo_every_rank():
     from distlab.runtime.lessons import collectives_demo

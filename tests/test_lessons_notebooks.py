@@ -1,7 +1,7 @@
 """Every lesson notebook follows the conventions of lessons/README.md and runs top to bottom on CPU (nbclient),
 each within 3 minutes on a 2-core machine, and no exercise's answer is shown before the cell that checks it.
 
-The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons.py, runtime/pitfalls.py)
+The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons/, runtime/pitfalls.py)
 then repeat less (fewer iterations and steps), so every cell still executes, only cheaper."""
 import glob
 import math
@@ -170,7 +170,11 @@ def _revealed(nb) -> list[str]:
         texts = [_text(o) for o in cell.outputs]
         for ex_id in re.findall(r'^check\("(\d\d-[\w-]+)"', cell.source, re.M):
             ex = table[ex_id]
-            if ex.needs:                                                 # answers computed from your own run
+            if ex.prediction:                                            # asked before the run, checked after it
+                problems += _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier)
+                continue
+            if ex.needs:                                 # read off your own run, not predicted: not allowed
+                problems.append(f"{ex_id} (cell {i}): takes your measurement but is not a prediction")
                 continue
             shown = earlier + [(i, section, t) for t in texts]
             for j, sec, text in shown:
@@ -182,7 +186,62 @@ def _revealed(nb) -> list[str]:
     return problems
 
 
+def _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier) -> list[str]:
+    """A 'your machine' prediction (``prediction=True``): ``check(ID, VAR, row=...)`` in cell ``i`` after the run,
+    VAR assigned in an earlier cell (the prediction), and the measured value (the unanswered verdict's
+    data-expected) in no output above that cell: as a quantity of the right kind or a bare number of 3 or more
+    digits within 0.5%."""
+    from distlab.sim.lessons.units import UnitError, parse
+    var = re.search(rf'^check\("{ex_id}",\s*(\w+)', cell.source, re.M)
+    asked = [j for j, c in enumerate(nb.cells[:i]) if c.cell_type == "code" and var and
+             re.search(rf"^{var.group(1)}\s*=", c.source, re.M)]
+    if not asked:
+        return [f"{ex_id} (cell {i}): no earlier cell asks for the prediction it checks"]
+    shown = [re.search(r'data-expected="([^"]+)"', o.get("data", {}).get("text/html", "")) for o in cell.outputs]
+    values = [float(m.group(1)) for m in shown if m]
+    if not values:
+        return [f"{ex_id} (cell {i}): its verdict does not say what was measured"]
+    want, problems = values[0], []
+    for j, _, text in earlier:
+        if j >= asked[0]:
+            continue
+        for number, unit in set(_TOKEN.findall(text)):
+            try:
+                q = parse(f"{number} {unit}") if unit else None
+            except UnitError:
+                q = None
+            if q is not None and q.unit is not None:
+                value = q.to(ex.unit) if q.dimension == ex.dimension else None
+            elif len(re.sub(r"[^0-9]", "", number.lower().split("e")[0]).strip("0")) >= 3:
+                value = float(number)
+            else:
+                value = None
+            if value is not None and math.isclose(value, want, rel_tol=0.005):
+                problems.append(f"{ex_id}: the measured {number} {unit} is in cell {j}'s output, before the "
+                                f"prediction (cell {asked[0]})")
+    return problems
+
+
 @pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p)) for p in NOTEBOOKS], ids=_ids())
 def test_no_answer_is_shown_before_its_check(path, executed):
     nb, _ = executed[path].result()
     assert not _revealed(nb), "predict first: " + "; ".join(_revealed(nb))
+
+
+def test_a_measurement_shown_before_its_prediction_is_caught():
+    """The check above on a made-up executed notebook: 02-your-busbw's measured 2.097 GB/s printed before the
+    cell that asks for the prediction is caught; printed after it, it is not."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from distlab.sim.lessons import check
+    row = {"op": "all_reduce", "world_size": 2, "bytes": 4 * 2**20, "time_s": 0.002}       # busbw 2.097 GB/s
+    verdict = check("02-your-busbw", None, row=row)
+    bench = new_code_cell("measured = bench(...)", outputs=[new_output("stream", name="stdout",
+                                                                       text="busbw 2.097 GB/s\n")])
+    ask = new_code_cell("my_busbw = None")
+    check_cell = new_code_cell('check("02-your-busbw", my_busbw, row=row)', outputs=[new_output(
+        "display_data", data={"text/html": verdict._repr_html_(), "text/plain": str(verdict)})])
+    head = new_markdown_cell("## 5. Your machine")
+    assert "measured 2.097 GB/s" in _revealed(new_notebook(cells=[head, bench, ask, check_cell]))[0]
+    assert _revealed(new_notebook(cells=[head, ask, bench, check_cell])) == []
+    assert "no earlier cell asks" in _revealed(new_notebook(cells=[head, bench, check_cell]))[0]

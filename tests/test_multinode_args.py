@@ -37,3 +37,19 @@ def test_torchrun_failures_become_one_line():
     assert (code, line) == (2, "WORLD_SIZE: the plan has 4 ranks")
     code, line = explain("[rank1]: RuntimeError: boom\n", spec)
     assert code == 1 and "RuntimeError: boom" in line
+
+
+def test_under_torchrun_the_world_size_is_torchruns(monkeypatch):
+    """bench/calibrate/validate under torchrun measure WORLD_SIZE ranks: --nproc left out, or equal to it."""
+    from distlab.runtime.torchrun_rank import one_world_size, world_sizes
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert world_sizes(None, "2,4") == [2, 4] and one_world_size("3", "2") == 3
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert world_sizes(None, "2,4") == [8] and world_sizes("8", "2,4") == [8] and one_world_size(None, "2") == 8
+    with pytest.raises(ConfigError, match="torchrun started 8 ranks") as e:
+        world_sizes("2,4", "2,4")
+    assert e.value.where == "--nproc"
+    with pytest.raises(ConfigError):
+        one_world_size("4,8", "2")
+

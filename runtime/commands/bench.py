@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_ops, positive_int
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", help="element type (default float32)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=10, help="timed calls per size; the median is reported (default 10)")
-    add_launch_arguments(p, "number of local ranks (default 2)", "2")
+    add_launch_arguments(p, "number of local ranks (default 2; under torchrun: its WORLD_SIZE)")
     p.add_argument("--out", metavar="RESULTS.json", help="also write the --json object here (kept if the run fails)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size, error bars from the repeats")
@@ -51,14 +51,15 @@ def report(rows: list[dict], args, nproc: int, sizes: list[int], backend, error)
 
 
 def run(args) -> int:
-    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.runtime.launch import RunFailed
+    from distlab.runtime.torchrun_rank import local_ranks, new_launch, one_world_size
     from distlab.sim.cli import BW_COLUMNS, NCCL_COLUMNS, RowPrinter, nccl_cells, print_json, progress, with_schema
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import check_outputs, parse_size_range, write_atomic
     from distlab.sim.plan import DTYPE_BYTES
 
     ops = parse_ops(args.ops)
-    nproc = parse_nproc(args.nproc)
+    nproc = one_world_size(args.nproc, "2")
     if args.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "--dtype")
     sizes = parse_size_range(args.sizes, "--sizes", args.dtype)
@@ -71,11 +72,11 @@ def run(args) -> int:
     check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
     if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
         from distlab.runtime.preflight import check_nccl
-        check_nccl(nproc)
+        check_nccl(local_ranks(nproc))
     printer = None if args.json else RowPrinter([("op", "", 14)] + NCCL_COLUMNS + BW_COLUMNS +
                                                 [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)])
     if printer:
-        printer.comment(f"bench: {nproc} local ranks, {args.dtype}, warmup {args.warmup}, iters {args.iters}; "
+        printer.comment(f"bench: {nproc} ranks, {args.dtype}, warmup {args.warmup}, iters {args.iters}; "
                         "time = slowest rank, median of the iters; min/max = fastest/slowest iter; "
                         "launch = from the last rank's arrival")
         printer.header()
@@ -90,7 +91,7 @@ def run(args) -> int:
                                                          ("time_min_s", "time_max_s", "launch_time_s")])
 
     payload = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters}
-    launch = Launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
+    launch = new_launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
 
     def rounds():                     # one tick per finished round, printing each final row as it comes
         done = 0
@@ -119,7 +120,7 @@ def run(args) -> int:
     if args.plot and shown:
         from distlab.sim.io import save_figure
         from distlab.sim.plots import busbw_figure
-        save_figure(busbw_figure(shown, f"measured busbw, {nproc} local ranks ({args.dtype}, median of "
+        save_figure(busbw_figure(shown, f"measured busbw, {nproc} ranks ({args.dtype}, median of "
                                         f"{args.iters}; bars: fastest to slowest)"), args.plot)
     if args.json:
         print_json(obj)

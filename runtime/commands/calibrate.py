@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nprocs, parse_ops, positive_int
+from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_ops, positive_int
 
 NAME = "calibrate"
 HELP = "Fit latency and bandwidth of real collectives per world size, and compute speed; write a cluster YAML."
@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="256KiB:64MiB:4", help="sweep sizes (default 256KiB:64MiB:4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=7, help="timed calls per size (default 7)")
-    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4)", "2,4")
+    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4; under torchrun: its WORLD_SIZE)")
     p.add_argument("--out", default="localhost-calibrated.yaml", help="cluster YAML to write")
     p.add_argument("--json", action="store_true", help="print the fits and compute as JSON")
 
@@ -39,7 +39,8 @@ def check(args):
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
-    nprocs = parse_nprocs(args.nproc)
+    from distlab.runtime.torchrun_rank import world_sizes
+    nprocs = world_sizes(args.nproc, "2,4")
     if min(nprocs) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     return ops, sizes, sorted(set(nprocs))
@@ -63,7 +64,9 @@ def run(args) -> int:
     from distlab.sim.io import check_output
     check_output(args.out, "--out", "file")     # before the ranks start
     from distlab.runtime.preflight import warn_cores
-    warn_cores(max(nprocs), args.threads, "distlab calibrate")
+    from distlab.runtime.torchrun_rank import under_torchrun
+    if not under_torchrun():               # under torchrun each node warns for its own ranks
+        warn_cores(max(nprocs), args.threads, "distlab calibrate")
     from distlab.runtime import load as machine_load
     from distlab.runtime.fit import fit_warnings
     load = machine_load.sample()          # before the ranks start: the other processes' share

@@ -33,6 +33,8 @@ def run(args) -> int:
     from distlab.runtime.executor import merge_results
     import contextlib
 
+    from distlab.runtime.run_summary import summary
+
     from distlab.runtime.flight import clear
     from distlab.runtime.launch import Launch, RunFailed
     from distlab.sim.check import PlanMismatch, assert_consistent
@@ -43,6 +45,11 @@ def run(args) -> int:
     if args.nnodes is not None:                    # torchrun on this node (issue 20)
         from distlab.runtime.multinode import run_plan_on_node
         return run_plan_on_node(args)
+    from distlab.runtime.torchrun_rank import join_group, under_torchrun
+    if under_torchrun():                           # this process is one of torchrun's ranks
+        from distlab.runtime.multinode import worker_args
+        from distlab.runtime.worker import run_torchrun
+        return run_torchrun(worker_args(args), join_group(args.backend, args.threads, args.timeout))
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:
@@ -97,7 +104,7 @@ def run(args) -> int:
         trace.save(perfetto)
     rows = summary(trace)
     if args.json:
-        print_json({"trace": out, "perfetto": perfetto, "makespan_s": trace.makespan,
+        print_json({"trace": out, "perfetto": perfetto, "world_size": nproc, "makespan_s": trace.makespan,
                     "backend": trace.meta.get("backend"), "streams": rows})
         return 0
     print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
@@ -148,15 +155,3 @@ def check_dtypes(plan, backend: str) -> None:
             return
     r, i, op = bad[0]
     check_backend_dtype(op.dtype, "gloo", f"{plan.name}: ranks[{r}][{i}]")
-
-
-def summary(trace) -> list[dict]:
-    """Per (rank, stream): op count, busy time, first start and last end."""
-    rows = []
-    for rank, stream in sorted({(o.rank, o.stream) for o in trace.ops}):
-        ops = [o for o in trace.ops if o.rank == rank and o.stream == stream and o.kind not in ("record", "wait")]
-        if not ops:
-            continue
-        rows.append({"rank": rank, "stream": stream, "ops": len(ops), "busy_s": trace.busy_time(rank, stream),
-                     "start_s": min(o.start for o in ops), "end_s": max(o.end for o in ops)})
-    return rows

@@ -16,9 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--calib-sizes", default="512KiB,2MiB,8MiB,32MiB,128MiB",
                    help="sizes the fit sees, around the held-out ones (default 512KiB,2MiB,8MiB,32MiB,128MiB)")
     p.add_argument("--sizes", default="1MiB:64MiB:4", help="held-out sizes (default 1MiB:64MiB:4 = 1, 4, 16, 64 MiB)")
-    add_launch_arguments(p, "calibrated world sizes (default 2,4)", "2,4")
-    p.add_argument("--holdout-nproc", default="3", help="world sizes measured but not calibrated (default 3; "
-                                                        "'none' for none)")
+    add_launch_arguments(p, "calibrated world sizes (default 2,4; under torchrun: its WORLD_SIZE)")
+    p.add_argument("--holdout-nproc", help="world sizes measured but not calibrated (default 3, none under "
+                                           "torchrun; 'none' for none)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=9, help="timed calls per size, interleaved (default 9)")
     p.add_argument("--no-overlap", action="store_true", help="skip the compute/communication overlap plan")
@@ -50,15 +50,24 @@ def run(args) -> int:
                           "--sizes; held-out sizes must be new", "--sizes")
     if len(set(calib)) < 2:
         raise ConfigError("a fit needs at least two sizes", "--calib-sizes")
-    nprocs = sorted(set(parse_nprocs(args.nproc)))
-    holdout = [] if args.holdout_nproc == "none" else parse_nprocs(args.holdout_nproc, "--holdout-nproc")
+    from distlab.runtime.torchrun_rank import under_torchrun, world_sizes
+    nprocs = sorted(set(world_sizes(args.nproc, "2,4")))
+    holdout = [] if args.holdout_nproc == "none" else parse_nprocs(args.holdout_nproc or "3", "--holdout-nproc")
+    if under_torchrun():                # one job, one world size (runtime/torchrun_rank.py)
+        if args.holdout_nproc not in (None, "none"):
+            raise ConfigError("torchrun started one world size; held-out world sizes need their own job: "
+                              "leave --holdout-nproc out", "--holdout-nproc")
+        if args.scenario:
+            raise ConfigError("not under torchrun yet: run it on one node with distlab validate", "--scenario")
+        holdout = []
     if min(nprocs + holdout) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     positive_int(args.iters, "--iters")
     from distlab.runtime.preflight import check_scenario, warn_cores
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])
-    warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
+    if not under_torchrun():               # under torchrun each node warns for its own ranks
+        warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
     from distlab.runtime import load as machine_load
     load = machine_load.sample()          # before the ranks start: the other processes' share
     cores = round(load.available_cores, 2) if load else None

@@ -45,10 +45,6 @@ def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
 
 
-def _measured_busbw(row: dict) -> float:
-    return _busbw(row["op"], row["world_size"], row["bytes"], row["time_s"])
-
-
 def _preset(name: str):
     from distlab.sim.cluster import PRESETS
     return PRESETS[name]
@@ -78,11 +74,6 @@ def _fastest_cap() -> str:
 def _collectives(plan, op: str) -> int:
     from distlab.sim.plan import Collective
     return sum(isinstance(o, Collective) and o.op == op for o in plan.ranks[0])
-
-
-def _spread_pct(rows: list[dict]) -> float:
-    times = [r["measured_s"] for r in rows]
-    return (max(times) - min(times)) / min(times) * 100
 
 
 def _zero_GiB(model: str, world: int, zero: int) -> float:
@@ -167,9 +158,6 @@ register(
                  "NVLS 25 µs once per call (tuning.cc:149-175, :414-428). NCCL builds its trees across nodes and "
                  "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
                  "node the tree is no shorter than the ring."),
-    Exercise("02-your-busbw", "From your own bench row (pass row=...), what busbw did your machine reach?", "GB/s",
-             _measured_busbw, needs=("row",), hint="busbw = bytes / time_s / 1e9 x 2(n-1)/n for all_reduce",
-             why="on CPU ranks the 'link' is memory copies and loopback TCP through the kernel."),
     # --- 03 topologies ------------------------------------------------------------------------------------
     Exercise("03-nic", "A DGX H100 has one 400 Gb/s NDR NIC per GPU. What bandwidth per direction does one GPU "
              "get across nodes?", "GB/s", lambda: _preset("dgx-h100").inter_node.bandwidth_GBps,
@@ -207,10 +195,6 @@ register(
              lambda: _ring("all_gather", 4, 8 * MiB, 150e-6, 1.2e9) * 1e3,
              hint="all_gather: (n-1) steps and (n-1)/n x S bytes",
              why="the same formula the calibrated simulator uses (runtime/fit.py predict)."),
-    Exercise("04-your-error", "Pick one case of your error table (pass case=...): what is its error?", "%",
-             lambda case: case["error"] * 100, needs=("case",), tolerance=0.05, abs_tolerance=0.5,
-             hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="see which kind of case misses most, and why, in the next section."),
     # --- 05 DDP ----------------------------------------------------------------------------------------------
     Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
              "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",
@@ -242,16 +226,6 @@ register(
              lambda: _collectives(_ddp_sim(grad_accum=4)["plan"], "all_reduce"), tolerance=0,
              hint="no_sync() skips the all-reduce; gradients keep accumulating locally",
              why="one all-reduce per bucket, only on the last micro-batch: 4x less communication per sample."),
-    Exercise("05-your-sweep", "From your measured sweep (pass rows=...): how much longer was the slowest cap's "
-             "step than the fastest's?", "%", _spread_pct, needs=("rows",), tolerance=0.05, abs_tolerance=1.0,
-             hint="(slowest - fastest) / fastest, over measured_s",
-             why="compare with the spread the simulator predicted for the same caps."),
-    Exercise("05-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
-             "measured DDP step of CPU_DDP_MODEL on 2 ranks at bucket_cap_mb=2 (pass row=... after the run). "
-             "Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
-             hint="simulate(scenario(CPU_DDP_MODEL, 'ddp', cluster=fitted_cluster(), bucket_cap_mb=2))"
-                  "['summary']['step_s']",
-             why="the fit of lesson 04 carried over to a new workload: the point of calibrating."),
     # --- 06 FSDP and ZeRO ------------------------------------------------------------------------------------
     Exercise("06-zero3-memory", "llama-7b (Ψ = 6.74e9 parameters, bf16 params, Adam) on 64 GPUs with ZeRO-3 / "
              "FSDP: how much do params, grads and optimizer state take per GPU?", "GiB",
@@ -271,16 +245,6 @@ register(
              "how many all-gathers per step on each rank?", "count", lambda: _fsdp_gathers(True), tolerance=0,
              hint="every unit is gathered in forward; resharded blocks are gathered again in backward",
              why="5 in forward (root + 4 blocks) and 4 in backward; with False only the 5."),
-    Exercise("06-your-error", "From your measurement (pass row=...): what is the error of the prediction "
-             "for that variant?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
-             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="gloo blocks in every collective, so on CPU the step is compute plus communication in sequence."),
-    Exercise("06-your-prediction", "Before the real run, from lesson 04's fit (fitted_cluster()): predict the "
-             "measured FSDP2 step of CPU_FSDP_MODEL on 2 ranks with reshard_after_forward=True (pass row=... after "
-             "the run). Within 25%.", "ms", lambda row: row["measured_s"] * 1e3, needs=("row",), tolerance=0.25,
-             hint="simulate(scenario(CPU_FSDP_MODEL, 'fsdp', cluster=fitted_cluster()))['summary']['step_s']; "
-                  "gloo blocks in each collective, so on CPU add compute and communication rather than overlap",
-             why="the same fit predicts a workload it never saw, to within the noise of a shared machine."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
@@ -301,10 +265,7 @@ register(
              lambda: (_pipe("1f1b", 4, 8).makespan - _pipe("zbh1", 4, 8).makespan) * 1e3,
              hint="simulate both: pipeline_metrics('1f1b', 4, 8).makespan and the same for 'zbh1'",
              why="the delayed W's fill the cool-down bubble: 33 ms against 27 ms, with the same peak memory."),
-    Exercise("07-your-error", "From your measurement (pass row=...): what is the error of the prediction for "
-             "that schedule?", "%", lambda row: row["error_pct"], needs=("row",), tolerance=0.05,
-             abs_tolerance=0.5, hint="(predicted_s - measured_s) / measured_s, as a percentage",
-             why="compare it with replay_s: the schedule and p2p model alone, with the measured action times."),
+
 )
 
 
@@ -347,4 +308,5 @@ register(
              hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
              why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
 )
+from distlab.sim.lessons import bank_machine  # noqa: E402,F401  ('your machine' predictions of 02, 05-07)
 from distlab.sim.lessons import failures  # noqa: E402,F401  (registers lesson 12, issue 20)

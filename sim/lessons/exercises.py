@@ -34,6 +34,7 @@ class Exercise:
     hint: str = ""
     why: str = ""                            # shown once the answer is right
     needs: tuple[str, ...] = ()              # keyword arguments check() must be given
+    prediction: bool = False                 # predicted before a run, checked against the run's ``needs``
     traps: Callable[[], dict] | None = None  # () -> {a usual wrong value: what it means}, named when answered
 
     @property
@@ -71,7 +72,9 @@ class Verdict:
     def _repr_html_(self) -> str:
         colour = {"correct": "#1b7f3b", "unanswered": "#555555"}.get(self.status, "#b3261e")
         head, _, rest = str(self).partition(": ")
-        return (f'<div class="distlab-verdict distlab-{self.status.replace(" ", "-")}" '
+        expected = self.details.get("expected")
+        data = f' data-expected="{html.escape(str(expected))}"' if expected is not None else ""
+        return (f'<div class="distlab-verdict distlab-{self.status.replace(" ", "-")}"{data} '
                 f'style="border-left:4px solid {colour};padding:4px 10px;margin:4px 0;color:{colour}">'
                 f"<b>{html.escape(head)}</b>: {html.escape(rest)}</div>")
 
@@ -151,6 +154,11 @@ def check(exercise_id: str, answer, **given) -> Verdict:
     Exercises about your own measurements take them as keyword arguments (see the lesson)."""
     ex = get(exercise_id)
     if any(answer is u for u in UNANSWERED) or (isinstance(answer, str) and not answer.strip()):
+        if ex.prediction and all(k in given for k in ex.needs):   # checked after the run: say what it measured
+            value = _expected(ex, given)
+            shown = str(value) if ex.unit == "choice" else fmt(value, None if ex.unit == "count" else ex.unit)
+            return Verdict(ex.id, "unanswered", f"{ex.question} ({ex.asks()}); measured: {shown}",
+                           {"expected": value})
         return Verdict(ex.id, "unanswered", f"{ex.question} ({ex.asks()})")
     expected = _expected(ex, given)
     if ex.unit == "choice":

@@ -1,5 +1,5 @@
 """Small helpers the lesson notebooks call: tables and figures that display in Jupyter, rank layouts, the α-β
-model, simulated sweeps and the error table. No torch here (real runs are in runtime/lessons.py).
+model, simulated sweeps and the error table. No torch here (real runs are in runtime/lessons/).
 
 Figures are built with matplotlib's object API (no pyplot, no backend switch) and wrapped in ``Figure``, which
 Jupyter shows as a PNG; ``.save(path)`` writes it. Tables show as HTML in Jupyter and as text elsewhere.

@@ -8,6 +8,7 @@ from distlab.sim.plan import format_bytes
 # --- timelines, DDP and FSDP (lessons 05 and 06) ---------------------------------------------------------------
 # The models the real runs of lessons 05 and 06 use (small enough for 2 gloo ranks on a 2-core machine).
 CPU_DDP_MODEL = {"kind": "mlp", "widths": [512] * 13, "batch": 32}           # 12 x Linear(512, 512), 12 MiB
+CPU_PIPE_MODEL = {"kind": "mlp", "widths": [512] * 9, "batch": 512}           # lesson 07: 8 x Linear(512, 512)
 CPU_FSDP_MODEL = {"kind": "gpt", "arch": "llama", "layers": 4, "hidden": 256, "heads": 4, "seq_len": 128,
                   "vocab": 2001, "micro_batch": 2, "dtype": "float32"}       # scenarios/fsdp-cpu.yaml, 5.2M params
 

@@ -1,9 +1,5 @@
-"""Real runs for the lessons: collectives on N local ranks with every rank's result, a check of your own ring
-all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
-
-Every function starts fresh rank processes through runtime.launch (gloo on CPU; NCCL where each rank has a
-GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.
-"""
+"""Real runs of lessons 01-04: every collective with every rank's view, a check of your own ring all-reduce
+against dist.all_reduce, torchrun on one or several (emulated) nodes, and small benches."""
 from __future__ import annotations
 
 import os
@@ -11,27 +7,9 @@ import subprocess
 import sys
 import time
 
+from distlab.runtime.lessons.common import fewer, run_on_ranks
+
 DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "all_to_all", "barrier")
-QUICK_ENV = "DISTLAB_LESSONS_QUICK"
-
-
-def quick() -> bool:
-    """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
-    repeat less (iterations, steps, warm-up; one process per node in a multi-node torchrun), so CI executes
-    every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
-    return os.environ.get(QUICK_ENV, "") not in ("", "0")
-
-
-def fewer(n: int, quick_n: int) -> int:
-    """``n``, or at most ``quick_n`` in quick mode."""
-    return min(n, quick_n) if quick() else n
-
-
-def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0) -> list:
-    """Run ``target(ctx, payload)`` (``module:function`` or ``file.py:function``) on ``nproc`` local ranks;
-    the list of what each rank returned. A failing rank raises runtime.launch.RunFailed naming it."""
-    from distlab.runtime.launch import launch
-    return launch(target, payload, nproc, backend=backend, timeout=timeout)
 
 
 # --- every collective, every rank's view --------------------------------------------------------------------
@@ -39,7 +17,7 @@ def collectives_demo(nproc: int = 4, ops=DEMO_OPS, backend: str = "gloo") -> dic
     """Run each collective of ``ops`` once on ``nproc`` ranks with tiny tensors. Returns
     {"env": [per rank torchrun variables], "groups": [per rank backends], "results": {op: [per rank
     {"rank", "before", "after", "note"}]}}."""
-    out = run_on_ranks("distlab.runtime.lessons:_demo_task", {"ops": list(ops)}, nproc, backend)
+    out = run_on_ranks("distlab.runtime.lessons.collectives:_demo_task", {"ops": list(ops)}, nproc, backend)
     return {"env": [r["env"] for r in out], "groups": [r["groups"] for r in out],
             "results": {op: [r["results"][op] for r in out] for op in ops}}
 
@@ -121,7 +99,7 @@ def check_all_reduce(target: str, nproc: int = 4, numel=10, backend: str = "gloo
     sizes = [nproc] if world_sizes is None else [int(k) for k in world_sizes]
     if any(not 1 <= k <= nproc for k in sizes):
         raise ValueError(f"world_sizes {sizes} must each be between 1 and nproc={nproc}")
-    out = run_on_ranks("distlab.runtime.lessons:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
+    out = run_on_ranks("distlab.runtime.lessons.collectives:_ring_task", {"target": f"{os.path.abspath(path)}:{name}",
                                                               "lengths": lengths, "world_sizes": sizes},
                        nproc, backend)
     rows = [row for per_rank in out for row in per_rank]
@@ -232,117 +210,4 @@ def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, w
     out = dict(results[0])
     if plan is not None:
         out["plan"] = [r["plan"] for r in results]
-    return out
-
-
-# --- DDP: the bucket-size sweep, measured (lesson 05) ----------------------------------------------------------
-def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 2,
-                     calibrate=(2**18, 2**20, 2**22, 2**24), timeout: float = 240.0) -> dict:
-    """Real DDP (runtime.ddp.rank_task) once per ``bucket_cap_mb`` of ``caps``, all in one launch of ``nproc``
-    ranks; the first cap's run also times the model alone and a few all-reduces, which calibrate the simulator
-    (runtime.ddp.calibrated) to predict every cap. Returns {"rows": per cap {bucket_cap_mb, buckets,
-    measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
-    "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
-    tensors, so this runs on gloo."""
-    from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
-    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
-    from distlab.sim.engine import simulate
-    from distlab.sim.models import model_from_spec
-    model = model_from_spec(model)
-    payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
-               "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate]}
-    out = run_on_ranks("distlab.runtime.lessons:_ddp_sweep_task", payload, nproc, "gloo", timeout)
-    per_cap = [[r[i] for r in out] for i in range(len(caps))]
-    cal_model, cluster = calibrated(model, per_cap[0])
-    rows, traces = [], []
-    for cap, results in zip(caps, per_cap):
-        plan, info = ddp_plan(cal_model, nproc, DDPOptions(bucket_cap_mb=cap))
-        trace = simulate(plan, cluster, record_transfers=False)
-        measured = _slowest(results, "steps", "step")
-        rows.append({"bucket_cap_mb": cap, "buckets": len(info["buckets"]),
-                     "measured_buckets": len(results[0]["rebuilt_bucket_sizes"]), "predicted_s": trace.makespan,
-                     "measured_s": measured, "error_pct": 100.0 * (trace.makespan - measured) / measured})
-        traces.append(trace)
-    return {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces}
-
-
-def _ddp_sweep_task(ctx, payload):
-    from distlab.runtime.ddp.run import rank_task
-    out = []
-    for i, cap in enumerate(payload["caps"]):
-        out.append(rank_task(ctx, {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
-                                   "warmup": payload["warmup"], "local": i == 0,
-                                   "calibrate": payload["calibrate"] if i == 0 else None}))
-    return out
-
-
-# --- FSDP2: predicted then measured (lesson 06) ----------------------------------------------------------------
-def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, warmup: int = 1,
-                         timeout: float = 240.0) -> dict:
-    """Real ``fully_shard`` (runtime.fsdp.run) for each variant (label -> fsdp options) in one launch of
-    ``nproc`` gloo ranks, with the calibration runtime.fsdp_validate uses; then the simulator's prediction on
-    the calibrated cluster. Returns {"rows": per variant {variant, collectives, sequence_match, predicted_s,
-    measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
-    from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
-    from distlab.runtime.fsdp.validate import calibrated_cluster, calibration_sizes, measured_step, predict
-    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
-    from distlab.sim.models import model_from_spec
-    model = model_from_spec(model)
-    opts = list(variants.values())
-    plans = [build_fsdp(model, nproc, o) for o in opts]
-    results = run(model, nproc, opts, steps=fewer(steps, 1), warmup=fewer(warmup, 1),
-                  calibrate=calibration_sizes(plans), local=True, timeout=timeout)
-    cluster = calibrated_cluster(results, model, nproc)
-    rows = []
-    for i, (label, o) in enumerate(variants.items()):
-        predicted, measured = predict(model, nproc, o, cluster), measured_step(results, i)
-        seq = collective_sequence(plans[i])
-        rows.append({"variant": label, "collectives": len(seq), "sequence_match": seq == measured_sequence(results, i),
-                     "predicted_s": predicted, "measured_s": measured,
-                     "error_pct": 100.0 * (predicted - measured) / measured})
-    return {"rows": rows, "results": results, "cluster": cluster,
-            "traces": [to_trace(results, i) for i in range(len(opts))]}
-
-
-# --- pipeline parallelism: predicted, then measured (lesson 07) ------------------------------------------------
-PIPELINE_SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv", 2))
-
-
-def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, microbatches: int = 8,
-                             blocks_per_rank: int = 4, width: int = 512, rows: int = 64, steps: int = 3,
-                             timeout: float = 240.0) -> dict:
-    """Real torch.distributed.pipelining (runtime/pipeline.py) for each (schedule, v) in one launch of ``nproc``
-    gloo ranks: ``blocks_per_rank`` x nproc blocks of Linear(width, width) + ReLU, ``rows`` rows per microbatch.
-    The launch also calibrates (runtime/pipeline_validate.py, shared with benchmarks/pipeline_accuracy.py):
-    before each schedule, a shorter probe run of it (nproc microbatches) gives the p2p latency a pipeline sees
-    and the runtime's CPU time per action; every rank times one block's F, B, I and W alone; a send/recv
-    ping-pong gives the p2p bandwidth. The simulator, its ranks sharing this machine's cores, then predicts
-    each schedule from those numbers alone; ``replay_s`` runs the same plan with each (stage, kind)'s mean
-    measured action time instead, a check of the schedule and p2p model alone.
-    Returns {"rows": per schedule {schedule, v, predicted_s, measured_s (median step), error_pct, replay_s,
-    predicted_bubble, measured_bubble (fastest step), ideal_bubble}, "measured", "predicted" (Traces),
-    "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}."""
-    import statistics
-
-    from distlab.runtime.pipeline.validate import measure_and_predict
-    from distlab.sim.pipeline import metrics as M
-    cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
-                 layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1) for s, v in schedules]
-    results = measure_and_predict(cfgs, nproc, timeout=timeout)
-    r0 = results[0]
-    out = {"rows": [], "measured": [], "predicted": [],
-           "calibration": {**r0["calibration"][0], "latency_s": r0["latency"], "overhead_s": r0["overhead"],
-                           "p2p": r0["p2p"]}}
-    for r in results:
-        cfg, measured, predicted, meta = r["cfg"], r["measured"], r["predicted"], r["plan"].meta["pipeline"]
-        mp, mm = M.compute(predicted, meta), M.compute(measured, meta)
-        t_meas = statistics.median(measured.meta["step_makespans"])
-        out["rows"].append({"schedule": cfg["schedule"], "v": cfg["virtual_stages"], "predicted_s": mp.makespan,
-                            "measured_s": t_meas, "error_pct": 100.0 * (mp.makespan - t_meas) / t_meas,
-                            "replay_s": r["replayed"].makespan,
-                            "predicted_bubble": mp.bubble, "measured_bubble": mm.bubble,
-                            "ideal_bubble": M.ideal_bubble(cfg["schedule"], nproc, microbatches,
-                                                           cfg["virtual_stages"])})
-        out["measured"].append(measured)
-        out["predicted"].append(predicted)
     return out

@@ -1,0 +1,16 @@
+"""Real runs for the lessons (split by topic: common.py, collectives.py, training.py; import from here): collectives on N local ranks with every rank's result, a check of your own ring
+all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
+
+Every function starts fresh rank processes through runtime.launch (gloo on CPU; NCCL where each rank has a
+GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.
+"""
+from __future__ import annotations
+
+from distlab.runtime.lessons.collectives import DEMO_OPS, bench, check_all_reduce, collectives_demo, torchrun
+from distlab.runtime.lessons.common import QUICK_ENV, fewer, quick, run_on_ranks
+from distlab.runtime.lessons.training import (PIPELINE_SCHEDULES, ddp_bucket_sweep, fsdp_predict_measure,
+                                              pipeline_predict_measure)
+
+__all__ = ["DEMO_OPS", "PIPELINE_SCHEDULES", "QUICK_ENV", "bench", "check_all_reduce", "collectives_demo",
+           "ddp_bucket_sweep", "fewer", "fsdp_predict_measure", "pipeline_predict_measure", "quick", "run_on_ranks",
+           "torchrun"]

@@ -1,0 +1,25 @@
+"""What the lessons' real runs share: quick mode (DISTLAB_LESSONS_QUICK) and a launch of N local ranks."""
+from __future__ import annotations
+
+import os
+
+QUICK_ENV = "DISTLAB_LESSONS_QUICK"
+
+
+def quick() -> bool:
+    """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
+    repeat less (iterations, steps, warm-up; one process per node in a multi-node torchrun), so CI executes
+    every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def fewer(n: int, quick_n: int) -> int:
+    """``n``, or at most ``quick_n`` in quick mode."""
+    return min(n, quick_n) if quick() else n
+
+
+def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0) -> list:
+    """Run ``target(ctx, payload)`` (``module:function`` or ``file.py:function``) on ``nproc`` local ranks;
+    the list of what each rank returned. A failing rank raises runtime.launch.RunFailed naming it."""
+    from distlab.runtime.launch import launch
+    return launch(target, payload, nproc, backend=backend, timeout=timeout)
