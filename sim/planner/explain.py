@@ -53,7 +53,7 @@ def neighbours(L: Layout, world: int, global_batch: int, layers: int) -> list[tu
         mb = int(L.micro_batch * f)
         if mb >= 1 and L.micro_batch * f == mb and global_batch % (L.dp * mb) == 0:
             m = global_batch // (L.dp * mb)
-            if L.pp > 1 or m == 1:
+            if L.pp > 1 or L.dp_kind == "ddp" or m == 1:
                 add(f"micro-batch {L.micro_batch} -> {mb}", micro_batch=mb, microbatches=m)
     if L.tp > 1:
         add(f"sequence parallel {'off' if L.sequence_parallel else 'on'}", sequence_parallel=not L.sequence_parallel)

@@ -2,8 +2,8 @@
 
 A layout is a mesh (tensor-parallel ``tp`` innermost, so a TP group stays inside a node; pipeline ``pp`` next;
 data parallel outermost, replicated as DDP ``dp`` or sharded as FSDP2 ``dp_shard``) plus the step's options:
-micro-batch size, micro-batches per step (pipelines; without a pipeline the global batch is one micro-batch
-per replica, as the builders do no gradient accumulation), sequence parallelism, activation recomputation and
+micro-batch size, micro-batches per step (pipelines; without a pipeline, gradient accumulation: a one-stage
+pipeline whose data-parallel all-reduce follows the last micro-batch), sequence parallelism, activation recomputation and
 the pipeline schedule. Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
 
 Families the builders compose (sim/workloads/tp.py): DDP x TP, FSDP2 x TP, PP x TP x DP (DDP replicas of the
@@ -36,6 +36,11 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     @property
+    def pipelined(self) -> bool:
+        """Built as a pipeline: pp > 1, or one stage with micro-batches > 1 (gradient accumulation)."""
+        return self.pp > 1 or self.microbatches > 1
+
+    @property
     def family(self) -> str:
         """The family a layout belongs to, for "why the best of each family lost" (e.g. "PP x TP x DDP")."""
         parts = (["PP"] if self.pp > 1 else []) + (["TP"] if self.tp > 1 else [])
@@ -44,7 +49,7 @@ class Layout:
         return " x ".join(parts) or "one GPU"
 
     def mesh(self) -> dict:
-        if self.pp > 1:
+        if self.pipelined:
             return {"dp": self.dp, "pp": self.pp, "tp": self.tp}
         return {("dp_shard" if self.dp_kind == "fsdp" else "dp"): self.dp, "tp": self.tp}
 
@@ -55,6 +60,8 @@ class Layout:
         bits += (["sp"] if self.sequence_parallel and self.tp > 1 else []) + [f"recompute {self.recompute}"]
         if self.pp > 1:
             bits.append(self.schedule)
+        elif self.microbatches > 1:
+            bits.append("grad accumulation")
         return " · ".join(bits)
 
     def to_dict(self) -> dict:
@@ -100,11 +107,11 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                 if global_batch % (dp * mb):
                     continue
                 m = global_batch // (dp * mb)
-                if pp == 1 and m != 1:
-                    continue                  # no gradient accumulation in the builders
                 for sp in ((True, False) if tp > 1 else (False,)):
                     for rc in RECOMPUTE:
-                        if pp > 1:
+                        if pp == 1 and m > 1:       # gradient accumulation (DDP; one stage)
+                            out.append(Layout(tp, 1, dp, "ddp", mb, m, sp, rc, "1f1b"))
+                        elif pp > 1:
                             for sched in SCHEDULES:
                                 if sched == "1f1b" and m < pp:
                                     continue  # torch's Schedule1F1B refuses fewer micro-batches than stages

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distlab.sim.cluster import load_cluster
+from distlab.sim.cluster import Cluster, load_cluster
 from distlab.sim.errors import ConfigError
 from distlab.sim.fsdp.memory import fits
 from distlab.sim.planner.layouts import Layout, batch_suggestions, enumerate_layouts, tp_degrees
@@ -55,17 +55,22 @@ class Search:
 
 
 def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
-           micro_batches=(1, 2, 4, 8, 16), progress=None) -> Search:
+           micro_batches=(1, 2, 4, 8, 16), progress=None, allow=None) -> Search:
     """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
-    nodes of ``cluster`` for ``global_batch`` sequences per step. ``progress(done, total)`` is called as the
-    estimate goes. Raises ConfigError when no layout divides the batch or none fits."""
-    c = load_cluster(cluster, nodes)
+    nodes of ``cluster`` (a preset name, a file, or a Cluster, e.g. with a fitted GEMM curve; then ``confirm``
+    must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step. ``progress(done, total)`` is called as the
+    estimate goes; ``allow(layout)`` restricts the search (e.g. to what a published run could use). Raises
+    ConfigError when no layout divides the batch or none fits."""
+    c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
     est = Estimator(model, c)
     config = est.model(1).config
     world, gpn = c.world_size, c.gpus_per_node
+    if isinstance(cluster, Cluster) and confirm:
+        raise ValueError("confirm the layouts of a Cluster object by simulating their plans yourself")
     if global_batch < 1:
         raise ConfigError(f"{global_batch} must be a whole number >= 1", "--global-batch")
-    layouts = enumerate_layouts(config, world, gpn, global_batch, micro_batches)
+    layouts = [L for L in enumerate_layouts(config, world, gpn, global_batch, micro_batches)
+               if allow is None or allow(L)]
     if not layouts:
         near = batch_suggestions(world, global_batch, tp_degrees(config, gpn), config["layers"])
         raise ConfigError(f"no layout of {world} GPUs divides a global batch of {global_batch} sequences "

@@ -45,13 +45,13 @@ class Estimator:
         from distlab.sim.tp.memory import tp_memory
         from distlab.sim.workloads.tp import first_stage_memory
         sp = L.sequence_parallel and L.tp > 1
-        in_flight = (min(L.pp, L.microbatches) if L.schedule == "1f1b" else L.microbatches) if L.pp > 1 else 1
+        in_flight = (min(L.pp, L.microbatches) if L.schedule == "1f1b" else L.microbatches) if L.pipelined else 1
         shard = L.dp if L.dp_kind == "fsdp" else 1
         key = ("memory", L.tp, sp, L.recompute, shard, L.pp, in_flight)
         if key not in self._layers:          # at micro-batch 1: activations scale with it (Table 2: s·b·h·...)
             model = self.model(1)
             parts = tp_memory(model, L.tp, sp, L.recompute, shard)
-            if L.pp > 1:
+            if L.pipelined:
                 view = SimpleNamespace(model=model, options=self.options(L), mesh=Mesh(L.mesh()))
                 parts = first_stage_memory(view, parts)
             self._layers[key] = parts
@@ -76,7 +76,7 @@ class Estimator:
         return self._layers[key]
 
     def estimate(self, L: Layout) -> Estimate:
-        return self._pipeline(L) if L.pp > 1 else self._flat(L)
+        return self._pipeline(L) if L.pipelined else self._flat(L)
 
     def _pipeline(self, L: Layout) -> Estimate:
         model = self.model(L.micro_batch)

@@ -2,7 +2,9 @@
 ``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
 dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
 (sim/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults);
-with ``pp`` PP x TP (sim/tp/pipeline.py; dp then replicates the pipeline).
+with ``pp`` PP x TP (sim/tp/pipeline.py; dp then replicates the pipeline; ``pp: 1`` in the mesh with
+microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
+Megatron-LM without overlap).
 Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
 from __future__ import annotations
@@ -26,7 +28,7 @@ def build(model, mesh, opts: TPOptions, cluster):
     if dp > 1 and dp_shard > 1 or pp > 1 and dp_shard > 1 or "dp_replicate" in mesh and (dp > 1 or pp > 1):
         raise ConfigError(f"dp_shard {dp_shard} (FSDP2) or dp_replicate {rep} (HSDP) with dp {dp} (DDP) or pp {pp} "
                           "is not built yet; allowed: dp_shard (and dp_replicate) with tp alone", "tp: mesh")
-    if pp > 1:
+    if pp > 1 or "pp" in mesh and opts.microbatches > 1:    # pp 1 with m > 1: gradient accumulation
         spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
         plan = pp_tp_plan(model, mesh, spec, opts)
     elif dp > 1:
