@@ -120,6 +120,7 @@ def rank_task(ctx, payload: dict) -> dict:
     import distlab.sim.workloads.registry  # noqa: F401  (registers the moe model kind)
     group, ep = dist.group.WORLD, ctx.world_size
     out = []
+    a2a_times = {str(n): _time_all_to_all(int(n), ep, payload.get("reps", 5)) for n in payload.get("calibrate") or []}
     for v in payload["variants"]:
         c = config_of(model_from_spec(v["model"]))
         dtype = getattr(torch, c.dtype)
@@ -148,7 +149,22 @@ def rank_task(ctx, payload: dict) -> dict:
             if k >= payload.get("warmup", 1):
                 steps.append({"time": t2 - t0, "phases": [t1 - t0, t2 - t1], "calls": cap.calls})
         out.append({"steps": steps, "received": lay.received})
-    return {"rank": ctx.rank, "variants": out}
+    return {"rank": ctx.rank, "variants": out, "all_to_all_s": a2a_times}
+
+
+def _time_all_to_all(nbytes: int, ep: int, reps: int) -> list[float]:
+    """Seconds of ``reps`` even all_to_all_single calls of ``nbytes`` (float32) sent in all, each after a barrier."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    x = torch.zeros(max(nbytes // 4 // ep, 1) * ep)
+    times = []
+    for _ in range(reps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        funcol.all_to_all_single(x, None, None, dist.group.WORLD).wait()
+        times.append(time.perf_counter() - t0)
+    return times[1:]
 
 
 def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tuple]:
@@ -157,9 +173,11 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
     return [(k, tuple(b), d, tuple(g), ph) for k, b, d, g, ph in calls]
 
 
-def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0) -> list:
-    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float}."""
+def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
+        calibrate: list[int] | None = None) -> list:
+    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float}. ``calibrate``: sizes
+    (bytes) of even all_to_alls to time first (runtime/ep/validate.py fits α and bandwidth on them)."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate}
     return launch("distlab.runtime.ep.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)

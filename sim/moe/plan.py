@@ -169,9 +169,10 @@ def grad_sync(model, c: MoEConfig, layers, ep: int, data_group: tuple, expert_gr
     return before + [Compute(f"optimizer {tag}", flops=ADAM_FLOPS * local, bytes=ADAM_BYTES * local)], after
 
 
-def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None) -> Plan:
+def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None, optimizer: bool = True) -> Plan:
     """One training step on ``mesh`` (dims ep, optionally dp and pp); ``cluster`` places ranks on nodes for
-    node-limited routing."""
+    node-limited routing. ``optimizer`` False: forward and backward only (no gradient sync, no AdamW; what
+    runtime/ep/run.py times)."""
     c = config_of(model)
     if "ep" not in mesh:
         raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}", "ep: mesh")
@@ -203,7 +204,7 @@ def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None)
                 ops += dualpipe.serial_ops(fwd, f"{tag}F") + dualpipe.serial_ops(bwd, f"{tag}B")
             before, after = grad_sync(model, c, range(len(model.layers)), ep, mesh.group_of(g, data),
                                       mesh.group_of(g, "dp") if "dp" in mesh else (g,), opts.zero1, "step")
-            ranks.append(ops + before + after)
+            ranks.append(ops + (before + after if optimizer else []))
         plan = Plan(ranks, name=name or f"ep{ep}-{model.name}")
     lay0 = layout(0)
     plan.meta = {"builder": "ep", "model": model.name, "ep": ep, "skew": opts.skew, "node_limit": opts.node_limit,

@@ -22,6 +22,37 @@ def expert_seconds(trace, rank: int) -> float:
     return sum(o.end - o.start for o in trace.for_rank(rank) if o.kind == "compute" and o.name.endswith(".experts"))
 
 
+def memory(result) -> dict:
+    """Per-GPU static memory of pipeline rank 0 (all layers without pp): dense parameters whole, routed experts
+    E/ep of them; mixed-precision Adam (sim/fsdp/memory.py precision: 2 + 2 + 12 bytes per element for 16-bit
+    params), the optimizer state sharded over the data-parallel ranks with ZeRO-1 (dense: dp x ep, experts: dp;
+    Rajbhandari et al. 2019, arXiv 1910.02054). Activations are left out."""
+    from distlab.sim.fsdp.memory import breakdown_line, fits, precision
+    mesh, model, o = result.mesh, result.model, result.options
+    ep = mesh.size("ep")
+    dp = mesh.size("dp") if "dp" in mesh else 1
+    layers = range(len(model.layers))
+    if "pp" in mesh and mesh.size("pp") > 1:
+        from distlab.sim.pipeline.plan import stage_ranges
+        from distlab.sim.pipeline.schedules import stage_to_rank
+        v = 2 if o.schedule in ("dualpipev", "interleaved1f1b") else 1
+        pp = mesh.size("pp")
+        placement = stage_to_rank(o.schedule, pp, v)
+        layers = [i for s, r in enumerate(stage_ranges(model, pp * v, o.split)) if placement[s] == 0 for i in r]
+    params = [q for i in layers for q in model.layers[i].params]
+    dense = sum(q.numel for q in params if ".moe.experts." not in q.name)
+    expert = sum(q.numel for q in params if ".moe.experts." in q.name) // ep
+    p, g, k = precision(model.config["dtype"])
+    shard = (dense / (dp * ep) + expert / dp) if o.zero1 else dense + expert
+    parts = {"params": int((dense + expert) * p), "grads": int((dense + expert) * g), "optimizer": int(shard * k)}
+    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
+    ok = fits(total, gpu)
+    rows = [["memory per GPU (params, grads, Adam; no activations)", f"{total / 2**30:.3f} GiB"],
+            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+            "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}
+
+
 def report(result) -> dict:
     mesh, trace, meta = result.mesh, result.trace, result.info["ep"]
     group = mesh.group_of(0, "ep")
@@ -43,9 +74,11 @@ def report(result) -> dict:
              if mean_t else "-"],
             ["all_to_alls per step (rank 0)", f"{len(a2a)}, {sum(o.bytes for o in a2a) / 2**20:.3f} MiB "
                                               "(largest sender's bytes)"]]
-    return {"rows": rows, "tables": [table],
+    mem = memory(result)
+    return {"rows": rows + mem["rows"], "tables": [table], "warnings": mem["warnings"],
             "json": {"ep_group_size": len(group), "received_copies": received, "expert_time_s": times,
-                     "slowest_ep_rank": slow, "slowest_global_rank": group[slow], "all_to_all_count": len(a2a)}}
+                     "slowest_ep_rank": slow, "slowest_global_rank": group[slow], "all_to_all_count": len(a2a),
+                     "memory": mem["json"]}}
 
 
 WORKLOAD = Workload(
