@@ -158,3 +158,15 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, mesh, model, message):
     assert main(["simulate", write(tmp_path, mesh, model), "--no-files"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and message in err and err.count("\n") == 1, err
+
+
+def test_node_limited_routing_and_capacity_factor():
+    """node_limit 1 on 2 nodes x 4: every token's experts are on its own node, so no dispatch byte crosses the
+    network; a capacity factor 1.0 caps each expert at ceil(T x top_k / E) copies per source rank (GShard)."""
+    from distlab.sim.moe.routing import routing
+    c = config_of(from_spec(MOE))
+    lay = Layout(c, 8, EPOptions(node_limit=1), nodes=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert all(lay.dispatch[i][j] == 0 for i in range(8) for j in range(8) if (i < 4) != (j < 4))
+    assert sum(map(sum, lay.tokens)) == 8 * 64 * 2
+    counts = routing(64, 2, 8, 2, skew=2.0, capacity_factor=1.0)
+    assert max(counts[0]) == 16 and sum(counts[0]) < 128

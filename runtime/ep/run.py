@@ -109,8 +109,10 @@ def moe_layer(x, p, counts: list[int], ep: int, group):
 
 
 def rank_task(ctx, payload: dict) -> dict:
-    """Per variant ({model: MoE spec, skew}): its layers on this rank, a warm-up step, then ``steps`` captured
-    steps (forward, backward of mean(y^2)); per step the calls and [forward, backward] seconds."""
+    """Per variant ({model: MoE spec, skew}): its layers on this rank; then, round after round (warm-up rounds
+    first), one step of every variant in turn, so that a change in the machine's load hits every variant alike:
+    forward, backward of mean(y^2); per step the calls and [forward, backward] seconds. ``calibrate``: sizes of
+    even all_to_alls timed first (runtime/ep/validate.py)."""
     import torch
     import torch.distributed as dist
 
@@ -119,23 +121,23 @@ def rank_task(ctx, payload: dict) -> dict:
     from distlab.sim.moe.plan import EPOptions, Layout
     import distlab.sim.workloads.registry  # noqa: F401  (registers the moe model kind)
     group, ep = dist.group.WORLD, ctx.world_size
-    out = []
     a2a_times = {str(n): _time_all_to_all(int(n), ep, payload.get("reps", 5)) for n in payload.get("calibrate") or []}
+    built = []
     for v in payload["variants"]:
         c = config_of(model_from_spec(v["model"]))
         dtype = getattr(torch, c.dtype)
-        lay = Layout(c, ep, EPOptions(skew=v.get("skew", 0.0)))
-        layers = build_layers(c, ep, ctx.rank, dtype)
         torch.manual_seed(1 + ctx.rank)
         x0 = torch.randn(c.tokens, c.hidden).to(dtype)
-        steps = []
-        for k in range(payload.get("warmup", 1) + payload.get("steps", 1)):
+        built.append((Layout(c, ep, EPOptions(skew=v.get("skew", 0.0))), build_layers(c, ep, ctx.rank, dtype), x0))
+    out = [{"steps": [], "received": lay.received} for lay, _, _ in built]
+    warmup = payload.get("warmup", 1)
+    for k in range(warmup + payload.get("steps", 1)):
+        for (lay, layers, x0), record in zip(built, out):
             cap = A2ACapture()
             dist.barrier()
             t0 = time.perf_counter()
             with cap:
-                x = x0.clone().requires_grad_()
-                y = x
+                y = x = x0.clone().requires_grad_()
                 for p in layers:
                     y = moe_layer(y, p, lay.counts[ctx.rank], ep, group)
                 loss = y.float().pow(2).mean()
@@ -146,9 +148,8 @@ def rank_task(ctx, payload: dict) -> dict:
             for p in layers:
                 for w in p.values():
                     w.grad = None
-            if k >= payload.get("warmup", 1):
-                steps.append({"time": t2 - t0, "phases": [t1 - t0, t2 - t1], "calls": cap.calls})
-        out.append({"steps": steps, "received": lay.received})
+            if k >= warmup:
+                record["steps"].append({"time": t2 - t0, "phases": [t1 - t0, t2 - t1], "calls": cap.calls})
     return {"rank": ctx.rank, "variants": out, "all_to_all_s": a2a_times}
 
 
