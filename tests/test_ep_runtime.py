@@ -1,7 +1,7 @@
 """Real expert parallelism (torch 2.13 ``all_to_all_single`` with split sizes, autograd's adjoints, gloo) issues
-exactly the simulated plan's ep collectives: kind, order, bytes sent to each peer, dtype and phase, per rank,
-for two MoE shapes (balanced and skewed routing, with and without a shared expert) on 2 and 4 ranks. One
-launch per world size."""
+exactly the simulated plan's ep collectives: kind, order, bytes sent to each peer, dtype, group and phase, per
+rank, for two MoE shapes (balanced and skewed routing, with and without a shared expert) on expert-parallel
+groups of 2 ranks (two groups, mesh {dp: 2, ep: 2}) and of 4 ranks. One launch of 4 ranks."""
 import pytest
 
 from distlab.sim.mesh import Mesh
@@ -16,26 +16,26 @@ SHAPES = [
     (dict(kind="moe", layers=1, hidden=8, experts=4, top_k=3, expert_ffn=4, seq_len=12, attention="none",
           embed=False, dtype="float32", shared_experts=1), 1.5),
 ]
+CASES = [(ep, i) for ep in (2, 4) for i in range(len(SHAPES))]
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def launched(request):
+@pytest.fixture(scope="module")
+def launched():
     from distlab.runtime.ep import run
-    return request.param, run.run([{"model": from_spec(m), "skew": s} for m, s in SHAPES], world=request.param,
-                                  steps=1, warmup=0, timeout=300)
+    return run.run([{"model": from_spec(SHAPES[i][0]), "skew": SHAPES[i][1], "ep": ep} for ep, i in CASES],
+                   world=4, steps=1, warmup=0, timeout=300)
 
 
-@pytest.mark.parametrize("i", range(len(SHAPES)))
-def test_simulated_all_to_alls_equal_what_torch_issues(launched, i):
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"ep{ep}-shape{i}" for ep, i in CASES])
+def test_simulated_all_to_alls_equal_what_torch_issues(launched, case):
     from distlab.runtime.ep.run import measured_sequence
-    world, results = launched
+    ep, i = CASES[case]
     spec, skew = SHAPES[i]
-    plan = ep_plan(from_spec(spec), Mesh({"ep": world}), EPOptions(skew=skew))
-    for rank in range(world):
-        measured = measured_sequence(results, i, rank)
+    plan = ep_plan(from_spec(spec), Mesh({"dp": 4 // ep, "ep": ep}), EPOptions(skew=skew))
+    for rank in range(4):
+        measured = measured_sequence(launched, case, rank)
         assert measured == collective_sequence(plan, rank)
-    assert len(measured) == 5 * spec["layers"]          # counts, dispatch, combine; 2 adjoints
-    sent = [sum(b) for _, b, d, _, _ in measured if d == "float32"]
-    if skew:                                            # uneven: the hot rank receives more than it sends
+        assert measured[0][3] == tuple(range(rank - rank % ep, rank - rank % ep + ep))
+    assert len(measured) == 5 * spec["layers"]          # counts, dispatch, combine; the 2 adjoints
+    if skew:                                            # uneven: per-peer sizes differ
         assert len({b for _, bs, *_ in measured for b in bs}) > 2
-    assert all(s > 0 for s in sent)

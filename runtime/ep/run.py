@@ -109,7 +109,8 @@ def moe_layer(x, p, counts: list[int], ep: int, group):
 
 
 def rank_task(ctx, payload: dict) -> dict:
-    """Per variant ({model: MoE spec, skew}): its layers on this rank; then, round after round (warm-up rounds
+    """Per variant ({model: MoE spec, skew, ep}): its layers on this rank (ep < world: expert parallelism inside
+    blocks of ep consecutive ranks, the mesh {dp: world / ep, ep}); then, round after round (warm-up rounds
     first), one step of every variant in turn, so that a change in the machine's load hits every variant alike:
     forward, backward of mean(y^2); per step the calls and [forward, backward] seconds. ``calibrate``: sizes of
     even all_to_alls timed first (runtime/ep/validate.py)."""
@@ -120,26 +121,35 @@ def rank_task(ctx, payload: dict) -> dict:
     from distlab.sim.moe.model import config_of
     from distlab.sim.moe.plan import EPOptions, Layout
     import distlab.sim.workloads.registry  # noqa: F401  (registers the moe model kind)
-    group, ep = dist.group.WORLD, ctx.world_size
-    a2a_times = {str(n): _time_all_to_all(int(n), ep, payload.get("reps", 5)) for n in payload.get("calibrate") or []}
+    groups = {}
+    for ep in sorted({v.get("ep") or ctx.world_size for v in payload["variants"]}):
+        for start in range(0, ctx.world_size, ep):       # every rank creates every group (torch's rule)
+            members = list(range(start, start + ep))
+            g = dist.group.WORLD if ep == ctx.world_size else dist.new_group(members)
+            if ctx.rank in members:
+                groups[ep] = g
+    a2a_times = {str(n): _time_all_to_all(int(n), ctx.world_size, payload.get("reps", 5))
+                 for n in payload.get("calibrate") or []}
     built = []
     for v in payload["variants"]:
         c = config_of(model_from_spec(v["model"]))
         dtype = getattr(torch, c.dtype)
         torch.manual_seed(1 + ctx.rank)
         x0 = torch.randn(c.tokens, c.hidden).to(dtype)
-        built.append((Layout(c, ep, EPOptions(skew=v.get("skew", 0.0))), build_layers(c, ep, ctx.rank, dtype), x0))
-    out = [{"steps": [], "received": lay.received} for lay, _, _ in built]
+        ep = v.get("ep") or ctx.world_size
+        j = ctx.rank % ep
+        built.append((Layout(c, ep, EPOptions(skew=v.get("skew", 0.0))), build_layers(c, ep, j, dtype), x0, ep, j))
+    out = [{"steps": [], "received": b[0].received} for b in built]
     warmup = payload.get("warmup", 1)
     for k in range(warmup + payload.get("steps", 1)):
-        for (lay, layers, x0), record in zip(built, out):
+        for (lay, layers, x0, ep, j), record in zip(built, out):
             cap = A2ACapture()
             dist.barrier()
             t0 = time.perf_counter()
             with cap:
                 y = x = x0.clone().requires_grad_()
                 for p in layers:
-                    y = moe_layer(y, p, lay.counts[ctx.rank], ep, group)
+                    y = moe_layer(y, p, lay.counts[j], ep, groups[ep])
                 loss = y.float().pow(2).mean()
                 t1 = time.perf_counter()
                 cap.phase = "backward"
@@ -176,7 +186,7 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
         calibrate: list[int] | None = None) -> list:
-    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float}. ``calibrate``: sizes
+    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float, ep: int (default world)}. ``calibrate``: sizes
     (bytes) of even all_to_alls to time first (runtime/ep/validate.py fits α and bandwidth on them)."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],

@@ -23,7 +23,8 @@ layer, which needs no input gradient, has I = 0. ``seconds={(stage, kind): s}`` 
 DualPipeV's forward/backward pairs that torch marks OVERLAP_F_B (meta ``overlap_f_b``, "F;B" per rank) run as
 torch 2.13's runtime runs them without a custom overlap function: the pair starts once both inputs have
 arrived, F then B on the compute stream, then F's send and B's send (``_add_send_recv``). The compute of the
-two is not overlapped (torch does not; DeepSeek's DualPipe overlaps their communication with compute).
+two is not overlapped (torch does not; DeepSeek's DualPipe overlaps their communication with compute: the
+expert-parallel plan does, through ``action_ops``, sim/moe/plan.py and sim/pipeline/dualpipe.py).
 """
 from __future__ import annotations
 
