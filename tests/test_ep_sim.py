@@ -170,3 +170,13 @@ def test_node_limited_routing_and_capacity_factor():
     assert sum(map(sum, lay.tokens)) == 8 * 64 * 2
     counts = routing(64, 2, 8, 2, skew=2.0, capacity_factor=1.0)
     assert max(counts[0]) == 16 and sum(counts[0]) < 128
+
+
+def test_the_executor_sends_a_split_all_to_all_with_its_row_and_receives_its_column():
+    """`distlab run` of a plan with splits: member i's input holds row i, its output column i (elements)."""
+    from distlab.runtime.collectives import make_buffers, split_sizes
+    op = Collective("all_to_all", 24, "float32", (0, 1, 2), splits=((0, 8, 16), (4, 4, 4), (12, 0, 0)))
+    split = split_sizes(op, 1)
+    assert split == ((1, 1, 1), (2, 1, 0))
+    inp, out = make_buffers("all_to_all", op.bytes, op.dtype, 3, "cpu", split)
+    assert (inp.numel(), out.numel()) == (3, 3)
