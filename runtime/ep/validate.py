@@ -92,12 +92,14 @@ def prepare(scenario, nproc: int):
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     if "ep" not in d:
         raise ConfigError("validate_ep needs a scenario with an ep: section", "ep")
-    d["world_size"] = nproc
-    built = sc.build(d)
+    built = sc.build(d)                  # the scenario's own world: the model and options do not depend on it
     c = built.model.config
     if c.get("attention") != "none" or c.get("embed") or c.get("first_dense") or built.mesh.world_size != built.mesh.size("ep"):
         raise ConfigError("the real EP run has MoE layers alone on an ep mesh; allowed: model attention: none, "
                           "embed: false, first_dense: 0, mesh {ep: N}", "ep")
+    from distlab.sim.moe.model import config_of
+    from distlab.sim.moe.plan import check_ep
+    check_ep(config_of(built.model), nproc, "nproc")
     return built.model, built.options.skew
 
 
