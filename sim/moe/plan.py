@@ -28,6 +28,7 @@ from distlab.sim.moe.model import MoEConfig, block_parts, config_of
 from distlab.sim.moe.routing import routing, token_matrix
 from distlab.sim.pipeline import dualpipe
 from distlab.sim.pipeline.action import Action
+from distlab.sim.pipeline.schedules import SCHEDULES
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
 from distlab.sim.workloads.base import option
 
@@ -45,9 +46,8 @@ class EPOptions:
                                    flag="--ep-node-limit")
     zero1: bool = option(True, "ZeRO-1: reduce_scatter gradients, all_gather parameters (false: all_reduce)",
                          flag="--ep-zero1")
-    schedule: str = option("1f1b", "pipeline schedule when the mesh has pp",
-                           choices=("gpipe", "1f1b", "interleaved1f1b", "dualpipev"), what="pipeline schedule",
-                           flag="--ep-schedule")
+    schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (2 stages per rank but for gpipe, 1f1b)",
+                           choices=SCHEDULES, what="pipeline schedule", flag="--ep-schedule")
     microbatches: int = option(1, "micro-batches per step (with pp: per pipeline)", flag="--ep-microbatches")
     overlap: bool = option(True, "DualPipe: overlap each OVERLAP_F_B pair's all-to-alls with the other's compute",
                            flag="--ep-overlap")
@@ -62,6 +62,11 @@ class EPOptions:
         if self.microbatches < 1:
             raise ConfigError(f"{self.microbatches} must be a whole number >= 1", f"{where}.microbatches")
         return self
+
+
+def virtual_stages(schedule: str) -> int:
+    """Stages per pipeline rank: 1 for gpipe and 1f1b, 2 for the multi-stage schedules (a V for zbv, dualpipev)."""
+    return 1 if schedule in ("gpipe", "1f1b") else 2
 
 
 def check_ep(c: MoEConfig, ep: int, where: str = "mesh.ep") -> None:
@@ -218,7 +223,7 @@ def _pp_plan(model, c, mesh, opts, layout, data) -> Plan:
     from distlab.sim.mesh import Mesh
     from distlab.sim.pipeline.plan import PipelineSpec, pipeline_plan, stage_ranges
     pp, rest = mesh.size("pp"), mesh.world_size // mesh.size("pp")
-    v = 2 if opts.schedule in ("dualpipev", "interleaved1f1b") else 1
+    v = virtual_stages(opts.schedule)
     spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, virtual_stages=v,
                         data_parallel=rest, split=opts.split)
     flat = Mesh({"pp": pp, "dp": rest})        # the same rank numbering: dp and ep are the inner dimensions

@@ -5,7 +5,7 @@ its F/B overlap) and replicated over ``dp``. The report shows the routing what-i
 time per ep rank of rank 0's group, and the slowest one."""
 from __future__ import annotations
 
-from distlab.sim.moe.plan import EPOptions, ep_plan
+from distlab.sim.moe.plan import EPOptions, ep_plan, virtual_stages
 from distlab.sim.plan import Collective
 from distlab.sim.workloads.base import Workload
 
@@ -35,7 +35,7 @@ def memory(result) -> dict:
     if "pp" in mesh and mesh.size("pp") > 1:
         from distlab.sim.pipeline.plan import stage_ranges
         from distlab.sim.pipeline.schedules import stage_to_rank
-        v = 2 if o.schedule in ("dualpipev", "interleaved1f1b") else 1
+        v = virtual_stages(o.schedule)
         pp = mesh.size("pp")
         placement = stage_to_rank(o.schedule, pp, v)
         layers = [i for s, r in enumerate(stage_ranges(model, pp * v, o.split)) if placement[s] == 0 for i in r]
