@@ -7,6 +7,7 @@ import pytest
 from distlab.sim.mesh import Mesh
 from distlab.sim.moe.model import from_spec
 from distlab.sim.moe.plan import EPOptions, collective_sequence, ep_plan
+from distlab.sim.plan import Collective
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +40,13 @@ def test_simulated_all_to_alls_equal_what_torch_issues(launched, case):
     assert len(measured) == 5 * spec["layers"]          # counts, dispatch, combine; the 2 adjoints
     if skew:                                            # uneven: per-peer sizes differ
         assert len({b for _, bs, *_ in measured for b in bs}) > 2
+
+
+def test_the_executor_sends_a_split_all_to_all_with_its_row_and_receives_its_column():
+    """`distlab run` of a plan with splits: member i's input holds row i, its output column i (elements)."""
+    from distlab.runtime.collectives import make_buffers, split_sizes
+    op = Collective("all_to_all", 24, "float32", (0, 1, 2), splits=((0, 8, 16), (4, 4, 4), (12, 0, 0)))
+    split = split_sizes(op, 1)
+    assert split == ((1, 1, 1), (2, 1, 0))
+    inp, out = make_buffers("all_to_all", op.bytes, op.dtype, 3, "cpu", split)
+    assert (inp.numel(), out.numel()) == (3, 3)

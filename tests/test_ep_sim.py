@@ -172,11 +172,19 @@ def test_node_limited_routing_and_capacity_factor():
     assert max(counts[0]) == 16 and sum(counts[0]) < 128
 
 
-def test_the_executor_sends_a_split_all_to_all_with_its_row_and_receives_its_column():
-    """`distlab run` of a plan with splits: member i's input holds row i, its output column i (elements)."""
-    from distlab.runtime.collectives import make_buffers, split_sizes
-    op = Collective("all_to_all", 24, "float32", (0, 1, 2), splits=((0, 8, 16), (4, 4, 4), (12, 0, 0)))
-    split = split_sizes(op, 1)
-    assert split == ((1, 1, 1), (2, 1, 0))
-    inp, out = make_buffers("all_to_all", op.bytes, op.dtype, 3, "cpu", split)
-    assert (inp.numel(), out.numel()) == (3, 3)
+def test_deepseek_v3_scenario_plan_places_ep_64_across_8_nodes_with_node_limited_routing():
+    """scenarios/moe-deepseek-v3.yaml (the plan only; `distlab simulate` runs it in seconds): 64 ranks, each
+    all_to_all over all of them, every rank's tokens routed to experts on its own and the next 3 nodes."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.workloads.registry import get
+    d = sc.load("scenarios/moe-deepseek-v3.yaml")
+    model = sc.resolve(d)[0]
+    opts = get("ep").parse(d["ep"], "ep")
+    cl = load_cluster(d["cluster"], nodes=d["nodes"])
+    plan = ep_plan(model, Mesh(d["mesh"]), opts, cl)
+    a2a = [o for o in plan.ranks[0] if isinstance(o, Collective) and "dispatch fwd" in o.name]
+    assert plan.world_size == 64 and len(a2a) == 4 * 2 and len(a2a[0].group) == 64
+    row = a2a[0].splits[0]
+    assert [sum(row[8 * k:8 * k + 8]) > 0 for k in range(8)] == [True] * 4 + [False] * 4
+    assert plan.meta["received"] == [4096 * 8] * 64

@@ -89,6 +89,9 @@ class Layout:
         self.dispatch = tuple(tuple(n * row for n in r) for r in self.tokens)
         self.combine = tuple(zip(*self.dispatch))
         self.received = [sum(r[j] for r in self.tokens) for j in range(ep)]
+        even = c.experts * COUNT_BYTES // ep            # the int64 token counts: E/ep of them to each peer
+        self.count_splits = tuple(tuple(even for _ in range(ep)) for _ in range(ep))
+        self.largest = {id(m): max(sum(r) for r in m) for m in (self.dispatch, self.combine, self.count_splits)}
 
     def expert_flops(self, j: int) -> float:
         """Forward FLOPs of rank j's grouped GEMM: 2·R_j·3·h·f (SwiGLU experts)."""
@@ -99,9 +102,9 @@ class Layout:
         return c.experts // self.ep * 3 * c.hidden * c.expert_ffn * DTYPE_BYTES[c.dtype]
 
 
-def a2a(splits, group, dtype: str, name: str) -> Collective:
-    return Collective("all_to_all", max(sum(r) for r in splits), dtype, group, name=name, stream="ep",
-                      splits=splits)
+def a2a(splits, group, dtype: str, name: str, lay: "Layout") -> Collective:
+    """An ep all_to_all of one of ``lay``'s split matrices; bytes = its largest row sum."""
+    return Collective("all_to_all", lay.largest[id(splits)], dtype, group, name=name, stream="ep", splits=splits)
 
 
 def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group: tuple, tag: str = "") -> list:
@@ -126,14 +129,12 @@ def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group
     if lay is None or len(group) == 1:
         middle = [experts]
     elif kind == "F":
-        even = E * COUNT_BYTES // len(group)
-        counts = tuple(tuple(even for _ in group) for _ in group)
-        middle = [a2a(counts, group, "int64", f"ep all_to_all {name} counts fwd"),
-                  a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} dispatch fwd"), experts,
-                  a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} combine fwd")]
+        middle = [a2a(lay.count_splits, group, "int64", f"ep all_to_all {name} counts fwd", lay),
+                  a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} dispatch fwd", lay), experts,
+                  a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} combine fwd", lay)]
     else:
-        middle = [a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} combine bwd"), experts,
-                  a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} dispatch bwd")]
+        middle = [a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} combine bwd", lay), experts,
+                  a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} dispatch bwd", lay)]
     return [front] + middle + shared if kind == "F" else shared + middle + [front]
 
 
