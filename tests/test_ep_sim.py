@@ -22,7 +22,8 @@ def flat(n: int, nodes: int = 1) -> Cluster:
     """n GPUs per node on a switch of BW per direction, no latency, Gloo-style (no NCCL protocol costs); compute
     1 TFLOP/s, memory fast enough never to bind."""
     return Cluster("flat", nodes, n, GPUSpec("g", tflops=1.0, hbm_GBps=1e9, memory_GiB=80.0, arch="cpu"),
-                   IntraNode("nvswitch", BW / 1e9, 0.0), InterNode("infiniband", n, BW / 1e9, 0.0) if nodes > 1 else None)
+                   IntraNode("nvswitch", BW / 1e9, 0.0),
+                   InterNode("infiniband", n, BW / 1e9, 0.0) if nodes > 1 else None)
 
 
 def a2a_plan(splits, n):

@@ -56,7 +56,8 @@ def build_layers(c, ep: int, rank: int, dtype):
              **{k: w[rank * local:(rank + 1) * local].clone() for k, w in zip(("w1", "w3", "w2"), full)}}
         if c.shared_experts:
             S = c.shared_experts * f
-            p.update(s1=torch.randn(S, h) * h ** -0.5, s3=torch.randn(S, h) * h ** -0.5, s2=torch.randn(h, S) * S ** -0.5)
+            p.update(s1=torch.randn(S, h) * h ** -0.5, s3=torch.randn(S, h) * h ** -0.5,
+                     s2=torch.randn(h, S) * S ** -0.5)
         layers.append({k: v.to(dtype).requires_grad_() for k, v in p.items()})
     return layers
 
@@ -186,8 +187,9 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
         calibrate: list[int] | None = None) -> list:
-    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float, ep: int (default world)}. ``calibrate``: sizes
-    (bytes) of even all_to_alls to time first (runtime/ep/validate.py fits α and bandwidth on them)."""
+    """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float, ep: int (default world)}.
+    ``calibrate``: sizes (bytes) of even all_to_alls to time first (runtime/ep/validate.py fits α and bandwidth
+    on them)."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
                "steps": steps, "warmup": warmup, "calibrate": calibrate}

@@ -8,8 +8,9 @@ t = α + (n-1)/n · S / B over the median time per size, the slowest rank's), an
 (bisection in log F until the simulated probe lasts as long as the measured one; the runtime's Python work per
 op is folded into F). Each variant is then simulated (sim/moe/plan.py, forward and backward only) on the
 fitted cluster, its ranks sharing the cores left to them (processor sharing, sim/cores.py; a skew leaves
-the cold ranks idle in the all_to_all, so the hot rank gets more of the machine): predicted step vs measured (the median over steps of the slowest rank's step); spread = the
-steps' (slowest - fastest) / median. The prediction never sees the run it predicts.
+the cold ranks idle in the all_to_all, so the hot rank gets more of the machine): predicted step vs measured
+(the median over steps of the slowest rank's step); spread = the steps' (slowest - fastest) / median.
+The prediction never sees the run it predicts.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def prepare(scenario, nproc: int):
         raise ConfigError("validate_ep needs a scenario with an ep: section", "ep")
     built = sc.build(d)                  # the scenario's own world: the model and options do not depend on it
     c = built.model.config
-    if c.get("attention") != "none" or c.get("embed") or c.get("first_dense") or built.mesh.world_size != built.mesh.size("ep"):
+    ep_only = built.mesh.world_size == built.mesh.size("ep")
+    if c.get("attention") != "none" or c.get("embed") or c.get("first_dense") or not ep_only:
         raise ConfigError("the real EP run has MoE layers alone on an ep mesh; allowed: model attention: none, "
                           "embed: false, first_dense: 0, mesh {ep: N}", "ep")
     from distlab.sim.moe.model import config_of
@@ -109,8 +111,10 @@ def validate_ep(scenario, nproc: int = 4, steps: int = 5, warmup: int = 1, timeo
 
 
 def ep_cases(path: str, args) -> list[dict]:
-    """`distlab validate --scenario ep.yaml` rows (runtime.validation.case format): the step predicted vs measured."""
+    """`distlab validate --scenario ep.yaml` rows (runtime.validation.case format): the step, predicted vs
+    measured."""
     nproc = max(int(str(getattr(args, "nproc", 4)).split(",")[0]), 2)
-    r = validate_ep(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2), warmup=max(getattr(args, "warmup", 1), 1))
+    r = validate_ep(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+                    warmup=max(getattr(args, "warmup", 1), 1))
     return [case("ep scenario", row["what"], nproc, 0, row["predicted_s"], row["measured_s"], row["repeats"])
             for row in r["rows"]]

@@ -58,7 +58,8 @@ class EPOptions:
         if not (isinstance(self.skew, (int, float)) and 0 <= self.skew <= 8):
             raise ConfigError(f"skew {self.skew!r} must be a number in [0, 8]", f"{where}.skew")
         if self.node_limit is not None and self.node_limit < 1:
-            raise ConfigError(f"node_limit {self.node_limit} must be a whole number >= 1 or none", f"{where}.node_limit")
+            raise ConfigError(f"node_limit {self.node_limit} must be a whole number >= 1 or none",
+                              f"{where}.node_limit")
         if self.microbatches < 1:
             raise ConfigError(f"{self.microbatches} must be a whole number >= 1", f"{where}.microbatches")
         return self
@@ -181,7 +182,8 @@ def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None,
     runtime/ep/run.py times)."""
     c = config_of(model)
     if "ep" not in mesh:
-        raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}", "ep: mesh")
+        raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}",
+                          "ep: mesh")
     ep = mesh.size("ep")
     check_ep(c, ep)
     lays = {}
