@@ -7,6 +7,8 @@ group size, element counts are rounded to the nearest whole element (halves up),
   reduce_scatter: input n*c, output c, c = round(bytes / (n*e))   (bytes = the full input);
   all_to_all: input and output n*c, c = round(bytes / (n*e))      (bytes = what one rank sends in all);
   barrier: no buffer.
+An all_to_all with per-peer sizes (the plan's ``splits``): input Σ_j c_ij, output Σ_i c_ij elements, c = the
+split's bytes / e, sent with ``all_to_all_single``'s input_split_sizes (row i) and output_split_sizes (column i).
 So the bytes moved can differ from the plan's by less than n elements; traces keep the planned bytes.
 """
 from __future__ import annotations
@@ -53,10 +55,17 @@ def check_backend_dtype(dtype: str, backend: str, where: str) -> None:
         raise ConfigError(f"dtype {dtype!r} has no Gloo reduction; with gloo use {', '.join(GLOO_DTYPES)}", where)
 
 
-def make_buffers(op: str, nbytes: int, dtype: str, n: int, device="cpu"):
-    """Zeroed (input, output) tensors; the same tensor twice for the in-place collectives."""
+def split_sizes(op, me: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(input, output) split sizes in elements of group member ``me`` of an all_to_all with ``splits``."""
+    e = DTYPE_BYTES[op.dtype]
+    return (tuple(int(b / e + 0.5) for b in op.splits[me]), tuple(int(row[me] / e + 0.5) for row in op.splits))
+
+
+def make_buffers(op: str, nbytes: int, dtype: str, n: int, device="cpu", split=None):
+    """Zeroed (input, output) tensors; the same tensor twice for the in-place collectives. ``split``: an
+    all_to_all's (input, output) split sizes (:func:`split_sizes`)."""
     import torch
-    i, o = element_counts(op, nbytes, dtype, n)
+    i, o = element_counts(op, nbytes, dtype, n) if split is None else (sum(split[0]), sum(split[1]))
     if op == "barrier":
         return None, None
     inp = torch.zeros(i, dtype=torch_dtype(dtype), device=device)
@@ -65,8 +74,9 @@ def make_buffers(op: str, nbytes: int, dtype: str, n: int, device="cpu"):
     return inp, torch.zeros(o, dtype=torch_dtype(dtype), device=device)
 
 
-def issue(op: str, inp, out, group=None, root: int = 0, async_op: bool = False):
-    """Start collective ``op`` (SUM for reductions; ``root`` a global rank); a Work handle when ``async_op``."""
+def issue(op: str, inp, out, group=None, root: int = 0, async_op: bool = False, split=None):
+    """Start collective ``op`` (SUM for reductions; ``root`` a global rank); a Work handle when ``async_op``.
+    ``split``: an all_to_all's (input, output) split sizes."""
     import torch.distributed as dist
     if op == "all_reduce":
         return dist.all_reduce(inp, group=group, async_op=async_op)
@@ -79,6 +89,9 @@ def issue(op: str, inp, out, group=None, root: int = 0, async_op: bool = False):
     if op == "reduce":
         return dist.reduce(inp, dst=root, group=group, async_op=async_op)
     if op == "all_to_all":
+        if split is not None:
+            return dist.all_to_all_single(out, inp, output_split_sizes=list(split[1]),
+                                          input_split_sizes=list(split[0]), group=group, async_op=async_op)
         return dist.all_to_all_single(out, inp, group=group, async_op=async_op)
     if op == "barrier":
         return dist.barrier(group=group, async_op=async_op)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 
-from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers
+from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers, split_sizes
 from distlab.sim.collectives.algorithms import NCCL_NAMES
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
@@ -70,11 +70,12 @@ class Executor:
             fn, event, need = None, None, 0
             if isinstance(op, Collective):
                 group = self.plan.group_of(op)
-                key = (op.stream, op.op, op.bytes, op.dtype, len(group))
+                split = split_sizes(op, group.index(self.rank)) if op.splits is not None else None
+                key = (op.stream, op.op, op.bytes, op.dtype, len(group), split)
                 if key not in buffers:
-                    buffers[key] = make_buffers(op.op, op.bytes, op.dtype, len(group), self.ctx.device)
+                    buffers[key] = make_buffers(op.op, op.bytes, op.dtype, len(group), self.ctx.device, split)
                 inp, out = buffers[key]
-                fn = functools.partial(issue, op.op, inp, out, self.groups[(group, op.stream)], op.root, True)
+                fn = functools.partial(issue, op.op, inp, out, self.groups[(group, op.stream)], op.root, True, split)
                 flight = getattr(self.ctx, "flight", None)
                 if flight is not None:         # runtime/flight.py: records it, and waits on CPU streams
                     fn = flight.wrap(fn, flight.key(group, op.stream), op.op, op.bytes, op.dtype, op.root, i,

@@ -13,6 +13,8 @@ from typing import Callable
 
 from distlab.runtime.ddp import run as ddp_run
 from distlab.runtime.ddp import validate as ddp_validate
+from distlab.runtime.ep import run as ep_run
+from distlab.runtime.ep import validate as ep_validate
 from distlab.runtime.fsdp import run as fsdp_run
 from distlab.runtime.fsdp import validate as fsdp_validate
 from distlab.runtime.pipeline import run as pipeline_run
@@ -43,6 +45,8 @@ WORKLOADS: dict[str, RuntimeWorkload] = {w.name: w for w in (
                     pipeline_validate.validate_pipeline, pipeline_validate.pipeline_cases),
     RuntimeWorkload("tp", "DTensor tensor parallelism (+ FSDP2 x TP): the collective sequence and the step time",
                     tp_run.run, tp_validate.validate_tp, tp_validate.tp_cases),
+    RuntimeWorkload("ep", "expert parallelism: all_to_all_single dispatch and combine with split sizes, step time",
+                    ep_run.run, ep_validate.validate_ep, ep_validate.ep_cases),
 )}
 
 

@@ -166,6 +166,11 @@ PRESETS = {
     # HGX H200: the same NVLink 4 baseboard and NDR network as DGX H100, with H200 GPUs.
     "hgx-h200": Cluster("hgx-h200", 1, 8, GPUS["h200"],
                         IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True), NDR_IB),
+    # HGX H800 (DeepSeek-V3's cluster, arXiv 2412.19437 sec. 3.1): H100 compute with NVLink cut to 400 GB/s
+    # bidirectional = 200 GB/s per direction (NVIDIA H800 SXM5 datasheet); efficiency 0.8 = the 160 GB/s the
+    # paper reports NVLink reaching (sec. 3.2.2), beside 50 GB/s InfiniBand per GPU (8 x 400 Gb/s NICs).
+    "hgx-h800": Cluster("hgx-h800", 1, 8, GPUSpec("h800", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0),
+                        IntraNode("nvswitch", 200.0, 0.6, efficiency=0.8), NDR_IB),   # NVLS: not documented for H800
     # DGX B200: 8 x B200 on NVLink 5 (2 NVLink Switch chips), 8 x ConnectX-7 400 Gb/s (DGX B200 datasheet).
     # Measured nccl-tests busbw: no published figure found.
     "dgx-b200": Cluster("dgx-b200", 1, 8, GPUS["b200"], NVLINK5, NDR_IB),

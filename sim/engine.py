@@ -174,7 +174,8 @@ class _Simulation:
 
     def _run_collective(self, rv, op, group):
         rv["launch"] = start = self.env.now
-        key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
+        key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
+            if self.sym and self.sym.repeat_collectives else None
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
@@ -182,7 +183,7 @@ class _Simulation:
             rv["done"].succeed()
             return
         flows = self.net.flows_done
-        algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
+        algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
         for pairs, sizes, latency in step_iter:

@@ -270,6 +270,9 @@ PRESETS = {
     "llama3-405b": dict(arch="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248,
                         vocab=128256, seq_len=8192),
 }
+# Model kinds defined elsewhere register (builder(spec, where) -> Model, their preset names) here, so this module
+# imports none of them: sim/moe/model.py adds kind "moe" and the preset deepseek-v3 (imported with the workloads).
+KINDS: dict = {}
 GPT_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "micro_batch", "dtype", "ffn_hidden",
             "kv_heads", "max_positions") + tuple(ARCH_DEFAULTS["gpt2"])
 MLP_KEYS = ("widths", "batch", "dtype", "bias")
@@ -289,6 +292,9 @@ def model_from_spec(spec, where: str = "model") -> Model:
     ``{kind: mlp, widths: [1024, 1024, 1024], batch: 32}``."""
     if isinstance(spec, Model):
         return spec
+    other = _other_kind(spec)
+    if other is not None:
+        return other(spec if isinstance(spec, dict) else {"preset": spec}, where)
     if isinstance(spec, str):
         if spec not in PRESETS:
             raise ConfigError(f"unknown model preset {spec!r}; allowed: {', '.join(PRESETS)}, or a mapping", where)
@@ -313,6 +319,15 @@ def model_from_spec(spec, where: str = "model") -> Model:
             raise ConfigError("widths must be a list of layer widths, e.g. [1024, 1024, 1024]", f"{where}.widths")
         return _call(lambda **kw: mlp(*widths, **kw), spec, where)
     raise ConfigError(f"needs 'preset' ({', '.join(PRESETS)}) or 'kind' (gpt, mlp); got kind {kind!r}", where)
+
+
+def _other_kind(spec):
+    """The builder of a registered kind (KINDS) that ``spec`` names by kind or preset, else None."""
+    name = spec.get("preset") if isinstance(spec, dict) else spec
+    for kind, (builder, presets) in KINDS.items():
+        if (isinstance(spec, dict) and spec.get("kind") == kind) or (isinstance(name, str) and name in presets):
+            return builder
+    return None
 
 
 def _check_keys(d: dict, allowed: tuple, where: str) -> None:

@@ -8,6 +8,8 @@ before it on that stream has finished; ``Wait(event)`` on another stream holds t
 
 Byte counts follow nccl-tests (doc/PERFORMANCE.md): ``bytes`` of an all_gather is the gathered output, of a
 reduce_scatter the full input, of an all_to_all what one rank sends in all; of the others the buffer itself.
+An all_to_all with per-peer sizes (``splits``, torch's ``all_to_all_single`` input/output split sizes) names the
+whole matrix on every member; its ``bytes`` is then the largest row sum (what the busiest sender sends).
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute
 
 @dataclass(frozen=True)
 class Collective:
-    """A collective over ``group`` (global ranks; None = the whole world). ``root`` is a global rank."""
+    """A collective over ``group`` (global ranks; None = the whole world). ``root`` is a global rank.
+    ``splits`` (all_to_all only, optional): ``splits[i][j]`` bytes from the group's i-th rank to its j-th (group
+    order; the diagonal stays local), the same matrix on every member; ``bytes`` = max_i sum_j splits[i][j]."""
     op: str
     bytes: int
     dtype: str = "float32"
@@ -65,6 +69,7 @@ class Collective:
     root: int = 0
     name: str = ""
     stream: str = "comm"
+    splits: tuple[tuple[int, ...], ...] | None = None
     kind: ClassVar[str] = "collective"
 
 
@@ -236,6 +241,8 @@ def _fields_of(op: Op) -> dict:
                 del d[key]
         if "gemms" in d:
             d["gemms"] = [list(g) for g in d["gemms"]]
+    elif isinstance(op, Collective) and d.get("splits") is None:
+        d.pop("splits", None)
     return d
 
 
@@ -258,6 +265,8 @@ def _op_from_dict(o, where: str) -> Op:
             kwargs["gemms"] = tuple(tuple(g) if isinstance(g, list) else g for g in kwargs["gemms"])
         if isinstance(kwargs.get("attention"), list):
             kwargs["attention"] = tuple(kwargs["attention"])
+    if cls is Collective and isinstance(kwargs.get("splits"), list):
+        kwargs["splits"] = tuple(tuple(row) if isinstance(row, list) else row for row in kwargs["splits"])
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -329,6 +338,7 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
     if op.group is None:                 # the whole world: every rank is a member
         if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or not 0 <= op.root < n):
             raise ConfigError(f"root {op.root!r} is not in group {list(range(n))}", where)
+        _check_splits(op, n, where, checked_groups)
         return
     group = op.group
     if not isinstance(group, tuple):
@@ -347,3 +357,22 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
         raise ConfigError(f"rank {rank} calls a collective on group {list(group)} it is not in", where)
     if op.op in ("broadcast", "reduce") and (not _is_int(op.root) or op.root not in members):
         raise ConfigError(f"root {op.root!r} is not in group {list(group)}", where)
+    _check_splits(op, len(group), where, checked_groups)
+
+
+def _check_splits(op: Collective, n: int, where: str, checked: dict) -> None:
+    """An all_to_all's per-peer sizes: n rows of n whole numbers >= 0 whose largest row sum is ``bytes``
+    (checked once per matrix: every member names the same one)."""
+    if op.splits is None or ("splits", id(op.splits), op.bytes) in checked:
+        return
+    if op.op != "all_to_all":
+        raise ConfigError(f"splits are per-peer sizes of an all_to_all, not of {op.op}", where)
+    rows = op.splits
+    if (not isinstance(rows, tuple) or len(rows) != n
+            or not all(isinstance(r, tuple) and len(r) == n and all(_is_int(x) and x >= 0 for x in r) for r in rows)):
+        raise ConfigError(f"splits must be {n} rows of {n} whole numbers >= 0 (bytes from each member to each)",
+                          where)
+    if max(sum(r) for r in rows) != op.bytes:
+        raise ConfigError(f"bytes {op.bytes} must be the largest row sum of splits, "
+                          f"{max(sum(r) for r in rows)}", where)
+    checked["splits", id(op.splits), op.bytes] = op.splits

@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
     p.add_argument("--iters", type=int, default=9, help="timed calls per size, interleaved (default 9)")
     p.add_argument("--no-overlap", action="store_true", help="skip the compute/communication overlap plan")
     p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (a workload of "
-                                                      "runtime/workloads.py: ddp, fsdp, pipeline, tp)")
+                                                      "runtime/workloads.py: ddp, fsdp, pipeline, tp, ep)")
     p.add_argument("--plot", metavar="OUT.png", default="validate.png", help="predicted vs measured (default "
                                                                              "validate.png)")
     p.add_argument("--out", metavar="RESULTS.json", help="write every case here (kept if a run fails)")

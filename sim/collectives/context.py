@@ -66,9 +66,20 @@ class Context:
         return calibrated(self.cluster.calibration, op, n, nbytes)
 
     # -- choosing ----------------------------------------------------------------------------------------
-    def expand(self, op: str, group: tuple[int, ...], nbytes: float, algorithm: str, root: int = 0):
+    def expand(self, op: str, group: tuple[int, ...], nbytes: float, algorithm: str, root: int = 0,
+               splits=None):
         """(algorithm, protocol, steps with the protocol's costs applied). Calibrated clusters run the ring (or
-        direct) with fitted α and bandwidth."""
+        direct) with fitted α and bandwidth. ``splits``: an all_to_all's per-peer sizes (collectives/direct.py)."""
+        if splits is not None:
+            from distlab.sim.collectives import direct
+            cal = self.calibrated(op, len(group), nbytes)
+            if cal is not None:      # fitted α and bandwidth: the busiest link's bytes at the fitted bandwidth
+                alpha, bandwidth = cal
+                return "direct", "Simple", iter([(self._empty, 0.0, alpha)] + [
+                    (p, s * float(np.min(self.topo.capacity[p.entry_link])) / bandwidth, 0.0)
+                    for p, s, _ in direct.split_steps(self, group, splits)])
+            _, protocol, pc = self.choose(op, group, nbytes, "direct", root)
+            return "direct", protocol, self._apply(pc, direct.split_steps(self, group, splits))
         cal = self.calibrated(op, len(group), nbytes)
         if cal is not None:
             name, step_iter = self._calibrated_steps(op, group, nbytes, root, cal)

@@ -23,7 +23,8 @@ layer, which needs no input gradient, has I = 0. ``seconds={(stage, kind): s}`` 
 DualPipeV's forward/backward pairs that torch marks OVERLAP_F_B (meta ``overlap_f_b``, "F;B" per rank) run as
 torch 2.13's runtime runs them without a custom overlap function: the pair starts once both inputs have
 arrived, F then B on the compute stream, then F's send and B's send (``_add_send_recv``). The compute of the
-two is not overlapped (torch does not; DeepSeek's DualPipe overlaps their communication with compute).
+two is not overlapped (torch does not; DeepSeek's DualPipe overlaps their communication with compute: the
+expert-parallel plan does, through ``action_ops``, sim/moe/plan.py and sim/pipeline/dualpipe.py).
 """
 from __future__ import annotations
 
@@ -147,11 +148,15 @@ def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str
 
 
 def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = None, name: str | None = None,
-                  p2p_bytes: int | None = None, overhead: float = 0.0) -> Plan:
+                  p2p_bytes: int | None = None, overhead: float = 0.0, action_ops=None, grad_ops=None) -> Plan:
     """The plan on ``mesh`` (dimension ``pp`` of size spec.stages, optionally ``dp`` of spec.data_parallel).
     ``p2p_bytes`` overrides the boundary tensor size (0 with a zero-latency fabric = free p2p). ``overhead``
     seconds of the runtime's own work follow each action on the compute stream, before its send (an op named
-    "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it)."""
+    "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it).
+    Hooks for parallelisms inside a stage (expert parallelism, sim/moe/plan.py): ``action_ops(action, global
+    rank, overlapped B or None)`` -> the ops of an action instead of its one Compute (for an OVERLAP_F_B pair it
+    is called at the F with its B, and the B adds nothing more); ``grad_ops(stage, global rank)`` -> the
+    gradient synchronisation after a stage's last backward instead of the all_reduce over dp."""
     spec.check()
     p, m, v, D = spec.stages, spec.microbatches, spec.virtual_stages, spec.data_parallel
     if mesh.size("pp") != p or (mesh.size("dp") if "dp" in mesh else 1) != D:
@@ -251,7 +256,10 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
             if a not in pair_b[r]:   # a pair waits for both its inputs before its F starts
                 for b in ([a, pair_f[r][a]] if a in pair_f[r] else [a]):
                     ops += receive(b, r, peers)
-            ops.append(compute(a))
+            if action_ops is None:
+                ops.append(compute(a))
+            elif a not in pair_b[r]:
+                ops += action_ops(a, g, pair_f[r].get(a))
             if overhead:
                 ops.append(Compute(name="runtime", seconds=float(overhead)))
             sends = send(a, r, peers)
@@ -260,7 +268,9 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
             else:
                 ops += held + sends
                 held = []
-            if len(replicas) > 1 and last_backward.get(a.stage) == i:
+            if grad_ops is not None and last_backward.get(a.stage) == i:
+                ops += grad_ops(a.stage, g)
+            elif len(replicas) > 1 and last_backward.get(a.stage) == i:
                 nbytes = sum(model.layers[j].param_bytes for j in ranges[a.stage])
                 ops += [Record(f"grads {a.stage}", stream="compute"), Wait(f"grads {a.stage}", stream="comm"),
                         Collective("all_reduce", int(nbytes), dtype, replicas,
