@@ -118,3 +118,12 @@ def test_cp_that_does_not_divide_the_sequence_is_a_config_error(seq_len, cp, bal
     m = gpt(layers=1, hidden=32, heads=4, seq_len=seq_len, vocab=64, arch="llama")
     with pytest.raises(ConfigError, match="does not split into"):
         cp_plan(m, Mesh({"cp": cp}), CPOptions(load_balance=balance))
+
+
+def test_cli_bad_cp_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {arch: llama, layers: 1, hidden: 32, heads: 4, seq_len: 12, vocab: 64}\n"
+                   "mesh: {cp: 4}\ncp: {}\ncluster: dgx-h100\nworld_size: 4\n")
+    rc, out, err = run_cli("simulate", str(bad), "--no-files")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "mesh.cp: seq_len 12 does not split into 2 x cp = 8 chunks" in err and "allowed cp: 1, 2, 3, 6" in err

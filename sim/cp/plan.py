@@ -47,8 +47,9 @@ def check_cp(model, cp: int, load_balance: bool, where: str = "mesh.cp") -> None
     if s % parts:
         what = f"2 x cp = {parts} chunks (load-balanced causal sharding)" if load_balance else f"cp = {cp} shards"
         allowed = [d for d in range(1, min(s, 64) + 1) if s % ((2 * d) if load_balance else d) == 0]
-        raise ConfigError(f"seq_len {s} does not split into {what}; allowed cp: {', '.join(map(str, allowed))}",
-                          where)
+        hint = " (torch would silently stop balancing; say load_balance: false)" if load_balance else ""
+        raise ConfigError(f"seq_len {s} does not split into {what}{hint}; allowed cp: "
+                          f"{', '.join(map(str, allowed))}", where)
 
 
 def cp_local_model(model, cp: int) -> Model:
