@@ -105,7 +105,8 @@ def _step(module, opt, x, y, cap: CollectiveCapture) -> list[float]:
 def rank_task(ctx, payload: dict) -> dict:
     """One rank: per variant ({model, mesh: [[dp_shard, d], [cp, c]] or [[cp, c]], rotate_method, load_balance})
     a fresh model, a warm-up step, then ``steps`` captured steps each followed by an uncaptured one (its time:
-    the step without the capture's per-op Python overhead)."""
+    the step without the capture's per-op Python overhead); with ``calibrate``, a calibration round
+    (runtime/cp/calibrate.py) before each captured step of the first variant."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -113,8 +114,9 @@ def rank_task(ctx, payload: dict) -> dict:
 
     from distlab.runtime.tp.model import build_llama
     from distlab.sim.models import model_from_spec
-    out = []
-    for v in payload["variants"]:
+    from distlab.runtime.cp.calibrate import Calibrator, local_model
+    out, cal = [], None
+    for vi, v in enumerate(payload["variants"]):
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["cp", ctx.world_size]]
         mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
@@ -135,8 +137,12 @@ def rank_task(ctx, payload: dict) -> dict:
         x, y = shard_tokens(full, cp, mesh["cp"].get_local_rank(), v.get("load_balance", True))
         for _ in range(payload.get("warmup", 1)):
             _step(module, opt, x, y, Capture())
+        if payload.get("calibrate") and vi == 0:
+            cal = Calibrator(payload["calibrate"], local_model(model, cp), world.get_group())
         steps = []
         for _ in range(payload.get("steps", 1)):
+            if cal and vi == 0:
+                cal.round()
             cap = Capture()
             dist.barrier()
             t0 = time.perf_counter()
@@ -149,7 +155,7 @@ def rank_task(ctx, payload: dict) -> dict:
             steps.append({"time": time.perf_counter() - t0, "phases": plain, "captured_time": captured,
                           "captured_phases": phases, "calls": cap.calls})
         out.append({"steps": steps})
-    return {"rank": ctx.rank, "variants": out}
+    return {"rank": ctx.rank, "variants": out, **({"calibration": cal.results()} if cal else {})}
 
 
 def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tuple]:
@@ -160,11 +166,12 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
-        threads: int | None = None) -> list:
+        threads: int | None = None, calibrate: dict | None = None) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, mesh: [[dim, size], ...] (optional, default
-    cp over all ranks), rotate_method: allgather | alltoall, load_balance: bool}."""
+    cp over all ranks), rotate_method: allgather | alltoall, load_balance: bool}. ``calibrate``: {op: [bytes]}
+    (runtime/cp/calibrate.py plan_sizes) to time before each captured step of the first variant."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate}
     kw = {"threads": threads} if threads else {}
     return launch("distlab.runtime.cp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout, **kw)
