@@ -6,11 +6,14 @@ both alike: every collective kind and size of the plan on the world group (cp on
 as the run issues them (all_gather / reduce_scatter as FSDP2's c10d calls; the ring's all_gather and permutes as
 torch's functional collectives, issue to ``wait_tensor``); the model's forward+backward on one rank's s = S/cp
 tokens alone (plain causal SDPA: the linears exactly as in the step, attention one ring step's size; every rank
-runs it at once, sharing the cores as in the step); a memory copy (bytes/s). On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B
+runs it at once); a memory copy into a buffer (bytes/s). On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B
 (sim.collectives.ring_cost), least squares over the sizes; the permute t = α + B/bw the same way, as the
 node's link (sim Send/Recv use the link); a FLOP rate F (bisection, runtime/validation.py roofline_cluster)
 such that the roofline total of the cp = 1 plan's forward and backward ops on s tokens equals the measured
-forward+backward. Per quantity: the median over rounds of the slowest rank.
+forward+backward of one rank alone: the measured time x min(1, cores / ranks), since all ranks computed at once
+on the machine's cores; the cluster then shares its ``cpu_cores`` among the ranks computing (sim/cores.py), so
+a rank waiting for a rotation leaves its core to the others. Per quantity: the median over rounds of the
+slowest rank.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class Calibrator:
         self.module = build_llama(model)
         c = model.config
         self.x = torch.randint(0, c["vocab"], (c["micro_batch"], c["seq_len"]))
-        self.buf = torch.ones(4 << 20)
+        self.buf, self.dst = torch.ones(4 << 20), torch.empty(4 << 20)
         self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "fwd_bwd": [], "copy": []}
         self._local_step()
@@ -53,7 +56,7 @@ class Calibrator:
         dist.barrier()
         self.times["fwd_bwd"].append(self._local_step())
         t0 = time.perf_counter()
-        self.buf.clone()
+        self.dst.copy_(self.buf)
         self.times["copy"].append(time.perf_counter() - t0)
 
     def _collective(self, op: str, nbytes: int) -> float:
@@ -74,7 +77,8 @@ class Calibrator:
         return time.perf_counter() - t0
 
     def results(self) -> dict:
-        return self.times
+        import os
+        return {**self.times, "cores": len(os.sched_getaffinity(0))}
 
 
 def local_model(model, cp: int):
@@ -128,11 +132,14 @@ def fit_cluster(results: list[dict], model, world: int):
             continue
         alpha, bw = _fit(pts, *ring_cost(op, world))
         coll[op] = {str(world): {"latency_us": alpha * 1e6 + 1e-3, "bandwidth_GBps": bw / 1e9}}
-    M = 2 * 4 * (4 << 20) / _over_rounds(cals, lambda c: c["copy"])
+    cores = cals[0]["cores"]
+    share = min(1.0, cores / world)          # all ranks timed the local work at once: each had this much core
+    M = 2 * 4 * (4 << 20) / (_over_rounds(cals, lambda c: c["copy"]) * share)
     one = cp_plan(local_model(model, world), Mesh({"cp": 1}))
     work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute)
             and o.name.split(" ")[0] in ("fwd", "bwd")]
-    two = roofline_cluster(work, _over_rounds(cals, lambda c: c["fwd_bwd"]), M, 2, coll)   # F and M fitted
+    two = roofline_cluster(work, _over_rounds(cals, lambda c: c["fwd_bwd"]) * share, M, 2, coll)
     intra = two.intra_node if not link else replace(two.intra_node, bandwidth_GBps=link[1] / 1e9,
                                                      latency_us=link[0] * 1e6)
-    return replace(two, gpus_per_node=world, intra_node=intra)      # all ranks on this one machine
+    # all ranks on this one machine, sharing its cores (sim/cores.py)
+    return replace(two, gpus_per_node=world, intra_node=intra, cpu_cores=cores)

@@ -86,3 +86,21 @@ def cp_cases(path: str, args) -> list[dict]:
         c["sequence_match"] = r["sequence_match"]
         out.append(c)
     return out
+
+
+def sequence_rows(world: int = 2, rotate_method: str = "alltoall") -> list[list]:
+    """Lesson 10: a tiny Llama-style model (1 block, 16 tokens) through torch's ring on ``world`` gloo ranks;
+    rank 0's collectives [#, kind, bytes, per-peer bytes, simulated the same?] in issue order."""
+    from distlab.runtime.cp.run import measured_sequence, run
+    from distlab.sim.cp.plan import CPOptions, collective_sequence, cp_plan
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.models import gpt
+    model = gpt(layers=1, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=64, dtype="float32", arch="llama",
+                ffn_hidden=64, name="tiny-llama")
+    results = run([{"model": model, "rotate_method": rotate_method}], world=world, steps=1, warmup=1)
+    mesh = Mesh({"cp": world})
+    want = collective_sequence(cp_plan(model, mesh, CPOptions(rotate_method=rotate_method)), mesh, 0)
+    got = measured_sequence(results, 0, 0)
+    rows = [[i, g[0], g[1], "-" if g[4] is None else list(g[4]), "yes" if i < len(want) and want[i] == g else "NO"]
+            for i, g in enumerate(got)]
+    return rows + ([] if len(got) == len(want) else [["", f"{len(want)} simulated", "", "", "NO"]])
