@@ -113,6 +113,24 @@ def test_step_plan_collectives_per_method():
     assert s.makespan > 0
 
 
+def test_cp_composes_with_tp_fsdp_and_replicas():
+    """torchtitan's (dp_replicate, dp_shard, cp, tp) mesh: the ring runs over cp on the local heads (K/V bytes
+    / tp), TP's collectives over tp on the cp-local tokens, FSDP2 over dp_shard x cp, HSDP all-reduces over
+    dp_replicate; dims out of order are a one-line error."""
+    mesh = Mesh({"dp_replicate": 2, "dp_shard": 1, "cp": 2, "tp": 2})
+    plan = cp_plan(MODEL, mesh, CPOptions(rotate_method="alltoall"))
+    seq = collective_sequence(plan, mesh, 1)
+    s, h = 16 // 2, 32
+    permutes = [x for x in seq if x[0] == "all_to_all"]
+    # cat(k, v) of s tokens on h / tp channels (float32: the fp32 dK/dV are the same size), all to rank 3
+    assert {x[3] for x in permutes} == {(1, 3)} and {x[4] for x in permutes} == {(0, 2 * s * (h // 2) * 4)}
+    groups = {x[3] for x in seq}
+    assert groups == {(0, 1), (1, 3), (1, 5)}                      # tp, cp (= dp_shard_cp), dp_replicate
+    assert simulate(plan, one_node(8)).makespan > 0
+    with pytest.raises(ConfigError, match="in that order"):
+        cp_plan(MODEL, Mesh({"tp": 2, "cp": 2}))
+
+
 @pytest.mark.parametrize("seq_len, cp, balance", [(12, 4, True), (10, 4, False)])
 def test_cp_that_does_not_divide_the_sequence_is_a_config_error(seq_len, cp, balance):
     m = gpt(layers=1, hidden=32, heads=4, seq_len=seq_len, vocab=64, arch="llama")

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from distlab.runtime.tp.run import CollectiveCapture
+from distlab.runtime.tp.run import CollectiveCapture, parallelize
 
 
 class Capture(CollectiveCapture):
@@ -103,7 +103,8 @@ def _step(module, opt, x, y, cap: CollectiveCapture) -> list[float]:
 
 
 def rank_task(ctx, payload: dict) -> dict:
-    """One rank: per variant ({model, mesh: [[dp_shard, d], [cp, c]] or [[cp, c]], rotate_method, load_balance})
+    """One rank: per variant ({model, mesh: [[cp, c]], [[dp_shard, d], [cp, c]] or [[cp, c], [tp, t]] (TP + SP
+    as runtime/tp/run.py, then FSDP2 over cp), rotate_method, load_balance})
     a fresh model, a warm-up step, then ``steps`` captured steps each followed by an uncaptured one (its time:
     the step without the capture's per-op Python overhead); with ``calibrate``, a calibration round
     (runtime/cp/calibrate.py) before each captured step of the first variant."""
@@ -120,16 +121,21 @@ def rank_task(ctx, payload: dict) -> dict:
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["cp", ctx.world_size]]
         mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
-        world = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("dp_shard_cp",))
+        if "tp" in mesh.mesh_dim_names:        # CP x TP: FSDP2 over cp (the dp_shard_cp dim of the same mesh)
+            shard_mesh = mesh["cp"]
+        else:
+            shard_mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("dp_shard_cp",))
         set_rotate_method(v.get("rotate_method", "allgather"))
         _cp_options.enable_load_balance = v.get("load_balance", True)
         torch.manual_seed(0)
         module = build_llama(model)
+        if "tp" in mesh.mesh_dim_names:        # torchtitan's order: TP (+ SP) first, then FSDP2
+            parallelize(module, mesh["tp"], sequence_parallel=True)
         group, cp = mesh["cp"].get_group(), mesh["cp"].size()
         for block in module.h:
             cp_attention(block.attn, group)
-            fully_shard(block, mesh=world)
-        fully_shard(module, mesh=world)
+            fully_shard(block, mesh=shard_mesh)
+        fully_shard(module, mesh=shard_mesh)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         g = torch.Generator().manual_seed(1 + ctx.rank // cp)          # one sequence per cp group
         full = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]),
@@ -138,7 +144,7 @@ def rank_task(ctx, payload: dict) -> dict:
         for _ in range(payload.get("warmup", 1)):
             _step(module, opt, x, y, Capture())
         if payload.get("calibrate") and vi == 0:
-            cal = Calibrator(payload["calibrate"], local_model(model, cp), world.get_group())
+            cal = Calibrator(payload["calibrate"], local_model(model, cp), shard_mesh.get_group())
         steps = []
         for _ in range(payload.get("steps", 1)):
             if cal and vi == 0:

@@ -19,9 +19,10 @@ from distlab.sim.fsdp.plan import FSDPOptions, fsdp_plan
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import Layer, Model
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Send
+from distlab.sim.tp.plan import TPOptions
 from distlab.sim.workloads.base import option
 
-DIMS = ("dp_shard", "cp")
+DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass
@@ -53,47 +54,81 @@ def check_cp(model, cp: int, load_balance: bool, where: str = "mesh.cp") -> None
 
 
 def cp_local_model(model, cp: int) -> Model:
-    """``model`` as one cp rank runs it: s = S/cp tokens; attention's core FLOPs removed (the ring does them)."""
+    """``model`` as one cp rank runs it: s = S/cp tokens; attention's core FLOPs removed (the ring does them);
+    a block's activations s·b·h·34·e/2 (flash attention keeps no s x s scores; sim/cp/memory.py)."""
     c = model.config
-    b, S, h = c["micro_batch"], c["seq_len"], c["hidden"]
+    b, S, h, e = c["micro_batch"], c["seq_len"], c["hidden"], DTYPE_BYTES[c["dtype"]]
     layers = []
     for L in model.layers:
-        core = 4.0 * b * S * S * h if L.name.startswith("h.") else 0.0
-        layers.append(Layer(L.name, list(L.params), fwd_flops=(L.fwd_flops - core) / cp,
-                            activation_bytes=L.activation_bytes / cp, ready=L.ready))
+        block = L.name.startswith("h.")
+        core = 4.0 * b * S * S * h if block else 0.0
+        act = S // cp * b * h * 34 * e / 2 if block else L.activation_bytes / cp       # sim/cp/memory.py
+        layers.append(Layer(L.name, list(L.params), fwd_flops=(L.fwd_flops - core) / cp, activation_bytes=act,
+                            ready=L.ready))
     return Model(model.name, layers, {**c, "seq_len": S // cp})
 
 
 def cp_plan(model, mesh: Mesh, opts: CPOptions | None = None, fsdp: FSDPOptions | None = None,
             name: str | None = None, where: str = "cp") -> Plan:
-    """One step on ``mesh`` (dims dp_shard and cp, cp innermost): FSDP2 over all ranks, ring attention over cp."""
+    """One step on ``mesh`` (dims in torchtitan's order dp_replicate, dp_shard, cp, tp; cp required): FSDP2
+    over dp_shard x cp (HSDP with dp_replicate), ring attention over cp, TP (+ SP) inside each cp rank when the
+    mesh has tp (sim/cp/compose.py)."""
     opts = opts or CPOptions()
-    if "cp" not in mesh or any(d not in DIMS for d in mesh.names) or mesh.names[-1] != "cp":
-        raise ConfigError(f"the cp section needs mesh dimensions (dp_shard,) cp with cp innermost; this mesh has "
-                          f"{', '.join(mesh.names)}; allowed: cp, or dp_shard and cp", f"{where}: mesh")
+    names = tuple(mesh.names)
+    if "cp" not in names or any(d not in DIMS for d in names) or list(names) != [d for d in DIMS if d in names]:
+        raise ConfigError(f"the cp section needs mesh dimension cp, with dp_replicate, dp_shard and tp optional, in "
+                          f"that order; this mesh has {', '.join(names)}; allowed: {', '.join(DIMS)}", f"{where}: mesh")
     cp = mesh.size("cp")
+    tp = mesh.size("tp") if "tp" in mesh else 1
     check_cp(model, cp, opts.load_balance)
     local = cp_local_model(model, cp)
     fsdp = fsdp or FSDPOptions(overlap=opts.overlap)
-    base = fsdp_plan(local, Mesh({"dp_shard": mesh.world_size}), fsdp, where=where)     # dp_shard_cp
+    shard = {"dp_shard": (mesh.size("dp_shard") if "dp_shard" in mesh else 1) * cp}       # dp_shard_cp
+    fsdp_mesh = Mesh({**({"dp_replicate": mesh.size("dp_replicate")} if "dp_replicate" in mesh else {}), **shard,
+                      **({"tp": tp} if "tp" in mesh else {})})
+    if tp > 1:
+        ranks = _tp_ranks(model, local, mesh, fsdp_mesh, fsdp, opts, where)
+        base_meta = {"tp": tp}
+    else:
+        base = fsdp_plan(local, fsdp_mesh, fsdp, where=where)
+        base_meta = base.meta
+        ranks = [_splice(ops, r, mesh, local, opts) for r, ops in enumerate(base.ranks)]
     c = model.config
-    b, s, h, dtype = c["micro_batch"], c["seq_len"] // cp, c["hidden"], c["dtype"]
-    ranks = []
-    for r, ops in enumerate(base.ranks):
-        out: list = []
-        ring = Ring(out, r, mesh.group_of(r, "cp"), b, s, h, dtype, DTYPE_BYTES[dtype], opts.rotate_method,
-                    opts.load_balance, opts.overlap)
-        for op in ops:
-            kind, _, layer = getattr(op, "name", "").partition(" ")
-            if isinstance(op, Compute) and kind in ("fwd", "bwd") and layer.startswith("h."):
-                _block(out, ring, op, kind, layer, opts.recompute == "full")
-            else:
-                out.append(op)
-        ranks.append(out)
-    meta = {**base.meta, "builder": "cp", "cp": cp, "rotate_method": opts.rotate_method,
+    meta = {**base_meta, "builder": "cp", "cp": cp, "rotate_method": opts.rotate_method,
             "load_balance": opts.load_balance, "recompute": opts.recompute, "seq_len": c["seq_len"],
-            "local_tokens": b * s}
+            "local_tokens": c["micro_batch"] * c["seq_len"] // cp}
     return Plan(ranks, name=name or f"cp{cp}-{opts.rotate_method}-{model.name}", meta=meta).validate()
+
+
+def _splice(ops: list, r: int, mesh: Mesh, local, opts: CPOptions) -> list:
+    """FSDP2's program with each block's compute split around its ring attention."""
+    c = local.config
+    out: list = []
+    ring = Ring(out, r, mesh.group_of(r, "cp"), c["micro_batch"], c["seq_len"], c["hidden"], c["dtype"],
+                DTYPE_BYTES[c["dtype"]], opts.rotate_method, opts.load_balance, opts.overlap)
+    for op in ops:
+        kind, _, layer = getattr(op, "name", "").partition(" ")
+        if isinstance(op, Compute) and kind in ("fwd", "bwd") and layer.startswith("h."):
+            _block(out, ring, op, kind, layer, opts.recompute == "full")
+        else:
+            out.append(op)
+    return out
+
+
+def _tp_ranks(model, local, mesh: Mesh, fsdp_mesh: Mesh, fsdp: FSDPOptions, opts: CPOptions, where: str) -> list:
+    """CP x TP (+ SP, torchtitan's plan): FSDP2 on the TP-local, cp-local model, TP segments with the ring
+    (recompute full: each block's forward, TP collectives and ring included, rerun before its backward)."""
+    from distlab.sim.cp.compose import splice_tp
+    from distlab.sim.fsdp.plan import units_of
+    from distlab.sim.tp.compose import tp_local_model
+    from distlab.sim.tp.rules import check_divides, partial_grad_params
+    tp_opts = TPOptions(sequence_parallel=True)
+    check_divides(model, mesh.size("tp"), "mesh.tp", True)
+    tp_local = tp_local_model(local, mesh.size("tp"))
+    base = fsdp_plan(tp_local, fsdp_mesh, fsdp, where=where)
+    partial = {q.name for q in partial_grad_params(model, True)}
+    units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(tp_local)}
+    return [splice_tp(ops, local, mesh, r, opts, tp_opts, units) for r, ops in enumerate(base.ranks)]
 
 
 def _block(out: list, ring: Ring, op: Compute, kind: str, layer: str, recompute: bool = False):

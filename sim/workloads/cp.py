@@ -1,5 +1,6 @@
 """The ``cp`` workload: context parallelism over mesh dimension ``cp`` as torch 2.13's ``context_parallel``
-runs it (ring attention, sim/cp/ring.py), in torchtitan's layout (FSDP2 over dp_shard x cp, sim/cp/plan.py).
+runs it (ring attention, sim/cp/ring.py), in torchtitan's layout (FSDP2 over dp_shard x cp, HSDP replicas over
+dp_replicate, TP + SP inside with tp; sim/cp/plan.py, sim/cp/compose.py).
 Reports the ring per layer (rotations, bytes, per-step work), the per-rank memory (sim/cp/memory.py) and flags
 what does not fit."""
 from __future__ import annotations
@@ -33,7 +34,10 @@ def report(result) -> dict:
              "notes": ["kv: cat(K, V) of the local tokens in the model dtype; dkv: their gradients in float32",
                        "all_gather bytes: the gathered output (nccl-tests); all_to_all: what one rank sends"]}
     kinds = [step_kind(cp - 1, cp, i, o.load_balance) for i in range(cp)]
-    parts = cp_memory(result.model, cp, result.plan.world_size, o.rotate_method, o.recompute)
+    m = result.mesh
+    tp = m.size("tp") if "tp" in m else 1
+    shard = cp * tp * (m.size("dp_shard") if "dp_shard" in m else 1)
+    parts = cp_memory(result.model, cp, shard, o.rotate_method, o.recompute, tp)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [["cp group size", cp], ["tokens per rank", f"{result.model.config['seq_len'] // cp} of "
@@ -53,5 +57,6 @@ def report(result) -> dict:
 WORKLOAD = Workload(
     name="cp", help="context parallelism over cp: sequence sharded (head-tail load balancing), ring attention "
                     "rotating K/V (allgather or alltoall) as torch's context_parallel; FSDP2 over dp_shard x cp",
-    dims=("dp_shard", "cp"), required_dims=("cp",), fill_dim="dp_shard", options=CPOptions, build=build,
-    report=report, dim_words={"cp": "context-parallel ranks", "dp_shard": "FSDP2 shard group size (with cp)"})
+    dims=("dp_replicate", "dp_shard", "cp", "tp"), required_dims=("cp",), fill_dim="dp_shard", options=CPOptions,
+    build=build, report=report, dim_words={"cp": "context-parallel ranks", "dp_shard": "FSDP2 shard group size "
+                                           "(with cp)", "dp_replicate": "HSDP replicas", "tp": "tensor-parallel ranks"})
