@@ -27,7 +27,9 @@ def launched(request):
     from distlab.runtime.cp import run
     world = request.param
     variants = VARIANTS + ([MESH_2X2, CP_X_TP] if world == 4 else [])
-    return world, variants, run.run(variants, world=world, steps=1, warmup=1, timeout=300)
+    # no warm-up step and no uncaptured step: the first step issues what later steps do (seen with torch 2.13);
+    # the launch itself is most of this module's time
+    return world, variants, run.run(variants, world=world, steps=1, warmup=0, plain=False, timeout=300)
 
 
 def test_collective_sequences_equal_the_simulated_plans(launched):
@@ -52,4 +54,4 @@ def test_every_rank_reports_a_step_time(launched):
     for r in results:
         for v in r["variants"]:
             st = v["steps"][-1]
-            assert st["time"] > 0 and len(st["phases"]) == 3
+            assert st["captured_time"] > 0 and len(st["captured_phases"]) == 3

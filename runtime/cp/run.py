@@ -154,12 +154,13 @@ def rank_task(ctx, payload: dict) -> dict:
             t0 = time.perf_counter()
             with cap:
                 phases = _step(module, opt, x, y, cap)
-            captured = time.perf_counter() - t0
-            dist.barrier()
-            t0 = time.perf_counter()
-            plain = _step(module, opt, x, y, Capture())
-            steps.append({"time": time.perf_counter() - t0, "phases": plain, "captured_time": captured,
-                          "captured_phases": phases, "calls": cap.calls})
+            st = {"captured_time": time.perf_counter() - t0, "captured_phases": phases, "calls": cap.calls}
+            if payload.get("plain", True):
+                dist.barrier()
+                t0 = time.perf_counter()
+                st["phases"] = _step(module, opt, x, y, Capture())
+                st["time"] = time.perf_counter() - t0
+            steps.append(st)
         out.append({"steps": steps})
     return {"rank": ctx.rank, "variants": out, **({"calibration": cal.results()} if cal else {})}
 
@@ -172,12 +173,13 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
-        threads: int | None = None, calibrate: dict | None = None) -> list:
+        threads: int | None = None, calibrate: dict | None = None, plain: bool = True) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, mesh: [[dim, size], ...] (optional, default
     cp over all ranks), rotate_method: allgather | alltoall, load_balance: bool}. ``calibrate``: {op: [bytes]}
-    (runtime/cp/calibrate.py plan_sizes) to time before each captured step of the first variant."""
+    (runtime/cp/calibrate.py plan_sizes) to time before each captured step of the first variant; ``plain``
+    false: no uncaptured step after each captured one (sequences only, no step time)."""
     from distlab.runtime.launch import launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup, "calibrate": calibrate}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate, "plain": plain}
     kw = {"threads": threads} if threads else {}
     return launch("distlab.runtime.cp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout, **kw)
