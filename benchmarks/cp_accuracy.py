@@ -44,8 +44,9 @@ def main(argv=None) -> int:
         err = 100.0 * (row["predicted_s"] / m - 1)
         errors.append(err)
         c = r["cluster"]
-        print(f"repeat {k + 1}: {row['what']}: measured {m * 1e3:.1f} ms (steps {min(rep) * 1e3:.1f}..{max(rep) * 1e3:.1f},"
-              f" spread {100 * (max(rep) - min(rep)) / m:.0f}%), predicted {row['predicted_s'] * 1e3:.1f} ms, "
+        print(f"repeat {k + 1}: {row['what']}: measured {m * 1e3:.1f} ms (steps {min(rep) * 1e3:.1f}.."
+              f"{max(rep) * 1e3:.1f}, spread {100 * (max(rep) - min(rep)) / m:.0f}%), "
+              f"predicted {row['predicted_s'] * 1e3:.1f} ms, "
               f"error {err:+.1f}%, sequences {'match' if r['sequence_match'] else 'DIFFER'}; calibrated compute "
               f"{c.gpu.tflops * 1e3:.2f} GFLOP/s, memory {c.gpu.hbm_GBps:.2f} GB/s, permute link "
               f"{c.intra_node.bandwidth_GBps:.3f} GB/s + {c.intra_node.latency_us:.0f} us ({time.time() - t:.0f} s)")

@@ -6,14 +6,15 @@ both alike: every collective kind and size of the plan on the world group (cp on
 as the run issues them (all_gather / reduce_scatter as FSDP2's c10d calls; the ring's all_gather and permutes as
 torch's functional collectives, issue to ``wait_tensor``); the model's forward+backward on one rank's s = S/cp
 tokens alone (plain causal SDPA: the linears exactly as in the step, attention one ring step's size; every rank
-runs it at once); a memory copy into a buffer (bytes/s). On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B
-(sim.collectives.ring_cost), least squares over the sizes; the permute t = α + B/bw the same way, as the
-node's link (sim Send/Recv use the link); a FLOP rate F (bisection, runtime/validation.py roofline_cluster)
-such that the roofline total of the cp = 1 plan's forward and backward ops on s tokens equals the measured
-forward+backward of one rank alone: the measured time x min(1, cores / ranks), since all ranks computed at once
-on the machine's cores; the cluster then shares its ``cpu_cores`` among the ranks computing (sim/cores.py), so
-a rank waiting for a rotation leaves its core to the others. Per quantity: the median over rounds of the
-slowest rank.
+runs it at once); a memory copy into a buffer (bytes/s).
+
+On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B (sim.collectives.ring_cost),
+least squares over the sizes; the permute t = α + B/bw the same way, as the node's link (sim Send/Recv use the
+link); a FLOP rate F (bisection, runtime/validation.py roofline_cluster) such that the roofline total of the
+cp = 1 plan's forward and backward ops on s tokens equals the forward+backward of one rank alone: the measured
+time x min(1, cores / ranks), since all ranks computed at once on the machine's cores; the cluster then shares
+its ``cpu_cores`` among the ranks computing (sim/cores.py), so a rank waiting for a rotation leaves its core to
+the others. Per quantity: the median over rounds of the slowest rank.
 """
 from __future__ import annotations
 

@@ -47,10 +47,12 @@ def report(result) -> dict:
     rows += [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
     rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
              ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
-    return {"rows": rows, "tables": [table], "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+    warnings = [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)]
+    return {"rows": rows, "tables": [table], "warnings": warnings,
             "json": {"cp": cp, "rotate_method": o.rotate_method, "load_balance": o.load_balance,
                      "ring_steps_last_rank": kinds,
-                     "collectives": [{"op": op, "buffer": w, "count": n, "bytes": b} for (op, w), (n, b) in counts.items()],
+                     "collectives": [{"op": op, "buffer": w, "count": n, "bytes": b}
+                                     for (op, w), (n, b) in counts.items()],
                      "memory": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}}
 
 
