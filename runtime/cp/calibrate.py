@@ -14,7 +14,9 @@ link); a FLOP rate F (bisection, runtime/validation.py roofline_cluster) such th
 cp = 1 plan's forward and backward ops on s tokens equals the forward+backward of one rank alone: the measured
 time x min(1, cores / ranks), since all ranks computed at once on the machine's cores; the cluster then shares
 its ``cpu_cores`` among the ranks computing (sim/cores.py), so a rank waiting for a rotation leaves its core to
-the others. Per quantity: the median over rounds of the slowest rank.
+the others. Per quantity: the median over rounds of the slowest rank (collectives) or of the median rank
+(compute and copy, which each rank does on its own: the slowest of several short local timings on a busy
+machine is mostly scheduler noise, and the simulator already makes ranks wait for each other).
 """
 from __future__ import annotations
 
@@ -101,9 +103,10 @@ def plan_sizes(plan) -> dict:
     return {op: sorted(v | {8 * max(v)}) for op, v in out.items()}
 
 
-def _over_rounds(cals: list[dict], get) -> float:
+def _over_rounds(cals: list[dict], get, across=max) -> float:
+    """Median over rounds of ``across`` (the slowest, or the median) over ranks."""
     rounds = min(len(get(c)) for c in cals)
-    return statistics.median(max(get(c)[i] for c in cals) for i in range(rounds))
+    return statistics.median(across([get(c)[i] for c in cals]) for i in range(rounds))
 
 
 def _fit(pts, steps: int, f: float) -> tuple[float, float]:
@@ -135,11 +138,12 @@ def fit_cluster(results: list[dict], model, world: int):
         coll[op] = {str(world): {"latency_us": alpha * 1e6 + 1e-3, "bandwidth_GBps": bw / 1e9}}
     cores = cals[0]["cores"]
     share = min(1.0, cores / world)          # all ranks timed the local work at once: each had this much core
-    M = 2 * 4 * (4 << 20) / (_over_rounds(cals, lambda c: c["copy"]) * share)
+    M = 2 * 4 * (4 << 20) / (_over_rounds(cals, lambda c: c["copy"], statistics.median) * share)
     one = cp_plan(local_model(model, world), Mesh({"cp": 1}))
     work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute)
             and o.name.split(" ")[0] in ("fwd", "bwd")]
-    two = roofline_cluster(work, _over_rounds(cals, lambda c: c["fwd_bwd"]) * share, M, 2, coll)
+    fb = _over_rounds(cals, lambda c: c["fwd_bwd"], statistics.median)
+    two = roofline_cluster(work, fb * share, M, 2, coll)
     intra = two.intra_node if not link else replace(two.intra_node, bandwidth_GBps=link[1] / 1e9,
                                                      latency_us=link[0] * 1e6)
     # all ranks on this one machine, sharing its cores (sim/cores.py)
