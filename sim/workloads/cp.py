@@ -58,7 +58,8 @@ def report(result) -> dict:
 
 WORKLOAD = Workload(
     name="cp", help="context parallelism over cp: sequence sharded (head-tail load balancing), ring attention "
-                    "rotating K/V (allgather or alltoall) as torch's context_parallel; FSDP2 over dp_shard x cp",
+                    "rotating K/V (allgather or alltoall) as torch's context_parallel; FSDP2 over dp_shard x cp, "
+                    "HSDP with dp_replicate, TP + SP with tp (torchtitan's layout)",
     dims=("dp_replicate", "dp_shard", "cp", "tp"), required_dims=("cp",), fill_dim="dp_shard", options=CPOptions,
     build=build, report=report, dim_words={"cp": "context-parallel ranks", "dp_shard": "FSDP2 shard group size "
                                            "(with cp)", "dp_replicate": "HSDP replicas", "tp": "tensor-parallel ranks"})
