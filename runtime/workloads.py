@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from distlab.runtime.cp import run as cp_run
+from distlab.runtime.cp import validate as cp_validate
 from distlab.runtime.ddp import run as ddp_run
 from distlab.runtime.ddp import validate as ddp_validate
 from distlab.runtime.ep import run as ep_run
@@ -45,6 +47,8 @@ WORKLOADS: dict[str, RuntimeWorkload] = {w.name: w for w in (
                     pipeline_validate.validate_pipeline, pipeline_validate.pipeline_cases),
     RuntimeWorkload("tp", "DTensor tensor parallelism (+ FSDP2 x TP): the collective sequence and the step time",
                     tp_run.run, tp_validate.validate_tp, tp_validate.tp_cases),
+    RuntimeWorkload("cp", "context parallelism: torch's ring attention (+ FSDP2), collective sequence and step time",
+                    cp_run.run, cp_validate.validate_cp, cp_validate.cp_cases),
     RuntimeWorkload("ep", "expert parallelism: all_to_all_single dispatch and combine with split sizes, step time",
                     ep_run.run, ep_validate.validate_ep, ep_validate.ep_cases),
 )}

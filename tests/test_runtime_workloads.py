@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_each_workload_is_its_own_folder():
-    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp", "ep"]
+    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp", "cp", "ep"]
     for name, w in WORKLOADS.items():
         assert w.name == name and (ROOT / "runtime" / name / "run.py").is_file()
         assert w.run.__module__ == f"distlab.runtime.{name}.run"
@@ -50,11 +50,11 @@ def test_mesh_format_takes_the_section_named_after_a_workload():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"parallelism": {"kind": "xp"}}, "scenario kind 'xp' not supported yet; allowed: ddp, fsdp, pipeline, tp, ep"),
+    ({"parallelism": {"kind": "xp"}}, "scenario kind 'xp' not supported yet; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
     ({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}},
-     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline, tp, ep"),
-    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline, tp, ep"),
-    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline, tp, ep"),
+     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
+    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
+    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline, tp, cp, ep"),
 ])
 def test_unknown_workloads_are_one_line_errors(spec, message):
     with pytest.raises(ConfigError) as e:

@@ -110,7 +110,7 @@ def test_toy_flags_on_another_parallelism_are_refused(toy, capsys):
     ("mesh: {dp: 3}\nddp: {}\n", ["mesh", "dp 3 = 3 ranks, but the world has 8"]),
     ("mesh: {dp_replicate: 3, dp_shard: 2}\nfsdp: {}\n", ["mesh", "= 6 ranks, but the world has 8"]),
     ("mesh: {dp_shard: 3}\nfsdp: {}\n", ["shard group size 3 must divide the world size 8"]),
-    ("mesh: {tp: 2}\nddp: {}\n", ["mesh dimension 'tp' belongs to tp, not to ddp; allowed with ddp: dp"]),
+    ("mesh: {tp: 2}\nddp: {}\n", ["mesh dimension 'tp' belongs to tp or cp, not to ddp; allowed with ddp: dp"]),
     ("mesh: {pp: 2}\nddp: {}\n", ["mesh dimension 'pp' belongs to pipeline or tp", "not to ddp"]),
     ("pipeline: {microbatches: 4}\n", ["pipeline section needs mesh dimension pp"]),
     ("mesh: {dp: 8}\npipeline: {}\n", ["needs mesh dimension 'pp' (pipeline stages)"]),

@@ -11,6 +11,8 @@ from distlab.sim.lessons.training import (CPU_DDP_MODEL, CPU_FSDP_MODEL, CPU_PIP
 from distlab.sim.lessons.pipelines import (pipeline_measured_table, pipeline_metrics, pipeline_sweep_table,
                                    pipeline_table, pipeline_trace, plot_bubble_sweep, plot_pipeline)
 
+from distlab.sim.lessons import bank_cp  # noqa: E402,F401  (registers lesson 10's exercises)
+
 __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "Table", "alpha_beta", "demo_table",
            "error_table", "plot_bars", "plot_collective", "plot_predicted_vs_measured", "plot_rows", "plot_xy",
            "presets_table", "ranks_table", "rows_table", "simulate_sweep", "workdir", "CPU_DDP_MODEL", "CPU_FSDP_MODEL",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.workloads import ddp, ep, fsdp, pipeline, tp
+from distlab.sim.workloads import cp, ddp, ep, fsdp, pipeline, tp
 from distlab.sim.workloads.base import Workload
 
 # a scenario's own keys (sim/scenario.py); a workload's section key is its name, so names must differ from these
 SCENARIO_KEYS = ("name", "description", "model", "mesh", "cluster", "nodes", "world_size", "stragglers",
                  "degraded_links")
-BUILTIN = (ddp.WORKLOAD, fsdp.WORKLOAD, pipeline.WORKLOAD, tp.WORKLOAD, ep.WORKLOAD)
+BUILTIN = (ddp.WORKLOAD, fsdp.WORKLOAD, pipeline.WORKLOAD, tp.WORKLOAD, cp.WORKLOAD, ep.WORKLOAD)
 REGISTRY: dict[str, Workload] = {w.name: w for w in BUILTIN}
 
 

@@ -1,0 +1,1 @@
+"""Context parallelism on real ranks: torch 2.13 ring attention on gloo (run.py)."""
