@@ -229,7 +229,7 @@ register(
              "Params + grads + AdamW state per GPU, in GiB?", "GiB", lambda: model_state_GiB("DDP"),
              tolerance=0.02, hint="bf16 params and grads (2 + 2 bytes) and AdamW's fp32 master, m and v "
                                   "(12 bytes): 16 bytes per parameter",
-             why="16 bytes x 70.6e9: about 14x an 80 GiB H100 before a single activation."),
+             why="16 bytes x 70.6e9: over 13 times an 80 GiB H100, before a single activation."),
     Exercise("11-fsdp-state", "The same model under FSDP over all 64 GPUs: params + grads + AdamW state per GPU, "
              "in GiB?", "GiB", lambda: model_state_GiB("FSDP"), tolerance=0.02,
              hint="FSDP shards all three over the 64 ranks",
