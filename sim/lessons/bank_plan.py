@@ -41,6 +41,13 @@ def _search(name: str):
     return search(q["model"], q["cluster"], q["nodes"], q["global_batch"], confirm=0)
 
 
+def lesson_confirm() -> int:
+    """How many of the best estimates the notebook simulates: 1, or 0 when DISTLAB_LESSONS_QUICK is set (the
+    notebook tests; runtime/lessons.py ``quick``)."""
+    import os
+    return 0 if os.environ.get("DISTLAB_LESSONS_QUICK") else 1
+
+
 def plan_70b():
     """The planner's search for the lesson's question (estimates only; the notebook confirms #1 with the
     discrete-event simulator: sim/planner/search.py ``confirm_top``). Cached: the checks read the same search."""
