@@ -115,7 +115,7 @@ def _save(path: str, s) -> None:
     d = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
     d["description"] = (f"distlab plan's #1 for global batch {q['global_batch']}: step {c.step_s * 1e3:.1f} ms, "
                         f"{c.memory_bytes / 2**30:.1f} GiB per GPU")
-    write_atomic(path, yaml.safe_dump(d, sort_keys=False))
+    write_atomic(path, yaml.safe_dump(d, sort_keys=False, allow_unicode=True))
 
 
 class _Bar:

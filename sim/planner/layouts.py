@@ -49,9 +49,14 @@ class Layout:
         return " x ".join(parts) or "one GPU"
 
     def mesh(self) -> dict:
+        """The scenario's mesh. A data-parallel dimension of size 1 is left out: the runtime would wrap the model
+        in DDP (or FSDP2) over one rank, which torch runs differently from no wrapper (the simulator builds both
+        alike); ``pp: 1`` stays for gradient accumulation (it selects the one-stage pipeline)."""
         if self.pipelined:
-            return {"dp": self.dp, "pp": self.pp, "tp": self.tp}
-        return {("dp_shard" if self.dp_kind == "fsdp" else "dp"): self.dp, "tp": self.tp}
+            mesh = {"dp": self.dp, "pp": self.pp, "tp": self.tp}
+        else:
+            mesh = {("dp_shard" if self.dp_kind == "fsdp" else "dp"): self.dp, "tp": self.tp}
+        return {k: v for k, v in mesh.items() if v > 1 or k in ("tp", "pp")}
 
     def label(self) -> str:
         """``tp 8 · pp 4 · dp 32 (ddp) · mb 1 x 8 · sp · recompute selective · 1f1b``."""

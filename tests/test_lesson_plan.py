@@ -1,0 +1,57 @@
+"""Lesson 11's library (sim/lessons/bank_plan.py): its answers follow the planner and the model, its quote of the
+published layout is self-consistent, and the scenario it hands to the real run is the planner's layout."""
+import math
+
+from distlab.sim.lessons import bank_plan as B
+from distlab.sim.lessons import check, solution
+from distlab.sim.models import preset
+from distlab.sim.plan import DTYPE_BYTES
+
+
+def test_model_state_is_16_bytes_a_parameter_under_ddp_and_a_64th_under_fsdp():
+    model = preset("llama3-70b")
+    n = sum(math.prod(q.shape) for q in model.params)
+    assert DTYPE_BYTES[model.config["dtype"]] == 2
+    assert math.isclose(B.model_state_GiB("DDP"), 16 * n / 2**30, rel_tol=1e-9)
+    assert math.isclose(B.model_state_GiB("FSDP"), 16 * n / 64 / 2**30, rel_tol=1e-3)      # padding aside
+    assert check("11-ddp-state", f"{16 * n / 2**30:.0f} GiB").ok
+    assert not check("11-ddp-state", f"{16 * n / 1e9:.0f} GiB").ok                         # GB, not GiB
+    table = {r[0]: r[-1] for r in B.memory_table().rows}
+    assert table["DDP"].startswith("does not fit: optimizer") and table["FSDP"] == "fits"
+
+
+def test_best_layout_answers_are_the_planners_first_and_it_fits():
+    s = B.plan_70b()
+    first = s.ranked[0]
+    assert solution("11-best-tp") == str(first.layout.tp) and solution("11-best-pp") == str(first.layout.pp)
+    assert first.memory_bytes <= s.gpu_GiB * 2**30
+    assert all(a.estimate.step_s <= b.estimate.step_s for a, b in zip(s.ranked, s.ranked[1:]))
+
+
+def test_bubble_exercise_is_the_formula_for_the_best_pipeline():
+    s = B.plan_70b()
+    c = B.best_pipeline(s)
+    assert c.layout.pp > 1 and all(x.layout.pp == 1 for x in s.ranked[:s.ranked.index(c)])
+    p, m = c.layout.pp, c.layout.microbatches
+    assert check("11-bubble", f"{100 * (p - 1) / (m + p - 1):.3g}%").ok
+    assert B.bubble_formula(4, 4) == 3 / 7
+
+
+def test_quoted_table4_is_consistent():
+    """GPUs = TP x CP x PP x DP and Tokens/Batch = DP x Batch size/DP x Seq. Len. (16M = 2^24) in every row: a
+    mis-transcribed cell (the third row's DP read as 4) fails."""
+    for gpus, tp, cp, pp, dp, seq, per_dp, tokens, *_ in B.LLAMA3_405B_TABLE4["rows"]:
+        assert gpus == tp * cp * pp * dp
+        assert tokens == "16M" and dp * per_dp * seq == 16 * 2**20
+    assert solution("11-meta-replica") == "128"
+
+
+def test_first_runnable_takes_the_planners_mesh_and_keeps_the_plan():
+    from distlab.sim.scenario import simulate
+    t = B.plan_tiny()
+    rank, c, sc = B.first_runnable(t, lambda s: s["mesh"].get("tp") == 2 and s["tp"]["recompute"] == "none")
+    assert c is t.ranked[rank - 1] and c.layout.tp == 2 and sc["mesh"] == {"tp": 2}
+    q = t.question
+    original = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
+    assert original["mesh"] == {"tp": 2}      # the planner leaves a data-parallel dimension of size 1 out
+    assert simulate(sc, "a").summary["step_s"] == simulate(original, "b").summary["step_s"]
