@@ -90,15 +90,18 @@ def gemm_table(name: str = TP_ROW, tps: tuple[int, ...] = (1, 2, 4, 8)) -> Table
 
 
 def fit_saturating(rows: list[dict]) -> tuple[float, float]:
-    """(peak FLOP/s, half_flops) of rate(F) = peak · F / (F + half_flops) fitted to measured rows (least squares on
-    the relative error, half_flops on a grid of 1/8 decade): sim/compute.py's curve form on this machine."""
+    """(peak FLOP/s, half_flops) of rate(F) = peak · F / (F + half_flops) fitted to measured rows: half_flops on a
+    grid of 1/8 decade, peak the median of the peaks each row implies, the pair with the least sum of |log| errors
+    (medians and |log|: a few blocks slowed by other processes do not drag the fit down)."""
+    import math
+    import statistics
     best = None
-    for i in range(3 * 8, 12 * 8 + 1):
+    for i in range(2 * 8, 12 * 8 + 1):
         half = 10 ** (i / 8)
-        x = [r["flops"] / (r["flops"] + half) / r["flops_per_s"] for r in rows]     # model / measured, per peak
-        peak = sum(x) / sum(v * v for v in x)                                       # argmin sum (peak·x - 1)²
-        err = sum((peak * v - 1) ** 2 for v in x)
-        if best is None or err < best[0]:
+        implied = [r["flops_per_s"] * (r["flops"] + half) / r["flops"] for r in rows]
+        peak = statistics.median(implied)
+        err = sum(abs(math.log(p / peak)) for p in implied)
+        if best is None or err < best[0] - 1e-12:
             best = (err, peak, half)
     return best[1], best[2]
 
