@@ -23,3 +23,4 @@ __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "T
            "pipeline_sweep_table", "pipeline_table", "pipeline_trace", "plot_bubble_sweep", "plot_pipeline"]
 from distlab.sim.lessons import bank_tp  # noqa: E402,F401  (registers lesson 09's exercises)
 from distlab.sim.lessons import bank_plan  # noqa: E402,F401  (registers lesson 11's exercises)
+from distlab.sim.lessons import bank_compute  # noqa: E402,F401  (registers lesson 13's exercises)
