@@ -100,9 +100,10 @@ def run(args) -> int:
             line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
                      f"ms ({'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
         print(line)
-    print_table("the best of each family", ["family", "best layout", "step ms", "why it lost"],
-                [[f["family"], f["best"] or "-", f"{f['step_s'] * 1e3:.1f}" if f.get("step_s") else "-", f["why"]]
-                 for f in fams])
+    print("the best of each family:")
+    for f in fams:
+        best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms: " if f["best"] else ""
+        print(f"  {f['family']}: {best}{f['why']}")
     if args.save:
         print(f"saved #1 as {args.save} (distlab simulate {args.save})")
     return 0
