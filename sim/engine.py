@@ -24,6 +24,7 @@ from distlab.sim.cores import SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
+from distlab.sim.subgroups import find_classes, subgroups_apply
 from distlab.sim.symmetry import find_symmetry, representative_plan
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
 
@@ -48,6 +49,9 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     if check:
         from distlab.sim.check import assert_consistent
         assert_consistent(representative_plan(plan) if sym else plan)
+    classes = None
+    if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
+        classes = find_classes(plan, Context(Topology(cluster), protocol))
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
             raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
@@ -55,14 +59,14 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     if plan.world_size > cluster.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
                           f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")
-    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol, sym)
+    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol, sym, classes)
     return sim.run()
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None):
-        self.plan, self.cluster, self.slowdown, self.sym = plan, cluster, slowdown, sym
-        self.simulated = [sym.representative] if sym else range(plan.world_size)
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
+        self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
+        self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
         self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
@@ -84,13 +88,15 @@ class _Simulation:
         order. Groups are interned (one tuple and a small id per distinct group): nothing per op grows with the
         world size, and matching hashes an int, not a tuple of every member."""
         seq, counters, by_id, by_tuple = {}, defaultdict(int), {}, {}
+        orbit = self.classes.group_orbit if self.classes else None
         for r in self.simulated:
             for i, op in enumerate(self.plan.ranks[r]):
                 if isinstance(op, Collective):
                     hit = by_id.get(id(op.group))
                     if hit is None:
                         g = self.plan.group_of(op)
-                        hit = by_id[id(op.group)] = by_tuple.setdefault(g, (len(by_tuple), g))
+                        hit = by_id[id(op.group)] = ((orbit[g], g) if orbit is not None else
+                                                     by_tuple.setdefault(g, (len(by_tuple), g)))
                     gid, g = hit
                     seq[r, i] = (gid, counters[r, gid], g)
                     counters[r, gid] += 1
@@ -110,6 +116,8 @@ class _Simulation:
         self.records.sort(key=lambda o: (o.rank, o.index))
         if self.sym:
             self.records = RankCopies(self.records, self.sym.representative, self.sym.members)
+        elif self.classes:
+            self.records = RankCopies(self.records, self.classes.rep_of, range(self.plan.world_size), self.plan)
         transfers = [TransferRecord(s, d, st, e, b, tuple(self.topo.names[l] for l in route))
                      for s, d, st, e, b, route in self.net.transfers]
         transfers.sort(key=lambda t: (t.start, t.end, t.src, t.dst))
@@ -161,11 +169,12 @@ class _Simulation:
             rv = self.rendezvous[key] = {"op": op, "rank": rank, "arrived": 0, "done": self.env.event()}
         else:
             first = rv["op"]
-            if (first.op, first.bytes, first.root) != (op.op, op.bytes, op.root):
+            if (first.op, first.bytes, self.classes or first.root) != (op.op, op.bytes, self.classes or op.root):
                 raise ConfigError(f"collective mismatch on group {_fmt(group)}, collective #{key[1]}: rank {rv['rank']} "
                                   f"calls {describe(first)}, rank {rank} calls {describe(op)}", "plan")
         rv["arrived"] += 1
-        if rv["arrived"] == (1 if self.sym else len(group)):      # symmetric: all members arrive together
+        # symmetric: the members of one class arrive together (sim/symmetry.py, sim/subgroups.py)
+        if rv["arrived"] == (1 if self.sym else self.classes.arrivals[gid] if self.classes else len(group)):
             del self.rendezvous[key]
             self.env.process(self._run_collective(rv, op, group))
         yield rv["done"]
@@ -181,7 +190,11 @@ class _Simulation:
             rv["done"].succeed()
             return
         flows = self.net.flows_done
-        algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
+        if self.classes:         # the flows of every simulated group of the orbit (sim/subgroups.py)
+            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.op, op.bytes, op.algorithm, op.root]
+            self.net.flows_done += extra
+        else:
+            algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
         for pairs, sizes, latency in step_iter:
@@ -195,10 +208,13 @@ class _Simulation:
             pair, mine, theirs = (rank, op.peer), self.sends, self.recvs
         else:
             pair, mine, theirs = (op.peer, rank), self.recvs, self.sends
+        real = pair
+        if self.classes:         # a send meets the receive of the same pair orbit (sim/subgroups.py)
+            pair = self.classes.pair_orbit[pair]
         if theirs[pair]:
             other_op, slot = theirs[pair].popleft()
             if other_op.bytes != op.bytes:
-                raise ConfigError(f"send/recv mismatch between ranks {pair[0]} -> {pair[1]}: "
+                raise ConfigError(f"send/recv mismatch between ranks {real[0]} -> {real[1]}: "
                                   f"{describe(other_op)} meets {describe(op)}", "plan")
             self.env.process(self._run_p2p(pair, op.bytes, slot))
         else:
@@ -209,7 +225,11 @@ class _Simulation:
 
     def _run_p2p(self, pair, nbytes, slot):
         slot["launch"] = self.env.now
-        pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
+        if self.classes:
+            pairs, extra = self.classes.p2p[pair]
+            self.net.flows_done += extra
+        else:
+            pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
         yield self.net.transfer(pairs, float(nbytes))
         slot["done"].succeed()
 
