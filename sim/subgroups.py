@@ -187,10 +187,22 @@ def _links(steps: list) -> set:
 
 
 def find_classes(plan: Plan, ctx) -> Classes | None:
-    """The rank classes of ``plan`` on ``ctx``'s fabric (module docstring), or None when a check fails."""
-    shifts = find_shifts(plan, ctx.cluster)
-    if shifts is None:
+    """The rank classes of ``plan`` on ``ctx``'s fabric (module docstring), or None when a check fails: the
+    largest Γ the plan is invariant under first, then node shifts alone, then local rotations alone."""
+    best = find_shifts(plan, ctx.cluster)
+    if best is None:
         return None
+    n, g = best.nodes, best.gpus
+    tries = [best] + [s for s in (Shifts(n, g, best.node_step, g), Shifts(n, g, n, best.local_step))
+                      if s != best and (s.node_step, s.local_step) != (n, g)]
+    for shifts in tries:
+        classes = _classes_under(plan, ctx, shifts)
+        if classes is not None:
+            return classes
+    return None
+
+
+def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     elements = shifts.elements()
     reps = sorted({shifts.rep(r) for r in range(plan.world_size)})
     cls = Classes(shifts, reps)
@@ -234,21 +246,27 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
     # check 2, and the links of every unit (image group or image pair)
     unit_links: dict = {}        # (orbit id, image) -> set of link ids
     expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
+    generators = [e for e in ((shifts.node_step % shifts.nodes, 0), (0, shifts.local_step % shifts.gpus))
+                  if e != (0, 0)]
     for key in keys:
         g, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g]
-        base = _expand(ctx, op, g, nbytes, algorithm, root)
         ref_rank, ref_index = reference[oid][1]
+        flows = {}
         for img, e_h in images[oid].items():
             e = shifts.compose(e_h, shifts.inverse(to_ref[g]))      # g -> this image
             actual = plan.group_of(plan.ranks[shifts.apply(e_h, ref_rank)][ref_index])   # the plan's tuple
             if tuple(sorted(actual)) != img:
                 return None
-            exp = base if actual == g else _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
-            if exp[:2] != base[:2] or not _same_flows(_flows(exp[2]), _flows(base[2], shifts, e)):
-                return None
-            expansions[key, img] = exp
+            exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
+            flows[img] = _flows(exp[2])
             unit_links.setdefault((oid, img), set()).update(_links(exp[2]))
+        for img, e_h in images[oid].items():      # check 2 for the generators: then for all of Γ
+            exp = expansions[key, img]
+            for e in generators:
+                to = tuple(sorted(shifts.apply(e, x) for x in img))
+                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], _flows(exp[2], shifts, e)):
+                    return None
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
