@@ -24,6 +24,7 @@ from distlab.sim.cores import SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
+from distlab.sim.equivariance import check_classes
 from distlab.sim.subgroups import find_classes, subgroups_apply
 from distlab.sim.symmetry import find_symmetry, representative_plan
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
@@ -46,12 +47,14 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner). ``symmetric``: where all ranks are
     provably symmetric (sim/symmetry.py), simulate one and copy its records (the same trace, much faster)."""
     sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
-    if check:
-        from distlab.sim.check import assert_consistent
-        assert_consistent(representative_plan(plan) if sym else plan)
     classes = None
     if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
         classes = find_classes(plan, Context(Topology(cluster), protocol))
+    if check and classes:
+        check_classes(plan, classes)
+    elif check:
+        from distlab.sim.check import assert_consistent
+        assert_consistent(representative_plan(plan) if sym else plan)
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
             raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
@@ -183,6 +186,8 @@ class _Simulation:
     def _run_collective(self, rv, op, group):
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
+        if self.classes and self.classes.group_orbit[group] in self.classes.exclusive:
+            key = (op.op, op.bytes, op.algorithm, op.root, group)     # links of its own: reused (sim/subgroups.py)
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
@@ -193,6 +198,7 @@ class _Simulation:
         if self.classes:         # the flows of every simulated group of the orbit (sim/subgroups.py)
             algorithm, protocol, step_iter, extra = self.classes.steps[group, op.op, op.bytes, op.algorithm, op.root]
             self.net.flows_done += extra
+            count = extra + sum(len(p) for p, _, _ in step_iter)      # the orbit's flows (others may end meanwhile)
         else:
             algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root)
         rv["algorithm"] = algorithm
@@ -200,7 +206,7 @@ class _Simulation:
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
-            self.durations[key] = (self.env.now - start, algorithm, self.net.flows_done - flows)
+            self.durations[key] = (self.env.now - start, algorithm, count if self.classes else self.net.flows_done - flows)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):

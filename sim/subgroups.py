@@ -32,47 +32,13 @@ over events every representative's records equal the full simulation's (tests/te
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from distlab.sim.network import SWITCH, Pairs
+from distlab.sim.equivariance import Shifts, find_shifts
+from distlab.sim.network import Pairs
 from distlab.sim.plan import Collective, Plan, Recv, Send
-
-
-@dataclass(frozen=True)
-class Shifts:
-    """Γ: node shifts by multiples of ``node_step``, local rotations by multiples of ``local_step``."""
-    nodes: int
-    gpus: int
-    node_step: int
-    local_step: int
-
-    def elements(self) -> list[tuple[int, int]]:
-        return [(a, b) for a in range(0, self.nodes, self.node_step) for b in range(0, self.gpus, self.local_step)]
-
-    def apply(self, e: tuple[int, int], r: int) -> int:
-        if r == SWITCH:
-            return r
-        n, l = divmod(r, self.gpus)
-        return (n + e[0]) % self.nodes * self.gpus + (l + e[1]) % self.gpus
-
-    def apply_array(self, e: tuple[int, int], a: np.ndarray) -> np.ndarray:
-        n, l = np.divmod(a, self.gpus)
-        out = (n + e[0]) % self.nodes * self.gpus + (l + e[1]) % self.gpus
-        return np.where(a == SWITCH, a, out)
-
-    def rep(self, r: int) -> int:
-        n, l = divmod(r, self.gpus)
-        return n % self.node_step * self.gpus + l % self.local_step
-
-    def compose(self, e, f) -> tuple[int, int]:
-        """e after f."""
-        return (e[0] + f[0]) % self.nodes, (e[1] + f[1]) % self.gpus
-
-    def inverse(self, e) -> tuple[int, int]:
-        return -e[0] % self.nodes, -e[1] % self.gpus
 
 
 @dataclass
@@ -87,6 +53,7 @@ class Classes:
     pair_orbit: dict = field(default_factory=dict)      # (src, dst) of a rep's send or recv -> orbit id
     steps: dict = field(default_factory=dict)           # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra flows)
     p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
+    exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
 
     def rep_of(self, rank: int) -> int:
         return self.shifts.rep(rank)
@@ -97,70 +64,6 @@ def subgroups_apply(plan: Plan, cluster, slowdown: dict | None, record_transfers
     """The cases the argument covers (module docstring): the fabric's symmetries are not broken."""
     return (plan.world_size >= 2 and plan.world_size == cluster.world_size and not record_transfers
             and not cluster.cpu_cores and not link_factors and all(f == 1.0 for f in (slowdown or {}).values()))
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-RANK_STREAM = re.compile(r"(send>|recv<)(\d+)")     # a stream per peer (sim/pipeline/plan.py): the peer maps
-
-
-def _stream(name: str, f, cache: dict) -> str:
-    mapped = cache.get(name)
-    if mapped is None:
-        m = RANK_STREAM.fullmatch(name)
-        mapped = cache[name] = m.group(1) + str(f(int(m.group(2)))) if m else name
-    return mapped
-
-
-def _program_maps(a: list, b: list, f, groups: dict, streams: dict) -> bool:
-    """Is program ``b`` program ``a`` with ranks renamed by ``f`` (groups, peers, roots, per-peer streams)?"""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        tx = type(x)
-        if tx is not type(y) or _stream(x.stream, f, streams) != y.stream:
-            return False
-        if tx is Collective:
-            if (x.op, x.bytes, x.dtype, x.algorithm, x.name) != (y.op, y.bytes, y.dtype, y.algorithm, y.name):
-                return False
-            if (x.group is None) != (y.group is None):
-                return False
-            if x.group is not None:
-                key = (id(x.group), id(y.group))
-                ok = groups.get(key)
-                if ok is None:
-                    ok = groups[key] = len(x.group) == len(y.group) and {f(g) for g in x.group} == set(y.group)
-                if not ok:
-                    return False
-            if x.op in ("broadcast", "reduce") and f(x.root) != y.root:
-                return False
-        elif tx is Send or tx is Recv:
-            if (f(x.peer), x.bytes, x.dtype, x.name) != (y.peer, y.bytes, y.dtype, y.name):
-                return False
-        elif x is not y and (x != y if x.stream == y.stream else replace(x, stream=y.stream) != y):
-            return False
-    return True
-
-
-def _plan_maps(plan: Plan, shifts: Shifts, e) -> bool:
-    groups, streams = {}, {}
-    f = lambda r: shifts.apply(e, r)       # noqa: E731
-    return all(_program_maps(plan.ranks[r], plan.ranks[f(r)], f, groups, streams) for r in range(plan.world_size))
-
-
-def find_shifts(plan: Plan, cluster) -> Shifts | None:
-    """The largest Γ of node shifts and local rotations the plan and the fabric are invariant under (check 1);
-    None when it has only the identity."""
-    n, g = cluster.nodes, cluster.gpus_per_node
-    if plan.world_size != n * g:
-        return None
-    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0))), n)
-    inter = cluster.inter_node
-    rails_ok = inter is None or n == 1 or g % inter.nics_per_node == 0
-    t = next((t for t in _divisors(g)[:-1] if rails_ok and _plan_maps(plan, Shifts(n, g, n, t), (0, t))), g)
-    return None if (k, t) == (n, g) else Shifts(n, g, k, t)
 
 
 def _flows(steps: list, shifts: Shifts | None = None, e=None) -> list:
@@ -213,6 +116,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     to_ref: dict = {}            # rep group tuple -> element mapping the reference onto it
     pair_images: dict = {}       # pair orbit id -> list of image pairs
     keys: dict = {}              # (group, op, bytes, algorithm, root) -> None (the distinct collective keys)
+    streams: dict = {}           # (representative, orbit id) -> streams it issues the orbit's collectives on
     for q in reps:
         orbit_group: dict = {}       # orbit id -> the one group of it this representative uses
         orbit_pair: dict = {}        # (send or recv, orbit id) -> the one pair of it
@@ -234,6 +138,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
                 if orbit_group.setdefault(cls.group_orbit[g], g) != g:
                     return None                     # check 3: two groups of one orbit
                 keys[(g, op.op, op.bytes, op.algorithm, op.root)] = None
+                streams.setdefault((q, cls.group_orbit[g]), set()).add(op.stream)
             elif isinstance(op, (Send, Recv)):
                 pair = (q, op.peer) if isinstance(op, Send) else (op.peer, q)
                 if pair not in cls.pair_orbit:
@@ -289,7 +194,22 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
         members = [p for p in pair_images[oid] if (oid, p) in simulated]
         pairs = ctx.pairs(("p2p-orbit", tuple(members)), lambda: members)
         cls.p2p[oid] = (pairs, len(pair_images[oid]) - len(members))
+    cls.exclusive = _exclusive(unit_links, simulated, streams)
     return cls
+
+
+def _exclusive(unit_links: dict, simulated: set, streams: dict) -> set:
+    """Collective orbits whose simulated flows use links no other simulated unit uses, issued by every
+    representative on one stream: one collective of the orbit at a time (the next cannot start before the
+    previous has ended for every member) on links nothing else touches, so its duration is a function of
+    (group, op, bytes, algorithm, root) alone and the engine reuses it."""
+    owner: dict = {}
+    for unit in simulated:
+        for link in unit_links[unit]:
+            owner.setdefault(link, set()).add(unit[0])
+    one_stream = {oid for oid in {o for _, o in streams}} - {o for (_, o), s in streams.items() if len(s) > 1}
+    return {oid for oid in one_stream if all(owner[l] == {oid} for u in simulated if u[0] == oid
+                                             for l in unit_links[u])}
 
 
 def _element_between(shifts: Shifts, elements, a: tuple, b: tuple):
