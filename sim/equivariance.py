@@ -45,6 +45,10 @@ class Shifts:
     def inverse(self, e) -> tuple[int, int]:
         return -e[0] % self.nodes, -e[1] % self.gpus
 
+    def element(self, a: int, b: int) -> tuple[int, int]:
+        """The shift taking rank a to rank b (of the same class)."""
+        return (b // self.gpus - a // self.gpus) % self.nodes, (b - a) % self.gpus
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -106,6 +110,9 @@ def find_shifts(plan: Plan, cluster) -> Shifts | None:
     n, g = cluster.nodes, cluster.gpus_per_node
     if plan.world_size != n * g:
         return None
+    made = getattr(plan.ranks, "shifts", None)       # sim/relabel.py: equivariant by construction
+    if made is not None:
+        return made if (made.nodes, made.gpus) == (n, g) else None
     k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0))), n)
     inter = cluster.inter_node
     rails_ok = inter is None or n == 1 or g % inter.nics_per_node == 0
@@ -148,7 +155,7 @@ def check_classes(plan: Plan, classes) -> None:
             if m == q or not any(op.op in ("broadcast", "reduce") for op, _ in ops):
                 per_rank[m] = plain.get((q, oid), [])
                 continue
-            e = (m // shifts.gpus - q // shifts.gpus) % shifts.nodes, (m - q) % shifts.gpus   # q -> m
+            e = shifts.element(q, m)
             per_rank[m] = [(signature(replace(op, root=shifts.apply(e, op.root))), describe(op), i) for op, i in ops]
     problems = collective_problem_list(sequences)
     if problems:

@@ -141,7 +141,10 @@ class Plan:
         checked_groups: dict = {}
         checked_local: set = set()       # ids of rank-independent ops already checked (ranks share op objects)
         same_everywhere = None           # a checked program whose every op is rank-independent
-        for r, ops in enumerate(self.ranks):
+        # a plan built from representatives (sim/relabel.py): the others are their renamings, valid as they are
+        ranks = getattr(self.ranks, "representatives", lambda: range(n))()
+        for r in ranks:
+            ops = self.ranks[r]
             if same_everywhere is not None and (ops is same_everywhere or ops == same_everywhere):
                 continue                 # the same ops as a checked rank (list ==: identical items compare fast)
             recorded: set = set()

@@ -7,11 +7,14 @@ import pytest
 
 from distlab.sim import scenario as sc
 from distlab.sim.engine import simulate
+from distlab.sim.pipeline.plan import PipelineSpec
 from distlab.sim.plan import Collective, Plan
+from distlab.sim.relabel import RelabelledRanks
 from distlab.sim.collectives.context import Context
 from distlab.sim.network import Topology
 from distlab.sim.subgroups import find_classes
 from distlab.sim.symmetry import find_symmetry
+from distlab.sim.tp.pipeline import pp_tp_plan
 from distlab.sim.trace import RankCopies
 
 GPT2 = {"preset": "gpt2-small", "micro_batch": 8}
@@ -136,3 +139,20 @@ def test_rank_copies_of_classes_read_like_a_list():
         a, b = once.ops[i], full.ops[i]
         assert (a.rank, a.index, a.stream, a.group, a.peer) == (b.rank, b.index, b.stream, b.group, b.peer)
     assert once.to_dict() == full.to_dict()
+
+
+def test_pp_tp_plans_built_from_representatives_equal_the_plans_built_rank_by_rank():
+    """sim/relabel.py: PP x TP x DP with a tp group per node builds one program per stage and renames it; every
+    rank's program equals the one pp_tp_plan builds rank by rank (dp 3: replica shifts wrap around)."""
+    d = {"model": LLAMA, "mesh": {"dp": 3, "pp": 2, "tp": 8}, "tp": {"microbatches": 3, "sequence_parallel": False},
+         "cluster": "dgx-h100", "nodes": 6}
+    r = sc.build(sc.validate(d, "s"))
+    assert isinstance(r.plan.ranks, RelabelledRanks) and r.plan.ranks.representatives() == [0, 8]
+    o = r.options
+    spec = PipelineSpec(schedule=o.schedule, stages=2, microbatches=o.microbatches, data_parallel=3)
+    full = pp_tp_plan(r.model, r.mesh, spec, o)
+    assert isinstance(full.ranks, list) and (full.name, full.meta) == (r.plan.name, r.plan.meta)
+    assert all(full.ranks[k] == r.plan.ranks[k] for k in range(full.world_size))
+    once = simulate(r.plan, r.cluster, record_transfers=False)
+    assert math.isclose(once.makespan, simulate(full, r.cluster, record_transfers=False, symmetric=False).makespan,
+                        rel_tol=1e-6)

@@ -28,7 +28,7 @@ def build(model, mesh, opts: TPOptions, cluster):
                           "dp_shard > 1 with tp alone", "tp: mesh")
     if pp > 1:
         spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
-        plan = pp_tp_plan(model, mesh, spec, opts)
+        plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
     elif dp_shard > 1:
