@@ -107,13 +107,15 @@ class _Simulation:
 
     def run(self) -> Trace:
         for r in self.simulated:
-            ops = self.plan.ranks[r]
-            streams = list(dict.fromkeys(op.stream for op in ops))
-            for s in streams:
+            per_stream: dict = {}
+            for i, op in enumerate(self.plan.ranks[r]):
+                per_stream.setdefault(op.stream, []).append((i, op))
+            for s, ops in per_stream.items():
                 self.waiting[r, s] = "start"
-                self.env.process(self._stream(r, s, [(i, op) for i, op in enumerate(ops) if op.stream == s]))
+                self.env.process(self._stream(r, s, ops))
         self.env.run()
-        stuck = [(r, s, what) for (r, s), what in sorted(self.waiting.items()) if what is not None]
+        stuck = [(r, s, self._waiting_text(r, what)) for (r, s), what in sorted(self.waiting.items())
+                 if what is not None]
         if stuck:
             raise SimulationDeadlock(stuck, self.env.now)
         self.records.sort(key=lambda o: (o.rank, o.index))
@@ -129,40 +131,53 @@ class _Simulation:
                 "protocols": sorted(self.protocols_used)}
         return Trace(self.records, transfers, meta)
 
+    def _waiting_text(self, rank, what) -> str:
+        """What a stuck stream waits in, from the (index, op) it stopped at (made only for a deadlock)."""
+        if isinstance(what, str):
+            return what
+        index, op = what
+        if isinstance(op, Wait):
+            return f"wait for event {op.event!r} (op #{index})"
+        if isinstance(op, Collective):
+            return f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(self.seq[rank, index][2])}"
+        return f"op #{index} {describe(op)}"
+
     def _stream(self, rank, stream, ops):
-        env = self.env
+        env, waiting, key = self.env, self.waiting, (rank, stream)
+        events = self.events[rank]
         for index, op in ops:
             start = env.now
-            self.waiting[rank, stream] = f"op #{index} {describe(op)}"
-            rec = OpRecord(rank, stream, index, op.kind, getattr(op, "name", "") or op.kind, start, start)
-            if isinstance(op, Compute):
+            waiting[key] = (index, op)
+            kind = type(op)
+            if kind is Compute:
+                rec = OpRecord(rank, stream, index, "compute", op.name or "compute", start, start)
                 seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
                 if self.cores:
                     yield from self.cores[self.cluster.node_of(rank)].run(seconds)
                 else:
                     yield env.timeout(seconds)
-            elif isinstance(op, Record):
-                ev = self.events[rank][op.event]
+            elif kind is Record:
+                rec = OpRecord(rank, stream, index, "record", op.event, start, start)
+                ev = events[op.event]
                 if not ev.triggered:
                     ev.succeed()
-                rec.name = op.event
-            elif isinstance(op, Wait):
-                rec.name = op.event
-                self.waiting[rank, stream] = f"wait for event {op.event!r} (op #{index})"
-                yield self.events[rank][op.event]
-            elif isinstance(op, Collective):
+            elif kind is Wait:
+                rec = OpRecord(rank, stream, index, "wait", op.event, start, start)
+                ev = events[op.event]
+                if ev.callbacks is not None:      # not yet processed (a processed one resumes at once anyway)
+                    yield ev
+            elif kind is Collective:
                 group = self.seq[rank, index][2]
-                self.waiting[rank, stream] = f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(group)}"
                 launch, algorithm = yield from self._collective(rank, index, op)
-                rec.bytes, rec.op, rec.group, rec.launch, rec.algorithm = op.bytes, op.op, group, launch, algorithm
-                rec.name = op.name or op.op
+                rec = OpRecord(rank, stream, index, "collective", op.name or op.op, start, start, op.bytes, op.op,
+                               launch, group, algorithm)
             else:
                 launch = yield from self._p2p(rank, op)
-                rec.bytes, rec.launch, rec.peer = op.bytes, launch, op.peer
-                rec.name = op.name or op.kind
+                rec = OpRecord(rank, stream, index, op.kind, op.name or op.kind, start, start, op.bytes,
+                               launch=launch, peer=op.peer)
             rec.end = env.now
             self.records.append(rec)
-        self.waiting[rank, stream] = None
+        waiting[key] = None
 
     def _collective(self, rank, index, op: Collective):
         gid, n, group = self.seq[rank, index]

@@ -47,6 +47,12 @@ class RelabelledRanks(Sequence):
             ops = self._recent[r] = self._renamed(self.programs[q], self.shifts.element(q, r))
         return ops
 
+    def op_at(self, r: int, index: int):
+        """Op ``index`` of rank r's program, renamed alone (no whole program made)."""
+        q = self.shifts.rep(r)
+        op = self.programs[q][index]
+        return op if r == q else self._renamed([op], self.shifts.element(q, r))[0]
+
     def _renamed(self, program: list, e) -> list:
         f = self.shifts.apply
         streams: dict = {}

@@ -160,7 +160,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
         flows = {}
         for img, e_h in images[oid].items():
             e = shifts.compose(e_h, shifts.inverse(to_ref[g]))      # g -> this image
-            actual = plan.group_of(plan.ranks[shifts.apply(e_h, ref_rank)][ref_index])   # the plan's tuple
+            actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
             if tuple(sorted(actual)) != img:
                 return None
             exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
@@ -210,6 +210,11 @@ def _exclusive(unit_links: dict, simulated: set, streams: dict) -> set:
     one_stream = {oid for oid in {o for _, o in streams}} - {o for (_, o), s in streams.items() if len(s) > 1}
     return {oid for oid in one_stream if all(owner[l] == {oid} for u in simulated if u[0] == oid
                                              for l in unit_links[u])}
+
+
+def _op_at(plan: Plan, rank: int, index: int):
+    op_at = getattr(plan.ranks, "op_at", None)       # sim/relabel.py: one op renamed, not a whole program
+    return op_at(rank, index) if op_at else plan.ranks[rank][index]
 
 
 def _element_between(shifts: Shifts, elements, a: tuple, b: tuple):
