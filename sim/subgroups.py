@@ -66,22 +66,27 @@ def subgroups_apply(plan: Plan, cluster, slowdown: dict | None, record_transfers
             and not cluster.cpu_cores and not link_factors and all(f == 1.0 for f in (slowdown or {}).values()))
 
 
-def _flows(steps: list, shifts: Shifts | None = None, e=None) -> list:
-    """Per step: its latency and its flows (src, dst, bytes) sorted, optionally renamed by ``e``."""
+def _flows(steps: list, shifts: Shifts | None = None, e=None, cache: dict | None = None) -> list:
+    """Per step: its latency and its flows (src, dst, bytes) sorted, optionally renamed by ``e``; steps that
+    repeat a pattern (one Pairs object, the same sizes) are sorted once (``cache``)."""
     out = []
+    cache = {} if cache is None else cache
     for pairs, sizes, latency in steps:
-        src, dst = pairs.src, pairs.dst
-        if e is not None:
-            src, dst = shifts.apply_array(e, src), shifts.apply_array(e, dst)
-        sz = np.broadcast_to(np.asarray(sizes, dtype=float), (len(pairs),))
-        rows = np.stack([src.astype(float), dst.astype(float), sz]) if len(pairs) else np.zeros((3, 0))
-        order = np.lexsort(rows[::-1])
-        out.append((latency, rows[:, order]))
+        key = (id(pairs), sizes if np.isscalar(sizes) else np.asarray(sizes).tobytes(), e)
+        rows = cache.get(key)
+        if rows is None:
+            src, dst = pairs.src, pairs.dst
+            if e is not None:
+                src, dst = shifts.apply_array(e, src), shifts.apply_array(e, dst)
+            sz = np.broadcast_to(np.asarray(sizes, dtype=float), (len(pairs),))
+            rows = np.stack([src.astype(float), dst.astype(float), sz]) if len(pairs) else np.zeros((3, 0))
+            rows = cache[key] = rows[:, np.lexsort(rows[::-1])]
+        out.append((latency, rows))
     return out
 
 
 def _same_flows(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(la == lb and fa.shape == fb.shape and np.array_equal(fa, fb)
+    return len(a) == len(b) and all(la == lb and (fa is fb or fa.shape == fb.shape and np.array_equal(fa, fb))
                                     for (la, fa), (lb, fb) in zip(a, b))
 
 
@@ -153,6 +158,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
     generators = [e for e in ((shifts.node_step % shifts.nodes, 0), (0, shifts.local_step % shifts.gpus))
                   if e != (0, 0)]
+    sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     for key in keys:
         g, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g]
@@ -164,13 +170,14 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
             if tuple(sorted(actual)) != img:
                 return None
             exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
-            flows[img] = _flows(exp[2])
+            flows[img] = _flows(exp[2], cache=sorted_steps)
             unit_links.setdefault((oid, img), set()).update(_links(exp[2]))
         for img, e_h in images[oid].items():      # check 2 for the generators: then for all of Γ
             exp = expansions[key, img]
             for e in generators:
                 to = tuple(sorted(shifts.apply(e, x) for x in img))
-                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], _flows(exp[2], shifts, e)):
+                mapped = _flows(exp[2], shifts, e, sorted_steps)
+                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], mapped):
                     return None
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
