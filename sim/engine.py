@@ -25,6 +25,7 @@ from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
 from distlab.sim.equivariance import check_classes
+from distlab.sim.inline import fuse
 from distlab.sim.subgroups import find_classes, subgroups_apply
 from distlab.sim.symmetry import find_symmetry, representative_plan
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
@@ -70,7 +71,8 @@ class _Simulation:
     def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
         self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
         self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
-        self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
+        self.durations: dict = {}
+        self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/inline.py)        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
@@ -110,6 +112,8 @@ class _Simulation:
             per_stream: dict = {}
             for i, op in enumerate(self.plan.ranks[r]):
                 per_stream.setdefault(op.stream, []).append((i, op))
+            if self.sym or self.classes:         # the full simulation stays the reference (tests/test_symmetry.py)
+                per_stream = fuse(per_stream, lambda i, op: True)
             for s, ops in per_stream.items():
                 self.waiting[r, s] = "start"
                 self.env.process(self._stream(r, s, ops))
@@ -147,6 +151,9 @@ class _Simulation:
         events = self.events[rank]
         for index, op in ops:
             start = env.now
+            if index is None:                   # a collective handed over and waited for at once (sim/inline.py)
+                yield from self._inline(rank, stream, op)
+                continue
             waiting[key] = (index, op)
             kind = type(op)
             if kind is Compute:
@@ -178,6 +185,30 @@ class _Simulation:
             rec.end = env.now
             self.records.append(rec)
         waiting[key] = None
+
+    def _inline(self, rank, stream, p):
+        """Run sim/inline.py's pattern in this (X's) process; the records the two processes would make."""
+        (ia, ra), (iwa, wa), (ic, c), (irb, rb), (iwb, wb) = p.record_a, p.wait_a, p.collective, p.record_b, p.wait_b
+        t_a, other = self.env.now, (rank, p.stream)
+        self.waiting[rank, stream] = (ic, c)
+        gid, _, group = self.seq[rank, ic]
+        reuse = self.classes and self.classes.arrivals[gid] == 1 and gid in self.classes.exclusive
+        hit = self.durations.get((c.op, c.bytes, c.algorithm, c.root, group)) if reuse else None
+        if hit is not None:                      # alone on links of its own: its known duration
+            seconds, algorithm, flows = hit
+            self.net.flows_done += flows
+            launch = t_a
+            yield self.env.timeout(seconds)
+        else:
+            launch, algorithm = yield from self._collective(rank, ic, c)
+        end = self.env.now
+        self.records += [OpRecord(rank, stream, ia, "record", ra.event, t_a, t_a),
+                         OpRecord(rank, p.stream, iwa, "wait", wa.event, self.clock.get(other, 0.0), t_a),
+                         OpRecord(rank, p.stream, ic, "collective", c.name or c.op, t_a, end, c.bytes, c.op, launch,
+                                  group, algorithm),
+                         OpRecord(rank, p.stream, irb, "record", rb.event, end, end),
+                         OpRecord(rank, stream, iwb, "wait", wb.event, t_a, end)]
+        self.clock[other] = end
 
     def _collective(self, rank, index, op: Collective):
         gid, n, group = self.seq[rank, index]
