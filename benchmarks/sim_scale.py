@@ -1,6 +1,7 @@
 """Simulation at scale (issue 15 item 5, issue 13's speed target): each case in its own process pinned to one
 core. Prints wall time (build + simulate + step summary), peak memory (the process's peak resident set,
-resource.getrusage) and the machine's load average when it ran (other processes slow a shared core down).
+resource.getrusage), CPU seconds (user + system: what the wall time is on an idle core) and the machine's load
+average when it ran (other processes slow a shared core down: compare cpu_s with the targets then).
 
     python benchmarks/sim_scale.py [--full] [--json] [--only NAME]
 
@@ -76,9 +77,11 @@ def one(name: str, symmetric: bool) -> dict:
     trace = simulate(plan, cluster, record_transfers=False, symmetric=symmetric)
     summary = step_summary(trace)
     wall = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     simulated = len({o.rank for o in getattr(trace.ops, "records", trace.ops)})
     return {"case": name, "world_size": plan.world_size, "symmetric": symmetric, "wall_s": round(wall, 3),
-            "build_s": round(t1 - t0, 3), "peak_MiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "build_s": round(t1 - t0, 3),
+            "peak_MiB": round(usage.ru_maxrss / 1024, 1),
             "ranks_simulated": simulated, "step_s": summary["step_s"], "ops": len(trace.ops),
             "load_1min": round(os.getloadavg()[0], 2)}
 
@@ -104,7 +107,8 @@ def main() -> int:
                 target = "".join([f" (target {target_s:.0f} s" if target_s else "",
                                   f", {target_mib:.0f} MiB" if target_mib else "", ")" if target_s else ""])
                 print(f"{name:>16} {row['world_size']:>6} GPUs, {'symmetric' if symmetric else 'full':>9}: "
-                      f"{row['wall_s']:7.2f} s wall (build {row['build_s']:.2f} s), peak {row['peak_MiB']:7.1f} MiB"
+                      f"{row['wall_s']:7.2f} s wall ({row['cpu_s']:.2f} s CPU, build {row['build_s']:.2f} s), "
+                      f"peak {row['peak_MiB']:7.1f} MiB"
                       f"{target}, {row['ranks_simulated']} ranks simulated, {row['ops']:,} op records, step "
                       f"{row['step_s']:.6f} s, load {row['load_1min']}", flush=True)
     if "--json" in sys.argv:

@@ -71,8 +71,8 @@ class _Simulation:
     def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
         self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
         self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
-        self.durations: dict = {}
-        self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/inline.py)        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
+        self.durations: dict = {}        # reused collective durations: key -> (s, algorithm, flows)
+        self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/inline.py)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
@@ -218,7 +218,8 @@ class _Simulation:
             rv = self.rendezvous[key] = {"op": op, "rank": rank, "arrived": 0, "done": self.env.event()}
         else:
             first = rv["op"]
-            if (first.op, first.bytes, self.classes or first.root) != (op.op, op.bytes, self.classes or op.root):
+            roots_differ = self.classes is None and first.root != op.root     # classes: roots are renamed
+            if (first.op, first.bytes) != (op.op, op.bytes) or roots_differ:
                 raise ConfigError(f"collective mismatch on group {_fmt(group)}, collective #{key[1]}: rank {rv['rank']} "
                                   f"calls {describe(first)}, rank {rank} calls {describe(op)}", "plan")
         rv["arrived"] += 1
@@ -252,7 +253,8 @@ class _Simulation:
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
-            self.durations[key] = (self.env.now - start, algorithm, count if self.classes else self.net.flows_done - flows)
+            flows = count if self.classes else self.net.flows_done - flows
+            self.durations[key] = (self.env.now - start, algorithm, flows)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):

@@ -51,7 +51,7 @@ class Classes:
     group_orbit: dict = field(default_factory=dict)     # rep's group tuple -> orbit id
     arrivals: dict = field(default_factory=dict)        # orbit id -> representatives that meet there
     pair_orbit: dict = field(default_factory=dict)      # (src, dst) of a rep's send or recv -> orbit id
-    steps: dict = field(default_factory=dict)           # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra flows)
+    steps: dict = field(default_factory=dict)     # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra)
     p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
     exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
 
