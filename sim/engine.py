@@ -10,7 +10,10 @@
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
-with the world size; ``simulate(..., symmetric=False)`` runs every rank (the same trace, tests/test_symmetry.py).
+with the world size. Where ranks fall into classes under node shifts and local rotations (sim/subgroups.py: TP x
+DP, FSDP x TP, PP x TP x DP), one rank per class is simulated, with the network traffic the argument there
+requires; a collective a stream hands over and waits for at once runs in the waiting stream (sim/inline.py).
+``simulate(..., symmetric=False)`` runs every rank, op by op (the same trace, tests/test_symmetry.py).
 """
 from __future__ import annotations
 

@@ -10,15 +10,19 @@ and ρ maps rail l mod C to rail l + t mod C consistently when C (NICs per node)
 then γ applied link by link to route(a, b), with equal capacities and latencies. Left out: degraded links,
 shared CPU cores, stragglers, recorded transfers (the engine then simulates every rank).
 
-Checked, not assumed (each check failing -> no reduction):
+Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local rotations alone, else none):
 1. the plan is Γ-equivariant: for the generators σ (smallest k) and ρ (smallest t) and every rank r, the
-   program of γ(r) is r's with every group, peer and root mapped by γ (_program_maps);
+   program of γ(r) is r's with every group, peer, root and per-peer stream name (send>p, recv<p) renamed by γ
+   (sim/equivariance.py); a plan built from its representatives (sim/relabel.py) is so by construction;
 2. every collective's expansion (sim.collectives: algorithm, protocol, and per step its latency and its flows
-   (src, dst, bytes)) on an image group γ(g) is γ of its expansion on g, for every γ of Γ and every group g
-   of a representative (so for every group of the plan, as every group is an image of one of those);
+   (src, dst, bytes)) commutes with σ and ρ at every image of every group of a representative: the expansion
+   on σ(h) is σ of the one on h (likewise ρ); by composition it then commutes with all of Γ at every group of
+   the plan (each is an image of a representative's). The algorithm chosen is the same: every candidate's
+   steps commute, so every estimated time is equal;
 3. each representative uses at most one group (and one peer per direction) of each orbit.
-Then the full simulation commutes with γ (its input is mapped onto itself and every rule of the engine and the
-max-min fair network is blind to rank names), so rank γ(r)'s records equal r's: the classes are the orbits.
+Then the full simulation commutes with γ (its input is renamed onto itself and no rule of the engine or of the
+max-min fair network depends on a rank's or a link's name), so rank γ(r)'s records equal r's: the classes are
+the orbits, one representative each (the smallest rank).
 
 The reduced simulation runs the representatives only. A collective of orbit O (the images of a group) starts
 when one representative per class meeting the group has arrived (its members of one class arrive together);
@@ -28,7 +32,10 @@ sharing a link with a simulated one are added until none is left (the connected 
 link-sharing graph: _closure). Each simulated unit of orbit O moves its flows whenever O's collective runs
 (all images run at the same time, step by step, by symmetry). Max-min fair rates of link-disjoint flow sets
 do not depend on each other, so the simulated flows get the rates of the full simulation, and by induction
-over events every representative's records equal the full simulation's (tests/test_symmetry.py: to 1e-6).
+over events every representative's records equal the full simulation's, up to rounding (the rates are summed
+in another order; tests/test_symmetry.py: to 1e-6 relative). An orbit whose simulated flows share no link with
+any other unit, issued on one stream per representative, has one collective in flight at a time on links of
+its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive).
 """
 from __future__ import annotations
 
