@@ -10,6 +10,7 @@ from distlab.sim.engine import simulate
 from distlab.sim.pipeline.plan import PipelineSpec
 from distlab.sim.plan import Collective, Plan
 from distlab.sim.relabel import RelabelledRanks
+from distlab.sim.check import PlanMismatch
 from distlab.sim.collectives.context import Context
 from distlab.sim.network import Topology
 from distlab.sim.subgroups import find_classes
@@ -127,6 +128,10 @@ def test_subgroup_classes_and_what_breaks_them():
     assert classes is not None and classes.reps == [0, 1, 2, 3]          # node halves alike
     once, full = simulate(Plan(halves), one), simulate(Plan(halves), one, symmetric=False)
     assert once.to_dict() == full.to_dict()
+    odd_sizes = [[replace(ops[0], bytes=2 << 20) if k % 2 else ops[0], ops[1]] for k, ops in enumerate(halves)]
+    assert _classes(Plan(odd_sizes), one) is not None         # still symmetric, but pairs disagree: caught
+    with pytest.raises(PlanMismatch, match="group \\[0,1\\], collective #0: rank 1 calls all_reduce\\(2 MiB\\)"):
+        simulate(Plan(odd_sizes), one)
 
 
 def test_rank_copies_of_classes_read_like_a_list():
