@@ -12,7 +12,10 @@
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
-with the world size; ``simulate(..., symmetric=False)`` runs every rank (the same trace, tests/test_symmetry.py).
+with the world size. Where ranks fall into classes under node shifts and local rotations (sim/subgroups.py: TP x
+DP, FSDP x TP, PP x TP x DP), one rank per class is simulated, with the network traffic the argument there
+requires; a collective a stream hands over and waits for at once runs in the waiting stream (sim/inline.py).
+``simulate(..., symmetric=False)`` runs every rank, op by op (the same trace, tests/test_symmetry.py).
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ from distlab.sim.cores import SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
+from distlab.sim.equivariance import check_classes
+from distlab.sim.inline import fuse
+from distlab.sim.subgroups import find_classes, subgroups_apply
 from distlab.sim.symmetry import find_symmetry, representative_plan
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
 
@@ -46,7 +52,15 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner). ``symmetric``: where all ranks are
     provably symmetric (sim/symmetry.py), simulate one and copy its records (the same trace, much faster)."""
     sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
-    if check:
+    classes = None
+    if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
+        try:
+            classes = find_classes(plan, Context(Topology(cluster), protocol))
+        except ConfigError:              # a plan the simulation refuses: the full path says why, in its order
+            classes = None
+    if check and classes:
+        check_classes(plan, classes)
+    elif check:
         from distlab.sim.check import assert_consistent
         assert_consistent(representative_plan(plan) if sym else plan)
     for rank, factor in (slowdown or {}).items():
@@ -56,15 +70,16 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     if plan.world_size > cluster.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks but cluster {cluster.name!r} has "
                           f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})", "plan")
-    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol, sym)
+    sim = _Simulation(plan, cluster, record_transfers, slowdown or {}, link_factors, protocol, sym, classes)
     return sim.run()
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None):
-        self.plan, self.cluster, self.slowdown, self.sym = plan, cluster, slowdown, sym
-        self.simulated = [sym.representative] if sym else range(plan.world_size)
-        self.durations: dict = {}        # repeated collectives (sym.repeat_collectives): key -> (s, algorithm, flows)
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
+        self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
+        self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
+        self.durations: dict = {}        # reused collective durations: key -> (s, algorithm, flows)
+        self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/inline.py)
         self.env = simpy.Environment()
         self.topo = Topology(cluster, link_factors)
         self.net = Network(self.env, self.topo, record=record)
@@ -85,13 +100,15 @@ class _Simulation:
         order. Groups are interned (one tuple and a small id per distinct group): nothing per op grows with the
         world size, and matching hashes an int, not a tuple of every member."""
         seq, counters, by_id, by_tuple = {}, defaultdict(int), {}, {}
+        orbit = self.classes.group_orbit if self.classes else None
         for r in self.simulated:
             for i, op in enumerate(self.plan.ranks[r]):
                 if isinstance(op, Collective):
                     hit = by_id.get(id(op.group))
                     if hit is None:
                         g = self.plan.group_of(op)
-                        hit = by_id[id(op.group)] = by_tuple.setdefault(g, (len(by_tuple), g))
+                        hit = by_id[id(op.group)] = ((orbit[g], g) if orbit is not None else
+                                                     by_tuple.setdefault(g, (len(by_tuple), g)))
                     gid, g = hit
                     seq[r, i] = (gid, counters[r, gid], g)
                     counters[r, gid] += 1
@@ -99,18 +116,24 @@ class _Simulation:
 
     def run(self) -> Trace:
         for r in self.simulated:
-            ops = self.plan.ranks[r]
-            streams = list(dict.fromkeys(op.stream for op in ops))
-            for s in streams:
+            per_stream: dict = {}
+            for i, op in enumerate(self.plan.ranks[r]):
+                per_stream.setdefault(op.stream, []).append((i, op))
+            if self.sym or self.classes:         # the full simulation stays the reference (tests/test_symmetry.py)
+                per_stream = fuse(per_stream, lambda i, op: True)
+            for s, ops in per_stream.items():
                 self.waiting[r, s] = "start"
-                self.env.process(self._stream(r, s, [(i, op) for i, op in enumerate(ops) if op.stream == s]))
+                self.env.process(self._stream(r, s, ops))
         self.env.run()
-        stuck = [(r, s, what) for (r, s), what in sorted(self.waiting.items()) if what is not None]
+        stuck = [(r, s, self._waiting_text(r, what)) for (r, s), what in sorted(self.waiting.items())
+                 if what is not None]
         if stuck:
             raise SimulationDeadlock(stuck, self.env.now)
         self.records.sort(key=lambda o: (o.rank, o.index))
         if self.sym:
             self.records = RankCopies(self.records, self.sym.representative, self.sym.members)
+        elif self.classes:
+            self.records = RankCopies(self.records, self.classes.rep_of, range(self.plan.world_size), self.plan)
         transfers = [TransferRecord(s, d, st, e, b, tuple(self.topo.names[l] for l in route))
                      for s, d, st, e, b, route in self.net.transfers]
         transfers.sort(key=lambda t: (t.start, t.end, t.src, t.dst))
@@ -119,40 +142,80 @@ class _Simulation:
                 "protocols": sorted(self.protocols_used)}
         return Trace(self.records, transfers, meta)
 
+    def _waiting_text(self, rank, what) -> str:
+        """What a stuck stream waits in, from the (index, op) it stopped at (made only for a deadlock)."""
+        if isinstance(what, str):
+            return what
+        index, op = what
+        if isinstance(op, Wait):
+            return f"wait for event {op.event!r} (op #{index})"
+        if isinstance(op, Collective):
+            return f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(self.seq[rank, index][2])}"
+        return f"op #{index} {describe(op)}"
+
     def _stream(self, rank, stream, ops):
-        env = self.env
+        env, waiting, key = self.env, self.waiting, (rank, stream)
+        events = self.events[rank]
         for index, op in ops:
             start = env.now
-            self.waiting[rank, stream] = f"op #{index} {describe(op)}"
-            rec = OpRecord(rank, stream, index, op.kind, getattr(op, "name", "") or op.kind, start, start)
-            if isinstance(op, Compute):
+            if index is None:                   # a collective handed over and waited for at once (sim/inline.py)
+                yield from self._inline(rank, stream, op)
+                continue
+            waiting[key] = (index, op)
+            kind = type(op)
+            if kind is Compute:
+                rec = OpRecord(rank, stream, index, "compute", op.name or "compute", start, start)
                 seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
                 if self.cores:
                     yield from self.cores[self.cluster.node_of(rank)].run(seconds)
                 else:
                     yield env.timeout(seconds)
-            elif isinstance(op, Record):
-                ev = self.events[rank][op.event]
+            elif kind is Record:
+                rec = OpRecord(rank, stream, index, "record", op.event, start, start)
+                ev = events[op.event]
                 if not ev.triggered:
                     ev.succeed()
-                rec.name = op.event
-            elif isinstance(op, Wait):
-                rec.name = op.event
-                self.waiting[rank, stream] = f"wait for event {op.event!r} (op #{index})"
-                yield self.events[rank][op.event]
-            elif isinstance(op, Collective):
+            elif kind is Wait:
+                rec = OpRecord(rank, stream, index, "wait", op.event, start, start)
+                ev = events[op.event]
+                if ev.callbacks is not None:      # not yet processed (a processed one resumes at once anyway)
+                    yield ev
+            elif kind is Collective:
                 group = self.seq[rank, index][2]
-                self.waiting[rank, stream] = f"{describe(op)} #{self.seq[rank, index][1]} on group {_fmt(group)}"
                 launch, algorithm = yield from self._collective(rank, index, op)
-                rec.bytes, rec.op, rec.group, rec.launch, rec.algorithm = op.bytes, op.op, group, launch, algorithm
-                rec.name = op.name or op.op
+                rec = OpRecord(rank, stream, index, "collective", op.name or op.op, start, start, op.bytes, op.op,
+                               launch, group, algorithm)
             else:
                 launch = yield from self._p2p(rank, op)
-                rec.bytes, rec.launch, rec.peer = op.bytes, launch, op.peer
-                rec.name = op.name or op.kind
+                rec = OpRecord(rank, stream, index, op.kind, op.name or op.kind, start, start, op.bytes,
+                               launch=launch, peer=op.peer)
             rec.end = env.now
             self.records.append(rec)
-        self.waiting[rank, stream] = None
+        waiting[key] = None
+
+    def _inline(self, rank, stream, p):
+        """Run sim/inline.py's pattern in this (X's) process; the records the two processes would make."""
+        (ia, ra), (iwa, wa), (ic, c), (irb, rb), (iwb, wb) = p.record_a, p.wait_a, p.collective, p.record_b, p.wait_b
+        t_a, other = self.env.now, (rank, p.stream)
+        self.waiting[rank, stream] = (ic, c)
+        gid, _, group = self.seq[rank, ic]
+        reuse = self.classes and self.classes.arrivals[gid] == 1 and gid in self.classes.exclusive
+        hit = self.durations.get((c.op, c.bytes, c.algorithm, c.root, group)) if reuse else None
+        if hit is not None:                      # alone on links of its own: its known duration
+            seconds, algorithm, flows = hit
+            self.net.flows_done += flows
+            launch = t_a
+            yield self.env.timeout(seconds)
+        else:
+            launch, algorithm = yield from self._collective(rank, ic, c)
+        end = self.env.now
+        self.records += [OpRecord(rank, stream, ia, "record", ra.event, t_a, t_a),
+                         OpRecord(rank, p.stream, iwa, "wait", wa.event, self.clock.get(other, 0.0), t_a),
+                         OpRecord(rank, p.stream, ic, "collective", c.name or c.op, t_a, end, c.bytes, c.op, launch,
+                                  group, algorithm),
+                         OpRecord(rank, p.stream, irb, "record", rb.event, end, end),
+                         OpRecord(rank, stream, iwb, "wait", wb.event, t_a, end)]
+        self.clock[other] = end
 
     def _collective(self, rank, index, op: Collective):
         gid, n, group = self.seq[rank, index]
@@ -162,11 +225,13 @@ class _Simulation:
             rv = self.rendezvous[key] = {"op": op, "rank": rank, "arrived": 0, "done": self.env.event()}
         else:
             first = rv["op"]
-            if (first.op, first.bytes, first.root) != (op.op, op.bytes, op.root):
+            roots_differ = self.classes is None and first.root != op.root     # classes: roots are renamed
+            if (first.op, first.bytes) != (op.op, op.bytes) or roots_differ:
                 raise ConfigError(f"collective mismatch on group {_fmt(group)}, collective #{key[1]}: rank {rv['rank']} "
                                   f"calls {describe(first)}, rank {rank} calls {describe(op)}", "plan")
         rv["arrived"] += 1
-        if rv["arrived"] == (1 if self.sym else len(group)):      # symmetric: all members arrive together
+        # symmetric: the members of one class arrive together (sim/symmetry.py, sim/subgroups.py)
+        if rv["arrived"] == (1 if self.sym else self.classes.arrivals[gid] if self.classes else len(group)):
             del self.rendezvous[key]
             self.env.process(self._run_collective(rv, op, group))
         yield rv["done"]
@@ -176,6 +241,8 @@ class _Simulation:
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
+        if self.classes and self.classes.group_orbit[group] in self.classes.exclusive:
+            key = (op.op, op.bytes, op.algorithm, op.root, group)     # links of its own: reused (sim/subgroups.py)
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
@@ -183,13 +250,19 @@ class _Simulation:
             rv["done"].succeed()
             return
         flows = self.net.flows_done
-        algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
+        if self.classes:         # the flows of every simulated group of the orbit (sim/subgroups.py; no splits)
+            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.op, op.bytes, op.algorithm, op.root]
+            self.net.flows_done += extra
+            count = extra + sum(len(p) for p, _, _ in step_iter)      # the orbit's flows (others may end meanwhile)
+        else:
+            algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
         for pairs, sizes, latency in step_iter:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
-            self.durations[key] = (self.env.now - start, algorithm, self.net.flows_done - flows)
+            flows = count if self.classes else self.net.flows_done - flows
+            self.durations[key] = (self.env.now - start, algorithm, flows)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):
@@ -197,10 +270,13 @@ class _Simulation:
             pair, mine, theirs = (rank, op.peer), self.sends, self.recvs
         else:
             pair, mine, theirs = (op.peer, rank), self.recvs, self.sends
+        real = pair
+        if self.classes:         # a send meets the receive of the same pair orbit (sim/subgroups.py)
+            pair = self.classes.pair_orbit[pair]
         if theirs[pair]:
             other_op, slot = theirs[pair].popleft()
             if other_op.bytes != op.bytes:
-                raise ConfigError(f"send/recv mismatch between ranks {pair[0]} -> {pair[1]}: "
+                raise ConfigError(f"send/recv mismatch between ranks {real[0]} -> {real[1]}: "
                                   f"{describe(other_op)} meets {describe(op)}", "plan")
             self.env.process(self._run_p2p(pair, op.bytes, slot))
         else:
@@ -211,7 +287,11 @@ class _Simulation:
 
     def _run_p2p(self, pair, nbytes, slot):
         slot["launch"] = self.env.now
-        pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
+        if self.classes:
+            pairs, extra = self.classes.p2p[pair]
+            self.net.flows_done += extra
+        else:
+            pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
         yield self.net.transfer(pairs, float(nbytes))
         slot["done"].succeed()
 

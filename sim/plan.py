@@ -164,14 +164,35 @@ class Plan:
             raise ConfigError("a plan needs at least one rank", where)
         checked_groups: dict = {}
         checked_local: set = set()       # ids of rank-independent ops already checked (ranks share op objects)
+        checked_values: set = set()      # ops (with the rank where it matters) already checked
         same_everywhere = None           # a checked program whose every op is rank-independent
-        for r, ops in enumerate(self.ranks):
+        # a plan built from representatives (sim/relabel.py): the others are their renamings, valid as they are
+        ranks = getattr(self.ranks, "representatives", lambda: range(n))()
+        for r in ranks:
+            ops = self.ranks[r]
             if same_everywhere is not None and (ops is same_everywhere or ops == same_everywhere):
                 continue                 # the same ops as a checked rank (list ==: identical items compare fast)
             recorded: set = set()
             for i, op in enumerate(ops):
                 if id(op) not in checked_local:
-                    _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
+                    t = type(op)
+                    if (t is Record or t is Wait) and type(op.event) is str and op.event and type(op.stream) is str \
+                            and op.stream:
+                        pass                 # a well-formed event op (what _check_op checks of it)
+                    elif t is Compute or t is Collective or t is Send or t is Recv:
+                        same = (op, r) if t is not Compute else op      # equal ops (micro-batches): checked once
+                        try:
+                            seen = same in checked_values
+                        except TypeError:        # an unhashable field: _check_op names it
+                            seen = False
+                        if not seen:
+                            _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
+                            try:
+                                checked_values.add(same)
+                            except TypeError:
+                                pass
+                    else:
+                        _check_op(op, r, n, f"{where}: ranks[{r}][{i}]", checked_groups)
                     if isinstance(op, (Compute, Record, Wait)) or (isinstance(op, Collective) and op.group is None):
                         checked_local.add(id(op))
                 if isinstance(op, Record):

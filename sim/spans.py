@@ -21,5 +21,16 @@ def union_length(spans) -> float:
 
 
 def overlap(a, b) -> float:
-    """Seconds covered by both ``a`` and ``b`` (each a list of disjoint spans, e.g. from :func:`union`)."""
-    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+    """Seconds covered by both ``a`` and ``b`` (each a list of disjoint spans, e.g. from :func:`union`): the sum
+    of min(ends) - max(starts) over the pairs that intersect, found in one sweep over both sorted lists (the
+    pairs in the order a quadratic double loop adds them)."""
+    a, b = sorted(a), sorted(b)
+    total, j = 0.0, 0
+    for s1, e1 in a:
+        while j < len(b) and b[j][1] <= s1:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e1:
+            total += max(0.0, min(e1, b[k][1]) - max(s1, b[k][0]))
+            k += 1
+    return total

@@ -10,8 +10,9 @@ Wait are local, and a collective starts when all members have arrived and ends f
 every rank's records equal rank 0's. This holds on any fabric (also with degraded links): a whole-world
 collective's duration is one number shared by all its members.
 
-Left out (then the engine simulates every rank): collectives over sub-groups (TP x DP meshes: their ranks are
-symmetric only up to a permutation that maps the topology onto itself), pipelines (send/recv), stragglers.
+Left out here: collectives over sub-groups (TP x DP meshes: their ranks are symmetric only up to a renaming
+that maps the topology onto itself) and pipelines (send/recv): sim/subgroups.py takes those (classes of ranks,
+one representative each); stragglers, shared CPU cores and recorded transfers: every rank is simulated.
 
 Collective durations: when, in addition, every collective is issued on one stream, at most one collective is in
 flight at a time (the k+1-th cannot start before the k-th has ended for everyone), so the network carries

@@ -10,6 +10,7 @@ thread per channel.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -40,23 +41,51 @@ class OpRecord:
 
 
 class RankCopies(Sequence):
-    """The op records of ranks whose timelines are equal (sim/symmetry.py): one representative's records,
-    read as the records of every member, sorted by (rank, index). Nothing per member is stored: a record of
-    another member is made when it is read (a copy with its rank)."""
+    """The op records of ranks whose timelines are equal (sim/symmetry.py, sim/subgroups.py): the
+    representatives' records, read as the records of every member of their class, sorted by (rank, index).
+    ``rep_of`` is one representative for all ``members`` or a function rank -> its representative. Nothing per
+    member is stored: a member's record is made when it is read (a copy with its rank, and with its own group
+    and peer read from ``plan``, where collectives run over sub-groups)."""
 
-    def __init__(self, records: list[OpRecord], representative: int, members: range):
-        self.records, self.representative, self.members = records, representative, members
+    def __init__(self, records: list[OpRecord], rep_of, members: range, plan=None):
+        self.records, self.members, self.plan = records, members, plan
+        self.rep_of = (lambda r, q=rep_of: q) if isinstance(rep_of, int) else rep_of
+        self.by_rep: dict[int, list[OpRecord]] = {}
+        for o in records:
+            self.by_rep.setdefault(o.rank, []).append(o)
+        self._starts = None
 
     def for_rank(self, rank: int) -> list[OpRecord]:
         if rank not in self.members:
             return []
-        if rank == self.representative:
-            return list(self.records)
-        return [OpRecord(rank, o.stream, o.index, o.kind, o.name, o.start, o.end, o.bytes, o.op, o.launch,
-                         o.group, o.algorithm, o.peer) for o in self.records]
+        q = self.rep_of(rank)
+        mine = self.by_rep.get(q, [])
+        if rank == q:
+            return list(mine)
+        if self.plan is None:
+            return [OpRecord(rank, o.stream, o.index, o.kind, o.name, o.start, o.end, o.bytes, o.op, o.launch,
+                             o.group, o.algorithm, o.peer) for o in mine]
+        ops, out = self.plan.ranks[rank], []
+        for o in mine:
+            op = ops[o.index]
+            group = self.plan.group_of(op) if o.group is not None else None
+            peer = op.peer if o.peer is not None else None
+            out.append(OpRecord(rank, op.stream, o.index, o.kind, o.name, o.start, o.end, o.bytes, o.op, o.launch,
+                                group, o.algorithm, peer))
+        return out
+
+    def _offsets(self) -> list[int]:
+        """Where each member's records start in the sequence."""
+        if self._starts is None:
+            starts, total = [], 0
+            for r in self.members:
+                starts.append(total)
+                total += len(self.by_rep.get(self.rep_of(r), ()))
+            self._starts = starts + [total]
+        return self._starts
 
     def __len__(self) -> int:
-        return len(self.records) * len(self.members)
+        return self._offsets()[-1]
 
     def __iter__(self):
         for r in self.members:
@@ -65,13 +94,14 @@ class RankCopies(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return list(self)[i]
-        n = len(self.records)
         if not -len(self) <= i < len(self):
             raise IndexError("record index out of range")
-        rank_pos, k = divmod(i % len(self), n)
-        o = self.records[k]
-        r = self.members[rank_pos]
-        return o if r == self.representative else self.for_rank(r)[k]
+        i %= len(self)
+        starts = self._offsets()
+        pos = bisect_right(starts, i) - 1          # the last member starting at or before i (it has records)
+        r = self.members[pos]
+        k = i - starts[pos]
+        return self.by_rep[self.rep_of(r)][k] if r == self.rep_of(r) else self.for_rank(r)[k]
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)

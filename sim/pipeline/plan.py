@@ -148,11 +148,13 @@ def build_plan(model, spec: PipelineSpec, seconds: dict | None = None, name: str
 
 
 def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = None, name: str | None = None,
-                  p2p_bytes: int | None = None, overhead: float = 0.0, action_ops=None, grad_ops=None) -> Plan:
+                  p2p_bytes: int | None = None, overhead: float = 0.0, action_ops=None, grad_ops=None,
+                  only: list[int] | None = None) -> Plan:
     """The plan on ``mesh`` (dimension ``pp`` of size spec.stages, optionally ``dp`` of spec.data_parallel).
     ``p2p_bytes`` overrides the boundary tensor size (0 with a zero-latency fabric = free p2p). ``overhead``
     seconds of the runtime's own work follow each action on the compute stream, before its send (an op named
-    "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it).
+    "runtime": busy for the core, idle for the pipeline, as a measured timeline shows it). ``only``: build just
+    these ranks' programs (a plan of them, in that order, not validated: sim/relabel.py renames them).
     Hooks for parallelisms inside a stage (expert parallelism, sim/moe/plan.py): ``action_ops(action, global
     rank, overlapped B or None)`` -> the ops of an action instead of its one Compute (for an OVERLAP_F_B pair it
     is called at the F with its B, and the B adds nothing more); ``grad_ops(stage, global rank)`` -> the
@@ -242,7 +244,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
                 Send(peer, msg[2], dtype, msg[1], stream=f"send>{peer}")]
 
     ranks = []
-    for g in range(mesh.world_size):
+    for g in range(mesh.world_size) if only is None else only:
         r, peers = mesh.coords(g)["pp"], mesh.group_of(g, "pp")     # pipeline rank, global rank of each
         replicas = mesh.group_of(g, "dp") if "dp" in mesh else (g,)
         acts, ops = actions[r], []
@@ -286,4 +288,5 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
         meta["pipeline"]["overlap_f_b"] = [[f"{f};{b}" for f, b in rank] for rank in pairs]
     plan_name = name or (f"pipeline-{spec.schedule}-p{p}-m{m}" + (f"-v{v}" if v > 1 else "")
                          + (f"-d{D}" if D > 1 else ""))
-    return Plan(ranks, name=plan_name, meta=meta).validate()
+    plan = Plan(ranks, name=plan_name, meta=meta)
+    return plan if only is not None else plan.validate()

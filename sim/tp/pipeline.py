@@ -24,8 +24,10 @@ from distlab.sim.tp.rules import check_divides
 
 
 def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None, name: str | None = None,
-               where: str = "tp") -> Plan:
-    """The plan of one step on ``mesh`` (dims [dp,] pp, tp) under pipeline ``spec`` (see the module docstring)."""
+               where: str = "tp", cluster=None, only: list[int] | None = None) -> Plan:
+    """The plan of one step on ``mesh`` (dims [dp,] pp, tp) under pipeline ``spec`` (see the module docstring).
+    With ``cluster``, where its layout allows, only one rank per class is built and the others are renamings
+    of it (sim/relabel.py); ``only``: just these ranks (a plan of them, not validated)."""
     tp_opts = tp_opts or TPOptions()
     for dim in ("pp", "tp"):
         if dim not in mesh:
@@ -43,11 +45,16 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
                           f"same number of blocks); allowed pp: {allowed}", "mesh.pp")
     local = tp_local_model(model, tp)
     per_rank = boundary_bytes(model, 0) // (tp if tp_opts.sequence_parallel else 1)
-    base = pipeline_plan(local, mesh, spec, p2p_bytes=per_rank)
+    if cluster is not None and only is None:
+        from distlab.sim.relabel import pp_tp_shifts, relabelled
+        shifts = pp_tp_shifts(mesh, cluster)
+        if shifts is not None:
+            return relabelled(lambda reps: pp_tp_plan(model, mesh, spec, tp_opts, name, where, only=reps), shifts)
+    base = pipeline_plan(local, mesh, spec, p2p_bytes=per_rank, only=only)
     ranges = stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)
     names = [L.name for L in model.layers]
     ranks = []
-    for g, ops in enumerate(base.ranks):
+    for g, ops in zip(range(mesh.world_size) if only is None else only, base.ranks):
         p = _Program(mesh.group_of(g, "tp"), model.config["dtype"])
         seg = Segments(model, tp_opts, p)
         for op in ops:
@@ -67,4 +74,5 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
         ranks.append(p.ops)
     meta = {**base.meta, "builder": "pp_tp", "tp": tp, "sequence_parallel": tp_opts.sequence_parallel}
     mode = "tp-sp" if tp_opts.sequence_parallel else "tp"
-    return Plan(ranks, name=name or f"pp{spec.stages}-{mode}{tp}-{model.name}", meta=meta).validate()
+    plan = Plan(ranks, name=name or f"pp{spec.stages}-{mode}{tp}-{model.name}", meta=meta)
+    return plan if only is not None else plan.validate()

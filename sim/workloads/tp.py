@@ -30,7 +30,7 @@ def build(model, mesh, opts: TPOptions, cluster):
                           "is not built yet; allowed: dp_shard (and dp_replicate) with tp alone", "tp: mesh")
     if pp > 1 or "pp" in mesh and opts.microbatches > 1:    # pp 1 with m > 1: gradient accumulation
         spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
-        plan = pp_tp_plan(model, mesh, spec, opts)
+        plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
     elif dp_shard > 1 or "dp_replicate" in mesh:

@@ -1,0 +1,99 @@
+"""Plans of thousands of ranks built from their representatives: rank r's program is its representative's
+with every rank renamed by the shift of Γ (sim/equivariance.Shifts) that takes the representative to r
+(groups, peers, roots, per-peer stream names), made when it is read. Such a plan is Γ-equivariant by
+construction, so sim/subgroups.py takes its classes without comparing programs, and memory holds the
+representatives' programs only.
+
+A builder may use it only where the programs it would build are those renamings: tests/test_symmetry.py
+builds both ways and compares every rank's program (PP x TP x DP with a tp group per node).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from distlab.sim.equivariance import RANK_STREAM, Shifts
+from distlab.sim.plan import Collective, Plan, Recv, Send
+
+
+class RelabelledRanks(Sequence):
+    """``ranks[r]`` of a plan: the program of ``shifts.rep(r)`` renamed onto r (the last few kept)."""
+
+    def __init__(self, programs: dict[int, list], shifts: Shifts):
+        self.programs, self.shifts = programs, shifts
+        self.world_size = shifts.nodes * shifts.gpus
+        self._groups: dict = {}          # (id of a group, element) -> the renamed tuple, one per distinct group
+        self._recent: dict = {}
+
+    def representatives(self) -> list[int]:
+        return sorted(self.programs)
+
+    def __len__(self) -> int:
+        return self.world_size
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if not -len(self) <= r < len(self):
+            raise IndexError("rank out of range")
+        r %= len(self)
+        q = self.shifts.rep(r)
+        if r == q:
+            return self.programs[q]
+        ops = self._recent.get(r)
+        if ops is None:
+            if len(self._recent) >= 4:
+                self._recent.clear()
+            ops = self._recent[r] = self._renamed(self.programs[q], self.shifts.element(q, r))
+        return ops
+
+    def op_at(self, r: int, index: int):
+        """Op ``index`` of rank r's program, renamed alone (no whole program made)."""
+        q = self.shifts.rep(r)
+        op = self.programs[q][index]
+        return op if r == q else self._renamed([op], self.shifts.element(q, r))[0]
+
+    def _renamed(self, program: list, e) -> list:
+        f = self.shifts.apply
+        streams: dict = {}
+        out = []
+        for op in program:
+            stream = streams.get(op.stream)
+            if stream is None:
+                m = RANK_STREAM.fullmatch(op.stream)
+                stream = streams[op.stream] = m.group(1) + str(f(e, int(m.group(2)))) if m else op.stream
+            if isinstance(op, Collective):
+                group = None
+                if op.group is not None:
+                    key = (id(op.group), e)
+                    group = self._groups.get(key)
+                    if group is None:
+                        group = self._groups[key] = tuple(sorted(f(e, g) for g in op.group))
+                root = f(e, op.root) if op.op in ("broadcast", "reduce") else op.root
+                op = replace(op, group=group, root=root, stream=stream)
+            elif isinstance(op, (Send, Recv)):
+                op = replace(op, peer=f(e, op.peer), stream=stream)
+            elif stream != op.stream:
+                op = replace(op, stream=stream)
+            out.append(op)
+        return out
+
+
+def pp_tp_shifts(mesh, cluster) -> Shifts | None:
+    """PP x TP (x DP outermost) with one tp group per node: every pipeline replica (node shifts by pp nodes)
+    and every tp rank of a stage (local rotations by 1) run renamings of one program per stage; None for
+    other layouts (built rank by rank)."""
+    g = cluster.gpus_per_node
+    if mesh.names not in (("pp", "tp"), ("dp", "pp", "tp")) or mesh.size("tp") != g:
+        return None
+    if mesh.world_size != cluster.world_size or mesh.world_size < 2:
+        return None
+    return Shifts(cluster.nodes, g, mesh.size("pp"), 1)
+
+
+def relabelled(build_only, shifts: Shifts) -> Plan:
+    """The plan whose representatives' programs ``build_only(reps)`` builds (a plan of them, in order), every
+    other rank a renaming (RelabelledRanks); validated on the representatives."""
+    reps = sorted({shifts.rep(r) for r in range(shifts.nodes * shifts.gpus)})
+    part = build_only(reps)
+    return Plan(RelabelledRanks(dict(zip(reps, part.ranks)), shifts), name=part.name, meta=part.meta).validate()
