@@ -22,3 +22,4 @@ __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "T
            "world_sweep", "zero_bytes", "zero_table", "pipeline_measured_table", "pipeline_metrics",
            "pipeline_sweep_table", "pipeline_table", "pipeline_trace", "plot_bubble_sweep", "plot_pipeline"]
 from distlab.sim.lessons import bank_tp  # noqa: E402,F401  (registers lesson 09's exercises)
+from distlab.sim.lessons import bank_ep  # noqa: E402,F401  (registers lesson 10's experts exercises)
