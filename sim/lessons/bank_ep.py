@@ -70,9 +70,13 @@ def block_plan(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
                    name=f"deepseek-v3-block-ep{ep}", optimizer=False)
 
 
-@lru_cache(maxsize=32)
 def block_trace(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
     """The simulated block (cached: the notebook and its exercises ask for the same ones)."""
+    return _block_trace(ep, float(skew), node_limit)
+
+
+@lru_cache(maxsize=32)
+def _block_trace(ep: int, skew: float, node_limit: int | None):
     from distlab.sim.engine import simulate
     return simulate(block_plan(ep, skew, node_limit), _cluster(ep))
 
