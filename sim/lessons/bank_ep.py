@@ -132,7 +132,7 @@ def ib_share(node_limit: int | None = 4, ep: int = 64) -> float:
 def node_limit_rows(ep: int = 64) -> list[list]:
     """EP 64 across 8 nodes: [node limit, % of dispatch bytes over IB, dispatch ms, block fwd+bwd ms]."""
     out = []
-    for limit in (None, 4, 2, 1):
+    for limit in (None, 4, 1):
         trace = block_trace(ep, 0.0, limit)
         d = next(o for o in trace.for_rank(0) if o.kind == "collective" and "dispatch fwd" in o.name)
         out.append(["none" if limit is None else limit, round(ib_share(limit, ep), 1),
