@@ -24,3 +24,4 @@ __all__ = ["Verdict", "check", "exercises", "question", "solution", "Figure", "T
 from distlab.sim.lessons import bank_tp  # noqa: E402,F401  (registers lesson 09's exercises)
 from distlab.sim.lessons import bank_plan  # noqa: E402,F401  (registers lesson 11's exercises)
 from distlab.sim.lessons import bank_compute  # noqa: E402,F401  (registers lesson 13's exercises)
+from distlab.sim.lessons import bank_ep  # noqa: E402,F401  (registers lesson 10's experts exercises)
