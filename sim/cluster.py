@@ -27,6 +27,11 @@ class GPUSpec:
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
     arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
+    # (FLOPs of one GEMM = 2MNK, fraction of ``tflops`` reached), sorted by FLOPs; linear in log10(FLOPs),
+    # clamped at both ends (sim/compute.py). None = ``mfu`` for every GEMM. `distlab calibrate --compute` fits it.
+    gemm_efficiency: tuple[tuple[float, float], ...] | None = None
+    attention_efficiency: float | None = None   # fraction of ``tflops`` FlashAttention reaches
+    launch_s: float = 0.0         # kernel launch / per-op overhead
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Cluster:
     calibration: dict = field(default_factory=dict, compare=False, hash=False)
     cpu_cores: float | None = None  # cores per node shared by its ranks' compute (CPU ranks; fewer when other
     #                                 processes load the machine, runtime/load.py); None = one each
+    interference: float = 1.0       # compute slows by this factor while a collective is in flight on its rank
+    #                                 (NCCL kernels take SMs and HBM bandwidth; gloo's threads take cores); 1 = none
 
     @property
     def world_size(self) -> int:
@@ -85,10 +92,12 @@ class Cluster:
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-             "gpu": asdict(self.gpu), "intra_node": asdict(self.intra_node),
+             "gpu": _gpu_dict(self.gpu), "intra_node": asdict(self.intra_node),
              "inter_node": asdict(self.inter_node) if self.inter_node else None}
         if self.cpu_cores is not None:
             d["cpu_cores"] = self.cpu_cores
+        if self.interference != 1.0:
+            d["interference"] = self.interference
         if self.calibration:
             d["calibration"] = self.calibration
         return d
@@ -96,6 +105,17 @@ class Cluster:
     def to_yaml(self) -> str:
         import yaml
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _gpu_dict(gpu: GPUSpec) -> dict:
+    """The gpu section: the efficiency curve as [flops, fraction] lists; the compute-model fields only when set."""
+    d = asdict(gpu)
+    for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0)):
+        if d[key] == default:
+            del d[key]
+    if gpu.gemm_efficiency is not None:
+        d["gemm_efficiency"] = [[float(f), float(e)] for f, e in gpu.gemm_efficiency]
+    return d
 
 
 # --- presets ------------------------------------------------------------------------------------------------
@@ -171,6 +191,13 @@ PRESETS = {
                              IntraNode("loopback", 1.34, 100.0), None),
 }
 
+# Interference on GPUs: Lee et al., "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
+# Deep Learning: Performance and Power Implications", arXiv 2507.03114 (2025): GPT and LLaMA training on 4 x A100,
+# 4 x H100, MI250 and MI210: compute overlapped with communication runs 18.9% slower on average (40.0% at most)
+# than alone. Their average over GPUs and models; B200, GB200 and L40S were not measured: the same value.
+GPU_INTERFERENCE = 1.189
+PRESETS = {name: c if c.gpu.arch == "cpu" else replace(c, interference=GPU_INTERFERENCE) for name, c in PRESETS.items()}
+
 
 # --- loading -----------------------------------------------------------------------------------------------
 def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
@@ -226,7 +253,7 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
-                      d.get("cpu_cores"))
+                      d.get("cpu_cores"), d.get("interference", 1.0))
     return _validated(cluster, where)
 
 
@@ -258,6 +285,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
         _positive(c.cpu_cores, f"{where}: cpu_cores")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
+    c = replace(c, gpu=_checked_compute_model(c.gpu, f"{where}: gpu"))
+    _check_interference(c.interference, f"{where}: interference")
     if c.gpu.arch not in GPU_ARCHS:
         raise ConfigError(f"unknown arch {c.gpu.arch!r}; allowed: {', '.join(GPU_ARCHS)}", f"{where}: gpu.arch")
     if c.intra_node.kind not in INTRA_KINDS:
@@ -289,3 +318,37 @@ def _validated(c: Cluster, where: str) -> Cluster:
         raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking)",
                           f"{where}: inter_node.oversubscription")
     return c
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and abs(value) != float("inf")
+
+
+def _checked_compute_model(gpu: GPUSpec, where: str) -> GPUSpec:
+    """gemm_efficiency (a list of [flops, fraction] pairs, flops > 0 increasing, fraction in (0, 1]; stored as a
+    tuple of tuples), attention_efficiency in (0, 1] and launch_s in [0, 1) s."""
+    curve = gpu.gemm_efficiency
+    if curve is not None:
+        allowed = "allowed: a list of [flops, fraction] pairs, flops > 0 increasing, fraction in (0, 1]"
+        if not isinstance(curve, (list, tuple)) or not curve:
+            raise ConfigError(f"{curve!r} is not a curve; {allowed}", f"{where}.gemm_efficiency")
+        points = []
+        for i, point in enumerate(curve):
+            ok = isinstance(point, (list, tuple)) and len(point) == 2 and all(_number(v) for v in point)
+            if not ok or point[0] <= 0 or not 0 < point[1] <= 1 or (points and point[0] <= points[-1][0]):
+                raise ConfigError(f"point {i} {point!r} is malformed; {allowed}", f"{where}.gemm_efficiency")
+            points.append((float(point[0]), float(point[1])))
+        gpu = replace(gpu, gemm_efficiency=tuple(points))
+    att = gpu.attention_efficiency
+    if att is not None and not (_number(att) and 0 < att <= 1):
+        raise ConfigError(f"{att!r} must be a fraction in (0, 1]", f"{where}.attention_efficiency")
+    if not (_number(gpu.launch_s) and 0 <= gpu.launch_s < 1):
+        raise ConfigError(f"{gpu.launch_s!r} must be seconds in [0, 1)", f"{where}.launch_s")
+    return gpu
+
+
+def _check_interference(value, where: str) -> None:
+    if not (_number(value) and 1 <= value <= 100):
+        raise ConfigError(f"{value!r} must be a factor >= 1 (1 = compute does not slow while a collective runs; "
+                          "at most 100)", where)

@@ -6,7 +6,9 @@
 - Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
 - Compute takes ``seconds``, or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM bandwidth), times the
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
-  node's running compute ops share the cores for (sim.cores: processor sharing).
+  node's running compute ops share the cores for (sim.cores: processor sharing). While a collective is in
+  flight on a rank (from its launch to its end), that rank's compute runs ``cluster.interference`` times slower
+  (sim.cores: the factor, and why it does not count the core sharing twice).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -70,7 +72,11 @@ class _Simulation:
         self.ctx = Context(self.topo, protocol)
         self.protocols_used: set[str] = set()
         cores = cluster.cpu_cores
-        self.cores = [SharedCores(self.env, cores) for _ in range(cluster.nodes)] if cores else None
+        slow = cluster.interference
+        self.cores = [SharedCores(self.env, cores, slow) for _ in range(cluster.nodes)] if cores else None
+        no_cores = slow != 1 and not cores          # interference alone: each rank's own SharedCores
+        self.gpus = {r: SharedCores(self.env, None, slow) for r in self.simulated} if no_cores else None
+        self.members: dict = {}          # id(group) -> (group, its simulated members): interference
         self.records: list[OpRecord] = []
         self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
         self.events = [defaultdict(self.env.event) for _ in range(plan.world_size)]
@@ -126,8 +132,9 @@ class _Simulation:
             rec = OpRecord(rank, stream, index, op.kind, getattr(op, "name", "") or op.kind, start, start)
             if isinstance(op, Compute):
                 seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
-                if self.cores:
-                    yield from self.cores[self.cluster.node_of(rank)].run(seconds)
+                pool = self._pool(rank)
+                if pool:
+                    yield from pool.run(seconds, rank)
                 else:
                     yield env.timeout(seconds)
             elif isinstance(op, Record):
@@ -171,13 +178,32 @@ class _Simulation:
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
+    def _pool(self, rank):
+        """The SharedCores that times ``rank``'s compute: its node's cores, its own GPU (interference), or None."""
+        if self.cores:
+            return self.cores[self.cluster.node_of(rank)]
+        return self.gpus[rank] if self.gpus else None
+
+    def _communicating(self, group, delta: int) -> None:
+        """A collective on ``group`` starts (+1) or ends (-1): interference on its simulated members' compute."""
+        if self.cluster.interference == 1:
+            return
+        hit = self.members.get(id(group))           # groups are interned (_sequence_numbers): no tuple hashing
+        if hit is None or hit[0] is not group:
+            in_group = set(group)
+            hit = self.members[id(group)] = (group, [r for r in self.simulated if r in in_group])
+        for r in hit[1]:
+            self._pool(r).communicating(r, delta)
+
     def _run_collective(self, rv, op, group):
         rv["launch"] = start = self.env.now
+        self._communicating(group, +1)
         key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
+            self._communicating(group, -1)
             rv["done"].succeed()
             return
         flows = self.net.flows_done
@@ -188,6 +214,7 @@ class _Simulation:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
             self.durations[key] = (self.env.now - start, algorithm, self.net.flows_done - flows)
+        self._communicating(group, -1)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):
