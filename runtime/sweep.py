@@ -148,7 +148,7 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
 def sweep_task(ctx, payload: dict):
     """Worker target: the sweep (rank 0 keeps the rows so far after each round, and the final rows as each
     case's last round ends: partial = {"rounds", "rows", "final"}), then optionally compute
-    rates and a plan (runtime.executor.plan_task payload) in the same ranks."""
+    rates (with the interference of an all_reduce in flight) and a plan (runtime.executor.plan_task payload) in the same ranks."""
     dtype = payload.get("dtype", "float32")
     check_backend_dtype(dtype, ctx.backend, "--dtype")
 
@@ -163,6 +163,9 @@ def sweep_task(ctx, payload: dict):
     result = {"rows": rows, "backend": ctx.backend}
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
+        if ctx.world_size > 1:             # compute alone vs with an all_reduce in flight (runtime/compute_probe.py)
+            from distlab.runtime.compute_probe import measure_interference
+            result["compute"].update(measure_interference(ctx))
     if payload.get("plan"):
         from distlab.runtime.executor import plan_task
         result["plan"] = plan_task(ctx, payload["plan"])

@@ -101,3 +101,57 @@ def test_compute_model_fields_round_trip_through_yaml():
     assert c.gpu.gemm_efficiency == ((1e6, 0.2), (1e9, 0.9)) and c.gpu.launch_s == 5e-6
     assert c.interference == 1.3 and cluster_from_dict(yaml.safe_load(c.to_yaml())) == c
     assert "gemm_efficiency" not in CPU.to_dict()["gpu"] and "interference" not in CPU.to_dict()
+
+
+# --- bad input through the CLI: one line, exit 2 ----------------------------------------------------------
+def _cli(capsys, *argv):
+    from distlab.runtime.cli import main
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("interference", 0.5, ["interference", "must be a factor >= 1"]),
+    ("gemm_efficiency", [[1e9, 0.5], [1e6, 0.9]], ["gpu.gemm_efficiency", "point 1", "allowed"])])
+def test_cluster_file_with_bad_compute_fields_is_one_line(capsys, tmp_path, key, value, words):
+    import yaml
+    d = CPU.to_dict()
+    (d["gpu"] if key != "interference" else d)[key] = value
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(d))
+    err = _cli(capsys, "collective", "all_reduce", "--sizes", "1MiB", "--cluster", path)
+    assert all(w in err for w in words), err
+
+
+def test_bad_compute_budget_is_one_line(capsys):
+    err = _cli(capsys, "calibrate", "--compute", "--compute-budget", "0")
+    assert "--compute-budget" in err
+
+
+# --- the fit of calibrate --compute (runtime/compute_probe.py) on made-up timings -----------------------------
+def test_fit_gemms_peak_curve_and_model():
+    from distlab.runtime.compute_probe import efficiency_at, fit_gemms, model_time
+    launch, peak = 1e-6, 1e11
+    eff = {64: 0.25, 256: 0.8, 1024: 1.0}                      # square GEMMs: fraction of the peak
+    rows = [{"m": n, "n": n, "k": n, "kind": "square", "flops": 2.0 * n**3,
+             "time_s": launch + 2.0 * n**3 / (peak * e)} for n, e in eff.items()]
+    rows.append({"m": 8, "n": 1024, "k": 1024, "kind": "skinny", "flops": 2.0 * 8 * 1024**2,
+                 "time_s": launch + 2.0 * 8 * 1024**2 / (peak * 0.1)})
+    fit = fit_gemms({"dtype": "float32", "launch_s": launch, "copy_Bps": 1e10, "gemms": rows})
+    assert fit["tflops"] == approx(peak / 1e12) and fit["launch_s"] == launch and fit["hbm_GBps"] == 10
+    assert fit["gemm_efficiency"] == tuple((2.0 * n**3, approx(e)) for n, e in eff.items())
+    for r in rows[:3]:                                          # the curve reproduces the square shapes
+        assert r["model_error"] == approx(0, abs=1e-3)
+    # linear in log10(FLOPs) between points, clamped at both ends
+    (f0, e0), (f1, e1) = fit["gemm_efficiency"][:2]
+    assert efficiency_at(fit["gemm_efficiency"], (f0 * f1) ** 0.5) == approx((e0 + e1) / 2)
+    assert efficiency_at(fit["gemm_efficiency"], 1.0) == approx(0.25)
+    assert efficiency_at(fit["gemm_efficiency"], 1e15) == approx(1.0)
+    skinny = rows[3]         # 8 x 1024 x 1024 = 1.7e7 FLOPs: the curve says 0.8 x ..., bytes 4.2 MB / 10 GB/s
+    bytes_s = (8 * 1024 * 2 + 1024**2) * 4 / 1e10
+    assert skinny["model_time_s"] == approx(model_time(8, 1024, 1024, 4, fit))
+    assert skinny["model_time_s"] == approx(launch + max(skinny["flops"] / (peak * skinny["curve_efficiency"]),
+                                                         bytes_s))
+    assert skinny["efficiency"] == approx(0.1, rel=1e-3) and skinny["model_error"] < -0.5   # reported, not hidden

@@ -103,9 +103,18 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     from distlab.sim.engine import simulate_collective
     out = tmp_path / "c.yaml"
     rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
-                          "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out))
+                          "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out), "--compute", "--compute-budget",
+                          "0.3", "--plot", str(tmp_path / "curve.png"))
     assert rc == 0, err
     cluster = load_cluster(str(out))
+    # --compute (runtime/compute_probe.py): the schema's fields, measured; interference from the ranks
+    curve = cluster.gpu.gemm_efficiency
+    assert len(curve) >= 5 and max(e for _, e in curve) <= 1 and 0 < cluster.gpu.launch_s < 1e-3
+    assert cluster.interference >= 1 and "interference: compute x" in stdout and "model error" in stdout
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute, Plan
+    assert simulate(Plan([[Compute(name="mm", flops=1e9)]] * 2), cluster).makespan > 0
     assert set(cluster.calibration["collectives"]) == {"all_reduce", "all_gather"}
     fit = cluster.calibration["collectives"]["all_reduce"]["2"]
     assert fit["bandwidth_GBps"] > 0 and fit["latency_us"] >= 0
