@@ -22,7 +22,6 @@ the ratio holds only what the communication takes (gloo's threads on CPU; NCCL's
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 LAUNCH_BOUND = 4          # a GEMM this many times longer than the per-op overhead may set the peak rate
@@ -131,63 +130,96 @@ def efficiency_at(curve, flops: float) -> float:
     return pts[-1][1]
 
 
-def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.04, rounds: int = 5) -> dict:
-    """{"interference", "interference_spread", "interference_rounds"}: see the module docstring. ``nbytes``: the
-    all_reduce's size (the overlap plan's, runtime/validation.py); ``window_s``: the all_reduces' time per round."""
-    import torch
-    import torch.distributed as dist
+class InterferenceProbe:
+    """Inside the ranks: ``round()`` = every rank runs matmuls for ``window_s`` alone, then while a second thread
+    issues all_reduces of ``nbytes`` back to back on their own process group (the same count on every rank, from
+    rank 0's timing of a few); it keeps this rank's rate alone (FLOP/s) and the ratio alone / during (matmuls that
+    start and end while the all_reduces run). ``result()`` gathers every rank's rounds."""
 
-    from distlab.runtime import robust
-    from distlab.runtime.compute import Matmuls
-    group = dist.new_group(list(range(ctx.world_size)))
-    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
-    mm = Matmuls(ctx.device)
-    sync = _timer(ctx.device)
-    dist.all_reduce(buf, group=group)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        dist.all_reduce(buf, group=group)
-    sync()
-    probe = [max((time.perf_counter() - t0) / 3, 1e-5)]
-    dist.broadcast_object_list(probe, src=0)              # every rank issues the same number of all_reduces
-    count = max(2, round(window_s / probe[0]))
-    one = mm.measure(0.02)
+    def __init__(self, ctx, nbytes: int = 4 * 2**20, window_s: float = 0.04):
+        import torch
+        import torch.distributed as dist
 
-    def matmuls(until, ends):
+        from distlab.runtime.compute import Matmuls
+        self.ctx, self.nbytes, self.window_s = ctx, nbytes, window_s
+        self.group = dist.new_group(list(range(ctx.world_size)))
+        self.buf = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
+        self.mm = Matmuls(ctx.device)
+        self.sync = _timer(ctx.device)
+        self._all_reduce()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            self._all_reduce()
+        probe = [max((time.perf_counter() - t0) / 3, 1e-5)]
+        dist.broadcast_object_list(probe, src=0)          # every rank issues the same number of all_reduces
+        self.count = max(2, round(window_s / probe[0]))
+        self.mm.run(1)
+        self.rates: list[float] = []
+        self.ratios: list[float] = []
+
+    def _all_reduce(self) -> None:
+        import torch.distributed as dist
+        dist.all_reduce(self.buf, group=self.group)
+        self.sync()
+
+    def _matmuls(self, until) -> list[float]:
+        ends = [time.perf_counter()]
         while not until():
-            mm.run(1)
-            sync()
+            self.mm.run(1)
+            self.sync()
             ends.append(time.perf_counter())
+        return ends
 
-    ratios = []
-    for _ in range(rounds):
+    def round(self) -> None:
+        import threading
+
+        import torch.distributed as dist
         dist.barrier()
-        ends, start = [], time.perf_counter()
-        matmuls(lambda: time.perf_counter() - start > window_s, ends)
-        alone = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 else 1 / one
+        start = time.perf_counter()
+        ends = self._matmuls(lambda: time.perf_counter() - start > self.window_s)
+        alone = (len(ends) - 1) / (ends[-1] - ends[0])
         dist.barrier()
-        window, ends, done = [], [], threading.Event()
+        window, done = [], threading.Event()
 
         def comm():
             window.append(time.perf_counter())
-            for _ in range(count):
-                dist.all_reduce(buf, group=group)
-            sync()
+            for _ in range(self.count):
+                self._all_reduce()
             window.append(time.perf_counter())
             done.set()
         thread = threading.Thread(target=comm, daemon=True)
         thread.start()
-        matmuls(done.is_set, ends)
+        ends = self._matmuls(done.is_set)
         thread.join()
         inside = [t for t in ends if window[0] <= t <= window[1]]
         during = (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) > 1 else 1 / (window[1] - window[0])
-        ratios.append(alone / during)
-    every = [None] * ctx.world_size
-    dist.all_gather_object(every, ratios)
-    flat = [r for rs in every for r in rs]
-    return {"interference": max(1.0, robust.center(flat)), "interference_spread": robust.spread(flat),
-            "interference_rounds": len(flat), "interference_bytes": nbytes}
+        self.rates.append(alone * self.mm.flops_per_iter)
+        self.ratios.append(alone / during)
+
+    def result(self) -> dict:
+        """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes}:
+        robust centers (runtime/robust.py) over every rank's rounds."""
+        import torch.distributed as dist
+
+        from distlab.runtime import robust
+        every = [None] * self.ctx.world_size
+        dist.all_gather_object(every, (self.rates, self.ratios))
+        rates = [x for r, _ in every for x in r]
+        ratios = [x for _, q in every for x in q]
+        return {"flops_per_s": robust.center(rates), "interference": max(1.0, robust.center(ratios)),
+                "interference_spread": robust.spread(ratios), "interference_rounds": len(ratios),
+                "interference_bytes": self.nbytes}
+
+
+def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.04, rounds: int = 5) -> dict:
+    """``rounds`` rounds of InterferenceProbe: {"interference", "interference_spread", "interference_rounds",
+    "interference_bytes"}; ``nbytes``: the all_reduce's size (the overlap plan's, runtime/validation.py)."""
+    probe = InterferenceProbe(ctx, nbytes, window_s)
+    for _ in range(rounds):
+        probe.round()
+    out = probe.result()
+    del out["flops_per_s"]
+    return out
 
 
 def measure_here(backend: str, threads: int, budget_s: float) -> dict:
