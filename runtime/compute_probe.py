@@ -3,17 +3,19 @@ and the interference of a collective in flight.
 
 ``gemm_sweep``: GEMMs of many shapes (small, skinny, large; float32 on CPU, bfloat16 on CUDA), each timed in
 blocks of back-to-back calls (CUDA-synchronised per block), plus the time of a 1 x 1 x 1 GEMM (the per-op
-overhead ``launch_s``) and a copy's bandwidth (read + write, as runtime/compute.py counts it). ``fit_gemms``: what the
-shared compute schema asks for (sim/cluster.py GPUSpec; sim/compute.py's gemm_time = launch_s + max(2MNK /
-(tflops x eff(2MNK)), bytes / HBM)): a GEMM's rate = 2MNK / (t - launch_s) (the overhead taking at most half of
-t); ``tflops`` = the best rate of the GEMMs that last at least LAUNCH_BOUND x launch_s (shorter ones are mostly
-overhead, their net time too uncertain to set the peak), each shape's efficiency = its rate / that (at most 1); the curve = the square shapes' efficiencies at their FLOPs (a curve in
-FLOPs alone cannot tell shapes apart, so it holds the compute-bound kind, and a skinny GEMM's extra cost is left
-to the model's bytes / HBM term), interpolated linearly in log10(FLOPs) and clamped at both ends
-(``efficiency_at``, as the schema says). Every shape is then predicted by that model (``model_time``) and its
-error reported, so how well one curve covers skinny shapes is measured, not assumed.
+overhead ``launch_s``) and a copy's bandwidth (read + write, as runtime/compute.py counts it).
 
-``measure_interference`` (inside the ranks): every rank runs the same matmuls, first alone, then while a second
+``fit_gemms``: what the shared compute schema asks for (sim/cluster.py GPUSpec; sim/compute.py's gemm_time =
+launch_s + max(2MNK / (tflops x eff(2MNK)), (MK + KN + MN) x bytes / HBM)). A GEMM's rate = 2MNK / (t -
+launch_s) (the overhead taking at most half of t); ``tflops`` = the best rate of the GEMMs lasting at least
+LAUNCH_BOUND x launch_s (shorter ones are mostly overhead, too uncertain to set the peak); a shape's efficiency =
+its rate / that (at most 1). The curve = the square shapes' efficiencies at their FLOPs: a curve in FLOPs alone
+cannot tell shapes apart, so it holds the compute-bound kind, and a skinny GEMM's extra cost is left to the
+bytes / HBM term; interpolated linearly in log10(FLOPs), clamped at both ends (``efficiency_at``, the schema's
+rule). Every shape is then predicted by that model (``model_time``) and its error reported, so how well one
+curve covers skinny shapes is measured, not assumed.
+
+``InterferenceProbe`` (inside the ranks): every rank runs the same matmuls, first alone, then while a second
 thread issues all_reduces back to back on their own process group; interference = rate alone / rate during
 (matmuls that start and end while the all_reduces run), the robust center over rounds (runtime/robust.py).
 Every rank computes in both, so the sharing of cores between the ranks (sim/cores.py) is in both rates and
@@ -145,7 +147,8 @@ class InterferenceProbe:
         self.group = dist.new_group(list(range(ctx.world_size)))
         self.buf = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
         self.mm = Matmuls(ctx.device)
-        self.sync = _timer(ctx.device)
+        cuda = ctx.device.type == "cuda"      # GPU: compute and all_reduces on streams of their own, each waited
+        self.streams = [torch.cuda.Stream(ctx.device) for _ in range(2)] if cuda else None   # for alone
         self._all_reduce()
         t0 = time.perf_counter()
         for _ in range(3):
@@ -153,20 +156,28 @@ class InterferenceProbe:
         probe = [max((time.perf_counter() - t0) / 3, 1e-5)]
         dist.broadcast_object_list(probe, src=0)          # every rank issues the same number of all_reduces
         self.count = max(2, round(window_s / probe[0]))
-        self.mm.run(1)
+        self._on(0, lambda: self.mm.run(1))
         self.rates: list[float] = []
         self.ratios: list[float] = []
 
+    def _on(self, i: int, fn) -> None:
+        """``fn()`` on stream ``i`` (0 compute, 1 communication) and wait for that stream only (CPU: just fn())."""
+        if self.streams is None:
+            fn()
+            return
+        import torch
+        with torch.cuda.stream(self.streams[i]):
+            fn()
+        self.streams[i].synchronize()
+
     def _all_reduce(self) -> None:
         import torch.distributed as dist
-        dist.all_reduce(self.buf, group=self.group)
-        self.sync()
+        self._on(1, lambda: dist.all_reduce(self.buf, group=self.group))
 
     def _matmuls(self, until) -> list[float]:
         ends = [time.perf_counter()]
         while not until():
-            self.mm.run(1)
-            self.sync()
+            self._on(0, lambda: self.mm.run(1))
             ends.append(time.perf_counter())
         return ends
 
