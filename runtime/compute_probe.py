@@ -17,7 +17,8 @@ curve covers skinny shapes is measured, not assumed.
 
 ``InterferenceProbe`` (inside the ranks): every rank runs the same matmuls, first alone, then while a second
 thread issues all_reduces back to back on their own process group; interference = rate alone / rate during
-(matmuls that start and end while the all_reduces run), the robust center over rounds (runtime/robust.py).
+(matmuls that start and end while the all_reduces run; per round the slowest rank's, since ranks that meet in
+collectives wait for it), the robust center over rounds (runtime/robust.py).
 Every rank computes in both, so the sharing of cores between the ranks (sim/cores.py) is in both rates and
 the ratio holds only what the communication takes (gloo's threads on CPU; NCCL's SMs and HBM on GPUs).
 """
@@ -79,14 +80,17 @@ def gemm_sweep(device: str = "cpu", shapes=None, budget_s: float = 2.0, rounds: 
     mm.measure_copy(64 * 2**20 if dev.type == "cuda" else 32 * 2**20)
     calls.append(lambda: mm._dst.copy_(mm._src))
     per_block = budget_s * 0.9 / rounds / len(calls)
-    repeats = [max(1, int(per_block / _call_time(fn, sync))) for fn in calls]     # the first call warms up
+    for fn in calls:                                  # warm-up: first-call allocations and dispatch
+        _call_time(fn, sync)
+    repeats = [max(1, int(per_block / _call_time(fn, sync))) for fn in calls]
     best = [float("inf")] * len(calls)
     for _ in range(rounds):
         for i, fn in enumerate(calls):
             best[i] = min(best[i], _call_time(lambda: [fn() for _ in range(repeats[i])], sync) / repeats[i])
     rows = [{"m": m, "n": n, "k": k, "kind": shape_kind(m, n, k), "flops": 2.0 * m * n * k, "time_s": t}
             for (m, n, k), t in zip(shapes, best[1:-1])]
-    return {"device": dev.type, "dtype": str(dtype).replace("torch.", ""), "launch_s": best[0],
+    launch = min(best[:-1])              # the overhead cannot be longer than any GEMM (noise)
+    return {"device": dev.type, "dtype": str(dtype).replace("torch.", ""), "launch_s": launch,
             "copy_Bps": 2 * mm._src.numel() * 4 / best[-1], "gemms": rows}
 
 
@@ -136,7 +140,9 @@ class InterferenceProbe:
     """Inside the ranks: ``round()`` = every rank runs matmuls for ``window_s`` alone, then while a second thread
     issues all_reduces of ``nbytes`` back to back on their own process group (the same count on every rank, from
     rank 0's timing of a few); it keeps this rank's rate alone (FLOP/s) and the ratio alone / during (matmuls that
-    start and end while the all_reduces run). ``result()`` gathers every rank's rounds."""
+    start and end while the all_reduces run). ``result()`` gathers every rank's rounds and, per round, takes the
+    slowest rank's rates (as runtime/sweep.py's measure_compute does: ranks that meet in collectives wait for
+    the slowest), then the robust center over the rounds."""
 
     def __init__(self, ctx, nbytes: int = 4 * 2**20, window_s: float = 0.04):
         import torch
@@ -157,8 +163,8 @@ class InterferenceProbe:
         dist.broadcast_object_list(probe, src=0)          # every rank issues the same number of all_reduces
         self.count = max(2, round(window_s / probe[0]))
         self._on(0, lambda: self.mm.run(1))
-        self.rates: list[float] = []
-        self.ratios: list[float] = []
+        self.alone: list[float] = []         # matmuls per second, per round
+        self.during: list[float] = []
 
     def _on(self, i: int, fn) -> None:
         """``fn()`` on stream ``i`` (0 compute, 1 communication) and wait for that stream only (CPU: just fn())."""
@@ -204,8 +210,8 @@ class InterferenceProbe:
         thread.join()
         inside = [t for t in ends if window[0] <= t <= window[1]]
         during = (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) > 1 else 1 / (window[1] - window[0])
-        self.rates.append(alone * self.mm.flops_per_iter)
-        self.ratios.append(alone / during)
+        self.alone.append(alone)
+        self.during.append(during)
 
     def result(self) -> dict:
         """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes}:
@@ -214,15 +220,17 @@ class InterferenceProbe:
 
         from distlab.runtime import robust
         every = [None] * self.ctx.world_size
-        dist.all_gather_object(every, (self.rates, self.ratios))
-        rates = [x for r, _ in every for x in r]
-        ratios = [x for _, q in every for x in q]
-        return {"flops_per_s": robust.center(rates), "interference": max(1.0, robust.center(ratios)),
+        dist.all_gather_object(every, (self.alone, self.during))
+        alone = [min(a[j] for a, _ in every) for j in range(len(self.alone))]
+        during = [min(d[j] for _, d in every) for j in range(len(self.during))]
+        ratios = [a / d for a, d in zip(alone, during)]
+        return {"flops_per_s": robust.center(alone) * self.mm.flops_per_iter,
+                "interference": max(1.0, robust.center(ratios)),
                 "interference_spread": robust.spread(ratios), "interference_rounds": len(ratios),
                 "interference_bytes": self.nbytes}
 
 
-def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.04, rounds: int = 5) -> dict:
+def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.03, rounds: int = 4) -> dict:
     """``rounds`` rounds of InterferenceProbe: {"interference", "interference_spread", "interference_rounds",
     "interference_bytes"}; ``nbytes``: the all_reduce's size (the overlap plan's, runtime/validation.py)."""
     probe = InterferenceProbe(ctx, nbytes, window_s)
