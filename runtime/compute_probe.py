@@ -56,7 +56,7 @@ def _call_time(fn, sync) -> float:
     return max(time.perf_counter() - t0, 1e-7)
 
 
-def gemm_sweep(device: str = "cpu", shapes=None, budget_s: float = 2.0, rounds: int = 9) -> dict:
+def gemm_sweep(device: str = "cpu", shapes=None, budget_s: float = 2.0, rounds: int = 7) -> dict:
     """{"device", "dtype", "launch_s", "copy_Bps", "gemms": [{m, n, k, kind, flops, time_s}]}. Rounds interleave
     the shapes (each round times one block of back-to-back calls per shape, blocks sized to ``budget_s`` in all)
     and a shape's time is its fastest round: a burst of load from other processes spreads over all shapes and

@@ -168,8 +168,10 @@ def sweep_task(ctx, payload: dict):
         result["compute"] = measure_compute(ctx)
         if ctx.world_size > 1:             # compute alone vs with an all_reduce in flight (runtime/compute_probe.py)
             from distlab.runtime.compute_probe import InterferenceProbe, measure_interference
-            result["compute"].update(measure_interference(ctx))
-            probe = InterferenceProbe(ctx) if payload.get("plan") else None
+            if payload.get("plan"):        # measured between the plan's runs instead (below)
+                probe = InterferenceProbe(ctx)
+            else:
+                result["compute"].update(measure_interference(ctx))
     if payload.get("plan"):
         from distlab.runtime.executor import plan_task
         result["plan"] = plan_task(ctx, payload["plan"], between=probe.round if probe else None)
