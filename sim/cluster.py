@@ -27,11 +27,10 @@ class GPUSpec:
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
     arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
-    # (FLOPs of one GEMM = 2MNK, fraction of ``tflops`` reached), sorted by FLOPs; linear in log10(FLOPs),
-    # clamped at both ends (sim/compute.py). None = ``mfu`` for every GEMM. `distlab calibrate --compute` fits it.
-    gemm_efficiency: tuple[tuple[float, float], ...] | None = None
-    attention_efficiency: float | None = None   # fraction of ``tflops`` FlashAttention reaches
-    launch_s: float = 0.0         # kernel launch / per-op overhead
+    # The per-op compute model (sim/compute.py); the defaults keep the flat roofline above:
+    gemm_efficiency: tuple[tuple[float, float], ...] | None = None   # (FLOPs of one GEMM, fraction of tflops)
+    attention_efficiency: float | None = None   # fraction of tflops FlashAttention reaches
+    launch_s: float = 0.0                       # per op the host dispatches or kernel it launches (sim/compute.py)
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class Cluster:
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-             "gpu": _gpu_dict(self.gpu), "intra_node": asdict(self.intra_node),
+             "gpu": gpu_to_dict(self.gpu), "intra_node": asdict(self.intra_node),
              "inter_node": asdict(self.inter_node) if self.inter_node else None}
         if self.cpu_cores is not None:
             d["cpu_cores"] = self.cpu_cores
@@ -107,14 +106,15 @@ class Cluster:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def _gpu_dict(gpu: GPUSpec) -> dict:
-    """The gpu section: the efficiency curve as [flops, fraction] lists; the compute-model fields only when set."""
+def gpu_to_dict(gpu: GPUSpec) -> dict:
+    """The gpu section of a cluster file; the compute-model fields only where they differ from the defaults
+    (older files and outputs stay as they were), the curve as a list of [flops, fraction] pairs."""
     d = asdict(gpu)
     for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0)):
         if d[key] == default:
             del d[key]
-    if gpu.gemm_efficiency is not None:
-        d["gemm_efficiency"] = [[float(f), float(e)] for f, e in gpu.gemm_efficiency]
+    if "gemm_efficiency" in d:
+        d["gemm_efficiency"] = [[float(f), float(e)] for f, e in d["gemm_efficiency"]]
     return d
 
 
@@ -196,7 +196,8 @@ PRESETS = {
 # 4 x H100, MI250 and MI210: compute overlapped with communication runs 18.9% slower on average (40.0% at most)
 # than alone. Their average over GPUs and models; B200, GB200 and L40S were not measured: the same value.
 GPU_INTERFERENCE = 1.189
-PRESETS = {name: c if c.gpu.arch == "cpu" else replace(c, interference=GPU_INTERFERENCE) for name, c in PRESETS.items()}
+PRESETS = {name: c if c.gpu.arch == "cpu" else replace(c, interference=GPU_INTERFERENCE)
+           for name, c in PRESETS.items()}
 
 
 # --- loading -----------------------------------------------------------------------------------------------
@@ -243,6 +244,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     else:
         g = _fields_of(GPUSpec, gpu, f"{where}: gpu")
         g.setdefault("name", "custom")
+        if isinstance(g.get("gemm_efficiency"), list):
+            g["gemm_efficiency"] = tuple(tuple(p) if isinstance(p, list) else p for p in g["gemm_efficiency"])
         gpu = _construct(GPUSpec, g, f"{where}: gpu")
     intra = _construct(IntraNode, _fields_of(IntraNode, d["intra_node"], f"{where}: intra_node"),
                        f"{where}: intra_node")
@@ -275,6 +278,12 @@ def _positive(value, where: str, integer: bool = False, allow_zero: bool = False
         raise ConfigError(f"{value!r} is out of range: use a value between 1e-06 and 1e+09", where)
 
 
+def _check_interference(value, where: str) -> None:
+    if not (_is_number(value) and 1 <= value <= 100):
+        raise ConfigError(f"{value!r} must be a factor >= 1 (1 = compute does not slow while a collective runs; "
+                          "at most 100)", where)
+
+
 def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.nodes, f"{where}: nodes", integer=True)
     _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
@@ -283,10 +292,10 @@ def _validated(c: Cluster, where: str) -> Cluster:
                           f"(at most {MAX_RANKS} ranks)", where)
     if c.cpu_cores is not None:
         _positive(c.cpu_cores, f"{where}: cpu_cores")
+    _check_interference(c.interference, f"{where}: interference")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
-    c = replace(c, gpu=_checked_compute_model(c.gpu, f"{where}: gpu"))
-    _check_interference(c.interference, f"{where}: interference")
+    _check_compute_model(c.gpu, f"{where}: gpu")
     if c.gpu.arch not in GPU_ARCHS:
         raise ConfigError(f"unknown arch {c.gpu.arch!r}; allowed: {', '.join(GPU_ARCHS)}", f"{where}: gpu.arch")
     if c.intra_node.kind not in INTRA_KINDS:
@@ -320,35 +329,23 @@ def _validated(c: Cluster, where: str) -> Cluster:
     return c
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and abs(value) != float("inf")
-
-
-def _checked_compute_model(gpu: GPUSpec, where: str) -> GPUSpec:
-    """gemm_efficiency (a list of [flops, fraction] pairs, flops > 0 increasing, fraction in (0, 1]; stored as a
-    tuple of tuples), attention_efficiency in (0, 1] and launch_s in [0, 1) s."""
+def _check_compute_model(gpu: GPUSpec, where: str) -> None:
+    """gemm_efficiency: (flops, fraction) pairs, flops > 0 strictly increasing, fraction in (0, 1];
+    attention_efficiency in (0, 1]; launch_s >= 0 (sim/compute.py)."""
     curve = gpu.gemm_efficiency
     if curve is not None:
-        allowed = "allowed: a list of [flops, fraction] pairs, flops > 0 increasing, fraction in (0, 1]"
-        if not isinstance(curve, (list, tuple)) or not curve:
-            raise ConfigError(f"{curve!r} is not a curve; {allowed}", f"{where}.gemm_efficiency")
-        points = []
-        for i, point in enumerate(curve):
-            ok = isinstance(point, (list, tuple)) and len(point) == 2 and all(_number(v) for v in point)
-            if not ok or point[0] <= 0 or not 0 < point[1] <= 1 or (points and point[0] <= points[-1][0]):
-                raise ConfigError(f"point {i} {point!r} is malformed; {allowed}", f"{where}.gemm_efficiency")
-            points.append((float(point[0]), float(point[1])))
-        gpu = replace(gpu, gemm_efficiency=tuple(points))
-    att = gpu.attention_efficiency
-    if att is not None and not (_number(att) and 0 < att <= 1):
-        raise ConfigError(f"{att!r} must be a fraction in (0, 1]", f"{where}.attention_efficiency")
-    if not (_number(gpu.launch_s) and 0 <= gpu.launch_s < 1):
-        raise ConfigError(f"{gpu.launch_s!r} must be seconds in [0, 1)", f"{where}.launch_s")
-    return gpu
+        ok = isinstance(curve, tuple) and len(curve) >= 1 and all(
+            isinstance(p, tuple) and len(p) == 2 and all(_is_number(x) for x in p) for p in curve)
+        if not ok or any(f <= 0 or not 0 < e <= 1 for f, e in curve) or any(
+                a[0] >= b[0] for a, b in zip(curve, curve[1:])):
+            raise ConfigError(f"{curve!r} must be a list of [flops, fraction] pairs, flops > 0 increasing, "
+                              "fraction in (0, 1]", f"{where}.gemm_efficiency")
+    a = gpu.attention_efficiency
+    if a is not None and (not _is_number(a) or not 0 < a <= 1):
+        raise ConfigError(f"{a!r} must be a number in (0, 1]", f"{where}.attention_efficiency")
+    if not _is_number(gpu.launch_s) or not 0 <= gpu.launch_s < 1:
+        raise ConfigError(f"{gpu.launch_s!r} must be a number of seconds in [0, 1)", f"{where}.launch_s")
 
 
-def _check_interference(value, where: str) -> None:
-    if not (_number(value) and 1 <= value <= 100):
-        raise ConfigError(f"{value!r} must be a factor >= 1 (1 = compute does not slow while a collective runs; "
-                          "at most 100)", where)
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")

@@ -196,8 +196,8 @@ class _Simulation:
             self._pool(r).communicating(r, delta)
 
     def _run_collective(self, rv, op, group):
-        rv["launch"] = start = self.env.now
         self._communicating(group, +1)
+        rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group) if self.sym and self.sym.repeat_collectives else None
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]

@@ -89,7 +89,7 @@ def test_malformed_efficiency_curve_is_refused(curve):
     d["gpu"]["gemm_efficiency"] = curve
     with pytest.raises(ConfigError) as e:
         cluster_from_dict(d, where="c.yaml")
-    assert e.value.where == "c.yaml: gpu.gemm_efficiency" and "allowed" in str(e.value)
+    assert e.value.where == "c.yaml: gpu.gemm_efficiency" and "fraction in (0, 1]" in str(e.value)
 
 
 def test_compute_model_fields_round_trip_through_yaml():
@@ -114,7 +114,7 @@ def _cli(capsys, *argv):
 
 @pytest.mark.parametrize("key, value, words", [
     ("interference", 0.5, ["interference", "must be a factor >= 1"]),
-    ("gemm_efficiency", [[1e9, 0.5], [1e6, 0.9]], ["gpu.gemm_efficiency", "point 1", "allowed"])])
+    ("gemm_efficiency", [[1e9, 0.5], [1e6, 0.9]], ["gpu.gemm_efficiency", "flops > 0 increasing"])])
 def test_cluster_file_with_bad_compute_fields_is_one_line(capsys, tmp_path, key, value, words):
     import yaml
     d = CPU.to_dict()
