@@ -196,9 +196,10 @@ def _run_threads(streams: dict, partial: dict, events: _Events) -> None:
 
 
 # -- the task the launcher (or torchrun) runs on every rank -------------------------------------------------
-def plan_task(ctx, payload: dict) -> dict:
+def plan_task(ctx, payload: dict, between=None) -> dict:
     """Run the plan ``warmup`` times untimed then ``repeat`` times timed. Each run: {"zero": this rank's exit
-    from the starting barrier, "ops": [[index, start, end], ...]}, in seconds on rank 0's clock."""
+    from the starting barrier, "ops": [[index, start, end], ...]}, in seconds on rank 0's clock. ``between``:
+    called on every rank before each run (a calibration round interleaved with the runs, runtime/sweep.py)."""
     from distlab.runtime.clock import Alignment, measure, start_barrier
     plan = Plan.from_dict(payload["plan"])
     if plan.world_size != ctx.world_size:
@@ -219,6 +220,8 @@ def plan_task(ctx, payload: dict) -> dict:
     if hasattr(ctx, "mark_running"):
         ctx.mark_running()
     for k in range(warmup + repeat):
+        if between is not None:
+            between()
         now["zero"] = start_barrier(ctx, offset)
         now["k"] = k
         raw = ex.run()

@@ -130,7 +130,8 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
     ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/cores.py), fewer than the machine's when other
     processes use some (runtime/load.py: available_cores). Compute was measured with all
     ``world_size`` ranks at once, each getting min(1, cores / world_size) of a core, so the rate of one rank
-    alone (the cluster's gpu) is the measured rate x max(1, world_size / cores)."""
+    alone (the cluster's gpu) is the measured rate x max(1, world_size / cores). ``interference``: the measured
+    slowdown of compute while an all_reduce is in flight (compute["interference"], runtime/compute_probe.py)."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS, GPUSpec
@@ -148,7 +149,9 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
         best = ar[max(ar, key=int)]
         intra = replace(intra, bandwidth_GBps=best["bandwidth_GBps"], latency_us=best["latency_us"])
     name = "localhost-cpu-calibrated" if backend == "gloo" else "localhost-calibrated"
-    return replace(base, name=name, gpu=gpu, intra_node=intra, calibration=calibration, cpu_cores=cpu_cores)
+    interference = round(compute.get("interference", 1.0), 3) if compute else 1.0   # runtime/compute_probe.py
+    return replace(base, name=name, gpu=gpu, intra_node=intra, calibration=calibration, cpu_cores=cpu_cores,
+                   interference=interference)
 
 
 def _memory_GiB() -> float:

@@ -150,8 +150,10 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
 
 def sweep_task(ctx, payload: dict):
     """Worker target: the sweep (rank 0 keeps the rows so far after each round, and the final rows as each
-    case's last round ends: partial = {"rounds", "rows", "final"}), then optionally compute
-    rates and a plan (runtime.executor.plan_task payload) in the same ranks."""
+    case's last round ends: partial = {"rounds", "rows", "final"}), then optionally compute rates (with the
+    interference of an all_reduce in flight) and a plan (runtime.executor.plan_task payload) in the same ranks;
+    with both, compute["during_plan"] = the matmul rate and interference of probe rounds run between the plan's
+    runs (runtime/compute_probe.py), so they see the load the runs saw."""
     dtype = payload.get("dtype", "float32")
     check_backend_dtype(dtype, ctx.backend, "--dtype")
 
@@ -164,9 +166,18 @@ def sweep_task(ctx, payload: dict):
     rows = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2), payload.get("iters", 10),
                  lambda k, rows: keep(rounds=k, rows=rows), lambda final: keep(final=final)) if payload["ops"] else []
     result = {"rows": rows, "backend": ctx.backend}
+    probe = None
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
+        if ctx.world_size > 1:             # compute alone vs with an all_reduce in flight (runtime/compute_probe.py)
+            from distlab.runtime.compute_probe import InterferenceProbe, measure_interference
+            if payload.get("plan"):        # measured between the plan's runs instead (below)
+                probe = InterferenceProbe(ctx)
+            else:
+                result["compute"].update(measure_interference(ctx))
     if payload.get("plan"):
         from distlab.runtime.executor import plan_task
-        result["plan"] = plan_task(ctx, payload["plan"])
+        result["plan"] = plan_task(ctx, payload["plan"], between=probe.round if probe else None)
+        if probe:                          # rounds interleaved with the plan's runs: the same load as they had
+            result["compute"]["during_plan"] = probe.result()
     return result

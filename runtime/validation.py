@@ -70,16 +70,26 @@ def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend
 
 def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str,
                  cpu_cores: float | None = None) -> dict:
-    """The overlap plan: simulated makespan against the median measured makespan over the repeats."""
+    """The overlap plan: simulated makespan against the median measured makespan over the repeats. Compute speed
+    and ``interference`` (compute's slowdown while an all_reduce is in flight, sim/cores.py) come from the probe
+    rounds run between the plan's runs (``compute["during_plan"]``, runtime/compute_probe.py) where there are
+    some: on a shared machine the load then is the load the runs had; the plan's own times are never used.
+    ``error_without_interference``: the error of the same prediction with interference 1 (what it changes)."""
     from distlab.runtime.executor import merge_results
     from distlab.sim.engine import simulate
     n = plan.world_size
+    during = compute.get("during_plan")
+    if during:
+        compute = {**compute, "flops_per_s": during["flops_per_s"], "interference": during["interference"]}
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
-    predicted = simulate(plan, cluster_for(calibration, compute, n, backend, cpu_cores),
-                         record_transfers=False).makespan
+    cluster = cluster_for(calibration, compute, n, backend, cpu_cores)
+    predicted = simulate(plan, cluster, record_transfers=False).makespan
     c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans),
              spans)
-    c["measured_runs_s"] = spans
+    from dataclasses import replace
+    without = simulate(plan, replace(cluster, interference=1.0), record_transfers=False).makespan
+    c.update(measured_runs_s=spans, interference=cluster.interference, flops_per_s=compute["flops_per_s"],
+             error_without_interference=(without - c["measured_s"]) / c["measured_s"])
     return c
 
 

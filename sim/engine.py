@@ -8,7 +8,9 @@
   curve, FlashAttention, memory-bound bytes), or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM
   bandwidth), plus launch_s per kernel (or per host-dispatched op: ``launches``), times the
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
-  node's running compute ops share the cores for (sim.cores: processor sharing).
+  node's running compute ops share the cores for (sim.cores: processor sharing). While a collective is in
+  flight on a rank (from its launch to its end), that rank's compute runs ``cluster.interference`` times slower
+  (sim.cores: the factor, and why it does not count the core sharing twice).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -86,7 +88,11 @@ class _Simulation:
         self.ctx = Context(self.topo, protocol)
         self.protocols_used: set[str] = set()
         cores = cluster.cpu_cores
-        self.cores = [SharedCores(self.env, cores) for _ in range(cluster.nodes)] if cores else None
+        slow = cluster.interference
+        self.cores = [SharedCores(self.env, cores, slow) for _ in range(cluster.nodes)] if cores else None
+        no_cores = slow != 1 and not cores          # interference alone: each rank's own SharedCores
+        self.gpus = {r: SharedCores(self.env, None, slow) for r in self.simulated} if no_cores else None
+        self.members: dict = {}          # id(group) -> (group, its simulated members): interference
         self.records: list[OpRecord] = []
         self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
         self.events = [defaultdict(self.env.event) for _ in range(plan.world_size)]
@@ -166,8 +172,9 @@ class _Simulation:
             if kind is Compute:
                 rec = OpRecord(rank, stream, index, "compute", op.name or "compute", start, start)
                 seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
-                if self.cores:
-                    yield from self.cores[self.cluster.node_of(rank)].run(seconds)
+                pool = self._pool(rank)
+                if pool:
+                    yield from pool.run(seconds, rank)
                 else:
                     yield env.timeout(seconds)
             elif kind is Record:
@@ -205,7 +212,9 @@ class _Simulation:
             seconds, algorithm, flows = hit
             self.net.flows_done += flows
             launch = t_a
+            self._communicating(group, +1)       # in flight: interference on the rank's compute, as always
             yield self.env.timeout(seconds)
+            self._communicating(group, -1)
         else:
             launch, algorithm = yield from self._collective(rank, ic, c)
         end = self.env.now
@@ -237,7 +246,25 @@ class _Simulation:
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
+    def _pool(self, rank):
+        """The SharedCores that times ``rank``'s compute: its node's cores, its own GPU (interference), or None."""
+        if self.cores:
+            return self.cores[self.cluster.node_of(rank)]
+        return self.gpus[rank] if self.gpus else None
+
+    def _communicating(self, group, delta: int) -> None:
+        """A collective on ``group`` starts (+1) or ends (-1): interference on its simulated members' compute."""
+        if self.cluster.interference == 1:
+            return
+        hit = self.members.get(id(group))           # groups are interned (_sequence_numbers): no tuple hashing
+        if hit is None or hit[0] is not group:
+            in_group = set(group)
+            hit = self.members[id(group)] = (group, [r for r in self.simulated if r in in_group])
+        for r in hit[1]:
+            self._pool(r).communicating(r, delta)
+
     def _run_collective(self, rv, op, group):
+        self._communicating(group, +1)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -247,6 +274,7 @@ class _Simulation:
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
+            self._communicating(group, -1)
             rv["done"].succeed()
             return
         flows = self.net.flows_done
@@ -263,6 +291,7 @@ class _Simulation:
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)
+        self._communicating(group, -1)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):

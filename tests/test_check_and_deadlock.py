@@ -110,8 +110,13 @@ def test_degraded_link_slows_only_its_flows():
 
 
 def test_scenario_straggler_and_degraded_link_reported_by_cli(cli, tmp_path):
+    from dataclasses import replace
+
+    from distlab.sim.cluster import PRESETS
+    quiet = tmp_path / "c.yaml"          # dgx-h100 without interference: a straggler's compute is exactly 4 x
+    quiet.write_text(replace(PRESETS["dgx-h100"], interference=1.0).to_yaml())
     base = ("model: {kind: mlp, widths: [1024, 1024, 1024, 1024], batch: 64}\n"
-            "parallelism: {kind: ddp, bucket_cap_mb: 1}\ncluster: dgx-h100\n")
+            f"parallelism: {{kind: ddp, bucket_cap_mb: 1}}\ncluster: {quiet}\n")
     path = tmp_path / "s.yaml"
     path.write_text(base + "stragglers: {3: 4.0}\n")
     rc, out, err = cli("simulate", str(path), "--no-files", "--json")

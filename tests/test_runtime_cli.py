@@ -103,9 +103,20 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     from distlab.sim.engine import simulate_collective
     out = tmp_path / "c.yaml"
     rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
-                          "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out))
+                          "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out), "--compute", "--compute-budget",
+                          "0.3", "--plot", str(tmp_path / "curve.png"))
     assert rc == 0, err
     cluster = load_cluster(str(out))
+    # --compute (runtime/compute_probe.py): the schema's fields, measured; interference from the ranks
+    curve = cluster.gpu.gemm_efficiency
+    assert len(curve) >= 5 and max(e for _, e in curve) <= 1 and 0 < cluster.gpu.launch_s < 1e-3
+    assert cluster.interference >= 1 and "interference: compute x" in stdout and "model error" in stdout
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    scenario = tmp_path / "s.yaml"           # `distlab simulate` on it (in this process: no start-up time)
+    scenario.write_text(f"model: {{kind: mlp, widths: [256, 256], batch: 8}}\nparallelism: {{kind: ddp}}\n"
+                        f"cluster: {out}\n")
+    from distlab.runtime.cli import main
+    assert main(["simulate", str(scenario), "--no-files", "--json"]) == 0
     assert set(cluster.calibration["collectives"]) == {"all_reduce", "all_gather"}
     fit = cluster.calibration["collectives"]["all_reduce"]["2"]
     assert fit["bandwidth_GBps"] > 0 and fit["latency_us"] >= 0

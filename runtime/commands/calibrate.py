@@ -4,9 +4,12 @@ Per world size (one launch each, runtime/calibration.py's ``measure``): a size s
 fitted to the median times from launch (runtime/fit.py), and matmul FLOP/s with all ranks computing at once.
 The YAML (runtime/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
 size, with ``gpu`` = the measured compute (at the largest world size), ``calibration.collectives`` = the fits
-(with size bands where one line does not fit), and, for CPU ranks, ``cpu_cores`` = the cores this process may
-use, which the ranks share (sim/cores.py). It is rewritten (atomically) after each world size. This module only
-parses arguments and formats.
+(with size bands where one line does not fit), ``interference`` = compute's slowdown while an all_reduce is in
+flight (runtime/compute_probe.py, at the largest world size), and, for CPU ranks, ``cpu_cores`` = the cores this
+process may use, which the ranks share (sim/cores.py). It is rewritten (atomically) after each world size.
+``--compute``: GEMMs of many shapes, a copy and a 1 x 1 GEMM timed in this process (runtime/compute_probe.py;
+CUDA when present), and the gpu's tflops, gemm_efficiency, hbm_GBps and launch_s set from them, with a table and
+a figure of the curve. This module only parses arguments and formats.
 """
 from __future__ import annotations
 
@@ -26,6 +29,12 @@ def add_arguments(p) -> None:
     p.add_argument("--iters", type=int, default=7, help="timed calls per size (default 7)")
     add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4; under torchrun: its WORLD_SIZE)")
     p.add_argument("--out", default="localhost-calibrated.yaml", help="cluster YAML to write")
+    p.add_argument("--compute", action="store_true", help="also measure GEMMs of many shapes and the copy "
+                   "bandwidth here, and write the efficiency curve, peak, HBM bandwidth and per-op overhead")
+    p.add_argument("--compute-budget", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds the --compute GEMM sweep may take (default 2)")
+    p.add_argument("--plot", metavar="OUT.png", default="calibrate-compute.png",
+                   help="figure of the GEMM efficiency curve, with --compute (default calibrate-compute.png)")
     p.add_argument("--json", action="store_true", help="print the fits and compute as JSON")
 
 
@@ -43,6 +52,9 @@ def check(args):
     nprocs = world_sizes(args.nproc, "2,4")
     if min(nprocs) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
+    budget = args.compute_budget
+    if not isinstance(budget, (int, float)) or not 0.05 <= budget <= 600:
+        raise ConfigError(f"{budget!r} must be seconds between 0.05 and 600", "--compute-budget")
     return ops, sizes, sorted(set(nprocs))
 
 
@@ -63,6 +75,8 @@ def run(args) -> int:
     ops, sizes, nprocs = check(args)
     from distlab.sim.io import check_output
     check_output(args.out, "--out", "file")     # before the ranks start
+    if args.compute:
+        check_output(args.plot, "--plot", "figure")
     from distlab.runtime.preflight import warn_cores
     from distlab.runtime.torchrun_rank import under_torchrun
     if not under_torchrun():               # under torchrun each node warns for its own ranks
@@ -87,21 +101,46 @@ def run(args) -> int:
         backend = backend_of(compute)
         done.append(n)
         cluster = write_cluster(args.out, rows, compute, done, backend, sizes, load)
+    probe = None
+    if args.compute:
+        from distlab.runtime.compute_probe import measure_here, write_with_fit
+        probe = measure_here(backend, args.threads, args.compute_budget)
+        cluster = write_with_fit(args.out, cluster, probe["fit"])
+        if args.plot:
+            from distlab.runtime.compute_probe import plot_curve
+            plot_curve(probe, args.plot)
     table = cluster.calibration["collectives"]
     after = machine_load.sample()
     loads = {"at_calibration": load.to_dict() if load else None, "after": after.to_dict() if after else None}
     for w in fit_warnings(cluster.calibration):
         sys.stderr.write(f"distlab calibrate: {w}\n")
     if args.json:
-        print_json({"cluster": args.out, "calibration": cluster.calibration, "gpu": cluster.gpu.__dict__,
-                    "cpu_cores": cluster.cpu_cores, "load": loads, "rows": rows})
+        out = {"cluster": args.out, "calibration": cluster.calibration, "gpu": cluster.to_dict()["gpu"],
+               "cpu_cores": cluster.cpu_cores, "interference": cluster.interference, "load": loads, "rows": rows}
+        if probe:
+            out["compute"] = {k: v for k, v in probe.items() if k != "fit"}
+            out["files"] = [args.plot] if args.plot else []
+        print_json(out)
         return 0
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
                 ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)", "spread"],
                 [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
                  for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
                 justify_left=3)
-    print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
+    if probe:
+        print_table(f"GEMMs ({probe['dtype']} on {probe['device']}; time = the fastest of the rounds; model = "
+                    "launch_s + max(FLOPs / (peak x curve), bytes / copy bandwidth))",
+                    ["M", "N", "K", "kind", "time (ms)", "GFLOP/s", "efficiency", "curve", "model error"],
+                    [[r["m"], r["n"], r["k"], r["kind"], f"{r['time_s'] * 1e3:.3f}", f"{r['flops_per_s'] / 1e9:.1f}",
+                      f"{r['efficiency']:.2f}", f"{r['curve_efficiency']:.2f}", f"{r['model_error'] * 100:+.0f}%"]
+                     for r in probe["gemms"]], justify_left=4)
+        print(f"compute (one rank alone, --compute): peak {cluster.gpu.tflops * 1e3:.1f} GFLOP/s, copy "
+              f"{cluster.gpu.hbm_GBps:.1f} GB/s, per-op overhead {cluster.gpu.launch_s * 1e6:.1f} us")
+        if args.plot:
+            print(f"wrote {args.plot}")
+    else:
+        print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
+    print(f"interference: compute x {cluster.interference:.3f} while an all_reduce is in flight")
     if after:
         print(f"after: {after.line()}")
     print(f"wrote {args.out} (cpu_cores {cluster.cpu_cores}: the cores left to the ranks)")

@@ -90,13 +90,14 @@ def op_seconds(op, cluster, costs: CostCache, group_of=None) -> float:
     return costs.collective(op.op, op.bytes, tuple(group), op.algorithm)
 
 
-def streams_makespan(ops: list, seconds, share=lambda op: None) -> float:
+def streams_makespan(ops: list, seconds, share=lambda op: None, interference: float = 1.0) -> float:
     """One rank's ops run stream by stream (ops in order; a Wait holds its stream until the matching Record
     of another stream has passed; an event fires once, as in the engine): the time the last stream ends.
     ``seconds(op)`` is (latency, transfer) seconds of an op alone (compute: (0, t)). Ops running at once with
     the same ``share(op)`` key (not None: collectives over the same links) share the transfer part equally
     (processor sharing, the simulator's max-min share of a link among equal flows); latency is not shared.
-    Sends and receives are not allowed (a rank alone cannot meet its peer)."""
+    While a collective (an op with a share key) is in flight, compute runs ``interference`` times slower (the
+    engine's rule, sim/engine.py). Sends and receives are not allowed (a rank alone cannot meet its peer)."""
     queues: dict[str, list] = {}
     for op in ops:
         if isinstance(op, (Send, Recv)):
@@ -130,7 +131,10 @@ def streams_makespan(ops: list, seconds, share=lambda op: None) -> float:
         for lat, xfer, key in running.values():
             if key is not None and lat <= 0:
                 users[key] = users.get(key, 0) + 1
-        rate = {s: 1.0 if lat > 0 or key is None else 1.0 / users[key] for s, (lat, _, key) in running.items()}
+        busy = any(key is not None for _, _, key in running.values())
+        compute_rate = 1.0 / interference if busy else 1.0
+        rate = {s: (compute_rate if key is None else 1.0 if lat > 0 else 1.0 / users[key])
+                for s, (lat, _, key) in running.items()}
         dt = min(lat if lat > 0 else xfer / rate[s] for s, (lat, xfer, _) in running.items())
         now += dt
         eps = 1e-15 * max(1.0, now)

@@ -181,7 +181,7 @@ class Estimator:
         def share(op):
             return None if isinstance(op, Compute) else ("tp" if set(plan.group_of(op)) <= tp_group else "dp")
 
-        return streams_makespan(ops, seconds, share), parts
+        return streams_makespan(ops, seconds, share, self.cluster.interference), parts
 
     def _flat_plan(self, L: Layout, blocks: int, dp: int):
         from distlab.sim.tp.compose import fsdp_tp_plan
