@@ -99,34 +99,14 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
 
 
 def _pp_tp_ranks(model, mesh, spec, tp_opts, needed: list[int], name: str) -> Plan:
-    """sim/tp/pipeline.py ``pp_tp_plan``'s programs for the ranks ``needed`` only (the others empty): the pipeline
-    program with each F/B action replaced by the TP segments of its stage's layers, as pp_tp_plan builds them
-    (tests/test_reproduce.py: the same step time as the full plan)."""
-    from distlab.sim.pipeline.plan import boundary_bytes, pipeline_plan, stage_ranges
-    from distlab.sim.pipeline.schedules import Action
-    from distlab.sim.tp.compose import tp_local_model
-    from distlab.sim.tp.plan import Segments, _Program
-    tp = mesh.size("tp")
-    per_rank = boundary_bytes(model, 0) // (tp if tp_opts.sequence_parallel else 1)
-    base = pipeline_plan(tp_local_model(model, tp), mesh, spec, p2p_bytes=per_rank)
-    ranges = stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)
-    names = [layer.name for layer in model.layers]
-    ranks = [[] for _ in base.ranks]
-    for g in needed:
-        p = _Program(mesh.group_of(g, "tp"), model.config["dtype"])
-        seg = Segments(model, tp_opts, p)
-        for op in base.ranks[g]:
-            a = Action.parse(op.name) if isinstance(op, Compute) else None
-            if a is None:
-                p.ops.append(op)
-            elif a.kind == "F":
-                for i in ranges[a.stage]:
-                    seg.forward(names[i])
-            else:
-                for i in reversed(ranges[a.stage]):
-                    seg.backward(names[i])
-        ranks[g] = p.ops
-    return Plan(ranks, name=name, meta=base.meta)
+    """sim/tp/pipeline.py ``pp_tp_plan``'s programs for the ranks ``needed`` only (the others empty; tests/
+    test_reproduce.py: the same step time as the full plan)."""
+    from distlab.sim.tp.pipeline import pp_tp_plan
+    built = pp_tp_plan(model, mesh, spec, tp_opts, name, only=list(needed))
+    ranks = [[] for _ in range(mesh.world_size)]
+    for g, ops in zip(needed, built.ranks):
+        ranks[g] = ops
+    return Plan(ranks, name=name, meta=built.meta)
 
 
 def _timed_allreduce(op, rank: int, run, cache: dict):
