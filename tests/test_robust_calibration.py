@@ -128,9 +128,35 @@ def test_background_share_from_synthetic_proc(tmp_path):
     assert before[0] == (1000, 2)
     assert L.background_cores(before, after, own=10) == approx(0.8)
     assert L.background_cores(before, after, own=10, count_pids=[13]) == approx(1.25)
+    assert L.background_shares(before, after, own=10, count_pids=[13]) == approx([0.5, 0.45, 0.3])
     assert L.available_cores(2, 0.5) == 1.5 and L.available_cores(2, 1.9) == 1.0
-    reading = L.Load(1.0, 2, 0.5, 0.5)
-    assert reading.to_dict()["available_cores"] == 1.5 and "1.50 cores left" in reading.line()
+    reading = L.Load(1.0, 2, 0.5, 0.5, (0.5,))
+    assert reading.to_dict()["available_cores"] == 1.5 and reading.to_dict()["background"] == [0.5]
+    assert "1.50 cores idle" in reading.line() and "4 ranks get 1.60 cores" in reading.line(4)
+
+
+@pytest.mark.parametrize("background, k, alone, cores", [
+    ((), 4, 1, 2.0), ((), 1, 1, 1.0),                    # idle: min(k, cores)
+    ((0.5,), 2, 1, 1.5), ((0.5,), 4, 1, 1.6),            # the benchmarks' generator: r(1) = 1, r(2) = .75, r(4) = .4
+    ((0.5,), 4, 4, 4.0),                                 # compute timed with the 4 ranks running: no further sharing
+    ((2 / 3,) * 3, 4, 1, 4 * (2 / 7) / (2 / 4)),         # 3 busy processes filling 2 cores: r(1) = 2/4, r(4) = 2/7
+])
+def test_effective_cores_is_fair_sharing_with_the_background(background, k, alone, cores):
+    from distlab.runtime import load as L
+    assert L.effective_cores(2, k, background, alone) == approx(min(cores, k))
+    assert L.rank_share(2, 1, (1.5,)) == approx(2 / 3)   # one process of 2 threads at 0.75: 3 threads, 2 cores
+
+
+def test_simulated_slowdown_is_the_fair_share_ratio():
+    # 4 ranks, each w seconds of compute timed alone beside 3 busy processes on 2 cores (CFS: 1/4 of the
+    # cores each alone, 1/7 of them with the 4 ranks at once): they end at w x (2/4) / (2/7) = 1.75 w
+    from distlab.runtime import load as L
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute, Plan
+    plan = Plan([[Compute(name=f"c{r}", seconds=1.0)] for r in range(4)]).validate()
+    cluster = replace(PRESETS["localhost-cpu"], gpus_per_node=4,
+                      cpu_cores=L.Load(3.0, 2, 2.0, 0.5, (2 / 3,) * 3).effective_cores(4))
+    assert simulate(plan, cluster).makespan == approx(1.75)
 
 
 def test_simulator_shares_the_cores_left_by_other_processes():
