@@ -176,3 +176,58 @@ def test_background_load_process_is_stopped():
         process = gen.process
         assert process.poll() is None
     assert process.poll() is not None
+
+
+# --- the workloads' calibrations: the same fits, fed measurements with outliers ------------------------------
+def test_ddp_calibration_survives_outliers():
+    # the model alone (forward, backward, Adam) and all-reduces from launch, 12 rounds on 2 ranks, 20% of
+    # every quantity's rounds 3-10x slower: FLOP/s, memory rate, α and bandwidth within 5%
+    from distlab.runtime.ddp.validate import calibrated
+    from distlab.sim.ddp.plan import OPTIMIZERS
+    from distlab.sim.models import model_from_spec
+    model = model_from_spec({"kind": "mlp", "widths": [256] * 4, "batch": 32})
+    flops, bwd_ratio, mem = 20e9, 2.5, 3e9
+    t_fwd, t_opt = model.fwd_flops / flops, OPTIMIZERS["adam"] * model.param_bytes / mem
+    lat, bw, rounds = 150e-6, 1.2e9, 12
+    steps, factor = ring_cost("all_reduce", 2)
+    sizes = [2**20, 2**22, 2**24, 2**25]
+    # a burst of load slows a round on every rank alike: the ranks' rounds share their outliers
+    local = [{"forward": f, "backward": b, "optimizer": o} for f, b, o in
+             zip(noisy(t_fwd, rounds), noisy(bwd_ratio * t_fwd, rounds), noisy(t_opt, rounds))]
+    times = {s: noisy(steps * lat + factor * s / bw, rounds) for s in sizes}
+    results = []
+    for rank in range(2):          # rank 1 wakes up 1 ms later after the barrier; both end together
+        spans = {str(s): [(k + 1e-3 * (rank == 1), k + 1e-3 + d) for k, d in enumerate(times[s])] for s in sizes}
+        results.append({"local": local, "calibration": {k: [e - b for b, e in v] for k, v in spans.items()},
+                        "calibration_spans": spans})
+    fitted, cluster = calibrated(model, results)
+    fit = cluster.calibration["collectives"]["all_reduce"]["2"]
+    assert cluster.gpu.tflops * 1e12 == approx(flops, rel=0.05)
+    assert fitted.bwd_flops / fitted.fwd_flops == approx(bwd_ratio, rel=0.05)
+    assert cluster.gpu.hbm_GBps * 1e9 == approx(mem, rel=0.05)
+    assert fit["bandwidth_GBps"] * 1e9 == approx(bw, rel=0.05)
+    # from launch (the later rank's start): the 1 ms wake-up skew is not in α; the slowest rank's duration
+    # (the earlier rank waits for the later one) would add it to every all-reduce
+    assert fit["latency_us"] == approx(lat * 1e6, rel=0.05)
+
+
+def test_fsdp_roofline_calibration_survives_outliers():
+    from distlab.runtime.fsdp.validate import calibrated_cluster
+    from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
+    from distlab.sim.models import gpt
+    model = gpt(layers=2, hidden=64, heads=2, seq_len=16, vocab=101, dtype="float32", arch="llama")
+    F, M, n, rounds = 30e9, 4e9, 2, 12
+    work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
+    work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
+    fb = sum(max(f / F, b / M) for f, b in work)
+    shard = sum(padded_numel(q.shape, n) for q in model.params) // n
+    lat, bw = 80e-6, 2e9
+    sizes = [2**16, 2**18, 2**20]
+    # a burst of load slows a round on every rank alike: the ranks' rounds share their outliers
+    rank = {"calibration": {"all_gather": {str(s): noisy(lat + (n - 1) / n * s / bw, rounds) for s in sizes}},
+            "local": {"rounds": [noisy(fb, rounds), noisy(ADAM_BYTES * shard / M, rounds)]}}
+    results = [rank] * n
+    cluster = calibrated_cluster(results, model, n)
+    fit = cluster.calibration["collectives"]["all_gather"][str(n)]
+    assert cluster.gpu.tflops * 1e12 == approx(F, rel=0.05) and cluster.gpu.hbm_GBps * 1e9 == approx(M, rel=0.05)
+    assert fit["latency_us"] == approx(lat * 1e6, rel=0.05) and fit["bandwidth_GBps"] * 1e9 == approx(bw, rel=0.05)
