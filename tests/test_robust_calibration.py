@@ -133,6 +133,13 @@ def test_background_share_from_synthetic_proc(tmp_path):
     reading = L.Load(1.0, 2, 0.5, 0.5, (0.5,))
     assert reading.to_dict()["available_cores"] == 1.5 and reading.to_dict()["background"] == [0.5]
     assert "1.50 cores idle" in reading.line() and "4 ranks get 1.60 cores" in reading.line(4)
+    # autogroups (sched(7)): 10 and 13 in our session's group, 20 and 30 in another one's
+    (b / "sys" / "kernel").mkdir(parents=True)
+    (b / "sys" / "kernel" / "sched_autogroup_enabled").write_text("1\n")
+    for pid, group in ((10, 7), (13, 7), (20, 9), (30, 9)):
+        (b / str(pid) / "autogroup").write_text(f"/autogroup-{group} nice 0\n")
+    shares = L.busy_processes(before, after, own=10, count_pids=[13])
+    assert [[round(x, 6) for x in g] for g in L.grouped(shares, 10, str(b))] == [[0.45], [0.5, 0.3]]
 
 
 @pytest.mark.parametrize("background, k, alone, cores", [
@@ -145,6 +152,17 @@ def test_effective_cores_is_fair_sharing_with_the_background(background, k, alon
     from distlab.runtime import load as L
     assert L.effective_cores(2, k, background, alone) == approx(min(cores, k))
     assert L.rank_share(2, 1, (1.5,)) == approx(2 / 3)   # one process of 2 threads at 0.75: 3 threads, 2 cores
+
+
+@pytest.mark.parametrize("groups, k, cores", [
+    (((0.5,),), 4, 1.6), (((0.5,),), 2, 1.5),            # the generator in our session's group: as without groups
+    (((), (0.5,)), 4, 1.5),                              # in another session: it keeps its half core
+    (((), (1.0,), (1.0,), (1.0,)), 4, 1.0),              # 3 other sessions busy: our group's half core, alone or not
+    (((), (1.0,), (1.0,), (1.0,)), 1, 1.0),
+])
+def test_effective_cores_with_autogroups(groups, k, cores):
+    from distlab.runtime import load as L
+    assert L.effective_cores(2, k, (), 1, groups) == approx(cores)
 
 
 def test_simulated_slowdown_is_the_fair_share_ratio():
