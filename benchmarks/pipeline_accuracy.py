@@ -8,8 +8,8 @@ For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of
    steps alternating with those of step 2 (so that both see the same load); before and after them, every rank
    times one block (Linear(width, width) + ReLU) alone: F, B and the split I (input grad) and W (weight grad).
    From the probe: the p2p latency a pipeline sees (its hand-offs), and the runtime's CPU time per action,
-   fitted so that the simulated probe lasts as long as the measured one. A send/recv ping-pong gives the p2p
-   bandwidth.
+   fitted so that the simulated probe lasts as long as the measured one (if it is faster even without overhead,
+   the cores it shows instead). A send/recv ping-pong gives the p2p bandwidth.
 2. Measure: torch.distributed.pipelining runs the schedule with --microbatches, every action timed; the median
    step makespan of --steps steps is "measured".
 3. Predict: sim.pipeline's plan of that configuration: stage costs = blocks x the rank's block costs + the
@@ -55,8 +55,9 @@ def one_launch(n: int, args):
     load = r0["load"] or {}
     note = (f"      last launch, at calibration: load average {load.get('loadavg_1m')}, other processes "
             f"{load.get('background_cores')} of {load.get('cores')} cores ({len(load.get('background', []))} busy), "
-            f"cpu_cores {r0['cores']} for the simulator (runtime/load.py effective_cores); probes (latency, overhead per action): "
+            f"cpu_cores {r0['cores_load']} for the simulator (runtime/load.py effective_cores); probes (latency, overhead per action): "
             + ", ".join(f"{r['cfg']['schedule']} {r['latency'] * 1e6:.0f}/{r['overhead'] * 1e6:.0f} us"
+                         + (f" (cores {r['cores']:g})" if r['cores'] != r['cores_load'] else "")
                          + (f" (fitted {r['overhead_fitted'] * 1e6:.0f}, rejected)" if r['overhead'] != r['overhead_fitted'] else "")
                          for r in results)
             + f"; rank 0, one block alone (gpipe run): F {c['F'] * 1e3:.3f} ms, B {c['B'] * 1e3:.3f}, "

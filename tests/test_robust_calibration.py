@@ -89,6 +89,19 @@ def test_per_action_overhead_survives_outliers_in_the_probe_steps():
         assert fit_overhead(CFG, CALIB, cluster, float(np.mean(steps))) > 2 * true_overhead   # the mean fails
 
 
+def test_cores_a_probe_shows_survive_outliers():
+    # a probe faster than the load model's cores allow (overhead 0): the cores that make it last as long
+    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, fit_cores, fit_overhead, simulate_cfg
+    cfg = {**CFG, "stages": 4, "layers": 8}
+    calib = [CALIB[0]] * 4
+    span = simulate_cfg(cfg, block_seconds(cfg, calib), cluster_of(4, {"small": 5e-5, "large": 1e-4, "bytes": 2048},
+                                                                  8e-5, cores=3))[0].makespan
+    model = cluster_of(4, {"small": 5e-5, "large": 1e-4, "bytes": 2048}, 8e-5, cores=1.5)
+    steps = noisy(span, 10, noise=0.005, seed=4)
+    assert fit_overhead(cfg, calib, model, robust.center(steps)) == 0.0
+    assert fit_cores(cfg, calib, model, robust.center(steps)) == approx(3, rel=0.05)
+
+
 def test_p2p_latency_survives_outliers():
     from distlab.runtime.pipeline.validate import block_seconds, cluster_of, p2p_latency, simulate_cfg
     latency = 300e-6

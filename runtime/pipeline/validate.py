@@ -11,7 +11,9 @@ One launch of p gloo ranks (runtime.pipeline.run.measure) runs, for each configu
 schedule and model with fewer microbatches, ``probe_config``) and the configuration itself, their steps
 alternating (so that both see the same load), with every rank timing one block alone
 (runtime.pipeline.run.calibrate_alone) before and after them, every action timed. From the probe: the p2p latency (its measured hand-offs) and the overhead per action (fitted so that
-the simulated probe lasts as long as the measured one, ``fit_overhead``; of it, the mean gap the probe
+the simulated probe lasts as long as the measured one, ``fit_overhead``; when even no overhead leaves the
+simulated probe longer, the load model's cores were too few for that moment and ``fit_cores`` takes the cores
+that match it, so that a probe never pins the overhead at 0 and over-predicts; of the overhead, the mean gap the probe
 shows between actions is a separate "runtime" op after each action and the rest is counted in the action,
 so that predicted and measured bubbles compare like with like). The prediction of the configuration
 is then sim.pipeline's plan with those numbers alone: it never sees the run it predicts. A replay (the same
@@ -149,6 +151,25 @@ def fit_overhead(cfg: dict, calib: list[dict], cluster, target: float) -> float:
     return (lo + hi) / 2
 
 
+def fit_cores(cfg: dict, calib: list[dict], cluster, target: float) -> float:
+    """The cores (between the cluster's and one per rank) with which the simulated ``cfg``, without runtime
+    overhead, lasts ``target`` seconds (bisection: the makespan falls as the cores grow): for a probe that ran
+    faster than the load model's cores allow even with no overhead (fit_overhead = 0), the cores it shows."""
+    seconds = block_seconds(cfg, calib)
+    lo, hi = cluster.cpu_cores or cluster.gpus_per_node, float(cluster.gpus_per_node)
+
+    def makespan(c):
+        return simulate_cfg(cfg, seconds, replace(cluster, cpu_cores=c))[0].makespan
+    if lo >= hi or makespan(lo) <= target:
+        return lo
+    if makespan(hi) >= target:
+        return hi
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if makespan(mid) > target else (lo, mid)
+    return round((lo + hi) / 2, 3)
+
+
 def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0, count_pids=()) -> list[dict]:
     """One launch of ``n`` gloo ranks: every runtime config in ``cfgs`` (stages = n), each after its probe,
     calibrated and run (``measure_runs``), then predicted (``predict_runs``)."""
@@ -198,8 +219,13 @@ def predict_runs(measured: dict, cores: float | None = None) -> list[dict]:
         latency = p2p_latency(probe)
         cluster = cluster_of(n, p2p, latency, cores)
         probe_s = robust.center(probe.meta["step_makespans"])
-        fits.append((latency, cluster, probe_s, fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)))
+        overhead = fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)
+        if overhead == 0.0:           # the probe ran faster than these cores allow: it shows more of them
+            cluster = replace(cluster, cpu_cores=fit_cores(runs[2 * i], probe_calib, cluster, probe_s))
+        fits.append((latency, cluster, probe_s, overhead))
     overheads = robust.reject([f[3] for f in fits])
+    # a probe whose cores were fitted keeps its overhead 0 (the pair fits it; the median's would not)
+    overheads = [0.0 if f[1].cpu_cores != cores else o for f, o in zip(fits, overheads)]
     out = []
     for i, cfg in enumerate(cfgs):
         probe, measured = res["traces"][2 * i], res["traces"][2 * i + 1]
@@ -219,7 +245,8 @@ def predict_runs(measured: dict, cores: float | None = None) -> list[dict]:
                                    action_gap(measured))
         out.append({"cfg": cfg, "plan": plan, "measured": measured, "predicted": predicted, "replayed": replayed,
                     "probe": {"cfg": runs[2 * i], "measured_s": probe_s, "predicted_s": probe_pred.makespan},
-                    "latency": latency, "overhead": overhead, "cores": cores, "p2p": p2p, "calibration": calib,
+                    "latency": latency, "overhead": overhead, "cores": cluster.cpu_cores, "cores_load": cores,
+                    "p2p": p2p, "calibration": calib,
                     "action_seconds": block_seconds(cfg, calib), "overhead_between": between,
                     "overhead_fitted": fits[i][3], "load": load.to_dict() if load else None,
                     "spread": robust.spread(probe.meta["step_makespans"])})
