@@ -110,10 +110,10 @@ def run_schedule(cfg: dict, rank: int) -> dict:
 
 
 def run_interleaved(cfgs: list[dict], rank: int) -> list[dict]:
-    """Several configurations whose steps alternate (next: the one with the smallest fraction of its steps
-    done, each step after a barrier), so that they see the same load of the machine; with ``calibrate`` in the first, blocks are timed alone
-    before and after the steps and every result gets the mean of the two (runtime/pipeline/validate.py
-    fits a probe and predicts the configuration beside which it ran)."""
+    """Several configurations whose steps alternate (next: the one with the smallest fraction of its steps done, each
+    step after a barrier), so that they see the same load of the machine; with ``calibrate`` in the first,
+    blocks are timed alone before and after the steps and every result gets the mean of the two
+    (runtime/pipeline/validate.py fits a probe and predicts the configuration beside which it ran)."""
     runs = [_Schedule(cfg, rank) for cfg in cfgs]
     first = runs[0].cfg
     timings = [calibrate_alone(first["width"], first["rows"])] if first.get("calibrate") else []

@@ -1,26 +1,26 @@
 """Real pipeline schedules against the simulator on this machine: calibrate, predict, compare action by action.
 
-Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed
-on a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining,
-posting sends and receives: ``overhead``); the ranks of the machine share its cores for that work (the
-cluster's ``cpu_cores``: processor sharing, sim/cores.py, with the cores that fair sharing beside the other
-processes seen before the launch leaves them, runtime/load.py effective_cores); a tensor handed to the next stage arrives after
-the p2p latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
+Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed on
+a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining, posting sends
+and receives: ``overhead``); the ranks of the machine share its cores for that work (the cluster's ``cpu_cores``:
+processor sharing, sim/cores.py, with the cores that fair sharing beside the other processes seen before the
+launch leaves them, runtime/load.py effective_cores); a tensor handed to the next stage arrives after the p2p
+latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
 
 One launch of p gloo ranks (runtime.pipeline.run.measure) runs, for each configuration, its probe (the same
 schedule and model with fewer microbatches, ``probe_config``) and the configuration itself, their steps
 alternating (so that both see the same load), with every rank timing one block alone
-(runtime.pipeline.run.calibrate_alone) before and after them, every action timed. From the probe: the p2p latency (its measured hand-offs) and the overhead per action (fitted so that
-the simulated probe lasts as long as the measured one, ``fit_overhead``; when even no overhead leaves the
-simulated probe longer, the load model's cores were too few for that moment and ``fit_cores`` takes the cores
-that match it, so that a probe never pins the overhead at 0 and over-predicts; of the overhead, the mean gap the probe
-shows between actions is a separate "runtime" op after each action and the rest is counted in the action,
-so that predicted and measured bubbles compare like with like). The prediction of the configuration
-is then sim.pipeline's plan with those numbers alone: it never sees the run it predicts. A replay (the same
-plan with each (stage, kind)'s mean measured action time plus the mean gap the runtime leaves between
-actions, which already hold their share of the cores) checks the schedule and p2p model alone. Used by
-benchmarks/pipeline_accuracy.py, lesson 07 and `distlab validate --scenario` (kind pipeline,
-``pipeline_cases``).
+(runtime.pipeline.run.calibrate_alone) before and after them, every action timed. From the probe: the p2p latency
+(its measured hand-offs) and the overhead per action (fitted so that the simulated probe lasts as long as the
+measured one, ``fit_overhead``; when even no overhead leaves the simulated probe longer, the load model's cores
+were too few for that moment and ``fit_cores`` takes the cores that match it, so that a probe never pins the
+overhead at 0 and over-predicts; of the overhead, the mean gap the probe shows between actions is a separate
+"runtime" op after each action and the rest is counted in the action, so that predicted and measured bubbles
+compare like with like). The prediction of the configuration is then sim.pipeline's plan with those numbers alone:
+it never sees the run it predicts. A replay (the same plan with each (stage, kind)'s mean measured action time
+plus the mean gap the runtime leaves between actions, which already hold their share of the cores) checks the
+schedule and p2p model alone. Used by benchmarks/pipeline_accuracy.py, lesson 07 and `distlab validate --scenario`
+(kind pipeline, ``pipeline_cases``).
 """
 from __future__ import annotations
 
