@@ -32,19 +32,22 @@ def backend_of(compute: dict) -> str:
 def write_cluster(path: str, rows: list[dict], compute: dict, nprocs: list[int], backend: str, sizes: list[int],
                   load=None):
     """Fit ``rows`` (runtime.fit.calibration_from_rows), build the calibrated cluster for ``max(nprocs)`` ranks,
-    with ``cpu_cores`` (the cores the CPU ranks share) for gloo, write it as YAML to ``path`` (atomically, with a header saying where and how it was measured, and the machine's ``load`` (runtime/load.py) then: for
-    gloo, ``cpu_cores`` = the cores left to the ranks, load.available_cores); the Cluster."""
+    with ``cpu_cores`` (the cores the CPU ranks share) for gloo, write it as YAML to ``path`` (atomically, with a
+    header saying where and how it was measured, and the machine's ``load`` (runtime/load.py) then: for gloo,
+    ``cpu_cores`` = load.effective_cores(max(nprocs)), the cores fair sharing beside the other processes
+    leaves the ranks, relative to one rank alone); the Cluster."""
     from distlab.runtime.fit import calibrated_cluster, calibration_from_rows
     from distlab.sim.io import write_atomic
     from distlab.sim.plan import format_bytes
     from distlab.runtime.preflight import cpu_cores
     calibration = calibration_from_rows(rows)
-    cores = (round(load.available_cores, 2) if load else cpu_cores()) if backend == "gloo" else None
+    cores = (round(load.effective_cores(max(nprocs)), 2) if load else min(cpu_cores(), max(nprocs))) \
+        if backend == "gloo" else None
     cores = int(cores) if cores is not None and float(cores).is_integer() else cores
     cluster = calibrated_cluster(calibration, compute, max(nprocs), backend, cores)
     head = (f"# written by distlab calibrate on {socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
             f"# backend {backend}, world sizes {','.join(map(str, nprocs))}, sizes {format_bytes(min(sizes))}.."
             f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n"
-            + (f"# {load.line()}\n" if load else ""))
+            + (f"# {load.line(max(nprocs))}\n" if load else ""))
     write_atomic(path, head + cluster.to_yaml())
     return cluster

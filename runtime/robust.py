@@ -74,8 +74,8 @@ def reject(values, k: float = K_REJECT) -> list[float]:
         return x.tolist()
     m = float(np.median(x))
     scale = MAD_TO_SIGMA * float(np.median(np.abs(x - m)))
-    if scale == 0:
-        return [m if v != m else v for v in x.tolist()]
+    if scale == 0:          # most values equal: the others are outliers, unless the median is a clip at 0
+        return x.tolist() if m == 0 else [m if v != m else v for v in x.tolist()]
     return [m if abs(v - m) > k * scale else v for v in x.tolist()]
 
 

@@ -30,7 +30,8 @@ def overlap_plan(n: int, layers: int = 4, flops: float = 4e8, nbytes: int = 4 * 
 
 
 def cluster_for(calibration: dict, compute: dict, n: int, backend: str, cpu_cores: float | None = None):
-    """The calibrated cluster; ``cpu_cores``: the cores left to CPU ranks (runtime/load.py), None = one each."""
+    """The calibrated cluster; ``cpu_cores``: the cores CPU ranks share (runtime/load.py effective_cores(n)),
+    None = one each."""
     from distlab.runtime.fit import calibrated_cluster
     return calibrated_cluster(calibration, compute, n, backend, cpu_cores if backend == "gloo" else None)
 

@@ -89,6 +89,19 @@ def test_per_action_overhead_survives_outliers_in_the_probe_steps():
         assert fit_overhead(CFG, CALIB, cluster, float(np.mean(steps))) > 2 * true_overhead   # the mean fails
 
 
+def test_cores_a_probe_shows_survive_outliers():
+    # a probe faster than the load model's cores allow (overhead 0): the cores that make it last as long
+    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, fit_cores, fit_overhead, simulate_cfg
+    cfg = {**CFG, "stages": 4, "layers": 8}
+    calib = [CALIB[0]] * 4
+    span = simulate_cfg(cfg, block_seconds(cfg, calib), cluster_of(4, {"small": 5e-5, "large": 1e-4, "bytes": 2048},
+                                                                  8e-5, cores=3))[0].makespan
+    model = cluster_of(4, {"small": 5e-5, "large": 1e-4, "bytes": 2048}, 8e-5, cores=1.5)
+    steps = noisy(span, 10, noise=0.005, seed=4)
+    assert fit_overhead(cfg, calib, model, robust.center(steps)) == 0.0
+    assert fit_cores(cfg, calib, model, robust.center(steps)) == approx(3, rel=0.05)
+
+
 def test_p2p_latency_survives_outliers():
     from distlab.runtime.pipeline.validate import block_seconds, cluster_of, p2p_latency, simulate_cfg
     latency = 300e-6
@@ -128,9 +141,53 @@ def test_background_share_from_synthetic_proc(tmp_path):
     assert before[0] == (1000, 2)
     assert L.background_cores(before, after, own=10) == approx(0.8)
     assert L.background_cores(before, after, own=10, count_pids=[13]) == approx(1.25)
+    assert L.background_shares(before, after, own=10, count_pids=[13]) == approx([0.5, 0.45, 0.3])
     assert L.available_cores(2, 0.5) == 1.5 and L.available_cores(2, 1.9) == 1.0
-    reading = L.Load(1.0, 2, 0.5, 0.5)
-    assert reading.to_dict()["available_cores"] == 1.5 and "1.50 cores left" in reading.line()
+    reading = L.Load(1.0, 2, 0.5, 0.5, (0.5,))
+    assert reading.to_dict()["available_cores"] == 1.5 and reading.to_dict()["background"] == [0.5]
+    assert "1.50 cores idle" in reading.line() and "4 ranks get 1.60 cores" in reading.line(4)
+    # autogroups (sched(7)): 10 and 13 in our session's group, 20 and 30 in another one's
+    (b / "sys" / "kernel").mkdir(parents=True)
+    (b / "sys" / "kernel" / "sched_autogroup_enabled").write_text("1\n")
+    for pid, group in ((10, 7), (13, 7), (20, 9), (30, 9)):
+        (b / str(pid) / "autogroup").write_text(f"/autogroup-{group} nice 0\n")
+    shares = L.busy_processes(before, after, own=10, count_pids=[13])
+    assert [[round(x, 6) for x in g] for g in L.grouped(shares, 10, str(b))] == [[0.45], [0.5, 0.3]]
+
+
+@pytest.mark.parametrize("background, k, alone, cores", [
+    ((), 4, 1, 2.0), ((), 1, 1, 1.0),                    # idle: min(k, cores)
+    ((0.5,), 2, 1, 1.5), ((0.5,), 4, 1, 1.6),            # the benchmarks' generator: r(1) = 1, r(2) = .75, r(4) = .4
+    ((0.5,), 4, 4, 4.0),                                 # compute timed with the 4 ranks running: no further sharing
+    ((2 / 3,) * 3, 4, 1, 4 * (2 / 7) / (2 / 4)),         # 3 busy processes filling 2 cores: r(1) = 2/4, r(4) = 2/7
+])
+def test_effective_cores_is_fair_sharing_with_the_background(background, k, alone, cores):
+    from distlab.runtime import load as L
+    assert L.effective_cores(2, k, background, alone) == approx(min(cores, k))
+    assert L.rank_share(2, 1, (1.5,)) == approx(2 / 3)   # one process of 2 threads at 0.75: 3 threads, 2 cores
+
+
+@pytest.mark.parametrize("groups, k, cores", [
+    (((0.5,),), 4, 1.6), (((0.5,),), 2, 1.5),            # the generator in our session's group: as without groups
+    (((), (0.5,)), 4, 1.5),                              # in another session: it keeps its half core
+    (((), (1.0,), (1.0,), (1.0,)), 4, 1.0),              # 3 other sessions busy: our group's half core, alone or not
+    (((), (1.0,), (1.0,), (1.0,)), 1, 1.0),
+])
+def test_effective_cores_with_autogroups(groups, k, cores):
+    from distlab.runtime import load as L
+    assert L.effective_cores(2, k, (), 1, groups) == approx(cores)
+
+
+def test_simulated_slowdown_is_the_fair_share_ratio():
+    # 4 ranks, each w seconds of compute timed alone beside 3 busy processes on 2 cores (CFS: 1/4 of the
+    # cores each alone, 1/7 of them with the 4 ranks at once): they end at w x (2/4) / (2/7) = 1.75 w
+    from distlab.runtime import load as L
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute, Plan
+    plan = Plan([[Compute(name=f"c{r}", seconds=1.0)] for r in range(4)]).validate()
+    cluster = replace(PRESETS["localhost-cpu"], gpus_per_node=4,
+                      cpu_cores=L.Load(3.0, 2, 2.0, 0.5, (2 / 3,) * 3).effective_cores(4))
+    assert simulate(plan, cluster).makespan == approx(1.75)
 
 
 def test_simulator_shares_the_cores_left_by_other_processes():
@@ -150,3 +207,58 @@ def test_background_load_process_is_stopped():
         process = gen.process
         assert process.poll() is None
     assert process.poll() is not None
+
+
+# --- the workloads' calibrations: the same fits, fed measurements with outliers ------------------------------
+def test_ddp_calibration_survives_outliers():
+    # the model alone (forward, backward, Adam) and all-reduces from launch, 12 rounds on 2 ranks, 20% of
+    # every quantity's rounds 3-10x slower: FLOP/s, memory rate, α and bandwidth within 5%
+    from distlab.runtime.ddp.validate import calibrated
+    from distlab.sim.ddp.plan import OPTIMIZERS
+    from distlab.sim.models import model_from_spec
+    model = model_from_spec({"kind": "mlp", "widths": [256] * 4, "batch": 32})
+    flops, bwd_ratio, mem = 20e9, 2.5, 3e9
+    t_fwd, t_opt = model.fwd_flops / flops, OPTIMIZERS["adam"] * model.param_bytes / mem
+    lat, bw, rounds = 150e-6, 1.2e9, 12
+    steps, factor = ring_cost("all_reduce", 2)
+    sizes = [2**20, 2**22, 2**24, 2**25]
+    # a burst of load slows a round on every rank alike: the ranks' rounds share their outliers
+    local = [{"forward": f, "backward": b, "optimizer": o} for f, b, o in
+             zip(noisy(t_fwd, rounds), noisy(bwd_ratio * t_fwd, rounds), noisy(t_opt, rounds))]
+    times = {s: noisy(steps * lat + factor * s / bw, rounds) for s in sizes}
+    results = []
+    for rank in range(2):          # rank 1 wakes up 1 ms later after the barrier; both end together
+        spans = {str(s): [(k + 1e-3 * (rank == 1), k + 1e-3 + d) for k, d in enumerate(times[s])] for s in sizes}
+        results.append({"local": local, "calibration": {k: [e - b for b, e in v] for k, v in spans.items()},
+                        "calibration_spans": spans})
+    fitted, cluster = calibrated(model, results)
+    fit = cluster.calibration["collectives"]["all_reduce"]["2"]
+    assert cluster.gpu.tflops * 1e12 == approx(flops, rel=0.05)
+    assert fitted.bwd_flops / fitted.fwd_flops == approx(bwd_ratio, rel=0.05)
+    assert cluster.gpu.hbm_GBps * 1e9 == approx(mem, rel=0.05)
+    assert fit["bandwidth_GBps"] * 1e9 == approx(bw, rel=0.05)
+    # from launch (the later rank's start): the 1 ms wake-up skew is not in α; the slowest rank's duration
+    # (the earlier rank waits for the later one) would add it to every all-reduce
+    assert fit["latency_us"] == approx(lat * 1e6, rel=0.05)
+
+
+def test_fsdp_roofline_calibration_survives_outliers():
+    from distlab.runtime.fsdp.validate import calibrated_cluster
+    from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
+    from distlab.sim.models import gpt
+    model = gpt(layers=2, hidden=64, heads=2, seq_len=16, vocab=101, dtype="float32", arch="llama")
+    F, M, n, rounds = 30e9, 4e9, 2, 12
+    work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
+    work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
+    fb = sum(max(f / F, b / M) for f, b in work)
+    shard = sum(padded_numel(q.shape, n) for q in model.params) // n
+    lat, bw = 80e-6, 2e9
+    sizes = [2**16, 2**18, 2**20]
+    # a burst of load slows a round on every rank alike: the ranks' rounds share their outliers
+    rank = {"calibration": {"all_gather": {str(s): noisy(lat + (n - 1) / n * s / bw, rounds) for s in sizes}},
+            "local": {"rounds": [noisy(fb, rounds), noisy(ADAM_BYTES * shard / M, rounds)]}}
+    results = [rank] * n
+    cluster = calibrated_cluster(results, model, n)
+    fit = cluster.calibration["collectives"]["all_gather"][str(n)]
+    assert cluster.gpu.tflops * 1e12 == approx(F, rel=0.05) and cluster.gpu.hbm_GBps * 1e9 == approx(M, rel=0.05)
+    assert fit["latency_us"] == approx(lat * 1e6, rel=0.05) and fit["bandwidth_GBps"] * 1e9 == approx(bw, rel=0.05)

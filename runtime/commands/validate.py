@@ -70,7 +70,7 @@ def run(args) -> int:
         warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
     from distlab.runtime import load as machine_load
     load = machine_load.sample()          # before the ranks start: the other processes' share
-    cores = round(load.available_cores, 2) if load else None
+    cores = {n: round(load.effective_cores(n), 2) if load else None for n in set(nprocs) | set(holdout)}
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
         scenario_rows = scenario_cases(args.scenario, args)
@@ -97,14 +97,15 @@ def run(args) -> int:
         compute = results[0]["compute"]
         rows = [r for r in results[0]["rows"] if r["bytes"] in held]
         cases += collective_cases(rows, calibration, compute, backend,
-                                  "held-out size" if n in nprocs else "held-out world size", cores)
+                                  "held-out size" if n in nprocs else "held-out world size", cores[n])
         if not args.no_overlap:
             plan = overlap_plan(n)
             cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, compute, backend,
-                                      cores))
+                                      cores[n]))
     cases += scenario_rows
     after = machine_load.sample()
-    loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None}
+    loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None,
+             "cpu_cores": {str(n): c for n, c in sorted(cores.items())}}      # what the simulator was given
     from distlab.runtime.fit import fit_warnings
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")
@@ -130,7 +131,7 @@ def run(args) -> int:
                       f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
         for when, reading in (("at calibration", load), ("after measurement", after)):
             if reading:
-                print(f"{when}: {reading.line()}")
+                print(f"{when}: {reading.line(max(nprocs + holdout))}")
         for path in (args.plot, args.out):
             if path:
                 print(f"wrote {path}")

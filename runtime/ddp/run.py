@@ -57,7 +57,9 @@ class _Local:
         self.times.append({"forward": t1 - t0, "backward": t2 - t1, "optimizer": time.perf_counter() - t2})
 
 
-def _all_reduce_times(sizes: list[int], log: dict) -> None:
+def _all_reduce_times(sizes: list[int], log: dict, spans: dict, offset: float = 0.0) -> None:
+    """Per size, this rank's duration (``log``) and its (start, end) on rank 0's clock (``spans``): the
+    validation takes the time from launch, last start to last end, as runtime/sweep.py does."""
     import torch
     import torch.distributed as dist
     for s in sizes:
@@ -65,7 +67,9 @@ def _all_reduce_times(sizes: list[int], log: dict) -> None:
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(t)
-        log.setdefault(str(s), []).append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        log.setdefault(str(s), []).append(t1 - t0)
+        spans.setdefault(str(s), []).append((t0 - offset, t1 - offset))
 
 
 def rank_task(ctx, payload: dict) -> dict:
@@ -80,6 +84,9 @@ def rank_task(ctx, payload: dict) -> dict:
     out = {"rank": ctx.rank}
     local = _Local(model, x) if payload.get("local") else None
     cal: dict[str, list[float]] = {}
+    spans: dict[str, list[tuple]] = {}
+    from distlab.runtime.clock import clock_offset
+    offset = clock_offset(ctx) if payload.get("calibrate") else 0.0
     opts = payload.get("ddp", {})
     torch.manual_seed(0)
     module = build_module(model).to(ctx.device)
@@ -118,7 +125,7 @@ def rank_task(ctx, payload: dict) -> dict:
         # the machine's load biases none of them
         if step % 2 and local:
             local.step()
-        _all_reduce_times(payload.get("calibrate") or [], cal)
+        _all_reduce_times(payload.get("calibrate") or [], cal, spans, offset)
         record = ddp_step()
         if not step % 2 and local:
             local.step()
@@ -133,6 +140,7 @@ def rank_task(ctx, payload: dict) -> dict:
         out["local"] = local.times[warmup:]
     if cal:
         out["calibration"] = {k: v[warmup:] or v for k, v in cal.items()}
+        out["calibration_spans"] = {k: v[warmup:] or v for k, v in spans.items()}
     return out
 
 

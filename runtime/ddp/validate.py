@@ -17,7 +17,14 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     measured forward rate; each layer's backward FLOPs are scaled so backward/forward is the measured ratio
     (about 2 in theory, more on CPUs); memory bandwidth makes the optimizer take the measured time; the
     all-reduce is fitted as t = 2(n-1)·α + 2(n-1)/n · S / B by the fit every calibration shares
-    (runtime/fit.py fit_op: robust per size and robust line, runtime/robust.py), on the slowest rank's times."""
+    (runtime/fit.py fit_op: robust per size and robust line, runtime/robust.py), on times from launch (last
+    rank's start to last rank's end, as runtime/sweep.py times `distlab calibrate`): the slowest rank's own
+    duration would add the ranks' wake-up skew after the barrier (scheduling delay, milliseconds on a loaded
+    machine) to α once per call, so the more buckets, the more over-predicted the step; in the simulated step
+    a bucket's all-reduce starts at its last rank's launch, which the slowest rank's compute already sets.
+    Cores: the model alone is timed on every rank at once, alternating with the DDP steps, so it already ran
+    at the share the ranks get beside the machine's other processes (runtime/load.py effective_cores(n,
+    alone=n) = n): the cluster gives each rank its own core (cpu_cores None)."""
     import copy
     from dataclasses import replace
 
@@ -36,7 +43,12 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     cal = results[0].get("calibration")
     if cal:
         sizes = [int(s) for s in cal]
-        samples = [[max(r["calibration"][s][i] for r in results) for i in range(len(cal[s]))] for s in cal]
+        if all("calibration_spans" in r for r in results):        # from launch: last start to last end
+            samples = [[max(r["calibration_spans"][s][i][1] for r in results)
+                        - max(r["calibration_spans"][s][i][0] for r in results) for i in range(len(cal[s]))]
+                       for s in cal]
+        else:                                                     # older results: the slowest rank's duration
+            samples = [[max(r["calibration"][s][i] for r in results) for i in range(len(cal[s]))] for s in cal]
         if stat == "min":
             samples = [[min(x)] for x in samples]
         cluster = replace(cluster, calibration={"collectives": {"all_reduce": {

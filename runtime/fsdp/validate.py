@@ -28,7 +28,9 @@ def calibrated_cluster(results: list[dict], model, world: int):
     fit every calibration shares (runtime/fit.py fit_op: robust center per size of the rounds' slowest-rank
     times, robust line) at the plan's own sizes, and (b) a compute rate F (bisection) and memory rate M such
     that the roofline max(flops/F, bytes/M) reproduces one unsharded rank's forward+backward, and Adam on plain
-    tensors the size of the rank's shards (robust centers of the rounds, slowest rank)."""
+    tensors the size of the rank's shards (robust centers of the rounds, slowest rank). Cores: those are timed
+    on every rank at once, between the FSDP steps, so at the share the ranks get beside the machine's other
+    processes (runtime/load.py effective_cores(n, alone=n) = n): one core per rank in the cluster."""
     from distlab.runtime.fit import fit_op
     from distlab.runtime.robust import center
     from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel

@@ -48,49 +48,81 @@ def reference_loss(cfg: dict) -> float:
     return float(sum(losses) / len(losses))
 
 
-def run_schedule(cfg: dict, rank: int) -> dict:
-    """One configuration on this rank: {"actions": [[name, start, end], ...] per step, "losses": [...]}."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.pipelining as pp
-    cfg = {**DEFAULTS, **cfg}
-    sched_name = S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
-    p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
-    n_stages = p * v
-    from distlab.sim.pipeline.plan import split_layers
-    ranges = split_layers(cfg["layers"] or n_stages, n_stages, cfg.get("split"))
-    blocks = _blocks(cfg["layers"] or n_stages, cfg["width"])
-    placement = S.stage_to_rank(sched_name, p, v)
-    mine = [s for s in range(n_stages) if placement[s] == rank]
-    log: list[list] = []
-    stages = []
-    for s in mine:
-        mod = torch.nn.Sequential(*[blocks[i] for i in ranges[s]])
-        stage = pp.PipelineStage(mod, s, n_stages, torch.device("cpu"))
-        _instrument(stage, log)
-        stages.append(stage)
-    cls = getattr(pp, S.TORCH_CLASSES[sched_name])
-    loss_fn = torch.nn.MSELoss()
-    sched = cls(stages[0], m, loss_fn=loss_fn) if sched_name in ("gpipe", "1f1b") else cls(stages, m, loss_fn=loss_fn)
-    x, y = _data(cfg)
-    calibration = None
-    if cfg.get("calibrate"):          # right before the steps: the machine's state as they will see it
-        calibration = calibrate_alone(cfg["width"], cfg["rows"])
-    steps, losses = [], []
-    for i in range(cfg["warmup"] + cfg["steps"]):
-        for mod in stages:
+class _Schedule:
+    """One configuration set up on this rank (stages, torch schedule, data), ready to ``step``."""
+
+    def __init__(self, cfg: dict, rank: int):
+        import torch
+        import torch.distributed.pipelining as pp
+        cfg = self.cfg = {**DEFAULTS, **cfg}
+        sched_name = S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
+        p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
+        self.n_stages = n_stages = p * v
+        from distlab.sim.pipeline.plan import split_layers
+        ranges = split_layers(cfg["layers"] or n_stages, n_stages, cfg.get("split"))
+        blocks = _blocks(cfg["layers"] or n_stages, cfg["width"])
+        placement = S.stage_to_rank(sched_name, p, v)
+        self.mine = [s for s in range(n_stages) if placement[s] == rank]
+        self.log: list[list] = []
+        self.stages = []
+        for s in self.mine:
+            mod = torch.nn.Sequential(*[blocks[i] for i in ranges[s]])
+            stage = pp.PipelineStage(mod, s, n_stages, torch.device("cpu"))
+            _instrument(stage, self.log)
+            self.stages.append(stage)
+        cls = getattr(pp, S.TORCH_CLASSES[sched_name])
+        loss_fn = torch.nn.MSELoss()
+        self.sched = (cls(self.stages[0], m, loss_fn=loss_fn) if sched_name in ("gpipe", "1f1b")
+                      else cls(self.stages, m, loss_fn=loss_fn))
+        self.x, self.y = _data(cfg)
+        self.rank, self.done = rank, 0
+        self.steps, self.losses = [], []
+
+    @property
+    def total(self) -> int:
+        return self.cfg["warmup"] + self.cfg["steps"]
+
+    def step(self) -> None:
+        """One step after a barrier; its actions are kept once the warm-up steps are done."""
+        import torch.distributed as dist
+        for mod in self.stages:
             mod.submod.zero_grad(set_to_none=True)
-        del log[:]
+        del self.log[:]
         out_losses: list = []
         dist.barrier()
-        args = (x,) if 0 in mine else ()
-        kwargs = {"target": y, "losses": out_losses} if n_stages - 1 in mine else {}
-        sched.step(*args, **kwargs)
-        if i >= cfg["warmup"]:
-            steps.append(list(log))
+        args = (self.x,) if 0 in self.mine else ()
+        kwargs = {"target": self.y, "losses": out_losses} if self.n_stages - 1 in self.mine else {}
+        self.sched.step(*args, **kwargs)
+        if self.done >= self.cfg["warmup"]:
+            self.steps.append(list(self.log))
         if out_losses:
-            losses.append(float(sum(t.item() for t in out_losses) / len(out_losses)))
-    return {"rank": rank, "steps": steps, "losses": losses, "calibration": calibration}
+            self.losses.append(float(sum(t.item() for t in out_losses) / len(out_losses)))
+        self.done += 1
+
+    def result(self, calibration) -> dict:
+        return {"rank": self.rank, "steps": self.steps, "losses": self.losses, "calibration": calibration}
+
+
+def run_schedule(cfg: dict, rank: int) -> dict:
+    """One configuration on this rank: {"steps": [[name, start, end], ...] per step, "losses": [...],
+    "calibration": blocks timed alone right before the steps (with ``calibrate``) or None}."""
+    return run_interleaved([cfg], rank)[0]
+
+
+def run_interleaved(cfgs: list[dict], rank: int) -> list[dict]:
+    """Several configurations whose steps alternate (next: the one with the smallest fraction of its steps done, each
+    step after a barrier), so that they see the same load of the machine; with ``calibrate`` in the first,
+    blocks are timed alone before and after the steps and every result gets the mean of the two
+    (runtime/pipeline/validate.py fits a probe and predicts the configuration beside which it ran)."""
+    runs = [_Schedule(cfg, rank) for cfg in cfgs]
+    first = runs[0].cfg
+    timings = [calibrate_alone(first["width"], first["rows"])] if first.get("calibrate") else []
+    while any(r.done < r.total for r in runs):
+        min((r for r in runs if r.done < r.total), key=lambda r: r.done / r.total).step()
+    if timings:
+        timings.append(calibrate_alone(first["width"], first["rows"]))
+    calibration = {k: sum(t[k] for t in timings) / len(timings) for k in timings[0]} if timings else None
+    return [r.result(calibration) for r in runs]
 
 
 def _instrument(stage, log: list) -> None:
@@ -204,8 +236,9 @@ def rank_main(ctx, payload: dict) -> dict:
         shape = payload["calibrate"]
         out["calibration"] = calibrate_alone(shape["width"], shape["rows"])
         out["p2p"] = calibrate_p2p(ctx.rank, ctx.world_size, shape["width"] * shape["rows"] * 4)
-    for cfg in payload["runs"]:
-        out["runs"].append(run_schedule(cfg, ctx.rank))
+    group = payload.get("interleave", 1)
+    for i in range(0, len(payload["runs"]), group):
+        out["runs"] += run_interleaved(payload["runs"][i:i + group], ctx.rank)
     return out
 
 
@@ -234,10 +267,12 @@ def to_trace(cfg: dict, per_rank: list[dict]):
                            "step_makespans": [span(k)[1] - span(k)[0] for k in range(n_steps)]})
 
 
-def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, timeout: float = 120.0) -> dict:
-    """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration; per-rank results."""
+def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, timeout: float = 120.0,
+            interleave: int = 1) -> dict:
+    """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration, the steps of each
+    ``interleave`` consecutive ones alternating (run_interleaved); per-rank results."""
     from distlab.runtime.launch import launch
-    payload = {"runs": runs, "calibrate": calibrate_shape}
+    payload = {"runs": runs, "calibrate": calibrate_shape, "interleave": interleave}
     results = launch("distlab.runtime.pipeline.run:rank_main", payload, nproc, backend="gloo", threads=1,
                      timeout=timeout)
     return {"ranks": results,

@@ -1,23 +1,26 @@
 """Real pipeline schedules against the simulator on this machine: calibrate, predict, compare action by action.
 
-Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed
-on a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining,
-posting sends and receives: ``overhead``); the ranks of the machine share its cores for that work (the
-cluster's ``cpu_cores``: processor sharing, sim/cores.py); a tensor handed to the next stage arrives after
-the p2p latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
+Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed on
+a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining, posting sends
+and receives: ``overhead``); the ranks of the machine share its cores for that work (the cluster's ``cpu_cores``:
+processor sharing, sim/cores.py, with the cores that fair sharing beside the other processes seen before the
+launch leaves them, runtime/load.py effective_cores); a tensor handed to the next stage arrives after the p2p
+latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
 
-One launch of p gloo ranks (runtime.pipeline.run.measure) runs, for each configuration, first its probe (the same
-schedule and model with fewer microbatches, ``probe_config``), then the configuration itself; each run is
-preceded by every rank timing one block alone (runtime.pipeline.run.calibrate_alone) and timed action by
-action. From the probe: the p2p latency (its measured hand-offs) and the overhead per action (fitted so that
-the simulated probe lasts as long as the measured one, ``fit_overhead``; of it, the mean gap the probe
-shows between actions is a separate "runtime" op after each action and the rest is counted in the action,
-so that predicted and measured bubbles compare like with like). The prediction of the configuration
-is then sim.pipeline's plan with those numbers alone: it never sees the run it predicts. A replay (the same
-plan with each (stage, kind)'s mean measured action time plus the mean gap the runtime leaves between
-actions, which already hold their share of the cores) checks the schedule and p2p model alone. Used by
-benchmarks/pipeline_accuracy.py, lesson 07 and `distlab validate --scenario` (kind pipeline,
-``pipeline_cases``).
+One launch of p gloo ranks (runtime.pipeline.run.measure) runs, for each configuration, its probe (the same
+schedule and model with fewer microbatches, ``probe_config``) and the configuration itself, their steps
+alternating (so that both see the same load), with every rank timing one block alone
+(runtime.pipeline.run.calibrate_alone) before and after them, every action timed. From the probe: the p2p latency
+(its measured hand-offs) and the overhead per action (fitted so that the simulated probe lasts as long as the
+measured one, ``fit_overhead``; when even no overhead leaves the simulated probe longer, the load model's cores
+were too few for that moment and ``fit_cores`` takes the cores that match it, so that a probe never pins the
+overhead at 0 and over-predicts; of the overhead, the mean gap the probe shows between actions is a separate
+"runtime" op after each action and the rest is counted in the action, so that predicted and measured bubbles
+compare like with like). The prediction of the configuration is then sim.pipeline's plan with those numbers alone:
+it never sees the run it predicts. A replay (the same plan with each (stage, kind)'s mean measured action time
+plus the mean gap the runtime leaves between actions, which already hold their share of the cores) checks the
+schedule and p2p model alone. Used by benchmarks/pipeline_accuracy.py, lesson 07 and `distlab validate --scenario`
+(kind pipeline, ``pipeline_cases``).
 """
 from __future__ import annotations
 
@@ -148,23 +151,66 @@ def fit_overhead(cfg: dict, calib: list[dict], cluster, target: float) -> float:
     return (lo + hi) / 2
 
 
+def fit_cores(cfg: dict, calib: list[dict], cluster, target: float) -> float:
+    """The cores (between the cluster's and one per rank) with which the simulated ``cfg``, without runtime
+    overhead, lasts ``target`` seconds (bisection: the makespan falls as the cores grow): for a probe that ran
+    faster than the load model's cores allow even with no overhead (fit_overhead = 0), the cores it shows."""
+    seconds = block_seconds(cfg, calib)
+    lo, hi = cluster.cpu_cores or cluster.gpus_per_node, float(cluster.gpus_per_node)
+
+    def makespan(c):
+        return simulate_cfg(cfg, seconds, replace(cluster, cpu_cores=c))[0].makespan
+    if lo >= hi or makespan(lo) <= target:
+        return lo
+    if makespan(hi) >= target:
+        return hi
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if makespan(mid) > target else (lo, mid)
+    return round((lo + hi) / 2, 3)
+
+
 def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0, count_pids=()) -> list[dict]:
     """One launch of ``n`` gloo ranks: every runtime config in ``cfgs`` (stages = n), each after its probe,
-    calibrated and run. Per config: {"cfg", "plan", "measured", "predicted", "replayed" (traces), "probe"
-    ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per rank,
-    one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the plan
-    adds "overhead" of runtime work after each action), "load" (runtime/load.py, before the ranks start; the
-    cluster's cores are its available_cores), "spread" (robust CV of the probe's step makespans)}.
-    Robust (runtime/robust.py): the probe's makespan is the robust center of its steps; the overhead per action
-    is a property of the runtime, not of a schedule, so with 3 or more configs a fit farther than 3 MADs from
-    their median (one probe a burst of load disturbed) is replaced by the median (robust.reject)."""
+    calibrated and run (``measure_runs``), then predicted (``predict_runs``)."""
+    return predict_runs(measure_runs(cfgs, n, timeout, count_pids))
+
+
+def measure_runs(cfgs: list[dict], n: int, timeout: float = 600.0, count_pids=()) -> dict:
+    """The measurements alone: {"cfgs", "runs" (probe, config, probe, ...), "res" (runtime.pipeline.run.measure),
+    "load" (runtime/load.py, before the ranks start)}. Each probe's steps alternate with its configuration's
+    (runtime.pipeline.run.run_interleaved: both see the same load, and share one timing of the blocks alone),
+    as DDP's and FSDP's calibrations alternate with their steps."""
     from distlab.runtime import load as machine_load
     load = machine_load.sample(count_pids=count_pids)
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
     runs = [run for c in cfgs for run in (probe_config(c), c)]
-    res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout)
+    res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout,
+                  interleave=2)
+    return {"cfgs": cfgs, "runs": runs, "res": res, "load": load, "n": n}
+
+
+def cores_for(load, n: int) -> float:
+    """The cluster's ``cpu_cores`` for ``n`` ranks whose blocks were timed one rank at a time:
+    load.effective_cores(n, alone=1) (runtime/load.py: processor sharing with the observed background)."""
+    if load is None:
+        return min(n, machine_cores())
+    return round(load.effective_cores(n, alone=1), 2)
+
+
+def predict_runs(measured: dict, cores: float | None = None) -> list[dict]:
+    """Per config of ``measure_runs``' result: {"cfg", "plan", "measured", "predicted", "replayed" (traces),
+    "probe" ({"cfg", "measured_s", "predicted_s"}), "latency", "overhead", "cores", "p2p", "calibration" (per
+    rank, one block alone), "action_seconds" ((stage, kind) -> the calibrated compute of the action alone; the
+    plan adds "overhead" of runtime work after each action), "cores" (the cluster's: ``cores``, else
+    cores_for(load, n)), "load" (the reading before the launch, a dict), "spread" (robust CV of the probe's
+    step makespans)}.
+    Robust (runtime/robust.py): the probe's makespan is the robust center of its steps; the overhead per action
+    is a property of the runtime, not of a schedule, so with 3 or more configs a fit farther than 3 MADs from
+    their median (one probe a burst of load disturbed) is replaced by the median (robust.reject)."""
+    cfgs, runs, res, load, n = (measured[k] for k in ("cfgs", "runs", "res", "load", "n"))
     ranks = sorted(res["ranks"], key=lambda r: r["rank"])
-    cores = round(load.available_cores, 2) if load else machine_cores()
+    cores = cores_for(load, n) if cores is None else cores
     p2p = ranks[0]["p2p"]
     fits = []
     for i, cfg in enumerate(cfgs):
@@ -173,8 +219,13 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0, count_
         latency = p2p_latency(probe)
         cluster = cluster_of(n, p2p, latency, cores)
         probe_s = robust.center(probe.meta["step_makespans"])
-        fits.append((latency, cluster, probe_s, fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)))
+        overhead = fit_overhead(runs[2 * i], probe_calib, cluster, probe_s)
+        if overhead == 0.0:           # the probe ran faster than these cores allow: it shows more of them
+            cluster = replace(cluster, cpu_cores=fit_cores(runs[2 * i], probe_calib, cluster, probe_s))
+        fits.append((latency, cluster, probe_s, overhead))
     overheads = robust.reject([f[3] for f in fits])
+    # a probe whose cores were fitted keeps its overhead 0 (the pair fits it; the median's would not)
+    overheads = [0.0 if f[1].cpu_cores != cores else o for f, o in zip(fits, overheads)]
     out = []
     for i, cfg in enumerate(cfgs):
         probe, measured = res["traces"][2 * i], res["traces"][2 * i + 1]
@@ -194,7 +245,8 @@ def measure_and_predict(cfgs: list[dict], n: int, timeout: float = 600.0, count_
                                    action_gap(measured))
         out.append({"cfg": cfg, "plan": plan, "measured": measured, "predicted": predicted, "replayed": replayed,
                     "probe": {"cfg": runs[2 * i], "measured_s": probe_s, "predicted_s": probe_pred.makespan},
-                    "latency": latency, "overhead": overhead, "cores": cores, "p2p": p2p, "calibration": calib,
+                    "latency": latency, "overhead": overhead, "cores": cluster.cpu_cores, "cores_load": cores,
+                    "p2p": p2p, "calibration": calib,
                     "action_seconds": block_seconds(cfg, calib), "overhead_between": between,
                     "overhead_fitted": fits[i][3], "load": load.to_dict() if load else None,
                     "spread": robust.spread(probe.meta["step_makespans"])})
