@@ -1,6 +1,6 @@
 """Fuzzing: malformed cluster files, scenario files, plans and CLI flags. The CLI never shows a traceback:
 it succeeds, or exits 2 with one line on stderr (``distlab check`` exits 1 when it finds problems), and it
-never leaves a half-written output file. 500 examples per input kind."""
+never leaves a half-written output file. 300 examples per input kind."""
 import contextlib
 import io
 import json
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distlab.runtime.cli import main
 
-SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 TMP = ""                     # this module's folder under pytest's tmp_path (fuzz_dir below)
 
 

@@ -51,3 +51,15 @@ def test_scenario_simulates_and_refuses_split_backward_schedules():
     assert any(row[0] == "pipeline stages (pp)" for row in r.report["rows"])
     with pytest.raises(ConfigError, match="allowed: gpipe, 1f1b"):
         sc.build({**d, "tp": {"schedule": "zbh1"}})
+
+
+def test_an_uneven_split_builds_where_an_even_one_is_refused():
+    """pp must divide the blocks unless the spec gives the split (Llama 3 405B: 126 blocks as 7 + 14 x 8 + 7,
+    benchmarks/sim_scale.py)."""
+    model = gpt(layers=6, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=1, arch="llama",
+                ffn_hidden=64, dtype="float32")
+    mesh = Mesh({"pp": 4, "tp": 2})
+    with pytest.raises(ConfigError, match="pp 4 is not a divisor"):
+        pp_tp_plan(model, mesh, PipelineSpec(stages=4, microbatches=4))
+    plan = pp_tp_plan(model, mesh, PipelineSpec(stages=4, microbatches=4, split=[1, 2, 2, 1]))
+    assert plan.meta["pipeline"]["layers_per_stage"] == [2, 2, 2, 2]    # embed and head join the end stages

@@ -38,7 +38,7 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", tp_opts.sequence_parallel)
     blocks, stages = model.config["layers"], spec.stages * spec.virtual_stages
-    if blocks % stages:
+    if spec.split is None and blocks % stages:
         what = "more than" if stages > blocks else "not a divisor of"
         allowed = ", ".join(str(d) for d in range(1, blocks + 1) if blocks % d == 0)
         raise ConfigError(f"pp {stages} is {what} the model's {blocks} transformer blocks (every stage holds the "
