@@ -1,7 +1,7 @@
 """Lesson 13's library (sim/lessons/bank_compute.py, runtime/lessons/compute.py): its FLOP counts are what the
 simulator's builders emit and what `distlab reproduce` divides by, its curve fit recovers known constants, the
 interference formula is the engine's, and the GEMM sweep times real torch.mm."""
-from dataclasses import fields, replace
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -64,13 +64,11 @@ def test_overlap_formula():
 
 
 def test_overlap_formula_is_the_engine_s():
-    """With Cluster.interference (issue 15 item 3, another branch), the engine's compute beside an all-reduce that
-    starts with it ends where overlapped_compute_s says (skipped until that field exists)."""
-    from distlab.sim.cluster import PRESETS, Cluster
+    """With Cluster.interference, the engine's compute beside an all-reduce that starts with it ends where
+    overlapped_compute_s says."""
+    from distlab.sim.cluster import PRESETS
     from distlab.sim.engine import simulate
     from distlab.sim.plan import Collective, Plan
-    if "interference" not in {f.name for f in fields(Cluster)}:
-        pytest.skip("Cluster.interference is not on this branch yet")
     cluster = replace(PRESETS["dgx-a100"].with_world_size(2), interference=1.5)
     coll = Collective("all_reduce", 64 * 2**20, "float32", (0, 1), name="grads")
     alone = simulate(Plan([[coll], [coll]]).validate(), cluster, check=False).makespan
