@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from distlab.sim.engine import compute_seconds, simulate, simulate_collective
-from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
+from distlab.sim.plan import Compute, Plan, Record, Recv, Send, Wait
 
 
 @dataclass

@@ -97,7 +97,7 @@ class Estimator:
         step, dp_exposed = max(ends), 0.0
         if L.dp > 1:
             for s, r in enumerate(ranges):
-                nbytes = self._stage_grad_bytes(model, r, L.tp)
+                nbytes = self._stage_grad_bytes(r, L.tp)
                 group = tuple(s * L.tp + k * L.pp * L.tp for k in range(L.dp))
                 end = last_b[s] + self.costs.collective("all_reduce", nbytes, group)
                 if end > step:
@@ -111,17 +111,13 @@ class Estimator:
         return Estimate(step, {"compute_s": compute - recompute, "recompute_s": recompute, "tp_comm_s": tp_comm,
                                "dp_comm_exposed_s": dp_exposed, "bubble_and_p2p_s": max(bubble, 0.0)})
 
-    def _stage_grad_bytes(self, model, r, tp: int) -> int:
-        from distlab.sim.tp.rules import local_shape
-        from distlab.sim.plan import DTYPE_BYTES
-        total = 0
-        for i in r:
-            for q in model.layers[i].params:
-                n = 1
-                for d in local_shape(q, tp):
-                    n *= d
-                total += n * DTYPE_BYTES[q.dtype]
-        return int(total)
+    def _stage_grad_bytes(self, r, tp: int) -> int:
+        """Bytes of the TP-local gradients of the stage's layers ``r``: what the pipeline builder all-reduces over
+        dp (sim/pipeline/plan.py on sim/tp/compose.py's TP-local model; parameters do not depend on the batch)."""
+        from distlab.sim.tp.compose import tp_local_model
+        if ("local", tp) not in self._layers:
+            self._layers["local", tp] = tp_local_model(self.model(1), tp)
+        return int(sum(self._layers["local", tp].layers[i].param_bytes for i in r))
 
     def _recompute_s(self, L: Layout, layers, names) -> float:
         """Seconds of recomputed forward work in one micro-batch's backward of these layers."""
