@@ -21,6 +21,10 @@ thread issues all_reduces back to back on their own process group; interference 
 collectives wait for it), the robust center over rounds (runtime/robust.py).
 Every rank computes in both, so the sharing of cores between the ranks (sim/cores.py) is in both rates and
 the ratio holds only what the communication takes (gloo's threads on CPU; NCCL's SMs and HBM on GPUs).
+The same rounds give the reverse direction, ``comm_interference`` = the time of the all_reduces with every rank
+computing (the window above) / the time of as many all_reduces with no compute (timed in each round, between
+the two phases); per round the slowest rank's times, the robust center over rounds (sim/cores.py
+CommSlowdown: what it slows, and why neither factor counts the core sharing).
 """
 from __future__ import annotations
 
@@ -165,6 +169,8 @@ class InterferenceProbe:
         self._on(0, lambda: self.mm.run(1))
         self.alone: list[float] = []         # matmuls per second, per round
         self.during: list[float] = []
+        self.comm_alone: list[float] = []    # seconds of the round's all_reduces: no compute / every rank computing
+        self.comm_during: list[float] = []
 
     def _on(self, i: int, fn) -> None:
         """``fn()`` on stream ``i`` (0 compute, 1 communication) and wait for that stream only (CPU: just fn())."""
@@ -196,6 +202,11 @@ class InterferenceProbe:
         ends = self._matmuls(lambda: time.perf_counter() - start > self.window_s)
         alone = (len(ends) - 1) / (ends[-1] - ends[0])
         dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(self.count):
+            self._all_reduce()
+        comm_alone = time.perf_counter() - t0
+        dist.barrier()
         window, done = [], threading.Event()
 
         def comm():
@@ -212,22 +223,28 @@ class InterferenceProbe:
         during = (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) > 1 else 1 / (window[1] - window[0])
         self.alone.append(alone)
         self.during.append(during)
+        self.comm_alone.append(comm_alone)
+        self.comm_during.append(window[1] - window[0])
 
     def result(self) -> dict:
-        """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes}:
-        robust centers (runtime/robust.py) over every rank's rounds."""
+        """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes,
+        "comm_interference" (>= 1), "comm_interference_spread"}: robust centers (runtime/robust.py) over every
+        rank's rounds."""
         import torch.distributed as dist
 
         from distlab.runtime import robust
         every = [None] * self.ctx.world_size
-        dist.all_gather_object(every, (self.alone, self.during))
-        alone = [min(a[j] for a, _ in every) for j in range(len(self.alone))]
-        during = [min(d[j] for _, d in every) for j in range(len(self.during))]
+        dist.all_gather_object(every, (self.alone, self.during, self.comm_alone, self.comm_during))
+        rounds = range(len(self.alone))
+        alone = [min(e[0][j] for e in every) for j in rounds]
+        during = [min(e[1][j] for e in every) for j in rounds]
         ratios = [a / d for a, d in zip(alone, during)]
+        comm = [max(e[3][j] for e in every) / max(e[2][j] for e in every) for j in rounds]
         return {"flops_per_s": robust.center(alone) * self.mm.flops_per_iter,
                 "interference": max(1.0, robust.center(ratios)),
                 "interference_spread": robust.spread(ratios), "interference_rounds": len(ratios),
-                "interference_bytes": self.nbytes}
+                "interference_bytes": self.nbytes, "comm_interference": max(1.0, robust.center(comm)),
+                "comm_interference_spread": robust.spread(comm)}
 
 
 def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.03, rounds: int = 4) -> dict:

@@ -132,7 +132,7 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
     with all ``world_size`` ranks at once, each getting min(1, c / world_size) of what one rank alone gets, so
     the rate of one rank alone (the cluster's gpu) is the measured rate x max(1, world_size / c).
     ``interference``: the measured slowdown of compute while an all_reduce is in flight (compute["interference"],
-    runtime/compute_probe.py)."""
+    runtime/compute_probe.py); ``comm_interference``: the all_reduce's slowdown while every rank computes."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS, GPUSpec
@@ -151,8 +151,9 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
         intra = replace(intra, bandwidth_GBps=best["bandwidth_GBps"], latency_us=best["latency_us"])
     name = "localhost-cpu-calibrated" if backend == "gloo" else "localhost-calibrated"
     interference = round(compute.get("interference", 1.0), 3) if compute else 1.0   # runtime/compute_probe.py
+    comm = round(compute.get("comm_interference", 1.0), 3) if compute else 1.0      # the reverse direction
     return replace(base, name=name, gpu=gpu, intra_node=intra, calibration=calibration, cpu_cores=cpu_cores,
-                   interference=interference)
+                   interference=interference, comm_interference=comm)
 
 
 def _memory_GiB() -> float:

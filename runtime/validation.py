@@ -75,22 +75,29 @@ def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, ba
     and ``interference`` (compute's slowdown while an all_reduce is in flight, sim/cores.py) come from the probe
     rounds run between the plan's runs (``compute["during_plan"]``, runtime/compute_probe.py) where there are
     some: on a shared machine the load then is the load the runs had; the plan's own times are never used.
-    ``error_without_interference``: the error of the same prediction with interference 1 (what it changes)."""
+    ``comm_interference`` (the all_reduce's slowdown while every rank computes) comes from the same rounds.
+    ``error_without_interference``: the error of the same prediction with both factors 1 (what they change);
+    ``error_without_comm_interference``: with comm_interference 1 only."""
     from distlab.runtime.executor import merge_results
     from distlab.sim.engine import simulate
     n = plan.world_size
     during = compute.get("during_plan")
     if during:
-        compute = {**compute, "flops_per_s": during["flops_per_s"], "interference": during["interference"]}
+        compute = {**compute, "flops_per_s": during["flops_per_s"], "interference": during["interference"],
+                   "comm_interference": during.get("comm_interference", 1.0)}
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
     cluster = cluster_for(calibration, compute, n, backend, cpu_cores)
     predicted = simulate(plan, cluster, record_transfers=False).makespan
     c = case("overlap plan", "compute+all_reduce", n, plan.meta["bytes"], predicted, statistics.median(spans),
              spans)
     from dataclasses import replace
-    without = simulate(plan, replace(cluster, interference=1.0), record_transfers=False).makespan
+    without = simulate(plan, replace(cluster, interference=1.0, comm_interference=1.0),
+                       record_transfers=False).makespan
+    without_comm = simulate(plan, replace(cluster, comm_interference=1.0), record_transfers=False).makespan
     c.update(measured_runs_s=spans, interference=cluster.interference, flops_per_s=compute["flops_per_s"],
-             error_without_interference=(without - c["measured_s"]) / c["measured_s"])
+             comm_interference=cluster.comm_interference,
+             error_without_interference=(without - c["measured_s"]) / c["measured_s"],
+             error_without_comm_interference=(without_comm - c["measured_s"]) / c["measured_s"])
     return c
 
 

@@ -66,6 +66,8 @@ class Cluster:
     #                                 processes load the machine, runtime/load.py); None = one each
     interference: float = 1.0       # compute slows by this factor while a collective is in flight on its rank
     #                                 (NCCL kernels take SMs and HBM bandwidth; gloo's threads take cores); 1 = none
+    comm_interference: float = 1.0  # a collective slows by this factor while compute runs on its ranks' node
+    #                                 (CPU) or GPU (sim/cores.py CommSlowdown); 1 = none (the GPU presets)
 
     @property
     def world_size(self) -> int:
@@ -98,6 +100,8 @@ class Cluster:
             d["cpu_cores"] = self.cpu_cores
         if self.interference != 1.0:
             d["interference"] = self.interference
+        if self.comm_interference != 1.0:
+            d["comm_interference"] = self.comm_interference
         if self.calibration:
             d["calibration"] = self.calibration
         return d
@@ -262,7 +266,7 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
-                      d.get("cpu_cores"), d.get("interference", 1.0))
+                      d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0))
     return _validated(cluster, where)
 
 
@@ -284,10 +288,9 @@ def _positive(value, where: str, integer: bool = False, allow_zero: bool = False
         raise ConfigError(f"{value!r} is out of range: use a value between 1e-06 and 1e+09", where)
 
 
-def _check_interference(value, where: str) -> None:
+def _check_interference(value, where: str, none: str = "compute does not slow while a collective runs") -> None:
     if not (_is_number(value) and 1 <= value <= 100):
-        raise ConfigError(f"{value!r} must be a factor >= 1 (1 = compute does not slow while a collective runs; "
-                          "at most 100)", where)
+        raise ConfigError(f"{value!r} must be a factor >= 1 (1 = {none}; at most 100)", where)
 
 
 def _validated(c: Cluster, where: str) -> Cluster:
@@ -299,6 +302,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
     if c.cpu_cores is not None:
         _positive(c.cpu_cores, f"{where}: cpu_cores")
     _check_interference(c.interference, f"{where}: interference")
+    _check_interference(c.comm_interference, f"{where}: comm_interference",
+                        "a collective does not slow while compute runs")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     _check_compute_model(c.gpu, f"{where}: gpu")

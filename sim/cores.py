@@ -14,6 +14,18 @@ bandwidth), recomputed when the collective starts and ends. The two effects are 
 compute ops competing with each other, I the communication threads that this sharing leaves out, and I is
 calibrated as compute with vs without an all_reduce in flight with every rank computing in both
 (runtime/compute_probe.py), so the sharing is in both terms of the ratio and is not counted twice.
+Communication interference (the cluster's ``comm_interference`` = K, the reverse direction): while compute
+runs on a pool (a node's cores; with ``cores=None`` the rank's GPU) that holds one of a collective's simulated
+members, the collective progresses K times slower (rate 1/K; gloo's threads wait for cores the compute ranks
+hold, NCCL kernels for SMs). ``CommSlowdown``: the network part of the collective runs as before (t_net of
+network time); the time it could not progress, L = (1 - 1/K) x (seconds during it with compute running), is
+then still owed and runs at 1/K while compute runs, 1 otherwise, so the collective ends when the integral of
+its rate reaches t_net (the fluid model, exact for a collective alone on its links; a collective sharing links
+with others keeps its network share as computed without the slowdown). K is calibrated as an all_reduce's
+time with every rank computing over its time alone (runtime/compute_probe.py), in the same rounds that
+measure I: the probe's overlapped phase has compute at 1/I and communication at 1/K, which is what the
+simulator then applies, each factor to one side, and neither counts core sharing between compute ops
+(the all_reduce alone has no compute; compute is shared in both of its rates).
 ``cores=None``: no sharing (each op has its own core or GPU), only interference.
 """
 from __future__ import annotations
@@ -38,6 +50,7 @@ class SharedCores:
         self.updated = 0.0
         self.version = 0
         self.ids = itertools.count()
+        self.listeners: set = set()                # CommSlowdowns of collectives in flight on this pool
 
     def rate(self) -> float:
         """Seconds of work per second of each op from core sharing alone: min(1, cores / running ops)."""
@@ -78,6 +91,8 @@ class SharedCores:
         for op in [op for op, left in self.remaining.items() if left <= done_below]:
             del self.remaining[op], self.rank_of[op]
             self.done.pop(op).succeed()
+        for listener in list(self.listeners):
+            listener.update()
         self.version += 1
         if self.remaining:
             share = self.rate()
@@ -88,3 +103,40 @@ class SharedCores:
         if version == self.version:           # no op started or ended since this wake-up was set
             self._advance()
             self._finish_and_reschedule()
+
+
+class CommSlowdown:
+    """One collective in flight under communication interference ``factor`` (K, module docstring): created when
+    it starts, with the pools of its simulated members; ``finish()`` (a simpy generator, after its network
+    part) waits for the time it lost while compute ran on any of them."""
+
+    def __init__(self, env, pools: list, factor: float):
+        self.env, self.pools, self.factor = env, pools, factor
+        self.lost = 0.0                     # seconds of network time not done: (1 - 1/K) x busy seconds
+        self.since = env.now
+        self.busy = any(p.remaining for p in pools)
+        self.changed = env.event()          # succeeds when compute starts on idle pools or ends on all of them
+        for p in pools:
+            p.listeners.add(self)
+
+    def update(self) -> None:
+        """A pool's op started or ended: book the time since the last update, then note the new state."""
+        if self.busy:
+            self.lost += (1 - 1 / self.factor) * (self.env.now - self.since)
+        self.since = self.env.now
+        busy = any(p.remaining for p in self.pools)
+        if busy != self.busy:
+            self.busy = busy
+            event, self.changed = self.changed, self.env.event()
+            event.succeed()
+
+    def finish(self):
+        self.update()
+        left = self.lost
+        while left > EPS:
+            rate = 1 / self.factor if self.busy else 1.0
+            t0 = self.env.now
+            yield self.env.any_of([self.env.timeout(left / rate), self.changed])
+            left -= (self.env.now - t0) * rate
+        for p in self.pools:
+            p.listeners.discard(self)

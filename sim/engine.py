@@ -10,7 +10,10 @@
   rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
   node's running compute ops share the cores for (sim.cores: processor sharing). While a collective is in
   flight on a rank (from its launch to its end), that rank's compute runs ``cluster.interference`` times slower
-  (sim.cores: the factor, and why it does not count the core sharing twice).
+  (sim.cores: the factor, and why it does not count the core sharing twice). The reverse direction: while
+  compute runs on a collective's members (their node's cores; without cpu_cores, their GPUs), the collective
+  progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
+  added at its end).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -28,7 +31,7 @@ import simpy
 from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
-from distlab.sim.cores import SharedCores
+from distlab.sim.cores import CommSlowdown, SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
@@ -90,7 +93,8 @@ class _Simulation:
         cores = cluster.cpu_cores
         slow = cluster.interference
         self.cores = [SharedCores(self.env, cores, slow) for _ in range(cluster.nodes)] if cores else None
-        no_cores = slow != 1 and not cores          # interference alone: each rank's own SharedCores
+        self.comm_slow = cluster.comm_interference
+        no_cores = (slow != 1 or self.comm_slow != 1) and not cores   # interference alone: each rank's own pool
         self.gpus = {r: SharedCores(self.env, None, slow) for r in self.simulated} if no_cores else None
         self.members: dict = {}          # id(group) -> (group, its simulated members): interference
         self.records: list[OpRecord] = []
@@ -213,7 +217,10 @@ class _Simulation:
             self.net.flows_done += flows
             launch = t_a
             self._communicating(group, +1)       # in flight: interference on the rank's compute, as always
+            slowed = self._comm_slowdown(group)
             yield self.env.timeout(seconds)
+            if slowed:
+                yield from slowed.finish()
             self._communicating(group, -1)
         else:
             launch, algorithm = yield from self._collective(rank, ic, c)
@@ -252,19 +259,30 @@ class _Simulation:
             return self.cores[self.cluster.node_of(rank)]
         return self.gpus[rank] if self.gpus else None
 
-    def _communicating(self, group, delta: int) -> None:
-        """A collective on ``group`` starts (+1) or ends (-1): interference on its simulated members' compute."""
-        if self.cluster.interference == 1:
-            return
+    def _simulated_members(self, group) -> list:
         hit = self.members.get(id(group))           # groups are interned (_sequence_numbers): no tuple hashing
         if hit is None or hit[0] is not group:
             in_group = set(group)
             hit = self.members[id(group)] = (group, [r for r in self.simulated if r in in_group])
-        for r in hit[1]:
+        return hit[1]
+
+    def _communicating(self, group, delta: int) -> None:
+        """A collective on ``group`` starts (+1) or ends (-1): interference on its simulated members' compute."""
+        if self.cluster.interference == 1:
+            return
+        for r in self._simulated_members(group):
             self._pool(r).communicating(r, delta)
+
+    def _comm_slowdown(self, group) -> CommSlowdown | None:
+        """A collective on ``group`` starts: its CommSlowdown over its simulated members' pools (None if K = 1)."""
+        if self.comm_slow == 1:
+            return None
+        pools = {id(p): p for p in map(self._pool, self._simulated_members(group))}
+        return CommSlowdown(self.env, list(pools.values()), self.comm_slow)
 
     def _run_collective(self, rv, op, group):
         self._communicating(group, +1)
+        slowed = self._comm_slowdown(group)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -274,6 +292,8 @@ class _Simulation:
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
+            if slowed:
+                yield from slowed.finish()
             self._communicating(group, -1)
             rv["done"].succeed()
             return
@@ -290,7 +310,9 @@ class _Simulation:
             yield self.net.transfer(pairs, sizes, latency)
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
-            self.durations[key] = (self.env.now - start, algorithm, flows)
+            self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
+        if slowed:
+            yield from slowed.finish()
         self._communicating(group, -1)
         rv["done"].succeed()
 

@@ -111,6 +111,7 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     curve = cluster.gpu.gemm_efficiency
     assert len(curve) >= 5 and max(e for _, e in curve) <= 1 and 0 < cluster.gpu.launch_s < 1e-3
     assert cluster.interference >= 1 and "interference: compute x" in stdout and "model error" in stdout
+    assert cluster.comm_interference >= 1 and "comm_interference: all_reduce x" in stdout
     assert (tmp_path / "curve.png").stat().st_size > 0
     scenario = tmp_path / "s.yaml"           # `distlab simulate` on it (in this process: no start-up time)
     scenario.write_text(f"model: {{kind: mlp, widths: [256, 256], batch: 8}}\nparallelism: {{kind: ddp}}\n"

@@ -5,7 +5,8 @@ fitted to the median times from launch (runtime/fit.py), and matmul FLOP/s with 
 The YAML (runtime/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
 size, with ``gpu`` = the measured compute (at the largest world size), ``calibration.collectives`` = the fits
 (with size bands where one line does not fit), ``interference`` = compute's slowdown while an all_reduce is in
-flight (runtime/compute_probe.py, at the largest world size), and, for CPU ranks, ``cpu_cores`` = the cores this
+flight and ``comm_interference`` = the all_reduce's slowdown while every rank computes (runtime/compute_probe.py,
+at the largest world size), and, for CPU ranks, ``cpu_cores`` = the cores this
 process may use, which the ranks share (sim/cores.py). It is rewritten (atomically) after each world size.
 ``--compute``: GEMMs of many shapes, a copy and a 1 x 1 GEMM timed in this process (runtime/compute_probe.py;
 CUDA when present), and the gpu's tflops, gemm_efficiency, hbm_GBps and launch_s set from them, with a table and
@@ -116,7 +117,8 @@ def run(args) -> int:
         sys.stderr.write(f"distlab calibrate: {w}\n")
     if args.json:
         out = {"cluster": args.out, "calibration": cluster.calibration, "gpu": cluster.to_dict()["gpu"],
-               "cpu_cores": cluster.cpu_cores, "interference": cluster.interference, "load": loads, "rows": rows}
+               "cpu_cores": cluster.cpu_cores, "interference": cluster.interference,
+               "comm_interference": cluster.comm_interference, "load": loads, "rows": rows}
         if probe:
             out["compute"] = {k: v for k, v in probe.items() if k != "fit"}
             out["files"] = [args.plot] if args.plot else []
@@ -141,6 +143,7 @@ def run(args) -> int:
     else:
         print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
     print(f"interference: compute x {cluster.interference:.3f} while an all_reduce is in flight")
+    print(f"comm_interference: all_reduce x {cluster.comm_interference:.3f} while every rank computes")
     if after:
         print(f"after: {after.line()}")
     print(f"wrote {args.out} (cpu_cores {cluster.cpu_cores}: the cores left to the ranks)")
