@@ -1,13 +1,14 @@
 """`distlab validate`'s overlap plan (runtime/validation.py: compute on one stream, all_reduces of its gradients
 on another) predicted vs measured at 2 and 4 ranks, over several validate runs, with the machine's load.
 
-    python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2,4] [--json]
+    python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2,4] [--json] [--keep DIR]
 
 Each run is one `distlab validate --ops all_reduce` (its own calibration, then the plan 5 times: the run's error
 is that of the median makespan). Prints per world size every run's error, the median error over the runs, their
 spread (largest - smallest), the load before each run, the fitted factors (interference I: compute's slowdown
 beside an all_reduce; comm_interference K: the all_reduce's beside compute, sim/cores.py) and the median error
-of the same predictions with both factors 1, and with K = 1 only (what each changes). Target (issue 15): |median error| <= 15%. Exit code 1
+of the same predictions with both factors 1, and with K = 1 only (what each changes). ``--keep DIR``: each
+run's `distlab validate --out` file (every op of every repeat) is kept there. Target (issue 15): |median error| <= 15%. Exit code 1
 when a target is missed.
 """
 from __future__ import annotations
@@ -40,9 +41,12 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--nproc", default="2,4")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--keep", metavar="DIR", help="keep each run's validate output (JSON, PNG) in DIR")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as folder:
-        runs = [one_run(args.nproc, folder, k) for k in range(args.runs)]
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [one_run(args.nproc, args.keep or tmp, k) for k in range(args.runs)]
     per_n: dict[int, list[dict]] = {}
     for r in runs:
         for c in r["cases"]:

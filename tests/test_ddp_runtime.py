@@ -49,3 +49,6 @@ def test_validate_ddp_short_run():
     measured = r["measured"]
     assert {o.name for o in measured.ops if o.kind == "collective"} == {"bucket 0", "bucket 1"}
     assert measured.meta["source"] == "measured" and r["predicted"].meta["source"] == "simulated"
+    probe = r["results"][0]["interference"]      # runtime/compute_probe.py, one round per step: on the cluster
+    assert probe["interference_rounds"] == 3 and r["cluster"].interference == round(probe["interference"], 3)
+    assert r["cluster"].comm_interference == round(probe["comm_interference"], 3) >= 1

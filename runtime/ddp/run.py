@@ -5,7 +5,10 @@ comm hook: the hook is called when the Reducer launches a bucket (``Reducer::mar
 future it returns completes when the all-reduce ends, so each bucket's launch and end are measured. A
 ``register_post_accumulate_grad_hook`` on every parameter records when its gradient is ready. Steps start
 after a barrier; times are seconds from the step's start; the first ``warmup`` steps are dropped (step 0
-uses one bucket; buckets are rebuilt at step 1's forward). Predicted against measured: runtime/ddp/validate.py.
+uses one bucket; buckets are rebuilt at step 1's forward). With ``interference``, a round of
+runtime/compute_probe.py's InterferenceProbe runs between the steps too (compute's slowdown beside an all_reduce
+and the all_reduce's beside compute, at the load the steps see). Predicted against measured:
+runtime/ddp/validate.py.
 """
 from __future__ import annotations
 
@@ -83,6 +86,10 @@ def rank_task(ctx, payload: dict) -> dict:
     x = example_input(model).to(ctx.device)
     out = {"rank": ctx.rank}
     local = _Local(model, x) if payload.get("local") else None
+    probe = None
+    if payload.get("interference") and ctx.world_size > 1:
+        from distlab.runtime.compute_probe import InterferenceProbe
+        probe = InterferenceProbe(ctx)
     cal: dict[str, list[float]] = {}
     spans: dict[str, list[tuple]] = {}
     from distlab.runtime.clock import clock_offset
@@ -129,6 +136,8 @@ def rank_task(ctx, payload: dict) -> dict:
         record = ddp_step()
         if not step % 2 and local:
             local.step()
+        if probe:
+            probe.round()
         if step >= warmup:
             steps.append(record)
     log = ddp._get_ddp_logging_data()
@@ -138,6 +147,8 @@ def rank_task(ctx, payload: dict) -> dict:
     out["steps"] = steps
     if local:
         out["local"] = local.times[warmup:]
+    if probe:
+        out["interference"] = probe.result()
     if cal:
         out["calibration"] = {k: v[warmup:] or v for k, v in cal.items()}
         out["calibration_spans"] = {k: v[warmup:] or v for k, v in spans.items()}
@@ -146,8 +157,9 @@ def rank_task(ctx, payload: dict) -> dict:
 
 def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5, warmup: int = 2,
             local: bool = True, calibrate: list[int] | None = None, backend: str = "gloo",
-            timeout: float = 300.0) -> list[dict]:
-    """Launch ``world`` ranks running :func:`rank_task`; the per-rank results."""
+            timeout: float = 300.0, interference: bool = False) -> list[dict]:
+    """Launch ``world`` ranks running :func:`rank_task`; the per-rank results (``interference``: with the
+    probe's factors, result["interference"])."""
     import torch
 
     from distlab.runtime.launch import launch
@@ -155,7 +167,7 @@ def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5,
         raise ConfigError("bf16 compression needs NCCL: torch's DDP takes bf16_compress_hook only with CUDA 11+ "
                           "and NCCL 2.10+ (DistributedDataParallel._check_comm_hook); with gloo use fp16", "compress")
     payload = {"model": {**model.config, "name": model.name}, "ddp": ddp_opts or {}, "steps": steps,
-               "warmup": warmup, "local": local, "calibrate": calibrate}
+               "warmup": warmup, "local": local, "calibrate": calibrate, "interference": interference}
     return launch("distlab.runtime.ddp.run:rank_task", payload, nproc=world, backend=backend, timeout=timeout)
 
 

@@ -24,7 +24,10 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     a bucket's all-reduce starts at its last rank's launch, which the slowest rank's compute already sets.
     Cores: the model alone is timed on every rank at once, alternating with the DDP steps, so it already ran
     at the share the ranks get beside the machine's other processes (runtime/load.py effective_cores(n,
-    alone=n) = n): the cluster gives each rank its own core (cpu_cores None)."""
+    alone=n) = n): the cluster gives each rank its own core (cpu_cores None). Interference (where the launch
+    measured it, runtime/compute_probe.py, robust centers over rounds between the steps): ``interference`` =
+    the backward's slowdown while a bucket's all-reduce is in flight, ``comm_interference`` = the all-reduce's
+    while the backward runs (sim/cores.py: neither counts the sharing of cores, which the compute rate holds)."""
     import copy
     from dataclasses import replace
 
@@ -40,6 +43,10 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     gpu = replace(PRESETS[base].gpu, name="calibrated", tflops=model.fwd_flops / t_fwd / 1e12, mfu=1.0,
                   hbm_GBps=max(OPTIMIZERS[optimizer], 1) * model.param_bytes / t_opt / 1e9)
     cluster = replace(PRESETS[base], name=f"{base} (calibrated)", gpus_per_node=n, gpu=gpu)
+    probe = results[0].get("interference")
+    if probe:
+        cluster = replace(cluster, interference=round(probe["interference"], 3),
+                          comm_interference=round(probe["comm_interference"], 3))
     cal = results[0].get("calibration")
     if cal:
         sizes = [int(s) for s in cal]
@@ -70,7 +77,7 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
     opts = DDPOptions.from_dict(section)
     results = measure(model, {"bucket_cap_mb": opts.bucket_cap_mb, "compress": opts.compress,
                               "grad_accum": opts.grad_accum, "optimizer": opts.optimizer},
-                      nproc, steps, warmup, True, CAL_SIZES, backend, timeout)
+                      nproc, steps, warmup, True, CAL_SIZES, backend, timeout, interference=True)
     return compare(model, opts, results, stat)
 
 
