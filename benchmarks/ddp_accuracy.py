@@ -58,6 +58,11 @@ def _main(args, load_pids) -> int:
             of_bwd = f"{row['error_pct_of_backward']:11.1f}%" if "error_pct_of_backward" in row else ""
             print(f"  {row['what']:18} {row['predicted_s'] * 1e3:13.2f} {row['measured_s'] * 1e3:12.2f} "
                   f"{row['error_pct']:+7.1f}% {of_bwd}")
+        c = r["cluster"]
+        plain = _step_without_interference(r, cap)
+        print(f"  interference (runtime/compute_probe.py, between the steps): compute x {c.interference:.2f} beside "
+              f"an all-reduce, all-reduce x {c.comm_interference:.2f} beside compute; step without them "
+              f"{plain * 1e3:.2f} ms ({100 * (plain / r['rows'][0]['measured_s'] - 1):+.1f}%)")
         step_err = abs(r["rows"][0]["error_pct"])
         launch_err = max(x["error_pct_of_backward"] for x in r["rows"] if "error_pct_of_backward" in x)
         good = step_err <= 25 and launch_err <= 25 and r["buckets_match"]
@@ -75,6 +80,17 @@ def _main(args, load_pids) -> int:
     after = machine_load.sample(count_pids=load_pids)
     print(f"at the end: {after.line() if after else 'load unknown'}")
     return 0 if ok else 1
+
+
+def _step_without_interference(r: dict, cap) -> float:
+    """The same prediction with both interference factors 1 (what they change)."""
+    from dataclasses import replace
+
+    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
+    from distlab.sim.engine import simulate
+    plan, _ = ddp_plan(r["model"], 2, DDPOptions.from_dict({"bucket_cap_mb": cap}))
+    cluster = replace(r["cluster"], interference=1.0, comm_interference=1.0)
+    return simulate(plan, cluster, record_transfers=False).makespan
 
 
 if __name__ == "__main__":
