@@ -139,6 +139,9 @@ def test_validate_prints_cases_and_medians(cli, tmp_path):
     result = json.loads(out)
     kinds = [c["kind"] for c in result["cases"]]
     assert kinds == ["held-out size", "held-out size", "overlap plan"]
+    overlap = result["cases"][-1]      # both interference factors from the probe rounds between the plan's runs
+    assert overlap["interference"] >= 1 and overlap["comm_interference"] >= 1
+    assert overlap["error"] >= overlap["error_without_comm_interference"] - 1e-9   # a slower all_reduce: no faster
     for c in result["cases"]:
         assert c["error"] == pytest.approx((c["predicted_s"] - c["measured_s"]) / c["measured_s"])
         assert c["repeats"] >= 2 and c["measured_min_s"] <= c["measured_s"] <= c["measured_max_s"]
