@@ -133,7 +133,7 @@ class CommSlowdown:
     def finish(self):
         self.update()
         left = self.lost
-        while left > EPS:
+        while left > max(EPS, 4 * math.ulp(self.env.now)):      # below that, now + left == now: done
             rate = 1 / self.factor if self.busy else 1.0
             t0 = self.env.now
             yield self.env.any_of([self.env.timeout(left / rate), self.changed])

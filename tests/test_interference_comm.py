@@ -79,3 +79,9 @@ def test_bad_comm_interference_is_refused(value):
     with pytest.raises(ConfigError) as e:
         cluster_from_dict(d, where="c.yaml")
     assert e.value.where == "c.yaml: comm_interference" and "a collective does not slow" in str(e.value)
+
+
+def test_late_in_a_long_run_the_collective_still_ends():
+    # at t = 1e6 s a float step is ~1e-10 s: the owed time is paid down to that, then the collective ends
+    got = ends(simulate(overlap_plan(2, before=1e6), replace(CPU, comm_interference=2.0)))
+    assert got["ar"][1] - got["ar"][0] == approx(2 * T, rel=1e-6)
