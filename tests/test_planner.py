@@ -40,7 +40,10 @@ def test_estimate_agrees_with_the_simulator_on_50_random_layouts(small_cluster):
     feasible = [L for L in layouts if fits(sum(est.memory(L).values()), cluster.gpu.memory_GiB)]
     sample = stratified(feasible, 50, random.Random(0))
     assert len(sample) == 50
-    assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP"}
+    assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP",
+                                          "TP x HSDP", "CP x FSDP", "CP x TP x FSDP", "CP x HSDP",
+                                          "PP (interleaved) x TP x DDP"}
+    assert any(L.split for L in sample) and any(L.loss_parallel for L in sample)
     worst = 0.0
     for L in sample:
         des = simulate(L.scenario(TINY, small_cluster, 2)).summary["step_s"]
@@ -52,7 +55,7 @@ def stratified(layouts: list, n: int, rng) -> list:
     """n layouts drawn family by family in turn (each family shuffled), so every family is tested."""
     by: dict = {}
     for L in layouts:
-        by.setdefault(L.family, []).append(L)
+        by.setdefault((L.family, L.split is not None), []).append(L)
     for v in by.values():
         rng.shuffle(v)
     out = []
