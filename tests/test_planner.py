@@ -73,6 +73,22 @@ def test_pipeline_list_schedule_is_the_1f1b_closed_form():
         assert max(ends) == pytest.approx((m + p - 1) * 3.0)
 
 
+def test_compiled_schedule_runs_as_the_list_schedule():
+    """The compiled order (recorded once per schedule shape) gives the reference list schedule's times, also
+    for interleaved 1F1B (v stages per rank, messages between ranks in order) with random durations."""
+    from distlab.sim.planner.estimate import compiled_schedule, run_schedule
+    rng = random.Random(1)
+    for sched, p, m, v in (("1f1b", 4, 8, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 3)):
+        dur = [rng.uniform(0.5, 2.0) for _ in range(2 * p * v)]
+        c = compiled_schedule(sched, p, m, v)
+        msg = [rng.uniform(0.0, 0.3) for _ in c.links]
+        link = {pair: i for i, pair in enumerate(c.links)}
+        last_b, ends = run_schedule(c, dur, msg)
+        ref_b, ref_ends = pipeline_makespan(S.build(sched, p, m, v), lambda a: dur[2 * a.stage + (a.kind == "B")],
+                                            lambda a, b: msg[link[(a % p, b % p)]], on_demand=c.on_demand)
+        assert ends == pytest.approx(ref_ends, rel=1e-12) and last_b == pytest.approx(ref_b, rel=1e-12)
+
+
 def test_streams_share_the_network_but_not_latency():
     """Two 1 s transfers on two streams of the same link end together at 2 s (each at half rate) after their
     unshared latency; compute on its own stream overlaps them."""
@@ -140,3 +156,17 @@ def test_bad_questions_get_one_line_and_exit_2(small_cluster, args, words, tmp_p
     assert main(base + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "Traceback" not in err[0]
+
+
+def test_memory_is_what_simulate_reports_for_the_new_kinds(small_cluster):
+    """Interleaved with an uneven split (the fullest rank found by walking the schedule), CP x TP, HSDP: the
+    planner's memory per GPU is `distlab simulate`'s report."""
+    model = {**TINY, "layers": 8}
+    est = Estimator(model, load_cluster(small_cluster, 2))
+    for L in (Layout(2, 2, 2, "ddp", 1, 4, True, "selective", "interleaved", 2, (2, 2, 3, 1)),
+              Layout(2, 2, 2, "ddp", 2, 2, False, "none", "gpipe", 1, (5, 3), loss_parallel=True),
+              Layout(2, 1, 2, "fsdp", 4, 1, True, "full", cp=2),
+              Layout(1, 1, 8, "hsdp", 1, 1, False, "selective", dp_shard=2)):
+        r = simulate(L.scenario(model, small_cluster, 2))
+        report = r.reports["cp" if L.cp > 1 else "tp"]["json"]["memory"]
+        assert report["total_bytes"] == pytest.approx(sum(est.memory(L).values()), rel=1e-9), L.label()
