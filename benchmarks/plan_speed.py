@@ -26,6 +26,8 @@ def main() -> int:
     p.add_argument("--confirm", type=int, default=20, help="layouts the simulator confirms (default 20)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: the CPUs, at most 2)")
     p.add_argument("--estimate-all", action="store_true", help="also estimate the layouts that do not fit")
+    p.add_argument("--confirm-from", type=int, default=0, help="confirm the --confirm layouts after the best N "
+                                                               "instead (a long confirmation in parts)")
     args = p.parse_args()
     from distlab.sim.planner.search import confirm_top, estimate_all, search
     print(f"{args.model} on {args.nodes} x {args.cluster}, global batch {args.global_batch}; load average "
@@ -40,17 +42,18 @@ def main() -> int:
             c.estimate = e
         estimated += len(rest)
     t2 = time.perf_counter()
-    confirm_top(s, args.confirm, args.workers)
+    confirm_top(s, args.confirm, args.workers, args.confirm_from)
     t3 = time.perf_counter()
+    confirmed = [(i, c) for i, c in enumerate(s.ranked) if c.simulated_s is not None]
     print(f"layouts enumerated and memory-checked {len(s.all)}, fit {len(s.ranked)}, estimated {estimated}")
     print("  by family (enumerated): " + ", ".join(f"{k} {v}" for k, v in Counter(c.layout.family for c in s.all)
                                                  .most_common()))
     print(f"phases: search (enumerate, memory, estimate the fitting) {t1 - t0:.1f} s"
           + (f", estimate the rest {t2 - t1:.1f} s" if args.estimate_all else "")
-          + f", simulator confirms {s.confirmed} in {t3 - t2:.1f} s; total {t3 - t0:.1f} s; "
+          + f", simulator confirms {len(confirmed)} in {t3 - t2:.1f} s; total {t3 - t0:.1f} s; "
           f"load average {os.getloadavg()[0]:.1f} at the end")
     errors = []
-    for i, c in enumerate(s.ranked[:s.confirmed]):
+    for i, c in confirmed:
         err = c.estimate.step_s / c.simulated_s - 1
         errors.append(abs(err))
         print(f"{i + 1:3d}  {c.layout.label():90s} simulated {c.simulated_s * 1e3:8.1f} ms  estimate "

@@ -143,11 +143,11 @@ def _estimate_chunk(idx: list) -> tuple[list, list]:
     return idx, [est.estimate(layouts[i]) for i in idx]
 
 
-def confirm_top(s: Search, k: int, workers: int | None = None) -> None:
+def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -> None:
     """Simulate the best ``k`` estimates with the discrete-event simulator (in ``workers`` processes) and re-rank
-    them by its step."""
+    them by its step; ``start``: the ``k`` after the best ``start`` instead (simulated, not re-ranked)."""
     q = s.question
-    top = s.ranked[:k]
+    top = s.ranked[start:start + k]
     scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
     n = min(worker_count(workers), len(top))
     if n > 1 and "fork" in mp.get_all_start_methods():
@@ -157,6 +157,8 @@ def confirm_top(s: Search, k: int, workers: int | None = None) -> None:
         summaries = [_simulate(d) for d in scenarios]
     for x, summary in zip(top, summaries):
         x.simulated_s, x.simulated = summary["step_s"], summary
+    if start:
+        return
     s.confirmed = len(top)
     s.ranked[:s.confirmed] = sorted(s.ranked[:s.confirmed], key=lambda x: x.step_s)
 
