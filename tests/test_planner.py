@@ -181,3 +181,16 @@ def test_validate_refuses_pipelines_the_real_run_does_not_build(small_cluster):
                                                                                     "1f1b", 1, (3, 1))):
         with pytest.raises(ConfigError, match="allowed for a real run: schedule gpipe or 1f1b, virtual_stages 1"):
             prepare(L.scenario(TINY, small_cluster, 2), 4)
+
+
+def test_two_processes_estimate_what_one_does(small_cluster):
+    """The estimate shared out between forked processes (chunks by shape, results back in order) is the serial
+    one, layout for layout."""
+    from distlab.sim.planner.search import PARALLEL_FROM, estimate_all
+    cluster = load_cluster(small_cluster, 2)
+    est = Estimator(TINY, cluster)
+    layouts = enumerate_layouts(est.model(1).config, cluster.world_size, cluster.gpus_per_node, 8, (1, 2))
+    layouts = layouts[::len(layouts) // PARALLEL_FROM][:PARALLEL_FROM]        # every family, just enough
+    assert len(layouts) == PARALLEL_FROM
+    serial = [e.step_s for e in estimate_all(Estimator(TINY, cluster), layouts, workers=1)]
+    assert [e.step_s for e in estimate_all(est, layouts, workers=2)] == serial
