@@ -9,14 +9,18 @@ rank at once: contention between concurrent groups on shared links.
 How the terms combine (the builders' structure, sim/tp/*):
 - inside a layer, compute waits for each TP collective (stream ``tp``): a stage's forward F_s and backward B_s
   of one micro-batch are sums;
-- PP x TP x DDP: the pipeline's actions (sim/pipeline/schedules.py) list-scheduled per rank with these
-  durations: an action starts when its rank is free and its input has arrived; a message starts when the
-  sender's action has ended, the previous message on that link has been delivered and (receives posted on
-  demand, as gpipe and 1f1b run) the receiver is ready for it; then each stage's gradient all-reduce over dp
-  after its last backward. Step = the last end;
-- DDP x TP and FSDP2 x TP: rank 0's program (built on a mesh with two replicas: bytes do not depend on their
-  number) run stream by stream: ops in order per stream, Wait holds a stream until its Record; collectives
-  over dp take their time on the real dp group. Exact for symmetric ranks without contention.
+- PP x TP x DDP (1F1B, GPipe, interleaved 1F1B with stage s on rank s % p): the pipeline's actions
+  (sim/pipeline/schedules.py) list-scheduled per rank with these durations: an action starts when its rank is
+  free and its input has arrived; a message starts when the sender's action has ended, the previous message
+  between those two ranks has been delivered and (receives posted on demand, as gpipe and 1f1b run; interleaved
+  posts them early) the receiver is ready for it; then, per rank, its stages' gradient all-reduces over dp in
+  turn, each after its stage's last backward. Step = the last end. The order the list schedule visits the
+  actions does not depend on their durations: it is recorded once per (schedule, p, m, v) and replayed
+  (:func:`compiled_schedule`, :func:`run_schedule`);
+- DDP x TP, FSDP2 x TP, HSDP x TP and CP x TP x FSDP2/HSDP: rank 0's program, built small, run stream by stream
+  (sim/planner/flat.py): ops in order per stream, Wait holds a stream until its Record, ring attention's
+  permutes meet their receives by symmetry; collectives take their time on the real group of their mesh
+  dimension. Exact for symmetric ranks without contention.
 """
 from __future__ import annotations
 
