@@ -82,8 +82,8 @@ class Layout:
         """``tp 8 · pp 4 · dp 32 (ddp) · mb 1 x 8 · sp · recompute selective · 1f1b``."""
         dp = f"dp {self.dp} ({self.dp_kind})" if self.dp_kind != "hsdp" else \
             f"dp {self.dp} (hsdp {self.dp // self.dp_shard} x {self.dp_shard})"
-        bits = [f"tp {self.tp}"] + ([f"cp {self.cp}"] if self.cp > 1 else []) + [f"pp {self.pp}", dp,
-                                                                                   f"mb {self.micro_batch} x {self.microbatches}"]
+        bits = [f"tp {self.tp}"] + ([f"cp {self.cp}"] if self.cp > 1 else [])
+        bits += [f"pp {self.pp}", dp, f"mb {self.micro_batch} x {self.microbatches}"]
         bits += (["sp"] if self.sequence_parallel and self.tp > 1 else []) + \
             (["loss parallel"] if self.loss_parallel else []) + [f"recompute {self.recompute}"]
         if self.pp > 1:
