@@ -3,11 +3,13 @@ Megatron-LM's Table 1), search every layout of the run's model on its GPUs and g
 with its generation's fitted GEMM curve, and report where the published layout ranks among those that fit, its
 throughput against the planner's #1, and, when it is not in the top 5 within 10%, #1 against it term by term.
 Twice: over every layout distlab builds, and over what the run's own stack offered ("as published": DDP, the
-run's recompute, no sequence parallelism: Megatron-LM in 2021).
+run's recompute, no sequence or context parallelism, even splits: Megatron-LM in 2021, which had the interleaved
+schedule and the vocabulary-parallel loss).
 
 Both sides are the planner's fast estimate (sim/planner/step.py), so the comparison is like for like; the planner
-searches what distlab's builders compose (tp, pp, DDP or FSDP2 data parallelism, micro-batch, sequence
-parallelism, recompute, 1F1B or GPipe), which includes every published layout of Table 1.
+searches what distlab's builders compose (sim/planner/layouts.py: tp, cp, pp with virtual stages and splits, DDP,
+FSDP2 or HSDP, micro-batch, sequence and loss parallelism, recompute, 1F1B, GPipe or interleaved 1F1B), which
+includes every published layout of Table 1.
 
     python benchmarks/plan_published.py --max-gpus 512
 """
@@ -47,8 +49,8 @@ def main() -> int:
         cluster = cluster_for(run, generations)
         model = {**run.model, "dtype": run.precision}
         want = published_layout(run)
-        same_stack = (lambda L: L.dp_kind == "ddp" and L.recompute == want.recompute and not L.sequence_parallel) \
-            if args.as_published else None
+        same_stack = (lambda L: L.dp_kind == "ddp" and L.recompute == want.recompute and not L.sequence_parallel
+                      and L.cp == 1 and L.split is None) if args.as_published else None
         s = search(model, cluster, cluster.nodes, run.global_batch, confirm=0, allow=same_stack)
         rank = next((i + 1 for i, c in enumerate(s.ranked) if c.layout == want), None)
         first = s.ranked[0]

@@ -40,7 +40,10 @@ def test_estimate_agrees_with_the_simulator_on_50_random_layouts(small_cluster):
     feasible = [L for L in layouts if fits(sum(est.memory(L).values()), cluster.gpu.memory_GiB)]
     sample = stratified(feasible, 50, random.Random(0))
     assert len(sample) == 50
-    assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP"}
+    assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP",
+                                          "TP x HSDP", "CP x FSDP", "CP x TP x FSDP", "CP x HSDP",
+                                          "PP (interleaved) x TP x DDP"}
+    assert any(L.split for L in sample) and any(L.loss_parallel for L in sample)
     worst = 0.0
     for L in sample:
         des = simulate(L.scenario(TINY, small_cluster, 2)).summary["step_s"]
@@ -52,7 +55,7 @@ def stratified(layouts: list, n: int, rng) -> list:
     """n layouts drawn family by family in turn (each family shuffled), so every family is tested."""
     by: dict = {}
     for L in layouts:
-        by.setdefault(L.family, []).append(L)
+        by.setdefault((L.family, L.split is not None), []).append(L)
     for v in by.values():
         rng.shuffle(v)
     out = []
@@ -68,6 +71,22 @@ def test_pipeline_list_schedule_is_the_1f1b_closed_form():
     for sched, p, m in (("1f1b", 4, 8), ("gpipe", 3, 5), ("1f1b", 2, 2)):
         _, ends = pipeline_makespan(S.build(sched, p, m), lambda a: 1.0 if a.kind == "F" else 2.0, lambda a, b: 0.0)
         assert max(ends) == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_compiled_schedule_runs_as_the_list_schedule():
+    """The compiled order (recorded once per schedule shape) gives the reference list schedule's times, also
+    for interleaved 1F1B (v stages per rank, messages between ranks in order) with random durations."""
+    from distlab.sim.planner.estimate import compiled_schedule, run_schedule
+    rng = random.Random(1)
+    for sched, p, m, v in (("1f1b", 4, 8, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 3)):
+        dur = [rng.uniform(0.5, 2.0) for _ in range(2 * p * v)]
+        c = compiled_schedule(sched, p, m, v)
+        msg = [rng.uniform(0.0, 0.3) for _ in c.links]
+        link = {pair: i for i, pair in enumerate(c.links)}
+        last_b, ends = run_schedule(c, dur, msg)
+        ref_b, ref_ends = pipeline_makespan(S.build(sched, p, m, v), lambda a: dur[2 * a.stage + (a.kind == "B")],
+                                            lambda a, b: msg[link[(a % p, b % p)]], on_demand=c.on_demand)
+        assert ends == pytest.approx(ref_ends, rel=1e-12) and last_b == pytest.approx(ref_b, rel=1e-12)
 
 
 def test_streams_share_the_network_but_not_latency():
@@ -137,3 +156,41 @@ def test_bad_questions_get_one_line_and_exit_2(small_cluster, args, words, tmp_p
     assert main(base + args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "Traceback" not in err[0]
+
+
+def test_memory_is_what_simulate_reports_for_the_new_kinds(small_cluster):
+    """Interleaved with an uneven split (the fullest rank found by walking the schedule), CP x TP, HSDP: the
+    planner's memory per GPU is `distlab simulate`'s report."""
+    model = {**TINY, "layers": 8}
+    est = Estimator(model, load_cluster(small_cluster, 2))
+    for L in (Layout(2, 2, 2, "ddp", 1, 4, True, "selective", "interleaved", 2, (2, 2, 3, 1)),
+              Layout(2, 2, 2, "ddp", 2, 2, False, "none", "gpipe", 1, (5, 3), loss_parallel=True),
+              Layout(2, 1, 2, "fsdp", 4, 1, True, "full", cp=2),
+              Layout(1, 1, 8, "hsdp", 1, 1, False, "selective", dp_shard=2)):
+        r = simulate(L.scenario(model, small_cluster, 2))
+        report = r.reports["cp" if L.cp > 1 else "tp"]["json"]["memory"]
+        assert report["total_bytes"] == pytest.approx(sum(est.memory(L).values()), rel=1e-9), L.label()
+
+
+def test_validate_refuses_pipelines_the_real_run_does_not_build(small_cluster):
+    """The real PP x TP run (torch's ScheduleGPipe / Schedule1F1B, even stages) cannot run an interleaved or
+    unevenly split plan the planner may save: validate says so in one line instead of running something else."""
+    from distlab.runtime.tp.validate import prepare
+    from distlab.sim.errors import ConfigError
+    for L in (Layout(2, 2, 1, "ddp", 1, 4, True, "none", "interleaved", 2), Layout(2, 2, 1, "ddp", 1, 4, True, "none",
+                                                                                    "1f1b", 1, (3, 1))):
+        with pytest.raises(ConfigError, match="allowed for a real run: schedule gpipe or 1f1b, virtual_stages 1"):
+            prepare(L.scenario(TINY, small_cluster, 2), 4)
+
+
+def test_two_processes_estimate_what_one_does(small_cluster):
+    """The estimate shared out between forked processes (chunks by shape, results back in order) is the serial
+    one, layout for layout."""
+    from distlab.sim.planner.search import PARALLEL_FROM, estimate_all
+    cluster = load_cluster(small_cluster, 2)
+    est = Estimator(TINY, cluster)
+    layouts = enumerate_layouts(est.model(1).config, cluster.world_size, cluster.gpus_per_node, 8, (1, 2))
+    layouts = layouts[::len(layouts) // PARALLEL_FROM][:PARALLEL_FROM]        # every family, just enough
+    assert len(layouts) == PARALLEL_FROM
+    serial = [e.step_s for e in estimate_all(Estimator(TINY, cluster), layouts, workers=1)]
+    assert [e.step_s for e in estimate_all(est, layouts, workers=2)] == serial

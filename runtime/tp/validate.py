@@ -44,6 +44,10 @@ def prepare(scenario, nproc: int):
         raise ConfigError(f"the real TP run has mesh dimensions tp, dp_shard, dp_replicate, dp and pp only; got "
                           f"{', '.join(extra)}",
                           "mesh")
+    if "pp" in mesh and (opts.schedule not in ("gpipe", "1f1b") or opts.virtual_stages != 1 or opts.split):
+        raise ConfigError(f"the real PP x TP run has one stage per rank, split evenly, under gpipe or 1f1b; got "
+                          f"schedule {opts.schedule}, virtual_stages {opts.virtual_stages}, split {opts.split}; "
+                          "allowed for a real run: schedule gpipe or 1f1b, virtual_stages 1, split none", "tp.schedule")
     if "pp" in mesh and (len(mesh.names) != 2 or opts.loss_parallel):
         raise ConfigError("the real PP x TP run has mesh dimensions pp and tp only, without loss parallel; got "
                           f"{', '.join(mesh.names)}", "mesh")

@@ -5,8 +5,9 @@ from distlab.sim.cli import print_json, print_table, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "plan"
-HELP = ("Search the layouts (tp, pp, dp/FSDP, micro-batches, recompute, schedule) of a model on a cluster: drop what "
-        "does not fit, estimate the rest, confirm the best with the simulator, rank and explain them.")
+HELP = ("Search the layouts (tp, cp, pp with virtual stages and splits, dp as DDP/FSDP2/HSDP, micro-batches, "
+        "recompute, schedule) of a model on a cluster: drop what does not fit, estimate the rest, confirm the best "
+        "with the simulator, rank and explain them.")
 KEYS = ("model", "cluster", "nodes", "global_batch", "seq_len", "confirm")
 
 
@@ -92,7 +93,8 @@ def run(args) -> int:
                 ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
-                [[name, f"{b[name] * 1e3:.1f}"] for name in explain.TERMS.values()])
+                [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
+                 if key != "cp_comm_exposed_s" or s.ranked[0].layout.cp > 1])
     if why:
         line = (f"#1 beats #2 by {why['gap_s'] * 1e3:.1f} ms; the term that differs most: {why['term']} "
                 f"(+{why['term_gap_s'] * 1e3:.1f} ms in #2).")

@@ -178,8 +178,9 @@ def families_table(search) -> Table:
 
 # -- the bubble ---------------------------------------------------------------------------------------------------
 def best_pipeline(search):
-    """The best-ranked layout with a pipeline (pp > 1)."""
-    return next(c for c in search.ranked if c.layout.pp > 1)
+    """The best-ranked layout with a pipeline of one stage per rank (pp > 1; 1F1B or GPipe, whose bubble the
+    formula gives: interleaving divides it by the virtual stages)."""
+    return next(c for c in search.ranked if c.layout.pp > 1 and c.layout.virtual_stages == 1)
 
 
 def bubble_formula(p: int, m: int) -> float:

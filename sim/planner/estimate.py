@@ -9,14 +9,18 @@ rank at once: contention between concurrent groups on shared links.
 How the terms combine (the builders' structure, sim/tp/*):
 - inside a layer, compute waits for each TP collective (stream ``tp``): a stage's forward F_s and backward B_s
   of one micro-batch are sums;
-- PP x TP x DDP: the pipeline's actions (sim/pipeline/schedules.py) list-scheduled per rank with these
-  durations: an action starts when its rank is free and its input has arrived; a message starts when the
-  sender's action has ended, the previous message on that link has been delivered and (receives posted on
-  demand, as gpipe and 1f1b run) the receiver is ready for it; then each stage's gradient all-reduce over dp
-  after its last backward. Step = the last end;
-- DDP x TP and FSDP2 x TP: rank 0's program (built on a mesh with two replicas: bytes do not depend on their
-  number) run stream by stream: ops in order per stream, Wait holds a stream until its Record; collectives
-  over dp take their time on the real dp group. Exact for symmetric ranks without contention.
+- PP x TP x DDP (1F1B, GPipe, interleaved 1F1B with stage s on rank s % p): the pipeline's actions
+  (sim/pipeline/schedules.py) list-scheduled per rank with these durations: an action starts when its rank is
+  free and its input has arrived; a message starts when the sender's action has ended, the previous message
+  between those two ranks has been delivered and (receives posted on demand, as gpipe and 1f1b run; interleaved
+  posts them early) the receiver is ready for it; then, per rank, its stages' gradient all-reduces over dp in
+  turn, each after its stage's last backward. Step = the last end. The order the list schedule visits the
+  actions does not depend on their durations: it is recorded once per (schedule, p, m, v) and replayed
+  (:func:`compiled_schedule`, :func:`run_schedule`);
+- DDP x TP, FSDP2 x TP, HSDP x TP and CP x TP x FSDP2/HSDP: rank 0's program, built small, run stream by stream
+  (sim/planner/flat.py): ops in order per stream, Wait holds a stream until its Record, ring attention's
+  permutes meet their receives by symmetry; collectives take their time on the real group of their mesh
+  dimension. Exact for symmetric ranks without contention.
 """
 from __future__ import annotations
 
@@ -35,20 +39,46 @@ class Estimate:
     terms: dict = field(default_factory=dict)
 
 
+LINEAR_FROM = 1 << 20          # bytes from which a collective's time is read off a straight octave (CostCache)
+LINEAR_TOLERANCE = 1e-3
+
+
 class CostCache:
-    """Collective and p2p times from the simulator, cached by what they depend on."""
+    """Collective and p2p times from the simulator, cached by what they depend on. From 1 MiB on, where the
+    simulated time is a straight line in the bytes across an octave [2^k, 2^(k+1)] (checked: the time at
+    1.5·2^k is within 0.1% of the mean of the ends), a size inside it is interpolated from the ends, so the
+    thousands of gradient sizes of a search cost three simulations per octave and group; elsewhere (the
+    algorithm or protocol changes inside the octave) the size itself is simulated."""
 
     def __init__(self, cluster):
         self.cluster = cluster
         self.gpn = cluster.gpus_per_node
+        self._cuts: dict = {}
+        self._times: dict = {}
 
-    @lru_cache(maxsize=None)
     def collective(self, op: str, nbytes: int, group: tuple, algorithm: str = "auto") -> float:
+        """Seconds of one collective on ``group``, simulated on the cluster cut to the nodes it spans (cached by
+        that cut: groups the cut makes equal, e.g. every rank's dp group, are simulated once)."""
         if len(group) < 2 or nbytes <= 0 and op != "barrier":
             return 0.0
-        small, members = self._cut(group)
-        trace, _ = simulate_collective(op, nbytes, small, algorithm=algorithm, group=members)
-        return trace.makespan
+        key = self._cuts.get(group)
+        if key is None:
+            small, members = self._cut(group)
+            key = self._cuts[group] = (small, members, (small.nodes, small.gpus_per_node, members))
+        if nbytes < LINEAR_FROM or op == "barrier":
+            return self._simulated(op, nbytes, key[2], algorithm, key[0], key[1])
+        lo = 1 << (nbytes.bit_length() - 1)             # the octave [lo, 2 lo] holding nbytes
+        t = [self._simulated(op, b, key[2], algorithm, key[0], key[1]) for b in (lo, 3 * lo // 2, 2 * lo)]
+        if abs(t[1] - (t[0] + t[2]) / 2) <= LINEAR_TOLERANCE * t[1]:      # straight across the octave
+            return t[0] + (t[2] - t[0]) * (nbytes - lo) / lo
+        return self._simulated(op, nbytes, key[2], algorithm, key[0], key[1])
+
+    def _simulated(self, op: str, nbytes: int, shape: tuple, algorithm: str, small, members) -> float:
+        k = (op, nbytes, shape, algorithm)
+        if k not in self._times:
+            trace, _ = simulate_collective(op, nbytes, small, algorithm=algorithm, group=members)
+            self._times[k] = trace.makespan
+        return self._times[k]
 
     @lru_cache(maxsize=None)
     def split(self, op: str, nbytes: int, group: tuple, algorithm: str = "auto") -> tuple[float, float]:
@@ -97,15 +127,18 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
     the same ``share(op)`` key (not None: collectives over the same links) share the transfer part equally
     (processor sharing, the simulator's max-min share of a link among equal flows); latency is not shared.
     While a collective (an op with a share key) is in flight, compute runs ``interference`` times slower (the
-    engine's rule, sim/engine.py). Sends and receives are not allowed (a rank alone cannot meet its peer)."""
+    engine's rule, sim/engine.py). Point-to-point ops are those of a ring every rank runs alike (ring attention's
+    permutes): the k-th Send of a name starts once the k-th Recv of that name is posted (by symmetry the peer
+    posts its receive when this rank does), and that Recv ends when the Send ends."""
     queues: dict[str, list] = {}
     for op in ops:
-        if isinstance(op, (Send, Recv)):
-            raise ValueError("streams_makespan takes one rank without point-to-point ops")
         queues.setdefault(op.stream, []).append(op)
     pos = {s: 0 for s in queues}
     events: dict[str, float] = {}
-    running: dict[str, list] = {}          # stream -> [latency left, transfer left at full rate, share key]
+    posted: dict[tuple, int] = {}          # p2p name -> receives posted so far
+    sent: dict = {}                        # p2p name -> sends finished so far
+    sends: dict = {}                       # p2p name -> sends started so far
+    running: dict[str, list] = {}          # stream -> [latency left, transfer left at full rate, share key, op]
     now = 0.0
     while True:
         moved = True
@@ -119,23 +152,36 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
                             break
                     elif isinstance(op, Record):
                         events.setdefault(op.event, now)
+                    elif isinstance(op, Recv):
+                        k = posted.setdefault(op.name, 0)
+                        events.setdefault((op.name, k, "posted"), now)
+                        if sent.get(op.name, 0) <= k:
+                            break
+                        posted[op.name] = k + 1
+                    elif isinstance(op, Send):
+                        k = sends.get(op.name, 0)
+                        if (op.name, k, "posted") not in events:
+                            break
+                        sends[op.name] = k + 1
+                        lat, xfer = seconds(op)
+                        running[s] = [lat, xfer, share(op), op]
                     else:
                         lat, xfer = seconds(op)
                         if lat + xfer > 0:
-                            running[s] = [lat, xfer, share(op)]
+                            running[s] = [lat, xfer, share(op), op]
                     pos[s] += 1
                     moved = True
         if not running:
             break
         users: dict = {}
-        for lat, xfer, key in running.values():
+        for lat, xfer, key, _ in running.values():
             if key is not None and lat <= 0:
                 users[key] = users.get(key, 0) + 1
-        busy = any(key is not None for _, _, key in running.values())
+        busy = any(key is not None for _, _, key, _ in running.values())
         compute_rate = 1.0 / interference if busy else 1.0
         rate = {s: (compute_rate if key is None else 1.0 if lat > 0 else 1.0 / users[key])
-                for s, (lat, _, key) in running.items()}
-        dt = min(lat if lat > 0 else xfer / rate[s] for s, (lat, xfer, _) in running.items())
+                for s, (lat, _, key, _) in running.items()}
+        dt = min(lat if lat > 0 else xfer / rate[s] for s, (lat, xfer, _, _) in running.items())
         now += dt
         eps = 1e-15 * max(1.0, now)
         for s in list(running):
@@ -145,6 +191,8 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
             else:
                 r[1] -= dt * rate[s]
             if r[0] <= eps and r[1] <= eps:
+                if isinstance(r[3], Send):
+                    sent[r[3].name] = sent.get(r[3].name, 0) + 1
                 del running[s]
     if any(pos[s] < len(q) for s, q in queues.items()):
         raise ValueError("a Wait never met its Record")
@@ -152,16 +200,18 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
 
 
 def pipeline_makespan(actions: list[list], duration, message_s, on_demand: bool = True) -> tuple[list, list]:
-    """List-schedule the pipeline's per-rank ``actions`` (sim.pipeline.schedules.Action, one stage per rank):
-    ``duration(a)`` seconds of action a, ``message_s(stage_from, stage_to)`` of one message. Returns per rank
-    the end of its last backward and the end of its last action. F of stage s needs F of s-1; B of s needs B of
-    s+1 (and F of s, earlier on the same rank); messages on one link go in order (the plan's send stream)."""
+    """List-schedule the pipeline's per-rank ``actions`` (sim.pipeline.schedules.Action; stage s on rank
+    s % p): ``duration(a)`` seconds of action a, ``message_s(stage_from, stage_to)`` of one message. Returns per
+    stage the end of its last backward and per rank the end of its last action. F of stage s needs F of s-1; B of
+    s needs B of s+1 (and F of s, earlier on the same rank); messages between two ranks go in order (the plan's
+    send stream per peer). The reference for :func:`compiled_schedule` (the same loop, on indices)."""
     p = len(actions)
+    n_stages = 1 + max(a.stage for acts in actions for a in acts)
     done: dict[tuple, float] = {}
     link_free: dict[tuple, float] = {}
     ready_at = [0.0] * p
     pos = [0] * p
-    last_b = [0.0] * p
+    last_b = [0.0] * n_stages
     remaining = sum(len(a) for a in actions)
     while remaining:
         moved = False
@@ -170,25 +220,99 @@ def pipeline_makespan(actions: list[list], duration, message_s, on_demand: bool 
                 a = actions[r][pos[r]]
                 src = a.stage - 1 if a.kind == "F" else a.stage + 1
                 start = ready_at[r]
-                if 0 <= src < p:
+                if 0 <= src < n_stages and src % p != r:
                     key = ("F" if a.kind == "F" else "B", src, a.mb)
                     if key not in done:
                         break
-                    link = (src, a.stage)
+                    link = (src % p, r)
                     begin = max(done[key], link_free.get(link, 0.0))
                     if on_demand:
                         begin = max(begin, ready_at[r])
                     arrive = begin + message_s(src, a.stage)
                     link_free[link] = arrive
                     start = max(start, arrive)
+                elif 0 <= src < n_stages and ("F" if a.kind == "F" else "B", src, a.mb) not in done:
+                    break
                 end = start + duration(a)
                 done[("F" if a.kind == "F" else "B", a.stage, a.mb)] = end
                 ready_at[r] = end
                 if a.kind == "B":
-                    last_b[r] = end
+                    last_b[a.stage] = end
                 pos[r] += 1
                 remaining -= 1
                 moved = True
         if not moved:
             raise ValueError("pipeline schedule deadlocked in the estimate")
     return last_b, ready_at
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A schedule's list-scheduling order (:func:`pipeline_makespan`'s loop does not depend on durations, so it
+    is recorded once per (schedule, p, m, v)): per action (rank, duration index 2·stage + [0 F, 1 B], the index
+    of the action whose output it receives or -1, the index of its link or -1); ``links``: (src rank, dst
+    rank); ``last_b``: per stage the index of its last backward."""
+    order: tuple
+    links: tuple
+    last_b: tuple
+    ranks: int
+    on_demand: bool
+
+
+@lru_cache(maxsize=512)
+def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
+    """The order :func:`run_schedule` evaluates (receives on demand for gpipe and 1f1b, early otherwise, as
+    sim/pipeline/plan.py posts them with recv auto)."""
+    from distlab.sim.pipeline import schedules as S
+    actions = S.build(schedule, p, m, v)
+    n_stages, on_demand = p * v, S.normalise(schedule) in ("gpipe", "1f1b")
+    index: dict[tuple, int] = {}
+    links: dict[tuple, int] = {}
+    order, last_b = [], [0] * n_stages
+    pos = [0] * p
+    remaining = sum(len(a) for a in actions)
+    while remaining:
+        moved = False
+        for r in range(p):
+            while pos[r] < len(actions[r]):
+                a = actions[r][pos[r]]
+                src = a.stage - 1 if a.kind == "F" else a.stage + 1
+                dep = link = -1
+                if 0 <= src < n_stages:
+                    key = (a.kind, src, a.mb)
+                    if key not in index:
+                        break
+                    if src % p != r:
+                        dep, link = index[key], links.setdefault((src % p, r), len(links))
+                index[(a.kind, a.stage, a.mb)] = len(order)
+                if a.kind == "B":
+                    last_b[a.stage] = len(order)
+                order.append((r, 2 * a.stage + (a.kind == "B"), dep, link))
+                pos[r] += 1
+                remaining -= 1
+                moved = True
+        if not moved:
+            raise ValueError("pipeline schedule deadlocked in the estimate")
+    return Compiled(tuple(order), tuple(sorted(links, key=links.get)), tuple(last_b), p, on_demand)
+
+
+def run_schedule(c: Compiled, durations: list, messages: list) -> tuple[list, list]:
+    """:func:`pipeline_makespan` on a compiled order: ``durations[2·stage + kind]`` (kind 0 F, 1 B),
+    ``messages[link]`` seconds. Returns (per stage the end of its last backward, per rank its last end)."""
+    done = [0.0] * len(c.order)
+    ready = [0.0] * c.ranks
+    link_free = [0.0] * len(c.links)
+    on_demand = c.on_demand
+    for i, (r, d, dep, link) in enumerate(c.order):
+        start = ready[r]
+        if dep >= 0:
+            begin = done[dep]
+            if link_free[link] > begin:
+                begin = link_free[link]
+            if on_demand and start > begin:
+                begin = start
+            arrive = link_free[link] = begin + messages[link]
+            if arrive > start:
+                start = arrive
+        done[i] = ready[r] = start + durations[d]
+    return [done[i] for i in c.last_b], ready

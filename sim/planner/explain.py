@@ -8,6 +8,7 @@ from distlab.sim.fsdp.memory import fits
 from distlab.sim.planner.layouts import RECOMPUTE, SCHEDULES, Layout
 
 TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP communication",
+         "cp_comm_exposed_s": "exposed CP communication (ring attention)",
          "dp_comm_exposed_s": "exposed DP/FSDP communication", "bubble_and_p2p_s": "pipeline bubble and p2p"}
 
 
@@ -28,43 +29,64 @@ def largest_difference(a, b) -> tuple[str, float]:
     return name, diffs[name]
 
 
-def neighbours(L: Layout, world: int, global_batch: int, layers: int) -> list[tuple[str, Layout]]:
-    """Layouts one change away from L that keep the world size and the global batch: tp or pp doubled or
-    halved (dp takes the rest), micro-batch doubled or halved (micro-batches take the rest), sequence
-    parallelism toggled, another recompute, schedule or data-parallel kind. Stages split the ``layers`` evenly."""
+def neighbours(L: Layout, world: int, global_batch: int, layers: int, space=None) -> list[tuple[str, Layout]]:
+    """Layouts one change away from L that keep the world size and the global batch: tp, pp or cp doubled or
+    halved (dp takes the rest), micro-batch doubled or halved (micro-batches take the rest), sequence or loss
+    parallelism toggled, another recompute, schedule (with its virtual stages), split or data-parallel kind.
+    Stages split the ``layers`` evenly unless a split is given; ``space`` (a set of layouts): keep only those."""
     out = []
 
     def add(what: str, **kw):
         M = replace(L, **kw)
-        ok = M.world_size == world and M.dp * M.micro_batch * M.microbatches == global_batch and layers % M.pp == 0
-        if ok and M != L and not (M.schedule == "1f1b" and M.pp > 1 and M.microbatches < M.pp):
+        stages = M.pp * M.virtual_stages
+        ok = (M.world_size == world and M.dp * M.micro_batch * M.microbatches == global_batch
+              and (layers % stages == 0 or M.split is not None) and M != L
+              and not (M.schedule == "1f1b" and M.pp > 1 and M.microbatches < M.pp))
+        if ok and (space is None or M in space):
             out.append((what, M))
 
+    plain = {"split": None, "virtual_stages": 1, "schedule": "1f1b" if L.schedule == "interleaved" else L.schedule}
     for f in (2, 0.5):
-        for dim in ("tp", "pp"):
+        for dim in ("tp", "pp", "cp"):
             new = int(getattr(L, dim) * f)
-            if new >= 1 and getattr(L, dim) * f == new and (L.tp * L.pp * L.dp) % new == 0:
-                rest = world // (new * (L.pp if dim == "tp" else L.tp))
-                if rest >= 1 and global_batch % (rest * L.micro_batch) == 0:
+            if new >= 1 and getattr(L, dim) * f == new and world % new == 0:
+                others = {"tp": L.tp, "pp": L.pp, "cp": L.cp, dim: new}
+                rest = world // (others["tp"] * others["pp"] * others["cp"])
+                if rest >= 1 and world % (others["tp"] * others["pp"] * others["cp"]) == 0 \
+                        and global_batch % (rest * L.micro_batch) == 0:
                     m = global_batch // (rest * L.micro_batch)
-                    pp = new if dim == "pp" else L.pp
-                    add(f"{dim} {getattr(L, dim)} -> {new}", **{dim: new}, dp=rest,
-                        microbatches=m if pp > 1 else 1, dp_kind=L.dp_kind if pp == 1 else "ddp")
+                    pp = others["pp"]
+                    kind = L.dp_kind if pp == 1 else "ddp"
+                    shard = L.dp_shard if kind == "hsdp" and rest % max(L.dp_shard, 1) == 0 and rest > L.dp_shard else 0
+                    kind = "fsdp" if kind == "hsdp" and not shard else kind
+                    add(f"{dim} {getattr(L, dim)} -> {new}", **{dim: new}, dp=rest, microbatches=m if pp > 1 else 1,
+                        dp_kind=kind, dp_shard=shard, **plain)
         mb = int(L.micro_batch * f)
         if mb >= 1 and L.micro_batch * f == mb and global_batch % (L.dp * mb) == 0:
             m = global_batch // (L.dp * mb)
             if L.pp > 1 or L.dp_kind == "ddp" or m == 1:
                 add(f"micro-batch {L.micro_batch} -> {mb}", micro_batch=mb, microbatches=m)
+        if L.virtual_stages > 1:
+            v = int(L.virtual_stages * f)
+            if v > 1 and L.virtual_stages * f == v:
+                add(f"virtual stages {L.virtual_stages} -> {v}", virtual_stages=v, split=None)
     if L.tp > 1:
         add(f"sequence parallel {'off' if L.sequence_parallel else 'on'}", sequence_parallel=not L.sequence_parallel)
+        add(f"loss parallel {'off' if L.loss_parallel else 'on'}", loss_parallel=not L.loss_parallel)
     for rc in RECOMPUTE:
         add(f"recompute {L.recompute} -> {rc}", recompute=rc)
     if L.pp > 1:
-        for s in SCHEDULES:
-            add(f"schedule {L.schedule} -> {s}", schedule=s)
+        for sched in SCHEDULES:
+            if sched != "interleaved":
+                add(f"schedule {L.schedule} -> {sched}", schedule=sched, virtual_stages=1, split=None)
+            elif L.schedule != "interleaved":
+                add("schedule -> interleaved v2", schedule=sched, virtual_stages=2, split=None)
+        if L.split is not None:
+            add("even split", split=None)
     elif L.dp > 1:
-        add(f"dp {L.dp_kind} -> {'fsdp' if L.dp_kind == 'ddp' else 'ddp'}",
-            dp_kind="fsdp" if L.dp_kind == "ddp" else "ddp")
+        for kind in ("ddp", "fsdp"):
+            if kind != L.dp_kind and (kind == "fsdp" or L.cp == 1):
+                add(f"dp {L.dp_kind} -> {kind}", dp_kind=kind, dp_shard=0)
     return out
 
 
@@ -77,7 +99,8 @@ def first_vs_second(search, estimator) -> dict | None:
     best = None
     q = search.question
     layers = estimator.model(1).config["layers"]
-    for what, M in neighbours(b.layout, q["world_size"], q["global_batch"], layers):
+    space = {c.layout for c in search.all}
+    for what, M in neighbours(b.layout, q["world_size"], q["global_batch"], layers, space):
         mem = sum(estimator.memory(M).values())
         if not fits(mem, search.gpu_GiB):
             continue

@@ -1,26 +1,33 @@
 """The layouts `distlab plan` searches: every way to place a model on N GPUs that distlab's builders can simulate.
 
-A layout is a mesh (tensor-parallel ``tp`` innermost, so a TP group stays inside a node; pipeline ``pp`` next;
-data parallel outermost, replicated as DDP ``dp`` or sharded as FSDP2 ``dp_shard``) plus the step's options:
-micro-batch size, micro-batches per step (pipelines; without a pipeline, gradient accumulation: a one-stage
-pipeline whose data-parallel all-reduce follows the last micro-batch), sequence parallelism, activation recomputation and
-the pipeline schedule. Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
+A layout is a mesh (tensor-parallel ``tp`` innermost, so a TP group stays inside a node; context-parallel ``cp``
+next, or pipeline ``pp``; data parallel outermost: replicated as DDP ``dp``, sharded as FSDP2 ``dp_shard``, or
+both as HSDP ``dp_replicate`` x ``dp_shard``) plus the step's options: micro-batch size, micro-batches per step
+(pipelines; without a pipeline, gradient accumulation: a one-stage pipeline whose data-parallel all-reduce follows
+the last micro-batch), sequence parallelism, activation recomputation, the pipeline schedule with its virtual
+stages (interleaved 1F1B) and its split of the blocks (even, or one block moved off the last stage, which also
+holds the head). Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
 
-Families the builders compose (sim/workloads/tp.py): DDP x TP, FSDP2 x TP, PP x TP x DP (DDP replicas of the
-pipeline). Context and expert parallelism, ZeRO-1/2 and interleaved pipelines join the search as the builders
-gain them.
+Families the builders compose: DDP x TP, FSDP2 x TP, HSDP x TP (sim/tp/compose.py), PP x TP x DDP with gpipe,
+1f1b or interleaved 1F1B (sim/tp/pipeline.py), CP x TP x FSDP2 / HSDP (sim/cp/compose.py: ring attention,
+allgather rotation, torchtitan's layout; recompute none or full). Not searched: expert parallelism (only MoE
+models have it; the dense presets have none), ZeRO-1/2 and FSDP2 without resharding after forward (the TP
+compositions build ZeRO-3 with resharding only), CP with a pipeline (no builder).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe")
+CP_RECOMPUTE = ("none", "full")            # sim/cp/plan.py CPOptions.recompute
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One candidate. ``dp_kind`` is "ddp" (replicate) or "fsdp" (FSDP2 shard); pp = 1 means no pipeline."""
+    """One candidate. ``dp_kind`` is "ddp" (replicate), "fsdp" (FSDP2 shard over all dp) or "hsdp" (FSDP2 over
+    ``dp_shard`` ranks, replicated dp / dp_shard times); pp = 1 means no pipeline; ``split``: blocks per stage
+    (pp x virtual_stages numbers) when not even."""
     tp: int
     pp: int
     dp: int
@@ -30,10 +37,15 @@ class Layout:
     sequence_parallel: bool
     recompute: str
     schedule: str = "1f1b"
+    virtual_stages: int = 1
+    split: tuple | None = None
+    cp: int = 1
+    dp_shard: int = 0
+    loss_parallel: bool = False
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def pipelined(self) -> bool:
@@ -41,11 +53,17 @@ class Layout:
         return self.pp > 1 or self.microbatches > 1
 
     @property
+    def shard(self) -> int:
+        """Ranks one FSDP2 shard group spans over the data-parallel dimension (1 for DDP)."""
+        return {"fsdp": self.dp, "hsdp": self.dp_shard}.get(self.dp_kind, 1)
+
+    @property
     def family(self) -> str:
         """The family a layout belongs to, for "why the best of each family lost" (e.g. "PP x TP x DDP")."""
-        parts = (["PP"] if self.pp > 1 else []) + (["TP"] if self.tp > 1 else [])
-        if self.dp > 1:
-            parts.append("FSDP" if self.dp_kind == "fsdp" else "DDP")
+        pp = ["PP (interleaved)" if self.virtual_stages > 1 else "PP"] if self.pp > 1 else []
+        parts = pp + (["CP"] if self.cp > 1 else []) + (["TP"] if self.tp > 1 else [])
+        if self.dp > 1 or self.cp > 1 and self.dp_kind != "ddp":
+            parts.append(self.dp_kind.upper())
         return " x ".join(parts) or "one GPU"
 
     def mesh(self) -> dict:
@@ -54,31 +72,59 @@ class Layout:
         alike); ``pp: 1`` stays for gradient accumulation (it selects the one-stage pipeline)."""
         if self.pipelined:
             mesh = {"dp": self.dp, "pp": self.pp, "tp": self.tp}
+        elif self.dp_kind == "hsdp":
+            mesh = {"dp_replicate": self.dp // self.dp_shard, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
         else:
-            mesh = {("dp_shard" if self.dp_kind == "fsdp" else "dp"): self.dp, "tp": self.tp}
-        return {k: v for k, v in mesh.items() if v > 1 or k in ("tp", "pp")}
+            mesh = {("dp_shard" if self.dp_kind == "fsdp" else "dp"): self.dp, "cp": self.cp, "tp": self.tp}
+        return {k: v for k, v in mesh.items() if v > 1 or k in ("tp", "pp") or k == "cp" and self.cp > 1}
 
     def label(self) -> str:
         """``tp 8 · pp 4 · dp 32 (ddp) · mb 1 x 8 · sp · recompute selective · 1f1b``."""
-        bits = [f"tp {self.tp}", f"pp {self.pp}", f"dp {self.dp} ({self.dp_kind})",
-                f"mb {self.micro_batch} x {self.microbatches}"]
-        bits += (["sp"] if self.sequence_parallel and self.tp > 1 else []) + [f"recompute {self.recompute}"]
+        dp = f"dp {self.dp} ({self.dp_kind})" if self.dp_kind != "hsdp" else \
+            f"dp {self.dp} (hsdp {self.dp // self.dp_shard} x {self.dp_shard})"
+        bits = [f"tp {self.tp}"] + ([f"cp {self.cp}"] if self.cp > 1 else [])
+        bits += [f"pp {self.pp}", dp, f"mb {self.micro_batch} x {self.microbatches}"]
+        bits += (["sp"] if self.sequence_parallel and self.tp > 1 else []) + \
+            (["loss parallel"] if self.loss_parallel else []) + [f"recompute {self.recompute}"]
         if self.pp > 1:
-            bits.append(self.schedule)
+            bits.append(self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+            if self.split:
+                bits.append("split " + "/".join(map(str, _runs(self.split))))
         elif self.microbatches > 1:
             bits.append("grad accumulation")
         return " · ".join(bits)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["split"] = list(self.split) if self.split else None
+        return d
 
     def scenario(self, model: dict, cluster: str, nodes: int) -> dict:
         """The scenario `distlab simulate` and `distlab validate` take as is."""
-        return {"name": f"{model.get('preset', model.get('name', 'model'))} · {self.label()}",
-                "model": {**model, "micro_batch": self.micro_batch}, "mesh": self.mesh(),
-                "tp": {"sequence_parallel": self.sequence_parallel and self.tp > 1, "recompute": self.recompute,
-                       "schedule": self.schedule, "microbatches": self.microbatches},
-                "cluster": cluster, "nodes": nodes}
+        head = {"name": f"{model.get('preset', model.get('name', 'model'))} · {self.label()}",
+                "model": {**model, "micro_batch": self.micro_batch}, "mesh": self.mesh()}
+        if self.cp > 1:
+            return {**head, "cp": {"recompute": self.recompute}, "cluster": cluster, "nodes": nodes}
+        tp = {"sequence_parallel": self.sequence_parallel and self.tp > 1, "loss_parallel": self.loss_parallel,
+              "recompute": self.recompute,
+              "schedule": self.schedule, "microbatches": self.microbatches}
+        if self.virtual_stages > 1:
+            tp["virtual_stages"] = self.virtual_stages
+        if self.split:
+            tp["split"] = list(self.split)
+        return {**head, "tp": tp, "cluster": cluster, "nodes": nodes}
+
+
+def _runs(split) -> list[str]:
+    """``[10, 10, 11, 9]`` -> ["10x2", "11", "9"]: a split written compactly."""
+    out, i = [], 0
+    while i < len(split):
+        j = i
+        while j < len(split) and split[j] == split[i]:
+            j += 1
+        out.append(f"{split[i]}x{j - i}" if j - i > 1 else str(split[i]))
+        i = j
+    return out
 
 
 def divisors(n: int) -> list[int]:
@@ -95,18 +141,49 @@ def tp_degrees(config: dict, gpus_per_node: int) -> list[int]:
     return keep
 
 
+def cp_degrees(config: dict, rest: int, max_cp: int) -> list[int]:
+    """CP sizes > 1 dividing ``rest`` ranks whose load-balanced sharding (2 x cp chunks) splits the sequence."""
+    return [c for c in divisors(rest) if 1 < c <= max_cp and config["seq_len"] % (2 * c) == 0]
+
+
+def uneven_splits(blocks: int, stages: int) -> list[tuple]:
+    """Splits other than the even one: one block moved off the last stage (it also runs the head and the loss)
+    onto the one before it; and one block off the first (embedding) and off the last stage onto their neighbours
+    (torchtitan's ``first_stage_less_layers`` / ``last_stage_less_layers`` = 1). None leaves a stage empty."""
+    if blocks % stages or blocks // stages < 2 or stages < 2:
+        return []
+    n = blocks // stages
+    out = [tuple([n] * (stages - 2) + [n + 1, n - 1])]
+    if stages >= 4:
+        out.append(tuple([n - 1, n + 1] + [n] * (stages - 4) + [n + 1, n - 1]))
+    return out
+
+
 def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch: int,
-                      micro_batches=(1, 2, 4, 8, 16), max_pp: int | None = None) -> list[Layout]:
+                      micro_batches=(1, 2, 4, 8, 16, 32, 64), max_pp: int | None = None,
+                      max_cp: int = 64) -> list[Layout]:
     """Every layout of ``world`` GPUs for global batch ``global_batch`` (sequences) that the builders take.
-    ``config`` is the model's config (layers, heads, kv_heads, ffn_hidden, vocab)."""
+    ``config`` is the model's config (layers, heads, kv_heads, ffn_hidden, vocab, seq_len). A CP group stays
+    inside a node with its TP groups (cp x tp <= GPUs per node: its ring then runs on NVLink, as torchtitan
+    places cp next to tp)."""
+    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.errors import ConfigError
     layers = config["layers"]
     out = []
     for tp in tp_degrees(config, gpus_per_node):
         if world % tp:
             continue
+        for cp in cp_degrees(config, world // tp, min(max_cp, gpus_per_node // tp)):   # in a node, next to tp
+            dp = world // (tp * cp)
+            if global_batch % dp:
+                continue
+            for kind, shard in _sharded(dp):
+                for rc in CP_RECOMPUTE:
+                    out.append(Layout(tp, 1, dp, kind, global_batch // dp, 1, tp > 1, rc, cp=cp, dp_shard=shard))
+        lps = (False, True) if tp > 1 else (False,)     # logits sharded on the vocabulary (torch's loss_parallel)
         for pp in divisors(world // tp):
             if layers % pp or pp > (max_pp or layers):
-                continue                      # stages split the blocks evenly (the builders' default split)
+                continue                      # stages split the blocks evenly (or nearly: uneven_split)
             dp = world // (tp * pp)
             for mb in micro_batches:
                 if global_batch % (dp * mb):
@@ -115,15 +192,36 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                 for sp in ((True, False) if tp > 1 else (False,)):
                     for rc in RECOMPUTE:
                         if pp == 1 and m > 1:       # gradient accumulation (DDP; one stage)
-                            out.append(Layout(tp, 1, dp, "ddp", mb, m, sp, rc, "1f1b"))
+                            out += [Layout(tp, 1, dp, "ddp", mb, m, sp, rc, "1f1b", loss_parallel=lp) for lp in lps]
                         elif pp > 1:
-                            for sched in SCHEDULES:
-                                if sched == "1f1b" and m < pp:
-                                    continue  # torch's Schedule1F1B refuses fewer micro-batches than stages
-                                out.append(Layout(tp, pp, dp, "ddp", mb, m, sp, rc, sched))
+                            for sched, v in [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in
+                                                                           divisors(layers // pp) if v > 1]:
+                                try:
+                                    S.check(sched, pp, m, v)
+                                except ConfigError:
+                                    continue      # e.g. torch's Schedule1F1B refuses fewer micro-batches than stages
+                                for split in [None] + uneven_splits(layers, pp * v):
+                                    for lp in lps:
+                                        out.append(Layout(tp, pp, dp, "ddp", mb, m, sp, rc, sched, v, split,
+                                                          loss_parallel=lp))
                         else:
-                            for kind in (("ddp", "fsdp") if dp > 1 else ("ddp",)):
-                                out.append(Layout(tp, 1, dp, kind, mb, 1, sp, rc))
+                            for kind, shard in [("ddp", 0)] + (_sharded(dp) if dp > 1 else []):
+                                out += [Layout(tp, 1, dp, kind, mb, 1, sp, rc, dp_shard=shard, loss_parallel=lp)
+                                        for lp in lps]
+    return _dedupe(out)
+
+
+def _sharded(dp: int) -> list[tuple[str, int]]:
+    """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp."""
+    return [("fsdp", dp)] + [("hsdp", s) for s in divisors(dp) if 1 < s < dp]
+
+
+def _dedupe(layouts: list) -> list:
+    seen, out = set(), []
+    for L in layouts:
+        if L not in seen:
+            seen.add(L)
+            out.append(L)
     return out
 
 

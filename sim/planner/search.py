@@ -7,6 +7,8 @@ counted, as in Narayanan et al. 2021 sec. 5.1 "model FLOPs", and Chowdhery et al
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 from dataclasses import dataclass, field
 
 from distlab.sim.cluster import Cluster, load_cluster
@@ -55,12 +57,14 @@ class Search:
 
 
 def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
-           micro_batches=(1, 2, 4, 8, 16), progress=None, allow=None) -> Search:
+           micro_batches=(1, 2, 4, 8, 16, 32, 64), progress=None, allow=None, workers: int | None = None) -> Search:
     """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
     nodes of ``cluster`` (a preset name, a file, or a Cluster, e.g. with a fitted GEMM curve; then ``confirm``
-    must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step. ``progress(done, total)`` is called as the
-    estimate goes; ``allow(layout)`` restricts the search (e.g. to what a published run could use). Raises
-    ConfigError when no layout divides the batch or none fits."""
+    must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step.
+    ``progress(done, total)`` is called as the estimate goes; ``allow(layout)`` restricts the search (e.g. to
+    what a published run could use); ``workers`` processes share the estimate and the confirmation (default:
+    the CPUs, at most 2; 1 runs in this process). Raises ConfigError when no layout divides the batch or none
+    fits."""
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
     est = Estimator(model, c)
     config = est.model(1).config
@@ -85,24 +89,80 @@ def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: in
                           f"({gib:g} GiB each) in any layout; the smallest needs "
                           f"{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.layout.label()}); allowed: "
                           "more nodes, a GPU with more memory, or a smaller micro-batch / sequence", "--model")
-    for i, x in enumerate(feasible):
-        x.estimate = est.estimate(x.layout)
-        if progress:
-            progress(i + 1, len(feasible))
+    for x, e in zip(feasible, estimate_all(est, [x.layout for x in feasible], progress, workers)):
+        x.estimate = e
     feasible.sort(key=lambda x: x.estimate.step_s)
     out = Search({"model": model, "cluster": cluster, "nodes": nodes, "global_batch": global_batch,
                   "seq_len": config["seq_len"], "world_size": world}, c, feasible, cands, 0,
                  3.0 * est.model(1).fwd_flops * global_batch, gib, est)
-    confirm_top(out, confirm)
+    confirm_top(out, confirm, workers)
     return out
 
 
-def confirm_top(s: Search, k: int) -> None:
-    """Simulate the best ``k`` estimates with the discrete-event simulator and re-rank them by its step."""
-    from distlab.sim.scenario import simulate
+def worker_count(workers: int | None) -> int:
+    return max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
+
+
+PARALLEL_FROM = 256          # layouts from which the estimate is shared out between processes
+_JOB: dict = {}              # what forked workers read (set by the parent before the fork)
+
+
+def estimate_all(est, layouts: list, progress=None, workers: int | None = None) -> list:
+    """Estimates of ``layouts`` in order. With more than one worker and many layouts: forked processes, each
+    given whole chunks of layouts that share a (tp, pp) shape (so their caches of collective times overlap
+    little), chunks in turn; the progress bar advances per chunk."""
+    n = worker_count(workers)
+    if n == 1 or len(layouts) < PARALLEL_FROM or "fork" not in mp.get_all_start_methods():
+        out = []
+        for i, L in enumerate(layouts):
+            out.append(est.estimate(L))
+            if progress:
+                progress(i + 1, len(layouts))
+        return out
+    order = sorted(range(len(layouts)), key=lambda i: (layouts[i].tp, layouts[i].pp, layouts[i].cp, i))
+    size = max(16, len(layouts) // (n * 16))
+    chunks = [order[k:k + size] for k in range(0, len(order), size)]
+    _JOB.update(est=est, layouts=layouts)
+    out: list = [None] * len(layouts)
+    done = 0
+    try:
+        with mp.get_context("fork").Pool(n) as pool:
+            for idx, results in pool.imap_unordered(_estimate_chunk, chunks):
+                for i, e in zip(idx, results):
+                    out[i] = e
+                done += len(idx)
+                if progress:
+                    progress(done, len(layouts))
+    finally:
+        _JOB.clear()
+    return out
+
+
+def _estimate_chunk(idx: list) -> tuple[list, list]:
+    est, layouts = _JOB["est"], _JOB["layouts"]
+    return idx, [est.estimate(layouts[i]) for i in idx]
+
+
+def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -> None:
+    """Simulate the best ``k`` estimates with the discrete-event simulator (in ``workers`` processes) and re-rank
+    them by its step; ``start``: the ``k`` after the best ``start`` instead (simulated, not re-ranked)."""
     q = s.question
-    for x in s.ranked[:k]:
-        r = simulate(x.layout.scenario(q["model"], q["cluster"], q["nodes"]), "plan")
-        x.simulated_s, x.simulated = r.summary["step_s"], dict(r.summary)
-    s.confirmed = min(k, len(s.ranked))
+    top = s.ranked[start:start + k]
+    scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
+    n = min(worker_count(workers), len(top))
+    if n > 1 and "fork" in mp.get_all_start_methods():
+        with mp.get_context("fork").Pool(n) as pool:
+            summaries = pool.map(_simulate, scenarios, chunksize=1)
+    else:
+        summaries = [_simulate(d) for d in scenarios]
+    for x, summary in zip(top, summaries):
+        x.simulated_s, x.simulated = summary["step_s"], summary
+    if start:
+        return
+    s.confirmed = len(top)
     s.ranked[:s.confirmed] = sorted(s.ranked[:s.confirmed], key=lambda x: x.step_s)
+
+
+def _simulate(scenario: dict) -> dict:
+    from distlab.sim.scenario import simulate
+    return dict(simulate(scenario, "plan").summary)

@@ -1,25 +1,22 @@
 """The fast estimate of one layout (sim/planner/estimate.py says how terms combine) and its memory per GPU.
 
 Memory per GPU is the simulator's own report (sim/tp/memory.py: local shards, Korthikanti et al. 2022 Table 2
-activations; PP: the first stage, the fullest under 1F1B), checked against the GPU's memory with the same
-headroom rule as `distlab simulate` (sim/fsdp/memory.py ``fits``).
+activations; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/cp/memory.py), checked
+against the GPU's memory with the same headroom rule as `distlab simulate` (sim/fsdp/memory.py ``fits``).
+Activations (and CP's ring buffers) are linear in the micro-batch: computed at micro-batch 1 and scaled.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from distlab.sim.engine import compute_seconds
-from distlab.sim.mesh import Mesh
 from distlab.sim.models import model_from_spec
-from distlab.sim.pipeline import schedules as S
 from distlab.sim.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
-from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds, pipeline_makespan, streams_makespan
+from distlab.sim.planner.estimate import CostCache, Estimate, compiled_schedule, op_seconds, run_schedule
+from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.layouts import Layout
 from distlab.sim.tp.plan import Segments, TPOptions, _Program
 
-
-SMALL_PROGRAM = 64     # blocks x tp below which the whole model's program is built (cheap) instead of scaled
+SCALES_WITH_BATCH = ("activations", "ring buffers")
 
 
 class Estimator:
@@ -29,6 +26,7 @@ class Estimator:
         self.spec, self.cluster, self.costs = dict(model_spec), cluster, CostCache(cluster)
         self._models: dict[int, object] = {}
         self._layers: dict[tuple, tuple] = {}
+        self.flat = FlatEstimator(self)
 
     def model(self, micro_batch: int):
         if micro_batch not in self._models:
@@ -36,33 +34,63 @@ class Estimator:
         return self._models[micro_batch]
 
     def options(self, L: Layout) -> TPOptions:
-        return TPOptions(sequence_parallel=L.sequence_parallel and L.tp > 1, recompute=L.recompute,
-                         schedule=L.schedule, microbatches=L.microbatches)
+        return TPOptions(sequence_parallel=L.sequence_parallel and L.tp > 1, loss_parallel=L.loss_parallel,
+                         recompute=L.recompute, schedule=L.schedule, microbatches=L.microbatches,
+                         virtual_stages=L.virtual_stages, split=list(L.split) if L.split else None)
 
     # -- memory ------------------------------------------------------------------------------------------
     def memory(self, L: Layout) -> dict:
-        """Bytes per GPU by part (params, grads, optimizer, activations), as `distlab simulate` reports them."""
-        from distlab.sim.tp.memory import tp_memory
-        from distlab.sim.workloads.tp import first_stage_memory
+        """Bytes per GPU by part (params, grads, optimizer, activations[, ring buffers]), as `distlab simulate`
+        reports them."""
         sp = L.sequence_parallel and L.tp > 1
-        in_flight = (min(L.pp, L.microbatches) if L.schedule == "1f1b" else L.microbatches) if L.pipelined else 1
-        shard = L.dp if L.dp_kind == "fsdp" else 1
-        key = ("memory", L.tp, sp, L.recompute, shard, L.pp, in_flight)
-        if key not in self._layers:          # at micro-batch 1: activations scale with it (Table 2: s·b·h·...)
+        if L.cp > 1:
+            key = ("cp memory", L.tp, L.cp, L.shard, L.recompute)
+            if key not in self._layers:
+                from distlab.sim.cp.memory import cp_memory
+                self._layers[key] = cp_memory(self.model(1), L.cp, L.cp * L.tp * L.shard, "allgather", L.recompute,
+                                              L.tp)
+            return self._scaled(self._layers[key], L.micro_batch)
+        key = ("memory", L.tp, sp, L.recompute, L.shard)
+        if key not in self._layers:
+            from distlab.sim.tp.memory import tp_memory
+            self._layers[key] = tp_memory(self.model(1), L.tp, sp, L.recompute, L.shard)
+        whole = self._scaled(self._layers[key], L.micro_batch)
+        if not L.pipelined or L.pp == 1:
+            return whole
+        from distlab.sim.workloads.tp import fullest_rank
+        shares, blocks = self._stages(L)
+        ranks = (0,) if L.virtual_stages == 1 and L.split is None else tuple(range(L.pp))
+        key = ("peaks", L.schedule, L.pp, L.microbatches, L.virtual_stages, blocks, ranks)
+        if key not in self._layers:
+            from distlab.sim.pipeline import schedules as S
+            from distlab.sim.workloads.tp import peak_blocks
+            self._layers[key] = peak_blocks(S.build(L.schedule, L.pp, L.microbatches, L.virtual_stages), blocks, ranks)
+        return fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
+
+    def _stages(self, L: Layout) -> tuple:
+        """(parameter share of each stage, blocks of each stage) as sim/workloads/tp.py computes them."""
+        key = ("stages", L.tp, L.pp * L.virtual_stages, L.split)
+        if key not in self._layers:
+            from distlab.sim.workloads.tp import layer_numels
             model = self.model(1)
-            parts = tp_memory(model, L.tp, sp, L.recompute, shard)
-            if L.pipelined:
-                view = SimpleNamespace(model=model, options=self.options(L), mesh=Mesh(L.mesh()))
-                parts = first_stage_memory(view, parts)
-            self._layers[key] = parts
-        parts = dict(self._layers[key])
-        parts["activations"] *= L.micro_batch
-        return parts
+            if ("numel", L.tp) not in self._layers:
+                self._layers["numel", L.tp] = layer_numels(model, L.tp)
+            numel = self._layers["numel", L.tp]
+            ranges = stage_ranges(model, L.pp * L.virtual_stages, list(L.split) if L.split else None)
+            self._layers[key] = ([sum(numel[i] for i in r) / sum(numel) for r in ranges],
+                                 tuple(sum(1 for i in r if model.layers[i].name.startswith("h.")) for r in ranges))
+        return self._layers[key]
+
+    @staticmethod
+    def _scaled(parts: dict, micro_batch: int) -> dict:
+        return {k: v * micro_batch if k in SCALES_WITH_BATCH else v for k, v in parts.items()}
 
     # -- time --------------------------------------------------------------------------------------------
     def layer_times(self, L: Layout, name: str) -> tuple:
-        """(forward compute, forward TP comm, backward compute, backward TP comm) of one layer, one micro-batch."""
-        key = (L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.recompute, name)
+        """(forward compute, forward TP comm, backward compute, backward TP comm) of one layer, one micro-batch
+        (every transformer block costs the same: timed once, as block h.0)."""
+        name = "h.0" if name.startswith("h.") else name
+        key = (L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.loss_parallel, L.recompute, name)
         if key not in self._layers:
             model = self.model(L.micro_batch)
             out = []
@@ -81,32 +109,34 @@ class Estimator:
     def _pipeline(self, L: Layout) -> Estimate:
         model = self.model(L.micro_batch)
         names = [layer.name for layer in model.layers]
-        ranges = stage_ranges(model, L.pp)
+        p, v = L.pp, L.virtual_stages
+        ranges = stage_ranges(model, p * v, list(L.split) if L.split else None)
         stage = []                        # per stage: F, B, and their compute / TP parts
         for r in ranges:
             t = [self.layer_times(L, names[i]) for i in r]
             fc, fm, bc, bm = (sum(x[k] for x in t) for k in range(4))
-            stage.append({"F": fc + fm, "B": bc + bm, "compute": fc + bc, "tp": fm + bm})
-        actions = S.build(L.schedule, L.pp, L.microbatches)
+            stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
+        comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
-
-        def message_s(a: int, b: int) -> float:
-            return self.costs.p2p(a * L.tp, b * L.tp, int(msg))
-
-        last_b, ends = pipeline_makespan(actions, lambda a: stage[a.stage][a.kind], message_s)
+        messages = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
+        durations = [d for s in stage for d in s[:2]]
+        last_b, ends = run_schedule(comp, durations, messages)
         step, dp_exposed = max(ends), 0.0
-        if L.dp > 1:
-            for s, r in enumerate(ranges):
-                nbytes = self._stage_grad_bytes(r, L.tp)
-                group = tuple(s * L.tp + k * L.pp * L.tp for k in range(L.dp))
-                end = last_b[s] + self.costs.collective("all_reduce", nbytes, group)
-                if end > step:
-                    dp_exposed, step = end - max(ends), end
-        busy = max(range(L.pp), key=lambda s: stage[s]["F"] + stage[s]["B"])
-        m = L.microbatches
-        compute = m * stage[busy]["compute"]
-        tp_comm = m * stage[busy]["tp"]
-        recompute = m * self._recompute_s(L, ranges[busy], names)
+        if L.dp > 1:                      # per rank, its stages' all-reduces in turn on the comm stream
+            for r in range(p):
+                free = 0.0
+                for s in sorted(range(r, p * v, p), key=lambda s: last_b[s]):
+                    nbytes = self._stage_grad_bytes(ranges[s], L.tp)
+                    group = tuple(r * L.tp + k * p * L.tp for k in range(L.dp))
+                    free = max(free, last_b[s]) + self.costs.collective("all_reduce", nbytes, group)
+                if free > step:
+                    dp_exposed, step = free - max(ends), free
+        load = [sum(stage[s][0] + stage[s][1] for s in range(r, p * v, p)) for r in range(p)]
+        busy = max(range(p), key=load.__getitem__)
+        m, mine = L.microbatches, range(busy, p * v, p)
+        compute = m * sum(stage[s][2] for s in mine)
+        tp_comm = m * sum(stage[s][3] for s in mine)
+        recompute = m * sum(self._recompute_s(L, ranges[s], names) for s in mine)
         bubble = step - dp_exposed - compute - tp_comm
         return Estimate(step, {"compute_s": compute - recompute, "recompute_s": recompute, "tp_comm_s": tp_comm,
                                "dp_comm_exposed_s": dp_exposed, "bubble_and_p2p_s": max(bubble, 0.0)})
@@ -116,92 +146,34 @@ class Estimator:
         dp (sim/pipeline/plan.py on sim/tp/compose.py's TP-local model; parameters do not depend on the batch)."""
         from distlab.sim.tp.compose import tp_local_model
         if ("local", tp) not in self._layers:
-            self._layers["local", tp] = tp_local_model(self.model(1), tp)
-        return int(sum(self._layers["local", tp].layers[i].param_bytes for i in r))
+            self._layers["local", tp] = [L.param_bytes for L in tp_local_model(self.model(1), tp).layers]
+        return int(sum(self._layers["local", tp][i] for i in r))
 
     def _recompute_s(self, L: Layout, layers, names) -> float:
         """Seconds of recomputed forward work in one micro-batch's backward of these layers."""
         if L.recompute == "none":
             return 0.0
-        plain = Layout(**{**L.to_dict(), "recompute": "none"})
+        plain = Layout(**{**L.to_dict(), "recompute": "none", "split": L.split})
         return sum(self.layer_times(L, names[i])[2] - self.layer_times(plain, names[i])[2] for i in layers)
 
     def _flat(self, L: Layout) -> Estimate:
-        """DDP x TP, FSDP2 x TP or TP alone: rank 0's program run stream by stream (estimate.py). Built small and
-        scaled exactly where the program is affine: blocks are identical, so the step is T(2) + (L - 2)(T(3) - T(2))
-        in the number of blocks L once the per-block pattern repeats (checked: T(4) - T(3) = T(3) - T(2); DDP's
-        buckets, for one, repeat only once a block fills buckets of its own; else the whole model is built); each
-        op's bytes and FLOPs are
-        a + b / dp in the data-parallel size (FSDP2's shards, copies and optimizer step; padding aside), so two
-        small sizes give them at the real one."""
-        blocks = self.model(L.micro_batch).config["layers"]
-        step, part = None, None
-        if blocks > 4 and blocks * L.tp > SMALL_PROGRAM:
-            (t2, p2), (t3, p3), (t4, p4) = (self._flat_program(L, n) for n in (2, 3, 4))
-            if abs((t4 - t3) - (t3 - t2)) <= 1e-6 * t4:          # the pattern repeats: affine in blocks
-                step = t2 + (blocks - 2) * (t3 - t2)
-                part = {k: p2[k] + (blocks - 2) * (p3[k] - p2[k]) for k in p2}
-        if step is None:
-            step, part = self._flat_program(L, blocks)
-        exposed_dp = max(0.0, step - part["compute"] - part["tp"])
+        """No pipeline: rank 0's program run stream by stream (sim/planner/flat.py)."""
+        step, part = self.flat.estimate(L)
+        exposed = max(0.0, step - part["compute"] - part["tp"] - part["cp_exposed"])
         return Estimate(step, {"compute_s": part["compute"] - part["recompute"], "recompute_s": part["recompute"],
-                               "tp_comm_s": part["tp"], "dp_comm_exposed_s": exposed_dp,
-                               "dp_comm_total_s": part["dp"], "bubble_and_p2p_s": 0.0})
+                               "tp_comm_s": part["tp"], "cp_comm_exposed_s": part["cp_exposed"],
+                               "dp_comm_exposed_s": exposed, "dp_comm_total_s": part["dp"] + part["rep"],
+                               "bubble_and_p2p_s": 0.0})
 
-    def _flat_program(self, L: Layout, blocks: int) -> tuple[float, dict]:
-        """(step seconds, seconds by part) of rank 0's program for a ``blocks``-block copy of the model."""
-        sizes = sorted({min(L.dp, 2), min(L.dp, 4)}) if L.dp > 1 else [1]
-        plans = [self._flat_plan(L, blocks, d) for d in sizes]
-        ops = plans[0].ranks[0]
-        if len(sizes) == 2 and L.dp not in sizes:
-            ops = [_at_size(a, b, sizes, L.dp) for a, b in zip(plans[0].ranks[0], plans[1].ranks[0])]
-        elif L.dp in sizes:
-            ops = plans[sizes.index(L.dp)].ranks[0]
-        plan = plans[0]
-        tp_group = set(range(L.tp))
-        real_dp = tuple(k * L.tp for k in range(L.dp))
-        parts = {"compute": 0.0, "tp": 0.0, "dp": 0.0, "recompute": 0.0}
-        plain = self._layer_recompute(L)
-
-        def seconds(op) -> tuple[float, float]:
-            if isinstance(op, Compute):
-                t = compute_seconds(op, self.cluster)
-                parts["compute"] += t
-                parts["recompute"] += plain.get(op.name, 0.0)
-                return 0.0, t
-            inside = set(plan.group_of(op)) <= tp_group
-            lat, xfer = self.costs.split(op.op, op.bytes, tuple(plan.group_of(op)) if inside else real_dp, op.algorithm)
-            parts["tp" if inside else "dp"] += lat + xfer
-            return lat, xfer
-
-        def share(op):
-            return None if isinstance(op, Compute) else ("tp" if set(plan.group_of(op)) <= tp_group else "dp")
-
-        return streams_makespan(ops, seconds, share, self.cluster.interference), parts
-
-    def _flat_plan(self, L: Layout, blocks: int, dp: int):
-        from distlab.sim.tp.compose import fsdp_tp_plan
-        from distlab.sim.tp.ddp import ddp_tp_plan
-        from distlab.sim.tp.plan import tp_plan
-        key = ("plan", L.micro_batch, L.tp, L.sequence_parallel, L.recompute, L.dp_kind, blocks, dp)
-        if key not in self._layers:
-            model = model_from_spec({**self.spec, "micro_batch": L.micro_batch, "layers": blocks}, "model")
-            o = self.options(L)
-            if dp > 1 and L.dp_kind == "fsdp":
-                plan = fsdp_tp_plan(model, Mesh({"dp_shard": dp, "tp": L.tp}), tp_opts=o)
-            elif dp > 1:
-                plan = ddp_tp_plan(model, Mesh({"dp": dp, "tp": L.tp}), tp_opts=o)
-            else:
-                plan = tp_plan(model, Mesh({"tp": L.tp}), o)
-            self._layers[key] = plan
-        return self._layers[key]
-
-    def _layer_recompute(self, L: Layout) -> dict:
+    def recompute_by_name(self, L: Layout) -> dict:
         """Backward op name -> seconds of recomputed forward in it (zero without recomputation)."""
         if L.recompute == "none":
             return {}
+        key = ("redo", L.micro_batch, L.tp, L.sequence_parallel, L.loss_parallel, L.recompute)
+        if key in self._layers:
+            return self._layers[key]
         model = self.model(L.micro_batch)
-        plain = Layout(**{**L.to_dict(), "recompute": "none"})
+        plain = Layout(**{**L.to_dict(), "recompute": "none", "split": L.split})
         out = {}
         redo, base = self._segment_ops(L, "h.0"), self._segment_ops(plain, "h.0")
         for a, b in zip(redo, base):
@@ -209,6 +181,7 @@ class Estimator:
                 extra = compute_seconds(a, self.cluster) - compute_seconds(b, self.cluster)
                 for i in range(model.config["layers"]):
                     out[a.name.replace("h.0", f"h.{i}", 1)] = extra
+        self._layers[key] = out
         return out
 
     def _segment_ops(self, L: Layout, name: str) -> list:
@@ -216,19 +189,3 @@ class Estimator:
         p = _Program(tuple(range(L.tp)), model.config["dtype"])
         Segments(model, self.options(L), p).backward(name)
         return p.ops
-
-
-def _at_size(a, b, sizes: list, dp: int):
-    """Op ``a`` (built at sizes[0]) with bytes and FLOPs moved to data-parallel size ``dp``, fitting
-    value = x + y / size through (sizes[0], a) and (sizes[1], b)."""
-    from dataclasses import replace
-    if type(a) is not type(b) or getattr(a, "name", None) != getattr(b, "name", None):
-        raise ValueError("programs at two data-parallel sizes differ in structure")
-    def at(u, v):
-        y = (u - v) / (1 / sizes[0] - 1 / sizes[1])
-        return u - y / sizes[0] + y / dp
-    if isinstance(a, Compute):
-        return replace(a, flops=max(0.0, at(a.flops, b.flops)), bytes=max(0.0, at(a.bytes, b.bytes)))
-    if isinstance(a, Collective):
-        return replace(a, bytes=max(0, int(round(at(a.bytes, b.bytes)))))
-    return a

@@ -63,12 +63,16 @@ class TPOptions:
     recompute: str = option("none", "activation recomputation for the memory report and backward compute",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/tp/pipeline.py)",
-                           choices=("gpipe", "1f1b"), what="pipeline schedule", flag="--tp-schedule")
+                           choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
     microbatches: int = option(4, "micro-batches per step when the mesh has pp", flag="--tp-microbatches")
+    virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)", flag="--tp-virtual-stages")
+    split: list[int] | None = option(None, "transformer blocks per pipeline stage, pp x virtual_stages numbers "
+                                           "(none = even)", flag="--tp-split")
 
     def validate(self, where: str = "tp") -> "TPOptions":
-        if self.microbatches < 1:
-            raise ConfigError(f"{self.microbatches} must be a whole number >= 1", f"{where}.microbatches")
+        for key in ("microbatches", "virtual_stages"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{getattr(self, key)} must be a whole number >= 1", f"{where}.{key}")
         return self
 
 

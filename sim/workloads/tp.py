@@ -29,7 +29,8 @@ def build(model, mesh, opts: TPOptions, cluster):
         raise ConfigError(f"dp_shard {dp_shard} (FSDP2) or dp_replicate {rep} (HSDP) with dp {dp} (DDP) or pp {pp} "
                           "is not built yet; allowed: dp_shard (and dp_replicate) with tp alone", "tp: mesh")
     if pp > 1 or "pp" in mesh and opts.microbatches > 1:    # pp 1 with m > 1: gradient accumulation
-        spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp)
+        spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp,
+                            virtual_stages=opts.virtual_stages, split=opts.split)
         plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
@@ -60,19 +61,54 @@ def memory(result) -> dict:
 
 
 def first_stage_memory(result, whole: dict) -> dict:
-    """PP x TP: pipeline stage 0 (the fullest under 1F1B): its layers' share of the parameters, gradients and
-    optimizer state (TP-local), and its layers' activations for the micro-batches it keeps in flight (1F1B:
-    min(pp, m), GPipe: m; Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2)."""
+    """PP x TP: the fullest pipeline rank: its stages' share of the parameters, gradients and optimizer state
+    (TP-local), and its stages' activations at the most micro-batches it keeps in flight, found by walking its
+    schedule (each F adds its stage's blocks' activations, each B frees them: 1F1B keeps min(pp, m) on rank 0,
+    GPipe m; Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2; interleaved: v chunks each with its own count).
+    With an even split and one stage per rank this is stage 0 (1F1B and GPipe keep the most there)."""
+    from distlab.sim.pipeline import schedules as S
     from distlab.sim.pipeline.plan import stage_ranges
-    from distlab.sim.tp.rules import local_numel, local_shape
     model, o, pp, tp = result.model, result.options, result.mesh.size("pp"), result.mesh.size("tp")
-    first = stage_ranges(model, pp)[0]
-    numel = sum(math.prod(local_shape(q, tp)) for i in first for q in model.layers[i].params)
-    share = numel / local_numel(model, tp)
-    blocks = sum(1 for i in first if model.layers[i].name.startswith("h."))
-    in_flight = min(pp, o.microbatches) if o.schedule == "1f1b" else o.microbatches
-    out = {k: v * share for k, v in whole.items() if k != "activations"}
-    return {**out, "activations": whole["activations"] / model.config["layers"] * blocks * in_flight}
+    v, split = getattr(o, "virtual_stages", 1), getattr(o, "split", None)
+    ranges = stage_ranges(model, pp * v, split)
+    numel = layer_numels(model, tp)
+    total = sum(numel)
+    shares = [sum(numel[i] for i in r) / total for r in ranges]
+    blocks = tuple(sum(1 for i in r if model.layers[i].name.startswith("h.")) for r in ranges)
+    ranks = [0] if v == 1 and split is None else range(pp)      # else: the fullest rank
+    peaks = peak_blocks(S.build(o.schedule, pp, o.microbatches, v), blocks, ranks)
+    return fullest_rank(whole, shares, peaks, pp, model.config["layers"])
+
+
+def layer_numels(model, tp: int) -> list[int]:
+    """TP-local elements of each layer's parameters (sim/tp/rules.py local shapes)."""
+    from distlab.sim.tp.rules import local_shape
+    return [sum(math.prod(local_shape(q, tp)) for q in layer.params) for layer in model.layers]
+
+
+def peak_blocks(schedule: list, blocks: tuple, ranks) -> dict:
+    """Rank -> the most blocks' activations it holds at once walking its actions (F adds, B frees)."""
+    out = {}
+    for r in ranks:
+        live = peak = 0
+        for a in schedule[r]:
+            live += blocks[a.stage] if a.kind == "F" else -blocks[a.stage] if a.kind == "B" else 0
+            peak = max(peak, live)
+        out[r] = peak
+    return out
+
+
+def fullest_rank(whole: dict, shares: list, peaks: dict, pp: int, layers: int) -> dict:
+    """The parts of the rank (of ``peaks``) with the most bytes: static parts by its stages' ``shares``
+    (stage s on rank s % pp), activations = the whole model's per block x its peak blocks."""
+    best = None
+    for r, peak in peaks.items():
+        share = sum(shares[s] for s in range(r, len(shares), pp))
+        parts = {k: val * share for k, val in whole.items() if k != "activations"}
+        parts["activations"] = whole["activations"] / layers * peak
+        if best is None or sum(parts.values()) > sum(best.values()):
+            best = parts
+    return best
 
 
 def report(result) -> dict:
