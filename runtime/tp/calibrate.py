@@ -9,26 +9,27 @@ two collectives), median over the chain. Isolated calls (a barrier before each) 
 with more ranks than free cores, a rank that has just computed must be woken for every ring hop, and the
 in-chain call costs several times the isolated one (4 gloo ranks on ~1 free core: ~3 ms vs ~0.5 ms a hop);
 the fit uses the in-chain times. DTensor's host work, as CPU time of this thread (``time.thread_time``: the work,
-not the wait for a core, which the simulator's processor sharing adds): a ColwiseParallel + RowwiseParallel pair
-(hidden -> ffn_hidden -> hidden, the building block of every TP layer: ``parallelize_module`` hooks, DTensor
-dispatch and sharding propagation of the linears, the ``from_local``/``redistribute``/``to_local`` autograd
-functions) forward+backward, the same pair at its local shapes without DTensor, and one functional all_reduce
-of the pair's activation (issue to wait: its own CPU, already inside the fitted collective time); the DTensor
-ops and collectives of one forward+backward of the pair are counted once (runtime/tp/run.py
+not the wait for a core, which the simulator's processor sharing adds): one transformer block of the model under
+the run's own block plan (TP or TP + SP: ``parallelize_module`` hooks, DTensor dispatch and sharding propagation,
+the ``from_local``/``redistribute``/``to_local`` autograd functions around its collectives) forward+backward,
+the same block unparallelized, and each collective kind the block issues as a bare functional collective at the
+block's activation size (issue to wait: that CPU is already inside the fitted collective times); the DTensor
+ops and collectives of one forward+backward of the block are counted once (runtime/tp/run.py
 CollectiveCapture). Also CPU time: the unparallelized model's forward+backward on this rank; AdamW on plain
 tensors the size of this rank's TP shards. On the host (``fit_cluster``): per collective the ring model t =
 steps·α + f·S/B (``ring_cost``: all_gather and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least
 squares over the sizes (α = 0 and B from the largest size if α comes out negative); a memory rate M = 28 B x
 local elements / AdamW CPU time (sim/tp/plan.py ADAM_BYTES) and a compute rate F (bisection) such that the
 roofline sum of max(flops/F, bytes/M) over the tp = 1 plan's forward and backward ops equals the unparallelized
-forward+backward's CPU time; the GPU spec's ``launch_s`` = (pair CPU - local pair CPU - collectives x all_reduce
-CPU) / DTensor ops of the pair: the host CPU of one DTensor op as the TP layers dispatch them (sim/tp/plan.py
-launches; an elementwise op on a DTensor alone costs ~1/3 of it: it skips the linears' redistribution, the
-autograd functions and the module hooks); ``cpu_cores`` = the cores the ranks share (the caller's fair share
-beside other processes, runtime/load.py effective_cores, else this machine's cores), so that the simulator
-runs each rank's compute at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x
-TP's sends between stages) = the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be
-woken). Per quantity: the median over rounds of the slowest rank.
+forward+backward's CPU time; the GPU spec's ``launch_s`` = (block CPU - unparallelized block CPU - the block's
+collectives' issue CPU) / the block's DTensor ops: the host CPU per DTensor op as a TP layer dispatches them
+(sim/tp/plan.py launches; ~35-45 us here, ~3x an elementwise op on a DTensor alone, which skips the hooks and
+the redistributions; the unparallelized block's whole CPU is subtracted, an upper bound of its local math);
+``cpu_cores`` = the cores the ranks share (the caller's fair share beside other processes, runtime/load.py
+effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each rank's compute
+at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends between stages) =
+the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken). Per quantity: the
+median over rounds of the slowest rank.
 """
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 
 
 class Calibrator:
     """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
-    buffer); ``model``: the sim Model; ``group``: the tp process group."""
+    buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
+    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture)."""
 
-    def __init__(self, sizes: dict, model, group, sequence_parallel: bool = True):
+    def __init__(self, sizes: dict, model, group, plan: dict, capture):
         import torch
         import torch.distributed as dist
 
@@ -66,30 +68,30 @@ class Calibrator:
                       "fwd_bwd": [], "optimizer": [], "block_tp": [], "block_local": [],
                       "block_collectives": {}, "cores": _cores()}
         self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
-        self._block_setup(c, sequence_parallel)
+        self._block_setup(c, plan, capture)
         self._local_step()                         # warm-up
 
-    def _block_setup(self, c: dict, sequence_parallel: bool) -> None:
-        """The probe of DTensor's host work: one transformer block of the model with the TP (+ SP) plan of
-        runtime/tp/run.py on the tp group, the same block unparallelized, and the DTensor ops and collectives
-        one forward+backward of the parallel block dispatches (counted once: runtime/tp/run.py CollectiveCapture;
-        the same counts as sim/tp/plan.py DTENSOR_OPS per block)."""
+    def _block_setup(self, c: dict, plan: dict, capture) -> None:
+        """The probe of DTensor's host work: one transformer block of the model with the run's block ``plan``
+        (runtime/tp/run.py block_plan: TP or TP + SP) on the tp group, the same block unparallelized, and the
+        DTensor ops and collectives one forward+backward of the parallel block dispatches, counted once by
+        ``capture`` (runtime/tp/run.py CollectiveCapture; the same counts as sim/tp/plan.py DTENSOR_OPS)."""
         import torch
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor.parallel import parallelize_module
 
         from distlab.runtime.tp.model import Block
-        from distlab.runtime.tp.run import CollectiveCapture, block_plan
         torch.manual_seed(0)
         mesh = DeviceMesh.from_group(self.group, "cpu")
-        self.block = parallelize_module(Block(c, torch.float32), mesh, block_plan(sequence_parallel))
+        self.block = parallelize_module(Block(c, torch.float32), mesh, plan)
         self.block_plain = Block(c, torch.float32)
-        seq = c["seq_len"] // self.n if sequence_parallel else c["seq_len"]     # SP: the block's input is Shard(1)
+        sp = "norm1" in plan                                  # SP: the block's input is Shard(1) of the sequence
+        seq = c["seq_len"] // self.n if sp else c["seq_len"]
         self.block_x = torch.ones(c["micro_batch"], seq, c["hidden"], requires_grad=True)
         self.plain_x = torch.ones(c["micro_batch"], c["seq_len"], c["hidden"], requires_grad=True)
         self.block_bytes = 4 * c["micro_batch"] * c["seq_len"] * c["hidden"]
         self._block_step(self.block, self.block_x)                 # warm-up (sharding propagation caches)
-        cap = CollectiveCapture()
+        cap = capture()
         with cap:
             self._block_step(self.block, self.block_x)
         self.times["block_ops"] = sum(cap.dtensor_ops.values())

@@ -75,7 +75,8 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
             sched.step(*args, **kwargs)
         return time.perf_counter() - t0
     from distlab.runtime.tp.calibrate import Calibrator
-    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), v.get("sequence_parallel", True)) if calibrate else None
+    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(v.get("sequence_parallel", True)),
+                     tp.CollectiveCapture) if calibrate else None
     out = []
     for i in range(warmup + steps):
         if cal and i >= warmup:

@@ -102,9 +102,10 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
 def parts(plan, trace, cluster, results: list[dict]) -> dict:
     """Rank 0's step in parts, {"predicted": {...}, "measured": {...}} in seconds: ``comm`` (collectives of the
     forward and backward: simulated spans; measured issue to wait in the captured steps), ``compute`` (the rest
-    of the forward and backward; predicted also split out: ``host``, DTensor dispatch, launches x launch_s, as
-    the engine ran it), ``optimizer`` (the optimizer phase with its collectives; measured in the uncaptured
-    steps) and ``step``; measured: medians over the steps. A pipeline rank has no phases: the step alone."""
+    of the forward and backward: measured, the uncaptured step's forward+backward minus that comm; predicted
+    also split out: ``host``, DTensor dispatch, launches x launch_s, as the engine ran it), ``optimizer`` (the
+    optimizer phase with its collectives; measured in the uncaptured steps) and ``step``; measured: medians
+    over the steps. A pipeline rank has no phases: the step alone."""
     from distlab.sim.tp.plan import PHASES
     pred = {"comm": 0.0, "compute": 0.0, "host": 0.0, "optimizer": 0.0, "step": trace.makespan}
     ops = plan.ranks[0]
@@ -124,7 +125,7 @@ def parts(plan, trace, cluster, results: list[dict]) -> dict:
     if steps[0].get("plain_phases"):
         comm = [sum(b - a for c, (a, b) in zip(s["calls"], s["spans"]) if c[-1] != "optimizer") for s in steps]
         meas["comm"] = statistics.median(comm)
-        meas["compute"] = statistics.median(sum(s["phases"][:2]) - c for s, c in zip(steps, comm))
+        meas["compute"] = statistics.median(sum(s["plain_phases"][:2]) - c for s, c in zip(steps, comm))
         meas["optimizer"] = statistics.median(s["plain_phases"][2] for s in steps)
     return {"predicted": pred, "measured": meas}
 
