@@ -9,8 +9,9 @@ host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards:
 it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
 measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
 host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
-compute, optimizer, measured / predicted; a pipeline rank has no phases), and the machine's load
-(runtime/load.py) before and after. Exit 1 if any |error| exceeds --tolerance.
+compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
+runtime's CPU per action), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
+exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def main(argv=None) -> int:
         pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
         print("    rank 0, measured / predicted ms: " + ", ".join(
             f"{k} {meas[k] * 1e3:.1f} / {pred[k] * 1e3:.1f}" for k in ("comm", "compute", "optimizer") if k in meas)
-            + f" (of predicted compute: host {pred['host'] * 1e3:.1f})")
+            + f" (of predicted compute: host {pred['host'] * 1e3:.1f})"
+            + (f"; pipelining runtime {r['pipeline_overhead_s'] * 1e6:.0f} us per action, predicted "
+               f"{pred.get('runtime', 0) * 1e3:.1f} ms" if r["pipeline_overhead_s"] else ""))
         for when, load in (("before", before), ("after", sample())):
             print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
     return 0 if worst <= args.tolerance else 1

@@ -257,3 +257,12 @@ def launch_seconds(cals: list[dict]) -> float:
     issue = sum(_over_rounds(cals, lambda c, op=op: c["block_collectives"][op]) for op in c["block_calls"])
     host = _over_rounds(cals, lambda c: c["block_tp"]) - _over_rounds(cals, lambda c: c["block_local"]) - issue
     return max(host / c["block_ops"], 0.0)
+
+
+def pipeline_overhead(results: list[dict]) -> float:
+    """The pipelining runtime's CPU seconds per action (runtime/tp/pipeline.py RuntimeProbe), the median over
+    rounds of the slowest rank; 0 for a run without a pipeline."""
+    cals = [r["variants"][0].get("calibration") or {} for r in results]
+    if not all(c.get("pipeline_action") for c in cals):
+        return 0.0
+    return _over_rounds(cals, lambda c: c["pipeline_action"])

@@ -64,9 +64,18 @@ def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeo
     return compare(built, results, before.effective_cores(nproc) if before else None)
 
 
-def timed_plan(built):
+def timed_plan(built, overhead: float = 0.0):
     """The plan whose time is predicted: the scenario's, except FSDP2 x TP with FSDP2 on one stream
-    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks); the same collectives."""
+    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and PP x TP with the pipelining
+    runtime's ``overhead`` seconds after each action (runtime/tp/pipeline.py RuntimeProbe); the same
+    collectives."""
+    if built.plan.meta.get("builder") == "pp_tp" and overhead:
+        from distlab.sim.pipeline.plan import PipelineSpec
+        from distlab.sim.tp.pipeline import pp_tp_plan
+        o, mesh = built.options, built.mesh
+        spec = PipelineSpec(schedule=o.schedule, stages=mesh.size("pp"), microbatches=o.microbatches,
+                            data_parallel=mesh.size("dp") if "dp" in mesh else 1)
+        return pp_tp_plan(built.model, mesh, spec, o, overhead=overhead)
     if built.plan.meta.get("builder") != "fsdp_tp":
         return built.plan
     from distlab.sim.fsdp.plan import FSDPOptions
@@ -77,14 +86,17 @@ def timed_plan(built):
 def compare(built, results: list[dict], cores: float | None = None) -> dict:
     """Report dict from a launch whose first variant is the scenario's, run with calibration: rows [{what, op,
     bytes, calls, predicted_s, measured_s, repeats}], sequence_match, the plan, the fitted cluster (``cores``:
-    the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, and ``parts``:
-    rank 0's step predicted and measured in parts (:func:`parts`)."""
+    the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, ``parts``:
+    rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
+    pipelining runtime's CPU per action, timed_plan)."""
     from distlab.runtime.tp.calibrate import fit_cluster
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
     cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
-    timed = timed_plan(built)
+    from distlab.runtime.tp.calibrate import pipeline_overhead
+    overhead = pipeline_overhead(results)
+    timed = timed_plan(built, overhead)
     trace = simulate(timed, cluster, record_transfers=False)
     match = all([c for c in measured_sequence(results, 0, r) if c[0] not in ("send", "recv")]
                 == _sequence(built.plan, r) for r in range(nproc))
@@ -96,7 +108,8 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
              "repeats": step_times}]
     rows += _collective_rows(trace, results)
     return {"rows": rows, "sequence_match": match, "plan": built.plan, "cluster": cluster, "results": results,
-            "mesh": mesh.as_dict(), "model": model, "parts": parts(timed, trace, cluster, results)}
+            "mesh": mesh.as_dict(), "model": model, "parts": parts(timed, trace, cluster, results),
+            "pipeline_overhead_s": overhead}
 
 
 def parts(plan, trace, cluster, results: list[dict]) -> dict:
@@ -116,6 +129,8 @@ def parts(plan, trace, cluster, results: list[dict]) -> dict:
             pred["optimizer"] += o.duration
         elif o.kind == "collective":
             pred["comm"] += o.duration
+        elif o.kind == "compute" and op.name == "runtime":         # PP x TP: the pipelining runtime's own work
+            pred["runtime"] = pred.get("runtime", 0.0) + o.duration
         elif o.kind == "compute":
             pred["compute"] += o.duration
             alone = op.launches and cluster.gpu.launch_s and op.launches * cluster.gpu.launch_s
