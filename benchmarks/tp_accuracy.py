@@ -5,10 +5,13 @@
 Per composition, one launch (runtime/tp/validate.py ``validate_tp``) of the model of scenarios/tp-cpu.yaml on a
 mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches): before each captured step
 one calibration round on the tp group (collectives at the plan's sizes in the step's duty cycle, the DTensor op
-overhead ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
+host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
 it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
-measured steps, the error, the spread (min, max), whether the collective sequences match, and the machine's
-load (runtime/load.py) before and after. Exit 1 if any |error| exceeds --tolerance.
+measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
+host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
+compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
+runtime's CPU per action), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
+exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ def main(argv=None) -> int:
     from distlab.sim.io import load_yaml
     base = load_yaml("scenarios/tp-cpu.yaml")
     worst = 0.0
-    print(f"{'composition':12} {'predicted':>10} {'measured':>10} {'error':>7}  spread (min..max)  sequences  launch_s")
+    print(f"{'composition':12} {'predicted':>10} {'measured':>10} {'error':>7}  spread (min..max)  sequences  launch_s"
+          "  cpu_cores")
     for name in args.only.split(","):
         before = sample()
         d = {**base, "mesh": MESHES[name], "world_size": 4, "tp": {**base["tp"], "microbatches": 2}}
@@ -41,7 +45,14 @@ def main(argv=None) -> int:
         print(f"{name:12} {row['predicted_s'] * 1e3:8.1f}ms {row['measured_s'] * 1e3:8.1f}ms {err:+6.0f}%  "
               f"{min(row['repeats']) * 1e3:.0f}..{max(row['repeats']) * 1e3:.0f} ms"
               f" (sd {statistics.pstdev(row['repeats']) * 1e3:.0f})  "
-              f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us")
+              f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us"
+              f"  cores {r['cluster'].cpu_cores:.2f}")
+        pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
+        print("    rank 0, measured / predicted ms: " + ", ".join(
+            f"{k} {meas[k] * 1e3:.1f} / {pred[k] * 1e3:.1f}" for k in ("comm", "compute", "optimizer") if k in meas)
+            + f" (of predicted compute: host {pred['host'] * 1e3:.1f})"
+            + (f"; pipelining runtime {r['pipeline_overhead_s'] * 1e6:.0f} us per action, predicted "
+               f"{pred.get('runtime', 0) * 1e3:.1f} ms" if r["pipeline_overhead_s"] else ""))
         for when, load in (("before", before), ("after", sample())):
             print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
     return 0 if worst <= args.tolerance else 1

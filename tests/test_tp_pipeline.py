@@ -63,3 +63,22 @@ def test_an_uneven_split_builds_where_an_even_one_is_refused():
         pp_tp_plan(model, mesh, PipelineSpec(stages=4, microbatches=4))
     plan = pp_tp_plan(model, mesh, PipelineSpec(stages=4, microbatches=4, split=[1, 2, 2, 1]))
     assert plan.meta["pipeline"]["layers_per_stage"] == [2, 2, 2, 2]    # embed and head join the end stages
+
+
+def test_the_pipelining_runtime_overhead_follows_every_action():
+    """``overhead`` (runtime/tp/pipeline.py RuntimeProbe: torch pipelining's own CPU per action) is one "runtime" op
+    of that many seconds after each of a stage's 2m actions; with the rest of the step unchanged, a rank's busy
+    time grows by exactly 2m x overhead (hand count)."""
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute
+    m, overhead = 3, 1e-3
+    spec, mesh = PipelineSpec("1f1b", 2, m), Mesh({"pp": 2, "tp": 2})
+    plan = pp_tp_plan(MODEL, mesh, spec, overhead=overhead)
+    for r in range(4):
+        runtime = [o for o in plan.ranks[r] if isinstance(o, Compute) and o.name == "runtime"]
+        assert len(runtime) == 2 * m and {o.seconds for o in runtime} == {overhead}
+    cluster = PRESETS["localhost-cpu"].with_world_size(4)
+    busy = [sum(o.duration for o in simulate(p, cluster).for_rank(0) if o.kind == "compute")
+            for p in (plan, pp_tp_plan(MODEL, mesh, spec))]
+    assert busy[0] - busy[1] == pytest.approx(2 * m * overhead)

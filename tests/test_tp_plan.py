@@ -181,23 +181,48 @@ def test_dtensor_launches_cost_launch_s_each_on_the_critical_path():
 
 
 def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
-    """runtime/tp/calibrate.py fit_cluster: launch_s = DTensor op - local op (median over rounds of the slowest
-    rank); latency-bound collectives whose line fit comes out negative (a larger size timed faster) keep α =
-    the shortest time instead of dropping it to 0."""
+    """runtime/tp/calibrate.py fit_cluster: launch_s = (TP block CPU - plain block CPU - the block's collectives'
+    issue CPU) / the block's DTensor ops, each the median over rounds of the slowest rank; cpu_cores = the cores
+    given (else the ranks' own count), at most the world; latency-bound collectives whose line fit comes out
+    negative (a larger size timed faster) keep α = the shortest time instead of dropping it to 0."""
     from distlab.runtime.tp.calibrate import fit_cluster
     model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
                 arch="llama", ffn_hidden=64)
 
     def rank(scale):
         coll = {"all_gather": {"2048": [3e-3 * scale] * 3, "65536": [2.5e-3 * scale] * 3}}
-        return {"variants": [{"calibration": {"collectives": coll, "isolated": coll, "fwd_bwd": [6e-3] * 3,
-                                              "optimizer": [1e-3] * 3, "dtensor_op": [20e-6 * scale] * 3,
-                                              "local_op": [3e-6] * 3}}]}
+        return {"variants": [{"calibration": {
+            "collectives": coll, "isolated": coll, "fwd_bwd": [6e-3] * 3, "optimizer": [1e-3] * 3,
+            "block_tp": [10e-3 * scale] * 3, "block_local": [1e-3] * 3, "block_ops": 100, "cores": 2,
+            "block_calls": ["all_gather", "reduce_scatter", "all_gather"],
+            "block_collectives": {"all_gather": [0.2e-3 * scale] * 3, "reduce_scatter": [0.1e-3] * 3}}}]}
     cluster = fit_cluster([rank(1.0), rank(1.2)], model, 2, 2)
-    assert cluster.gpu.launch_s == pytest.approx(24e-6 - 3e-6)
+    assert cluster.gpu.launch_s == pytest.approx((12e-3 - 1e-3 - (0.24e-3 + 0.1e-3 + 0.24e-3)) / 100)
+    assert cluster.cpu_cores == 2
+    assert fit_cluster([rank(1.0), rank(1.2)], model, 2, 2, cores=1.5).cpu_cores == 1.5
     fit = cluster.calibration["collectives"]["all_gather"]["2"]
     assert fit["latency_us"] == pytest.approx(2.5e-3 * 1.2 * 1e6, rel=1e-3)    # 1 ring step at n = 2
     assert cluster.intra_node.latency_us == fit["latency_us"]         # a stage-to-stage send: one hop
+
+
+def test_tp_ranks_share_the_cores_for_their_compute():
+    """TP ranks run in lock-step (every collective waits for all of them), so on a node with half as many cores as
+    ranks every compute op of rank 0 runs while the other three compute too, at cores / ranks = 1/2 of a core
+    (sim/cores.py): the step grows by exactly rank 0's compute time alone (hand sum of op_seconds)."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.compute import op_seconds
+    from distlab.sim.engine import simulate
+    from distlab.sim.plan import Compute
+    model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
+                arch="llama", ffn_hidden=64)
+    plan = tp_plan(model, Mesh({"tp": 4}), TPOptions())
+    base = PRESETS["localhost-cpu"].with_world_size(4)
+    base = replace(base, gpu=replace(base.gpu, launch_s=40e-6))
+    alone = sum(op_seconds(o, base.gpu) for o in plan.ranks[0] if isinstance(o, Compute))
+    shared = simulate(plan, replace(base, cpu_cores=2.0)).makespan
+    assert shared - simulate(plan, base).makespan == pytest.approx(alone, rel=1e-9)
 
 
 def test_cli_memory_of_a_tp_scenario(cli, tmp_path):

@@ -8,17 +8,28 @@ then CHAIN calls each after GAP_OPS small local ops (a step of the plan dispatch
 two collectives), median over the chain. Isolated calls (a barrier before each) are also timed and reported:
 with more ranks than free cores, a rank that has just computed must be woken for every ring hop, and the
 in-chain call costs several times the isolated one (4 gloo ranks on ~1 free core: ~3 ms vs ~0.5 ms a hop);
-the fit uses the in-chain times. Also timed: one DTensor elementwise op against the same op on its local shard
-(``dtensor_op_s``: DTensor's Python dispatch, sharding propagation; reported, see runtime/tp/validate.py);
-the unparallelized model's forward+backward on this rank; AdamW on plain tensors the size of this rank's TP
-shards. On the host (``fit_cluster``): per collective the ring model t = steps·α + f·S/B (``ring_cost``: all_gather
-and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least squares over the sizes (α = 0 and B from
-the largest size if α comes out negative); a memory rate M = 28 B x local elements / AdamW time (sim/tp/plan.py
-ADAM_BYTES) and a compute rate F (bisection) such that the roofline sum of max(flops/F, bytes/M) over the tp = 1
-plan's forward and backward ops equals the measured unparallelized forward+backward; the GPU spec's ``launch_s``
-= DTensor op time - local op time (sim/tp/plan.py: launches); the link latency (PP x TP's sends between
-stages) = the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken). Per
-quantity: the median over rounds of the slowest rank.
+the fit uses the in-chain times. DTensor's host work, as CPU time of this thread (``time.thread_time``: the work,
+not the wait for a core, which the simulator's processor sharing adds): one transformer block of the model under
+the run's own block plan (TP or TP + SP: ``parallelize_module`` hooks, DTensor dispatch and sharding propagation,
+the ``from_local``/``redistribute``/``to_local`` autograd functions around its collectives) forward+backward,
+the same block unparallelized, and each collective kind the block issues as a bare functional collective at the
+block's activation size (issue to wait: that CPU is already inside the fitted collective times); the DTensor
+ops and collectives of one forward+backward of the block are counted once (runtime/tp/run.py
+CollectiveCapture). Also CPU time: the unparallelized model's forward+backward on this rank; AdamW on plain
+tensors the size of this rank's TP shards. On the host (``fit_cluster``): per collective the ring model t =
+steps·α + f·S/B (``ring_cost``: all_gather and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least
+squares over the sizes (α = 0 and B from the largest size if α comes out negative); a memory rate M = 28 B x
+local elements / AdamW CPU time (sim/tp/plan.py ADAM_BYTES) and a compute rate F (bisection) such that the
+roofline sum of max(flops/F, bytes/M) over the tp = 1 plan's forward and backward ops equals the unparallelized
+forward+backward's CPU time; the GPU spec's ``launch_s`` = (block CPU - unparallelized block CPU - the block's
+collectives' issue CPU) / the block's DTensor ops: the host CPU per DTensor op as a TP layer dispatches them
+(sim/tp/plan.py launches; ~35-45 us here, ~3x an elementwise op on a DTensor alone, which skips the hooks and
+the redistributions; the unparallelized block's whole CPU is subtracted, an upper bound of its local math);
+``cpu_cores`` = the cores the ranks share (the caller's fair share beside other processes, runtime/load.py
+effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each rank's compute
+at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends between stages) =
+the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken). Per quantity: the
+median over rounds of the slowest rank.
 """
 from __future__ import annotations
 
@@ -31,9 +42,10 @@ GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 
 
 class Calibrator:
     """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
-    buffer); ``model``: the sim Model; ``group``: the tp process group."""
+    buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
+    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture)."""
 
-    def __init__(self, sizes: dict, model, group):
+    def __init__(self, sizes: dict, model, group, plan: dict, capture):
         import torch
         import torch.distributed as dist
 
@@ -53,21 +65,62 @@ class Calibrator:
         self.shard_opt = torch.optim.AdamW(self.shards, lr=1e-4)
         self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "isolated": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
-                      "fwd_bwd": [], "optimizer": [], "dtensor_op": [], "local_op": []}
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.tensor import Shard, distribute_tensor
-        mesh = DeviceMesh.from_group(group, "cpu")
+                      "fwd_bwd": [], "optimizer": [], "block_tp": [], "block_local": [],
+                      "block_collectives": {}, "cores": _cores()}
         self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
-        self.dtensor = distribute_tensor(torch.ones(c["micro_batch"], c["seq_len"] // self.n * self.n, c["hidden"]),
-                                         mesh, [Shard(1)])
+        self._block_setup(c, plan, capture)
         self._local_step()                         # warm-up
 
+    def _block_setup(self, c: dict, plan: dict, capture) -> None:
+        """The probe of DTensor's host work: one transformer block of the model with the run's block ``plan``
+        (runtime/tp/run.py block_plan: TP or TP + SP) on the tp group, the same block unparallelized, and the
+        DTensor ops and collectives one forward+backward of the parallel block dispatches, counted once by
+        ``capture`` (runtime/tp/run.py CollectiveCapture; the same counts as sim/tp/plan.py DTENSOR_OPS)."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from distlab.runtime.tp.model import Block
+        torch.manual_seed(0)
+        mesh = DeviceMesh.from_group(self.group, "cpu")
+        self.block = parallelize_module(Block(c, torch.float32), mesh, plan)
+        self.block_plain = Block(c, torch.float32)
+        sp = "norm1" in plan                                  # SP: the block's input is Shard(1) of the sequence
+        seq = c["seq_len"] // self.n if sp else c["seq_len"]
+        self.block_x = torch.ones(c["micro_batch"], seq, c["hidden"], requires_grad=True)
+        self.plain_x = torch.ones(c["micro_batch"], c["seq_len"], c["hidden"], requires_grad=True)
+        self.block_bytes = 4 * c["micro_batch"] * c["seq_len"] * c["hidden"]
+        self._block_step(self.block, self.block_x)                 # warm-up (sharding propagation caches)
+        cap = capture()
+        with cap:
+            self._block_step(self.block, self.block_x)
+        self.times["block_ops"] = sum(cap.dtensor_ops.values())
+        self.times["block_calls"] = [k for k, *_ in cap.calls]
+
+    @staticmethod
+    def _block_step(module, x) -> None:
+        module.zero_grad(set_to_none=True)          # as a training step finds them (optimizer.zero_grad)
+        module(x).sum().backward()
+
+    def _block_round(self) -> None:
+        """CPU seconds per call: the parallel block, the plain block, each collective kind it issues (funcol,
+        issue to wait, at the size of the block's activation X; a bare issue's CPU, inside the fitted
+        collective time already)."""
+        import torch.distributed as dist
+        dist.barrier(group=self.group)
+        self.times["block_tp"].append(_cpu_per_call(lambda: self._block_step(self.block, self.block_x), 10))
+        self.times["block_local"].append(_cpu_per_call(lambda: self._block_step(self.block_plain, self.plain_x), 10))
+        for op in sorted(set(self.times["block_calls"])):
+            self.times["block_collectives"].setdefault(op, []).append(statistics.median(
+                self._collective(op, self.block_bytes, barrier=False, clock=time.thread_time) for _ in range(5)))
+
     def _local_step(self) -> float:
+        """CPU seconds (this thread's) of the unparallelized forward+backward."""
         import torch.nn.functional as F
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         logits = self.module(self.x)
         F.cross_entropy(logits.flatten(0, 1).float(), self.x.roll(-1, 1).flatten()).backward()
-        t = time.perf_counter() - t0
+        t = time.thread_time() - t0
         self.opt.zero_grad(set_to_none=True)
         return t
 
@@ -78,15 +131,13 @@ class Calibrator:
                 times.append(self._chain(op, int(size)))
                 self.times["isolated"][op][size].append(self._collective(op, int(size)))
         dist.barrier()
-        self.times["dtensor_op"].append(_per_call(lambda: self.dtensor * 1.0001))
-        local = self.dtensor.to_local()
-        self.times["local_op"].append(_per_call(lambda: local * 1.0001))
+        self._block_round()
         self.times["fwd_bwd"].append(self._local_step())
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         self.shard_opt.step()
-        self.times["optimizer"].append(time.perf_counter() - t0)
+        self.times["optimizer"].append(time.thread_time() - t0)
 
-    def _collective(self, op: str, nbytes: int, barrier: bool = True) -> float:
+    def _collective(self, op: str, nbytes: int, barrier: bool = True, clock=time.perf_counter) -> float:
         import torch
         import torch.distributed as dist
         import torch.distributed._functional_collectives as funcol
@@ -95,7 +146,7 @@ class Calibrator:
         big, small = torch.ones(numel), torch.ones(numel // n)
         if barrier:
             dist.barrier(group=g)
-        t0 = time.perf_counter()       # the functional collectives DTensor issues, issue to wait
+        t0 = clock()                   # the functional collectives DTensor issues, issue to wait
         if op == "all_gather":
             out = funcol.all_gather_tensor(small, 0, g)
         elif op == "reduce_scatter":
@@ -103,7 +154,7 @@ class Calibrator:
         else:
             out = funcol.all_reduce(big, "sum", g)
         funcol.wait_tensor(out)
-        return time.perf_counter() - t0
+        return clock() - t0
 
     def _chain(self, op: str, nbytes: int) -> float:
         """Median time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring)."""
@@ -121,12 +172,22 @@ class Calibrator:
         return self.times
 
 
-def _per_call(fn, calls: int = 50) -> float:
+def _cpu_per_call(fn, calls: int = 50) -> float:
+    """This thread's CPU seconds per call of ``fn`` (time.thread_time: the work, not the wait for a core)."""
     fn()
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    return (time.thread_time() - t0) / calls
+
+
+def _cores() -> int:
+    """Cores this rank may run on (what the ranks of the launch share)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                       # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def _prod(shape) -> int:
@@ -153,7 +214,8 @@ def _over_rounds(results: list[dict], get) -> float:
     return statistics.median(max(get(r)[i] for r in results) for i in range(rounds))
 
 
-def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parallel: bool = True):
+def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parallel: bool = True,
+                cores: float | None = None):
     """localhost-cpu on ``world`` ranks with the fitted collectives (at group size tp), compute rate and
     memory rate (module docstring)."""
     import numpy as np
@@ -182,7 +244,25 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
 
     from distlab.runtime.validation import roofline_cluster
     cluster = roofline_cluster(work, fb, M, world, coll)
-    launch = _over_rounds(cals, lambda c: c["dtensor_op"]) - _over_rounds(cals, lambda c: c["local_op"])
     hop = coll.get("all_gather", {}).get(str(tp), {}).get("latency_us", cluster.intra_node.latency_us)
-    return replace(cluster, gpu=replace(cluster.gpu, launch_s=max(launch, 0.0)),
-                   intra_node=replace(cluster.intra_node, latency_us=hop))
+    return replace(cluster, gpu=replace(cluster.gpu, launch_s=launch_seconds(cals)),
+                   intra_node=replace(cluster.intra_node, latency_us=hop),
+                   cpu_cores=float(min(world, cores if cores is not None else cals[0]["cores"])))
+
+
+def launch_seconds(cals: list[dict]) -> float:
+    """DTensor's host CPU per dispatched op of a TP block: (parallel block - plain block - its collectives' issue)
+    / its DTensor ops, each CPU time the median over rounds of the slowest rank (module docstring)."""
+    c = cals[0]
+    issue = sum(_over_rounds(cals, lambda c, op=op: c["block_collectives"][op]) for op in c["block_calls"])
+    host = _over_rounds(cals, lambda c: c["block_tp"]) - _over_rounds(cals, lambda c: c["block_local"]) - issue
+    return max(host / c["block_ops"], 0.0)
+
+
+def pipeline_overhead(results: list[dict]) -> float:
+    """The pipelining runtime's CPU seconds per action (runtime/tp/pipeline.py RuntimeProbe), the median over
+    rounds of the slowest rank; 0 for a run without a pipeline."""
+    cals = [r["variants"][0].get("calibration") or {} for r in results]
+    if not all(c.get("pipeline_action") for c in cals):
+        return 0.0
+    return _over_rounds(cals, lambda c: c["pipeline_action"])

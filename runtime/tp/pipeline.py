@@ -75,11 +75,15 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
             sched.step(*args, **kwargs)
         return time.perf_counter() - t0
     from distlab.runtime.tp.calibrate import Calibrator
-    cal = Calibrator(calibrate, model, mesh["tp"].get_group()) if calibrate else None
+    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(v.get("sequence_parallel", True)),
+                     tp.CollectiveCapture) if calibrate else None
+    seq = c["seq_len"] // mesh["tp"].size() if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
+    probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None
     out = []
     for i in range(warmup + steps):
         if cal and i >= warmup:
             cal.round()
+            cal.times.setdefault("pipeline_action", []).append(probe.action_seconds())
         t = step(i >= warmup)
         if i >= warmup:
             out.append({"time": t, "calls": list(cap.calls), "spans": [], "phases": []})
@@ -101,3 +105,49 @@ def _phases(stage, cap) -> None:
         cap.phase = "backward"
         return bwd(*a, **k)
     stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+
+class RuntimeProbe:
+    """The pipelining runtime's own CPU per action, apart from any model: the run's schedule class on the same
+    pp group with a one-Linear stage (hidden -> hidden) exchanging the run's boundary tensors (b, s or s / tp
+    under SP, h), its step's CPU time
+    (``time.thread_time``: this rank's Python thread: schedule bookkeeping, splitting and merging micro-batches,
+    building and posting the p2p ops, the loss) minus the same Linear's forward, loss and backward on each
+    micro-batch alone, over the 2m actions (m forwards, m backwards) a stage runs: ``action_seconds``."""
+
+    def __init__(self, mesh, stage: int, stages: int, m: int, cls, shape: tuple):
+        import torch
+        import torch.distributed.pipelining as pp
+        b, s, h = shape
+        self.m, self.last = m, stage == stages - 1
+        torch.manual_seed(0)
+        self.linear = nn.Linear(h, h, bias=False)
+        self.sched = cls(pp.PipelineStage(self.linear, stage, stages, torch.device("cpu"),
+                                          group=mesh["pp"].get_group()), m, loss_fn=_probe_loss)
+        self.x = torch.ones(b * m, s, h)
+        self.args = (self.x,) if stage == 0 else ()
+        self.kwargs = {"target": self.x} if self.last else {}
+        self.group = mesh["pp"].get_group()
+        self.action_seconds()                          # warm-up (shape inference, buffers)
+
+    def _step(self) -> float:
+        import torch.distributed as dist
+        self.linear.zero_grad(set_to_none=True)
+        dist.barrier(group=self.group)
+        t0 = time.thread_time()
+        self.sched.step(*self.args, **self.kwargs)
+        return time.thread_time() - t0
+
+    def _alone(self) -> float:
+        x = self.x[: len(self.x) // self.m].detach().requires_grad_()
+        t0 = time.thread_time()
+        for _ in range(self.m):
+            _probe_loss(self.linear(x), x).backward()
+        return time.thread_time() - t0
+
+    def action_seconds(self) -> float:
+        return max(min(self._step() for _ in range(3)) - self._alone(), 0.0) / (2 * self.m)
+
+
+def _probe_loss(y, target):
+    return (y - target).pow(2).mean()

@@ -211,7 +211,8 @@ def rank_task(ctx, payload: dict) -> dict:
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
             _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
-        cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group()) \
+        cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group(),
+                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture) \
             if payload.get("calibrate") and vi == 0 else None
         steps = []
         for _ in range(payload.get("steps", 1)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 
 from distlab.runtime.validation import case
+from distlab.sim.compute import op_seconds
 from distlab.sim.errors import ConfigError
 
 
@@ -59,15 +60,26 @@ def prepare(scenario, nproc: int):
 
 def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeout: float = 300.0) -> dict:
     """Run the scenario for real on ``nproc`` gloo ranks and compare (:func:`compare`)."""
+    from distlab.runtime import load
     from distlab.runtime.tp.run import run
     built, variant, sizes = prepare(scenario, nproc)
-    return compare(built, run([variant], world=nproc, steps=steps, warmup=warmup, timeout=timeout,
-                              calibrate=sizes))
+    before = load.sample()
+    results = run([variant], world=nproc, steps=steps, warmup=warmup, timeout=timeout, calibrate=sizes)
+    return compare(built, results, before.effective_cores(nproc) if before else None)
 
 
-def timed_plan(built):
+def timed_plan(built, overhead: float = 0.0):
     """The plan whose time is predicted: the scenario's, except FSDP2 x TP with FSDP2 on one stream
-    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks); the same collectives."""
+    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and PP x TP with the pipelining
+    runtime's ``overhead`` seconds after each action (runtime/tp/pipeline.py RuntimeProbe); the same
+    collectives."""
+    if built.plan.meta.get("builder") == "pp_tp" and overhead:
+        from distlab.sim.pipeline.plan import PipelineSpec
+        from distlab.sim.tp.pipeline import pp_tp_plan
+        o, mesh = built.options, built.mesh
+        spec = PipelineSpec(schedule=o.schedule, stages=mesh.size("pp"), microbatches=o.microbatches,
+                            data_parallel=mesh.size("dp") if "dp" in mesh else 1)
+        return pp_tp_plan(built.model, mesh, spec, o, overhead=overhead)
     if built.plan.meta.get("builder") != "fsdp_tp":
         return built.plan
     from distlab.sim.fsdp.plan import FSDPOptions
@@ -75,15 +87,21 @@ def timed_plan(built):
     return fsdp_tp_plan(built.model, built.mesh, FSDPOptions(overlap=False), built.options)
 
 
-def compare(built, results: list[dict]) -> dict:
+def compare(built, results: list[dict], cores: float | None = None) -> dict:
     """Report dict from a launch whose first variant is the scenario's, run with calibration: rows [{what, op,
-    bytes, calls, predicted_s, measured_s, repeats}], sequence_match, the plan, the fitted cluster, results."""
+    bytes, calls, predicted_s, measured_s, repeats}], sequence_match, the plan, the fitted cluster (``cores``:
+    the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, ``parts``:
+    rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
+    pipelining runtime's CPU per action, timed_plan)."""
     from distlab.runtime.tp.calibrate import fit_cluster
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
-    cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel)
-    trace = simulate(timed_plan(built), cluster, record_transfers=False)
+    cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
+    from distlab.runtime.tp.calibrate import pipeline_overhead
+    overhead = pipeline_overhead(results)
+    timed = timed_plan(built, overhead)
+    trace = simulate(timed, cluster, record_transfers=False)
     match = all([c for c in measured_sequence(results, 0, r) if c[0] not in ("send", "recv")]
                 == _sequence(built.plan, r) for r in range(nproc))
     step_times = [max(r["variants"][0]["steps"][i]["plain_time"] for r in results)
@@ -94,7 +112,41 @@ def compare(built, results: list[dict]) -> dict:
              "repeats": step_times}]
     rows += _collective_rows(trace, results)
     return {"rows": rows, "sequence_match": match, "plan": built.plan, "cluster": cluster, "results": results,
-            "mesh": mesh.as_dict(), "model": model}
+            "mesh": mesh.as_dict(), "model": model, "parts": parts(timed, trace, cluster, results),
+            "pipeline_overhead_s": overhead}
+
+
+def parts(plan, trace, cluster, results: list[dict]) -> dict:
+    """Rank 0's step in parts, {"predicted": {...}, "measured": {...}} in seconds: ``comm`` (collectives of the
+    forward and backward: simulated spans; measured issue to wait in the captured steps), ``compute`` (the rest
+    of the forward and backward: measured, the uncaptured step's forward+backward minus that comm; predicted
+    also split out: ``host``, DTensor dispatch, launches x launch_s, as the engine ran it), ``optimizer`` (the
+    optimizer phase with its collectives; measured in the uncaptured steps) and ``step``; measured: medians
+    over the steps. A pipeline rank has no phases: the step alone."""
+    from distlab.sim.tp.plan import PHASES
+    pred = {"comm": 0.0, "compute": 0.0, "host": 0.0, "optimizer": 0.0, "step": trace.makespan}
+    ops = plan.ranks[0]
+    for o in trace.for_rank(0):
+        op = ops[o.index]
+        if o.kind == "collective" and PHASES.get(o.name.rsplit(" ", 1)[-1]) == "optimizer" or \
+                o.kind == "compute" and op.name == "optimizer":
+            pred["optimizer"] += o.duration
+        elif o.kind == "collective":
+            pred["comm"] += o.duration
+        elif o.kind == "compute" and op.name == "runtime":         # PP x TP: the pipelining runtime's own work
+            pred["runtime"] = pred.get("runtime", 0.0) + o.duration
+        elif o.kind == "compute":
+            pred["compute"] += o.duration
+            alone = op.launches and cluster.gpu.launch_s and op.launches * cluster.gpu.launch_s
+            pred["host"] += o.duration * alone / op_seconds(op, cluster.gpu) if alone else 0.0
+    steps = next(r for r in results if r["rank"] == 0)["variants"][0]["steps"]
+    meas = {"step": statistics.median(s.get("plain_time", s["time"]) for s in steps)}
+    if steps[0].get("plain_phases"):
+        comm = [sum(b - a for c, (a, b) in zip(s["calls"], s["spans"]) if c[-1] != "optimizer") for s in steps]
+        meas["comm"] = statistics.median(comm)
+        meas["compute"] = statistics.median(sum(s["plain_phases"][:2]) - c for s, c in zip(steps, comm))
+        meas["optimizer"] = statistics.median(s["plain_phases"][2] for s in steps)
+    return {"predicted": pred, "measured": meas}
 
 
 def _collective_rows(trace, results: list[dict]) -> list[dict]:

@@ -24,10 +24,12 @@ from distlab.sim.tp.rules import check_divides
 
 
 def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None, name: str | None = None,
-               where: str = "tp", cluster=None, only: list[int] | None = None) -> Plan:
+               where: str = "tp", cluster=None, only: list[int] | None = None, overhead: float = 0.0) -> Plan:
     """The plan of one step on ``mesh`` (dims [dp,] pp, tp) under pipeline ``spec`` (see the module docstring).
     With ``cluster``, where its layout allows, only one rank per class is built and the others are renamings
-    of it (sim/relabel.py); ``only``: just these ranks (a plan of them, not validated)."""
+    of it (sim/relabel.py); ``only``: just these ranks (a plan of them, not validated). ``overhead``: seconds of
+    the pipelining runtime's own work after each action (sim/pipeline/plan.py's "runtime" op: schedule
+    bookkeeping, posting the sends and receives; measured by runtime/tp/pipeline.py ``RuntimeProbe``)."""
     tp_opts = tp_opts or TPOptions()
     for dim in ("pp", "tp"):
         if dim not in mesh:
@@ -49,8 +51,9 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
         from distlab.sim.relabel import pp_tp_shifts, relabelled
         shifts = pp_tp_shifts(mesh, cluster)
         if shifts is not None:
-            return relabelled(lambda reps: pp_tp_plan(model, mesh, spec, tp_opts, name, where, only=reps), shifts)
-    base = pipeline_plan(local, mesh, spec, p2p_bytes=per_rank, only=only)
+            return relabelled(lambda reps: pp_tp_plan(model, mesh, spec, tp_opts, name, where, only=reps,
+                                                      overhead=overhead), shifts)
+    base = pipeline_plan(local, mesh, spec, p2p_bytes=per_rank, only=only, overhead=overhead)
     ranges = stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)
     names = [L.name for L in model.layers]
     ranks = []

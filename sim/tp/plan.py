@@ -25,11 +25,17 @@ are memory-bound (bytes). Collectives run on stream ``tp``; compute waits for ea
 path: each result is the next op's input).
 
 Host overhead: every op on a DTensor goes through DTensor's Python dispatch (sharding propagation, placement
-checks, redistribution) before its local op runs. Each Compute op carries ``launches`` = the DTensor ops it
-dispatches (DTENSOR_OPS, counted on torch 2.13 with a TorchDispatchMode: runtime/tp/run.py CollectiveCapture,
-checked in tests/test_tp_runtime.py), and costs launches x ``launch_s`` on top of its roofline time;
-runtime/tp/calibrate.py measures ``launch_s`` as a DTensor elementwise op's time minus the same op on its
-local shard (the local op's own cost is in the roofline rate fitted on the unparallelized model).
+checks, redistribution) before its local op runs, and a TP layer adds ``parallelize_module``'s hooks and the
+``from_local``/``redistribute``/``to_local`` autograd functions around each collective (torch 2.13:
+torch/distributed/tensor/_dispatch.py ``OpDispatcher.dispatch``, tensor/parallel/style.py, tensor/_redistribute.py).
+Each Compute op carries ``launches`` = the DTensor ops it dispatches (DTENSOR_OPS, counted on torch 2.13 with a
+TorchDispatchMode: runtime/tp/run.py CollectiveCapture, checked in tests/test_tp_runtime.py), and costs launches
+x ``launch_s`` on top of its roofline time: t = launches·launch_s + roofline. runtime/tp/calibrate.py measures
+``launch_s`` on one block of the model under the same plan as CPU time: (parallel block - unparallelized block -
+its collectives' functional issue, which the fitted collective times hold) / the block's DTensor ops, so the hooks
+and redistribution count in the proportion a block has them (~3x an elementwise DTensor op's own cost); AdamW's
+elementwise ops are charged the same (an over-estimate: ~20 us each measured against ~35-45 us). On CPU ranks the
+compute ops, host work included, share the node's ``cpu_cores`` (sim/cores.py), as the ranks' Python threads do.
 """
 from __future__ import annotations
 
