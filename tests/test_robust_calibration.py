@@ -73,6 +73,19 @@ def test_reject_replaces_one_disturbed_probe():
     assert robust.reject([1.0, 1.1, 0.9]) == [1.0, 1.1, 0.9]
 
 
+
+def test_short_calls_get_more_samples_per_round_in_extra_passes():
+    # runtime/sweep.py: a call shorter than SHORT_S scatters most (one preemption is a large part of it)
+    from distlab.runtime.sweep import MAX_REPEATS, SHORT_S, repeats, schedule
+    assert [repeats(t, SHORT_S) for t in (1e-4, SHORT_S / 2.5, SHORT_S / 2, SHORT_S * 0.9, 0.05)] == \
+        [MAX_REPEATS, 2, 2, 1, 1]
+    assert repeats(1e-4, None) == 1                         # bench: one call per case per round, as nccl-tests
+    first = [1e-4, 0.03, SHORT_S / 2, 0.2, 1e-4]            # one round's times, case by case
+    order = schedule(first, SHORT_S)
+    assert order == [0, 1, 2, 3, 4, 0, 2, 4, 0, 4]         # every case once, then passes over the short ones
+    assert all(a != b for a, b in zip(order, order[1:]))   # a case is never timed twice in a row
+    assert schedule(first, None) == [0, 1, 2, 3, 4]
+
 # --- pipeline probe: per-action overhead and p2p latency ----------------------------------------------------
 CFG = dict(schedule="1f1b", stages=2, microbatches=4, virtual_stages=1, layers=4, width=64, rows=8)
 CALIB = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2
