@@ -12,10 +12,11 @@ doc/PERFORMANCE.md (S = planned bytes). All cases share one input and one output
 Short cases (``short_s``, used by calibrate and validate): one preemption of a rank (a scheduler time slice is
 a few ms; Linux CFS, Documentation/scheduler/sched-design-CFS.rst) is a large part of a call shorter than
 SHORT_S, so such calls scatter most and their median is the least sure. From the second round on, a case whose
-first-round time t is below ``short_s`` gets ``repeats(t)`` = min(MAX_REPEATS, floor(short_s / t)) calls per
+fastest call so far took t < ``short_s`` gets ``repeats(t)`` = min(MAX_REPEATS, floor(short_s / t)) calls per
 round, in extra passes over the short cases after the round's main pass (other cases' calls between two of
-one case's, unless it is the only short one). The extra time per round is at most short_s per short case; the
-first round is the same on every rank after its gather, so every rank derives the same schedule.
+one case's, unless it is the only short one). The fastest call, not the first: a call held up by a preemption
+(the first timed round often is) does not make a short case look long. Every rank has the same times after
+each round's gather, so every rank derives the same schedule.
 """
 from __future__ import annotations
 
@@ -66,16 +67,17 @@ def _row(op, nbytes, dtype, n, spans, launches) -> dict:
 
 
 def repeats(t: float, short_s: float | None) -> int:
-    """Calls per round of a case whose first-round time is ``t``: min(MAX_REPEATS, floor(short_s / t)), >= 1."""
+    """Calls per round of a case whose fastest call took ``t``: min(MAX_REPEATS, floor(short_s / t)), >= 1."""
     if not short_s:
         return 1
     return MAX_REPEATS if t <= 0 else max(1, min(MAX_REPEATS, int(short_s / t)))
 
 
-def schedule(first_round: list[float], short_s: float | None) -> list[int]:
-    """The case indices one round visits: every case once, then extra passes over the short cases."""
-    reps = [repeats(t, short_s) for t in first_round]
-    order = list(range(len(first_round)))
+def schedule(fastest: list[float], short_s: float | None) -> list[int]:
+    """The case indices one round visits: every case once, then extra passes over the short cases
+    (``fastest``: each case's fastest call so far)."""
+    reps = [repeats(t, short_s) for t in fastest]
+    order = list(range(len(fastest)))
     for p in range(1, max(reps, default=1)):
         order += [c for c, r in enumerate(reps) if r > p]
     return order
@@ -117,8 +119,8 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     final, order = {}, list(range(len(todo)))
     for k in range(iters):
         mine, last = [], k == iters - 1
-        if k == 1:                         # every rank has the same first round (gathered): the same schedule
-            order = schedule([s[0] for s in spans], short_s)
+        if k >= 1:                         # every rank has the same times (gathered): the same schedule
+            order = schedule([min(s) for s in spans], short_s)
         final_visit = {c: i for i, c in enumerate(order)}
         for i, c in enumerate(order):
             op, (inp, out) = todo[c][0], views[c]

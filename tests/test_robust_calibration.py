@@ -80,7 +80,7 @@ def test_short_calls_get_more_samples_per_round_in_extra_passes():
     assert [repeats(t, SHORT_S) for t in (1e-4, SHORT_S / 2.5, SHORT_S / 2, SHORT_S * 0.9, 0.05)] == \
         [MAX_REPEATS, 2, 2, 1, 1]
     assert repeats(1e-4, None) == 1                         # bench: one call per case per round, as nccl-tests
-    first = [1e-4, 0.03, SHORT_S / 2, 0.2, 1e-4]            # one round's times, case by case
+    first = [1e-4, 0.03, SHORT_S / 2, 0.2, 1e-4]            # each case's fastest call so far
     order = schedule(first, SHORT_S)
     assert order == [0, 1, 2, 3, 4, 0, 2, 4, 0, 4]         # every case once, then passes over the short ones
     assert all(a != b for a, b in zip(order, order[1:]))   # a case is never timed twice in a row
