@@ -86,6 +86,33 @@ def test_short_calls_get_more_samples_per_round_in_extra_passes():
     assert all(a != b for a, b in zip(order, order[1:]))   # a case is never timed twice in a row
     assert schedule(first, None) == [0, 1, 2, 3, 4]
 
+
+def _measured(noise: float, seed: int = 7) -> dict:
+    """validate's measurements of all_reduce on 2 ranks (9 repeats per size) around a ring of α 50 us, 2 GB/s."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in (2**18, 2**20, 2**22, 2**24, 2**19, 2**21, 2**23):
+        t = 50e-6 + s / 2e9
+        x = (t * (1 + noise * rng.standard_normal(9))).clip(t / 4).tolist()
+        rows.append({"op": "all_reduce", "world_size": 2, "bytes": s, "time_s": float(np.median(x)),
+                     "launch_time_s": float(np.median(x)), "launch_times_s": x})
+    return {2: [{"rows": rows, "compute": {}}]}
+
+
+def test_validate_interval_shows_how_far_the_figure_moves_with_the_timing_noise():
+    from distlab.runtime.validation import held_out_cases, summarize, summary_intervals
+    calib, held = {2**18, 2**20, 2**22, 2**24}, {2**19, 2**21, 2**23}
+
+    def figure_and_interval(noise):
+        m = _measured(noise)
+        point = summarize(held_out_cases(m, calib, held, [2], "gloo", {2: 2})[1])[0]["median_abs_error"]
+        return point, summary_intervals(m, calib, held, [2], "gloo", {2: 2})["held-out size", 2]
+    point, (lo, hi) = figure_and_interval(0.0)
+    assert lo == approx(point, abs=1e-9) and hi == approx(point, abs=1e-9)     # no noise: nothing moves
+    _, (lo1, hi1) = figure_and_interval(0.05)
+    _, (lo2, hi2) = figure_and_interval(0.3)
+    assert 0 < hi1 - lo1 < hi2 - lo2                                           # more scatter, wider
+
 # --- pipeline probe: per-action overhead and p2p latency ----------------------------------------------------
 CFG = dict(schedule="1f1b", stages=2, microbatches=4, virtual_stages=1, layers=4, width=64, rows=8)
 CALIB = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2
