@@ -107,7 +107,7 @@ def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: 
     return c
 
 
-INTERVAL_RESAMPLES = 20      # bootstrap resamples behind a held-out summary's interval (~0.05 s each on a CPU)
+NOISE_RESAMPLES = 20         # bootstrap resamples behind a held-out figure's noise (~0.05 s each on a CPU)
 
 
 def held_out_cases(measured: dict, calib, held, nprocs, backend: str, cores: dict) -> tuple[dict, list[dict]]:
@@ -125,13 +125,14 @@ def held_out_cases(measured: dict, calib, held, nprocs, backend: str, cores: dic
     return calibration, cases
 
 
-def summary_intervals(measured: dict, calib, held, nprocs, backend: str, cores: dict,
-                      resamples: int = INTERVAL_RESAMPLES, seed: int = 0) -> dict:
-    """{(kind, world size): (lo, hi)}: how far the held-out median |error| moves with the timing noise of this
-    one run. Each resample draws every row's samples again with replacement (the bootstrap; Efron & Tibshirani,
-    "An Introduction to the Bootstrap", 1993, ch. 13: percentile interval), refits the calibration and recomputes
-    the cases; (lo, hi) = the 10th and 90th percentiles of the resamples' median |error|. Samples of one round
-    are drawn independently, so load that slows a whole round is under-counted: a lower bound of the noise."""
+def summary_noise(measured: dict, calib, held, nprocs, backend: str, cores: dict,
+                  resamples: int = NOISE_RESAMPLES, seed: int = 0) -> dict:
+    """{(kind, world size): noise}: how far the held-out median |error| moves with the timing noise of this one
+    run. Each resample draws every row's samples again with replacement (the bootstrap; Efron & Tibshirani, "An
+    Introduction to the Bootstrap", 1993), refits the calibration and recomputes the cases; noise = half the
+    range from the 10th to the 90th percentile of the resamples' median |error| (1.28 sigma for normal
+    noise). A spread, not an interval around the figure: resampling adds noise, which biases |error| upward.
+    Samples of one round are drawn independently, so load that slows a whole round is under-counted."""
     import random
 
     import numpy as np
@@ -148,7 +149,7 @@ def summary_intervals(measured: dict, calib, held, nprocs, backend: str, cores: 
             again[n] = [{**results[0], "rows": rows}]
         for s in summarize(held_out_cases(again, calib, held, nprocs, backend, cores)[1]):
             figures.setdefault((s["kind"], s["world_size"]), []).append(s["median_abs_error"])
-    return {k: (float(np.percentile(v, 10)), float(np.percentile(v, 90))) for k, v in figures.items()}
+    return {k: float(np.percentile(v, 90) - np.percentile(v, 10)) / 2 for k, v in figures.items()}
 
 
 def summarize(cases: list[dict]) -> list[dict]:

@@ -34,7 +34,7 @@ def run(args) -> int:
     from distlab.runtime.calibration import backend_of, measure
     from distlab.runtime.launch import RunFailed
     from distlab.runtime.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
-                                            summary_intervals)
+                                            summary_noise)
     from distlab.runtime.workloads import scenario_cases
     from distlab.sim.cli import print_json, print_table
     from distlab.sim.errors import ConfigError
@@ -106,10 +106,10 @@ def run(args) -> int:
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")
     summary = summarize(cases)
-    intervals = summary_intervals(measured, calib, held, nprocs, backend, cores)    # the figure's own noise
+    noise = summary_noise(measured, calib, held, nprocs, backend, cores)    # how far the figure moves by chance
     for s in summary:
-        if (s["kind"], s["world_size"]) in intervals:
-            s["median_abs_error_interval"] = list(intervals[s["kind"], s["world_size"]])
+        if (s["kind"], s["world_size"]) in noise:
+            s["median_abs_error_noise"] = noise[s["kind"], s["world_size"]]
     if args.out:
         write_atomic(args.out, json.dumps({"complete": failed is None, "calibration": calibration, "cases": cases,
                                            "summary": summary, "load": loads, "measured": measured}, indent=1))
@@ -125,11 +125,11 @@ def run(args) -> int:
                       f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%",
                       f"{c['worst_error'] * 100:+.1f}%" if "worst_error" in c else "-",
                       f"{c['spread'] * 100:.0f}%" if "spread" in c else "-"] for c in cases], justify_left=2)
-        print_table("|error| per kind and world size (80% interval: the median |error| of the repeats drawn again)",
-                    ["kind", "ranks", "cases", "median |error|", "80% interval", "worst |error|", "worst case"],
+        print_table("|error| per kind and world size (noise: how far the median |error| moves when the repeats "
+                    "are drawn again)",
+                    ["kind", "ranks", "cases", "median |error|", "noise", "worst |error|", "worst case"],
                     [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
-                      "{:.1f}-{:.1f}%".format(*(100 * x for x in s["median_abs_error_interval"]))
-                      if "median_abs_error_interval" in s else "-",
+                      f"±{s['median_abs_error_noise'] * 100:.1f}%" if "median_abs_error_noise" in s else "-",
                       f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
         for when, reading in (("at calibration", load), ("after measurement", after)):
             if reading:
