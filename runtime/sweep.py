@@ -1,13 +1,22 @@
 """nccl-tests-style sweeps of real collectives, run inside the ranks (see runtime/commands/bench.py).
 
-Cases are interleaved: after ``warmup`` untimed rounds, each of ``iters`` rounds times every (op, size) once,
-each call after a barrier, so a burst of load from elsewhere on the machine spreads over all cases instead of
-spoiling one. Per call, on one timeline (runtime/clock.py):
+Cases are interleaved: after ``warmup`` untimed rounds, each of ``iters`` rounds times every (op, size) once
+(short ones more often: below), each call after a barrier, so a burst of load from elsewhere on the machine
+spreads over all cases instead of spoiling one. Per call, on one timeline (runtime/clock.py):
   time = the slowest rank's own start-to-end (nccl-tests' convention; CUDA events on GPUs),
   launch time = latest end - latest start: from the moment the last rank arrived (the collective's launch in
       the simulator's terms) to the moment the last rank finished; barrier exit skew does not count.
-A case reports medians over the rounds. algbw = S / time and busbw = algbw x factor as in nccl-tests
+A case reports medians over its samples. algbw = S / time and busbw = algbw x factor as in nccl-tests
 doc/PERFORMANCE.md (S = planned bytes). All cases share one input and one output buffer (views of them).
+
+Short cases (``short_s``, used by calibrate and validate): one preemption of a rank (a scheduler time slice is
+a few ms; Linux CFS, Documentation/scheduler/sched-design-CFS.rst) is a large part of a call shorter than
+SHORT_S, so such calls scatter most and their median is the least sure. From the second round on, a case whose
+fastest call so far took t < ``short_s`` gets ``repeats(t)`` = min(MAX_REPEATS, floor(short_s / t)) calls per
+round, in extra passes over the short cases after the round's main pass (other cases' calls between two of
+one case's, unless it is the only short one). The fastest call, not the first: a call held up by a preemption
+(the first timed round often is) does not make a short case look long. Every rank has the same times after
+each round's gather, so every rank derives the same schedule.
 """
 from __future__ import annotations
 
@@ -17,6 +26,8 @@ import time
 from distlab.runtime.collectives import actual_bytes, busbw_factor, check_backend_dtype, element_counts, issue
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+SHORT_S = 0.005        # calls shorter than this get more samples per round (module docstring)
+MAX_REPEATS = 3
 
 
 def cases(ops, sizes) -> list[tuple[str, int]]:
@@ -55,11 +66,30 @@ def _row(op, nbytes, dtype, n, spans, launches) -> dict:
             "busbw_GBps": algbw * busbw_factor(op, n), "times_s": spans, "launch_times_s": launches}
 
 
-def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, on_final=None) -> list[dict]:
-    """Time every case on the whole world; every rank returns the same rows. ``on_round(k, rows)`` after
-    each round; ``on_final(rows)`` each time a case's row is final: in the last round the ranks compare
-    times after each case (after its call, so no timing changes), and its row is known at once, as
-    nccl-tests prints a line per size."""
+def repeats(t: float, short_s: float | None) -> int:
+    """Calls per round of a case whose fastest call took ``t``: min(MAX_REPEATS, floor(short_s / t)), >= 1."""
+    if not short_s:
+        return 1
+    return MAX_REPEATS if t <= 0 else max(1, min(MAX_REPEATS, int(short_s / t)))
+
+
+def schedule(fastest: list[float], short_s: float | None) -> list[int]:
+    """The case indices one round visits: every case once, then extra passes over the short cases
+    (``fastest``: each case's fastest call so far)."""
+    reps = [repeats(t, short_s) for t in fastest]
+    order = list(range(len(fastest)))
+    for p in range(1, max(reps, default=1)):
+        order += [c for c, r in enumerate(reps) if r > p]
+    return order
+
+
+def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, on_final=None,
+          short_s=None) -> list[dict]:
+    """Time every case on the whole world; every rank returns the same rows (in case order). ``on_round(k,
+    rows)`` after each round; ``on_final(rows)`` each time a case's row is final: in the last round the ranks
+    compare times after each call (after it, so no timing changes), and a row is known after its case's last
+    call, as nccl-tests prints a line per size. ``short_s``: more calls per round for short cases (module
+    docstring); None: one call per case per round."""
     import torch
     import torch.distributed as dist
 
@@ -83,10 +113,17 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
             spans[c].append(max(e[j][1] - e[j][0] for e in every))
             launches[c].append(max(e[j][1] for e in every) - max(e[j][0] for e in every))
 
-    final = []
+    def row(c):
+        return _row(*todo[c], dtype, n, spans[c], launches[c])
+
+    final, order = {}, list(range(len(todo)))
     for k in range(iters):
         mine, last = [], k == iters - 1
-        for c, ((op, b), (inp, out)) in enumerate(zip(todo, views)):
+        if k >= 1:                         # every rank has the same times (gathered): the same schedule
+            order = schedule([min(s) for s in spans], short_s)
+        final_visit = {c: i for i, c in enumerate(order)}
+        for i, c in enumerate(order):
+            op, (inp, out) = todo[c][0], views[c]
             dist.barrier()
             if cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -102,14 +139,15 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
                 mine.append((t0 - offset, time.perf_counter() - offset))
             if last:
                 gather([c], mine[-1:])
-                final.append(_row(op, b, dtype, n, spans[c], launches[c]))
-                if on_final is not None:
-                    on_final(final)
+                if final_visit[c] == i:
+                    final[c] = row(c)
+                    if on_final is not None:
+                        on_final(list(final.values()))
         if not last:
-            gather(range(len(todo)), mine)
+            gather(order, mine)
         if on_round is not None:
-            on_round(k + 1, [_row(op, b, dtype, n, spans[c], launches[c]) for c, (op, b) in enumerate(todo)])
-    return final
+            on_round(k + 1, [row(c) for c in range(len(todo))])
+    return [final[c] for c in sorted(final)]
 
 
 def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
@@ -164,7 +202,8 @@ def sweep_task(ctx, payload: dict):
             state.update(kw)
             ctx.save_partial(state)
     rows = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2), payload.get("iters", 10),
-                 lambda k, rows: keep(rounds=k, rows=rows), lambda final: keep(final=final)) if payload["ops"] else []
+                 lambda k, rows: keep(rounds=k, rows=rows), lambda final: keep(final=final),
+                 payload.get("short_s")) if payload["ops"] else []
     result = {"rows": rows, "backend": ctx.backend}
     probe = None
     if payload.get("compute"):

@@ -114,6 +114,51 @@ def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: 
     return c
 
 
+NOISE_RESAMPLES = 20         # bootstrap resamples behind a held-out figure's noise (~0.05 s each on a CPU)
+
+
+def held_out_cases(measured: dict, calib, held, nprocs, backend: str, cores: dict) -> tuple[dict, list[dict]]:
+    """(calibration, cases): the ring model fitted to the ``calib`` sizes of the calibrated world sizes
+    ``nprocs``, and one case per ``held`` size row of every measured world size (``measured``: n -> the ranks'
+    results of runtime/calibration.py measure; ``cores``: n -> the cpu_cores the simulator is given)."""
+    from distlab.runtime.fit import calibration_from_rows
+    calibration = calibration_from_rows([r for n in nprocs if n in measured for r in measured[n][0]["rows"]
+                                         if r["bytes"] in calib])
+    cases = []
+    for n, results in measured.items():
+        rows = [r for r in results[0]["rows"] if r["bytes"] in held]
+        cases += collective_cases(rows, calibration, results[0]["compute"], backend,
+                                  "held-out size" if n in nprocs else "held-out world size", cores.get(n))
+    return calibration, cases
+
+
+def summary_noise(measured: dict, calib, held, nprocs, backend: str, cores: dict,
+                  resamples: int = NOISE_RESAMPLES, seed: int = 0) -> dict:
+    """{(kind, world size): noise}: how far the held-out median |error| moves with the timing noise of this one
+    run. Each resample draws every row's samples again with replacement (the bootstrap; Efron & Tibshirani, "An
+    Introduction to the Bootstrap", 1993), refits the calibration and recomputes the cases; noise = half the
+    range from the 10th to the 90th percentile of the resamples' median |error| (1.28 sigma for normal
+    noise). A spread, not an interval around the figure: resampling adds noise, which biases |error| upward.
+    Samples of one round are drawn independently, so load that slows a whole round is under-counted."""
+    import random
+
+    import numpy as np
+    rng = random.Random(seed)
+    figures: dict = {}
+    for _ in range(resamples):
+        again = {}
+        for n, results in measured.items():
+            rows = []
+            for r in results[0]["rows"]:
+                x = r.get("launch_times_s") or r.get("times_s") or [r.get("launch_time_s", r["time_s"])]
+                x = [rng.choice(x) for _ in x]
+                rows.append({**r, "launch_times_s": x, "launch_time_s": statistics.median(x)})
+            again[n] = [{**results[0], "rows": rows}]
+        for s in summarize(held_out_cases(again, calib, held, nprocs, backend, cores)[1]):
+            figures.setdefault((s["kind"], s["world_size"]), []).append(s["median_abs_error"])
+    return {k: float(np.percentile(v, 90) - np.percentile(v, 10)) / 2 for k, v in figures.items()}
+
+
 def summarize(cases: list[dict]) -> list[dict]:
     """Per (kind, world size), and over all held-out collective sizes: the median and the worst |error| of
     the cases (error of the median), with the case that has the worst one."""

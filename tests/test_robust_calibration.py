@@ -73,6 +73,39 @@ def test_reject_replaces_one_disturbed_probe():
     assert robust.reject([1.0, 1.1, 0.9]) == [1.0, 1.1, 0.9]
 
 
+
+def test_short_calls_get_more_samples_per_round_in_extra_passes():
+    # runtime/sweep.py: a call shorter than SHORT_S scatters most (one preemption is a large part of it)
+    from distlab.runtime.sweep import MAX_REPEATS, SHORT_S, repeats, schedule
+    assert [repeats(t, SHORT_S) for t in (1e-4, SHORT_S / 2.5, SHORT_S / 2, SHORT_S * 0.9, 0.05)] == \
+        [MAX_REPEATS, 2, 2, 1, 1]
+    assert repeats(1e-4, None) == 1                         # bench: one call per case per round, as nccl-tests
+    first = [1e-4, 0.03, SHORT_S / 2, 0.2, 1e-4]            # each case's fastest call so far
+    order = schedule(first, SHORT_S)
+    assert order == [0, 1, 2, 3, 4, 0, 2, 4, 0, 4]         # every case once, then passes over the short ones
+    assert all(a != b for a, b in zip(order, order[1:]))   # a case is never timed twice in a row
+    assert schedule(first, None) == [0, 1, 2, 3, 4]
+
+
+def _measured(noise: float, seed: int = 7) -> dict:
+    """validate's measurements of all_reduce on 2 ranks (9 repeats per size) around a ring of α 50 us, 2 GB/s."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in (2**18, 2**20, 2**22, 2**24, 2**19, 2**21, 2**23):
+        t = 50e-6 + s / 2e9
+        x = (t * (1 + noise * rng.standard_normal(9))).clip(t / 4).tolist()
+        rows.append({"op": "all_reduce", "world_size": 2, "bytes": s, "time_s": float(np.median(x)),
+                     "launch_time_s": float(np.median(x)), "launch_times_s": x})
+    return {2: [{"rows": rows, "compute": {}}]}
+
+
+def test_validate_noise_shows_how_far_the_figure_moves_with_the_timing_noise():
+    from distlab.runtime.validation import summary_noise
+    calib, held = {2**18, 2**20, 2**22, 2**24}, {2**19, 2**21, 2**23}
+    noise = [summary_noise(_measured(x), calib, held, [2], "gloo", {2: 2})["held-out size", 2] for x in (0, .05, .3)]
+    assert abs(noise[0]) < 1e-12 and 0 < noise[1] < noise[2]          # none without scatter; more, wider
+
+
 # --- pipeline probe: per-action overhead and p2p latency ----------------------------------------------------
 CFG = dict(schedule="1f1b", stages=2, microbatches=4, virtual_stages=1, layers=4, width=64, rows=8)
 CALIB = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2

@@ -147,5 +147,7 @@ def test_validate_prints_cases_and_medians(cli, tmp_path):
         assert c["repeats"] >= 2 and c["measured_min_s"] <= c["measured_s"] <= c["measured_max_s"]
         assert abs(c["worst_error"]) >= abs(c["error"]) - 1e-12 and c["spread"] >= 0
     assert all(s["worst_abs_error"] >= s["median_abs_error"] for s in result["summary"])
+    held = [s for s in result["summary"] if s["kind"] == "held-out size"]
+    assert held and all(s["median_abs_error_noise"] >= 0 for s in held)
     assert result["summary"][-1]["kind"] == "held-out size"
     assert (tmp_path / "v.png").stat().st_size > 0

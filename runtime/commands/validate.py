@@ -32,9 +32,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from distlab.runtime.calibration import backend_of, measure
-    from distlab.runtime.fit import calibration_from_rows
     from distlab.runtime.launch import RunFailed
-    from distlab.runtime.validation import collective_cases, overlap_case, overlap_plan, plot, summarize
+    from distlab.runtime.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
+                                            summary_noise)
     from distlab.runtime.workloads import scenario_cases
     from distlab.sim.cli import print_json, print_table
     from distlab.sim.errors import ConfigError
@@ -90,18 +90,14 @@ def run(args) -> int:
         sys.stderr.write(f"distlab validate: error: {failed}\n")
         return 1
     backend = backend_of(measured[min(measured)][0]["compute"])
-    calibration = calibration_from_rows([r for n in nprocs if n in measured for r in measured[n][0]["rows"]
-                                         if r["bytes"] in calib])
+    calibration, held_cases = held_out_cases(measured, calib, held, nprocs, backend, cores)
     cases = []
     for n, results in measured.items():
-        compute = results[0]["compute"]
-        rows = [r for r in results[0]["rows"] if r["bytes"] in held]
-        cases += collective_cases(rows, calibration, compute, backend,
-                                  "held-out size" if n in nprocs else "held-out world size", cores[n])
+        cases += [c for c in held_cases if c["world_size"] == n]
         if not args.no_overlap:
             plan = overlap_plan(n)
-            cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, compute, backend,
-                                      cores[n]))
+            cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, results[0]["compute"],
+                                      backend, cores[n]))
     cases += scenario_rows
     after = machine_load.sample()
     loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None,
@@ -110,6 +106,10 @@ def run(args) -> int:
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")
     summary = summarize(cases)
+    noise = summary_noise(measured, calib, held, nprocs, backend, cores)    # how far the figure moves by chance
+    for s in summary:
+        if (s["kind"], s["world_size"]) in noise:
+            s["median_abs_error_noise"] = noise[s["kind"], s["world_size"]]
     if args.out:
         write_atomic(args.out, json.dumps({"complete": failed is None, "calibration": calibration, "cases": cases,
                                            "summary": summary, "load": loads, "measured": measured}, indent=1))
@@ -125,9 +125,11 @@ def run(args) -> int:
                       f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%",
                       f"{c['worst_error'] * 100:+.1f}%" if "worst_error" in c else "-",
                       f"{c['spread'] * 100:.0f}%" if "spread" in c else "-"] for c in cases], justify_left=2)
-        print_table("|error| per kind and world size", ["kind", "ranks", "cases", "median |error|", "worst |error|",
-                                                        "worst case"],
+        print_table("|error| per kind and world size (noise: how far the median |error| moves when the repeats "
+                    "are drawn again)",
+                    ["kind", "ranks", "cases", "median |error|", "noise", "worst |error|", "worst case"],
                     [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
+                      f"±{s['median_abs_error_noise'] * 100:.1f}%" if "median_abs_error_noise" in s else "-",
                       f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
         for when, reading in (("at calibration", load), ("after measurement", after)):
             if reading:
