@@ -7,6 +7,8 @@ Model (fluid, flow-level):
 - Flows in flight share links max-min fairly (progressive filling; Bertsekas & Gallager, Data Networks, 6.5):
   a flow gets an equal share of its most contended link; what it cannot use goes to the others. Rates are
   recomputed whenever a flow starts or ends, so flows of different collectives slow each other down.
+- While a collective is alone on the network, the engine runs its steps at once (sim/solo.py: the same times,
+  the step in progress joins the network as a batch when another starts).
 Left out: packet-level effects (congestion control, head-of-line blocking, adaptive routing), protocol
 overheads beyond the per-fabric efficiency, switch buffers, and latency that grows with queueing.
 """
