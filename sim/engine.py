@@ -37,6 +37,7 @@ from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
 from distlab.sim.equivariance import check_classes
 from distlab.sim.inline import fuse
+from distlab.sim.solo import run_steps
 from distlab.sim.subgroups import find_classes, subgroups_apply
 from distlab.sim.symmetry import find_symmetry, representative_plan
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
@@ -306,8 +307,7 @@ class _Simulation:
             algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
-        for pairs, sizes, latency in step_iter:
-            yield self.net.transfer(pairs, sizes, latency)
+        yield from run_steps(self.net, step_iter)      # at once while alone on the network (sim/solo.py)
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone

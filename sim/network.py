@@ -7,6 +7,8 @@ Model (fluid, flow-level):
 - Flows in flight share links max-min fairly (progressive filling; Bertsekas & Gallager, Data Networks, 6.5):
   a flow gets an equal share of its most contended link; what it cannot use goes to the others. Rates are
   recomputed whenever a flow starts or ends, so flows of different collectives slow each other down.
+- While a collective is alone on the network, the engine runs its steps at once (sim/solo.py: the same times,
+  the step in progress joins the network as a batch when another starts).
 Left out: packet-level effects (congestion control, head-of-line blocking, adaptive routing), protocol
 overheads beyond the per-fabric efficiency, switch buffers, and latency that grows with queueing.
 """
@@ -195,6 +197,8 @@ class Network:
         self._active: list[_Batch] = []
         self._wake = env.event()
         self._rate_cache: dict = {}
+        self._solo = None                     # sim/solo.py: steps run at once; fired when a batch starts
+        self._profiles: dict = {}             # sim/solo.py: a step's course alone on the network
         env.process(self._run())
 
     def transfer(self, pairs: Pairs, sizes, latency: float | None = None) -> simpy.Event:
@@ -217,19 +221,36 @@ class Network:
         self._active.append(batch)
         if not self._wake.triggered:
             self._wake.succeed()
+        if self._solo is not None and not self._solo.triggered:
+            self._solo.succeed()              # sim/solo.py: no longer alone
 
-    def _rates(self) -> list[np.ndarray]:
-        alive = [b.remaining > 0 for b in self._active]
-        key = tuple((id(b.pairs), a.tobytes()) for b, a in zip(self._active, alive))
+    def join(self, pairs: Pairs, sizes: np.ndarray, remaining: np.ndarray, start: float) -> simpy.Event:
+        """A step whose flows have ``remaining`` bytes left, made active now, before the batches that started
+        at this instant (sim/solo.py: it started earlier). Returns the event of its end."""
+        done = self.env.event()
+        batch = _Batch(pairs, remaining.copy(), done, start, sizes, np.where(remaining <= 0, self.env.now, np.nan))
+        if not np.isnan(batch.ends).any():
+            self._finish_batch(batch)
+            return done
+        self._active.insert(0, batch)
+        if not self._wake.triggered:
+            self._wake.succeed()
+        return done
+
+    def _rates(self, active: list | None = None) -> list[np.ndarray]:
+        """The rates of the active batches' flows (or of ``active``: (pairs, alive mask) pairs)."""
+        if active is None:
+            active = [(b.pairs, b.remaining > 0) for b in self._active]
+        key = tuple((id(p), a.tobytes()) for p, a in active)
         cached = self._rate_cache.get(key)
         if cached is not None:
             return cached
         flows, links, offset, counts = [], [], 0, []
-        for b, a in zip(self._active, alive):
-            keep = a[b.pairs.entry_flow]
+        for p, a in active:
+            keep = a[p.entry_flow]
             index = np.cumsum(a) - 1          # alive flow -> compact index
-            flows.append(index[b.pairs.entry_flow[keep]] + offset)
-            links.append(b.pairs.entry_link[keep])
+            flows.append(index[p.entry_flow[keep]] + offset)
+            links.append(p.entry_link[keep])
             offset += int(a.sum())
             counts.append(a)
         rates = max_min_rates(self.topo.capacity, np.concatenate(flows), np.concatenate(links), offset)
@@ -252,15 +273,15 @@ class Network:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            rates = self._rates()
+            rates, batches = self._rates(), self._active[:]     # batches that join meanwhile get no rate yet
             dt = min(float(np.min(np.where(r > 0, b.remaining / np.where(r > 0, r, 1), np.inf)))
-                     for b, r in zip(self._active, rates))
+                     for b, r in zip(batches, rates))
             self._wake = env.event()
             t0 = env.now
             yield env.timeout(dt) | self._wake
             elapsed = env.now - t0
             finished = []
-            for b, r in zip(self._active, rates):
+            for b, r in zip(batches, rates):
                 b.remaining = b.remaining - r * elapsed
                 # done: no bytes left, or less than float resolution of the clock would move
                 tol = max(env.now, 1e-9) * 1e-12

@@ -91,6 +91,35 @@ def pp_tp_shifts(mesh, cluster) -> Shifts | None:
     return Shifts(cluster.nodes, g, mesh.size("pp"), 1)
 
 
+def fsdp_shifts(mesh, cluster, reshard_after_forward=True) -> Shifts | None:
+    """FSDP2 (x CP) (x TP) on mesh (dp_replicate,) dp_shard (, cp) (, tp), the inner dims (cp, tp) inside a node
+    and dividing it: a local rotation by inner = cp·tp maps every cp/tp block onto the next, in order, and keeps
+    every shard group (ranks of one replica with one inner index); a node shift maps replicate groups onto
+    replicate groups, and shard groups onto shard groups when it moves by whole replicas (B = dp_shard·inner
+    ranks, whole nodes) or when there is one replica (a shard group per inner index, over every node). So Γ =
+    node shifts by B/G nodes (1 with one replica) x local rotations by inner. None for other layouts, an int
+    reshard_after_forward (its groups are not checked here), or when Γ would leave every rank its own class."""
+    g, names = cluster.gpus_per_node, tuple(mesh.names)
+    inner_names = tuple(d for d in ("cp", "tp") if d in names)
+    if names not in (("dp_shard",) + inner_names, ("dp_replicate", "dp_shard") + inner_names):
+        return None
+    if mesh.world_size != cluster.world_size or mesh.world_size < 2 or not isinstance(reshard_after_forward, bool):
+        return None
+    inner = mesh.size(inner_names) if inner_names else 1
+    block = mesh.size("dp_shard") * inner
+    if g % inner:
+        return None
+    if block == mesh.world_size:
+        node_step = 1
+    elif block % g == 0:
+        node_step = block // g
+    else:
+        return None
+    if (node_step, inner) == (cluster.nodes, g):
+        return None
+    return Shifts(cluster.nodes, g, node_step, inner)
+
+
 def relabelled(build_only, shifts: Shifts) -> Plan:
     """The plan whose representatives' programs ``build_only(reps)`` builds (a plan of them, in order), every
     other rank a renaming (RelabelledRanks); validated on the representatives."""

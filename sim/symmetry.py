@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from distlab.sim.equivariance import RANK_STREAM
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
 
@@ -40,7 +41,7 @@ def find_symmetry(plan: Plan, cluster, slowdown: dict | None, record_transfers: 
     if n < 2 or record_transfers or cluster.cpu_cores or any(f != 1.0 for f in (slowdown or {}).values()):
         return None
     first = plan.ranks[0]
-    streams = set()
+    streams, rooted = set(), False
     for op in first:
         if isinstance(op, (Send, Recv)):
             return None
@@ -48,9 +49,22 @@ def find_symmetry(plan: Plan, cluster, slowdown: dict | None, record_transfers: 
             if op.group is not None and len(op.group) != n:
                 return None
             streams.add(op.stream)
+            rooted = rooted or op.op in ("broadcast", "reduce")
+    if _renamings_of_first(plan, rooted):
+        return Symmetry(0, range(n), len(streams) <= 1)
     if any(ops is not first and ops != first for ops in plan.ranks[1:]):   # list ==: identical ops skip __eq__
         return None
     return Symmetry(0, range(n), len(streams) <= 1)
+
+
+def _renamings_of_first(plan: Plan, rooted: bool) -> bool:
+    """A plan built from rank 0's program alone (sim/relabel.py: every rank a renaming of it) whose program has
+    no peers, no roots and no per-peer streams, and only whole-world collectives: a renaming maps the world onto
+    itself, so every rank's program equals rank 0's (no need to make and compare them)."""
+    reps = getattr(plan.ranks, "representatives", None)
+    if reps is None or reps() != [0] or rooted:
+        return False
+    return not any(RANK_STREAM.fullmatch(op.stream) for op in plan.ranks[0])
 
 
 def representative_plan(plan: Plan) -> Plan:

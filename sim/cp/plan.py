@@ -69,10 +69,11 @@ def cp_local_model(model, cp: int) -> Model:
 
 
 def cp_plan(model, mesh: Mesh, opts: CPOptions | None = None, fsdp: FSDPOptions | None = None,
-            name: str | None = None, where: str = "cp") -> Plan:
+            name: str | None = None, where: str = "cp", cluster=None, only: list[int] | None = None) -> Plan:
     """One step on ``mesh`` (dims in torchtitan's order dp_replicate, dp_shard, cp, tp; cp required): FSDP2
     over dp_shard x cp (HSDP with dp_replicate), ring attention over cp, TP (+ SP) inside each cp rank when the
-    mesh has tp (sim/cp/compose.py)."""
+    mesh has tp (sim/cp/compose.py). With ``cluster``, where the layout allows (sim/relabel.py fsdp_shifts), one
+    rank per class is built and the others are its renamings; ``only``: just these ranks (not validated)."""
     opts = opts or CPOptions()
     names = tuple(mesh.names)
     if "cp" not in names or any(d not in DIMS for d in names) or list(names) != [d for d in DIMS if d in names]:
@@ -83,21 +84,28 @@ def cp_plan(model, mesh: Mesh, opts: CPOptions | None = None, fsdp: FSDPOptions 
     check_cp(model, cp, opts.load_balance)
     local = cp_local_model(model, cp)
     fsdp = fsdp or FSDPOptions(overlap=opts.overlap)
+    if cluster is not None and only is None:
+        from distlab.sim.relabel import fsdp_shifts, relabelled
+        shifts = fsdp_shifts(mesh, cluster, fsdp.reshard_after_forward)
+        if shifts is not None:
+            return relabelled(lambda reps: cp_plan(model, mesh, opts, fsdp, name, where, only=reps), shifts)
+    built = range(mesh.world_size) if only is None else only
     shard = {"dp_shard": (mesh.size("dp_shard") if "dp_shard" in mesh else 1) * cp}       # dp_shard_cp
     fsdp_mesh = Mesh({**({"dp_replicate": mesh.size("dp_replicate")} if "dp_replicate" in mesh else {}), **shard,
                       **({"tp": tp} if "tp" in mesh else {})})
     if tp > 1:
-        ranks = _tp_ranks(model, local, mesh, fsdp_mesh, fsdp, opts, where)
+        ranks = _tp_ranks(model, local, mesh, fsdp_mesh, fsdp, opts, where, only)
         base_meta = {"tp": tp}
     else:
-        base = fsdp_plan(local, fsdp_mesh, fsdp, where=where)
+        base = fsdp_plan(local, fsdp_mesh, fsdp, where=where, only=only)
         base_meta = base.meta
-        ranks = [_splice(ops, r, mesh, local, opts) for r, ops in enumerate(base.ranks)]
+        ranks = [_splice(ops, r, mesh, local, opts) for r, ops in zip(built, base.ranks)]
     c = model.config
     meta = {**base_meta, "builder": "cp", "cp": cp, "rotate_method": opts.rotate_method,
             "load_balance": opts.load_balance, "recompute": opts.recompute, "seq_len": c["seq_len"],
             "local_tokens": c["micro_batch"] * c["seq_len"] // cp}
-    return Plan(ranks, name=name or f"cp{cp}-{opts.rotate_method}-{model.name}", meta=meta).validate()
+    plan = Plan(ranks, name=name or f"cp{cp}-{opts.rotate_method}-{model.name}", meta=meta)
+    return plan.validate() if only is None else plan
 
 
 def _splice(ops: list, r: int, mesh: Mesh, local, opts: CPOptions) -> list:
@@ -115,7 +123,8 @@ def _splice(ops: list, r: int, mesh: Mesh, local, opts: CPOptions) -> list:
     return out
 
 
-def _tp_ranks(model, local, mesh: Mesh, fsdp_mesh: Mesh, fsdp: FSDPOptions, opts: CPOptions, where: str) -> list:
+def _tp_ranks(model, local, mesh: Mesh, fsdp_mesh: Mesh, fsdp: FSDPOptions, opts: CPOptions, where: str,
+              only: list[int] | None = None) -> list:
     """CP x TP (+ SP, torchtitan's plan): FSDP2 on the TP-local, cp-local model, TP segments with the ring
     (recompute full: each block's forward, TP collectives and ring included, rerun before its backward)."""
     from distlab.sim.cp.compose import splice_tp
@@ -125,10 +134,11 @@ def _tp_ranks(model, local, mesh: Mesh, fsdp_mesh: Mesh, fsdp: FSDPOptions, opts
     tp_opts = TPOptions(sequence_parallel=True)
     check_divides(model, mesh.size("tp"), "mesh.tp", True)
     tp_local = tp_local_model(local, mesh.size("tp"))
-    base = fsdp_plan(tp_local, fsdp_mesh, fsdp, where=where)
+    base = fsdp_plan(tp_local, fsdp_mesh, fsdp, where=where, only=only)
     partial = {q.name for q in partial_grad_params(model, True)}
     units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(tp_local)}
-    return [splice_tp(ops, local, mesh, r, opts, tp_opts, units) for r, ops in enumerate(base.ranks)]
+    built = range(mesh.world_size) if only is None else only
+    return [splice_tp(ops, local, mesh, r, opts, tp_opts, units) for r, ops in zip(built, base.ranks)]
 
 
 def _block(out: list, ring: Ring, op: Compute, kind: str, layer: str, recompute: bool = False):

@@ -129,10 +129,12 @@ def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = N
     return fsdp_plan(model, mesh, cfg, name)
 
 
-def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp") -> Plan:
+def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp",
+              only: list[int] | None = None) -> Plan:
     """The plan on ``mesh``: parameters sharded over its ``dp_shard`` groups, HSDP all-reduces over its
     ``dp_replicate`` groups (when the mesh has that dimension); an int reshard_after_forward r reshards to
-    groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r))."""
+    groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r)). ``only``: just these
+    ranks' programs (a plan of them, in that order, not validated: sim/relabel.py renames them)."""
     shard = mesh.size("dp_shard") if "dp_shard" in mesh else 1
     fields = {k: v for k, v in asdict(options).items() if k != "shard_size"}
     cfg = parse_config({**fields, "shard_size": shard}, mesh.world_size, where)
@@ -142,7 +144,7 @@ def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, 
     raf = cfg.reshard_after_forward
     post_mesh = None if isinstance(raf, bool) else mesh.split("dp_shard", ("dp_shard_out", "reshard"), raf)
     progs = []
-    for r in range(mesh.world_size):
+    for r in range(mesh.world_size) if only is None else only:
         groups = (_group(mesh, r, "dp_shard"), _group(mesh, r, "dp_replicate"),
                   None if post_mesh is None else post_mesh.group_of(r, "reshard"))
         progs.append(_program(model, units, cfg, groups, pdt, rdt))
@@ -151,7 +153,8 @@ def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, 
             "reshard_after_forward": cfg.reshard_after_forward, "param_dtype": pdt, "reduce_dtype": rdt,
             "units": [[u.name, u.numel(), u.numel(S)] for u in units],
             "memory": {"static": static_bytes(model, mesh.world_size, cfg.zero, S, pdt), "events": progs[0].mem}}
-    return Plan([p.ops for p in progs], name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta).validate()
+    plan = Plan([p.ops for p in progs], name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta)
+    return plan.validate() if only is None else plan
 
 
 def _group(mesh: Mesh, rank: int, dim: str) -> tuple:

@@ -151,8 +151,13 @@ def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -
     scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
     n = min(worker_count(workers), len(top))
     if n > 1 and "fork" in mp.get_all_start_methods():
+        # longest first (the simulator's work grows with the largest ring: the shard group's steps), so no
+        # worker is left with a long one at the end
+        order = sorted(range(len(top)), key=lambda i: -_ring_size(top[i].layout))
+        summaries = [None] * len(top)
         with mp.get_context("fork").Pool(n) as pool:
-            summaries = pool.map(_simulate, scenarios, chunksize=1)
+            for i, summary in zip(order, pool.imap(_simulate, [scenarios[i] for i in order], chunksize=1)):
+                summaries[i] = summary
     else:
         summaries = [_simulate(d) for d in scenarios]
     for x, summary in zip(top, summaries):
@@ -161,6 +166,12 @@ def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -
         return
     s.confirmed = len(top)
     s.ranked[:s.confirmed] = sorted(s.ranked[:s.confirmed], key=lambda x: x.step_s)
+
+
+def _ring_size(layout) -> int:
+    """The largest data-parallel group of a layout: the ranks its all-gathers, reduce-scatters or all-reduces span."""
+    m = layout.mesh()
+    return max(m.get("dp_shard", 1) * m.get("cp", 1), m.get("dp", 1), m.get("dp_replicate", 1))
 
 
 def _simulate(scenario: dict) -> dict:

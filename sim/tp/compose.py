@@ -35,8 +35,10 @@ def tp_local_model(model, tp: int) -> Model:
 
 
 def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPOptions | None = None,
-                 name: str | None = None, where: str = "tp") -> Plan:
-    """The plan of one step on ``mesh`` with dimensions dp_shard (FSDP2, ZeRO-3) and tp."""
+                 name: str | None = None, where: str = "tp", cluster=None, only: list[int] | None = None) -> Plan:
+    """The plan of one step on ``mesh`` with dimensions dp_shard (FSDP2, ZeRO-3) and tp. With ``cluster``, where
+    the layout allows (sim/relabel.py fsdp_shifts), only one rank per class is built and the others are its
+    renamings; ``only``: just these ranks (a plan of them, not validated)."""
     fsdp_opts, tp_opts = fsdp_opts or FSDPOptions(), tp_opts or TPOptions()
     for dim in ("dp_shard", "tp"):
         if dim not in mesh:
@@ -47,13 +49,19 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
                           f"{where}: zero")
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", tp_opts.sequence_parallel)
+    if cluster is not None and only is None:
+        from distlab.sim.relabel import fsdp_shifts, relabelled
+        shifts = fsdp_shifts(mesh, cluster, fsdp_opts.reshard_after_forward)
+        if shifts is not None:
+            return relabelled(lambda reps: fsdp_tp_plan(model, mesh, fsdp_opts, tp_opts, name, where, only=reps),
+                              shifts)
     local = tp_local_model(model, tp)
-    base = fsdp_plan(local, mesh, fsdp_opts, where=where)
+    base = fsdp_plan(local, mesh, fsdp_opts, where=where, only=only)
     partial = {q.name for q in partial_grad_params(model, tp_opts.sequence_parallel)}
     units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(local)}
     replicate_of_one = "dp_replicate" in mesh and mesh.size("dp_replicate") == 1
     ranks = []
-    for r, ops in enumerate(base.ranks):
+    for r, ops in zip(range(mesh.world_size) if only is None else only, base.ranks):
         p = _Program(mesh.group_of(r, "tp"), model.config["dtype"])
         seg = Segments(model, tp_opts, p)
         for op in ops:
@@ -74,7 +82,8 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
                                             name=f"all_reduce {unit} backward", stream=op.stream))
         ranks.append(p.ops)
     meta = {**base.meta, "builder": "fsdp_tp", "tp": tp, "sequence_parallel": tp_opts.sequence_parallel}
-    return Plan(ranks, name=name or f"fsdp{mesh.size('dp_shard')}-tp{tp}-{model.name}", meta=meta).validate()
+    plan = Plan(ranks, name=name or f"fsdp{mesh.size('dp_shard')}-tp{tp}-{model.name}", meta=meta)
+    return plan.validate() if only is None else plan
 
 
 def collective_sequence(plan: Plan, rank: int = 0) -> list[tuple]:

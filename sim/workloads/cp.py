@@ -10,7 +10,7 @@ from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: CPOptions, cluster):
-    plan = cp_plan(model, mesh, opts)
+    plan = cp_plan(model, mesh, opts, cluster=cluster)
     return plan, {"cp": plan.meta}
 
 

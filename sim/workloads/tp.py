@@ -35,7 +35,7 @@ def build(model, mesh, opts: TPOptions, cluster):
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
     elif dp_shard > 1 or "dp_replicate" in mesh:
-        plan = fsdp_tp_plan(model, mesh, tp_opts=opts)
+        plan = fsdp_tp_plan(model, mesh, tp_opts=opts, cluster=cluster)
     else:
         plan = tp_plan(model, mesh, opts)
     return plan, {"tp": plan.meta}
