@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=2001)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--tolerance", type=float, default=25.0, help="allowed |error| in percent")
+    p.add_argument("--save", metavar="PATH", help="write the ranks' raw results (JSON) there")
     p.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
                    help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
     args = p.parse_args(argv)
@@ -54,6 +55,10 @@ def _main(args, load_pids) -> int:
     results = fsdp.run(model, args.nproc, variants, steps=args.steps, warmup=2, calibrate=sizes, local=True,
                        timeout=600)
     print(f"measured in {time.time() - t:.1f} s on {args.nproc} gloo ranks")
+    if args.save:
+        import json
+        with open(args.save, "w") as f:
+            json.dump(results, f)
     cluster = fsdp_validate.calibrated_cluster(results, model, args.nproc)
     cal = cluster.calibration["collectives"]
     fit = {op: v[str(args.nproc)] for op, v in cal.items()}

@@ -25,6 +25,9 @@ The same rounds give the reverse direction, ``comm_interference`` = the time of 
 computing (the window above) / the time of as many all_reduces with no compute (timed in each round, between
 the two phases); per round the slowest rank's times, the robust center over rounds (sim/cores.py
 CommSlowdown: what it slows, and why neither factor counts the core sharing).
+
+``compute_jitter``: from the same work timed on every rank at once, round after round, the variance between ranks
+per second of compute (sim/skew.py: sigma^2 = J mu).
 """
 from __future__ import annotations
 
@@ -245,6 +248,21 @@ class InterferenceProbe:
                 "interference_spread": robust.spread(ratios), "interference_rounds": len(ratios),
                 "interference_bytes": self.nbytes, "comm_interference": max(1.0, robust.center(comm)),
                 "comm_interference_spread": robust.spread(comm)}
+
+
+def compute_jitter(per_rank_rounds: list[list[float]]) -> float:
+    """J in seconds from ``per_rank_rounds`` (per rank, its time of the same work in each round; the ranks run
+    each round at once). Per round: the sample variance across the n ranks s^2 (unbiased, n - 1) over their mean
+    m, J_r = s^2 / m; then J = median(J_r) / median(chi^2_k / k), k = n - 1 (for normal noise s^2 / sigma^2 ~
+    chi^2_k / k; its median is 0.4549 for k = 1, else Wilson & Hilferty 1931's (1 - 2 / (9k))^3): a median, so
+    a round that another process spoiled moves it little (runtime/robust.py's reasoning)."""
+    import statistics
+    rounds = [r for r in zip(*per_rank_rounds) if len(r) > 1 and statistics.fmean(r) > 0]
+    if not rounds:
+        return 0.0
+    k = len(rounds[0]) - 1
+    chi2_median = 0.454936 if k == 1 else (1 - 2 / (9 * k)) ** 3
+    return statistics.median(statistics.variance(r) / statistics.fmean(r) for r in rounds) / chi2_median
 
 
 def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.03, rounds: int = 4) -> dict:

@@ -68,6 +68,8 @@ class Cluster:
     #                                 (NCCL kernels take SMs and HBM bandwidth; gloo's threads take cores); 1 = none
     comm_interference: float = 1.0  # a collective slows by this factor while compute runs on its ranks' node
     #                                 (CPU) or GPU (sim/cores.py CommSlowdown); 1 = none (the GPU presets)
+    compute_jitter: float = 0.0     # seconds: a rank's compute of mean mu varies with variance jitter x mu between
+    #                                 ranks, so each collective waits for its last member (sim/skew.py); 0 = none
 
     @property
     def world_size(self) -> int:
@@ -102,6 +104,8 @@ class Cluster:
             d["interference"] = self.interference
         if self.comm_interference != 1.0:
             d["comm_interference"] = self.comm_interference
+        if self.compute_jitter:
+            d["compute_jitter"] = self.compute_jitter
         if self.calibration:
             d["calibration"] = self.calibration
         return d
@@ -266,7 +270,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
-                      d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0))
+                      d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0),
+                      d.get("compute_jitter", 0.0))
     return _validated(cluster, where)
 
 
@@ -304,6 +309,9 @@ def _validated(c: Cluster, where: str) -> Cluster:
     _check_interference(c.interference, f"{where}: interference")
     _check_interference(c.comm_interference, f"{where}: comm_interference",
                         "a collective does not slow while compute runs")
+    if not (_is_number(c.compute_jitter) and 0 <= c.compute_jitter <= 1):
+        raise ConfigError(f"{c.compute_jitter!r} must be seconds between 0 and 1 (0 = ranks compute alike)",
+                          f"{where}: compute_jitter")
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     _check_compute_model(c.gpu, f"{where}: gpu")

@@ -13,7 +13,8 @@
   (sim.cores: the factor, and why it does not count the core sharing twice). The reverse direction: while
   compute runs on a collective's members (their node's cores; without cpu_cores, their GPUs), the collective
   progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
-  added at its end).
+  added at its end). With ``cluster.compute_jitter`` J > 0 a collective starts e_n sqrt(J mu) after its last
+  member reached it (sim/skew.py: the expected last arrival of n ranks whose compute of mu seconds varies).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -35,6 +36,7 @@ from distlab.sim.cores import CommSlowdown, SharedCores
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
+from distlab.sim.skew import arrival_skew
 from distlab.sim.equivariance import check_classes
 from distlab.sim.inline import fuse
 from distlab.sim.solo import run_steps
@@ -97,6 +99,8 @@ class _Simulation:
         self.comm_slow = cluster.comm_interference
         no_cores = (slow != 1 or self.comm_slow != 1) and not cores   # interference alone: each rank's own pool
         self.gpus = {r: SharedCores(self.env, None, slow) for r in self.simulated} if no_cores else None
+        self.jitter = cluster.compute_jitter
+        self.computed: dict = defaultdict(float)       # rank -> compute seconds since its last collective
         self.members: dict = {}          # id(group) -> (group, its simulated members): interference
         self.records: list[OpRecord] = []
         self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
@@ -177,6 +181,8 @@ class _Simulation:
             if kind is Compute:
                 rec = OpRecord(rank, stream, index, "compute", op.name or "compute", start, start)
                 seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
+                if self.jitter:
+                    self.computed[rank] += seconds
                 pool = self._pool(rank)
                 if pool:
                     yield from pool.run(seconds, rank)
@@ -216,7 +222,10 @@ class _Simulation:
         if hit is not None:                      # alone on links of its own: its known duration
             seconds, algorithm, flows = hit
             self.net.flows_done += flows
-            launch = t_a
+            skew = self._arrival_skew(group)
+            if skew:
+                yield self.env.timeout(skew)
+            launch = self.env.now
             self._communicating(group, +1)       # in flight: interference on the rank's compute, as always
             slowed = self._comm_slowdown(group)
             yield self.env.timeout(seconds)
@@ -281,7 +290,21 @@ class _Simulation:
         pools = {id(p): p for p in map(self._pool, self._simulated_members(group))}
         return CommSlowdown(self.env, list(pools.values()), self.comm_slow)
 
+    def _arrival_skew(self, group) -> float:
+        """A collective on ``group`` is reached by all: seconds until its last member really arrives (sim/skew.py),
+        mu = the most compute any member did since its previous collective; restarts their counts."""
+        if not self.jitter:
+            return 0.0
+        members = self._simulated_members(group)
+        mu = max(self.computed[r] for r in members)
+        for r in members:
+            self.computed[r] = 0.0
+        return arrival_skew(self.jitter, mu, len(group))
+
     def _run_collective(self, rv, op, group):
+        skew = self._arrival_skew(group)
+        if skew:
+            yield self.env.timeout(skew)
         self._communicating(group, +1)
         slowed = self._comm_slowdown(group)
         rv["launch"] = start = self.env.now

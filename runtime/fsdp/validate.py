@@ -26,11 +26,16 @@ def calibration_sizes(plans) -> dict:
 def calibrated_cluster(results: list[dict], model, world: int):
     """localhost-cpu with (a) per collective the ring α and bandwidth, t = (n-1)α + (n-1)/n·S/B, fitted by the
     fit every calibration shares (runtime/fit.py fit_op: robust center per size of the rounds' slowest-rank
-    times, robust line) at the plan's own sizes, and (b) a compute rate F (bisection) and memory rate M such
+    times, robust line) at the plan's own sizes, plus one size band per plan size holding that size's own
+    robust time (sim/calibration.py bands): the plan's sizes are few and close (here 4.10 and 4.20 MB), a line
+    through them is ill-conditioned (its slope is the noise), and the relative-error fit then clamps α to 0
+    and leans to the faster size (measured: block all-gathers predicted 2.3 ms, timed 3.6 ms); and (b) a compute rate F (bisection) and memory rate M such
     that the roofline max(flops/F, bytes/M) reproduces one unsharded rank's forward+backward, and Adam on plain
     tensors the size of the rank's shards (robust centers of the rounds, slowest rank). Cores: those are timed
     on every rank at once, between the FSDP steps, so at the share the ranks get beside the machine's other
-    processes (runtime/load.py effective_cores(n, alone=n) = n): one core per rank in the cluster."""
+    processes (runtime/load.py effective_cores(n, alone=n) = n): one core per rank in the cluster. (c) The
+    compute jitter J (sim/skew.py) from the spread between the ranks' forward+backward times of each round
+    (runtime/compute_probe.compute_jitter): every collective of the step waits for its last member."""
     from distlab.runtime.fit import fit_op
     from distlab.runtime.robust import center
     from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
@@ -38,17 +43,29 @@ def calibrated_cluster(results: list[dict], model, world: int):
     for op, table in results[0]["calibration"].items():
         sizes = sorted(table, key=int)
         samples = [_slowest([r["calibration"][op][k] for r in results]) for k in sizes]
-        if len(sizes) > 1:
-            coll[op] = {str(n): fit_op(op, n, [int(k) for k in sizes], samples)}
+        bands = [_size_band(op, n, int(k), center(x)) for k, x in zip(sizes, samples)]
+        if len(sizes) > 1:                      # the line for other readers; each plan size its own time
+            coll[op] = {str(n): {**fit_op(op, n, [int(k) for k in sizes], samples), "bands": bands}}
         else:                                   # one size: α = 0, B from it
-            coll[op] = {str(n): {"latency_us": 1e-3, "bandwidth_GBps": (n - 1) / n * int(sizes[0])
-                                 / center(samples[0]) / 1e9}}
+            coll[op] = {str(n): {k: v for k, v in bands[0].items() if k not in ("min_bytes", "max_bytes")}}
     fb = center(_slowest([r["local"]["rounds"][0] for r in results]))
     shard = sum(padded_numel(q.shape, n) for q in model.params) // n
     M = ADAM_BYTES * shard / center(_slowest([r["local"]["rounds"][1] for r in results]))
     work = [(L.fwd_flops, L.activation_bytes + L.param_bytes) for L in model.layers]
     work += [(L.bwd_flops, 2 * L.activation_bytes + L.param_bytes) for L in model.layers]
-    return roofline_cluster(work, fb, M, world, coll)
+    from dataclasses import replace
+
+    from distlab.runtime.compute_probe import compute_jitter
+    jitter = compute_jitter([r["local"]["rounds"][0] for r in results])
+    return replace(roofline_cluster(work, fb, M, world, coll), compute_jitter=min(jitter, 1.0))
+
+
+def _size_band(op: str, n: int, nbytes: int, seconds: float) -> dict:
+    """A band of one size (sim/calibration.py) whose ring time steps·α + factor·S/B is ``seconds`` (α ~ 0)."""
+    from distlab.runtime.fit import ring_cost
+    steps, factor = ring_cost(op, n)
+    return {"min_bytes": nbytes, "max_bytes": nbytes, "latency_us": 1e-3,
+            "bandwidth_GBps": factor * nbytes / max(seconds - steps * 1e-9, 1e-9) / 1e9}
 
 
 def _slowest(per_rank: list) -> list[float]:
