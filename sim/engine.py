@@ -13,7 +13,9 @@
   (sim.cores: the factor, and why it does not count the core sharing twice). The reverse direction: while
   compute runs on a collective's members (their node's cores; without cpu_cores, their GPUs), the collective
   progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
-  added at its end).
+  added at its end). On a CPU cluster with ``comm_cpu_s`` / ``comm_cpu_s_per_byte``, a collective also carries
+  CPU work per member rank, run as a job on that rank's node's cores beside the compute ops; it ends when both
+  its network part and every member's CPU work are done (sim.cores.comm_cpu_seconds).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -31,7 +33,7 @@ import simpy
 from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
-from distlab.sim.cores import CommSlowdown, SharedCores
+from distlab.sim.cores import CommSlowdown, SharedCores, comm_cpu_seconds
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
@@ -280,9 +282,18 @@ class _Simulation:
         pools = {id(p): p for p in map(self._pool, self._simulated_members(group))}
         return CommSlowdown(self.env, list(pools.values()), self.comm_slow)
 
+    def _comm_cpu_jobs(self, op, group) -> list:
+        """A collective on ``group`` starts: its CPU work on each member's node cores, as simpy processes (none
+        without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is simulated then)."""
+        seconds = comm_cpu_seconds(self.cluster, op.bytes)
+        if not seconds or not self.cores:
+            return []
+        return [self.env.process(self._pool(r).run(seconds, ("comm", r))) for r in group]
+
     def _run_collective(self, rv, op, group):
         self._communicating(group, +1)
         slowed = self._comm_slowdown(group)
+        cpu_jobs = self._comm_cpu_jobs(op, group)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -294,6 +305,8 @@ class _Simulation:
             yield self.env.timeout(seconds)
             if slowed:
                 yield from slowed.finish()
+            if cpu_jobs:
+                yield self.env.all_of(cpu_jobs)
             self._communicating(group, -1)
             rv["done"].succeed()
             return
@@ -313,6 +326,8 @@ class _Simulation:
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
         if slowed:
             yield from slowed.finish()
+        if cpu_jobs:
+            yield self.env.all_of(cpu_jobs)
         self._communicating(group, -1)
         rv["done"].succeed()
 
