@@ -38,7 +38,8 @@ and counts as running work for K. Calibrated per call as process CPU minus main-
 (``time.process_time() - time.thread_time()``: gloo's threads only; runtime/tp/calibrate.py), a robust median,
 a least-squares line over the sizes. Not counted twice: I and K are the probe-fitted lumped form of the same
 effect (runtime/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the TP calibration)
-keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. Left out: send/recv (point-to-point).
+keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. A send/recv carries the same w on both
+ends (gloo's threads move it too; calibrated on collectives only: an assumption).
 """
 from __future__ import annotations
 

@@ -14,8 +14,9 @@
   compute runs on a collective's members (their node's cores; without cpu_cores, their GPUs), the collective
   progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
   added at its end). On a CPU cluster with ``comm_cpu_s`` / ``comm_cpu_s_per_byte``, a collective also carries
-  CPU work per member rank, run as a job on that rank's node's cores beside the compute ops; it ends when both
-  its network part and every member's CPU work are done (sim.cores.comm_cpu_seconds).
+  CPU work per member rank (a send/recv: on both ends), run as a job on that rank's node's cores beside the
+  compute ops; it ends when both its network part and every member's CPU work are done
+  (sim.cores.comm_cpu_seconds).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -282,18 +283,19 @@ class _Simulation:
         pools = {id(p): p for p in map(self._pool, self._simulated_members(group))}
         return CommSlowdown(self.env, list(pools.values()), self.comm_slow)
 
-    def _comm_cpu_jobs(self, op, group) -> list:
-        """A collective on ``group`` starts: its CPU work on each member's node cores, as simpy processes (none
-        without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is simulated then)."""
-        seconds = comm_cpu_seconds(self.cluster, op.bytes)
+    def _comm_cpu_jobs(self, nbytes, ranks) -> list:
+        """A collective or send/recv of ``nbytes`` on ``ranks`` starts: its CPU work on each one's node cores, as
+        simpy processes (none without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is
+        simulated then)."""
+        seconds = comm_cpu_seconds(self.cluster, nbytes)
         if not seconds or not self.cores:
             return []
-        return [self.env.process(self._pool(r).run(seconds, ("comm", r))) for r in group]
+        return [self.env.process(self._pool(r).run(seconds, ("comm", r))) for r in ranks]
 
     def _run_collective(self, rv, op, group):
         self._communicating(group, +1)
         slowed = self._comm_slowdown(group)
-        cpu_jobs = self._comm_cpu_jobs(op, group)
+        cpu_jobs = self._comm_cpu_jobs(op.bytes, group)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -358,7 +360,10 @@ class _Simulation:
             self.net.flows_done += extra
         else:
             pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
+        cpu_jobs = self._comm_cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
         yield self.net.transfer(pairs, float(nbytes))
+        if cpu_jobs:
+            yield self.env.all_of(cpu_jobs)
         slot["done"].succeed()
 
 

@@ -67,3 +67,12 @@ def test_round_trip_and_bad_values():
         cluster_from_dict({**d, "comm_cpu_s": -1.0})
     with pytest.raises(ConfigError, match="needs the cores"):
         cluster_from_dict({**{k: v for k, v in d.items() if k != "cpu_cores"}, "comm_cpu_s": 1e-3})
+
+
+def test_a_send_recv_carries_the_cpu_work_on_both_ends():
+    # rank 0 sends to rank 1 while rank 2 computes 10 ms: the same three jobs on 1 core as above
+    from distlab.sim.plan import Recv, Send
+    p = Plan([[Send(peer=1, bytes=1000)], [Recv(peer=0, bytes=1000)], [Compute(seconds=10 * MS, name="c")]]).validate()
+    e = {(o.rank, o.kind): o.end for o in simulate(p, cpu_cluster(comm_cpu_s=2 * MS)).ops}
+    assert e[0, "send"] == e[1, "recv"] == approx(6 * MS)
+    assert e[2, "compute"] == approx(14 * MS)
