@@ -76,3 +76,29 @@ def test_a_send_recv_carries_the_cpu_work_on_both_ends():
     e = {(o.rank, o.kind): o.end for o in simulate(p, cpu_cluster(comm_cpu_s=2 * MS)).ops}
     assert e[0, "send"] == e[1, "recv"] == approx(6 * MS)
     assert e[2, "compute"] == approx(14 * MS)
+
+
+def test_calibrated_line_of_the_cpu_work():
+    from distlab.runtime.tp.calibrate import comm_cpu_line
+    # two ranks, w = 0.5 ms + 0.1 us/B exactly at 1000 and 9000 B (the medians over ranks and rounds)
+    cals = [{"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.5e-3, 0.6e-3], "9000": [1.4e-3]}}},
+            {"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.7e-3, 0.6e-3], "9000": [1.4e-3]}}}]
+    a, b = comm_cpu_line(cals)
+    assert a == approx(0.5e-3) and b == approx(1e-7)
+    falling = [{"comm_cpu": {"all_reduce": {"100": [2e-3], "800": [1e-3]}}}]
+    assert comm_cpu_line(falling) == approx((1.5e-3, 0.0))          # noise: the median, no slope
+    assert comm_cpu_line([{}]) == (0.0, 0.0)                          # a calibration without it
+
+
+def test_fsdp2_host_cpu_per_unit_in_the_fsdp_tp_plan():
+    from distlab.runtime.tp.validate import prepare, timed_plan
+    from distlab.sim.io import load_yaml
+    base = load_yaml("scenarios/tp-cpu.yaml")
+    built, _, _ = prepare({**base, "mesh": {"dp_shard": 2, "tp": 2}, "world_size": 4}, 4)
+    cluster = replace(PRESETS["localhost-cpu"].with_world_size(4), cpu_cores=2.0)
+    plain, host = timed_plan(built), timed_plan(built, fsdp_host=(1 * MS, 2 * MS))
+    names = [o.name for o in host.ranks[0] if isinstance(o, Compute) and o.name.startswith("fsdp host")]
+    assert sorted(names) == sorted(f"fsdp host {u} {p}" for u in ("root", "h.0", "h.1") for p in ("forward", "backward"))
+    # 3 units: 3 x 1 ms forward + 3 x 2 ms backward of CPU per rank, the 4 ranks in lock step on 2 cores: 2 x 9 ms
+    grown = simulate(host, cluster, record_transfers=False).makespan - simulate(plain, cluster, record_transfers=False).makespan
+    assert grown == approx(18 * MS)
