@@ -10,7 +10,7 @@ it one uncaptured step, whose time (slowest rank) is the measurement. Prints the
 measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
 host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
 compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
-runtime's CPU per action), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
+runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
 exceeds --tolerance.
 """
 from __future__ import annotations
@@ -47,6 +47,13 @@ def main(argv=None) -> int:
               f" (sd {statistics.pstdev(row['repeats']) * 1e3:.0f})  "
               f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us"
               f"  cores {r['cluster'].cpu_cores:.2f}")
+        c = r["cluster"]
+        print(f"    collective CPU work per member rank (gloo's threads): {c.comm_cpu_s * 1e6:.0f} us + "
+              f"{c.comm_cpu_s_per_byte * 1e9:.3f} ns/B; without it the prediction is "
+              f"{row['predicted_without_comm_cpu_s'] * 1e3:.1f} ms "
+              f"({100 * (row['predicted_without_comm_cpu_s'] / row['measured_s'] - 1):+.0f}%)"
+              + (" ; FSDP2 host CPU per unit: forward {:.2f} ms, backward {:.2f} ms".format(
+                  *(1e3 * x for x in r["fsdp_host_s"])) if any(r["fsdp_host_s"]) else ""))
         pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
         print("    rank 0, measured / predicted ms: " + ", ".join(
             f"{k} {meas[k] * 1e3:.1f} / {pred[k] * 1e3:.1f}" for k in ("comm", "compute", "optimizer") if k in meas)

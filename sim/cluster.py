@@ -70,6 +70,8 @@ class Cluster:
     #                                 (CPU) or GPU (sim/cores.py CommSlowdown); 1 = none (the GPU presets)
     compute_jitter: float = 0.0     # seconds: a rank's compute of mean mu varies with variance jitter x mu between
     #                                 ranks, so each collective waits for its last member (sim/skew.py); 0 = none
+    comm_cpu_s: float = 0.0         # CPU work of one collective per member rank, w = comm_cpu_s + comm_cpu_s_per_byte
+    comm_cpu_s_per_byte: float = 0.0  # x bytes, shared with compute on the node's cores (sim/cores.py); 0 = none
 
     @property
     def world_size(self) -> int:
@@ -106,6 +108,8 @@ class Cluster:
             d["comm_interference"] = self.comm_interference
         if self.compute_jitter:
             d["compute_jitter"] = self.compute_jitter
+        if self.comm_cpu_s or self.comm_cpu_s_per_byte:
+            d["comm_cpu_s"], d["comm_cpu_s_per_byte"] = self.comm_cpu_s, self.comm_cpu_s_per_byte
         if self.calibration:
             d["calibration"] = self.calibration
         return d
@@ -271,7 +275,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
                       d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0),
-                      d.get("compute_jitter", 0.0))
+                      d.get("compute_jitter", 0.0),
+                      d.get("comm_cpu_s", 0.0), d.get("comm_cpu_s_per_byte", 0.0))
     return _validated(cluster, where)
 
 
@@ -298,6 +303,17 @@ def _check_interference(value, where: str, none: str = "compute does not slow wh
         raise ConfigError(f"{value!r} must be a factor >= 1 (1 = {none}; at most 100)", where)
 
 
+def _check_comm_cpu(c: Cluster, where: str) -> None:
+    """comm_cpu_s and comm_cpu_s_per_byte: numbers >= 0 (below 1 s and 1 s per byte), only with cpu_cores."""
+    for key in ("comm_cpu_s", "comm_cpu_s_per_byte"):
+        value = getattr(c, key)
+        if not (_is_number(value) and 0 <= value < 1):
+            raise ConfigError(f"{value!r} must be a number of seconds >= 0 and < 1 (0 = no CPU work)", f"{where}: {key}")
+    if (c.comm_cpu_s or c.comm_cpu_s_per_byte) and c.cpu_cores is None:
+        raise ConfigError("a collective's CPU work needs the cores it shares: set cpu_cores too; allowed without "
+                          "cpu_cores: comm_cpu_s 0 and comm_cpu_s_per_byte 0", f"{where}: comm_cpu_s")
+
+
 def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.nodes, f"{where}: nodes", integer=True)
     _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
@@ -312,6 +328,7 @@ def _validated(c: Cluster, where: str) -> Cluster:
     if not (_is_number(c.compute_jitter) and 0 <= c.compute_jitter <= 1):
         raise ConfigError(f"{c.compute_jitter!r} must be seconds between 0 and 1 (0 = ranks compute alike)",
                           f"{where}: compute_jitter")
+    _check_comm_cpu(c, where)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     _check_compute_model(c.gpu, f"{where}: gpu")

@@ -27,6 +27,19 @@ measure I: the probe's overlapped phase has compute at 1/I and communication at 
 simulator then applies, each factor to one side, and neither counts core sharing between compute ops
 (the all_reduce alone has no compute; compute is shared in both of its rates).
 ``cores=None``: no sharing (each op has its own core or GPU), only interference.
+
+Communication CPU work (the cluster's ``comm_cpu_s`` = a and ``comm_cpu_s_per_byte`` = b; CPU clusters only):
+a gloo collective's own threads (gloo's pair/IO threads that copy, reduce and move the buffers) burn
+w = a + b x bytes seconds of one core on each member rank, while that rank's main thread is blocked and holds
+no core. The engine runs w as one more job per member on its node's SharedCores, under the same processor
+sharing as the compute ops (so it takes cores the other ranks' compute then lacks), beside the collective's
+network part; the collective ends when both are done. The job is not slowed by I (it is not the rank's compute)
+and counts as running work for K. Calibrated per call as process CPU minus main-thread CPU around the collective
+(``time.process_time() - time.thread_time()``: gloo's threads only; runtime/tp/calibrate.py), a robust median,
+a least-squares line over the sizes. Not counted twice: I and K are the probe-fitted lumped form of the same
+effect (runtime/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the TP calibration)
+keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. A send/recv carries the same w on both
+ends (gloo's threads move it too; calibrated on collectives only: an assumption).
 """
 from __future__ import annotations
 
@@ -34,6 +47,12 @@ import itertools
 import math
 
 EPS = 1e-12     # seconds of work below which an op counts as done (float error of the updates)
+
+
+def comm_cpu_seconds(cluster, nbytes: float) -> float:
+    """CPU seconds of one core that a collective of ``nbytes`` costs each member rank: comm_cpu_s +
+    comm_cpu_s_per_byte x nbytes (module docstring; 0 on the presets)."""
+    return cluster.comm_cpu_s + cluster.comm_cpu_s_per_byte * nbytes
 
 
 class SharedCores:

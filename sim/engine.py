@@ -15,6 +15,10 @@
   progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
   added at its end). With ``cluster.compute_jitter`` J > 0 a collective starts e_n sqrt(J mu) after its last
   member reached it (sim/skew.py: the expected last arrival of n ranks whose compute of mu seconds varies).
+  On a CPU cluster with ``comm_cpu_s`` / ``comm_cpu_s_per_byte``, a collective also carries
+  CPU work per member rank (a send/recv: on both ends), run as a job on that rank's node's cores beside the
+  compute ops; it ends when both its network part and every member's CPU work are done
+  (sim.cores.comm_cpu_seconds).
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -32,7 +36,7 @@ import simpy
 from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
-from distlab.sim.cores import CommSlowdown, SharedCores
+from distlab.sim.cores import CommSlowdown, SharedCores, comm_cpu_seconds
 from distlab.sim.errors import ConfigError, SimulationDeadlock
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
@@ -300,6 +304,14 @@ class _Simulation:
         for r in members:
             self.computed[r] = 0.0
         return arrival_skew(self.jitter, mu, len(group))
+    def _comm_cpu_jobs(self, nbytes, ranks) -> list:
+        """A collective or send/recv of ``nbytes`` on ``ranks`` starts: its CPU work on each one's node cores, as
+        simpy processes (none without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is
+        simulated then)."""
+        seconds = comm_cpu_seconds(self.cluster, nbytes)
+        if not seconds or not self.cores:
+            return []
+        return [self.env.process(self._pool(r).run(seconds, ("comm", r))) for r in ranks]
 
     def _run_collective(self, rv, op, group):
         skew = self._arrival_skew(group)
@@ -307,6 +319,7 @@ class _Simulation:
             yield self.env.timeout(skew)
         self._communicating(group, +1)
         slowed = self._comm_slowdown(group)
+        cpu_jobs = self._comm_cpu_jobs(op.bytes, group)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -318,6 +331,8 @@ class _Simulation:
             yield self.env.timeout(seconds)
             if slowed:
                 yield from slowed.finish()
+            if cpu_jobs:
+                yield self.env.all_of(cpu_jobs)
             self._communicating(group, -1)
             rv["done"].succeed()
             return
@@ -336,6 +351,8 @@ class _Simulation:
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
         if slowed:
             yield from slowed.finish()
+        if cpu_jobs:
+            yield self.env.all_of(cpu_jobs)
         self._communicating(group, -1)
         rv["done"].succeed()
 
@@ -366,7 +383,10 @@ class _Simulation:
             self.net.flows_done += extra
         else:
             pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
+        cpu_jobs = self._comm_cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
         yield self.net.transfer(pairs, float(nbytes))
+        if cpu_jobs:
+            yield self.env.all_of(cpu_jobs)
         slot["done"].succeed()
 
 

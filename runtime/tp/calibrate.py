@@ -28,8 +28,13 @@ the redistributions; the unparallelized block's whole CPU is subtracted, an uppe
 ``cpu_cores`` = the cores the ranks share (the caller's fair share beside other processes, runtime/load.py
 effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each rank's compute
 at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends between stages) =
-the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken). Per quantity: the
-median over rounds of the slowest rank.
+the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken); a collective's CPU
+work on gloo's own threads, ``comm_cpu_s`` + ``comm_cpu_s_per_byte`` x bytes per member rank, from process
+minus main-thread CPU over each chain / CHAIN (``comm_cpu_line``: gloo's CPU wherever it falls, also after
+``wait`` returns; issue to wait alone catches ~1/3 of it here, ~0.45 of ~1.4 ms at tp 4, the whole chain
+matches the step's own process minus main-thread CPU per collective, ~1.6 ms; the simulator shares it with the compute
+on the cores, sim/cores.py, with interference = comm_interference = 1). Per quantity: the median over rounds
+of the slowest rank (the CPU work: the median over ranks and rounds).
 """
 from __future__ import annotations
 
@@ -43,9 +48,10 @@ GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 
 class Calibrator:
     """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
     buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
-    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture)."""
+    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture); ``fsdp_meshes``:
+    (tp mesh, dp_shard mesh) of an FSDP2 x TP run, for FSDP2's host work per unit (:meth:`_fsdp_round`)."""
 
-    def __init__(self, sizes: dict, model, group, plan: dict, capture):
+    def __init__(self, sizes: dict, model, group, plan: dict, capture, fsdp_meshes=None):
         import torch
         import torch.distributed as dist
 
@@ -65,10 +71,14 @@ class Calibrator:
         self.shard_opt = torch.optim.AdamW(self.shards, lr=1e-4)
         self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "isolated": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
+                      "comm_cpu": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "fwd_bwd": [], "optimizer": [], "block_tp": [], "block_local": [],
                       "block_collectives": {}, "cores": _cores()}
         self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
         self._block_setup(c, plan, capture)
+        self.fsdp_block = None
+        if fsdp_meshes is not None:
+            self._fsdp_setup(c, plan, *fsdp_meshes)
         self._local_step()                         # warm-up
 
     def _block_setup(self, c: dict, plan: dict, capture) -> None:
@@ -96,6 +106,40 @@ class Calibrator:
             self._block_step(self.block, self.block_x)
         self.times["block_ops"] = sum(cap.dtensor_ops.values())
         self.times["block_calls"] = [k for k, *_ in cap.calls]
+
+    def _fsdp_setup(self, c: dict, plan: dict, tp_mesh, dp_mesh) -> None:
+        """The same block as an FSDP2 x TP unit: ``parallelize_module`` on the run's tp mesh, then ``fully_shard``
+        on its dp_shard mesh (the run's order, runtime/tp/run.py), and the TP block again on that tp mesh."""
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from distlab.runtime.tp.model import Block
+        torch.manual_seed(0)
+        self.fsdp_tp_block = parallelize_module(Block(c, torch.float32), tp_mesh, plan)
+        self.fsdp_block = fully_shard(parallelize_module(Block(c, torch.float32), tp_mesh, plan), mesh=dp_mesh)
+        self.times["fsdp_forward"], self.times["fsdp_backward"] = [], []
+        for m in (self.fsdp_tp_block, self.fsdp_block):
+            self._block_step(m, self.block_x)                              # warm-up (FSDP2's lazy init)
+
+    def _fsdp_round(self, calls: int = 5) -> None:
+        """FSDP2's host CPU (this thread) per unit, forward and backward apart: the FSDP2 x TP block minus the
+        TP block, each the median of ``calls`` steps (its blocking gloo all-gathers and reduce-scatters wait
+        without CPU; their copies are in it, an upper bound)."""
+        def split(module):
+            fwd, bwd = [], []
+            for _ in range(calls):
+                module.zero_grad(set_to_none=True)
+                t0 = time.thread_time()
+                y = module(self.block_x).sum()
+                t1 = time.thread_time()
+                y.backward()
+                fwd.append(t1 - t0)
+                bwd.append(time.thread_time() - t1)
+            return statistics.median(fwd), statistics.median(bwd)
+        (tf, tb), (ff, fb) = split(self.fsdp_tp_block), split(self.fsdp_block)
+        self.times["fsdp_forward"].append(max(ff - tf, 0.0))
+        self.times["fsdp_backward"].append(max(fb - tb, 0.0))
 
     @staticmethod
     def _block_step(module, x) -> None:
@@ -128,10 +172,15 @@ class Calibrator:
         import torch.distributed as dist
         for op, table in self.times["collectives"].items():
             for size, times in table.items():
+                process, thread = time.process_time(), time.thread_time()
                 times.append(self._chain(op, int(size)))
+                self.times["comm_cpu"][op][size].append(
+                    (time.process_time() - process - (time.thread_time() - thread)) / CHAIN)
                 self.times["isolated"][op][size].append(self._collective(op, int(size)))
         dist.barrier()
         self._block_round()
+        if self.fsdp_block is not None:
+            self._fsdp_round()
         self.times["fwd_bwd"].append(self._local_step())
         t0 = time.thread_time()
         self.shard_opt.step()
@@ -245,9 +294,30 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
     from distlab.runtime.validation import roofline_cluster
     cluster = roofline_cluster(work, fb, M, world, coll)
     hop = coll.get("all_gather", {}).get(str(tp), {}).get("latency_us", cluster.intra_node.latency_us)
+    cpu_s, cpu_s_per_byte = comm_cpu_line(cals)
     return replace(cluster, gpu=replace(cluster.gpu, launch_s=launch_seconds(cals)),
                    intra_node=replace(cluster.intra_node, latency_us=hop),
-                   cpu_cores=float(min(world, cores if cores is not None else cals[0]["cores"])))
+                   cpu_cores=float(min(world, cores if cores is not None else cals[0]["cores"])),
+                   comm_cpu_s=cpu_s, comm_cpu_s_per_byte=cpu_s_per_byte)
+
+
+def comm_cpu_line(cals: list[dict]) -> tuple[float, float]:
+    """(a, b) of a collective's CPU work w = a + b x bytes per member rank (sim/cores.py): per kind and size the
+    median over ranks and rounds of gloo's threads' CPU per call, least squares over every (kind, size); a
+    negative slope gives (median, 0), a negative intercept the line through the origin. (0, 0) for a
+    calibration without it. The interference factors stay 1 (sim/cores.py: not counted twice)."""
+    import numpy as np
+    pts = [(int(size), statistics.median(v for c in cals for v in c["comm_cpu"][op][size]))
+           for op, table in cals[0].get("comm_cpu", {}).items() for size in table]
+    if not pts:
+        return 0.0, 0.0
+    x, y = np.array(pts, dtype=float).T
+    slope, icpt = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(np.median(y)))
+    if slope < 0:
+        return max(float(np.median(y)), 0.0), 0.0
+    if icpt < 0:
+        return 0.0, max(float(x @ y / (x @ x)), 0.0)
+    return float(icpt), float(slope)
 
 
 def launch_seconds(cals: list[dict]) -> float:
@@ -257,6 +327,15 @@ def launch_seconds(cals: list[dict]) -> float:
     issue = sum(_over_rounds(cals, lambda c, op=op: c["block_collectives"][op]) for op in c["block_calls"])
     host = _over_rounds(cals, lambda c: c["block_tp"]) - _over_rounds(cals, lambda c: c["block_local"]) - issue
     return max(host / c["block_ops"], 0.0)
+
+
+def fsdp_host(results: list[dict]) -> tuple[float, float]:
+    """FSDP2's host CPU seconds per unit (forward, backward; Calibrator._fsdp_round), the median over rounds of the
+    slowest rank; (0, 0) for a run without FSDP2."""
+    cals = [r["variants"][0].get("calibration") or {} for r in results]
+    if not all(c.get("fsdp_forward") for c in cals):
+        return 0.0, 0.0
+    return _over_rounds(cals, lambda c: c["fsdp_forward"]), _over_rounds(cals, lambda c: c["fsdp_backward"])
 
 
 def pipeline_overhead(results: list[dict]) -> float:

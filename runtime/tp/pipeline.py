@@ -88,7 +88,9 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
         if i >= warmup:
             out.append({"time": t, "calls": list(cap.calls), "spans": [], "phases": []})
             if cal:
+                process, thread = time.process_time(), time.thread_time()
                 out[-1]["plain_time"] = step(False)
+                out[-1]["plain_cpu"] = [time.thread_time() - thread, time.process_time() - process]
     return {"local_shapes": tp.local_shapes(module), "steps": out, "stage": s,
             **({"calibration": cal.results()} if cal else {})}
 

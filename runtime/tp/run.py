@@ -211,8 +211,10 @@ def rank_task(ctx, payload: dict) -> dict:
         x = torch.randint(0, model.config["vocab"], (model.config["micro_batch"], model.config["seq_len"]))
         for _ in range(payload.get("warmup", 1)):
             _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
+        fsdp_meshes = (mesh["tp"], mesh["dp_shard"]) if "dp_shard" in mesh.mesh_dim_names \
+            and "dp_replicate" not in mesh.mesh_dim_names else None
         cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group(),
-                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture) \
+                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture, fsdp_meshes) \
             if payload.get("calibrate") and vi == 0 else None
         steps = []
         for _ in range(payload.get("steps", 1)):
@@ -227,9 +229,10 @@ def rank_task(ctx, payload: dict) -> dict:
                   "spans": [[a - t0, b - t0] for a, b in cap.spans]}
             if cal:             # the capture dispatches every op through Python: time one step without it too
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
                 st["plain_phases"] = _step(module, opt, x, CollectiveCapture(), v.get("loss_parallel", False))
                 st["plain_time"] = time.perf_counter() - t0
+                st["plain_cpu"] = [time.thread_time() - thread, time.process_time() - process]
             steps.append(st)
         out.append({"local_shapes": shapes if "dp" in mesh.mesh_dim_names else local_shapes(module), "steps": steps,
                     **({"calibration": cal.results()} if cal else {})})

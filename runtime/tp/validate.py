@@ -68,11 +68,12 @@ def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeo
     return compare(built, results, before.effective_cores(nproc) if before else None)
 
 
-def timed_plan(built, overhead: float = 0.0):
+def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0.0, 0.0)):
     """The plan whose time is predicted: the scenario's, except FSDP2 x TP with FSDP2 on one stream
-    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and PP x TP with the pipelining
-    runtime's ``overhead`` seconds after each action (runtime/tp/pipeline.py RuntimeProbe); the same
-    collectives."""
+    (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and FSDP2's host CPU per unit,
+    ``fsdp_host`` = (forward, backward) seconds (runtime/tp/calibrate.py fsdp_host), as a Compute before each
+    unit's forward all-gather and each reduce-scatter; and PP x TP with the pipelining runtime's ``overhead``
+    seconds after each action (runtime/tp/pipeline.py RuntimeProbe); the same collectives."""
     if built.plan.meta.get("builder") == "pp_tp" and overhead:
         from distlab.sim.pipeline.plan import PipelineSpec
         from distlab.sim.tp.pipeline import pp_tp_plan
@@ -84,12 +85,32 @@ def timed_plan(built, overhead: float = 0.0):
         return built.plan
     from distlab.sim.fsdp.plan import FSDPOptions
     from distlab.sim.tp.compose import fsdp_tp_plan
-    return fsdp_tp_plan(built.model, built.mesh, FSDPOptions(overlap=False), built.options)
+    plan = fsdp_tp_plan(built.model, built.mesh, FSDPOptions(overlap=False), built.options)
+    return with_fsdp_host(plan, *fsdp_host) if any(fsdp_host) else plan
+
+
+def with_fsdp_host(plan, forward_s: float, backward_s: float):
+    """``plan`` with a Compute "fsdp host UNIT forward" of ``forward_s`` before each unit's forward all-gather
+    and "fsdp host UNIT backward" of ``backward_s`` before each reduce-scatter (on the collective's stream)."""
+    from distlab.sim.plan import Collective, Compute, Plan
+    ranks = []
+    for ops in plan.ranks:
+        out = []
+        for o in ops:
+            if isinstance(o, Collective) and o.op == "all_gather" and o.name.endswith(" forward") \
+                    and not o.name.startswith("tp "):
+                out.append(Compute(f"fsdp host {o.name.split()[1]} forward", seconds=forward_s, stream=o.stream))
+            elif isinstance(o, Collective) and o.op == "reduce_scatter" and not o.name.startswith("tp "):
+                out.append(Compute(f"fsdp host {o.name.split()[1]} backward", seconds=backward_s, stream=o.stream))
+            out.append(o)
+        ranks.append(out)
+    return Plan(ranks, name=plan.name, meta=plan.meta).validate()
 
 
 def compare(built, results: list[dict], cores: float | None = None) -> dict:
     """Report dict from a launch whose first variant is the scenario's, run with calibration: rows [{what, op,
-    bytes, calls, predicted_s, measured_s, repeats}], sequence_match, the plan, the fitted cluster (``cores``:
+    bytes, calls, predicted_s, measured_s, repeats}; the step's also predicted_without_comm_cpu_s: the collectives'
+    CPU work left out, sim/cores.py], sequence_match, the plan, the fitted cluster (``cores``:
     the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, ``parts``:
     rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
     pipelining runtime's CPU per action, timed_plan)."""
@@ -98,10 +119,12 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     from distlab.sim.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
     cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
-    from distlab.runtime.tp.calibrate import pipeline_overhead
+    from distlab.runtime.tp.calibrate import fsdp_host, pipeline_overhead
     overhead = pipeline_overhead(results)
-    timed = timed_plan(built, overhead)
+    timed = timed_plan(built, overhead, fsdp_host(results))
     trace = simulate(timed, cluster, record_transfers=False)
+    from dataclasses import replace
+    without = simulate(timed, replace(cluster, comm_cpu_s=0.0, comm_cpu_s_per_byte=0.0), record_transfers=False)
     match = all([c for c in measured_sequence(results, 0, r) if c[0] not in ("send", "recv")]
                 == _sequence(built.plan, r) for r in range(nproc))
     step_times = [max(r["variants"][0]["steps"][i]["plain_time"] for r in results)
@@ -109,11 +132,12 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     seq = _sequence(built.plan, 0)
     rows = [{"what": f"tp step ({len(seq)} collectives per rank)", "op": None, "bytes": sum(s[1] for s in seq),
              "calls": 1, "predicted_s": trace.makespan, "measured_s": statistics.median(step_times),
+             "predicted_without_comm_cpu_s": without.makespan,
              "repeats": step_times}]
     rows += _collective_rows(trace, results)
     return {"rows": rows, "sequence_match": match, "plan": built.plan, "cluster": cluster, "results": results,
             "mesh": mesh.as_dict(), "model": model, "parts": parts(timed, trace, cluster, results),
-            "pipeline_overhead_s": overhead}
+            "pipeline_overhead_s": overhead, "fsdp_host_s": fsdp_host(results)}
 
 
 def parts(plan, trace, cluster, results: list[dict]) -> dict:
