@@ -304,6 +304,7 @@ class _Simulation:
         for r in members:
             self.computed[r] = 0.0
         return arrival_skew(self.jitter, mu, len(group))
+
     def _comm_cpu_jobs(self, nbytes, ranks) -> list:
         """A collective or send/recv of ``nbytes`` on ``ranks`` starts: its CPU work on each one's node cores, as
         simpy processes (none without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is
