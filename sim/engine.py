@@ -7,18 +7,9 @@
 - Compute takes ``seconds``, or its kernels' times (sim/compute.py: GEMMs by shape on the GPU's efficiency
   curve, FlashAttention, memory-bound bytes), or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM
   bandwidth), plus launch_s per kernel (or per host-dispatched op: ``launches``), times the
-  rank's slowdown factor (a straggler has factor > 1). On a cluster with ``cpu_cores``, that is work that the
-  node's running compute ops share the cores for (sim.cores: processor sharing). While a collective is in
-  flight on a rank (from its launch to its end), that rank's compute runs ``cluster.interference`` times slower
-  (sim.cores: the factor, and why it does not count the core sharing twice). The reverse direction: while
-  compute runs on a collective's members (their node's cores; without cpu_cores, their GPUs), the collective
-  progresses ``cluster.comm_interference`` times slower (sim.cores.CommSlowdown: the network time it lost is
-  added at its end). With ``cluster.compute_jitter`` J > 0 a collective starts e_n sqrt(J mu) after its last
-  member reached it (sim/skew.py: the expected last arrival of n ranks whose compute of mu seconds varies).
-  On a CPU cluster with ``comm_cpu_s`` / ``comm_cpu_s_per_byte``, a collective also carries
-  CPU work per member rank (a send/recv: on both ends), run as a job on that rank's node's cores beside the
-  compute ops; it ends when both its network part and every member's CPU work are done
-  (sim.cores.comm_cpu_seconds).
+  rank's slowdown factor (a straggler has factor > 1). Where compute runs (a node's shared cores, a GPU) and
+  how a collective and the compute beside it slow each other (interference both ways, arrival skew, gloo's CPU
+  work on CPU clusters) is sim/hosts.py's.
 A plan that cannot finish raises SimulationDeadlock naming every stuck rank, stream and op.
 Where every rank is provably symmetric (sim/symmetry.py: the same program, whole-world collectives), one rank is
 simulated and the trace reads its records as every rank's (trace.RankCopies): memory and time per op do not grow
@@ -36,11 +27,10 @@ import simpy
 from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
-from distlab.sim.cores import CommSlowdown, SharedCores, comm_cpu_seconds
 from distlab.sim.errors import ConfigError, SimulationDeadlock
+from distlab.sim.hosts import Hosts
 from distlab.sim.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
-from distlab.sim.skew import arrival_skew
 from distlab.sim.equivariance import check_classes
 from distlab.sim.inline import fuse
 from distlab.sim.solo import run_steps
@@ -97,15 +87,7 @@ class _Simulation:
         self.net = Network(self.env, self.topo, record=record)
         self.ctx = Context(self.topo, protocol)
         self.protocols_used: set[str] = set()
-        cores = cluster.cpu_cores
-        slow = cluster.interference
-        self.cores = [SharedCores(self.env, cores, slow) for _ in range(cluster.nodes)] if cores else None
-        self.comm_slow = cluster.comm_interference
-        no_cores = (slow != 1 or self.comm_slow != 1) and not cores   # interference alone: each rank's own pool
-        self.gpus = {r: SharedCores(self.env, None, slow) for r in self.simulated} if no_cores else None
-        self.jitter = cluster.compute_jitter
-        self.computed: dict = defaultdict(float)       # rank -> compute seconds since its last collective
-        self.members: dict = {}          # id(group) -> (group, its simulated members): interference
+        self.hosts = Hosts(self.env, cluster, self.simulated)
         self.records: list[OpRecord] = []
         self.waiting: dict[tuple[int, str], str] = {}          # (rank, stream) -> what it waits in
         self.events = [defaultdict(self.env.event) for _ in range(plan.world_size)]
@@ -184,14 +166,7 @@ class _Simulation:
             kind = type(op)
             if kind is Compute:
                 rec = OpRecord(rank, stream, index, "compute", op.name or "compute", start, start)
-                seconds = compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0)
-                if self.jitter:
-                    self.computed[rank] += seconds
-                pool = self._pool(rank)
-                if pool:
-                    yield from pool.run(seconds, rank)
-                else:
-                    yield env.timeout(seconds)
+                yield from self.hosts.compute(rank, compute_seconds(op, self.cluster) * self.slowdown.get(rank, 1.0))
             elif kind is Record:
                 rec = OpRecord(rank, stream, index, "record", op.event, start, start)
                 ev = events[op.event]
@@ -226,16 +201,11 @@ class _Simulation:
         if hit is not None:                      # alone on links of its own: its known duration
             seconds, algorithm, flows = hit
             self.net.flows_done += flows
-            skew = self._arrival_skew(group)
-            if skew:
-                yield self.env.timeout(skew)
+            yield from self.hosts.arrive(group)
             launch = self.env.now
-            self._communicating(group, +1)       # in flight: interference on the rank's compute, as always
-            slowed = self._comm_slowdown(group)
+            flight = self.hosts.launch(group, c.bytes)     # in flight: interference both ways, as always
             yield self.env.timeout(seconds)
-            if slowed:
-                yield from slowed.finish()
-            self._communicating(group, -1)
+            yield from self.hosts.land(group, flight)
         else:
             launch, algorithm = yield from self._collective(rank, ic, c)
         end = self.env.now
@@ -267,60 +237,9 @@ class _Simulation:
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
-    def _pool(self, rank):
-        """The SharedCores that times ``rank``'s compute: its node's cores, its own GPU (interference), or None."""
-        if self.cores:
-            return self.cores[self.cluster.node_of(rank)]
-        return self.gpus[rank] if self.gpus else None
-
-    def _simulated_members(self, group) -> list:
-        hit = self.members.get(id(group))           # groups are interned (_sequence_numbers): no tuple hashing
-        if hit is None or hit[0] is not group:
-            in_group = set(group)
-            hit = self.members[id(group)] = (group, [r for r in self.simulated if r in in_group])
-        return hit[1]
-
-    def _communicating(self, group, delta: int) -> None:
-        """A collective on ``group`` starts (+1) or ends (-1): interference on its simulated members' compute."""
-        if self.cluster.interference == 1:
-            return
-        for r in self._simulated_members(group):
-            self._pool(r).communicating(r, delta)
-
-    def _comm_slowdown(self, group) -> CommSlowdown | None:
-        """A collective on ``group`` starts: its CommSlowdown over its simulated members' pools (None if K = 1)."""
-        if self.comm_slow == 1:
-            return None
-        pools = {id(p): p for p in map(self._pool, self._simulated_members(group))}
-        return CommSlowdown(self.env, list(pools.values()), self.comm_slow)
-
-    def _arrival_skew(self, group) -> float:
-        """A collective on ``group`` is reached by all: seconds until its last member really arrives (sim/skew.py),
-        mu = the most compute any member did since its previous collective; restarts their counts."""
-        if not self.jitter:
-            return 0.0
-        members = self._simulated_members(group)
-        mu = max(self.computed[r] for r in members)
-        for r in members:
-            self.computed[r] = 0.0
-        return arrival_skew(self.jitter, mu, len(group))
-
-    def _comm_cpu_jobs(self, nbytes, ranks) -> list:
-        """A collective or send/recv of ``nbytes`` on ``ranks`` starts: its CPU work on each one's node cores, as
-        simpy processes (none without cpu_cores or with comm_cpu_s = comm_cpu_s_per_byte = 0; every rank is
-        simulated then)."""
-        seconds = comm_cpu_seconds(self.cluster, nbytes)
-        if not seconds or not self.cores:
-            return []
-        return [self.env.process(self._pool(r).run(seconds, ("comm", r))) for r in ranks]
-
     def _run_collective(self, rv, op, group):
-        skew = self._arrival_skew(group)
-        if skew:
-            yield self.env.timeout(skew)
-        self._communicating(group, +1)
-        slowed = self._comm_slowdown(group)
-        cpu_jobs = self._comm_cpu_jobs(op.bytes, group)
+        yield from self.hosts.arrive(group)
+        flight = self.hosts.launch(group, op.bytes)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
@@ -330,11 +249,7 @@ class _Simulation:
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
-            if slowed:
-                yield from slowed.finish()
-            if cpu_jobs:
-                yield self.env.all_of(cpu_jobs)
-            self._communicating(group, -1)
+            yield from self.hosts.land(group, flight)
             rv["done"].succeed()
             return
         flows = self.net.flows_done
@@ -350,11 +265,7 @@ class _Simulation:
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
-        if slowed:
-            yield from slowed.finish()
-        if cpu_jobs:
-            yield self.env.all_of(cpu_jobs)
-        self._communicating(group, -1)
+        yield from self.hosts.land(group, flight)
         rv["done"].succeed()
 
     def _p2p(self, rank, op):
@@ -384,7 +295,7 @@ class _Simulation:
             self.net.flows_done += extra
         else:
             pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
-        cpu_jobs = self._comm_cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
+        cpu_jobs = self.hosts.cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
         yield self.net.transfer(pairs, float(nbytes))
         if cpu_jobs:
             yield self.env.all_of(cpu_jobs)
