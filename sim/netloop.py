@@ -1,0 +1,304 @@
+"""The network's steps without a simpy event per step: every collective's steps advanced in one loop, exactly as
+step by step.
+
+sim/network.py's reference path moves each step of a collective as a batch in simpy: the step waits its latency
+(a timer), joins the network, its flows share the links max-min fairly with every other batch's, the rates are
+recomputed whenever a flow ends or a batch joins, and the collective's process issues the next step when the
+batch ends. Here the network owns each collective's remaining steps (``StepLoop.run``: one simpy event when the
+last step ends) and advances all of them in one loop over the same events (a batch joining after its latency, a
+flow ending; ``_advance``), with the same arithmetic: at each event every active flow's remaining bytes drop by
+rate x elapsed time, and a flow ends when no bytes are left, or fewer than the clock's float resolution would
+move (Network._run's tolerance).
+
+Simpy only sees the collectives' ends: nothing else can start a transfer before the next event in simpy's queue
+(``env.peek()``), so the loop advances every network event up to that instant at once, and sleeps until its next
+own event or until a transfer starts (``_kick``). A step alone on the network is one loop iteration per phase, so
+this also runs a collective alone at once (what sim/solo.py did with profiles).
+
+Flows of a step that have the same size and have had the same rate at every event so far have the same bytes left:
+the loop keeps one number per such group (``_Groups``; a ring step is one group), split when their rates differ
+(max-min rates of symmetric flows are equal: groups rarely split). Rates per set of active groups are cached.
+The times are the step-by-step run's up to rounding (tests/test_netloop.py, tests/test_solo.py: 1e-9 relative).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+INF = math.inf
+
+
+class _Groups:
+    """A partition of one step's flows (``pairs``) into groups of equal size and equal rates so far: ``gid`` maps a
+    flow to its group; ``size`` and ``threshold`` (1e-9 x max(size, 1): Network._run's end test) per group."""
+
+    __slots__ = ("pairs", "gid", "size", "threshold", "all_done", "start_left", "start_done", "_alive", "__weakref__")
+
+    def __init__(self, pairs, gid: np.ndarray, size: list):
+        self.pairs, self.gid, self.size = pairs, gid, size
+        self.threshold = [1e-9 * max(s, 1.0) for s in size]
+        self.all_done = (1 << len(size)) - 1
+        self.start_left = [max(s, 0.0) for s in size]
+        self.start_done = sum(1 << g for g, s in enumerate(size) if s <= 0)     # flows with nothing to move
+        self._alive: dict = {}
+
+    def alive(self, done: int) -> np.ndarray:
+        """The flows not yet ended when the groups in bit mask ``done`` have ended."""
+        mask = self._alive.get(done)
+        if mask is None:
+            ended = np.array([bool(done >> g & 1) for g in range(len(self.size))])
+            mask = self._alive[done] = ~ended[self.gid]
+        return mask
+
+    def split(self, rates: np.ndarray, done: int):
+        """(groups, parent group of each, done mask, rate of each group) once every group's flows got ``rates``:
+        the same groups if each group's flows have one rate, else groups split by rate."""
+        order = np.lexsort((rates, self.gid))
+        g, r = self.gid[order], rates[order]
+        first = np.ones(len(g), dtype=bool)
+        first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1])
+        group_rates = r[first].tolist()
+        if len(group_rates) == len(self.size):
+            return self, None, done, group_rates
+        parent = g[first].tolist()
+        gid = np.empty(len(g), dtype=np.int64)
+        gid[order] = np.cumsum(first) - 1
+        child = _Groups(self.pairs, gid, [self.size[p] for p in parent])
+        return child, parent, sum(1 << i for i, p in enumerate(parent) if done >> p & 1), group_rates
+
+
+class _Sequence:
+    __slots__ = ("steps", "k", "done")
+
+    def __init__(self, steps: list, done):
+        self.steps, self.k, self.done = steps, 0, done
+
+
+class _Batch:
+    """A step on the network: its sequence, groups, bytes left and rate per group, ended groups (bit mask)."""
+    __slots__ = ("seq", "groups", "left", "rates", "done", "flows")
+
+    def __init__(self, seq, groups: _Groups, flows: int):
+        self.seq, self.groups, self.flows = seq, groups, flows
+        self.left, self.done, self.rates = groups.start_left[:], groups.start_done, None
+
+
+class StepLoop:
+    """The steps of every collective in flight on ``net`` (a sim.network.Network), advanced together."""
+
+    def __init__(self, net):
+        self.net, self.env = net, net.env
+        self.now = net.env.now        # the time of the last network event
+        self.batches: list[_Batch] = []
+        self.pending: list[tuple[float, _Sequence]] = []     # steps waiting their latency: (join time, sequence)
+        self.sequences = 0
+        self.stale = True             # the rates need looking up
+        self._groups: dict = {}       # (pairs, sizes) -> their initial groups
+        self._rates: dict = {}        # active groups and their ended groups -> rates per group (and splits)
+        self._kick = self.env.event()
+        self.env.process(self._process())
+
+    def run(self, steps: list):
+        """Start ``steps`` ((pairs, sizes, latency or None), one after another) now; returns the event of the
+        last one's end."""
+        done = self.env.event()
+        if not steps:
+            done.succeed()
+            return done
+        seq = _Sequence(steps, done)
+        self.sequences += 1
+        ended = []
+        self._issue(seq, max(self.env.now, self.now), ended)
+        for s in ended:                # steps that move nothing and wait no latency end at once
+            s.done.succeed()
+        if not self._kick.triggered:
+            self._kick.succeed()
+        return done
+
+    def _process(self):
+        env = self.env
+        while True:
+            if not self.sequences:
+                self._kick = env.event()
+                yield self._kick
+                continue
+            ended = self._advance(env.peek())
+            if ended:
+                if self.now > env.now:
+                    yield env.timeout(self.now - env.now)
+                for s in ended:
+                    s.done.succeed()
+                continue
+            t = self._next_event()
+            self._kick = env.event()
+            yield self._kick if t == INF else env.timeout(t - env.now) | self._kick
+
+    def _issue(self, seq: _Sequence, t: float, ended: list) -> None:
+        """Start seq's step k at ``t``: it joins after its latency (at once if none and the network's state is
+        at ``t``; else the loop first moves the others' flows up to ``t``)."""
+        pairs, sizes, latency = seq.steps[seq.k]
+        latency = pairs.latency if latency is None else latency
+        if latency > 0 or t > self.now:
+            self.pending.append((t + latency, seq))
+        else:
+            self._join(seq, ended)
+
+    def _join(self, seq: _Sequence, ended: list) -> None:
+        pairs, sizes, _ = seq.steps[seq.k]
+        b = _Batch(seq, self._initial_groups(pairs, sizes), len(pairs))
+        if b.done == b.groups.all_done:          # nothing to move
+            self._finish(b, ended)
+        else:
+            self.batches.append(b)
+            self.stale = True
+
+    def _finish(self, b: _Batch, ended: list) -> None:
+        self.net.flows_done += b.flows
+        seq = b.seq
+        seq.k += 1
+        if seq.k == len(seq.steps):
+            self.sequences -= 1
+            ended.append(seq)
+        else:
+            self._issue(seq, self.now, ended)
+
+    def _next_event(self) -> float:
+        """The time of the next network event: a flow's end at the current rates, or a step joining."""
+        if self.stale:
+            self._lookup()
+        dt = INF
+        for b in self.batches:
+            left = b.left
+            for g, r in enumerate(b.rates):
+                if r > 0:
+                    x = left[g] / r
+                    if x < dt:
+                        dt = x
+        t = self.now + dt
+        for p in self.pending:
+            if p[0] < t:
+                t = p[0]
+        return t
+
+    def _advance(self, horizon: float) -> list:
+        """Every network event up to ``horizon``, stopping after one where a sequence ends; returns those that
+        ended (at self.now)."""
+        ended: list = []
+        batches, pending = self.batches, self.pending
+        now = self.now
+        while batches or pending:
+            if self.stale:
+                self._lookup()
+            dt = INF
+            for b in batches:
+                for x, r in zip(b.left, b.rates):
+                    if r > 0:
+                        x = x / r
+                        if x < dt:
+                            dt = x
+            t = now + dt
+            joins = INF
+            for p in pending:
+                if p[0] < joins:
+                    joins = p[0]
+            if joins < t:
+                t = joins
+            if t > horizon or t == INF:
+                break
+            if t > now:                        # every flow moves rate x elapsed; those with nothing left end
+                elapsed = t - now
+                now = self.now = t
+                tol = max(t, 1e-9) * 1e-12
+                finished = None
+                for b in batches:
+                    left, threshold, done, g = b.left, b.groups.threshold, b.done, 0
+                    for r in b.rates:
+                        if r > 0:
+                            x = left[g] = left[g] - r * elapsed
+                            if x <= threshold[g] or x <= r * tol:
+                                left[g] = 0.0
+                                done |= 1 << g
+                        g += 1
+                    if done != b.done:
+                        b.done = done
+                        self.stale = True
+                        if done == b.groups.all_done:
+                            finished = [b] if finished is None else finished + [b]
+                if finished:
+                    for b in finished:
+                        batches.remove(b)
+                    for b in finished:
+                        self._finish(b, ended)
+            if joins <= t:                     # steps whose latency is over join
+                if len(pending) == 1:
+                    due = [pending.pop()]
+                else:
+                    due = [p for p in pending if p[0] <= t]
+                    pending[:] = [p for p in pending if p[0] > t]
+                for _, seq in due:
+                    self._join(seq, ended)
+            if ended:
+                break
+        return ended
+
+    def _initial_groups(self, pairs, sizes) -> _Groups:
+        """Flows grouped by size (one group where every flow moves the same bytes); cached per (pairs, sizes
+        object): a collective's steps share their arrays. A step without flows ends when it joins."""
+        if not len(pairs):
+            return self._uniform(pairs, 0.0)
+        if isinstance(sizes, np.ndarray) and sizes.ndim:
+            hit = self._groups.get((id(pairs), id(sizes)))
+            if hit is not None and hit[0] is pairs and hit[1] is sizes:
+                return hit[2]
+            flat = np.broadcast_to(sizes.astype(float, copy=False), (len(pairs),))
+            if (flat == flat[0]).all():
+                groups = self._uniform(pairs, float(flat[0]))
+            else:
+                values, gid = np.unique(flat, return_inverse=True)
+                groups = _Groups(pairs, gid.astype(np.int64).reshape(-1), values.tolist())
+            self._remember((id(pairs), id(sizes)), (pairs, sizes, groups))
+            return groups
+        return self._uniform(pairs, float(sizes))
+
+    def _uniform(self, pairs, size: float) -> _Groups:
+        hit = self._groups.get((id(pairs), size))
+        if hit is not None and hit[0] is pairs:
+            return hit[2]
+        groups = _Groups(pairs, np.zeros(len(pairs), dtype=np.int64), [size])
+        self._remember((id(pairs), size), (pairs, size, groups))
+        return groups
+
+    def _remember(self, key, value) -> None:
+        if len(self._groups) > 4096:
+            self._groups.clear()
+        self._groups[key] = value
+
+    def _lookup(self) -> None:
+        """The rate of every active group (Network._rates on the flows alive), splitting groups whose flows got
+        different rates; cached per (groups, ended groups) of the active batches."""
+        batches = self.batches
+        if not batches:
+            self.stale = False
+            return
+        key = tuple([(id(b.groups), b.done) for b in batches]) if len(batches) > 1 else \
+            (id(batches[0].groups), batches[0].done)
+        hit = self._rates.get(key)
+        if hit is None:
+            rates = self.net._rates([(b.groups.pairs, b.groups.alive(b.done)) for b in batches])
+            splits = [b.groups.split(r, b.done) for b, r in zip(batches, rates)]
+            hit = ([b.groups for b in batches],                  # held: their ids stay theirs
+                   splits, any(parent is not None for _, parent, _, _ in splits))
+            if len(self._rates) > 4096:
+                self._rates.clear()
+            self._rates[key] = hit
+        if hit[2]:                             # groups split: the next look-up is for the new groups
+            for b, (groups, parent, done, rates) in zip(batches, hit[1]):
+                if parent is not None:
+                    b.left = [b.left[p] for p in parent]
+                    b.groups, b.done = groups, done
+                b.rates = rates
+            return
+        for b, split in zip(batches, hit[1]):
+            b.rates = split[3]
+        self.stale = False

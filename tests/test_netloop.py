@@ -1,0 +1,59 @@
+"""sim/netloop.py: every collective's steps advanced in one loop, without a simpy event per step, give the
+step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on several streams,
+point-to-point transfers, and compute of random lengths between them, so that transfers start at arbitrary
+instants of the others' steps."""
+import math
+import random
+
+import pytest
+
+from distlab.sim import solo
+from distlab.sim.cluster import load_cluster
+from distlab.sim.engine import simulate
+from distlab.sim.plan import Collective, Compute, Plan, Recv, Send
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+def random_plan(seed: int, world: int = 16, count: int = 14) -> Plan:
+    """Collectives on random groups and streams in one global order (so no deadlock), each rank's ops in that
+    order, random compute before each op, and some send/recv pairs."""
+    rng = random.Random(seed)
+    ranks = [[] for _ in range(world)]
+    for i in range(count):
+        stream = rng.choice(("comm", "comm2", "comm3"))
+        for r in range(world):
+            if rng.random() < 0.5:
+                ranks[r].append(Compute(seconds=rng.uniform(0, 3e-4), stream=stream, name=f"c{i}"))
+        if rng.random() < 0.2:
+            a, b = rng.sample(range(world), 2)
+            nbytes = rng.choice((4096, 1 << 20, 1 << 24))
+            ranks[a].append(Send(peer=b, bytes=nbytes, stream="p2p", name=f"p{i}"))
+            ranks[b].append(Recv(peer=a, bytes=nbytes, stream="p2p", name=f"p{i}"))
+            continue
+        group = tuple(sorted(rng.sample(range(world), rng.choice((2, 3, 4, 8, 12, 16)))))
+        op = Collective(op=rng.choice(OPS), bytes=rng.choice((4096, 96 * 1024, 1 << 20, 3 << 22, 1 << 26)),
+                        group=group, root=rng.choice(group), stream=stream, name=f"x{i}")
+        for r in group:
+            ranks[r].append(op)
+    return Plan(ranks, name=f"random-{seed}").validate()
+
+
+def _run(plan, cluster, fast: bool, monkeypatch):
+    monkeypatch.setattr(solo, "ENABLED", fast)
+    trace = simulate(plan, cluster, record_transfers=False, symmetric=False)
+    return [(o.rank, o.stream, o.index, o.start, o.end) for o in trace.ops], trace.meta["flows"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_overlapping_plans_equal_the_steps_one_by_one(seed, monkeypatch):
+    cluster = load_cluster("dgx-h100", nodes=2)
+    plan = random_plan(seed)
+    (step, step_flows), (fast, fast_flows) = (_run(plan, cluster, f, monkeypatch) for f in (False, True))
+    assert fast_flows == step_flows
+    assert [o[:3] for o in fast] == [o[:3] for o in step]
+    for a, b in zip(step, fast):
+        assert math.isclose(a[3], b[3], rel_tol=1e-9, abs_tol=1e-15), (a, b)
+        assert math.isclose(a[4], b[4], rel_tol=1e-9, abs_tol=1e-15), (a, b)
+    overlapped = sum(1 for a in fast for b in fast if a[1] != b[1] and a[0] == b[0] and a[3] < b[3] < a[4])
+    assert overlapped           # streams of a rank do overlap: the loop runs several collectives at once
