@@ -7,9 +7,11 @@ import random
 
 import pytest
 
-from distlab.sim import solo
+import simpy
+
+from distlab.sim import netloop, solo
 from distlab.sim.cluster import load_cluster
-from distlab.sim.engine import simulate
+from distlab.sim.engine import simulate, simulate_collective
 from distlab.sim.plan import Collective, Compute, Plan, Recv, Send
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -42,18 +44,50 @@ def random_plan(seed: int, world: int = 16, count: int = 14) -> Plan:
 def _run(plan, cluster, fast: bool, monkeypatch):
     monkeypatch.setattr(solo, "ENABLED", fast)
     trace = simulate(plan, cluster, record_transfers=False, symmetric=False)
-    return [(o.rank, o.stream, o.index, o.start, o.end) for o in trace.ops], trace.meta["flows"]
+    return [(o.rank, o.stream, o.index, o.kind, o.start, o.end) for o in trace.ops], trace.meta["flows"]
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_overlapping_plans_equal_the_steps_one_by_one(seed, monkeypatch):
     cluster = load_cluster("dgx-h100", nodes=2)
     plan = random_plan(seed)
+    splits = []
+    split = netloop._Groups.split
+
+    def counting_split(self, rates, done):
+        out = split(self, rates, done)
+        splits.append(out[1] is not None)
+        return out
+
+    monkeypatch.setattr(netloop._Groups, "split", counting_split)
     (step, step_flows), (fast, fast_flows) = (_run(plan, cluster, f, monkeypatch) for f in (False, True))
     assert fast_flows == step_flows
-    assert [o[:3] for o in fast] == [o[:3] for o in step]
+    assert [o[:4] for o in fast] == [o[:4] for o in step]
     for a, b in zip(step, fast):
-        assert math.isclose(a[3], b[3], rel_tol=1e-9, abs_tol=1e-15), (a, b)
         assert math.isclose(a[4], b[4], rel_tol=1e-9, abs_tol=1e-15), (a, b)
-    overlapped = sum(1 for a in fast for b in fast if a[1] != b[1] and a[0] == b[0] and a[3] < b[3] < a[4])
-    assert overlapped           # streams of a rank do overlap: the loop runs several collectives at once
+        assert math.isclose(a[5], b[5], rel_tol=1e-9, abs_tol=1e-15), (a, b)
+    comm = [o for o in fast if o[3] in ("collective", "send", "recv")]
+    assert any(a[1] != b[1] and a[0] == b[0] and a[4] < b[4] < a[5] for a in comm for b in comm)   # overlaps
+    assert any(splits)          # a step's flows got different rates from others' traffic: its groups split
+
+
+def test_the_loop_needs_no_simpy_event_per_step(monkeypatch):
+    """A 64-rank ring all-reduce (126 steps) costs the loop a handful of simpy events, step by step hundreds."""
+    cluster = load_cluster("dgx-h100", nodes=8)
+    events = []
+    step = simpy.Environment.step
+
+    def counting_step(env):
+        events.append(1)
+        return step(env)
+
+    monkeypatch.setattr(simpy.Environment, "step", counting_step)
+    counts, ends = [], []
+    for fast in (False, True):
+        monkeypatch.setattr(solo, "ENABLED", fast)
+        events.clear()
+        trace, _ = simulate_collective("all_reduce", 1 << 26, cluster, "ring")
+        counts.append(len(events))
+        ends.append(trace.makespan)
+    assert counts[0] > 2 * 126 and counts[1] < 20, counts
+    assert math.isclose(ends[0], ends[1], rel_tol=1e-9)
