@@ -247,6 +247,8 @@ class StepLoop:
         object): a collective's steps share their arrays. A step without flows ends when it joins."""
         if not len(pairs):
             return self._uniform(pairs, 0.0)
+        if isinstance(sizes, (list, tuple)):
+            sizes = np.asarray(sizes, dtype=float)
         if isinstance(sizes, np.ndarray) and sizes.ndim:
             hit = self._groups.get((id(pairs), id(sizes)))
             if hit is not None and hit[0] is pairs and hit[1] is sizes:

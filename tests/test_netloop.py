@@ -91,3 +91,38 @@ def test_the_loop_needs_no_simpy_event_per_step(monkeypatch):
         ends.append(trace.makespan)
     assert counts[0] > 2 * 126 and counts[1] < 20, counts
     assert math.isclose(ends[0], ends[1], rel_tol=1e-9)
+
+
+def _network_run(fast: bool, seed: int, monkeypatch) -> list[float]:
+    """Sequences of steps (random pairs of a 2-node cluster, random sizes, latency 0, the route's or another)
+    started at random instants on a bare Network; returns each sequence's end."""
+    from distlab.sim.network import Network, Pairs, Topology
+    monkeypatch.setattr(solo, "ENABLED", fast)
+    rng = random.Random(seed)
+    topo = Topology(load_cluster("dgx-h100", nodes=2))
+    env = simpy.Environment()
+    net = Network(env, topo)
+    ends = []
+
+    def sequence(start, steps, i):
+        yield env.timeout(start)
+        yield from solo.run_steps(net, steps)
+        ends.append((i, env.now))
+
+    for i in range(8):
+        steps = []
+        for _ in range(rng.randint(1, 6)):
+            pairs = Pairs.build(topo, [tuple(rng.sample(range(16), 2)) for _ in range(rng.randint(1, 5))])
+            sizes = rng.choice((float(rng.choice((0, 1e3, 1e6, 3e7))), [rng.uniform(0, 1e7) for _ in pairs.src]))
+            steps.append((pairs, sizes, rng.choice((None, 0.0, 2e-6))))
+        env.process(sequence(rng.uniform(0, 2e-4) * rng.randint(0, 1), steps, i))
+    env.run()
+    return [t for _, t in sorted(ends)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_step_sequences_on_a_bare_network_equal_the_steps_one_by_one(seed, monkeypatch):
+    step, fast = (_network_run(f, seed, monkeypatch) for f in (False, True))
+    assert len(fast) == len(step) == 8
+    for a, b in zip(step, fast):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (step, fast)
