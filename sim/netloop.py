@@ -27,28 +27,35 @@ import math
 import numpy as np
 
 INF = math.inf
+WIDE = 64             # more groups in a step than this: numpy arrays instead of lists
 
 
 class _Groups:
     """A partition of one step's flows (``pairs``) into groups of equal size and equal rates so far: ``gid`` maps a
-    flow to its group; ``size`` and ``threshold`` (1e-9 x max(size, 1): Network._run's end test) per group."""
+    flow to its group; ``size`` and ``threshold`` (1e-9 x max(size, 1): Network._run's end test) per group. Wide
+    (more than WIDE groups: uneven all-to-alls): bytes left, rates and thresholds are numpy arrays, not lists."""
 
-    __slots__ = ("pairs", "gid", "size", "threshold", "all_done", "start_left", "start_done", "_alive", "__weakref__")
+    __slots__ = ("pairs", "gid", "size", "threshold", "all_done", "start_left", "start_done", "wide", "_alive",
+                 "__weakref__")
 
     def __init__(self, pairs, gid: np.ndarray, size: list):
         self.pairs, self.gid, self.size = pairs, gid, size
+        self.wide = len(size) > WIDE
         self.threshold = [1e-9 * max(s, 1.0) for s in size]
         self.all_done = (1 << len(size)) - 1
         self.start_left = [max(s, 0.0) for s in size]
         self.start_done = sum(1 << g for g, s in enumerate(size) if s <= 0)     # flows with nothing to move
+        if self.wide:
+            self.threshold, self.start_left = np.array(self.threshold), np.array(self.start_left)
         self._alive: dict = {}
 
     def alive(self, done: int) -> np.ndarray:
         """The flows not yet ended when the groups in bit mask ``done`` have ended."""
         mask = self._alive.get(done)
         if mask is None:
-            ended = np.array([bool(done >> g & 1) for g in range(len(self.size))])
-            mask = self._alive[done] = ~ended[self.gid]
+            mask = ~_bits(done, len(self.size))[self.gid]
+            if not self.wide:
+                self._alive[done] = mask
         return mask
 
     def split(self, rates: np.ndarray, done: int):
@@ -58,14 +65,39 @@ class _Groups:
         g, r = self.gid[order], rates[order]
         first = np.ones(len(g), dtype=bool)
         first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1])
-        group_rates = r[first].tolist()
+        group_rates = r[first]
         if len(group_rates) == len(self.size):
-            return self, None, done, group_rates
-        parent = g[first].tolist()
+            return self, None, done, group_rates if self.wide else group_rates.tolist()
+        parent = g[first]
         gid = np.empty(len(g), dtype=np.int64)
         gid[order] = np.cumsum(first) - 1
-        child = _Groups(self.pairs, gid, [self.size[p] for p in parent])
-        return child, parent, sum(1 << i for i, p in enumerate(parent) if done >> p & 1), group_rates
+        child = _Groups(self.pairs, gid, [self.size[p] for p in parent.tolist()])
+        done = sum(1 << i for i in np.flatnonzero(_bits(done, len(self.size))[parent]).tolist())
+        return child, parent, done, group_rates if child.wide else group_rates.tolist()
+
+
+def _bits(mask: int, n: int) -> np.ndarray:
+    """Bit mask -> n booleans."""
+    return np.unpackbits(np.frombuffer(mask.to_bytes(n // 8 + 1, "little"), dtype=np.uint8),
+                         bitorder="little")[:n].astype(bool)
+
+
+def _wide_time(left: np.ndarray, rates: np.ndarray) -> float:
+    """The least time for a wide batch's group to end at its rate (inf if none moves)."""
+    moving = rates > 0
+    return float(np.min(left[moving] / rates[moving])) if moving.any() else INF
+
+
+def _wide_move(b, elapsed: float, tol: float) -> int:
+    """A wide batch's groups move rate x elapsed (as the list path); returns its ended groups' bit mask."""
+    rates = b.rates
+    moving = rates > 0
+    left = b.left = b.left - rates * elapsed
+    just = moving & ((left <= b.groups.threshold) | (left <= rates * tol))
+    if not just.any():
+        return b.done
+    left[just] = 0.0
+    return b.done | sum(1 << g for g in np.flatnonzero(just).tolist())
 
 
 class _Sequence:
@@ -81,7 +113,7 @@ class _Batch:
 
     def __init__(self, seq, groups: _Groups, flows: int):
         self.seq, self.groups, self.flows = seq, groups, flows
-        self.left, self.done, self.rates = groups.start_left[:], groups.start_done, None
+        self.left, self.done, self.rates = groups.start_left.copy(), groups.start_done, None
 
 
 class StepLoop:
@@ -167,19 +199,10 @@ class StepLoop:
         """The time of the next network event: a flow's end at the current rates, or a step joining."""
         if self.stale:
             self._lookup()
-        dt = INF
-        for b in self.batches:
-            left = b.left
-            for g, r in enumerate(b.rates):
-                if r > 0:
-                    x = left[g] / r
-                    if x < dt:
-                        dt = x
-        t = self.now + dt
-        for p in self.pending:
-            if p[0] < t:
-                t = p[0]
-        return t
+        t = self.now + min([_wide_time(b.left, b.rates) if b.groups.wide else
+                            min([x / r for x, r in zip(b.left, b.rates) if r > 0], default=INF)
+                            for b in self.batches], default=INF)
+        return min([t] + [p[0] for p in self.pending])
 
     def _advance(self, horizon: float) -> list:
         """Every network event up to ``horizon``, stopping after one where a sequence ends; returns those that
@@ -192,6 +215,11 @@ class StepLoop:
                 self._lookup()
             dt = INF
             for b in batches:
+                if b.groups.wide:
+                    x = _wide_time(b.left, b.rates)
+                    if x < dt:
+                        dt = x
+                    continue
                 for x, r in zip(b.left, b.rates):
                     if r > 0:
                         x = x / r
@@ -212,14 +240,17 @@ class StepLoop:
                 tol = max(t, 1e-9) * 1e-12
                 finished = None
                 for b in batches:
-                    left, threshold, done, g = b.left, b.groups.threshold, b.done, 0
-                    for r in b.rates:
-                        if r > 0:
-                            x = left[g] = left[g] - r * elapsed
-                            if x <= threshold[g] or x <= r * tol:
-                                left[g] = 0.0
-                                done |= 1 << g
-                        g += 1
+                    if b.groups.wide:
+                        done = _wide_move(b, elapsed, tol)
+                    else:
+                        left, threshold, done, g = b.left, b.groups.threshold, b.done, 0
+                        for r in b.rates:
+                            if r > 0:
+                                x = left[g] = left[g] - r * elapsed
+                                if x <= threshold[g] or x <= r * tol:
+                                    left[g] = 0.0
+                                    done |= 1 << g
+                            g += 1
                     if done != b.done:
                         b.done = done
                         self.stale = True
@@ -297,7 +328,8 @@ class StepLoop:
         if hit[2]:                             # groups split: the next look-up is for the new groups
             for b, (groups, parent, done, rates) in zip(batches, hit[1]):
                 if parent is not None:
-                    b.left = [b.left[p] for p in parent]
+                    left = np.asarray(b.left)[parent]
+                    b.left = left if groups.wide else left.tolist()
                     b.groups, b.done = groups, done
                 b.rates = rates
             return
