@@ -122,6 +122,8 @@ def _network_run(fast: bool, seed: int, monkeypatch) -> list[float]:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_step_sequences_on_a_bare_network_equal_the_steps_one_by_one(seed, monkeypatch):
+    if seed % 2:
+        monkeypatch.setattr(netloop, "WIDE", 2)      # steps of more than 2 groups on numpy arrays (uneven all-to-all)
     step, fast = (_network_run(f, seed, monkeypatch) for f in (False, True))
     assert len(fast) == len(step) == 8
     for a, b in zip(step, fast):
