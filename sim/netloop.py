@@ -31,29 +31,24 @@ WIDE = 64             # more groups in a step than this: numpy arrays instead of
 
 
 class _Groups:
-    """A partition of one step's flows (``pairs``) into groups of equal size and equal rates so far: ``gid`` maps a
-    flow to its group; ``size`` and ``threshold`` (1e-9 x max(size, 1): Network._run's end test) per group. Wide
-    (more than WIDE groups: uneven all-to-alls): bytes left, rates and thresholds are numpy arrays, not lists."""
+    """A partition of one step's flows (``pairs``) into ``n`` groups of equal size and equal rates so far: ``gid``
+    maps a flow to its group (the sizes are the batch's: steps of other sizes on the same pairs share the groups,
+    and so the cached rates). Wide (more than WIDE groups: uneven all-to-alls): a batch's bytes left, rates and
+    thresholds are numpy arrays, not lists."""
 
-    __slots__ = ("pairs", "gid", "size", "threshold", "all_done", "start_left", "start_done", "wide", "_alive",
-                 "__weakref__")
+    __slots__ = ("pairs", "gid", "n", "all_done", "wide", "_alive", "__weakref__")
 
-    def __init__(self, pairs, gid: np.ndarray, size: list):
-        self.pairs, self.gid, self.size = pairs, gid, size
-        self.wide = len(size) > WIDE
-        self.threshold = [1e-9 * max(s, 1.0) for s in size]
-        self.all_done = (1 << len(size)) - 1
-        self.start_left = [max(s, 0.0) for s in size]
-        self.start_done = sum(1 << g for g, s in enumerate(size) if s <= 0)     # flows with nothing to move
-        if self.wide:
-            self.threshold, self.start_left = np.array(self.threshold), np.array(self.start_left)
+    def __init__(self, pairs, gid: np.ndarray, n: int):
+        self.pairs, self.gid, self.n = pairs, gid, n
+        self.wide = n > WIDE
+        self.all_done = (1 << n) - 1
         self._alive: dict = {}
 
     def alive(self, done: int) -> np.ndarray:
         """The flows not yet ended when the groups in bit mask ``done`` have ended."""
         mask = self._alive.get(done)
         if mask is None:
-            mask = ~_bits(done, len(self.size))[self.gid]
+            mask = ~_bits(done, self.n)[self.gid]
             if not self.wide:
                 self._alive[done] = mask
         return mask
@@ -66,14 +61,22 @@ class _Groups:
         first = np.ones(len(g), dtype=bool)
         first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1])
         group_rates = r[first]
-        if len(group_rates) == len(self.size):
+        if len(group_rates) == self.n:
             return self, None, done, group_rates if self.wide else group_rates.tolist()
         parent = g[first]
         gid = np.empty(len(g), dtype=np.int64)
         gid[order] = np.cumsum(first) - 1
-        child = _Groups(self.pairs, gid, [self.size[p] for p in parent.tolist()])
-        done = sum(1 << i for i in np.flatnonzero(_bits(done, len(self.size))[parent]).tolist())
+        child = _Groups(self.pairs, gid, len(parent))
+        done = sum(1 << i for i in np.flatnonzero(_bits(done, self.n)[parent]).tolist())
         return child, parent, done, group_rates if child.wide else group_rates.tolist()
+
+
+def _initial(groups: _Groups, size: list) -> tuple:
+    """(groups, thresholds, bytes left, ended groups: those with nothing to move) of a step at its start."""
+    threshold, left = [1e-9 * max(x, 1.0) for x in size], [max(x, 0.0) for x in size]
+    if groups.wide:
+        threshold, left = np.array(threshold), np.array(left)
+    return groups, threshold, left, sum(1 << g for g, x in enumerate(size) if x <= 0)
 
 
 def _bits(mask: int, n: int) -> np.ndarray:
@@ -93,7 +96,7 @@ def _wide_move(b, elapsed: float, tol: float) -> int:
     rates = b.rates
     moving = rates > 0
     left = b.left = b.left - rates * elapsed
-    just = moving & ((left <= b.groups.threshold) | (left <= rates * tol))
+    just = moving & ((left <= b.threshold) | (left <= rates * tol))
     if not just.any():
         return b.done
     left[just] = 0.0
@@ -108,12 +111,14 @@ class _Sequence:
 
 
 class _Batch:
-    """A step on the network: its sequence, groups, bytes left and rate per group, ended groups (bit mask)."""
-    __slots__ = ("seq", "groups", "left", "rates", "done", "flows")
+    """A step on the network: its sequence, groups, and per group: bytes left, rate, the end test's threshold
+    (1e-9 x max(size, 1), Network._run's); ended groups (bit mask)."""
+    __slots__ = ("seq", "groups", "left", "threshold", "rates", "done", "flows")
 
-    def __init__(self, seq, groups: _Groups, flows: int):
-        self.seq, self.groups, self.flows = seq, groups, flows
-        self.left, self.done, self.rates = groups.start_left.copy(), groups.start_done, None
+    def __init__(self, seq, start: tuple, flows: int):
+        self.seq, self.flows, self.rates = seq, flows, None
+        self.groups, self.threshold, left, self.done = start
+        self.left = left.copy()
 
 
 class StepLoop:
@@ -126,7 +131,7 @@ class StepLoop:
         self.pending: list[tuple[float, _Sequence]] = []     # steps waiting their latency: (join time, sequence)
         self.sequences = 0
         self.stale = True             # the rates need looking up
-        self._groups: dict = {}       # (pairs, sizes) -> their initial groups
+        self._starts: dict = {}       # (pairs, sizes) -> a step's groups and bytes at its start (see _start)
         self._rates: dict = {}        # active groups and their ended groups -> rates per group (and splits)
         self._kick = self.env.event()
         self.env.process(self._process())
@@ -178,7 +183,7 @@ class StepLoop:
 
     def _join(self, seq: _Sequence, ended: list) -> None:
         pairs, sizes, _ = seq.steps[seq.k]
-        b = _Batch(seq, self._initial_groups(pairs, sizes), len(pairs))
+        b = _Batch(seq, self._start(pairs, sizes), len(pairs))
         if b.done == b.groups.all_done:          # nothing to move
             self._finish(b, ended)
         else:
@@ -243,7 +248,7 @@ class StepLoop:
                     if b.groups.wide:
                         done = _wide_move(b, elapsed, tol)
                     else:
-                        left, threshold, done, g = b.left, b.groups.threshold, b.done, 0
+                        left, threshold, done, g = b.left, b.threshold, b.done, 0
                         for r in b.rates:
                             if r > 0:
                                 x = left[g] = left[g] - r * elapsed
@@ -273,39 +278,45 @@ class StepLoop:
                 break
         return ended
 
-    def _initial_groups(self, pairs, sizes) -> _Groups:
-        """Flows grouped by size (one group where every flow moves the same bytes); cached per (pairs, sizes
-        object): a collective's steps share their arrays. A step without flows ends when it joins."""
+    def _start(self, pairs, sizes) -> tuple:
+        """(groups, thresholds, bytes left, ended groups) of a step at its start: flows grouped by size (one group
+        where every flow moves the same bytes); cached per (pairs, sizes object): a collective's steps share their
+        arrays. A step without flows ends when it joins."""
         if not len(pairs):
             return self._uniform(pairs, 0.0)
         if isinstance(sizes, (list, tuple)):
             sizes = np.asarray(sizes, dtype=float)
         if isinstance(sizes, np.ndarray) and sizes.ndim:
-            hit = self._groups.get((id(pairs), id(sizes)))
+            hit = self._starts.get(("array", id(pairs), id(sizes)))
             if hit is not None and hit[0] is pairs and hit[1] is sizes:
                 return hit[2]
             flat = np.broadcast_to(sizes.astype(float, copy=False), (len(pairs),))
             if (flat == flat[0]).all():
-                groups = self._uniform(pairs, float(flat[0]))
+                start = self._uniform(pairs, float(flat[0]))
             else:
                 values, gid = np.unique(flat, return_inverse=True)
-                groups = _Groups(pairs, gid.astype(np.int64).reshape(-1), values.tolist())
-            self._remember((id(pairs), id(sizes)), (pairs, sizes, groups))
-            return groups
+                start = _initial(_Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
+            self._remember(("array", id(pairs), id(sizes)), (pairs, sizes, start))
+            return start
         return self._uniform(pairs, float(sizes))
 
-    def _uniform(self, pairs, size: float) -> _Groups:
-        hit = self._groups.get((id(pairs), size))
+    def _uniform(self, pairs, size: float) -> tuple:
+        """The start of a step whose flows all move ``size`` bytes: one group (the same for every size)."""
+        hit = self._starts.get(("size", id(pairs), size))
         if hit is not None and hit[0] is pairs:
             return hit[2]
-        groups = _Groups(pairs, np.zeros(len(pairs), dtype=np.int64), [size])
-        self._remember((id(pairs), size), (pairs, size, groups))
-        return groups
+        one = self._starts.get(("groups", id(pairs)))
+        if one is None or one[0] is not pairs:
+            one = (pairs, None, _Groups(pairs, np.zeros(len(pairs), dtype=np.int64), 1))
+            self._remember(("groups", id(pairs)), one)
+        start = _initial(one[2], [size])
+        self._remember(("size", id(pairs), size), (pairs, size, start))
+        return start
 
     def _remember(self, key, value) -> None:
-        if len(self._groups) > 4096:
-            self._groups.clear()
-        self._groups[key] = value
+        if len(self._starts) > 4096:
+            self._starts.clear()
+        self._starts[key] = value
 
     def _lookup(self) -> None:
         """The rate of every active group (Network._rates on the flows alive), splitting groups whose flows got
@@ -328,8 +339,8 @@ class StepLoop:
         if hit[2]:                             # groups split: the next look-up is for the new groups
             for b, (groups, parent, done, rates) in zip(batches, hit[1]):
                 if parent is not None:
-                    left = np.asarray(b.left)[parent]
-                    b.left = left if groups.wide else left.tolist()
+                    left, threshold = np.asarray(b.left)[parent], np.asarray(b.threshold)[parent]
+                    b.left, b.threshold = (left, threshold) if groups.wide else (left.tolist(), threshold.tolist())
                     b.groups, b.done = groups, done
                 b.rates = rates
             return
