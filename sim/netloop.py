@@ -293,9 +293,15 @@ class StepLoop:
             flat = np.broadcast_to(sizes.astype(float, copy=False), (len(pairs),))
             if (flat == flat[0]).all():
                 start = self._uniform(pairs, float(flat[0]))
-            else:
-                values, gid = np.unique(flat, return_inverse=True)
-                start = _initial(_Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
+            else:                              # the same sizes in another array (a protocol's stretch): one start
+                key = ("bytes", id(pairs), flat.tobytes())
+                hit = self._starts.get(key)
+                if hit is not None and hit[0] is pairs:
+                    start = hit[2]
+                else:
+                    values, gid = np.unique(flat, return_inverse=True)
+                    start = _initial(_Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
+                    self._remember(key, (pairs, None, start))
             self._remember(("array", id(pairs), id(sizes)), (pairs, sizes, start))
             return start
         return self._uniform(pairs, float(sizes))
