@@ -16,92 +16,15 @@ own event or until a transfer starts (``_kick``). A step alone on the network is
 this also runs a collective alone at once (what sim/solo.py did with profiles).
 
 Flows of a step that have the same size and have had the same rate at every event so far have the same bytes left:
-the loop keeps one number per such group (``_Groups``; a ring step is one group), split when their rates differ
-(max-min rates of symmetric flows are equal: groups rarely split). Rates per set of active groups are cached.
+the loop keeps one number per such group (sim/flowgroups.py; a ring step is one group), split when their rates
+differ. Rates per set of active groups and their ended groups are cached.
 The times are the step-by-step run's up to rounding (tests/test_netloop.py, tests/test_solo.py: 1e-9 relative).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-INF = math.inf
-WIDE = 64             # more groups in a step than this: numpy arrays instead of lists
-
-
-class _Groups:
-    """A partition of one step's flows (``pairs``) into ``n`` groups of equal size and equal rates so far: ``gid``
-    maps a flow to its group (the sizes are the batch's: steps of other sizes on the same pairs share the groups,
-    and so the cached rates). Wide (more than WIDE groups: uneven all-to-alls): a batch's bytes left, rates and
-    thresholds are numpy arrays, not lists."""
-
-    __slots__ = ("pairs", "gid", "n", "all_done", "wide", "_alive", "__weakref__")
-
-    def __init__(self, pairs, gid: np.ndarray, n: int):
-        self.pairs, self.gid, self.n = pairs, gid, n
-        self.wide = n > WIDE
-        self.all_done = (1 << n) - 1
-        self._alive: dict = {}
-
-    def alive(self, done: int) -> np.ndarray:
-        """The flows not yet ended when the groups in bit mask ``done`` have ended."""
-        mask = self._alive.get(done)
-        if mask is None:
-            mask = ~_bits(done, self.n)[self.gid]
-            if not self.wide:
-                self._alive[done] = mask
-        return mask
-
-    def split(self, rates: np.ndarray, done: int):
-        """(groups, parent group of each, done mask, rate of each group) once every group's flows got ``rates``:
-        the same groups if each group's flows have one rate, else groups split by rate."""
-        order = np.lexsort((rates, self.gid))
-        g, r = self.gid[order], rates[order]
-        first = np.ones(len(g), dtype=bool)
-        first[1:] = (g[1:] != g[:-1]) | (r[1:] != r[:-1])
-        group_rates = r[first]
-        if len(group_rates) == self.n:
-            return self, None, done, group_rates if self.wide else group_rates.tolist()
-        parent = g[first]
-        gid = np.empty(len(g), dtype=np.int64)
-        gid[order] = np.cumsum(first) - 1
-        child = _Groups(self.pairs, gid, len(parent))
-        done = sum(1 << i for i in np.flatnonzero(_bits(done, self.n)[parent]).tolist())
-        return child, parent, done, group_rates if child.wide else group_rates.tolist()
-
-
-def _initial(groups: _Groups, size: list) -> tuple:
-    """(groups, thresholds, bytes left, ended groups: those with nothing to move) of a step at its start."""
-    threshold, left = [1e-9 * max(x, 1.0) for x in size], [max(x, 0.0) for x in size]
-    if groups.wide:
-        threshold, left = np.array(threshold), np.array(left)
-    return groups, threshold, left, sum(1 << g for g, x in enumerate(size) if x <= 0)
-
-
-def _bits(mask: int, n: int) -> np.ndarray:
-    """Bit mask -> n booleans."""
-    return np.unpackbits(np.frombuffer(mask.to_bytes(n // 8 + 1, "little"), dtype=np.uint8),
-                         bitorder="little")[:n].astype(bool)
-
-
-def _wide_time(left: np.ndarray, rates: np.ndarray) -> float:
-    """The least time for a wide batch's group to end at its rate (inf if none moves)."""
-    moving = rates > 0
-    return float(np.min(left[moving] / rates[moving])) if moving.any() else INF
-
-
-def _wide_move(b, elapsed: float, tol: float) -> int:
-    """A wide batch's groups move rate x elapsed (as the list path); returns its ended groups' bit mask."""
-    rates = b.rates
-    moving = rates > 0
-    left = b.left = b.left - rates * elapsed
-    just = moving & ((left <= b.threshold) | (left <= rates * tol))
-    if not just.any():
-        return b.done
-    left[just] = 0.0
-    return b.done | sum(1 << g for g in np.flatnonzero(just).tolist())
-
+from distlab.sim.flowgroups import INF, Groups, initial, wide_move, wide_time
 
 class _Sequence:
     __slots__ = ("steps", "k", "done")
@@ -204,7 +127,7 @@ class StepLoop:
         """The time of the next network event: a flow's end at the current rates, or a step joining."""
         if self.stale:
             self._lookup()
-        t = self.now + min([_wide_time(b.left, b.rates) if b.groups.wide else
+        t = self.now + min([wide_time(b.left, b.rates) if b.groups.wide else
                             min([x / r for x, r in zip(b.left, b.rates) if r > 0], default=INF)
                             for b in self.batches], default=INF)
         return min([t] + [p[0] for p in self.pending])
@@ -221,7 +144,7 @@ class StepLoop:
             dt = INF
             for b in batches:
                 if b.groups.wide:
-                    x = _wide_time(b.left, b.rates)
+                    x = wide_time(b.left, b.rates)
                     if x < dt:
                         dt = x
                     continue
@@ -246,7 +169,7 @@ class StepLoop:
                 finished = None
                 for b in batches:
                     if b.groups.wide:
-                        done = _wide_move(b, elapsed, tol)
+                        done = wide_move(b, elapsed, tol)
                     else:
                         left, threshold, done, g = b.left, b.threshold, b.done, 0
                         for r in b.rates:
@@ -300,7 +223,7 @@ class StepLoop:
                     start = hit[2]
                 else:
                     values, gid = np.unique(flat, return_inverse=True)
-                    start = _initial(_Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
+                    start = initial(Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
                     self._remember(key, (pairs, None, start))
             self._remember(("array", id(pairs), id(sizes)), (pairs, sizes, start))
             return start
@@ -313,9 +236,9 @@ class StepLoop:
             return hit[2]
         one = self._starts.get(("groups", id(pairs)))
         if one is None or one[0] is not pairs:
-            one = (pairs, None, _Groups(pairs, np.zeros(len(pairs), dtype=np.int64), 1))
+            one = (pairs, None, Groups(pairs, np.zeros(len(pairs), dtype=np.int64), 1))
             self._remember(("groups", id(pairs)), one)
-        start = _initial(one[2], [size])
+        start = initial(one[2], [size])
         self._remember(("size", id(pairs), size), (pairs, size, start))
         return start
 

@@ -1,5 +1,5 @@
-"""sim/netloop.py: every collective's steps advanced in one loop, without a simpy event per step, give the
-step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on several streams,
+"""sim/netloop.py and sim/flowgroups.py: every collective's steps advanced in one loop, without a simpy event per
+step, give the step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on several streams,
 point-to-point transfers, and compute of random lengths between them, so that transfers start at arbitrary
 instants of the others' steps."""
 import math
@@ -9,7 +9,7 @@ import pytest
 
 import simpy
 
-from distlab.sim import netloop, solo
+from distlab.sim import flowgroups, solo
 from distlab.sim.cluster import load_cluster
 from distlab.sim.engine import simulate, simulate_collective
 from distlab.sim.plan import Collective, Compute, Plan, Recv, Send
@@ -52,14 +52,14 @@ def test_random_overlapping_plans_equal_the_steps_one_by_one(seed, monkeypatch):
     cluster = load_cluster("dgx-h100", nodes=2)
     plan = random_plan(seed)
     splits = []
-    split = netloop._Groups.split
+    split = flowgroups.Groups.split
 
     def counting_split(self, rates, done):
         out = split(self, rates, done)
         splits.append(out[1] is not None)
         return out
 
-    monkeypatch.setattr(netloop._Groups, "split", counting_split)
+    monkeypatch.setattr(flowgroups.Groups, "split", counting_split)
     (step, step_flows), (fast, fast_flows) = (_run(plan, cluster, f, monkeypatch) for f in (False, True))
     assert fast_flows == step_flows
     assert [o[:4] for o in fast] == [o[:4] for o in step]
@@ -123,7 +123,7 @@ def _network_run(fast: bool, seed: int, monkeypatch) -> list[float]:
 @pytest.mark.parametrize("seed", range(20))
 def test_random_step_sequences_on_a_bare_network_equal_the_steps_one_by_one(seed, monkeypatch):
     if seed % 2:
-        monkeypatch.setattr(netloop, "WIDE", 2)      # steps of more than 2 groups on numpy arrays (uneven all-to-all)
+        monkeypatch.setattr(flowgroups, "WIDE", 2)      # steps of more than 2 groups on numpy arrays (uneven all-to-all)
     step, fast = (_network_run(f, seed, monkeypatch) for f in (False, True))
     assert len(fast) == len(step) == 8
     for a, b in zip(step, fast):
