@@ -1,7 +1,7 @@
 """sim/netloop.py and sim/flowgroups.py: every collective's steps advanced in one loop, without a simpy event per
-step, give the step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on several streams,
-point-to-point transfers, and compute of random lengths between them, so that transfers start at arbitrary
-instants of the others' steps."""
+step, give the step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on
+several streams, point-to-point transfers, and compute of random lengths between them, so that transfers start at
+arbitrary instants of the others' steps; random step sequences on a bare network."""
 import math
 import random
 
@@ -123,7 +123,7 @@ def _network_run(fast: bool, seed: int, monkeypatch) -> list[float]:
 @pytest.mark.parametrize("seed", range(20))
 def test_random_step_sequences_on_a_bare_network_equal_the_steps_one_by_one(seed, monkeypatch):
     if seed % 2:
-        monkeypatch.setattr(flowgroups, "WIDE", 2)      # steps of more than 2 groups on numpy arrays (uneven all-to-all)
+        monkeypatch.setattr(flowgroups, "WIDE", 2)     # steps of more than 2 groups on numpy arrays (uneven all-to-all)
     step, fast = (_network_run(f, seed, monkeypatch) for f in (False, True))
     assert len(fast) == len(step) == 8
     for a, b in zip(step, fast):
