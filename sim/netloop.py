@@ -55,6 +55,7 @@ class StepLoop:
         self.sequences = 0
         self.stale = True             # the rates need looking up
         self._starts: dict = {}       # (pairs, sizes) -> a step's groups and bytes at its start (see _start)
+        self._partitions: dict = {}   # (pairs, grouping) -> its Groups
         self._rates: dict = {}        # active groups and their ended groups -> rates per group (and splits)
         self._kick = self.env.event()
         self.env.process(self._process())
@@ -209,38 +210,45 @@ class StepLoop:
             return self._uniform(pairs, 0.0)
         if isinstance(sizes, (list, tuple)):
             sizes = np.asarray(sizes, dtype=float)
-        if isinstance(sizes, np.ndarray) and sizes.ndim:
-            hit = self._starts.get(("array", id(pairs), id(sizes)))
-            if hit is not None and hit[0] is pairs and hit[1] is sizes:
-                return hit[2]
-            flat = np.broadcast_to(sizes.astype(float, copy=False), (len(pairs),))
-            if (flat == flat[0]).all():
-                start = self._uniform(pairs, float(flat[0]))
-            else:                              # the same sizes in another array (a protocol's stretch): one start
-                key = ("bytes", id(pairs), flat.tobytes())
-                hit = self._starts.get(key)
-                if hit is not None and hit[0] is pairs:
-                    start = hit[2]
-                else:
-                    values, gid = np.unique(flat, return_inverse=True)
-                    start = initial(Groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
-                    self._remember(key, (pairs, None, start))
-            self._remember(("array", id(pairs), id(sizes)), (pairs, sizes, start))
-            return start
-        return self._uniform(pairs, float(sizes))
+        if not isinstance(sizes, np.ndarray) or not sizes.ndim:
+            return self._uniform(pairs, float(sizes))
+        hit = self._starts.get(("array", id(pairs), id(sizes)))
+        if hit is not None and hit[0] is pairs and hit[1] is sizes:
+            return hit[2]
+        flat = np.broadcast_to(sizes.astype(float, copy=False), (len(pairs),))
+        if (flat == flat[0]).all():
+            start = self._uniform(pairs, float(flat[0]))
+        else:                                  # the same sizes in another array (a protocol's stretch): one start
+            key = ("bytes", id(pairs), flat.tobytes())
+            hit = self._starts.get(key)
+            if hit is not None and hit[0] is pairs:
+                start = hit[2]
+            else:
+                values, gid = np.unique(flat, return_inverse=True)
+                start = initial(self._groups(pairs, gid.astype(np.int64).reshape(-1), len(values)), values.tolist())
+                self._remember(key, (pairs, None, start))
+        self._remember(("array", id(pairs), id(sizes)), (pairs, sizes, start))
+        return start
 
     def _uniform(self, pairs, size: float) -> tuple:
-        """The start of a step whose flows all move ``size`` bytes: one group (the same for every size)."""
-        hit = self._starts.get(("size", id(pairs), size))
-        if hit is not None and hit[0] is pairs:
-            return hit[2]
-        one = self._starts.get(("groups", id(pairs)))
-        if one is None or one[0] is not pairs:
-            one = (pairs, None, Groups(pairs, np.zeros(len(pairs), dtype=np.int64), 1))
-            self._remember(("groups", id(pairs)), one)
-        start = initial(one[2], [size])
-        self._remember(("size", id(pairs), size), (pairs, size, start))
-        return start
+        """The start of a step whose flows all move ``size`` bytes: one group."""
+        groups = self._groups(pairs, None, 1)
+        if groups.wide:
+            return initial(groups, [size])
+        return groups, [1e-9 * max(size, 1.0)], [max(size, 0.0)], 1 if size <= 0 else 0
+
+    def _groups(self, pairs, gid, n: int) -> Groups:
+        """One Groups object per (pairs, grouping) for the whole run (``gid`` None: one group): the cached rates
+        are keyed on it."""
+        key = (id(pairs), None if gid is None else gid.tobytes())
+        hit = self._partitions.get(key)
+        if hit is not None and hit.pairs is pairs:
+            return hit
+        if len(self._partitions) > 65536:
+            self._partitions.clear()           # safe: the rate cache holds the groups its keys name
+        groups = self._partitions[key] = Groups(pairs, np.zeros(len(pairs), dtype=np.int64) if gid is None else gid,
+                                                n)
+        return groups
 
     def _remember(self, key, value) -> None:
         if len(self._starts) > 4096:
