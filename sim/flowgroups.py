@@ -51,7 +51,9 @@ class Groups:
         gid[order] = np.cumsum(first) - 1
         child = Groups(self.pairs, gid, len(parent))
         done = sum(1 << i for i in np.flatnonzero(bits(done, self.n)[parent]).tolist())
-        return child, parent, done, group_rates if child.wide else group_rates.tolist()
+        if child.wide:
+            return child, parent, done, group_rates
+        return child, parent.tolist(), done, group_rates.tolist()
 
 
 def initial(groups: Groups, size: list) -> tuple:

@@ -276,8 +276,11 @@ class StepLoop:
         if hit[2]:                             # groups split: the next look-up is for the new groups
             for b, (groups, parent, done, rates) in zip(batches, hit[1]):
                 if parent is not None:
-                    left, threshold = np.asarray(b.left)[parent], np.asarray(b.threshold)[parent]
-                    b.left, b.threshold = (left, threshold) if groups.wide else (left.tolist(), threshold.tolist())
+                    left, threshold = b.left, b.threshold
+                    if groups.wide:
+                        b.left, b.threshold = np.asarray(left)[parent], np.asarray(threshold)[parent]
+                    else:
+                        b.left, b.threshold = [left[p] for p in parent], [threshold[p] for p in parent]
                     b.groups, b.done = groups, done
                 b.rates = rates
             return
