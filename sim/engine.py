@@ -261,7 +261,7 @@ class _Simulation:
             algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
-        yield from run_steps(self.net, step_iter)      # at once while alone on the network (sim/solo.py)
+        yield from run_steps(self.net, step_iter)      # in the network's step loop (sim/solo.py, sim/netloop.py)
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone

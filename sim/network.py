@@ -7,8 +7,9 @@ Model (fluid, flow-level):
 - Flows in flight share links max-min fairly (progressive filling; Bertsekas & Gallager, Data Networks, 6.5):
   a flow gets an equal share of its most contended link; what it cannot use goes to the others. Rates are
   recomputed whenever a flow starts or ends, so flows of different collectives slow each other down.
-- While a collective is alone on the network, the engine runs its steps at once (sim/solo.py: the same times,
-  the step in progress joins the network as a batch when another starts).
+- By default the steps of every collective in flight advance together in one loop, without a simpy event per
+  step (sim/netloop.py: the same events and arithmetic, the same times); ``record=True`` (every transfer kept)
+  and ``sim.solo.ENABLED = False`` run each step as a simpy process and batch (``_start``, ``_run``: the reference).
 Left out: packet-level effects (congestion control, head-of-line blocking, adaptive routing), protocol
 overheads beyond the per-fabric efficiency, switch buffers, and latency that grows with queueing.
 """
@@ -20,8 +21,10 @@ from itertools import chain
 import numpy as np
 import simpy
 
+from distlab.sim import solo
 from distlab.sim.cluster import Cluster
 from distlab.sim.errors import ConfigError
+from distlab.sim.netloop import StepLoop
 
 SWITCH = -1   # an endpoint meaning "the NVSwitch of the source/destination rank's node" (in-switch reduction)
 
@@ -181,8 +184,7 @@ def max_min_rates(capacity: np.ndarray, entry_flow: np.ndarray, entry_link: np.n
         rates[~frozen] += inc
         cap_left[used] -= inc * counts[used]
         saturated = share <= inc * (1 + 1e-12)      # the bottleneck links (at least one: always progresses)
-        newly = np.unique(entry_flow[active_entries & saturated[entry_link]])
-        frozen[newly] = True
+        frozen[entry_flow[active_entries & saturated[entry_link]]] = True
         active_entries &= ~frozen[entry_flow]
     return rates
 
@@ -197,13 +199,16 @@ class Network:
         self._active: list[_Batch] = []
         self._wake = env.event()
         self._rate_cache: dict = {}
-        self._solo = None                     # sim/solo.py: steps run at once; fired when a batch starts
-        self._profiles: dict = {}             # sim/solo.py: a step's course alone on the network
-        env.process(self._run())
+        # sim/netloop.py: every step in one loop (the default), else each step a simpy process (the reference)
+        self.loop = StepLoop(self) if solo.ENABLED and not record else None
+        if self.loop is None:
+            env.process(self._run())
 
     def transfer(self, pairs: Pairs, sizes, latency: float | None = None) -> simpy.Event:
         """Start one step: flow i moves ``sizes[i]`` bytes (or ``sizes`` for all) after ``latency`` (default:
         the pairs' largest route latency). Returns an event that fires when every flow has arrived."""
+        if self.loop is not None:
+            return self.loop.run([(pairs, sizes, latency)])
         sizes = np.broadcast_to(np.asarray(sizes, dtype=float), (len(pairs),))
         done = self.env.event()
         self.env.process(self._start(pairs, sizes, done, pairs.latency if latency is None else latency))
@@ -221,21 +226,6 @@ class Network:
         self._active.append(batch)
         if not self._wake.triggered:
             self._wake.succeed()
-        if self._solo is not None and not self._solo.triggered:
-            self._solo.succeed()              # sim/solo.py: no longer alone
-
-    def join(self, pairs: Pairs, sizes: np.ndarray, remaining: np.ndarray, start: float) -> simpy.Event:
-        """A step whose flows have ``remaining`` bytes left, made active now, before the batches that started
-        at this instant (sim/solo.py: it started earlier). Returns the event of its end."""
-        done = self.env.event()
-        batch = _Batch(pairs, remaining.copy(), done, start, sizes, np.where(remaining <= 0, self.env.now, np.nan))
-        if not np.isnan(batch.ends).any():
-            self._finish_batch(batch)
-            return done
-        self._active.insert(0, batch)
-        if not self._wake.triggered:
-            self._wake.succeed()
-        return done
 
     def _rates(self, active: list | None = None) -> list[np.ndarray]:
         """The rates of the active batches' flows (or of ``active``: (pairs, alive mask) pairs)."""
