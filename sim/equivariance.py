@@ -14,40 +14,69 @@ from distlab.sim.plan import Collective, Plan, Record, Recv, Send, Wait, describ
 
 @dataclass(frozen=True)
 class Shifts:
-    """Γ: node shifts by multiples of ``node_step``, local rotations by multiples of ``local_step``."""
+    """Γ on ranks (node n, local l), the nodes cut into blocks of ``block`` consecutive nodes (n = b·block + o):
+    rotations of the nodes inside every block by multiples of ``node_step`` (o -> o + i mod block), shifts of
+    the blocks by multiples of ``block_step`` (b -> b + j mod nodes/block), local rotations by multiples of
+    ``local_step`` (l -> l + t mod gpus); an element is (i, j, t). With one block (the default) these are the
+    node shifts n -> n + i mod nodes. Every such renaming is an automorphism of the fabric: all nodes are built
+    alike (sim/subgroups.py), so any permutation of whole nodes maps links onto links of equal capacity."""
     nodes: int
     gpus: int
     node_step: int
     local_step: int
+    block: int = 0                # nodes per block; 0: one block of every node
+    block_step: int = 1
 
-    def elements(self) -> list[tuple[int, int]]:
-        return [(a, b) for a in range(0, self.nodes, self.node_step) for b in range(0, self.gpus, self.local_step)]
+    @property
+    def width(self) -> int:
+        return self.block or self.nodes
 
-    def apply(self, e: tuple[int, int], r: int) -> int:
+    @property
+    def blocks(self) -> int:
+        return self.nodes // self.width
+
+    def elements(self) -> list[tuple[int, int, int]]:
+        return [(a, j, b) for a in range(0, self.width, self.node_step) for j in range(0, self.blocks, self.block_step)
+                for b in range(0, self.gpus, self.local_step)]
+
+    def apply(self, e: tuple[int, int, int], r: int) -> int:
         if r == SWITCH:
             return r
         n, l = divmod(r, self.gpus)
-        return (n + e[0]) % self.nodes * self.gpus + (l + e[1]) % self.gpus
+        b, o = divmod(n, self.width)
+        return ((b + e[1]) % self.blocks * self.width + (o + e[0]) % self.width) * self.gpus + (l + e[2]) % self.gpus
 
-    def apply_array(self, e: tuple[int, int], a: np.ndarray) -> np.ndarray:
+    def apply_array(self, e: tuple[int, int, int], a: np.ndarray) -> np.ndarray:
         n, l = np.divmod(a, self.gpus)
-        out = (n + e[0]) % self.nodes * self.gpus + (l + e[1]) % self.gpus
+        b, o = np.divmod(n, self.width)
+        out = ((b + e[1]) % self.blocks * self.width + (o + e[0]) % self.width) * self.gpus + (l + e[2]) % self.gpus
         return np.where(a == SWITCH, a, out)
 
     def rep(self, r: int) -> int:
         n, l = divmod(r, self.gpus)
-        return n % self.node_step * self.gpus + l % self.local_step
+        b, o = divmod(n, self.width)
+        return (b % self.block_step * self.width + o % self.node_step) * self.gpus + l % self.local_step
 
-    def compose(self, e, f) -> tuple[int, int]:
+    def compose(self, e, f) -> tuple[int, int, int]:
         """e after f."""
-        return (e[0] + f[0]) % self.nodes, (e[1] + f[1]) % self.gpus
+        return (e[0] + f[0]) % self.width, (e[1] + f[1]) % self.blocks, (e[2] + f[2]) % self.gpus
 
-    def inverse(self, e) -> tuple[int, int]:
-        return -e[0] % self.nodes, -e[1] % self.gpus
+    def inverse(self, e) -> tuple[int, int, int]:
+        return -e[0] % self.width, -e[1] % self.blocks, -e[2] % self.gpus
 
-    def element(self, a: int, b: int) -> tuple[int, int]:
-        """The shift taking rank a to rank b (of the same class)."""
-        return (b // self.gpus - a // self.gpus) % self.nodes, (b - a) % self.gpus
+    def element(self, a: int, b: int) -> tuple[int, int, int]:
+        """The element taking rank a to rank b (of the same class)."""
+        (ba, oa), (bb, ob) = divmod(a // self.gpus, self.width), divmod(b // self.gpus, self.width)
+        return (ob - oa) % self.width, (bb - ba) % self.blocks, (b - a) % self.gpus
+
+    def generators(self) -> list[tuple[int, int, int]]:
+        """The elements generating Γ (the identity left out)."""
+        gens = [(self.node_step % self.width, 0, 0), (0, self.block_step % self.blocks, 0),
+                (0, 0, self.local_step % self.gpus)]
+        return [e for e in gens if e != (0, 0, 0)]
+
+    def trivial(self) -> bool:
+        return len(self.generators()) == 0
 
 
 def _divisors(n: int) -> list[int]:
@@ -113,10 +142,10 @@ def find_shifts(plan: Plan, cluster) -> Shifts | None:
     made = getattr(plan.ranks, "shifts", None)       # sim/relabel.py: equivariant by construction
     if made is not None:
         return made if (made.nodes, made.gpus) == (n, g) else None
-    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0))), n)
+    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0, 0))), n)
     inter = cluster.inter_node
     rails_ok = inter is None or n == 1 or g % inter.nics_per_node == 0
-    t = next((t for t in _divisors(g)[:-1] if rails_ok and _plan_maps(plan, Shifts(n, g, n, t), (0, t))), g)
+    t = next((t for t in _divisors(g)[:-1] if rails_ok and _plan_maps(plan, Shifts(n, g, n, t), (0, 0, t))), g)
     return None if (k, t) == (n, g) else Shifts(n, g, k, t)
 
 

@@ -96,8 +96,11 @@ def fsdp_shifts(mesh, cluster, reshard_after_forward=True) -> Shifts | None:
     and dividing it: a local rotation by inner = cp·tp maps every cp/tp block onto the next, in order, and keeps
     every shard group (ranks of one replica with one inner index); a node shift maps replicate groups onto
     replicate groups, and shard groups onto shard groups when it moves by whole replicas (B = dp_shard·inner
-    ranks, whole nodes) or when there is one replica (a shard group per inner index, over every node). So Γ =
-    node shifts by B/G nodes (1 with one replica) x local rotations by inner. None for other layouts, an int
+    ranks, whole nodes) or when there is one replica (a shard group per inner index, over every node); with
+    replicas, a rotation of the nodes inside every replica (the same in each) maps every shard group onto itself
+    and every replicate group onto another. So Γ = rotations inside blocks of B/G nodes x shifts of whole blocks
+    x local rotations by inner (one block: node shifts by 1), every rank of a node class a renaming of one of
+    ``inner`` representatives; sim/subgroups.py checks that the collectives' expansions commute with it. None for other layouts, an int
     reshard_after_forward (its groups are not checked here), or when Γ would leave every rank its own class."""
     g, names = cluster.gpus_per_node, tuple(mesh.names)
     inner_names = tuple(d for d in ("cp", "tp") if d in names)
@@ -110,14 +113,12 @@ def fsdp_shifts(mesh, cluster, reshard_after_forward=True) -> Shifts | None:
     if g % inner:
         return None
     if block == mesh.world_size:
-        node_step = 1
+        shifts = Shifts(cluster.nodes, g, 1, inner)
     elif block % g == 0:
-        node_step = block // g
+        shifts = Shifts(cluster.nodes, g, 1, inner, block // g)
     else:
         return None
-    if (node_step, inner) == (cluster.nodes, g):
-        return None
-    return Shifts(cluster.nodes, g, node_step, inner)
+    return None if shifts.trivial() else shifts
 
 
 def relabelled(build_only, shifts: Shifts) -> Plan:

@@ -2,20 +2,21 @@
 sub-groups (TP x DP meshes, FSDP x TP, pipelines with data-parallel replicas). The engine simulates one
 representative per class and reads its records as every member's (trace.RankCopies).
 
-The symmetries: Γ = {σ^a ρ^b}, where σ shifts every rank by k whole nodes (node n -> n + k mod N, the same
-local rank) and ρ rotates the local rank inside every node by t (local l -> l + t mod G, the same node).
-Both are automorphisms of the simulated fabric (sim.network.Topology): all nodes are built alike (GPU links,
+The symmetries: Γ = {σ^a β^c ρ^b}, where σ shifts every rank by k whole nodes (node n -> n + k mod N, the
+same local rank; or, with the nodes cut into blocks of B consecutive nodes, rotates the nodes inside every
+block, o -> o + k mod B, and β shifts whole blocks: sim/equivariance.Shifts) and ρ rotates the local rank inside
+every node by t (local l -> l + t mod G, the same node). All are automorphisms of the simulated fabric (sim.network.Topology): all nodes are built alike (GPU links,
 NICs, fat-tree uplinks), every GPU of a node has the same links (NVSwitch up/down, a full NVLink mesh, PCIe),
 and ρ maps rail l mod C to rail l + t mod C consistently when C (NICs per node) divides G; route(γ(a), γ(b)) is
 then γ applied link by link to route(a, b), with equal capacities and latencies. Left out: degraded links,
 shared CPU cores, stragglers, recorded transfers (the engine then simulates every rank).
 
 Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local rotations alone, else none):
-1. the plan is Γ-equivariant: for the generators σ (smallest k) and ρ (smallest t) and every rank r, the
+1. the plan is Γ-equivariant: for the generators σ (smallest k), β and ρ (smallest t) and every rank r, the
    program of γ(r) is r's with every group, peer, root and per-peer stream name (send>p, recv<p) renamed by γ
    (sim/equivariance.py); a plan built from its representatives (sim/relabel.py) is so by construction;
 2. every collective's expansion (sim.collectives: algorithm, protocol, and per step its latency and its flows
-   (src, dst, bytes)) commutes with σ and ρ at every image of every group of a representative: the expansion
+   (src, dst, bytes)) commutes with σ, β and ρ at every image of every group of a representative: the expansion
    on σ(h) is σ of the one on h (likewise ρ); by composition it then commutes with all of Γ at every group of
    the plan (each is an image of a representative's). The algorithm chosen is the same: every candidate's
    steps commute, so every estimated time is equal;
@@ -112,8 +113,12 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
     if best is None:
         return None
     n, g = best.nodes, best.gpus
-    tries = [best] + [s for s in (Shifts(n, g, best.node_step, g), Shifts(n, g, n, best.local_step))
-                      if s != best and (s.node_step, s.local_step) != (n, g)]
+    w = best.width
+    smaller = (Shifts(n, g, w, best.local_step, best.block, best.block_step),      # no rotation inside blocks
+               Shifts(n, g, best.node_step, g, best.block, best.block_step),
+               Shifts(n, g, w, g, best.block, best.block_step),
+               Shifts(n, g, n, best.local_step))
+    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]]
     for shifts in tries:
         classes = _classes_under(plan, ctx, shifts)
         if classes is not None:
@@ -167,8 +172,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     # check 2, and the links of every unit (image group or image pair)
     unit_links: dict = {}        # (orbit id, image) -> set of link ids
     expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
-    generators = [e for e in ((shifts.node_step % shifts.nodes, 0), (0, shifts.local_step % shifts.gpus))
-                  if e != (0, 0)]
+    generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     for key in keys:
         g, op, nbytes, algorithm, root = key
