@@ -10,7 +10,8 @@ it one uncaptured step, whose time (slowest rank) is the measurement. Prints the
 measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
 host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
 compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
-runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
+runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling thread), the
+ends' host CPU (runtime/tp/ends.py), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
 exceeds --tolerance.
 """
 from __future__ import annotations
@@ -54,6 +55,9 @@ def main(argv=None) -> int:
               f"({100 * (row['predicted_without_comm_cpu_s'] / row['measured_s'] - 1):+.0f}%)"
               + (" ; FSDP2 host CPU per unit: forward {:.2f} ms, backward {:.2f} ms".format(
                   *(1e3 * x for x in r["fsdp_host_s"])) if any(r["fsdp_host_s"]) else ""))
+        if r["ends_host_s"]:
+            print("    ends' host CPU beyond launch_s per op (runtime/tp/ends.py), ms: " + ", ".join(
+                f"{k} {v * 1e3:.2f}" for k, v in r["ends_host_s"].items()))
         pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
         print("    rank 0, measured / predicted ms: " + ", ".join(
             f"{k} {meas[k] * 1e3:.1f} / {pred[k] * 1e3:.1f}" for k in ("comm", "compute", "optimizer") if k in meas)

@@ -12,22 +12,7 @@ import time
 
 import torch.nn as nn
 
-class Stage(nn.Module):
-    """Layers ``names`` (sim layer names: embed, h.{i}, head) of ``full``, keeping their parameter names."""
-
-    def __init__(self, full, names: list[str]):
-        super().__init__()
-        self.embed = full.embed if "embed" in names else None
-        self.h = nn.ModuleDict({n.split(".")[1]: full.h[int(n.split(".")[1])] for n in names if n.startswith("h.")})
-        self.norm_f = full.norm_f if "head" in names else None
-        self.lm_head = full.lm_head if "head" in names else None
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed.tok(x)
-        for block in self.h.values():
-            x = block(x)
-        return self.lm_head(self.norm_f(x)) if self.lm_head is not None else x
+from distlab.runtime.tp.model import Stage  # noqa: F401  (the stage module; runtime/tp/model.py)
 
 
 def _loss(logits, target):
@@ -75,8 +60,9 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
             sched.step(*args, **kwargs)
         return time.perf_counter() - t0
     from distlab.runtime.tp.calibrate import Calibrator
-    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(v.get("sequence_parallel", True)),
-                     tp.CollectiveCapture) if calibrate else None
+    sp = v.get("sequence_parallel", True)
+    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(sp), tp.CollectiveCapture,
+                     root=tp.root_plan(sp)) if calibrate else None
     seq = c["seq_len"] // mesh["tp"].size() if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
     probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None
     out = []
