@@ -11,8 +11,9 @@ measured steps, the error, the spread (min, max), whether the collective sequenc
 host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
 compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
 runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling thread), the
-ends' host CPU (runtime/tp/ends.py), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
-exceeds --tolerance.
+ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
+(runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Exit 1 if any
+|error| exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ def main(argv=None) -> int:
             + f" (of predicted compute: host {pred['host'] * 1e3:.1f})"
             + (f"; pipelining runtime {r['pipeline_overhead_s'] * 1e6:.0f} us per action, predicted "
                f"{pred.get('runtime', 0) * 1e3:.1f} ms" if r["pipeline_overhead_s"] else ""))
+        for rank, rows in r.get("actions", {}).items():
+            if rank % 2 == 0:           # one rank per stage (tp 2 inner)
+                print(f"    rank {rank} actions, measured (CPU) / predicted ms: " + ", ".join(
+                    f"{a} {m0 * 1e3:.1f}-{m1 * 1e3:.1f} ({cpu * 1e3:.1f}) / {p0 * 1e3:.1f}-{p1 * 1e3:.1f}"
+                    for a, m0, m1, cpu, p0, p1 in rows))
         for when, load in (("before", before), ("after", sample())):
             print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
     return 0 if worst <= args.tolerance else 1
