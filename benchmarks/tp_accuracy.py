@@ -8,10 +8,10 @@ one calibration round on the tp group (collectives at the plan's sizes in the st
 host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
 it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
 measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
-host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
-compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
-runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling thread), the
-ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
+host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm, compute,
+optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining runtime's CPU
+per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling
+thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
 (runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Exit 1 if any
 |error| exceeds --tolerance.
 """
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
               f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us"
               f"  cores {r['cluster'].cpu_cores:.2f}")
         c = r["cluster"]
-        print(f"    collective CPU work per member rank (gloo's threads): {c.comm_cpu_s * 1e6:.0f} us + "
+        print(f"    collective CPU work per member rank (gloo's threads + the calling thread): {c.comm_cpu_s * 1e6:.0f} us + "
               f"{c.comm_cpu_s_per_byte * 1e9:.3f} ns/B; without it the prediction is "
               f"{row['predicted_without_comm_cpu_s'] * 1e3:.1f} ms "
               f"({100 * (row['predicted_without_comm_cpu_s'] / row['measured_s'] - 1):+.0f}%)"
