@@ -8,10 +8,12 @@ one calibration round on the tp group (collectives at the plan's sizes in the st
 host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
 it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
 measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
-host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm,
-compute, optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining
-runtime's CPU per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds), and the machine's load (runtime/load.py) before and after. Exit 1 if any |error|
-exceeds --tolerance.
+host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm, compute,
+optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining runtime's CPU
+per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling
+thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
+(runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Exit 1 if any
+|error| exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -48,18 +50,26 @@ def main(argv=None) -> int:
               f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us"
               f"  cores {r['cluster'].cpu_cores:.2f}")
         c = r["cluster"]
-        print(f"    collective CPU work per member rank (gloo's threads): {c.comm_cpu_s * 1e6:.0f} us + "
+        print(f"    collective CPU work per member rank (gloo's threads + the calling thread): {c.comm_cpu_s * 1e6:.0f} us + "
               f"{c.comm_cpu_s_per_byte * 1e9:.3f} ns/B; without it the prediction is "
               f"{row['predicted_without_comm_cpu_s'] * 1e3:.1f} ms "
               f"({100 * (row['predicted_without_comm_cpu_s'] / row['measured_s'] - 1):+.0f}%)"
               + (" ; FSDP2 host CPU per unit: forward {:.2f} ms, backward {:.2f} ms".format(
                   *(1e3 * x for x in r["fsdp_host_s"])) if any(r["fsdp_host_s"]) else ""))
+        if r["ends_host_s"]:
+            print("    ends' host CPU beyond launch_s per op (runtime/tp/ends.py), ms: " + ", ".join(
+                f"{k} {v * 1e3:.2f}" for k, v in r["ends_host_s"].items()))
         pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
         print("    rank 0, measured / predicted ms: " + ", ".join(
             f"{k} {meas[k] * 1e3:.1f} / {pred[k] * 1e3:.1f}" for k in ("comm", "compute", "optimizer") if k in meas)
             + f" (of predicted compute: host {pred['host'] * 1e3:.1f})"
             + (f"; pipelining runtime {r['pipeline_overhead_s'] * 1e6:.0f} us per action, predicted "
                f"{pred.get('runtime', 0) * 1e3:.1f} ms" if r["pipeline_overhead_s"] else ""))
+        for rank, rows in r.get("actions", {}).items():
+            if rank % 2 == 0:           # one rank per stage (tp 2 inner)
+                print(f"    rank {rank} actions, measured (CPU) / predicted ms: " + ", ".join(
+                    f"{a} {m0 * 1e3:.1f}-{m1 * 1e3:.1f} ({cpu * 1e3:.1f}) / {p0 * 1e3:.1f}-{p1 * 1e3:.1f}"
+                    for a, m0, m1, cpu, p0, p1 in rows))
         for when, load in (("before", before), ("after", sample())):
             print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
     return 0 if worst <= args.tolerance else 1

@@ -79,6 +79,11 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
     got = {(c["case"].split()[1], c["bytes"]): int(c["case"].rsplit("x", 1)[1]) for c in rows[1:]}
     assert got == Counter((op, b) for op, b, *_ in seq)
     assert set(r["cluster"].calibration["collectives"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    from distlab.sim.tp.plan import DTENSOR_OPS      # the ends probe (runtime/tp/ends.py) counts the plan's launches
+    cal = results[0]["variants"][0]["calibration"]
+    assert cal["ends_ops"] == {k: DTENSOR_OPS[True][k] for k in ("embed fwd", "embed bwd", "head fwd", "head bwd")}
+    assert set(r["ends_host_s"]) == set(cal["ends_ops"]) and min(r["ends_host_s"].values()) >= 0
+    assert all(v > 0 for t in cal["comm_main"].values() for vs in t.values() for v in vs)   # issue to wait CPU
     for c in rows:
         assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 

@@ -29,12 +29,15 @@ the redistributions; the unparallelized block's whole CPU is subtracted, an uppe
 effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each rank's compute
 at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends between stages) =
 the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken); a collective's CPU
-work on gloo's own threads, ``comm_cpu_s`` + ``comm_cpu_s_per_byte`` x bytes per member rank, from process
-minus main-thread CPU over each chain / CHAIN (``comm_cpu_line``: gloo's CPU wherever it falls, also after
-``wait`` returns; issue to wait alone catches ~1/3 of it here, ~0.45 of ~1.4 ms at tp 4, the whole chain
-matches the step's own process minus main-thread CPU per collective, ~1.6 ms; the simulator shares it with the compute
-on the cores, sim/cores.py, with interference = comm_interference = 1). Per quantity: the median over rounds
-of the slowest rank (the CPU work: the median over ranks and rounds).
+work, ``comm_cpu_s`` + ``comm_cpu_s_per_byte`` x bytes per member rank: gloo's own threads, process minus
+main-thread CPU over each chain / CHAIN (gloo's CPU wherever it falls, also after ``wait`` returns; issue to
+wait alone catches ~1/3 of it here, ~0.45 of ~1.4 ms at tp 4, the whole chain matches the step's own process
+minus main-thread CPU per collective, ~1.6 ms), plus the calling thread's own CPU from issue to wait (the
+functional collective's Python, c10d's enqueue, the wait: ~0.2 ms at tp 2, which the chain's times hold as
+wall time; on cores that compute fills it takes its share like any compute), ``comm_cpu_line``; the simulator
+shares it with the compute on the cores, sim/cores.py, with interference = comm_interference = 1. The ends'
+host CPU beyond launches x launch_s (the embedding; final norm, head, loss): runtime/tp/ends.py. Per quantity:
+the median over rounds of the slowest rank (the CPU work: the median over ranks and rounds).
 """
 from __future__ import annotations
 
@@ -49,9 +52,10 @@ class Calibrator:
     """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
     buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
     ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture); ``fsdp_meshes``:
-    (tp mesh, dp_shard mesh) of an FSDP2 x TP run, for FSDP2's host work per unit (:meth:`_fsdp_round`)."""
+    (tp mesh, dp_shard mesh) of an FSDP2 x TP run, for FSDP2's host work per unit (:meth:`_fsdp_round`);
+    ``root``: the run's root plan (runtime/tp/run.py root_plan), for the ends' host work (runtime/tp/ends.py)."""
 
-    def __init__(self, sizes: dict, model, group, plan: dict, capture, fsdp_meshes=None):
+    def __init__(self, sizes: dict, model, group, plan: dict, capture, fsdp_meshes=None, root: dict | None = None):
         import torch
         import torch.distributed as dist
 
@@ -72,10 +76,18 @@ class Calibrator:
         self.times = {"collectives": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "isolated": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "comm_cpu": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
+                      "comm_main": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "fwd_bwd": [], "optimizer": [], "block_tp": [], "block_local": [],
                       "block_collectives": {}, "cores": _cores()}
         self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
         self._block_setup(c, plan, capture)
+        self.ends = None
+        if root is not None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            from distlab.runtime.tp.ends import EndsProbe
+            self.ends = EndsProbe(model, DeviceMesh.from_group(group, "cpu"), root, capture)
+            self.times.update({"ends": {k: [] for k in self.ends.ops}, "ends_ops": self.ends.ops})
         self.fsdp_block = None
         if fsdp_meshes is not None:
             self._fsdp_setup(c, plan, *fsdp_meshes)
@@ -154,9 +166,14 @@ class Calibrator:
         dist.barrier(group=self.group)
         self.times["block_tp"].append(_cpu_per_call(lambda: self._block_step(self.block, self.block_x), 10))
         self.times["block_local"].append(_cpu_per_call(lambda: self._block_step(self.block_plain, self.plain_x), 10))
-        for op in sorted(set(self.times["block_calls"])):
+        kinds = set(self.times["block_calls"]) | (self.ends.kinds() if self.ends else set())
+        for op in sorted(kinds):
             self.times["block_collectives"].setdefault(op, []).append(statistics.median(
                 self._collective(op, self.block_bytes, barrier=False, clock=time.thread_time) for _ in range(5)))
+        if self.ends:
+            issue = {op: v[-1] for op, v in self.times["block_collectives"].items()}
+            for key, host in self.ends.round(issue).items():
+                self.times["ends"][key].append(host)
 
     def _local_step(self) -> float:
         """CPU seconds (this thread's) of the unparallelized forward+backward."""
@@ -173,9 +190,11 @@ class Calibrator:
         for op, table in self.times["collectives"].items():
             for size, times in table.items():
                 process, thread = time.process_time(), time.thread_time()
-                times.append(self._chain(op, int(size)))
+                median, main = self._chain(op, int(size))
+                times.append(median)
                 self.times["comm_cpu"][op][size].append(
                     (time.process_time() - process - (time.thread_time() - thread)) / CHAIN)
+                self.times["comm_main"][op][size].append(main / CHAIN)
                 self.times["isolated"][op][size].append(self._collective(op, int(size)))
         dist.barrier()
         self._block_round()
@@ -205,17 +224,20 @@ class Calibrator:
         funcol.wait_tensor(out)
         return clock() - t0
 
-    def _chain(self, op: str, nbytes: int) -> float:
-        """Median time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring)."""
+    def _chain(self, op: str, nbytes: int) -> tuple[float, float]:
+        """(median time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring); this
+        thread's CPU in the CHAIN calls together, issue to wait)."""
         import torch.distributed as dist
         dist.barrier(group=self.group)
-        times = []
+        times, main = [], 0.0
         for _ in range(CHAIN):
             y = self.gap
             for _ in range(GAP_OPS):
                 y = y * 1.0001
+            t0 = time.thread_time()
             times.append(self._collective(op, nbytes, barrier=False))
-        return statistics.median(times)
+            main += time.thread_time() - t0
+        return statistics.median(times), main
 
     def results(self) -> dict:
         return self.times
@@ -303,11 +325,15 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
 
 def comm_cpu_line(cals: list[dict]) -> tuple[float, float]:
     """(a, b) of a collective's CPU work w = a + b x bytes per member rank (sim/cores.py): per kind and size the
-    median over ranks and rounds of gloo's threads' CPU per call, least squares over every (kind, size); a
+    median over ranks and rounds of gloo's threads' CPU per call plus the calling thread's own CPU from issue to
+    wait (``comm_main``; absent in older calibrations: 0), least squares over every (kind, size); a
     negative slope gives (median, 0), a negative intercept the line through the origin. (0, 0) for a
     calibration without it. The interference factors stay 1 (sim/cores.py: not counted twice)."""
     import numpy as np
-    pts = [(int(size), statistics.median(v for c in cals for v in c["comm_cpu"][op][size]))
+    def per_call(c, op, size):
+        main = c.get("comm_main", {}).get(op, {}).get(size) or [0.0] * len(c["comm_cpu"][op][size])
+        return [g + m for g, m in zip(c["comm_cpu"][op][size], main)]
+    pts = [(int(size), statistics.median(v for c in cals for v in per_call(c, op, size)))
            for op, table in cals[0].get("comm_cpu", {}).items() for size in table]
     if not pts:
         return 0.0, 0.0

@@ -73,3 +73,21 @@ def build_llama(model) -> Llama:
     want = [(p.name, p.shape) for p in model.params]
     assert got == want, f"module does not match the description: {got[:3]} vs {want[:3]}"
     return module
+
+
+class Stage(nn.Module):
+    """Layers ``names`` (sim layer names: embed, h.{i}, head) of ``full``, keeping their parameter names."""
+
+    def __init__(self, full, names: list[str]):
+        super().__init__()
+        self.embed = full.embed if "embed" in names else None
+        self.h = nn.ModuleDict({n.split(".")[1]: full.h[int(n.split(".")[1])] for n in names if n.startswith("h.")})
+        self.norm_f = full.norm_f if "head" in names else None
+        self.lm_head = full.lm_head if "head" in names else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed.tok(x)
+        for block in self.h.values():
+            x = block(x)
+        return self.lm_head(self.norm_f(x)) if self.lm_head is not None else x

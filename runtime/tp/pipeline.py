@@ -12,22 +12,7 @@ import time
 
 import torch.nn as nn
 
-class Stage(nn.Module):
-    """Layers ``names`` (sim layer names: embed, h.{i}, head) of ``full``, keeping their parameter names."""
-
-    def __init__(self, full, names: list[str]):
-        super().__init__()
-        self.embed = full.embed if "embed" in names else None
-        self.h = nn.ModuleDict({n.split(".")[1]: full.h[int(n.split(".")[1])] for n in names if n.startswith("h.")})
-        self.norm_f = full.norm_f if "head" in names else None
-        self.lm_head = full.lm_head if "head" in names else None
-
-    def forward(self, x):
-        if self.embed is not None:
-            x = self.embed.tok(x)
-        for block in self.h.values():
-            x = block(x)
-        return self.lm_head(self.norm_f(x)) if self.lm_head is not None else x
+from distlab.runtime.tp.model import Stage  # noqa: F401  (the stage module; runtime/tp/model.py)
 
 
 def _loss(logits, target):
@@ -68,15 +53,17 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
 
     def step(capture: bool) -> float:
         module.zero_grad(set_to_none=True)
-        cap.calls, cap.spans = [], []
+        cap.calls, cap.spans, cap.actions = [], [], []
         dist.barrier()
         t0 = time.perf_counter()
+        cap.t0 = t0
         with cap if capture else contextlib.nullcontext():
             sched.step(*args, **kwargs)
         return time.perf_counter() - t0
     from distlab.runtime.tp.calibrate import Calibrator
-    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(v.get("sequence_parallel", True)),
-                     tp.CollectiveCapture) if calibrate else None
+    sp = v.get("sequence_parallel", True)
+    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(sp), tp.CollectiveCapture,
+                     root=tp.root_plan(sp)) if calibrate else None
     seq = c["seq_len"] // mesh["tp"].size() if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
     probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None
     out = []
@@ -91,21 +78,31 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
                 process, thread = time.process_time(), time.thread_time()
                 out[-1]["plain_time"] = step(False)
                 out[-1]["plain_cpu"] = [time.thread_time() - thread, time.process_time() - process]
+                out[-1]["plain_actions"] = cap.actions
     return {"local_shapes": tp.local_shapes(module), "steps": out, "stage": s,
             **({"calibration": cal.results()} if cal else {})}
 
 
 def _phases(stage, cap) -> None:
-    """Set ``cap.phase`` while the stage runs a forward or a backward chunk."""
+    """Set ``cap.phase`` while the stage runs a forward or a backward chunk, and note each chunk in
+    ``cap.actions``: [kind F or B, micro-batch, start, end (perf_counter seconds from ``cap.t0``), this thread's
+    CPU seconds in it]."""
     fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
-    def forward_one_chunk(*a, **k):
-        cap.phase = "forward"
-        return fwd(*a, **k)
+    def timed(kind, fn, mb, *a, **k):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return fn(mb, *a, **k)
+        finally:
+            cap.actions.append([kind, mb, t0 - cap.t0, time.perf_counter() - cap.t0, time.thread_time() - c0])
 
-    def backward_one_chunk(*a, **k):
+    def forward_one_chunk(mb, *a, **k):
+        cap.phase = "forward"
+        return timed("F", fwd, mb, *a, **k)
+
+    def backward_one_chunk(mb, *a, **k):
         cap.phase = "backward"
-        return bwd(*a, **k)
+        return timed("B", bwd, mb, *a, **k)
     stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
 
 

@@ -214,7 +214,8 @@ def rank_task(ctx, payload: dict) -> dict:
         fsdp_meshes = (mesh["tp"], mesh["dp_shard"]) if "dp_shard" in mesh.mesh_dim_names \
             and "dp_replicate" not in mesh.mesh_dim_names else None
         cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group(),
-                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture, fsdp_meshes) \
+                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture, fsdp_meshes,
+                         None if v.get("loss_parallel") else root_plan(v.get("sequence_parallel", True))) \
             if payload.get("calibrate") and vi == 0 else None
         steps = []
         for _ in range(payload.get("steps", 1)):

@@ -68,12 +68,18 @@ def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeo
     return compare(built, results, before.effective_cores(nproc) if before else None)
 
 
-def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0.0, 0.0)):
+def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0.0, 0.0), ends: dict | None = None):
     """The plan whose time is predicted: the scenario's, except FSDP2 x TP with FSDP2 on one stream
     (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and FSDP2's host CPU per unit,
     ``fsdp_host`` = (forward, backward) seconds (runtime/tp/calibrate.py fsdp_host), as a Compute before each
     unit's forward all-gather and each reduce-scatter; and PP x TP with the pipelining runtime's ``overhead``
-    seconds after each action (runtime/tp/pipeline.py RuntimeProbe); the same collectives."""
+    seconds after each action (runtime/tp/pipeline.py RuntimeProbe); with ``ends`` ({"END PHASE": seconds},
+    runtime/tp/ends.py ends_host) the ends' host CPU after their compute ops; the same collectives."""
+    from distlab.runtime.tp.ends import with_ends_host
+    return with_ends_host(_timed_plan(built, overhead, fsdp_host), ends or {})
+
+
+def _timed_plan(built, overhead: float, fsdp_host: tuple[float, float]):
     if built.plan.meta.get("builder") == "pp_tp" and overhead:
         from distlab.sim.pipeline.plan import PipelineSpec
         from distlab.sim.tp.pipeline import pp_tp_plan
@@ -113,15 +119,17 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     CPU work left out, sim/cores.py], sequence_match, the plan, the fitted cluster (``cores``:
     the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, ``parts``:
     rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
-    pipelining runtime's CPU per action, timed_plan)."""
+    pipelining runtime's CPU per action, timed_plan), ``ends_host_s`` (runtime/tp/ends.py ends_host) and
+    ``actions`` (PP x TP: :func:`action_spans`)."""
     from distlab.runtime.tp.calibrate import fit_cluster
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
     cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
     from distlab.runtime.tp.calibrate import fsdp_host, pipeline_overhead
-    overhead = pipeline_overhead(results)
-    timed = timed_plan(built, overhead, fsdp_host(results))
+    from distlab.runtime.tp.ends import ends_host
+    overhead, ends = pipeline_overhead(results), ends_host(results, cluster.gpu.launch_s)
+    timed = timed_plan(built, overhead, fsdp_host(results), ends)
     trace = simulate(timed, cluster, record_transfers=False)
     from dataclasses import replace
     without = simulate(timed, replace(cluster, comm_cpu_s=0.0, comm_cpu_s_per_byte=0.0), record_transfers=False)
@@ -137,7 +145,8 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     rows += _collective_rows(trace, results)
     return {"rows": rows, "sequence_match": match, "plan": built.plan, "cluster": cluster, "results": results,
             "mesh": mesh.as_dict(), "model": model, "parts": parts(timed, trace, cluster, results),
-            "pipeline_overhead_s": overhead, "fsdp_host_s": fsdp_host(results)}
+            "pipeline_overhead_s": overhead, "fsdp_host_s": fsdp_host(results), "ends_host_s": ends,
+            "actions": action_spans(timed, trace, results)}
 
 
 def parts(plan, trace, cluster, results: list[dict]) -> dict:
@@ -171,6 +180,34 @@ def parts(plan, trace, cluster, results: list[dict]) -> dict:
         meas["compute"] = statistics.median(sum(s["plain_phases"][:2]) - c for s, c in zip(steps, comm))
         meas["optimizer"] = statistics.median(s["plain_phases"][2] for s in steps)
     return {"predicted": pred, "measured": meas}
+
+
+def action_spans(plan, trace, results: list[dict]) -> dict:
+    """PP x TP: {rank: [[action, measured start, end, CPU, predicted start, end], ...]} in seconds from the step's
+    start, per action in the rank's order: measured, the median over the uncaptured steps of the stage's forward or
+    backward chunk (runtime/tp/pipeline.py ``plain_actions``: the chunk itself, without the wait for its input;
+    CPU: the rank's main thread in it); predicted, the action's compute and collectives in the trace (the ops
+    between two "runtime" ops, without the receive before them). {} for other plans."""
+    measured = {r["rank"]: r["variants"][0]["steps"] for r in results}
+    if not all(s and s[0].get("plain_actions") for s in measured.values()):
+        return {}
+    out = {}
+    for rank, steps in sorted(measured.items()):
+        spans, cur = [], []
+        for o in trace.for_rank(rank):
+            op = plan.ranks[rank][o.index]
+            if o.kind == "compute" and op.name == "runtime":
+                spans.append((min(c.start for c in cur), max(c.end for c in cur)) if cur else (o.start, o.start))
+                cur = []
+            elif o.kind in ("compute", "collective"):
+                cur.append(o)
+        rows = []
+        for i, (a, b) in enumerate(spans[:len(steps[0]["plain_actions"])]):
+            kind, mb = steps[0]["plain_actions"][i][:2]
+            med = [statistics.median(s["plain_actions"][i][k] for s in steps) for k in (2, 3, 4)]
+            rows.append([f"{kind}{mb}", *med, a, b])
+        out[rank] = rows
+    return out
 
 
 def _collective_rows(trace, results: list[dict]) -> list[dict]:

@@ -50,12 +50,15 @@ from distlab.sim.workloads.base import option
 ADAM_BYTES = 28      # per local element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12
 ADAMW_GRAD_READS = 3     # torch.optim._single_tensor_adamw / _multi_tensor_adamw: lerp_(grad), addcmul_(grad, grad)
-# DTensor ops dispatched per transformer block (split evenly between its attention and MLP halves) and by the
-# embedding, final norm, head and loss together (given to the head), forward and backward, with sequence
-# parallelism (True) or without (False); AdamW: per DTensor parameter (weight decay mul_, lerp_, mul_,
-# addcmul_, sqrt, div, add_, addcdiv_: _single_tensor_adamw, as DTensor parameters get). Counted on torch 2.13.
-DTENSOR_OPS = {True: {"block fwd": 42, "block bwd": 102, "ends fwd": 12, "ends bwd": 29},
-               False: {"block fwd": 28, "block bwd": 63, "ends fwd": 5, "ends bwd": 11}}
+# DTensor ops dispatched per transformer block (split evenly between its attention and MLP halves), by the
+# embedding, and by the final norm, head and loss together (given to the head), forward and backward, with
+# sequence parallelism (True) or without (False); AdamW: per DTensor parameter (weight decay mul_, lerp_, mul_,
+# addcmul_, sqrt, div, add_, addcdiv_: _single_tensor_adamw, as DTensor parameters get). Counted on torch 2.13
+# (the ends apart: runtime/tp/ends.py, which also measures their host work beyond launch_s per op).
+DTENSOR_OPS = {True: {"block fwd": 42, "block bwd": 102, "embed fwd": 1, "embed bwd": 2, "head fwd": 11,
+                      "head bwd": 27},
+               False: {"block fwd": 28, "block bwd": 63, "embed fwd": 1, "embed bwd": 2, "head fwd": 4,
+                       "head bwd": 9}}
 ADAMW_DTENSOR_OPS = 8
 
 
@@ -207,13 +210,13 @@ class Segments:
     def forward(self, name: str):
         p, k, sp, X, V = self.p, self.k, self.sp, self.k["X"], self.model.config["vocab"]
         if name == "embed":
-            p.compute("fwd embed", nbytes=X)
+            p.compute("fwd embed", nbytes=X, launches=self.dt["embed fwd"])
             p.coll("reduce_scatter" if sp else "all_reduce", X, "embed fwd")
         elif name == "head":
             p.compute("fwd norm_f", nbytes=self.norm)
             if sp:
                 p.coll("all_gather", X, "lm_head input fwd")
-            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"], k["head_gemms"], launches=self.dt["ends fwd"])
+            p.compute("fwd lm_head", k["head_flops"], k["head_bytes"], k["head_gemms"], launches=self.dt["head fwd"])
             if self.o.loss_parallel:
                 p.compute("fwd loss", nbytes=k["tokens"] * 4 * V / len(p.group))
                 for what in ("max", "sum exp", "target logit"):
@@ -235,10 +238,10 @@ class Segments:
         if name == "embed":
             if sp:
                 p.coll("all_gather", X, "embed bwd")
-            p.compute("bwd embed", nbytes=X)
+            p.compute("bwd embed", nbytes=X, launches=self.dt["embed bwd"])
         elif name == "head":
             p.compute("bwd lm_head", 2 * k["head_flops"], k["head_bytes"], backward_gemms(k["head_gemms"]),
-                      launches=self.dt["ends bwd"])
+                      launches=self.dt["head bwd"])
             p.coll("reduce_scatter" if sp else "all_reduce", X, "lm_head input bwd")
             p.compute("bwd norm_f", nbytes=self.norm)
         else:
