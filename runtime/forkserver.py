@@ -96,7 +96,10 @@ class Server:
     def exit_code(self, pid: int):
         """The child's exit code, None while it runs (-9 if the server died without reporting it)."""
         with self._lock:
-            for _ in self._messages(block=False):
+            try:
+                for _ in self._messages(block=False):
+                    pass
+            except OSError:              # the server ended: what it reported is kept, its ranks died with it
                 pass
             if pid in self._exits:
                 return self._exits.pop(pid)

@@ -80,6 +80,23 @@ def test_a_killed_rank_reports_its_signal_and_the_others_die_with_the_server(tmp
     assert not os.path.exists(f"/proc/{waiting.pid}")     # PR_SET_PDEATHSIG: died with its parent
 
 
+def test_ranks_of_a_killed_server_die_and_are_reported_killed(tmp_path):
+    """The server SIGKILLed (not its pipe closed): its waiting rank dies with it and polls as killed."""
+    from distlab.runtime.launch import free_port
+    (tmp_path / "task.json").write_text('{"target": "x:y", "payload": {}, "backend": "gloo", "threads": 1, '
+                                        '"timeout": 60}')
+    env = dict(os.environ, DISTLAB_RUN_DIR=str(tmp_path), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), DISTLAB_FLIGHT="0")
+    server = forkserver.Server()
+    try:
+        waiting = server.spawn(env, str(tmp_path), str(tmp_path / "log0"), 0)
+        time.sleep(0.3)
+        os.kill(server.pid, signal.SIGKILL)
+        assert waiting.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.close()
+
+
 def test_without_the_server_each_rank_is_a_new_process(task_file, monkeypatch):
     monkeypatch.setenv("DISTLAB_FORKSERVER", "0")
     results = launch(task_file, {}, 2, backend="gloo")
