@@ -1,8 +1,8 @@
 """Predicted vs measured step time of TP, FSDP2 x TP and PP x TP on 4 gloo ranks: is the simulator within 20%?
 
-    python benchmarks/tp_accuracy.py [--steps 7] [--only tp,fsdp_tp,pp_tp] [--tolerance 20]
+    python benchmarks/tp_accuracy.py [--steps 7] [--launches 3] [--only tp,fsdp_tp,pp_tp] [--tolerance 20]
 
-Per composition, one launch (runtime/tp/validate.py ``validate_tp``) of the model of scenarios/tp-cpu.yaml on a
+Per composition, ``--launches`` launches, each (runtime/tp/validate.py ``validate_tp``) of the model of scenarios/tp-cpu.yaml on a
 mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches): before each captured step
 one calibration round on the tp group (collectives at the plan's sizes in the step's duty cycle, the DTensor op
 host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
@@ -12,8 +12,11 @@ host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/val
 optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining runtime's CPU
 per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling
 thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
-(runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Exit 1 if any
-|error| exceeds --tolerance.
+(runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Then per
+composition over its launches: the median of the launches' predictions against the median of all their
+measured steps (the error that is judged; the launches' own errors and the steps' spread beside it: a launch's
+measured median moves by 10-20% with how the OS happens to schedule 4 busy ranks on 2 cores). Exit 1 if any
+pooled |error| exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ MESHES = {"tp": {"tp": 4}, "fsdp_tp": {"dp_shard": 2, "tp": 2}, "pp_tp": {"pp": 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--launches", type=int, default=3, help="launches per composition (each calibrated apart)")
     p.add_argument("--only", default=",".join(MESHES), help="compositions: " + ", ".join(MESHES))
     p.add_argument("--tolerance", type=float, default=20.0, help="allowed |error| in percent")
     args = p.parse_args(argv)
@@ -34,16 +38,16 @@ def main(argv=None) -> int:
     from distlab.runtime.tp.validate import validate_tp
     from distlab.sim.io import load_yaml
     base = load_yaml("scenarios/tp-cpu.yaml")
-    worst = 0.0
+    worst, pooled = 0.0, {}
     print(f"{'composition':12} {'predicted':>10} {'measured':>10} {'error':>7}  spread (min..max)  sequences  launch_s"
           "  cpu_cores")
-    for name in args.only.split(","):
+    for name in [n for n in args.only.split(",") for _ in range(args.launches)]:
         before = sample()
         d = {**base, "mesh": MESHES[name], "world_size": 4, "tp": {**base["tp"], "microbatches": 2}}
         r = validate_tp(d, nproc=4, steps=args.steps)
         row = r["rows"][0]
         err = 100 * (row["predicted_s"] / row["measured_s"] - 1)
-        worst = max(worst, abs(err))
+        pooled.setdefault(name, []).append((row["predicted_s"], row["repeats"], err))
         print(f"{name:12} {row['predicted_s'] * 1e3:8.1f}ms {row['measured_s'] * 1e3:8.1f}ms {err:+6.0f}%  "
               f"{min(row['repeats']) * 1e3:.0f}..{max(row['repeats']) * 1e3:.0f} ms"
               f" (sd {statistics.pstdev(row['repeats']) * 1e3:.0f})  "
@@ -72,6 +76,15 @@ def main(argv=None) -> int:
                     for a, m0, m1, cpu, p0, p1 in rows))
         for when, load in (("before", before), ("after", sample())):
             print(f"    load {when}: {load.line() if load else 'unknown (no /proc)'}")
+    print(f"\nover {args.launches} launches: median prediction vs median of all measured steps")
+    print(f"{'composition':12} {'predicted':>10} {'measured':>10} {'error':>7}  launches' errors   steps' spread")
+    for name, runs in pooled.items():
+        pred = statistics.median(p for p, _, _ in runs)
+        steps = [t for _, rep, _ in runs for t in rep]
+        err = 100 * (pred / statistics.median(steps) - 1)
+        worst = max(worst, abs(err))
+        print(f"{name:12} {pred * 1e3:8.1f}ms {statistics.median(steps) * 1e3:8.1f}ms {err:+6.0f}%  "
+              f"{' '.join(f'{e:+.0f}%' for _, _, e in runs):17}  {min(steps) * 1e3:.0f}..{max(steps) * 1e3:.0f} ms")
     return 0 if worst <= args.tolerance else 1
 
 

@@ -36,10 +36,10 @@ sharing as the compute ops (so it takes cores the other ranks' compute then lack
 network part; the collective ends when both are done. The job is not slowed by I (it is not the rank's compute)
 and counts as running work for K. Calibrated per call as process CPU minus main-thread CPU around the collective
 (``time.process_time() - time.thread_time()``: gloo's threads only; runtime/tp/calibrate.py), a robust median,
-a least-squares line over the sizes. Not counted twice: I and K are the probe-fitted lumped form of the same
-effect (runtime/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the TP calibration)
-keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. A send/recv carries the same w on both
-ends (gloo's threads move it too; calibrated on collectives only: an assumption).
+a least-squares line over the sizes (runtime/tp/fit.py). Not counted twice: I and K are the probe-fitted lumped
+form of the same effect (runtime/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the
+TP calibration) keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. A send/recv carries the same
+w on both ends (gloo's threads move it too; calibrated on collectives only: an assumption).
 """
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def test_a_send_recv_carries_the_cpu_work_on_both_ends():
 
 
 def test_calibrated_line_of_the_cpu_work():
-    from distlab.runtime.tp.calibrate import comm_cpu_line
+    from distlab.runtime.tp.fit import comm_cpu_line
     # two ranks, w = 0.5 ms + 0.1 us/B exactly at 1000 and 9000 B (the medians over ranks and rounds)
     cals = [{"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.5e-3, 0.6e-3], "9000": [1.4e-3]}}},
             {"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.7e-3, 0.6e-3], "9000": [1.4e-3]}}}]

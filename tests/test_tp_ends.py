@@ -1,4 +1,4 @@
-"""The ends' host CPU (runtime/tp/ends.py) and the calling thread's CPU per collective (runtime/tp/calibrate.py
+"""The ends' host CPU (runtime/tp/ends.py) and the calling thread's CPU per collective (runtime/tp/fit.py
 comm_cpu_line) in the TP calibration: the host-side fits and the timed plan, hand-computed (no ranks started;
 the rank side runs in tests/test_tp_runtime.py's calibrated launch)."""
 from __future__ import annotations
@@ -66,10 +66,38 @@ def test_the_calling_threads_cpu_adds_to_gloos_cpu_per_collective():
     # per (kind, size) the median over ranks and rounds of gloo's CPU + the calling thread's: 0.5 + 0.2 ms at
     # 1000 B and 1.3 + 0.2 ms at 9000 B -> w = 0.6 ms + 0.1 us/B; without comm_main (older calibrations) 0.4 ms +
     # 0.1 us/B
-    from distlab.runtime.tp.calibrate import comm_cpu_line
+    from distlab.runtime.tp.fit import comm_cpu_line
     gloo = {"all_gather": {"1000": [0.5 * MS] * 3, "9000": [1.3 * MS] * 3}}
     main = {"all_gather": {"1000": [0.2 * MS] * 3, "9000": [0.2 * MS] * 3}}
     a, b = comm_cpu_line([{"comm_cpu": gloo, "comm_main": main}] * 2)
     assert a == approx(0.6 * MS) and b == approx(1e-7)
     a, b = comm_cpu_line([{"comm_cpu": gloo}])
     assert a == approx(0.4 * MS) and b == approx(1e-7)
+
+
+def test_adamw_on_dtensors_is_priced_by_its_own_probe_not_the_blocks_rate():
+    # AdamW's step CPU per round, rank 0 / rank 1 (ms): on DTensors 3.0/3.1, 2.8/2.9, 3.2/2.7 -> slowest 3.1, 2.9,
+    # 3.2 -> median 3.1; on the same plain tensors 1.0/1.2, 1.0/0.9, 1.0/1.1 -> 1.2, 1.0, 1.1 -> 1.1; 10
+    # parameters: (3.1 - 1.1) / 10 = 0.2 ms per DTensor parameter. The plan's "optimizer" (8 DTensor ops per
+    # DTensor parameter, 5 of them: launches 40) keeps its roofline and loses its launches; "optimizer host" of
+    # 5 x 0.2 = 1 ms follows it on its stream
+    from distlab.runtime.tp.fit import optimizer_host
+    from distlab.runtime.tp.validate import with_optimizer_host
+    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS
+
+    def cal(dtensor, plain):
+        return {"variants": [{"calibration": {"optimizer_dtensor": [t * MS for t in dtensor],
+                                              "optimizer_plain": [t * MS for t in plain], "optimizer_params": 10}}]}
+    per_param = optimizer_host([cal([3.0, 2.8, 3.2], [1.0, 1.0, 1.0]), cal([3.1, 2.9, 2.7], [1.2, 0.9, 1.1])])
+    assert per_param == approx(0.2 * MS)
+    assert optimizer_host([{"variants": [{"calibration": {}}]}]) is None          # a calibration without the probe
+    assert optimizer_host([cal([1.0], [1.5])]) == 0.0                               # never negative
+    plan = Plan([[Compute("bwd x", seconds=1 * MS),
+                  Compute("optimizer", flops=0.0, bytes=2e6, launches=ADAMW_DTENSOR_OPS * 5)]]).validate()
+    timed = with_optimizer_host(plan, per_param)
+    opt, host = timed.ranks[0][1:]
+    assert (opt.name, opt.launches, opt.bytes) == ("optimizer", 0, 2e6)
+    assert (host.name, host.seconds, host.stream) == ("optimizer host", approx(1 * MS), opt.stream)
+    c = PRESETS["localhost-cpu"].with_world_size(1)
+    c = replace(c, gpu=replace(c.gpu, hbm_GBps=1.0, launch_s=1 * MS))            # 2e6 B at 1 GB/s: 2 ms
+    assert simulate(timed, c).makespan == approx((1 + 2 + 1) * MS, rel=1e-6)       # not 40 launches x 1 ms

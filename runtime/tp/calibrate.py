@@ -1,43 +1,24 @@
-"""Calibration for tensor parallelism, measured in the same launch as the TP steps (runtime/tp/run.py), and the
-cluster fitted to it (runtime/tp/validate.py uses it).
+"""Calibration for tensor parallelism, measured on the ranks in the same launch as the TP steps (runtime/tp/run.py);
+the cluster fitted to it on the host: runtime/tp/fit.py (runtime/tp/validate.py uses it).
 
-On the ranks (``Calibrator``), one round before each captured TP step, so that load from other processes falls
-on both alike: each collective of the plan at its own sizes on the tp group, issued as DTensor issues it (torch's
+On the ranks (``Calibrator``), one round before each captured TP step, so that load from other processes falls on
+both alike: each collective of the plan at its own sizes on the tp group, issued as DTensor issues it (torch's
 functional collectives, float32; timed from the issue to ``wait_tensor``) in the step's duty cycle: one barrier,
-then CHAIN calls each after GAP_OPS small local ops (a step of the plan dispatches about that many ops between
-two collectives), median over the chain. Isolated calls (a barrier before each) are also timed and reported:
-with more ranks than free cores, a rank that has just computed must be woken for every ring hop, and the
-in-chain call costs several times the isolated one (4 gloo ranks on ~1 free core: ~3 ms vs ~0.5 ms a hop);
-the fit uses the in-chain times. DTensor's host work, as CPU time of this thread (``time.thread_time``: the work,
-not the wait for a core, which the simulator's processor sharing adds): one transformer block of the model under
-the run's own block plan (TP or TP + SP: ``parallelize_module`` hooks, DTensor dispatch and sharding propagation,
-the ``from_local``/``redistribute``/``to_local`` autograd functions around its collectives) forward+backward,
-the same block unparallelized, and each collective kind the block issues as a bare functional collective at the
-block's activation size (issue to wait: that CPU is already inside the fitted collective times); the DTensor
-ops and collectives of one forward+backward of the block are counted once (runtime/tp/run.py
-CollectiveCapture). Also CPU time: the unparallelized model's forward+backward on this rank; AdamW on plain
-tensors the size of this rank's TP shards. On the host (``fit_cluster``): per collective the ring model t =
-steps·α + f·S/B (``ring_cost``: all_gather and reduce_scatter n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least
-squares over the sizes (α = 0 and B from the largest size if α comes out negative); a memory rate M = 28 B x
-local elements / AdamW CPU time (sim/tp/plan.py ADAM_BYTES) and a compute rate F (bisection) such that the
-roofline sum of max(flops/F, bytes/M) over the tp = 1 plan's forward and backward ops equals the unparallelized
-forward+backward's CPU time; the GPU spec's ``launch_s`` = (block CPU - unparallelized block CPU - the block's
-collectives' issue CPU) / the block's DTensor ops: the host CPU per DTensor op as a TP layer dispatches them
-(sim/tp/plan.py launches; ~35-45 us here, ~3x an elementwise op on a DTensor alone, which skips the hooks and
-the redistributions; the unparallelized block's whole CPU is subtracted, an upper bound of its local math);
-``cpu_cores`` = the cores the ranks share (the caller's fair share beside other processes, runtime/load.py
-effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each rank's compute
-at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends between stages) =
-the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken); a collective's CPU
-work, ``comm_cpu_s`` + ``comm_cpu_s_per_byte`` x bytes per member rank: gloo's own threads, process minus
-main-thread CPU over each chain / CHAIN (gloo's CPU wherever it falls, also after ``wait`` returns; issue to
-wait alone catches ~1/3 of it here, ~0.45 of ~1.4 ms at tp 4, the whole chain matches the step's own process
-minus main-thread CPU per collective, ~1.6 ms), plus the calling thread's own CPU from issue to wait (the
-functional collective's Python, c10d's enqueue, the wait: ~0.2 ms at tp 2, which the chain's times hold as
-wall time; on cores that compute fills it takes its share like any compute), ``comm_cpu_line``; the simulator
-shares it with the compute on the cores, sim/cores.py, with interference = comm_interference = 1. The ends'
-host CPU beyond launches x launch_s (the embedding; final norm, head, loss): runtime/tp/ends.py. Per quantity:
-the median over rounds of the slowest rank (the CPU work: the median over ranks and rounds).
+then CHAIN calls each after GAP_OPS small local ops (a step of the plan dispatches about that many ops between two
+collectives), the mean over the chain (a step's collectives add up, so it pays the mean call, the tails included: in
+PP x TP's steps a call's median is ~0.4 ms and its mean ~1 ms, some calls taking 3-6 ms while the cores are
+oversubscribed; the median fitted PP x TP ~12 points lower). Isolated calls (a barrier before each) are also timed
+and reported: with more ranks than free cores, a rank that has just computed must be woken for every ring hop, and
+the in-chain call costs several times the isolated one (4 gloo ranks on ~1 free core: ~3 ms vs ~0.5 ms a hop); the
+fit uses the in-chain times. DTensor's host work, as CPU time of this thread (``time.thread_time``: the work, not
+the wait for a core, which the simulator's processor sharing adds): one transformer block of the model under the
+run's own block plan (TP or TP + SP: ``parallelize_module`` hooks, DTensor dispatch and sharding propagation, the
+``from_local``/``redistribute``/``to_local`` autograd functions around its collectives) forward+backward, the same
+block unparallelized, and each collective kind the block issues as a bare functional collective at the block's
+activation size (issue to wait: that CPU is already inside the fitted collective times); the DTensor ops and
+collectives of one forward+backward of the block are counted once (runtime/tp/run.py CollectiveCapture). Also CPU
+time: the unparallelized model's forward+backward on this rank; AdamW on plain tensors the size of this rank's TP
+shards.
 """
 from __future__ import annotations
 
@@ -118,6 +99,22 @@ class Calibrator:
             self._block_step(self.block, self.block_x)
         self.times["block_ops"] = sum(cap.dtensor_ops.values())
         self.times["block_calls"] = [k for k, *_ in cap.calls]
+        self._optimizer_setup(mesh)
+
+    def _optimizer_setup(self, mesh) -> None:
+        """AdamW on DTensors: the TP shards of ``self.shards`` as parameters Shard(0) on the tp ``mesh`` (their
+        gradients too), beside ``shard_opt`` on the same local tensors plain (:meth:`round`)."""
+        import torch
+        from torch.distributed.tensor import DTensor, Shard
+        params = []
+        for t in self.shards:
+            q = torch.nn.Parameter(DTensor.from_local(t.detach().clone(), mesh, [Shard(0)], run_check=False))
+            q.grad = DTensor.from_local(torch.zeros_like(t), mesh, [Shard(0)], run_check=False)
+            params.append(q)
+        self.dtensor_opt = torch.optim.AdamW(params, lr=1e-4)
+        self.times.update(optimizer_dtensor=[], optimizer_plain=[], optimizer_params=len(params))
+        self.dtensor_opt.step()                                 # warm-up (state, sharding propagation caches)
+        self.shard_opt.step()
 
     def _fsdp_setup(self, c: dict, plan: dict, tp_mesh, dp_mesh) -> None:
         """The same block as an FSDP2 x TP unit: ``parallelize_module`` on the run's tp mesh, then ``fully_shard``
@@ -190,8 +187,8 @@ class Calibrator:
         for op, table in self.times["collectives"].items():
             for size, times in table.items():
                 process, thread = time.process_time(), time.thread_time()
-                median, main = self._chain(op, int(size))
-                times.append(median)
+                mean, main = self._chain(op, int(size))
+                times.append(mean)
                 self.times["comm_cpu"][op][size].append(
                     (time.process_time() - process - (time.thread_time() - thread)) / CHAIN)
                 self.times["comm_main"][op][size].append(main / CHAIN)
@@ -204,6 +201,8 @@ class Calibrator:
         t0 = time.thread_time()
         self.shard_opt.step()
         self.times["optimizer"].append(time.thread_time() - t0)
+        self.times["optimizer_dtensor"].append(_cpu_per_call(self.dtensor_opt.step, 5))
+        self.times["optimizer_plain"].append(_cpu_per_call(self.shard_opt.step, 5))
 
     def _collective(self, op: str, nbytes: int, barrier: bool = True, clock=time.perf_counter) -> float:
         import torch
@@ -225,7 +224,7 @@ class Calibrator:
         return clock() - t0
 
     def _chain(self, op: str, nbytes: int) -> tuple[float, float]:
-        """(median time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring); this
+        """(mean time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring); this
         thread's CPU in the CHAIN calls together, issue to wait)."""
         import torch.distributed as dist
         dist.barrier(group=self.group)
@@ -237,7 +236,7 @@ class Calibrator:
             t0 = time.thread_time()
             times.append(self._collective(op, nbytes, barrier=False))
             main += time.thread_time() - t0
-        return statistics.median(times), main
+        return statistics.mean(times), main
 
     def results(self) -> dict:
         return self.times
@@ -277,97 +276,3 @@ def plan_sizes(plan) -> dict:
             if isinstance(o, Collective) and o.name.startswith("tp "):
                 out.setdefault(o.op, set()).add(o.bytes)
     return {op: sorted(v | {8 * max(v)}) for op, v in out.items()}
-
-
-def _over_rounds(results: list[dict], get) -> float:
-    """Median over rounds of the slowest rank's value."""
-    rounds = min(len(get(r)) for r in results)
-    return statistics.median(max(get(r)[i] for r in results) for i in range(rounds))
-
-
-def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parallel: bool = True,
-                cores: float | None = None):
-    """localhost-cpu on ``world`` ranks with the fitted collectives (at group size tp), compute rate and
-    memory rate (module docstring)."""
-    import numpy as np
-
-    from distlab.sim.collectives import ring_cost
-    from distlab.sim.mesh import Mesh
-    from distlab.sim.plan import Compute
-    from distlab.sim.tp.plan import ADAM_BYTES, TPOptions, tp_plan
-    from distlab.sim.tp.rules import local_numel
-    cals = [r["variants"][0]["calibration"] for r in results]
-    coll = {}
-    for op, table in cals[0]["collectives"].items():
-        steps, f = ring_cost(op, tp)
-        pts = sorted((int(s), _over_rounds(cals, lambda c, op=op, s=s: c["collectives"][op][s])) for s in table)
-        slope, icpt = np.polyfit(*zip(*pts), 1) if len(pts) > 1 else (0.0, -1.0)
-        if icpt < 0 or slope <= 0:      # noise at latency-bound sizes: α from the smallest, B from the rest
-            icpt = min(t for _, t in pts)
-            slope = max((pts[-1][1] - icpt) / pts[-1][0], 1e-12)
-        coll[op] = {str(tp): {"latency_us": float(icpt) / steps * 1e6 + 1e-3,
-                              "bandwidth_GBps": f / float(slope) / 1e9}}
-    fb = _over_rounds(cals, lambda c: c["fwd_bwd"])
-    M = ADAM_BYTES * local_numel(model, tp) / _over_rounds(cals, lambda c: c["optimizer"])
-    one = tp_plan(model, Mesh({"tp": 1}), TPOptions(sequence_parallel=sequence_parallel))
-    work = [(o.flops, o.bytes) for o in one.ranks[0] if isinstance(o, Compute) and o.name != "optimizer"]
-    from dataclasses import replace
-
-    from distlab.runtime.validation import roofline_cluster
-    cluster = roofline_cluster(work, fb, M, world, coll)
-    hop = coll.get("all_gather", {}).get(str(tp), {}).get("latency_us", cluster.intra_node.latency_us)
-    cpu_s, cpu_s_per_byte = comm_cpu_line(cals)
-    return replace(cluster, gpu=replace(cluster.gpu, launch_s=launch_seconds(cals)),
-                   intra_node=replace(cluster.intra_node, latency_us=hop),
-                   cpu_cores=float(min(world, cores if cores is not None else cals[0]["cores"])),
-                   comm_cpu_s=cpu_s, comm_cpu_s_per_byte=cpu_s_per_byte)
-
-
-def comm_cpu_line(cals: list[dict]) -> tuple[float, float]:
-    """(a, b) of a collective's CPU work w = a + b x bytes per member rank (sim/cores.py): per kind and size the
-    median over ranks and rounds of gloo's threads' CPU per call plus the calling thread's own CPU from issue to
-    wait (``comm_main``; absent in older calibrations: 0), least squares over every (kind, size); a
-    negative slope gives (median, 0), a negative intercept the line through the origin. (0, 0) for a
-    calibration without it. The interference factors stay 1 (sim/cores.py: not counted twice)."""
-    import numpy as np
-    def per_call(c, op, size):
-        main = c.get("comm_main", {}).get(op, {}).get(size) or [0.0] * len(c["comm_cpu"][op][size])
-        return [g + m for g, m in zip(c["comm_cpu"][op][size], main)]
-    pts = [(int(size), statistics.median(v for c in cals for v in per_call(c, op, size)))
-           for op, table in cals[0].get("comm_cpu", {}).items() for size in table]
-    if not pts:
-        return 0.0, 0.0
-    x, y = np.array(pts, dtype=float).T
-    slope, icpt = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(np.median(y)))
-    if slope < 0:
-        return max(float(np.median(y)), 0.0), 0.0
-    if icpt < 0:
-        return 0.0, max(float(x @ y / (x @ x)), 0.0)
-    return float(icpt), float(slope)
-
-
-def launch_seconds(cals: list[dict]) -> float:
-    """DTensor's host CPU per dispatched op of a TP block: (parallel block - plain block - its collectives' issue)
-    / its DTensor ops, each CPU time the median over rounds of the slowest rank (module docstring)."""
-    c = cals[0]
-    issue = sum(_over_rounds(cals, lambda c, op=op: c["block_collectives"][op]) for op in c["block_calls"])
-    host = _over_rounds(cals, lambda c: c["block_tp"]) - _over_rounds(cals, lambda c: c["block_local"]) - issue
-    return max(host / c["block_ops"], 0.0)
-
-
-def fsdp_host(results: list[dict]) -> tuple[float, float]:
-    """FSDP2's host CPU seconds per unit (forward, backward; Calibrator._fsdp_round), the median over rounds of the
-    slowest rank; (0, 0) for a run without FSDP2."""
-    cals = [r["variants"][0].get("calibration") or {} for r in results]
-    if not all(c.get("fsdp_forward") for c in cals):
-        return 0.0, 0.0
-    return _over_rounds(cals, lambda c: c["fsdp_forward"]), _over_rounds(cals, lambda c: c["fsdp_backward"])
-
-
-def pipeline_overhead(results: list[dict]) -> float:
-    """The pipelining runtime's CPU seconds per action (runtime/tp/pipeline.py RuntimeProbe), the median over
-    rounds of the slowest rank; 0 for a run without a pipeline."""
-    cals = [r["variants"][0].get("calibration") or {} for r in results]
-    if not all(c.get("pipeline_action") for c in cals):
-        return 0.0
-    return _over_rounds(cals, lambda c: c["pipeline_action"])

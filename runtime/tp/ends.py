@@ -1,7 +1,7 @@
 """The host CPU of a TP model's ends (the embedding; the final norm, head and loss) beyond what their DTensor ops
 cost at the block's rate, measured on its own in the TP calibration rounds (runtime/tp/calibrate.py).
 
-The block probe (calibrate.py ``launch_seconds``) prices a DTensor op as a transformer block dispatches them
+The block probe (calibrate.py; fit.py ``launch_seconds``) prices a DTensor op as a transformer block dispatches them
 (~35-55 us here). The ends dispatch few DTensor ops but do more host work per op: RowwiseParallel on the
 embedding shards the table on rows and masks the tokens outside this rank's rows (torch 2.13
 torch/distributed/tensor/_ops/_embedding_ops.py ``MaskPartial``: the mask, the offset, the masked lookup and its

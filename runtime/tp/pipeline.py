@@ -73,7 +73,8 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
             cal.times.setdefault("pipeline_action", []).append(probe.action_seconds())
         t = step(i >= warmup)
         if i >= warmup:
-            out.append({"time": t, "calls": list(cap.calls), "spans": [], "phases": []})
+            out.append({"time": t, "calls": list(cap.calls), "phases": [],            # spans: from the step's start
+                        "spans": [[a - cap.t0, b - cap.t0] for a, b in cap.spans]})
             if cal:
                 process, thread = time.process_time(), time.thread_time()
                 out[-1]["plain_time"] = step(False)

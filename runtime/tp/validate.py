@@ -68,15 +68,41 @@ def validate_tp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 1, timeo
     return compare(built, results, before.effective_cores(nproc) if before else None)
 
 
-def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0.0, 0.0), ends: dict | None = None):
+def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0.0, 0.0), ends: dict | None = None,
+               optimizer: float | None = None):
     """The plan whose time is predicted: the scenario's, except FSDP2 x TP with FSDP2 on one stream
     (FSDPOptions overlap false: on CPU with gloo every FSDP2 collective blocks) and FSDP2's host CPU per unit,
-    ``fsdp_host`` = (forward, backward) seconds (runtime/tp/calibrate.py fsdp_host), as a Compute before each
+    ``fsdp_host`` = (forward, backward) seconds (runtime/tp/fit.py fsdp_host), as a Compute before each
     unit's forward all-gather and each reduce-scatter; and PP x TP with the pipelining runtime's ``overhead``
     seconds after each action (runtime/tp/pipeline.py RuntimeProbe); with ``ends`` ({"END PHASE": seconds},
-    runtime/tp/ends.py ends_host) the ends' host CPU after their compute ops; the same collectives."""
+    runtime/tp/ends.py ends_host) the ends' host CPU after their compute ops; with ``optimizer`` (seconds per
+    DTensor parameter, runtime/tp/fit.py optimizer_host) AdamW's host CPU measured on DTensors
+    (:func:`with_optimizer_host`); the same collectives."""
     from distlab.runtime.tp.ends import with_ends_host
-    return with_ends_host(_timed_plan(built, overhead, fsdp_host), ends or {})
+    plan = with_ends_host(_timed_plan(built, overhead, fsdp_host), ends or {})
+    return plan if optimizer is None else with_optimizer_host(plan, optimizer)
+
+
+def with_optimizer_host(plan, per_param: float):
+    """``plan`` with each "optimizer" Compute's DTensor ops (launches x launch_s: ADAMW_DTENSOR_OPS per DTensor
+    parameter, sim/tp/plan.py, priced at the TP block's rate) replaced by a Compute "optimizer host" of
+    ``per_param`` seconds per DTensor parameter after it (AdamW's elementwise ops on DTensors cost less host CPU
+    than a TP block's ops, which carry hooks and redistributions); its roofline (flops, bytes) stays."""
+    from dataclasses import replace
+
+    from distlab.sim.plan import Compute, Plan
+    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS
+    ranks = []
+    for ops in plan.ranks:
+        out = []
+        for o in ops:
+            if isinstance(o, Compute) and o.name == "optimizer" and o.launches:
+                out += [replace(o, launches=0),
+                        Compute("optimizer host", seconds=per_param * o.launches / ADAMW_DTENSOR_OPS, stream=o.stream)]
+            else:
+                out.append(o)
+        ranks.append(out)
+    return Plan(ranks, name=plan.name, meta=plan.meta).validate()
 
 
 def _timed_plan(built, overhead: float, fsdp_host: tuple[float, float]):
@@ -121,15 +147,15 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
     pipelining runtime's CPU per action, timed_plan), ``ends_host_s`` (runtime/tp/ends.py ends_host) and
     ``actions`` (PP x TP: :func:`action_spans`)."""
-    from distlab.runtime.tp.calibrate import fit_cluster
+    from distlab.runtime.tp.fit import fit_cluster
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
     cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
-    from distlab.runtime.tp.calibrate import fsdp_host, pipeline_overhead
     from distlab.runtime.tp.ends import ends_host
+    from distlab.runtime.tp.fit import fsdp_host, optimizer_host, pipeline_overhead
     overhead, ends = pipeline_overhead(results), ends_host(results, cluster.gpu.launch_s)
-    timed = timed_plan(built, overhead, fsdp_host(results), ends)
+    timed = timed_plan(built, overhead, fsdp_host(results), ends, optimizer_host(results))
     trace = simulate(timed, cluster, record_transfers=False)
     from dataclasses import replace
     without = simulate(timed, replace(cluster, comm_cpu_s=0.0, comm_cpu_s_per_byte=0.0), record_transfers=False)
@@ -162,7 +188,7 @@ def parts(plan, trace, cluster, results: list[dict]) -> dict:
     for o in trace.for_rank(0):
         op = ops[o.index]
         if o.kind == "collective" and PHASES.get(o.name.rsplit(" ", 1)[-1]) == "optimizer" or \
-                o.kind == "compute" and op.name == "optimizer":
+                o.kind == "compute" and op.name in ("optimizer", "optimizer host"):
             pred["optimizer"] += o.duration
         elif o.kind == "collective":
             pred["comm"] += o.duration
