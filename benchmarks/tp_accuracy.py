@@ -2,21 +2,21 @@
 
     python benchmarks/tp_accuracy.py [--steps 7] [--launches 3] [--only tp,fsdp_tp,pp_tp] [--tolerance 20]
 
-Per composition, ``--launches`` launches, each (runtime/tp/validate.py ``validate_tp``) of the model of scenarios/tp-cpu.yaml on a
-mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches): before each captured step
-one calibration round on the tp group (collectives at the plan's sizes in the step's duty cycle, the DTensor op
-host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards: runtime/tp/calibrate.py), after
-it one uncaptured step, whose time (slowest rank) is the measurement. Prints the prediction, the median of the
-measured steps, the error, the spread (min, max), whether the collective sequences match, the fitted DTensor
-host CPU per op (``launch_s``) and cores, rank 0's step in parts (runtime/tp/validate.py ``parts``: comm, compute,
-optimizer, measured / predicted; a pipeline rank has no phases, but PP x TP prints the pipelining runtime's CPU
-per action), the fitted CPU work per collective (sim/cores.py comm_cpu_seconds: gloo's threads and the calling
-thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions on one rank per stage, measured and predicted
-(runtime/tp/validate.py action_spans), and the machine's load (runtime/load.py) before and after. Then per
-composition over its launches: the median of the launches' predictions against the median of all their
-measured steps (the error that is judged; the launches' own errors and the steps' spread beside it: a launch's
-measured median moves by 10-20% with how the OS happens to schedule 4 busy ranks on 2 cores). Exit 1 if any
-pooled |error| exceeds --tolerance.
+Per composition, ``--launches`` launches, each (runtime/tp/validate.py ``validate_tp``) of the model of
+scenarios/tp-cpu.yaml on a mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches):
+before each captured step one calibration round on the tp group (collectives at the plan's sizes in the step's duty
+cycle, the DTensor op host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards plain and as
+DTensors: runtime/tp/calibrate.py), after it one uncaptured step, whose time (slowest rank) is the measurement.
+Prints the prediction, the median of the measured steps, the error, the spread (min, max), whether the collective
+sequences match, the fitted DTensor host CPU per op (``launch_s``) and cores, rank 0's step in parts
+(runtime/tp/validate.py ``parts``: comm, compute, optimizer, measured / predicted; a pipeline rank has no phases,
+but PP x TP prints the pipelining runtime's CPU per action), the fitted CPU work per collective (sim/cores.py
+comm_cpu_seconds: gloo's threads and the calling thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions
+on one rank per stage, measured and predicted (runtime/tp/validate.py action_spans), and the machine's load
+(runtime/load.py) before and after. Then per composition over its launches: the median of the launches' predictions
+against the median of all their measured steps (the error that is judged; the launches' own errors and the steps'
+spread beside it: a launch's measured median moves by 10-20% with how the OS happens to schedule 4 busy ranks on 2
+cores). Exit 1 if any pooled |error| exceeds --tolerance.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
               f"{'match' if r['sequence_match'] else 'DIFFER':9}  {r['cluster'].gpu.launch_s * 1e6:.1f} us"
               f"  cores {r['cluster'].cpu_cores:.2f}")
         c = r["cluster"]
-        print(f"    collective CPU work per member rank (gloo's threads + the calling thread): {c.comm_cpu_s * 1e6:.0f} us + "
+        print("    collective CPU work per member rank (gloo's threads + the calling thread): "
+              f"{c.comm_cpu_s * 1e6:.0f} us + "
               f"{c.comm_cpu_s_per_byte * 1e9:.3f} ns/B; without it the prediction is "
               f"{row['predicted_without_comm_cpu_s'] * 1e3:.1f} ms "
               f"({100 * (row['predicted_without_comm_cpu_s'] / row['measured_s'] - 1):+.0f}%)"
