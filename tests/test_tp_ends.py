@@ -87,7 +87,7 @@ def test_adamw_on_dtensors_is_priced_by_its_own_probe_not_the_blocks_rate():
 
     def cal(dtensor, plain):
         return {"variants": [{"calibration": {"optimizer_dtensor": [t * MS for t in dtensor],
-                                              "optimizer_plain": [t * MS for t in plain], "optimizer_params": 10}}]}
+                                              "optimizer": [t * MS for t in plain], "optimizer_params": 10}}]}
     per_param = optimizer_host([cal([3.0, 2.8, 3.2], [1.0, 1.0, 1.0]), cal([3.1, 2.9, 2.7], [1.2, 0.9, 1.1])])
     assert per_param == approx(0.2 * MS)
     assert optimizer_host([{"variants": [{"calibration": {}}]}]) is None          # a calibration without the probe

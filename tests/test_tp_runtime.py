@@ -84,8 +84,13 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
     assert cal["ends_ops"] == {k: DTENSOR_OPS[True][k] for k in ("embed fwd", "embed bwd", "head fwd", "head bwd")}
     assert set(r["ends_host_s"]) == set(cal["ends_ops"]) and min(r["ends_host_s"].values()) >= 0
     assert all(v > 0 for t in cal["comm_main"].values() for vs in t.values() for v in vs)   # issue to wait CPU
+    from distlab.runtime.tp.ends import ends_host
     from distlab.runtime.tp.fit import optimizer_host      # AdamW on DTensors costs more host CPU than on tensors
+    from distlab.runtime.tp.validate import timed_plan
+    from distlab.sim.engine import simulate
     assert cal["optimizer_params"] == len(MODEL.params) and optimizer_host(results) > 0
+    priced = timed_plan(built, ends=ends_host(results, r["cluster"].gpu.launch_s))   # the optimizer at the block rate
+    assert simulate(priced, r["cluster"]).makespan != pytest.approx(rows[0]["predicted_s"])    # compare used the probe
     for c in rows:
         assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 

@@ -142,7 +142,7 @@ def optimizer_host(results: list[dict]) -> float:
     cals = [r["variants"][0].get("calibration") or {} for r in results]
     if not all(c.get("optimizer_dtensor") for c in cals):
         return None
-    extra = _over_rounds(cals, lambda c: c["optimizer_dtensor"]) - _over_rounds(cals, lambda c: c["optimizer_plain"])
+    extra = _over_rounds(cals, lambda c: c["optimizer_dtensor"]) - _over_rounds(cals, lambda c: c["optimizer"])
     return max(extra, 0.0) / cals[0]["optimizer_params"]
 
 
