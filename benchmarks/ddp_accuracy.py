@@ -86,8 +86,8 @@ def _step_without_interference(r: dict, cap) -> float:
     """The same prediction with both interference factors 1 (what they change)."""
     from dataclasses import replace
 
-    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
-    from distlab.sim.engine import simulate
+    from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
+    from distlab.sim.kernel.engine import simulate
     plan, _ = ddp_plan(r["model"], 2, DDPOptions.from_dict({"bucket_cap_mb": cap}))
     cluster = replace(r["cluster"], interference=1.0, comm_interference=1.0)
     return simulate(plan, cluster, record_transfers=False).makespan

@@ -6,7 +6,7 @@ One launch of N ranks (runtime/ep/validate.py, shared with `distlab validate --s
 even all_to_all_single calls are timed (fit: α and bandwidth), a probe (the first shape, balanced routing) fits
 this CPU's FLOP rate, then each case (MoE shapes x routing skews) runs forward + backward ``--steps`` times:
 measured = median over steps of the slowest rank's step; spread = (slowest - fastest step) / median; load = the
-token copies each ep rank received (the skew's imbalance). Predicted = the simulated plan (sim/moe/plan.py) on
+token copies each ep rank received (the skew's imbalance). Predicted = the simulated plan (sim/parallel/ep/plan.py) on
 the fitted cluster; the prediction never sees the run it predicts. Exit code 1 if an error exceeds --tolerance.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.2)
     args = ap.parse_args(argv)
     from distlab.runtime.ep.validate import measure_and_predict
-    from distlab.sim.moe.model import from_spec
+    from distlab.sim.parallel.ep.model import from_spec
     variants = [{"model": from_spec(s), "skew": k} for s in SHAPES for k in SKEWS]
     r = measure_and_predict(variants, args.ranks, steps=args.steps)
     a2a = r["calibration"]["all_to_all"][str(args.ranks)]

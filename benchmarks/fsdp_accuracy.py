@@ -43,7 +43,7 @@ def _main(args, load_pids) -> int:
 
     from distlab.runtime.fsdp import run as fsdp
     from distlab.runtime.fsdp import validate as fsdp_validate
-    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import gpt
     model = gpt(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=args.vocab,
                 micro_batch=args.batch, dtype="float32", arch="llama", name="bench-llama")

@@ -6,7 +6,7 @@ on another) predicted vs measured at 2 and 4 ranks, over several validate runs, 
 Each run is one `distlab validate --ops all_reduce` (its own calibration, then the plan 5 times: the run's error
 is that of the median makespan). Prints per world size every run's error, the median error over the runs, their
 spread (largest - smallest), the load before each run, the fitted factors (interference I: compute's slowdown
-beside an all_reduce; comm_interference K: the all_reduce's beside compute, sim/cores.py) and the median error
+beside an all_reduce; comm_interference K: the all_reduce's beside compute, sim/kernel/cores.py) and the median error
 of the same predictions with both factors 1, and with K = 1 only (what each changes). ``--keep DIR``: each
 run's `distlab validate --out` file (every op of every repeat) is kept there. Target (issue 15): |median error| <= 15%. Exit code 1
 when a target is missed.

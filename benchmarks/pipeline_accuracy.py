@@ -13,7 +13,7 @@ For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of
 2. Measure: torch.distributed.pipelining runs the schedule with --microbatches, every action timed; the median
    step makespan of --steps steps is "measured".
 3. Predict: sim.pipeline's plan of that configuration: stage costs = blocks x the rank's block costs + the
-   overhead per action, on a cluster whose ranks share this machine's cores (processor sharing, sim/cores.py,
+   overhead per action, on a cluster whose ranks share this machine's cores (processor sharing, sim/kernel/cores.py,
    with the cores fair sharing beside the other processes leaves them: runtime/load.py effective_cores),
    p2p with the probe's latency and the ping-pong's bandwidth. The prediction never sees the run it predicts.
    torch detail modelled: stage 0 has no input gradient, so its I does no matmul and its W runs the full
@@ -40,7 +40,7 @@ def one_launch(n: int, args):
     """One launch of ``n`` ranks: probe, calibrate and run every schedule. Yields (label, (predicted, replay,
     fastest, median step makespans, predicted bubble, measured bubble), note)."""
     from distlab.runtime.pipeline.validate import measure_runs, predict_runs
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=n, microbatches=args.microbatches, virtual_stages=v, width=args.width,
                  rows=args.rows, layers=n * args.blocks_per_rank, steps=args.steps, warmup=1) for s, v in SCHEDULES]
     raw = measure_runs(cfgs, n, timeout=600, count_pids=args.load_pids)

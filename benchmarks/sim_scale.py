@@ -47,9 +47,9 @@ def build(name: str):
         r = sc.build(sc.validate(d, "scenario"))
         return r.plan, r.cluster
     from distlab.sim.mesh import Mesh
-    from distlab.sim.pipeline.plan import PipelineSpec
-    from distlab.sim.tp.pipeline import pp_tp_plan
-    from distlab.sim.tp.plan import TPOptions
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec
+    from distlab.sim.parallel.tp.pipeline import pp_tp_plan
+    from distlab.sim.parallel.tp.plan import TPOptions
     if name == "llama3-405b-16k":
         d = {"model": {"preset": "llama3-405b", "micro_batch": 1}, "cluster": "dgx-h100", "nodes": 2048}
         dims, split = {"dp": 128, "pp": 16, "tp": 8}, [7] + [8] * 14 + [7]
@@ -69,7 +69,7 @@ def one(name: str, symmetric: bool) -> dict:
     """Build and simulate one case in this process; return its figures."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.result import step_summary
     t0 = time.perf_counter()
     plan, cluster = build(name)

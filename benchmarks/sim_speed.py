@@ -10,7 +10,7 @@ import time
 
 from distlab.sim.cluster import load_cluster
 from distlab.sim.collectives import metrics
-from distlab.sim.engine import simulate_collective
+from distlab.sim.kernel.engine import simulate_collective
 
 CASES = [("ring", 128, 10.0), ("hierarchical", 1024, 60.0)]
 

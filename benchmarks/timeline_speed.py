@@ -53,7 +53,7 @@ def parts() -> None:
     import io
 
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     cluster = load_cluster("dgx-h100", 2)
     t0 = time.perf_counter()
     from PIL import Image, ImageDraw, ImageFont  # noqa: F401

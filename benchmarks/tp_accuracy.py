@@ -10,7 +10,7 @@ DTensors: runtime/tp/calibrate.py), after it one uncaptured step, whose time (sl
 Prints the prediction, the median of the measured steps, the error, the spread (min, max), whether the collective
 sequences match, the fitted DTensor host CPU per op (``launch_s``) and cores, rank 0's step in parts
 (runtime/tp/validate.py ``parts``: comm, compute, optimizer, measured / predicted; a pipeline rank has no phases,
-but PP x TP prints the pipelining runtime's CPU per action), the fitted CPU work per collective (sim/cores.py
+but PP x TP prints the pipelining runtime's CPU per action), the fitted CPU work per collective (sim/kernel/cores.py
 comm_cpu_seconds: gloo's threads and the calling thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions
 on one rank per stage, measured and predicted (runtime/tp/validate.py action_spans), and the machine's load
 (runtime/load.py) before and after. Then per composition over its launches: the median of the launches' predictions

@@ -53,7 +53,7 @@ def write_cluster(path: str, rows: list[dict], compute: dict, nprocs: list[int],
             f"{format_bytes(max(sizes))}; gpu = CPU matmul/copy speed per rank with {max(nprocs)} ranks running\n"
             + (f"# {load.line(max(nprocs))}\n" if load else "")
             + ("# interference: compute's slowdown while an all_reduce is in flight; comm_interference: the "
-               "all_reduce's while every rank computes (runtime/compute_probe.py, sim/cores.py)\n"
+               "all_reduce's while every rank computes (runtime/compute_probe.py, sim/kernel/cores.py)\n"
                if cluster.interference != 1 or cluster.comm_interference != 1 else ""))
     write_atomic(path, head + cluster.to_yaml())
     return cluster

@@ -19,15 +19,15 @@ curve covers skinny shapes is measured, not assumed.
 thread issues all_reduces back to back on their own process group; interference = rate alone / rate during
 (matmuls that start and end while the all_reduces run; per round the slowest rank's, since ranks that meet in
 collectives wait for it), the robust center over rounds (runtime/robust.py).
-Every rank computes in both, so the sharing of cores between the ranks (sim/cores.py) is in both rates and
+Every rank computes in both, so the sharing of cores between the ranks (sim/kernel/cores.py) is in both rates and
 the ratio holds only what the communication takes (gloo's threads on CPU; NCCL's SMs and HBM on GPUs).
 The same rounds give the reverse direction, ``comm_interference`` = the time of the all_reduces with every rank
 computing (the window above) / the time of as many all_reduces with no compute (timed in each round, between
-the two phases); per round the slowest rank's times, the robust center over rounds (sim/cores.py
+the two phases); per round the slowest rank's times, the robust center over rounds (sim/kernel/cores.py
 CommSlowdown: what it slows, and why neither factor counts the core sharing).
 
 ``compute_jitter``: from the same work timed on every rank at once, round after round, the variance between ranks
-per second of compute (sim/skew.py: sigma^2 = J mu).
+per second of compute (sim/kernel/skew.py: sigma^2 = J mu).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def gemm_sweep(device: str = "cpu", shapes=None, budget_s: float = 2.0, rounds: 
     the shapes (each round times one block of back-to-back calls per shape, blocks sized to ``budget_s`` in all)
     and a shape's time is its fastest round: a burst of load from other processes spreads over all shapes and
     then drops out, and what is left is the speed of a core (or GPU) that the rank has to itself; sharing
-    cores between ranks is sim/cores.py's part."""
+    cores between ranks is sim/kernel/cores.py's part."""
     import torch
 
     from distlab.runtime.compute import Matmuls

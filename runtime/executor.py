@@ -249,7 +249,7 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
 
     A collective's ``launch`` is the latest start among its group's members for the same call (the k-th
     collective of that group and stream on each member): when all had arrived. A send's and its receive's
-    ``launch`` is the later of their two starts (both posted), as in sim/engine.py.
+    ``launch`` is the later of their two starts (both posted), as in sim/kernel/engine.py.
     """
     per_rank = {r["rank"]: r for r in results if r}
     n_runs = min((len(r["runs"]) for r in per_rank.values()), default=0)
@@ -310,4 +310,4 @@ def _name(op) -> str:
         return op.event
     if isinstance(op, Compute):
         return op.name
-    return op.name or (op.op if isinstance(op, Collective) else op.kind)      # as sim/engine.py names them
+    return op.name or (op.op if isinstance(op, Collective) else op.kind)      # as sim/kernel/engine.py names them

@@ -127,7 +127,7 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
                        cpu_cores: float | None = None):
     """The localhost-cpu preset sized to ``world_size`` ranks, with measured compute and the calibration.
     intra_node gets the all_reduce fit at the largest group (used by plans the calibration does not cover).
-    ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/cores.py), c = runtime/load.py
+    ``cpu_cores`` (CPU ranks): the cores the ranks share (sim/kernel/cores.py), c = runtime/load.py
     effective_cores(world_size): fair sharing with the other processes' observed shares. Compute was measured
     with all ``world_size`` ranks at once, each getting min(1, c / world_size) of what one rank alone gets, so
     the rate of one rank alone (the cluster's gpu) is the measured rate x max(1, world_size / c).

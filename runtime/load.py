@@ -28,7 +28,7 @@ full was seen using the level of then, a lower bound of its demand; but adding k
 level, so it still wants more than L and r(k) is unchanged (in a steady state; a reading is 0.25 s of a
 machine whose load moves, so this is an estimate).
 ``effective_cores(k, alone)`` = min(k, k x r(k) / r(alone)): the ``cpu_cores`` a simulator that gives each of k
-computing ranks min(1, c / k) of a core (sim/cores.py) needs so that they run at r(k) / r(alone) of the speed
+computing ranks min(1, c / k) of a core (sim/kernel/cores.py) needs so that they run at r(k) / r(alone) of the speed
 their compute was timed at, ``alone`` ranks running then (pipeline probes: 1, each rank in turn; calibrate and
 validate: all k at once, and the cluster's gpu is then the timed rate x r(1) / r(k)). Idle machine:
 r(k) = min(1, cores / k), so c = min(k, cores), as without a background. With the benchmarks' one process

@@ -56,7 +56,7 @@ def roofline_cluster(work: list[tuple[float, float]], measured_s: float, bytes_p
 def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend: str, kind: str,
                      cpu_cores: float | None = None) -> list[dict]:
     """One case per measured row: predicted by simulating that one collective on the calibrated cluster."""
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     out = []
     for r in rows:
         if r["op"] == "barrier":
@@ -72,14 +72,14 @@ def collective_cases(rows: list[dict], calibration: dict, compute: dict, backend
 def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, backend: str,
                  cpu_cores: float | None = None) -> dict:
     """The overlap plan: simulated makespan against the median measured makespan over the repeats. Compute speed
-    and ``interference`` (compute's slowdown while an all_reduce is in flight, sim/cores.py) come from the probe
+    and ``interference`` (compute's slowdown while an all_reduce is in flight, sim/kernel/cores.py) come from the probe
     rounds run between the plan's runs (``compute["during_plan"]``, runtime/compute_probe.py) where there are
     some: on a shared machine the load then is the load the runs had; the plan's own times are never used.
     ``comm_interference`` (the all_reduce's slowdown while every rank computes) comes from the same rounds.
     ``error_without_interference``: the error of the same prediction with both factors 1 (what they change);
     ``error_without_comm_interference``: with comm_interference 1 only."""
     from distlab.runtime.executor import merge_results
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     n = plan.world_size
     during = compute.get("during_plan")
     if during:

@@ -3,8 +3,8 @@
 A workload is one folder ``runtime/<name>/`` holding ``run.py`` (the real run on torch.distributed ranks) and
 ``validate.py`` (calibrate, simulate the same step, compare); its record below is the only other place it
 appears. ``distlab validate --scenario`` looks the scenario's workload up here (``scenario_workload``) and
-calls its ``cases``; nothing else branches on the kind. Named like the simulator's workloads (sim/ddp, sim/fsdp,
-sim/pipeline), so a scenario's workload name is the same on both sides.
+calls its ``cases``; nothing else branches on the kind. Named like the simulator's workloads (sim/parallel/ddp, sim/parallel/fsdp,
+sim/parallel/pipeline), so a scenario's workload name is the same on both sides.
 """
 from __future__ import annotations
 

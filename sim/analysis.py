@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from distlab.sim.spans import union_length
+from distlab.sim.kernel.spans import union_length
 from distlab.sim.trace import Trace
 
 

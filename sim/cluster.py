@@ -67,11 +67,11 @@ class Cluster:
     interference: float = 1.0       # compute slows by this factor while a collective is in flight on its rank
     #                                 (NCCL kernels take SMs and HBM bandwidth; gloo's threads take cores); 1 = none
     comm_interference: float = 1.0  # a collective slows by this factor while compute runs on its ranks' node
-    #                                 (CPU) or GPU (sim/cores.py CommSlowdown); 1 = none (the GPU presets)
+    #                                 (CPU) or GPU (sim/kernel/cores.py CommSlowdown); 1 = none (the GPU presets)
     compute_jitter: float = 0.0     # seconds: a rank's compute of mean mu varies with variance jitter x mu between
-    #                                 ranks, so each collective waits for its last member (sim/skew.py); 0 = none
+    #                                 ranks, so each collective waits for its last member (sim/kernel/skew.py); 0 = none
     comm_cpu_s: float = 0.0         # CPU work of one collective per member rank, w = comm_cpu_s + comm_cpu_s_per_byte
-    comm_cpu_s_per_byte: float = 0.0  # x bytes, shared with compute on the node's cores (sim/cores.py); 0 = none
+    comm_cpu_s_per_byte: float = 0.0  # x bytes, shared with compute on the node's cores (sim/kernel/cores.py); 0 = none
 
     @property
     def world_size(self) -> int:

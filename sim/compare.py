@@ -1,6 +1,6 @@
 """Predicted against measured, op by op: two traces of the same plan (sim/trace.py's format) side by side.
 
-The simulator (sim/engine.py) and the runtime (runtime/executor.py ``merge_results``) both record each op of a
+The simulator (sim/kernel/engine.py) and the runtime (runtime/executor.py ``merge_results``) both record each op of a
 plan as an OpRecord keyed by (rank, index): ``index`` is the op's position in that rank's list of the plan, so
 the same key is the same op in both traces. Times are seconds from each trace's own start (both start at 0).
 For every op: start (when the rank reached it), duration (end - start; a collective's includes waiting for its
@@ -46,7 +46,7 @@ def load_trace(path: str, cluster: str | None = None) -> Trace:
         return from_chrome(data, path)
     if cluster and isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
         from distlab.sim.cluster import load_cluster
-        from distlab.sim.engine import simulate
+        from distlab.sim.kernel.engine import simulate
         from distlab.sim.plan import Plan
         plan = Plan.from_dict(data, path)
         return simulate(plan, load_cluster(cluster).with_world_size(plan.world_size), record_transfers=False)

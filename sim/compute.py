@@ -116,7 +116,7 @@ def memory_time(nbytes: float, gpu) -> float:
 def op_seconds(op, gpu) -> float:
     """Seconds of a Compute op on ``gpu`` (module docstring): ``seconds`` if given; the kernels it names; else
     the roofline of its flops and bytes. Overhead: launch_s per kernel, or, when the op counts ``launches`` (not None:
-    ops the host dispatches one by one, e.g. DTensor's: sim/tp/plan.py), launches x launch_s instead (one rule,
+    ops the host dispatches one by one, e.g. DTensor's: sim/parallel/tp/plan.py), launches x launch_s instead (one rule,
     never both)."""
     if op.seconds is not None:
         return op.seconds

@@ -271,7 +271,7 @@ PRESETS = {
                         vocab=128256, seq_len=8192),
 }
 # Model kinds defined elsewhere register (builder(spec, where) -> Model, their preset names) here, so this module
-# imports none of them: sim/moe/model.py adds kind "moe" and the preset deepseek-v3 (imported with the workloads).
+# imports none of them: sim/parallel/ep/model.py adds kind "moe" and the preset deepseek-v3 (imported with the workloads).
 KINDS: dict = {}
 GPT_KEYS = ("arch", "layers", "hidden", "heads", "seq_len", "vocab", "micro_batch", "dtype", "ffn_hidden",
             "kv_heads", "max_positions") + tuple(ARCH_DEFAULTS["gpt2"])

@@ -33,7 +33,7 @@ class Compute:
     ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash or unfused; ``dtype`` of
     the operands), the per-kernel model of sim/compute.py; else a roofline of ``flops`` and HBM ``bytes`` on the
     GPU spec. ``flops``/``bytes`` stay the op's totals. Each kernel pays the GPU spec's ``launch_s``; an op that
-    counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/tp/plan.py)
+    counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/parallel/tp/plan.py)
     pays launches x launch_s instead."""
     name: str = "compute"
     seconds: float | None = None
@@ -166,7 +166,7 @@ class Plan:
         checked_local: set = set()       # ids of rank-independent ops already checked (ranks share op objects)
         checked_values: set = set()      # ops (with the rank where it matters) already checked
         same_everywhere = None           # a checked program whose every op is rank-independent
-        # a plan built from representatives (sim/relabel.py): the others are their renamings, valid as they are
+        # a plan built from representatives (sim/kernel/relabel.py): the others are their renamings, valid as they are
         ranks = getattr(self.ranks, "representatives", lambda: range(n))()
         for r in ranks:
             ops = self.ranks[r]

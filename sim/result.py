@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distlab.sim.spans import overlap, union
+from distlab.sim.kernel.spans import overlap, union
 
 
 def step_summary(trace, rank: int = 0) -> dict:

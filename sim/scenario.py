@@ -231,7 +231,7 @@ def build(d: dict, where: str = "scenario") -> Result:
 
 def simulate(d: dict, where: str = "scenario") -> Result:
     """Build and simulate one step: the Result with trace, step summary and the workload's report."""
-    from distlab.sim.engine import simulate as run
+    from distlab.sim.kernel.engine import simulate as run
     result = build(d, where)
     slowdown = d.get("stragglers") or {}
     if any(r >= result.plan.world_size for r in slowdown):

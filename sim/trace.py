@@ -41,7 +41,7 @@ class OpRecord:
 
 
 class RankCopies(Sequence):
-    """The op records of ranks whose timelines are equal (sim/symmetry.py, sim/subgroups.py): the
+    """The op records of ranks whose timelines are equal (sim/kernel/symmetry.py, sim/kernel/subgroups.py): the
     representatives' records, read as the records of every member of their class, sorted by (rank, index).
     ``rep_of`` is one representative for all ``members`` or a function rank -> its representative. Nothing per
     member is stored: a member's record is made when it is read (a copy with its rank, and with its own group
@@ -194,5 +194,5 @@ def _record_dict(o: OpRecord) -> dict:
 
 
 def _union_length(spans: list[tuple[float, float]]) -> float:
-    from distlab.sim.spans import union_length      # the one home of the union rule
+    from distlab.sim.kernel.spans import union_length      # the one home of the union rule
     return union_length(spans)

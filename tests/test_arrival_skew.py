@@ -1,4 +1,4 @@
-"""Arrival skew (sim/skew.py): with ``cluster.compute_jitter`` J, a collective starts e_n sqrt(J mu) after its last
+"""Arrival skew (sim/kernel/skew.py): with ``cluster.compute_jitter`` J, a collective starts e_n sqrt(J mu) after its last
 member reached it, mu = the most compute a member did since its previous collective; hand-computed, milliseconds."""
 import math
 from dataclasses import replace
@@ -7,12 +7,12 @@ import pytest
 from pytest import approx
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.errors import ConfigError
-from distlab.sim.fsdp.plan import build_fsdp
+from distlab.sim.parallel.fsdp.plan import build_fsdp
 from distlab.sim.models import gpt
 from distlab.sim.plan import Collective, Compute, Plan
-from distlab.sim.skew import arrival_skew, expected_max_normal
+from distlab.sim.kernel.skew import arrival_skew, expected_max_normal
 
 CPU = PRESETS["localhost-cpu"]
 NBYTES = 2**20

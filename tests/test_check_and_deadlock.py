@@ -3,7 +3,7 @@ import pytest
 
 from distlab.sim.analysis import straggler_report, time_breakdown, who_waited
 from distlab.sim.check import PlanMismatch, check_plan, rank_ranges
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import SimulationDeadlock
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 from tests.conftest import one_node

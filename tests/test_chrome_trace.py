@@ -6,7 +6,7 @@ import json
 from collections import Counter, defaultdict
 
 from distlab.sim.cluster import load_cluster
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 from distlab.sim.trace import Trace
 from tests.conftest import one_node

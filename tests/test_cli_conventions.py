@@ -43,7 +43,7 @@ def test_collective_prints_nccl_tests_columns(capsys):
 
 def test_rows_are_printed_as_each_size_finishes(capsys, monkeypatch):
     """The third size fails: the first two rows are already on stdout (nothing waits for the whole sweep)."""
-    import distlab.sim.engine as engine
+    import distlab.sim.kernel.engine as engine
     real, calls = engine.simulate_collective, []
 
     def third_fails(op, size, *a, **kw):
@@ -103,7 +103,7 @@ def test_bf16_compression_as_torchs_hook(capsys):
     assert callable(default_hooks.bf16_compress_hook)                     # what --compress bf16 stands for
 
     from distlab.sim import models as m
-    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
+    from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
     model = m.mlp(256, 256, 256)
     plan, info = ddp_plan(model, 2, DDPOptions(compress="bf16", bucket_cap_mb=0.2))
     colls = [o for o in plan.ranks[0] if isinstance(o, Collective)]

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from distlab.sim.collectives import num_chunks
-from distlab.sim.engine import simulate_collective
+from distlab.sim.kernel.engine import simulate_collective
 from tests.conftest import multi_node, one_node
 
 NS = [2, 3, 5, 8, 64]

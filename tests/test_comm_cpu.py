@@ -1,4 +1,4 @@
-"""A collective's CPU work on a CPU cluster (sim/cores.py comm_cpu_seconds): hand-computed timelines."""
+"""A collective's CPU work on a CPU cluster (sim/kernel/cores.py comm_cpu_seconds): hand-computed timelines."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +7,7 @@ import pytest
 from pytest import approx
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan
 

@@ -11,7 +11,7 @@ import pytest
 from distlab.runtime.cli import main
 from distlab.sim.cluster import PRESETS
 from distlab.sim.compare import combined_chrome, compare, load_trace
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 from distlab.sim.trace import Trace
 

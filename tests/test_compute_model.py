@@ -8,12 +8,12 @@ import pytest
 
 from distlab.sim.cluster import GPUS, PRESETS, cluster_from_dict
 from distlab.sim.compute import attention_time, gemm_efficiency, gemm_time, memory_time, op_seconds
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
 from distlab.sim.plan import Compute, Plan
-from distlab.sim.tp.plan import TPOptions, tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, tp_plan
 
 # 100 TFLOP/s, 1000 GB/s; 25% of peak at 1 GFLOP, 75% at 100 GFLOP; 2 us per kernel.
 GPU = replace(GPUS["h100"], tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict, load_cluster
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
 from distlab.sim.io import parse_size, parse_size_range
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait

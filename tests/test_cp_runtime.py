@@ -6,7 +6,7 @@ ranks, plus at 4 a dp_shard 2 x cp 2 mesh without load balancing and CP x TP (+ 
 then FSDP2 over cp, as torchtitan) on a cp 2 x tp 2 mesh; one launch per world size."""
 import pytest
 
-from distlab.sim.cp.plan import CPOptions, collective_sequence, cp_plan
+from distlab.sim.parallel.cp.plan import CPOptions, collective_sequence, cp_plan
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
 

@@ -1,12 +1,12 @@
-"""Context parallelism in the simulator: ring attention's simulated time equals its closed form (sim/cp/ring.py
+"""Context parallelism in the simulator: ring attention's simulated time equals its closed form (sim/parallel/cp/ring.py
 docstring) on an uncontended node, in the compute-bound and the communication-bound regime, for both rotate
 methods, forward and backward; the rotation overlaps attention compute in the trace; torch's causal behaviour
 per step (load balanced and not); bad cp -> one line, exit 2. Pure simulator: milliseconds."""
 import pytest
 
-from distlab.sim.cp.plan import CPOptions, collective_sequence, cp_plan
-from distlab.sim.cp.ring import BWD_FACTOR, Ring, step_flops, step_kind
-from distlab.sim.engine import compute_seconds, simulate, simulate_collective
+from distlab.sim.parallel.cp.plan import CPOptions, collective_sequence, cp_plan
+from distlab.sim.parallel.cp.ring import BWD_FACTOR, Ring, step_flops, step_kind
+from distlab.sim.kernel.engine import compute_seconds, simulate, simulate_collective
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt

@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 from pytest import approx
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict
-from distlab.sim.cores import SharedCores
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.cores import SharedCores
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Compute, Plan, Recv, Send
 

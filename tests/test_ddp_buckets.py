@@ -1,10 +1,10 @@
-"""DDP buckets: the simulator's assignment (sim/ddp/buckets.py) against PyTorch's own, in steady state and
+"""DDP buckets: the simulator's assignment (sim/parallel/ddp/buckets.py) against PyTorch's own, in steady state and
 at iteration 0. One 2-rank gloo launch checks every model (tests marked slow). The assignment itself is held
 against torch's own function in tests/test_ddp_buckets_torch.py."""
 import pytest
 
 from distlab.sim import models as m
-from distlab.sim.ddp.buckets import MIB, bucket_limits, ddp_buckets, launch_times
+from distlab.sim.parallel.ddp.buckets import MIB, bucket_limits, ddp_buckets, launch_times
 from distlab.sim.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""The simulator's bucket assignment (sim/ddp/buckets.py: ``assign``, ``ddp_buckets``) against torch 2.13's own
+"""The simulator's bucket assignment (sim/parallel/ddp/buckets.py: ``assign``, ``ddp_buckets``) against torch 2.13's own
 ``dist._compute_bucket_assignment_by_size`` (a local function: no ranks needed), PyTorch's own
 ``ComputeBucketAssignmentTest`` cases (test/distributed/test_c10d_common.py), and DDP itself in one process."""
 import random
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from distlab.sim import models as m
-from distlab.sim.ddp.buckets import (SCALAR_TYPE, UnorderedMapOrder, assign, bucket_key_hash, bucket_limits,
+from distlab.sim.parallel.ddp.buckets import (SCALAR_TYPE, UnorderedMapOrder, assign, bucket_key_hash, bucket_limits,
                                      ddp_buckets, device_hash)
 from distlab.sim.errors import ConfigError
 

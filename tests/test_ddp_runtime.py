@@ -5,7 +5,7 @@ torch = pytest.importorskip("torch")
 
 from distlab.runtime.models import build_module, example_input, extract  # noqa: E402
 from distlab.sim import models as m  # noqa: E402
-from distlab.sim.ddp.buckets import ddp_buckets  # noqa: E402
+from distlab.sim.parallel.ddp.buckets import ddp_buckets  # noqa: E402
 
 
 def test_extract_matches_the_sim_mlp():

@@ -5,9 +5,9 @@ import pytest
 
 from distlab.sim import models as m
 from distlab.sim.cluster import GPUS, PRESETS
-from distlab.sim.ddp.plan import DDPOptions, bucket_rows, ddp_plan
+from distlab.sim.parallel.ddp.plan import DDPOptions, bucket_rows, ddp_plan
 from distlab.sim.result import step_summary as summarize
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.plan import Collective, Compute, Record
 
 MIB = 2**20

@@ -5,8 +5,8 @@ groups of 2 ranks (two groups, mesh {dp: 2, ep: 2}) and of 4 ranks. One launch o
 import pytest
 
 from distlab.sim.mesh import Mesh
-from distlab.sim.moe.model import from_spec
-from distlab.sim.moe.plan import EPOptions, collective_sequence, ep_plan
+from distlab.sim.parallel.ep.model import from_spec
+from distlab.sim.parallel.ep.plan import EPOptions, collective_sequence, ep_plan
 from distlab.sim.plan import Collective
 
 pytestmark = pytest.mark.slow

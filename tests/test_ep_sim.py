@@ -1,4 +1,4 @@
-"""Expert parallelism in the simulator (sim/moe, sim/collectives/direct.py, sim/pipeline/dualpipe.py): the
+"""Expert parallelism in the simulator (sim/parallel/ep, sim/collectives/direct.py, sim/parallel/pipeline/dualpipe.py): the
 all_to_all with per-peer sizes costs what its slowest peer pair moves; across nodes it obeys nccl-tests' busbw
 rule; a routing skew makes the step wait for the slowest expert rank, exactly; DualPipe's overlapped F/B pair
 hides one chunk's all_to_all behind the other's compute; the DeepSeek-V3 preset has the paper's size; bad
@@ -7,12 +7,12 @@ import pytest
 
 from distlab.sim.cluster import Cluster, GPUSpec, IntraNode, InterNode, load_cluster
 from distlab.sim.collectives import metrics
-from distlab.sim.engine import compute_seconds, simulate, simulate_collective
+from distlab.sim.kernel.engine import compute_seconds, simulate, simulate_collective
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
-from distlab.sim.moe.model import config_of, from_spec
-from distlab.sim.moe.plan import EPOptions, Layout, ep_plan
-from distlab.sim.pipeline.dualpipe import overlapped_ops, serial_ops
+from distlab.sim.parallel.ep.model import config_of, from_spec
+from distlab.sim.parallel.ep.plan import EPOptions, Layout, ep_plan
+from distlab.sim.parallel.pipeline.dualpipe import overlapped_ops, serial_ops
 from distlab.sim.plan import Collective, Compute, Plan
 
 BW = 10e9      # bytes/s per GPU per direction
@@ -164,7 +164,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, mesh, model, message):
 def test_node_limited_routing_and_capacity_factor():
     """node_limit 1 on 2 nodes x 4: every token's experts are on its own node, so no dispatch byte crosses the
     network; a capacity factor 1.0 caps each expert at ceil(T x top_k / E) copies per source rank (GShard)."""
-    from distlab.sim.moe.routing import routing
+    from distlab.sim.parallel.ep.routing import routing
     c = config_of(from_spec(MOE))
     lay = Layout(c, 8, EPOptions(node_limit=1), nodes=[0, 0, 0, 0, 1, 1, 1, 1])
     assert all(lay.dispatch[i][j] == 0 for i in range(8) for j in range(8) if (i < 4) != (j < 4))

@@ -6,7 +6,7 @@ from pytest import approx
 
 from distlab.runtime.compute_probe import compute_jitter
 from distlab.runtime.fsdp.validate import calibrated_cluster
-from distlab.sim.engine import simulate_collective
+from distlab.sim.kernel.engine import simulate_collective
 from distlab.sim.models import gpt
 
 

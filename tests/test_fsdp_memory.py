@@ -1,10 +1,10 @@
 """Memory formulas (ZeRO 1910.02054) against hand-computed values; the memory-over-time curve."""
 import pytest
 
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
-from distlab.sim.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
-from distlab.sim.fsdp.plan import build_fsdp
+from distlab.sim.parallel.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
+from distlab.sim.parallel.fsdp.plan import build_fsdp
 from distlab.sim.models import Layer, Model, Param, gpt, preset
 
 from conftest import multi_node

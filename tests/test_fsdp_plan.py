@@ -2,9 +2,9 @@
 stages), that every variant simulates, and bad input as one line with exit code 2."""
 import pytest
 
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
-from distlab.sim.fsdp.plan import build_fsdp, collective_sequence, padded_numel, units_of
+from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence, padded_numel, units_of
 from distlab.sim.models import gpt, mlp
 from distlab.sim.plan import Collective
 

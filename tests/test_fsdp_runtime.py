@@ -2,7 +2,7 @@
 order, bytes, dtype) for every variant; one launch runs them all."""
 import pytest
 
-from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
 from distlab.sim.models import gpt, mlp
 
 pytestmark = pytest.mark.slow

@@ -135,5 +135,5 @@ def test_graph_sees_the_real_imports():
     graph = import_graph(ROOT)
     assert "runtime.validation" in graph["runtime.ddp.validate"]
     assert "runtime.ddp.validate" in graph["runtime.workloads"]
-    assert "sim.plan" in graph["sim.engine"]
+    assert "sim.plan" in graph["sim.kernel.engine"]
     assert all(os.path.exists(p) for p in modules(ROOT).values())

@@ -1,12 +1,12 @@
 """Interference: compute on a rank runs ``cluster.interference`` times slower exactly while one of its
-collectives is in flight (sim/engine.py, sim/cores.py); hand-computed timelines."""
+collectives is in flight (sim/kernel/engine.py, sim/kernel/cores.py); hand-computed timelines."""
 from dataclasses import replace
 
 import pytest
 from pytest import approx
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 

@@ -1,13 +1,13 @@
 """Communication interference: a collective progresses ``cluster.comm_interference`` (K) times slower exactly
 while compute runs on its members' pool (node cores, or the rank's GPU), and ends when its progress reaches its
-network time T (sim/cores.py CommSlowdown); hand-computed timelines, milliseconds."""
+network time T (sim/kernel/cores.py CommSlowdown); hand-computed timelines, milliseconds."""
 from dataclasses import replace
 
 import pytest
 from pytest import approx
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Plan
 

@@ -55,7 +55,7 @@ def test_solutions_still_check():
 
 def test_a_usual_wrong_answer_is_named():
     """05-buckets asks for bucket_cap_mb=100; the default cap's count gets its own hint (issue 21)."""
-    from distlab.sim.ddp.buckets import ddp_buckets
+    from distlab.sim.parallel.ddp.buckets import ddp_buckets
     from distlab.sim.models import model_from_spec
     default = len(ddp_buckets(model_from_spec("gpt2-medium"), None))
     v = check("05-buckets", default)

@@ -11,14 +11,14 @@ from distlab.sim.lessons import exercises
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
 from distlab.sim.plan import Compute
-from distlab.sim.tp.plan import TPOptions, tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, tp_plan
 
 MEGATRON_PASSES = {"forward": 1, "backward": 2, "recompute+backward": 3}   # attention: backward = 2 x forward
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_megatron_count_is_what_the_builders_emit(recompute):
-    """72·B·s·l·h²(1 + s/6h) + 6BshV (eq. 3 with the recomputed forward) = the GEMM FLOPs of sim/tp/plan.py's
+    """72·B·s·l·h²(1 + s/6h) + 6BshV (eq. 3 with the recomputed forward) = the GEMM FLOPs of sim/parallel/tp/plan.py's
     step plus its attention calls counted as Megatron counts them (4·b·heads·s²·d forward, 2x that backward)."""
     l, h, heads, s, V, b = 3, 192, 6, 96, 640, 2
     model = gpt(layers=l, hidden=h, heads=heads, seq_len=s, vocab=V, micro_batch=b, dtype="float16")
@@ -67,7 +67,7 @@ def test_overlap_formula_is_the_engine_s():
     """With Cluster.interference, the engine's compute beside an all-reduce that starts with it ends where
     overlapped_compute_s says."""
     from distlab.sim.cluster import PRESETS
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Collective, Plan
     cluster = replace(PRESETS["dgx-a100"].with_world_size(2), interference=1.5)
     coll = Collective("all_reduce", 64 * 2**20, "float32", (0, 1), name="grads")

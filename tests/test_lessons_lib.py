@@ -177,7 +177,7 @@ def test_pipeline_helpers():
     assert sw["simulated"]["interleaved v=2"] == pytest.approx(sw["formula"]["(p-1)/(2m+p-1)"])
     assert plot_bubble_sweep(4, [4, 8])._repr_png_()[:4] == b"\x89PNG"
     assert plot_pipeline(pipeline_trace("zbv", 2, 4, 2))._repr_png_()[:4] == b"\x89PNG"
-    from distlab.sim.pipeline.scenario import sweep_results
+    from distlab.sim.parallel.pipeline.scenario import sweep_results
     rows = sweep_results(scenario("gpt2-medium", "pipeline", schedule="1f1b", stages=4, microbatches=4),
                          "microbatches", [4, 8])
     assert rows[1]["bubble"] < rows[0]["bubble"] and "bubble" in str(pipeline_sweep_table(rows, "microbatches"))
@@ -305,7 +305,7 @@ def test_pipeline_predict_measure():
     assert [x["schedule"] for x in r["rows"]] == ["1f1b", "zbv"] and len(r["measured"]) == len(r["predicted"]) == 2
     assert all(x["predicted_s"] > 0 and x["measured_s"] > 0 and x["replay_s"] > 0 for x in r["rows"])
     assert r["rows"][0]["ideal_bubble"] == pytest.approx(1 / 5) and r["rows"][1]["ideal_bubble"] is None
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     assert [str(a) for a, _ in M.actions_of(r["measured"][0], 0)] == [str(a) for a, _ in
                                                                      M.actions_of(r["predicted"][0], 0)]
     assert {"F", "B", "I", "W", "latency_s", "overhead_s"} <= set(r["calibration"])

@@ -1,4 +1,4 @@
-"""sim/netloop.py and sim/flowgroups.py: every collective's steps advanced in one loop, without a simpy event per
+"""sim/kernel/netloop.py and sim/kernel/flowgroups.py: every collective's steps advanced in one loop, without a simpy event per
 step, give the step-by-step simulation's times (1e-9 relative): random plans with collectives overlapping on
 several streams, point-to-point transfers, and compute of random lengths between them, so that transfers start at
 arbitrary instants of the others' steps; random step sequences on a bare network."""
@@ -9,9 +9,9 @@ import pytest
 
 import simpy
 
-from distlab.sim import flowgroups, solo
+from distlab.sim.kernel import flowgroups, solo
 from distlab.sim.cluster import load_cluster
-from distlab.sim.engine import simulate, simulate_collective
+from distlab.sim.kernel.engine import simulate, simulate_collective
 from distlab.sim.plan import Collective, Compute, Plan, Recv, Send
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -96,7 +96,7 @@ def test_the_loop_needs_no_simpy_event_per_step(monkeypatch):
 def _network_run(fast: bool, seed: int, monkeypatch) -> list[float]:
     """Sequences of steps (random pairs of a 2-node cluster, random sizes, latency 0, the route's or another)
     started at random instants on a bare Network; returns each sequence's end."""
-    from distlab.sim.network import Network, Pairs, Topology
+    from distlab.sim.kernel.network import Network, Pairs, Topology
     monkeypatch.setattr(solo, "ENABLED", fast)
     rng = random.Random(seed)
     topo = Topology(load_cluster("dgx-h100", nodes=2))

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from distlab.sim.engine import simulate, simulate_collective
-from distlab.sim.network import max_min_rates
+from distlab.sim.kernel.engine import simulate, simulate_collective
+from distlab.sim.kernel.network import max_min_rates
 from distlab.sim.plan import Plan, Recv, Send
 from tests.conftest import multi_node, one_node
 

@@ -2,12 +2,12 @@
 import pytest
 
 from distlab.sim.cluster import PRESETS, Cluster, GPUSpec, IntraNode
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
 from distlab.sim.models import Layer, Model, Param, mlp
-from distlab.sim.pipeline import metrics as M
-from distlab.sim.pipeline import schedules as S
-from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.parallel.pipeline import metrics as M
+from distlab.sim.parallel.pipeline import schedules as S
+from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
 
 # 1 FLOP = 1 ms; zero-latency fabric and zero-byte messages: free p2p
 FREE = Cluster("free", 1, 16, GPUSpec("unit", tflops=1e-9, hbm_GBps=1.0, memory_GiB=1.0),
@@ -110,7 +110,7 @@ def test_config_errors_are_one_line(kw, match):
 
 
 def test_diagram_png(tmp_path):
-    from distlab.sim.pipeline import diagram
+    from distlab.sim.parallel.pipeline import diagram
     plan, trace, met = run("zbv", 2, 4, 2)
     path = tmp_path / "pp.png"
     diagram.draw(trace, str(path), title=diagram.title_for(plan.meta["pipeline"], met), p=2)

@@ -3,9 +3,9 @@ executes on real PipelineStages are, per rank and in order, the ones sim.pipelin
 match a single-process reference; the measured trace lines up with the plan and its metrics make sense."""
 import pytest
 
-from distlab.sim.pipeline import metrics as M
-from distlab.sim.pipeline import schedules as S
-from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.parallel.pipeline import metrics as M
+from distlab.sim.parallel.pipeline import schedules as S
+from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
 
 pytest.importorskip("torch.distributed.pipelining")
 

@@ -6,7 +6,7 @@ which is what they execute."""
 import pytest
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.pipeline import schedules as S
+from distlab.sim.parallel.pipeline import schedules as S
 
 torch_pp = pytest.importorskip("torch.distributed.pipelining")
 

@@ -6,7 +6,7 @@ its compute actions (F, B, I, W, sub-actions flattened) with ``schedules.build``
 import pytest
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.pipeline import schedules as S
+from distlab.sim.parallel.pipeline import schedules as S
 from test_pipeline_schedules import _Stage
 
 torch_pp = pytest.importorskip("torch.distributed.pipelining")

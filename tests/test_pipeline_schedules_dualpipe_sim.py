@@ -5,11 +5,11 @@ import pytest
 
 from distlab.runtime.cli import main
 from distlab.sim.cluster import PRESETS
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.models import mlp
-from distlab.sim.pipeline import metrics as M
-from distlab.sim.pipeline import schedules as S
-from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.parallel.pipeline import metrics as M
+from distlab.sim.parallel.pipeline import schedules as S
+from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
 from test_pipeline_plan import run
 
 

@@ -3,10 +3,10 @@ the first and the last pipeline stage (Megatron's embedding group); torch's pipe
 import pytest
 
 from distlab.sim.cluster import load_cluster
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.models import gpt, model_from_spec
-from distlab.sim.pipeline.plan import PipelineSpec, build_plan
-from distlab.sim.pipeline.tied import ties_embeddings
+from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
+from distlab.sim.parallel.pipeline.tied import ties_embeddings
 
 
 def tied_ops(plan):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from distlab.sim.pipeline import schedules as S
+from distlab.sim.parallel.pipeline import schedules as S
 
 pytest.importorskip("torch.distributed.pipelining")
 
@@ -107,7 +107,7 @@ def test_runtime_overhead_is_core_time_but_not_pipeline_busy_time():
     """The "runtime" op after each action: the rank's core is busy (the makespan grows by it on the critical
     path), the bubble counts it as idle, like the gaps in a measured timeline."""
     from distlab.runtime.pipeline.validate import block_seconds, cluster_of, simulate_cfg
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     cfg = _cfg()
     calib = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2
     cluster = cluster_of(2, {"small": 1e-6, "large": 1e-6, "bytes": 1}, 0.0)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from distlab.sim.cluster import load_cluster
-from distlab.sim.fsdp.memory import fits
-from distlab.sim.pipeline import schedules as S
+from distlab.sim.parallel.fsdp.memory import fits
+from distlab.sim.parallel.pipeline import schedules as S
 from distlab.sim.planner import explain
 from distlab.sim.planner.estimate import pipeline_makespan, streams_makespan
 from distlab.sim.planner.layouts import Layout, enumerate_layouts

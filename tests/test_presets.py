@@ -3,7 +3,7 @@ import pytest
 
 from distlab.sim.cluster import PRESETS, load_cluster
 from distlab.sim.collectives import metrics
-from distlab.sim.engine import simulate_collective
+from distlab.sim.kernel.engine import simulate_collective
 
 GiB, MiB = 2**30, 2**20
 

@@ -1,16 +1,16 @@
-"""sim/relabel.py fsdp_shifts: FSDP2 x TP, HSDP x TP and CP x TP (x HSDP) plans built from one program per class
+"""sim/kernel/relabel.py fsdp_shifts: FSDP2 x TP, HSDP x TP and CP x TP (x HSDP) plans built from one program per class
 (the others renamed) equal the plans built rank by rank, and simulate to the same step and trace summary."""
 import math
 
 import pytest
 
 from distlab.sim import scenario as sc
-from distlab.sim.cp.plan import cp_plan
-from distlab.sim.engine import simulate
-from distlab.sim.relabel import RelabelledRanks, fsdp_shifts
+from distlab.sim.parallel.cp.plan import cp_plan
+from distlab.sim.kernel.engine import simulate
+from distlab.sim.kernel.relabel import RelabelledRanks, fsdp_shifts
 from distlab.sim.result import step_summary
-from distlab.sim.symmetry import find_symmetry
-from distlab.sim.tp.compose import fsdp_tp_plan
+from distlab.sim.kernel.symmetry import find_symmetry
+from distlab.sim.parallel.tp.compose import fsdp_tp_plan
 
 LLAMA = {"preset": "llama3-8b", "layers": 2, "seq_len": 256, "micro_batch": 1}
 CASES = {   # name: (scenario, the representatives relabel builds)
@@ -101,7 +101,7 @@ def test_rotations_inside_blocks_rename_ranks_onto_ranks():
 
     import numpy as np
 
-    from distlab.sim.equivariance import Shifts
+    from distlab.sim.kernel.equivariance import Shifts
     s = Shifts(6, 4, 1, 2, block=3, block_step=1)          # 6 nodes in 2 blocks of 3, 4 GPUs each
     ranks = range(24)
     els = s.elements()

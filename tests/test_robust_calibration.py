@@ -142,7 +142,7 @@ def test_p2p_latency_survives_outliers():
     trace = simulate_cfg(CFG, block_seconds(CFG, CALIB), cluster, 0.0)[0]
     clean = p2p_latency(trace)
     assert clean == approx(latency, rel=0.05)
-    from distlab.sim.pipeline.metrics import actions_of
+    from distlab.sim.parallel.pipeline.metrics import actions_of
     acts = [o for a, o in actions_of(trace) if a.kind != "W" and not (a.kind == "F" and a.stage == 0)
             and not (a.kind == "B" and a.stage == 1)]                           # those that wait for a peer
     for o in acts[::5]:                                                          # 20% delayed by a burst
@@ -215,7 +215,7 @@ def test_simulated_slowdown_is_the_fair_share_ratio():
     # 4 ranks, each w seconds of compute timed alone beside 3 busy processes on 2 cores (CFS: 1/4 of the
     # cores each alone, 1/7 of them with the 4 ranks at once): they end at w x (2/4) / (2/7) = 1.75 w
     from distlab.runtime import load as L
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute, Plan
     plan = Plan([[Compute(name=f"c{r}", seconds=1.0)] for r in range(4)]).validate()
     cluster = replace(PRESETS["localhost-cpu"], gpus_per_node=4,
@@ -224,7 +224,7 @@ def test_simulated_slowdown_is_the_fair_share_ratio():
 
 
 def test_simulator_shares_the_cores_left_by_other_processes():
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute, Plan
     plan = Plan([[Compute(name=f"c{r}", seconds=1.0)] for r in range(2)]).validate()
     idle = replace(PRESETS["localhost-cpu"], gpus_per_node=2, cpu_cores=2)
@@ -247,7 +247,7 @@ def test_ddp_calibration_survives_outliers():
     # the model alone (forward, backward, Adam) and all-reduces from launch, 12 rounds on 2 ranks, 20% of
     # every quantity's rounds 3-10x slower: FLOP/s, memory rate, α and bandwidth within 5%
     from distlab.runtime.ddp.validate import calibrated
-    from distlab.sim.ddp.plan import OPTIMIZERS
+    from distlab.sim.parallel.ddp.plan import OPTIMIZERS
     from distlab.sim.models import model_from_spec
     model = model_from_spec({"kind": "mlp", "widths": [256] * 4, "batch": 32})
     flops, bwd_ratio, mem = 20e9, 2.5, 3e9
@@ -277,7 +277,7 @@ def test_ddp_calibration_survives_outliers():
 
 def test_fsdp_roofline_calibration_survives_outliers():
     from distlab.runtime.fsdp.validate import calibrated_cluster
-    from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
+    from distlab.sim.parallel.fsdp.plan import ADAM_BYTES, padded_numel
     from distlab.sim.models import gpt
     model = gpt(layers=2, hidden=64, heads=2, seq_len=16, vocab=101, dtype="float32", arch="llama")
     F, M, n, rounds = 30e9, 4e9, 2, 12

@@ -100,7 +100,7 @@ def test_bench_table_json_and_plot(cli, tmp_path):
 @pytest.mark.slow
 def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     out = tmp_path / "c.yaml"
     rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
                           "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out), "--compute", "--compute-budget",

@@ -34,7 +34,7 @@ def test_negative_intercept_or_slope_falls_back_to_a_slope_through_zero():
 
 
 def test_prediction_matches_the_simulator_on_the_calibrated_cluster():
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     sizes = [2**20, 2**23, 2**26]
     rows = rows_for("all_reduce", 2, 200e-6, 1.2e9, sizes) + rows_for("all_reduce", 4, 300e-6, 0.6e9, sizes)
     rows += rows_for("reduce_scatter", 2, 100e-6, 0.3e9, sizes)
@@ -96,7 +96,7 @@ def test_size_bands_where_one_line_does_not_fit():
 
 
 def test_the_simulator_uses_the_size_bands_of_a_cluster_file():
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     cal = calibration_from_rows(two_regime_rows() + two_regime_rows(n=4))
     for n in (2, 3, 4):                                     # 3: interpolated between the calibrated 2 and 4
         cluster = cluster_from_dict(calibrated_cluster(cal, {"flops_per_s": 5e10, "copy_Bps": 4e9}, n, "gloo",

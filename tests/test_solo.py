@@ -1,4 +1,4 @@
-"""sim/solo.py and sim/netloop.py: collectives' steps run at once in the network's step loop, alone or
+"""sim/kernel/solo.py and sim/kernel/netloop.py: collectives' steps run at once in the network's step loop, alone or
 overlapping: the same step and trace summary as the step-by-step simulation (1e-9 relative), overlaps included
 (FSDP2's all-gathers and reduce-scatters overlap in backward; TP collectives cut into HSDP's)."""
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 
 from distlab.sim import scenario as sc
-from distlab.sim import solo
-from distlab.sim.engine import simulate
-from distlab.sim.netloop import StepLoop
+from distlab.sim.kernel import solo
+from distlab.sim.kernel.engine import simulate
+from distlab.sim.kernel.netloop import StepLoop
 from distlab.sim.result import step_summary
 
 LLAMA = {"preset": "llama3-8b", "layers": 3, "seq_len": 512, "micro_batch": 1}

@@ -1,4 +1,4 @@
-"""Symmetric ranks simulated once (sim/symmetry.py: the whole world; sim/subgroups.py: classes of ranks under
+"""Symmetric ranks simulated once (sim/kernel/symmetry.py: the whole world; sim/kernel/subgroups.py: classes of ranks under
 sub-group collectives and pipelines): the trace equals the full simulation's, record by record."""
 import math
 from dataclasses import replace
@@ -6,17 +6,17 @@ from dataclasses import replace
 import pytest
 
 from distlab.sim import scenario as sc
-from distlab.sim import solo
-from distlab.sim.engine import simulate
-from distlab.sim.pipeline.plan import PipelineSpec
+from distlab.sim.kernel import solo
+from distlab.sim.kernel.engine import simulate
+from distlab.sim.parallel.pipeline.plan import PipelineSpec
 from distlab.sim.plan import Collective, Plan
-from distlab.sim.relabel import RelabelledRanks
+from distlab.sim.kernel.relabel import RelabelledRanks
 from distlab.sim.check import PlanMismatch
 from distlab.sim.collectives.context import Context
-from distlab.sim.network import Topology
-from distlab.sim.subgroups import find_classes
-from distlab.sim.symmetry import find_symmetry
-from distlab.sim.tp.pipeline import pp_tp_plan
+from distlab.sim.kernel.network import Topology
+from distlab.sim.kernel.subgroups import find_classes
+from distlab.sim.kernel.symmetry import find_symmetry
+from distlab.sim.parallel.tp.pipeline import pp_tp_plan
 from distlab.sim.trace import RankCopies
 
 GPT2 = {"preset": "gpt2-small", "micro_batch": 8}
@@ -82,7 +82,7 @@ def test_what_is_not_symmetric_is_simulated_in_full():
     assert find_symmetry(r.plan, r.cluster, {3: 1.5}, False) is None          # a straggler
     assert find_symmetry(r.plan, r.cluster, None, True) is None               # transfers are recorded per flow
     halves = [[Collective("all_reduce", 1 << 20, group=(0, 1, 2, 3) if k < 4 else (4, 5, 6, 7))] for k in range(8)]
-    assert find_symmetry(Plan(halves), r.cluster, None, False) is None        # sub-groups: sim/subgroups.py
+    assert find_symmetry(Plan(halves), r.cluster, None, False) is None        # sub-groups: sim/kernel/subgroups.py
     odd = [list(ops) for ops in r.plan.ranks]
     odd[5] = odd[5][:-1]
     assert find_symmetry(Plan(odd), r.cluster, None, False) is None           # one rank runs something else
@@ -149,7 +149,7 @@ def test_rank_copies_of_classes_read_like_a_list(monkeypatch):
 
 
 def test_pp_tp_plans_built_from_representatives_equal_the_plans_built_rank_by_rank():
-    """sim/relabel.py: PP x TP x DP with a tp group per node builds one program per stage and renames it; every
+    """sim/kernel/relabel.py: PP x TP x DP with a tp group per node builds one program per stage and renames it; every
     rank's program equals the one pp_tp_plan builds rank by rank (dp 3: replica shifts wrap around)."""
     d = {"model": LLAMA, "mesh": {"dp": 3, "pp": 2, "tp": 8}, "tp": {"microbatches": 3, "sequence_parallel": False},
          "cluster": "dgx-h100", "nodes": 6}

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from distlab.sim.cluster import load_cluster
-from distlab.sim.engine import simulate_collective
+from distlab.sim.kernel.engine import simulate_collective
 from distlab.sim.timeline_png import TAB20, layout, nice_ticks, timeline_png
 
 

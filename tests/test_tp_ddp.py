@@ -1,16 +1,16 @@
-"""DDP x TP in the simulator (sim/tp/ddp.py): TP collectives as the 1-D plan, the SP norms' Partial gradients
+"""DDP x TP in the simulator (sim/parallel/tp/ddp.py): TP collectives as the 1-D plan, the SP norms' Partial gradients
 all-reduced over tp at the end of backward (not in the optimizer), then DDP's buckets of TP-local gradients
 all-reduced over dp with no overlap with backward compute. Checked against real torch in tests/test_tp_runtime.py."""
 import pytest
 
 from distlab.sim import scenario as sc
-from distlab.sim.ddp.plan import DDPOptions
+from distlab.sim.parallel.ddp.plan import DDPOptions
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
-from distlab.sim.tp.ddp import ddp_tp_plan
-from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
-from distlab.sim.tp.rules import local_numel
+from distlab.sim.parallel.tp.ddp import ddp_tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, collective_sequence, tp_plan
+from distlab.sim.parallel.tp.rules import local_numel
 
 MODEL = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
             arch="llama", ffn_hidden=64)

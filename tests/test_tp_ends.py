@@ -9,7 +9,7 @@ from pytest import approx
 
 from distlab.runtime.tp.ends import ends_host, with_ends_host
 from distlab.sim.cluster import PRESETS
-from distlab.sim.engine import simulate
+from distlab.sim.kernel.engine import simulate
 from distlab.sim.plan import Collective, Compute, Plan
 
 MS = 1e-3
@@ -83,7 +83,7 @@ def test_adamw_on_dtensors_is_priced_by_its_own_probe_not_the_blocks_rate():
     # 5 x 0.2 = 1 ms follows it on its stream
     from distlab.runtime.tp.fit import optimizer_host
     from distlab.runtime.tp.validate import with_optimizer_host
-    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS
+    from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
 
     def cal(dtensor, plain):
         return {"variants": [{"calibration": {"optimizer_dtensor": [t * MS for t in dtensor],

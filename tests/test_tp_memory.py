@@ -3,8 +3,8 @@
 import pytest
 
 from distlab.sim.models import gpt, preset
-from distlab.sim.tp.memory import activation_bytes_per_layer as act
-from distlab.sim.tp.memory import tp_memory
+from distlab.sim.parallel.tp.memory import activation_bytes_per_layer as act
+from distlab.sim.parallel.tp.memory import tp_memory
 
 # (heads a, hidden h, layers) of the paper's Table 3
 SHAPES = {"22B": (64, 6144, 48), "175B": (96, 12288, 96), "530B": (128, 20480, 105), "1T": (160, 25600, 128)}

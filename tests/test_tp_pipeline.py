@@ -1,4 +1,4 @@
-"""PP x TP in the simulator (sim/tp/pipeline.py; against real torch pipelining: tests/test_tp_runtime.py): each stage's
+"""PP x TP in the simulator (sim/parallel/tp/pipeline.py; against real torch pipelining: tests/test_tp_runtime.py): each stage's
 forward and backward actions carry the TP collectives of its layers, on the rank's TP group, once per
 micro-batch; stage boundaries send the TP-local (SP: sequence-sharded) tensor; dp replicas all-reduce the
 TP-local stage gradients; schedules that split the backward are refused."""
@@ -8,11 +8,11 @@ from distlab.sim import scenario as sc
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
-from distlab.sim.pipeline.plan import PipelineSpec
+from distlab.sim.parallel.pipeline.plan import PipelineSpec
 from distlab.sim.plan import Collective, Recv, Send
-from distlab.sim.tp.pipeline import pp_tp_plan
-from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
-from distlab.sim.tp.rules import local_numel
+from distlab.sim.parallel.tp.pipeline import pp_tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, collective_sequence, tp_plan
+from distlab.sim.parallel.tp.rules import local_numel
 
 MODEL = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
             arch="llama", ffn_hidden=64)
@@ -70,7 +70,7 @@ def test_the_pipelining_runtime_overhead_follows_every_action():
     of that many seconds after each of a stage's 2m actions; with the rest of the step unchanged, a rank's busy
     time grows by exactly 2m x overhead (hand count)."""
     from distlab.sim.cluster import PRESETS
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute
     m, overhead = 3, 1e-3
     spec, mesh = PipelineSpec("1f1b", 2, m), Mesh({"pp": 2, "tp": 2})

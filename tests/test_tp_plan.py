@@ -1,4 +1,4 @@
-"""The tp plan builder (sim/tp/plan.py): the collectives per phase that torch's ParallelStyles imply (counts and
+"""The tp plan builder (sim/parallel/tp/plan.py): the collectives per phase that torch's ParallelStyles imply (counts and
 sizes for plain TP and TP + SP, fused and separate q/k/v, SwiGLU and GELU), compute divided by tp, recompute,
 bad input as one line with exit code 2, and `distlab simulate` of the shipped tp scenarios."""
 import json
@@ -10,7 +10,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt, preset
 from distlab.sim.plan import Collective, Compute
-from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, collective_sequence, tp_plan
 
 LLAMA = gpt(layers=3, hidden=64, heads=8, kv_heads=4, seq_len=16, vocab=256, micro_batch=2, dtype="bfloat16",
             arch="llama", ffn_hidden=128)
@@ -142,7 +142,7 @@ def test_hsdp_x_tp_on_a_3d_mesh_all_reduces_each_shard_over_the_replicas():
     """HSDP x TP (dp_replicate 2 x dp_shard 2 x tp 2): after each unit's reduce-scatter over dp_shard, one
     all-reduce of the shard over dp_replicate; memory per rank as FSDP2 x TP with the same dp_shard (replicas
     hold copies)."""
-    from distlab.sim.tp.compose import collective_sequence as seq3
+    from distlab.sim.parallel.tp.compose import collective_sequence as seq3
     d = {"model": {"preset": "llama3-8b", "layers": 2, "micro_batch": 1}, "tp": {}, "cluster": "dgx-h100",
          "mesh": {"dp_replicate": 2, "dp_shard": 2, "tp": 2}}
     r = sc.simulate(d)
@@ -157,15 +157,15 @@ def test_hsdp_x_tp_on_a_3d_mesh_all_reduces_each_shard_over_the_replicas():
 
 
 def test_dtensor_launches_cost_launch_s_each_on_the_critical_path():
-    """Each Compute op of a TP plan carries the DTensor ops it dispatches (sim/tp/plan.py DTENSOR_OPS; real
+    """Each Compute op of a TP plan carries the DTensor ops it dispatches (sim/parallel/tp/plan.py DTENSOR_OPS; real
     counts checked in tests/test_tp_runtime.py); the engine adds launches x launch_s. TP's compute and
     collectives are serial, so the step grows by exactly the sum; a tp = 1 plan has none."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute
-    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS, DTENSOR_OPS
+    from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS, DTENSOR_OPS
     model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
                 arch="llama", ffn_hidden=64)
     plan = tp_plan(model, Mesh({"tp": 2}), TPOptions())
@@ -209,12 +209,12 @@ def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
 def test_tp_ranks_share_the_cores_for_their_compute():
     """TP ranks run in lock-step (every collective waits for all of them), so on a node with half as many cores as
     ranks every compute op of rank 0 runs while the other three compute too, at cores / ranks = 1/2 of a core
-    (sim/cores.py): the step grows by exactly rank 0's compute time alone (hand sum of op_seconds)."""
+    (sim/kernel/cores.py): the step grows by exactly rank 0's compute time alone (hand sum of op_seconds)."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS
     from distlab.sim.compute import op_seconds
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute
     model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
                 arch="llama", ffn_hidden=64)

@@ -11,8 +11,8 @@ import pytest
 
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
-from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
-from distlab.sim.tp.rules import local_shape
+from distlab.sim.parallel.tp.plan import TPOptions, collective_sequence, tp_plan
+from distlab.sim.parallel.tp.rules import local_shape
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
     got = {(c["case"].split()[1], c["bytes"]): int(c["case"].rsplit("x", 1)[1]) for c in rows[1:]}
     assert got == Counter((op, b) for op, b, *_ in seq)
     assert set(r["cluster"].calibration["collectives"]) == {"all_gather", "reduce_scatter", "all_reduce"}
-    from distlab.sim.tp.plan import DTENSOR_OPS      # the ends probe (runtime/tp/ends.py) counts the plan's launches
+    from distlab.sim.parallel.tp.plan import DTENSOR_OPS      # the ends probe (runtime/tp/ends.py) counts the plan's launches
     cal = results[0]["variants"][0]["calibration"]
     assert cal["ends_ops"] == {k: DTENSOR_OPS[True][k] for k in ("embed fwd", "embed bwd", "head fwd", "head bwd")}
     assert set(r["ends_host_s"]) == set(cal["ends_ops"]) and min(r["ends_host_s"].values()) >= 0
@@ -87,7 +87,7 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
     from distlab.runtime.tp.ends import ends_host
     from distlab.runtime.tp.fit import optimizer_host      # AdamW on DTensors costs more host CPU than on tensors
     from distlab.runtime.tp.validate import timed_plan
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     assert cal["optimizer_params"] == len(MODEL.params) and optimizer_host(results) > 0
     priced = timed_plan(built, ends=ends_host(results, r["cluster"].gpu.launch_s))   # the optimizer at the block rate
     assert simulate(priced, r["cluster"]).makespan != pytest.approx(rows[0]["predicted_s"])    # compare used the probe
@@ -98,7 +98,7 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
 @pytest.mark.parametrize("world,i", [(2, i) for i in range(4)] + [(4, 0), (4, 1)],
                          ids=[f"{w}-{VARIANTS[i]}" for w, i in [(2, 0), (2, 1), (2, 2), (2, 3), (4, 0), (4, 1)]])
 def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, i):
-    """Per rank: the collectives, and the DTensor ops per phase (the plan's launches: sim/tp/plan.py DTENSOR_OPS)."""
+    """Per rank: the collectives, and the DTensor ops per phase (the plan's launches: sim/parallel/tp/plan.py DTENSOR_OPS)."""
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.plan import Compute
     results = {2: launch2, 4: launch4}[world]
@@ -120,8 +120,8 @@ def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, 
 @pytest.mark.parametrize("i", range(len(FSDP_TP)), ids=["fsdp2-x-tp-sp", "fsdp2-x-tp"])
 def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
     from distlab.runtime.tp.run import measured_sequence
-    from distlab.sim.tp.compose import collective_sequence as fsdp_tp_sequence
-    from distlab.sim.tp.compose import fsdp_tp_plan
+    from distlab.sim.parallel.tp.compose import collective_sequence as fsdp_tp_sequence
+    from distlab.sim.parallel.tp.compose import fsdp_tp_plan
     results = launch4
     v = FSDP_TP[i]
     plan = fsdp_tp_plan(MODEL, Mesh(dict(v["mesh"])), tp_opts=TPOptions(sequence_parallel=v["sequence_parallel"]))
@@ -135,7 +135,7 @@ def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launch4):
     """TP collectives, the SP norms' gradients all-reduced over tp at the end of backward, one DDP bucket of the
     TP-local gradients over dp; nothing in the optimizer; the parameters DDP holds are the TP-local shards."""
     from distlab.runtime.tp.run import measured_sequence
-    from distlab.sim.tp.ddp import ddp_tp_plan
+    from distlab.sim.parallel.tp.ddp import ddp_tp_plan
     results = launch4
     plan = ddp_tp_plan(MODEL, Mesh(dict(DDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
     for rank in range(4):
@@ -146,7 +146,7 @@ def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launch4):
 
 
 def test_local_parameter_shards_equal_dtensor_local_shards(launched):
-    from distlab.sim.fsdp.units import padded_numel
+    from distlab.sim.parallel.fsdp.units import padded_numel
     world, results = launched
     want = [[p.name, list(local_shape(p, world))] for p in MODEL.params]
     for r in results:
@@ -168,9 +168,9 @@ def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
     per rank the TP collectives (kind, order, bytes, dtype, group, phase) and the p2p sends and receives (order,
     bytes, peer) equal the simulated PP x TP plan's; each stage's local shards equal the simulated TP-local ones."""
     from distlab.runtime.tp.run import measured_sequence
-    from distlab.sim.pipeline.plan import PipelineSpec
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec
     from distlab.sim.plan import Recv, Send
-    from distlab.sim.tp.pipeline import pp_tp_plan
+    from distlab.sim.parallel.tp.pipeline import pp_tp_plan
     v, k = PP_TP[i], FOUR.index(PP_TP[i])
     plan = pp_tp_plan(MODEL, Mesh(dict(v["mesh"])), PipelineSpec("1f1b", 2, v["microbatches"]),
                       TPOptions(sequence_parallel=v["sequence_parallel"]))
@@ -192,10 +192,10 @@ def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
 
 def test_hsdp_x_tp_on_a_1x2x2_mesh_equals_the_simulated_plan(launch4):
     """fully_shard on the (dp_replicate, dp_shard) sub-mesh of a 3-D mesh: torch all-reduces every unit's
-    gradient shard over the replicate group even when it holds one rank; the plan does too (sim/tp/compose.py)."""
+    gradient shard over the replicate group even when it holds one rank; the plan does too (sim/parallel/tp/compose.py)."""
     from distlab.runtime.tp.run import measured_sequence
-    from distlab.sim.tp.compose import collective_sequence as fsdp_tp_sequence
-    from distlab.sim.tp.compose import fsdp_tp_plan
+    from distlab.sim.parallel.tp.compose import collective_sequence as fsdp_tp_sequence
+    from distlab.sim.parallel.tp.compose import fsdp_tp_plan
     k = FOUR.index(HSDP_TP)
     plan = fsdp_tp_plan(MODEL, Mesh(dict(HSDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
     for rank in range(4):

@@ -7,7 +7,7 @@ size, with ``gpu`` = the measured compute (at the largest world size), ``calibra
 (with size bands where one line does not fit), ``interference`` = compute's slowdown while an all_reduce is in
 flight and ``comm_interference`` = the all_reduce's slowdown while every rank computes (runtime/compute_probe.py,
 at the largest world size), and, for CPU ranks, ``cpu_cores`` = the cores this process may use, which the ranks
-share (sim/cores.py). It is rewritten (atomically) after each world size.
+share (sim/kernel/cores.py). It is rewritten (atomically) after each world size.
 ``--compute``: GEMMs of many shapes, a copy and a 1 x 1 GEMM timed in this process (runtime/compute_probe.py;
 CUDA when present), and the gpu's tflops, gemm_efficiency, hbm_GBps and launch_s set from them, with a table and
 a figure of the curve. This module only parses arguments and formats.

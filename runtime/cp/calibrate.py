@@ -13,7 +13,7 @@ least squares over the sizes; the permute t = α + B/bw the same way, as the nod
 link); a FLOP rate F (bisection, runtime/validation.py roofline_cluster) such that the roofline total of the
 cp = 1 plan's forward and backward ops on s tokens equals the forward+backward of one rank alone: the measured
 time x min(1, cores / ranks), since all ranks computed at once on the machine's cores; the cluster then shares
-its ``cpu_cores`` among the ranks computing (sim/cores.py), so a rank waiting for a rotation leaves its core to
+its ``cpu_cores`` among the ranks computing (sim/kernel/cores.py), so a rank waiting for a rotation leaves its core to
 the others. Per quantity: the median over rounds of the slowest rank (collectives) or of the median rank
 (compute and copy, which each rank does on its own: the slowest of several short local timings on a busy
 machine is mostly scheduler noise, and the simulator already makes ranks wait for each other).
@@ -124,7 +124,7 @@ def fit_cluster(results: list[dict], model, world: int):
 
     from distlab.runtime.validation import roofline_cluster
     from distlab.sim.collectives import ring_cost
-    from distlab.sim.cp.plan import cp_plan
+    from distlab.sim.parallel.cp.plan import cp_plan
     from distlab.sim.mesh import Mesh
     from distlab.sim.plan import Compute
     cals = [r["calibration"] for r in results]
@@ -146,5 +146,5 @@ def fit_cluster(results: list[dict], model, world: int):
     two = roofline_cluster(work, fb * share, M, 2, coll)
     intra = two.intra_node if not link else replace(two.intra_node, bandwidth_GBps=link[1] / 1e9,
                                                      latency_us=link[0] * 1e6)
-    # all ranks on this one machine, sharing its cores (sim/cores.py)
+    # all ranks on this one machine, sharing its cores (sim/kernel/cores.py)
     return replace(two, gpus_per_node=world, intra_node=intra, cpu_cores=cores)

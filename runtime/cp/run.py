@@ -167,7 +167,7 @@ def rank_task(ctx, payload: dict) -> dict:
 
 def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tuple]:
     """(kind, bytes, dtype, group, per-peer bytes) of every collective one rank issued in the last captured step
-    (the format of sim/cp/plan.py ``collective_sequence``)."""
+    (the format of sim/parallel/cp/plan.py ``collective_sequence``)."""
     calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
     return [(k, b, d, tuple(g), None if per is None else tuple(per)) for k, b, d, g, _, per in calls]
 

@@ -20,8 +20,8 @@ def prepare(scenario, nproc: int):
     """(model, the run's variant, the plan on ``nproc`` CPU ranks: cp over all of them, FSDP2 on one stream);
     refuses what the real run cannot do (recompute) before starting ranks."""
     from distlab.sim import scenario as sc
-    from distlab.sim.cp.plan import cp_plan
-    from distlab.sim.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.cp.plan import cp_plan
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
     from distlab.sim.mesh import Mesh
     from distlab.sim.models import model_from_spec
     from distlab.sim.workloads.registry import get
@@ -57,8 +57,8 @@ def compare(model, plan, results: list[dict]) -> dict:
     """{rows: [{what, bytes, predicted_s, measured_s, repeats}], sequence_match, cluster, plan, results}."""
     from distlab.runtime.cp.calibrate import fit_cluster
     from distlab.runtime.cp.run import measured_sequence
-    from distlab.sim.cp.plan import collective_sequence
-    from distlab.sim.engine import simulate
+    from distlab.sim.parallel.cp.plan import collective_sequence
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.mesh import Mesh
     nproc = plan.world_size
     mesh = Mesh({"cp": nproc})
@@ -92,7 +92,7 @@ def sequence_rows(world: int = 2, rotate_method: str = "alltoall") -> list[list]
     """Lesson 10: a tiny Llama-style model (1 block, 16 tokens) through torch's ring on ``world`` gloo ranks;
     rank 0's collectives [#, kind, bytes, per-peer bytes, simulated the same?] in issue order."""
     from distlab.runtime.cp.run import measured_sequence, run
-    from distlab.sim.cp.plan import CPOptions, collective_sequence, cp_plan
+    from distlab.sim.parallel.cp.plan import CPOptions, collective_sequence, cp_plan
     from distlab.sim.mesh import Mesh
     from distlab.sim.models import gpt
     model = gpt(layers=1, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=64, dtype="float32", arch="llama",

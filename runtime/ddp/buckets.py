@@ -1,5 +1,5 @@
 """Real DDP's buckets for a list of models, in one launch: what tests/test_ddp_buckets.py compares the
-simulator's assignment (sim/ddp/buckets.py) against.
+simulator's assignment (sim/parallel/ddp/buckets.py) against.
 
 For each case, every rank wraps a fresh module in DDP (``bucket_cap_mb`` as given; None = PyTorch's default),
 runs three forward/backward iterations (buckets are rebuilt at iteration 1's forward, in gradient-ready

@@ -27,13 +27,13 @@ def calibrated(model, results: list[dict], base: str = "localhost-cpu", optimize
     alone=n) = n): the cluster gives each rank its own core (cpu_cores None). Interference (where the launch
     measured it, runtime/compute_probe.py, robust centers over rounds between the steps): ``interference`` =
     the backward's slowdown while a bucket's all-reduce is in flight, ``comm_interference`` = the all-reduce's
-    while the backward runs (sim/cores.py: neither counts the sharing of cores, which the compute rate holds)."""
+    while the backward runs (sim/kernel/cores.py: neither counts the sharing of cores, which the compute rate holds)."""
     import copy
     from dataclasses import replace
 
     from distlab.runtime.fit import fit_op
     from distlab.sim.cluster import PRESETS
-    from distlab.sim.ddp.plan import OPTIMIZERS
+    from distlab.sim.parallel.ddp.plan import OPTIMIZERS
     n = len(results)
     t_fwd, t_bwd, t_opt = (slowest(results, "local", k, stat=stat) for k in ("forward", "backward", "optimizer"))
     model = copy.deepcopy(model)
@@ -68,7 +68,7 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
     """Predicted vs measured: rows of {what, predicted_s, measured_s, error_pct}; bucket launch errors are
     in % of the measured backward duration. Also the two traces and the calibrated cluster."""
     from distlab.sim import scenario as sc
-    from distlab.sim.ddp.plan import DDPOptions
+    from distlab.sim.parallel.ddp.plan import DDPOptions
     d = sc.load(scenario)
     section = workload_section(d, "ddp")
     if section is None:
@@ -83,8 +83,8 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
 
 def compare(model, opts, results: list[dict], stat: str = "median") -> dict:
     """Calibrate on ``results`` (from :func:`measure`), simulate, and compare (see validate_ddp)."""
-    from distlab.sim.ddp.plan import bucket_rows, ddp_plan
-    from distlab.sim.engine import simulate
+    from distlab.sim.parallel.ddp.plan import bucket_rows, ddp_plan
+    from distlab.sim.kernel.engine import simulate
     nproc = len(results)
     model, cluster = calibrated(model, results, optimizer=opts.optimizer, stat=stat)
     plan, info = ddp_plan(model, nproc, opts)

@@ -11,7 +11,7 @@ ExpertParallel does (torchtitan/distributed/expert_parallel.py ``_token_dispatch
   (torch/distributed/_functional_collectives.py ``all_to_all_single_backward``): combine's, then dispatch's.
 
 Routing is given, not learned: which experts a rank's tokens go to (how many copies per expert) comes from
-sim/moe/routing.py for the variant's skew, so the real run and the simulator move the same bytes; the gate
+sim/parallel/ep/routing.py for the variant's skew, so the real run and the simulator move the same bytes; the gate
 scores of those experts are real (differentiable) router outputs. Every collective is recorded by a
 TorchDispatchMode (below autograd, so backward's all_to_alls are seen): kind, per-peer bytes sent, dtype, phase.
 """
@@ -119,8 +119,8 @@ def rank_task(ctx, payload: dict) -> dict:
     import torch.distributed as dist
 
     from distlab.sim.models import model_from_spec
-    from distlab.sim.moe.model import config_of
-    from distlab.sim.moe.plan import EPOptions, Layout
+    from distlab.sim.parallel.ep.model import config_of
+    from distlab.sim.parallel.ep.plan import EPOptions, Layout
     import distlab.sim.workloads.registry  # noqa: F401  (registers the moe model kind)
     groups = {}
     for ep in sorted({v.get("ep") or ctx.world_size for v in payload["variants"]}):

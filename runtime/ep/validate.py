@@ -6,8 +6,8 @@ then a probe (the first variant's model with balanced routing), then each varian
 Fits, from the probe and the all_to_all timings only: the all_to_all's α and bandwidth (least squares of
 t = α + (n-1)/n · S / B over the median time per size, the slowest rank's), and the FLOP rate F of this CPU
 (bisection in log F until the simulated probe lasts as long as the measured one; the runtime's Python work per
-op is folded into F). Each variant is then simulated (sim/moe/plan.py, forward and backward only) on the
-fitted cluster, its ranks sharing the cores left to them (processor sharing, sim/cores.py; a skew leaves
+op is folded into F). Each variant is then simulated (sim/parallel/ep/plan.py, forward and backward only) on the
+fitted cluster, its ranks sharing the cores left to them (processor sharing, sim/kernel/cores.py; a skew leaves
 the cold ranks idle in the all_to_all, so the hot rank gets more of the machine): predicted step vs measured
 (the median over steps of the slowest rank's step); spread = the steps' (slowest - fastest) / median.
 The prediction never sees the run it predicts.
@@ -42,7 +42,7 @@ def measured_steps(results: list[dict], variant: int) -> list[float]:
 
 def cluster_for(F: float, calibration: dict, n: int, cores: float | None = None):
     """n ranks on this machine: FLOP rate F per core, the fitted all_to_all, ``cores`` shared by the ranks'
-    compute (processor sharing, sim/cores.py; None: a core each)."""
+    compute (processor sharing, sim/kernel/cores.py; None: a core each)."""
     from dataclasses import replace
 
     from distlab.sim.cluster import PRESETS
@@ -52,9 +52,9 @@ def cluster_for(F: float, calibration: dict, n: int, cores: float | None = None)
 
 
 def predict(model, skew: float, n: int, cluster) -> float:
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.mesh import Mesh
-    from distlab.sim.moe.plan import EPOptions, ep_plan
+    from distlab.sim.parallel.ep.plan import EPOptions, ep_plan
     return simulate(ep_plan(model, Mesh({"ep": n}), EPOptions(skew=skew), optimizer=False), cluster).makespan
 
 
@@ -99,8 +99,8 @@ def prepare(scenario, nproc: int):
     if c.get("attention") != "none" or c.get("embed") or c.get("first_dense") or not ep_only:
         raise ConfigError("the real EP run has MoE layers alone on an ep mesh; allowed: model attention: none, "
                           "embed: false, first_dense: 0, mesh {ep: N}", "ep")
-    from distlab.sim.moe.model import config_of
-    from distlab.sim.moe.plan import check_ep
+    from distlab.sim.parallel.ep.model import config_of
+    from distlab.sim.parallel.ep.plan import check_ep
     check_ep(config_of(built.model), nproc, "nproc")
     return built.model, built.options.skew
 

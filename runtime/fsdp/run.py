@@ -1,6 +1,6 @@
 """Real FSDP2 (``fully_shard``) on the model the simulator plans, every collective it issues recorded.
 
-Sharding as sim/fsdp/plan.py assumes: ``fully_shard`` on every block (``h.{i}`` / ``layers.{i}``) with the
+Sharding as sim/parallel/fsdp/plan.py assumes: ``fully_shard`` on every block (``h.{i}`` / ``layers.{i}``) with the
 plan's ``reshard_after_forward`` and ``MixedPrecisionPolicy``, then on the root with the defaults (the root is
 not resharded after forward). Mesh: ``init_device_mesh(device, (world,))``, or ``(world // S, S)`` for HSDP.
 The recorder wraps ``dist.all_gather_single``, ``dist.reduce_scatter_single`` and ``dist.all_reduce`` (what
@@ -61,7 +61,7 @@ def shard_module(module, mesh, opts: dict):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from distlab.sim.fsdp.plan import BLOCK
+    from distlab.sim.parallel.fsdp.plan import BLOCK
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     mp = MixedPrecisionPolicy(param_dtype=dt.get(opts.get("param_dtype")),
                               reduce_dtype=dt.get(opts.get("reduce_dtype")))
@@ -110,7 +110,7 @@ def rank_task(ctx, payload: dict) -> dict:
     import torch.distributed as dist
 
     from distlab.runtime.models import build_module, example_input
-    from distlab.sim.fsdp.plan import padded_numel
+    from distlab.sim.parallel.fsdp.plan import padded_numel
     from distlab.sim.models import model_from_spec
     model = model_from_spec(payload["model"])
     runs = []

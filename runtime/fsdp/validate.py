@@ -14,7 +14,7 @@ from distlab.runtime.validation import case, roofline_cluster, scenario_kind, wo
 
 def calibration_sizes(plans) -> dict:
     """op -> the distinct byte counts of that collective in ``plans`` (what to time for calibration)."""
-    from distlab.sim.fsdp.plan import collective_sequence
+    from distlab.sim.parallel.fsdp.plan import collective_sequence
     out = {}
     for plan in plans:
         for op, nbytes, _ in collective_sequence(plan):
@@ -34,11 +34,11 @@ def calibrated_cluster(results: list[dict], model, world: int):
     tensors the size of the rank's shards (robust centers of the rounds, slowest rank). Cores: those are timed
     on every rank at once, between the FSDP steps, so at the share the ranks get beside the machine's other
     processes (runtime/load.py effective_cores(n, alone=n) = n): one core per rank in the cluster. (c) The
-    compute jitter J (sim/skew.py) from the spread between the ranks' forward+backward times of each round
+    compute jitter J (sim/kernel/skew.py) from the spread between the ranks' forward+backward times of each round
     (runtime/compute_probe.compute_jitter): every collective of the step waits for its last member."""
     from distlab.runtime.fit import fit_op
     from distlab.runtime.robust import center
-    from distlab.sim.fsdp.plan import ADAM_BYTES, padded_numel
+    from distlab.sim.parallel.fsdp.plan import ADAM_BYTES, padded_numel
     n, coll = world, {}
     for op, table in results[0]["calibration"].items():
         sizes = sorted(table, key=int)
@@ -89,8 +89,8 @@ def measured_step(results: list[dict], variant: int = 0, stat=_center) -> float:
 def predict(model, world: int, opts: dict, cluster, parts: bool = False):
     """Simulated step seconds of the fsdp plan on one stream per rank (gloo on CPU blocks on each call); with
     ``parts``, also {"comm", "optimizer", "other"} seconds on rank 0."""
-    from distlab.sim.engine import simulate
-    from distlab.sim.fsdp.plan import build_fsdp
+    from distlab.sim.kernel.engine import simulate
+    from distlab.sim.parallel.fsdp.plan import build_fsdp
     trace = simulate(build_fsdp(model, world, {**opts, "overlap": False}), cluster, record_transfers=False)
     if not parts:
         return trace.makespan
@@ -113,7 +113,7 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     the predicted step time (calibrated here) with the measured one. Returns a report dict (and the trace)."""
     from distlab.sim import scenario as sc
     from distlab.sim.errors import ConfigError
-    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     section = workload_section(d, "fsdp")

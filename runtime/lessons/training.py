@@ -15,8 +15,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
     tensors, so this runs on gloo."""
     from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
-    from distlab.sim.ddp.plan import DDPOptions, ddp_plan
-    from distlab.sim.engine import simulate
+    from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
     payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
@@ -55,7 +55,7 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
     from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
     from distlab.runtime.fsdp.validate import calibrated_cluster, calibration_sizes, measured_step, predict
-    from distlab.sim.fsdp.plan import build_fsdp, collective_sequence
+    from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
     opts = list(variants.values())
@@ -95,7 +95,7 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     import statistics
 
     from distlab.runtime.pipeline.validate import measure_and_predict
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
                  layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1) for s, v in schedules]
     results = measure_and_predict(cfgs, nproc, timeout=timeout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from distlab.sim.pipeline import schedules as S
+from distlab.sim.parallel.pipeline import schedules as S
 
 DEFAULTS = {"schedule": "1f1b", "stages": 2, "microbatches": 4, "virtual_stages": 1, "layers": None,
             "width": 256, "rows": 32, "steps": 2, "warmup": 1}
@@ -58,7 +58,7 @@ class _Schedule:
         sched_name = S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
         p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
         self.n_stages = n_stages = p * v
-        from distlab.sim.pipeline.plan import split_layers
+        from distlab.sim.parallel.pipeline.plan import split_layers
         ranges = split_layers(cfg["layers"] or n_stages, n_stages, cfg.get("split"))
         blocks = _blocks(cfg["layers"] or n_stages, cfg["width"])
         placement = S.stage_to_rank(sched_name, p, v)
@@ -245,7 +245,7 @@ def rank_main(ctx, payload: dict) -> dict:
 def to_trace(cfg: dict, per_rank: list[dict]):
     """The fastest measured step as a sim Trace (times from its first action; op index = the plan's)."""
     from distlab.sim.models import Layer, Model
-    from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
     from distlab.sim.trace import OpRecord, Trace
     cfg = {**DEFAULTS, **cfg}
     p, v = cfg["stages"], cfg["virtual_stages"]
@@ -299,8 +299,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         sys.stderr.write(f"python -m distlab.runtime.pipeline.run: error: {e}\n")
         return 2
-    from distlab.sim.pipeline import diagram
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import diagram
+    from distlab.sim.parallel.pipeline import metrics as M
     met = M.compute(trace, trace.meta["pipeline"])
     os.makedirs(args.out, exist_ok=True)
     trace.save(os.path.join(args.out, "pipeline-measured.trace"))

@@ -3,7 +3,7 @@
 Model of a pipeline of CPU ranks: each action is the stage's compute (blocks x one block's F, B, I or W, timed on
 a core of its own) plus the runtime's own CPU time per action (Python, torch.distributed.pipelining, posting sends
 and receives: ``overhead``); the ranks of the machine share its cores for that work (the cluster's ``cpu_cores``:
-processor sharing, sim/cores.py, with the cores that fair sharing beside the other processes seen before the
+processor sharing, sim/kernel/cores.py, with the cores that fair sharing beside the other processes seen before the
 launch leaves them, runtime/load.py effective_cores); a tensor handed to the next stage arrives after the p2p
 latency a pipeline sees (``p2p_latency``) plus bytes / the ping-pong's bandwidth.
 
@@ -60,7 +60,7 @@ def probe_config(cfg: dict) -> dict:
 
 
 def _sources(trace):
-    from distlab.sim.pipeline.metrics import actions_of
+    from distlab.sim.parallel.pipeline.metrics import actions_of
     acts = actions_of(trace)
     end = {(a.stage, a.kind if a.kind == "F" else "B", a.mb): o.end for a, o in acts if a.kind != "W"}
     return acts, end, lambda a: (a.stage - 1, "F", a.mb) if a.kind == "F" else (a.stage + 1, "B", a.mb)
@@ -96,8 +96,8 @@ def action_gap(trace) -> float:
 def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
     """(stage, kind) -> seconds from per-rank block costs (stage 0: I = 0, W = full backward, as torch's
     PipelineStage.backward_weight_one_chunk does), plus ``extra`` per action."""
-    from distlab.sim.pipeline import schedules as S
-    from distlab.sim.pipeline.plan import split_layers
+    from distlab.sim.parallel.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline.plan import split_layers
     p, v = cfg["stages"], cfg["virtual_stages"]
     placement = S.stage_to_rank(cfg["schedule"], p, v)
     seconds = {}
@@ -111,7 +111,7 @@ def block_seconds(cfg: dict, calib: list[dict], extra: float = 0.0) -> dict:
 
 def replay_seconds(trace, fallback: dict | None = None) -> dict:
     """(stage, kind) -> mean measured seconds of that action (``fallback``'s where it never ran)."""
-    from distlab.sim.pipeline.metrics import actions_of
+    from distlab.sim.parallel.pipeline.metrics import actions_of
     times: dict = {}
     for a, o in actions_of(trace):
         times.setdefault((a.stage, a.kind), []).append(o.end - o.start)
@@ -121,9 +121,9 @@ def replay_seconds(trace, fallback: dict | None = None) -> dict:
 def simulate_cfg(cfg: dict, seconds: dict, cluster, overhead: float = 0.0):
     """(trace, plan): the pipeline plan of runtime config ``cfg`` with the given (stage, kind) seconds and
     ``overhead`` seconds of runtime work after each action."""
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.models import Layer, Model
-    from distlab.sim.pipeline.plan import PipelineSpec, build_plan
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec, build_plan
     act = cfg["rows"] * cfg["width"] * 4
     model = Model("blocks", [Layer(f"b{i}", [], fwd_flops=1.0, activation_bytes=act) for i in range(cfg["layers"])])
     full = {(s, k): seconds.get((s, k), 0.0) for s in range(cfg["stages"] * cfg["virtual_stages"]) for k in "FBIW"}
@@ -258,7 +258,7 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     + ReLU), so the scenario's model must be ``{kind: mlp, widths: [w, w, ...], batch: rows per microbatch}``."""
     from distlab.sim import scenario as sc
     from distlab.sim.errors import ConfigError
-    from distlab.sim.pipeline.scenario import spec_of
+    from distlab.sim.parallel.pipeline.scenario import spec_of
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     if workload_section(d, "pipeline") is None:
         raise ConfigError(f"needs parallelism kind pipeline, got {scenario_kind(d)!r}", "parallelism.kind")
@@ -283,8 +283,8 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
 def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float = 300.0) -> dict:
     """Run a pipeline scenario for real on ``stages`` gloo ranks and predict it (calibrated in the same launch).
     Returns measure_and_predict's dict for it plus the metrics and the measured median step makespan."""
-    from distlab.sim.pipeline import metrics as M
-    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import schedules as S
     cfg = runtime_config(scenario, steps, warmup)
     S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
     r = measure_and_predict([cfg], cfg["stages"], timeout=timeout)[0]
@@ -297,7 +297,7 @@ def validate_pipeline(scenario, steps: int = 3, warmup: int = 1, timeout: float 
 def action_rows(predicted, measured) -> list[dict]:
     """Every action of the fastest measured step next to the same action in the prediction (start and end,
     seconds from each trace's first action)."""
-    from distlab.sim.pipeline.metrics import actions_of
+    from distlab.sim.parallel.pipeline.metrics import actions_of
     pred = {str(a): o for a, o in actions_of(predicted)}
     out = []
     for a, o in actions_of(measured):

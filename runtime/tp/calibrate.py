@@ -41,7 +41,7 @@ class Calibrator:
         import torch.distributed as dist
 
         from distlab.runtime.tp.model import build_llama
-        from distlab.sim.tp.rules import local_shape
+        from distlab.sim.parallel.tp.rules import local_shape
         self.sizes, self.group = sizes, group
         self.n = dist.get_world_size(group)
         torch.manual_seed(0)
@@ -78,7 +78,7 @@ class Calibrator:
         """The probe of DTensor's host work: one transformer block of the model with the run's block ``plan``
         (runtime/tp/run.py block_plan: TP or TP + SP) on the tp group, the same block unparallelized, and the
         DTensor ops and collectives one forward+backward of the parallel block dispatches, counted once by
-        ``capture`` (runtime/tp/run.py CollectiveCapture; the same counts as sim/tp/plan.py DTENSOR_OPS)."""
+        ``capture`` (runtime/tp/run.py CollectiveCapture; the same counts as sim/parallel/tp/plan.py DTENSOR_OPS)."""
         import torch
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor.parallel import parallelize_module

@@ -3,15 +3,15 @@ per-unit host costs read from it.
 
 ``fit_cluster``: per collective the ring model t = steps·α + f·S/B (``ring_cost``: all_gather and reduce_scatter
 n-1, (n-1)/n; all_reduce 2(n-1), 2(n-1)/n), least squares over the sizes (α = 0 and B from the largest size if α
-comes out negative); a memory rate M = 28 B x local elements / AdamW CPU time (sim/tp/plan.py ADAM_BYTES) and a
+comes out negative); a memory rate M = 28 B x local elements / AdamW CPU time (sim/parallel/tp/plan.py ADAM_BYTES) and a
 compute rate F (bisection) such that the roofline sum of max(flops/F, bytes/M) over the tp = 1 plan's forward and
 backward ops equals the unparallelized forward+backward's CPU time; the GPU spec's ``launch_s`` = (block CPU -
 unparallelized block CPU - the block's collectives' issue CPU) / the block's DTensor ops: the host CPU per DTensor
-op as a TP layer dispatches them (sim/tp/plan.py launches; ~35-45 us here, ~3x an elementwise op on a DTensor alone,
+op as a TP layer dispatches them (sim/parallel/tp/plan.py launches; ~35-45 us here, ~3x an elementwise op on a DTensor alone,
 which skips the hooks and the redistributions; the unparallelized block's whole CPU is subtracted, an upper bound of
 its local math); ``cpu_cores`` = the cores the ranks share (the caller's fair share beside other processes,
 runtime/load.py effective_cores, else this machine's cores, at most the ranks), so that the simulator runs each
-rank's compute at min(1, cores / ranks computing) of a core (sim/cores.py); the link latency (PP x TP's sends
+rank's compute at min(1, cores / ranks computing) of a core (sim/kernel/cores.py); the link latency (PP x TP's sends
 between stages) = the all_gather's fitted α per ring step (one hop: a transfer to a rank that must be woken); a
 collective's CPU work, ``comm_cpu_s`` + ``comm_cpu_s_per_byte`` x bytes per member rank: gloo's own threads, process
 minus main-thread CPU over each chain / calibrate.CHAIN (gloo's CPU wherever it falls, also after ``wait`` returns;
@@ -19,7 +19,7 @@ issue to wait alone catches ~1/3 of it here, ~0.45 of ~1.4 ms at tp 4, the whole
 process minus main-thread CPU per collective, ~1.6 ms), plus the calling thread's own CPU from issue to wait (the
 functional collective's Python, c10d's enqueue, the wait: ~0.2 ms at tp 2, which the chain's times hold as wall
 time; on cores that compute fills it takes its share like any compute), ``comm_cpu_line``; the simulator shares it
-with the compute on the cores, sim/cores.py, with interference = comm_interference = 1. The ends' host CPU beyond
+with the compute on the cores, sim/kernel/cores.py, with interference = comm_interference = 1. The ends' host CPU beyond
 launches x launch_s (the embedding; final norm, head, loss): runtime/tp/ends.py. ``optimizer_host``: DTensor's host
 CPU per parameter in AdamW's step beyond the same step on plain tensors (~80 us here, where the plan's 8 DTensor ops
 per parameter at the block's ``launch_s`` would charge ~260-340 us: FSDP2 x TP's optimizer phase predicted 12-13 ms
@@ -65,8 +65,8 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
     from distlab.sim.collectives import ring_cost
     from distlab.sim.mesh import Mesh
     from distlab.sim.plan import Compute
-    from distlab.sim.tp.plan import ADAM_BYTES, TPOptions, tp_plan
-    from distlab.sim.tp.rules import local_numel
+    from distlab.sim.parallel.tp.plan import ADAM_BYTES, TPOptions, tp_plan
+    from distlab.sim.parallel.tp.rules import local_numel
     cals = [r["variants"][0]["calibration"] for r in results]
     coll = {}
     for op, table in cals[0]["collectives"].items():
@@ -95,11 +95,11 @@ def fit_cluster(results: list[dict], model, tp: int, world: int, sequence_parall
 
 
 def comm_cpu_line(cals: list[dict]) -> tuple[float, float]:
-    """(a, b) of a collective's CPU work w = a + b x bytes per member rank (sim/cores.py): per kind and size the
+    """(a, b) of a collective's CPU work w = a + b x bytes per member rank (sim/kernel/cores.py): per kind and size the
     median over ranks and rounds of gloo's threads' CPU per call plus the calling thread's own CPU from issue to
     wait (``comm_main``; absent in older calibrations: 0), least squares over every (kind, size); a
     negative slope gives (median, 0), a negative intercept the line through the origin. (0, 0) for a
-    calibration without it. The interference factors stay 1 (sim/cores.py: not counted twice)."""
+    calibration without it. The interference factors stay 1 (sim/kernel/cores.py: not counted twice)."""
     import numpy as np
     def per_call(c, op, size):
         main = c.get("comm_main", {}).get(op, {}).get(size) or [0.0] * len(c["comm_cpu"][op][size])

@@ -32,7 +32,7 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
 
     from distlab.runtime.tp.model import build_llama
     from distlab.sim.models import model_from_spec
-    from distlab.sim.pipeline.plan import stage_ranges
+    from distlab.sim.parallel.pipeline.plan import stage_ranges
     model = model_from_spec(v["model"])
     dims = v["mesh"]
     mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))

@@ -36,7 +36,7 @@ class CollectiveCapture(TorchDispatchMode):
         self.calls: list[list] = []
         self.spans: list[list] = []
         self.phase = "forward"
-        self.dtensor_ops: dict[str, int] = {}       # per phase: ops dispatched on DTensors (sim/tp/plan.py launches)
+        self.dtensor_ops: dict[str, int] = {}       # per phase: ops dispatched on DTensors (sim/parallel/tp/plan.py launches)
         self._pending: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -20,8 +20,8 @@ from distlab.sim.errors import ConfigError
 
 
 def _sequence(plan, rank: int) -> list[tuple]:
-    from distlab.sim.tp import compose
-    from distlab.sim.tp import plan as tp_plan
+    from distlab.sim.parallel.tp import compose
+    from distlab.sim.parallel.tp import plan as tp_plan
     fn = compose.collective_sequence if plan.meta.get("builder") == "fsdp_tp" else tp_plan.collective_sequence
     return fn(plan, rank)
 
@@ -85,13 +85,13 @@ def timed_plan(built, overhead: float = 0.0, fsdp_host: tuple[float, float] = (0
 
 def with_optimizer_host(plan, per_param: float):
     """``plan`` with each "optimizer" Compute's DTensor ops (launches x launch_s: ADAMW_DTENSOR_OPS per DTensor
-    parameter, sim/tp/plan.py, priced at the TP block's rate) replaced by a Compute "optimizer host" of
+    parameter, sim/parallel/tp/plan.py, priced at the TP block's rate) replaced by a Compute "optimizer host" of
     ``per_param`` seconds per DTensor parameter after it (AdamW's elementwise ops on DTensors cost less host CPU
     than a TP block's ops, which carry hooks and redistributions); its roofline (flops, bytes) stays."""
     from dataclasses import replace
 
     from distlab.sim.plan import Compute, Plan
-    from distlab.sim.tp.plan import ADAMW_DTENSOR_OPS
+    from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
     ranks = []
     for ops in plan.ranks:
         out = []
@@ -107,16 +107,16 @@ def with_optimizer_host(plan, per_param: float):
 
 def _timed_plan(built, overhead: float, fsdp_host: tuple[float, float]):
     if built.plan.meta.get("builder") == "pp_tp" and overhead:
-        from distlab.sim.pipeline.plan import PipelineSpec
-        from distlab.sim.tp.pipeline import pp_tp_plan
+        from distlab.sim.parallel.pipeline.plan import PipelineSpec
+        from distlab.sim.parallel.tp.pipeline import pp_tp_plan
         o, mesh = built.options, built.mesh
         spec = PipelineSpec(schedule=o.schedule, stages=mesh.size("pp"), microbatches=o.microbatches,
                             data_parallel=mesh.size("dp") if "dp" in mesh else 1)
         return pp_tp_plan(built.model, mesh, spec, o, overhead=overhead)
     if built.plan.meta.get("builder") != "fsdp_tp":
         return built.plan
-    from distlab.sim.fsdp.plan import FSDPOptions
-    from distlab.sim.tp.compose import fsdp_tp_plan
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.tp.compose import fsdp_tp_plan
     plan = fsdp_tp_plan(built.model, built.mesh, FSDPOptions(overlap=False), built.options)
     return with_fsdp_host(plan, *fsdp_host) if any(fsdp_host) else plan
 
@@ -142,14 +142,14 @@ def with_fsdp_host(plan, forward_s: float, backward_s: float):
 def compare(built, results: list[dict], cores: float | None = None) -> dict:
     """Report dict from a launch whose first variant is the scenario's, run with calibration: rows [{what, op,
     bytes, calls, predicted_s, measured_s, repeats}; the step's also predicted_without_comm_cpu_s: the collectives'
-    CPU work left out, sim/cores.py], sequence_match, the plan, the fitted cluster (``cores``:
+    CPU work left out, sim/kernel/cores.py], sequence_match, the plan, the fitted cluster (``cores``:
     the cores the ranks shared, runtime/load.py effective_cores; None: the machine's), results, ``parts``:
     rank 0's step predicted and measured in parts (:func:`parts`), and ``pipeline_overhead_s`` (PP x TP: the
     pipelining runtime's CPU per action, timed_plan), ``ends_host_s`` (runtime/tp/ends.py ends_host) and
     ``actions`` (PP x TP: :func:`action_spans`)."""
     from distlab.runtime.tp.fit import fit_cluster
     from distlab.runtime.tp.run import measured_sequence
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
     cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
     from distlab.runtime.tp.ends import ends_host
@@ -182,7 +182,7 @@ def parts(plan, trace, cluster, results: list[dict]) -> dict:
     also split out: ``host``, DTensor dispatch, launches x launch_s, as the engine ran it), ``optimizer`` (the
     optimizer phase with its collectives; measured in the uncaptured steps) and ``step``; measured: medians
     over the steps. A pipeline rank has no phases: the step alone."""
-    from distlab.sim.tp.plan import PHASES
+    from distlab.sim.parallel.tp.plan import PHASES
     pred = {"comm": 0.0, "compute": 0.0, "host": 0.0, "optimizer": 0.0, "step": trace.makespan}
     ops = plan.ranks[0]
     for o in trace.for_rank(0):

@@ -8,7 +8,7 @@ from distlab.sim.collectives import algorithms, ring_cost
 from distlab.sim.collectives.protocols import (PROTOCOLS, ProtocolCost, check_protocol, cost, env_algorithms,
                                                env_protocols, protocols_for)
 from distlab.sim.errors import ConfigError
-from distlab.sim.network import Pairs, Topology
+from distlab.sim.kernel.network import Pairs, Topology
 
 
 class Context:

@@ -8,7 +8,7 @@ t ≈ α + (n-g)/n · S / B and nccl-tests' busbw = algbw·(n-1)/n = S/t·(n-1)/
 
 Per-peer sizes (``splits[i][j]`` bytes from member i to member j, torch's ``all_to_all_single`` split sizes):
 one step of flows (i, j) of size splits[i][j] (i != j; the diagonal is a local copy), sharing links max-min
-fairly (sim/network.py). The slowest peer pair decides: on a non-blocking switch
+fairly (sim/kernel/network.py). The slowest peer pair decides: on a non-blocking switch
     t = α + max over members of max(Σ_j≠i splits[i][j] / B_out(i), Σ_j≠i splits[j][i] / B_in(i)),
 the busiest sender's egress or the busiest receiver's ingress (exact when the flows on that link are equal).
 """

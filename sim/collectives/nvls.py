@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from distlab.sim.collectives.common import num_chunks, pipeline
 from distlab.sim.errors import ConfigError
-from distlab.sim.network import SWITCH
+from distlab.sim.kernel.network import SWITCH
 
 NAME, NCCL_NAME = "nvls", "NVLS"
 PROTOCOLS = ("Simple",)

@@ -17,7 +17,7 @@ from distlab.sim.collectives.common import num_chunks, pipeline
 from distlab.sim.collectives.nvls import check_switch
 from distlab.sim.collectives.tree import depths, heap_parents
 from distlab.sim.errors import ConfigError
-from distlab.sim.network import SWITCH
+from distlab.sim.kernel.network import SWITCH
 
 NAME, NCCL_NAME = "nvls_tree", "NVLSTree"
 PROTOCOLS = ("Simple",)

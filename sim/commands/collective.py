@@ -37,7 +37,7 @@ def run(args) -> int:
 
     from distlab.sim.cluster import _validated, load_cluster
     from distlab.sim.collectives import metrics
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     from distlab.sim.io import check_outputs, parse_size, parse_size_range
 
     from distlab.sim.collectives.protocols import check_protocol

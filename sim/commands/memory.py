@@ -53,7 +53,7 @@ def _gpu_GiB(text: str) -> tuple[str, float]:
 def run(args) -> int:
     if getattr(args, "scenario", None):
         return _scenario(args)
-    from distlab.sim.fsdp.memory import estimate, fits
+    from distlab.sim.parallel.fsdp.memory import estimate, fits
     from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
     if args.world < 1:

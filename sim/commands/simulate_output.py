@@ -137,7 +137,7 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
 def run_plan_file(args) -> int:
     """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size)."""
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
     from distlab.sim.result import step_summary

@@ -20,21 +20,21 @@ def _ring_steps(op: str, n: int) -> int:
 
 def _simulated_ms(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str = "auto") -> float:
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     trace, _ = simulate_collective(op, nbytes, load_cluster(cluster, nodes), algorithm)
     return trace.makespan * 1e3
 
 
 def _auto_algorithm(op: str, nbytes: int, cluster: str, nodes: int) -> str:
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     return simulate_collective(op, nbytes, load_cluster(cluster, nodes), "auto")[1]
 
 
 def _simulated(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str, protocol: str) -> tuple[float, float]:
     """(time in µs, busbw in GB/s) of one simulated collective with ``protocol`` forced."""
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     c = load_cluster(cluster, nodes)
     trace, _ = simulate_collective(op, nbytes, c, algorithm, protocol=protocol)
     return trace.makespan * 1e6, _busbw(op, c.world_size, nbytes, trace.makespan)
@@ -51,7 +51,7 @@ def _preset(name: str):
 
 
 def _ddp_buckets(model, cap=None):
-    from distlab.sim.ddp.buckets import ddp_buckets
+    from distlab.sim.parallel.ddp.buckets import ddp_buckets
     from distlab.sim.models import model_from_spec
     return ddp_buckets(model_from_spec(model), cap)
 
@@ -87,7 +87,7 @@ def _comm_ratio(model: str, world: int) -> float:
 
 
 def _fsdp_gathers(reshard_after_forward) -> int:
-    from distlab.sim.fsdp.plan import build_fsdp
+    from distlab.sim.parallel.fsdp.plan import build_fsdp
     from distlab.sim.lessons import CPU_FSDP_MODEL
     from distlab.sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,

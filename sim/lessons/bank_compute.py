@@ -1,6 +1,6 @@
 """Lesson 13 (from FLOPs to a real step): FLOP counts, the GEMM efficiency curve, attention kernels, interference
 and a reproduced published row; tables, figures and the exercises, computed by the simulator (sim/compute.py,
-sim/reproduce/, sim/tp/plan.py), never typed in. No torch here: the real GEMM sweep is runtime/lessons/compute.py.
+sim/reproduce/, sim/parallel/tp/plan.py), never typed in. No torch here: the real GEMM sweep is runtime/lessons/compute.py.
 
 Model FLOPs of one step (Narayanan et al. 2021, arXiv 2104.04473, sec. 5.1, eq. 3): a transformer layer's
 forward is 24·B·s·h²·(1 + s/(6h)) FLOPs (its GEMMs 24·B·s·h², the attention scores and their use on the values
@@ -61,9 +61,9 @@ def flops_table(name: str = ROW) -> Table:
 
 
 def block_gemms(name: str, tp: int) -> list[tuple[str, tuple]]:
-    """(name, (M, N, K)) of the forward GEMMs of one block per rank, as sim/tp/plan.py's builders emit them."""
+    """(name, (M, N, K)) of the forward GEMMs of one block per rank, as sim/parallel/tp/plan.py's builders emit them."""
     from distlab.sim.reproduce.predict import build_model
-    from distlab.sim.tp.plan import gemm_shapes
+    from distlab.sim.parallel.tp.plan import gemm_shapes
     run, _ = row(name)
     k = gemm_shapes(build_model(run), tp)
     names = ["qkv", "attn proj"] if len(k["attn_gemms"]) == 2 else ["q", "k", "v", "attn proj"]

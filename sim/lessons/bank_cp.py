@@ -1,5 +1,5 @@
-"""Lesson 10, long-context half: context parallelism (sim/cp/). The helpers the notebook calls and its exercises;
-expected values come from the library (sim/cp/ring.py, sim/cp/memory.py), so they match what the lesson runs."""
+"""Lesson 10, long-context half: context parallelism (sim/parallel/cp/). The helpers the notebook calls and its exercises;
+expected values come from the library (sim/parallel/cp/ring.py, sim/parallel/cp/memory.py), so they match what the lesson runs."""
 from __future__ import annotations
 
 from distlab.sim.lessons.exercises import Exercise, register
@@ -14,14 +14,14 @@ def long_model(seq_len: int = 131072):
 
 
 def activations_GiB(cp: int, seq_len: int = 131072) -> float:
-    """Activation memory per GPU of Llama 3 8B on one sequence, no recompute (sim/cp/memory.py)."""
-    from distlab.sim.cp.memory import cp_memory
+    """Activation memory per GPU of Llama 3 8B on one sequence, no recompute (sim/parallel/cp/memory.py)."""
+    from distlab.sim.parallel.cp.memory import cp_memory
     return cp_memory(long_model(seq_len), cp, cp)["activations"] / GiB
 
 
 def memory_rows(cps=(1, 2, 4, 8, 16), seq_len: int = 131072) -> list[list]:
     """[cp, tokens per GPU, activations GiB, ring buffers GiB, static GiB] per cp."""
-    from distlab.sim.cp.memory import cp_memory
+    from distlab.sim.parallel.cp.memory import cp_memory
     out = []
     for cp in cps:
         m = cp_memory(long_model(seq_len), cp, cp)
@@ -31,7 +31,7 @@ def memory_rows(cps=(1, 2, 4, 8, 16), seq_len: int = 131072) -> list[list]:
 
 
 def kv_MiB(cp: int, seq_len: int = 131072, heads_in_ring: int | None = None) -> float:
-    """One K/V rotation's buffer, cat(k, v) of the local tokens, bf16 (sim/cp/ring.py; torchtitan repeats the
+    """One K/V rotation's buffer, cat(k, v) of the local tokens, bf16 (sim/parallel/cp/ring.py; torchtitan repeats the
     GQA heads, so the ring carries all 32 unless ``heads_in_ring`` says otherwise)."""
     c = long_model(seq_len).config
     h = c["hidden"] if heads_in_ring is None else heads_in_ring * c["hidden"] // c["heads"]
@@ -40,8 +40,8 @@ def kv_MiB(cp: int, seq_len: int = 131072, heads_in_ring: int | None = None) -> 
 
 def attention_work(cp: int, load_balance: bool) -> list[float]:
     """Per rank, its attention work over the ring steps in units of one causal s x s block (torch's
-    _is_causal_behavior; sim/cp/ring.py step_kind/step_flops)."""
-    from distlab.sim.cp.ring import step_flops, step_kind
+    _is_causal_behavior; sim/parallel/cp/ring.py step_kind/step_flops)."""
+    from distlab.sim.parallel.cp.ring import step_flops, step_kind
     return [sum(step_flops(step_kind(j, cp, i, load_balance), 1, 1, 1) for i in range(cp)) / 2.0
             for j in range(cp)]
 
@@ -49,8 +49,8 @@ def attention_work(cp: int, load_balance: bool) -> list[float]:
 def ring_trace(cp: int = 8, method: str = "alltoall", direction: str = "forward", cluster: str = "dgx-h100"):
     """One layer's ring attention of the running example on ``cp`` GPUs of ``cluster``, simulated."""
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.cp.ring import Ring
-    from distlab.sim.engine import simulate
+    from distlab.sim.parallel.cp.ring import Ring
+    from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Plan
     c = long_model().config
     ranks = []

@@ -1,5 +1,5 @@
-"""Lesson 10, experts half: mixture of experts and expert parallelism (sim/moe/). The helpers the notebook calls
-and its exercises; expected values come from the library (sim/moe/routing.py, sim/moe/plan.py, the simulator),
+"""Lesson 10, experts half: mixture of experts and expert parallelism (sim/parallel/ep/). The helpers the notebook calls
+and its exercises; expected values come from the library (sim/parallel/ep/routing.py, sim/parallel/ep/plan.py, the simulator),
 so they match what the lesson runs. The running example is one MoE block of DeepSeek-V3 (preset
 ``deepseek-v3``, arXiv 2412.19437) with one 4096-token sequence per GPU, on H800 nodes (``hgx-h800``)."""
 from __future__ import annotations
@@ -17,17 +17,17 @@ SKEW = 1.0                                     # the lesson's skewed router: exp
 
 
 def block_model():
-    from distlab.sim.moe.model import from_spec
+    from distlab.sim.parallel.ep.model import from_spec
     return from_spec(BLOCK)
 
 
 def cpu_model():
-    from distlab.sim.moe.model import from_spec
+    from distlab.sim.parallel.ep.model import from_spec
     return from_spec({**CPU_MOE, "name": "moe-cpu"})
 
 
 def _config():
-    from distlab.sim.moe.model import config_of
+    from distlab.sim.parallel.ep.model import config_of
     return config_of(block_model())
 
 
@@ -38,8 +38,8 @@ def _cluster(ep: int):
 
 
 def shape_rows() -> list[list]:
-    """DeepSeek-V3's shape from the preset (sim/moe/model.py): [what, value]."""
-    from distlab.sim.moe.model import PRESETS, from_spec
+    """DeepSeek-V3's shape from the preset (sim/parallel/ep/model.py): [what, value]."""
+    from distlab.sim.parallel.ep.model import PRESETS, from_spec
     p, m = PRESETS["deepseek-v3"], from_spec({"preset": "deepseek-v3"})
     routed = sum(q.numel for q in m.params if ".moe.experts." in q.name)
     active = m.num_params - routed + routed * p["top_k"] / p["experts"]
@@ -51,8 +51,8 @@ def shape_rows() -> list[list]:
 
 
 def layout(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
-    """The routing of one micro-batch over ``ep`` ranks (sim/moe/plan.py Layout), 8 ranks per node."""
-    from distlab.sim.moe.plan import EPOptions, Layout
+    """The routing of one micro-batch over ``ep`` ranks (sim/parallel/ep/plan.py Layout), 8 ranks per node."""
+    from distlab.sim.parallel.ep.plan import EPOptions, Layout
     return Layout(_config(), ep, EPOptions(skew=skew, node_limit=node_limit), [r // 8 for r in range(ep)])
 
 
@@ -65,7 +65,7 @@ def dispatch_MiB(ep: int = 8, rank: int = 0, own: bool = False) -> float:
 def block_plan(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
     """Forward and backward of the block on ``ep`` ranks (no optimizer: what runtime/ep/run.py times)."""
     from distlab.sim.mesh import Mesh
-    from distlab.sim.moe.plan import EPOptions, ep_plan
+    from distlab.sim.parallel.ep.plan import EPOptions, ep_plan
     return ep_plan(block_model(), Mesh({"ep": ep}), EPOptions(skew=skew, node_limit=node_limit), _cluster(ep),
                    name=f"deepseek-v3-block-ep{ep}", optimizer=False)
 
@@ -77,13 +77,13 @@ def block_trace(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
 
 @lru_cache(maxsize=32)
 def _block_trace(ep: int, skew: float, node_limit: int | None):
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     return simulate(block_plan(ep, skew, node_limit), _cluster(ep))
 
 
 def collective_rows(ep: int = 8) -> list[list]:
     """Rank 0's ep all_to_alls in issue order: [#, what, dtype, MiB to each peer]."""
-    from distlab.sim.moe.plan import collective_sequence
+    from distlab.sim.parallel.ep.plan import collective_sequence
     plan = block_plan(ep)
     names = [o.name for o in plan.ranks[0] if getattr(o, "name", "").startswith("ep ")]
     return [[i, n.replace("ep all_to_all h.0 ", ""), dtype,
@@ -143,10 +143,10 @@ def node_limit_rows(ep: int = 64) -> list[list]:
 @lru_cache(maxsize=4)
 def pair_trace(overlap: bool, ep: int = 8):
     """DualPipe's pair on ``ep`` ranks: the block's forward (micro-batch A) beside its backward (micro-batch B),
-    overlapped (sim/pipeline/dualpipe.py overlapped_ops) or one after the other (serial_ops)."""
-    from distlab.sim.engine import simulate
-    from distlab.sim.moe.plan import EPOptions, Layout, block_ops
-    from distlab.sim.pipeline.dualpipe import overlapped_ops, serial_ops
+    overlapped (sim/parallel/pipeline/dualpipe.py overlapped_ops) or one after the other (serial_ops)."""
+    from distlab.sim.kernel.engine import simulate
+    from distlab.sim.parallel.ep.plan import EPOptions, Layout, block_ops
+    from distlab.sim.parallel.pipeline.dualpipe import overlapped_ops, serial_ops
     from distlab.sim.plan import Plan
     c, group = _config(), tuple(range(ep))
     lay = Layout(c, ep, EPOptions())

@@ -84,7 +84,7 @@ def memory_layouts() -> list[tuple[str, Layout]]:
 
 
 def layout_memory(name: str) -> dict:
-    """Bytes per GPU by part of one of :func:`memory_layouts`, as the planner counts them (sim/tp/memory.py)."""
+    """Bytes per GPU by part of one of :func:`memory_layouts`, as the planner counts them (sim/parallel/tp/memory.py)."""
     L = dict(memory_layouts())[name]
     return plan_70b().estimator.memory(L)
 

@@ -1,5 +1,5 @@
 """Lesson 09 (DeviceMesh and DTensor): tables, a figure and the exercises, computed from the simulator's TP plans
-(sim/tp/: plan.py, rules.py, memory.py, compose.py), never typed in. No torch here: the real run is
+(sim/parallel/tp/: plan.py, rules.py, memory.py, compose.py), never typed in. No torch here: the real run is
 runtime/tp/lesson.py."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from distlab.sim.lessons.exercises import Exercise, register
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt, preset
-from distlab.sim.tp.memory import activation_bytes_per_layer
-from distlab.sim.tp.plan import TPOptions, collective_sequence, tp_plan
-from distlab.sim.tp.rules import local_shape, placement
+from distlab.sim.parallel.tp.memory import activation_bytes_per_layer
+from distlab.sim.parallel.tp.plan import TPOptions, collective_sequence, tp_plan
+from distlab.sim.parallel.tp.rules import local_shape, placement
 
 # The lesson's model: the Llama-style model of tests/test_tp_runtime.py (GQA, SwiGLU), tiny enough for 2 CPU ranks.
 LESSON_MODEL = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
@@ -33,7 +33,7 @@ def placements_table(model=LESSON_MODEL, tp: int = 2, layers: tuple[str, ...] = 
 
 
 def collective_counts(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True) -> dict:
-    """{(phase, kind, bytes of one call): calls} of one rank's step (sim/tp/plan.py)."""
+    """{(phase, kind, bytes of one call): calls} of one rank's step (sim/parallel/tp/plan.py)."""
     out: dict = {}
     for kind, nbytes, _, _, phase in collective_sequence(tp_plan(model, Mesh({"tp": tp}),
                                                                  TPOptions(sequence_parallel=sequence_parallel))):

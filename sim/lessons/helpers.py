@@ -110,7 +110,7 @@ def simulate_sweep(op: str, sizes, cluster, algorithm: str = "auto", protocol: s
     protocol, time_s, algbw_GBps, busbw_GBps (nccl-tests definitions)."""
     from distlab.sim.cluster import load_cluster
     from distlab.sim.collectives import metrics
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     n = cluster.world_size if group is None else len(group)

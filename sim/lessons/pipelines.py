@@ -14,8 +14,8 @@ def pipeline_trace(schedule: str, p: int, m: int, v: int = 1, ms: dict | None = 
     """The ideal timeline of ``schedule`` (sim.pipeline.metrics.ideal_trace): every action as soon as its
     input is there, free p2p, each stage (of p·v) taking ``ms[kind]`` milliseconds (default UNIFORM_MS, the
     whole model's F divided evenly: a stage of an interleaved or zbv rank costs 1/v of it)."""
-    from distlab.sim.pipeline import metrics as M
-    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import schedules as S
     ms = {**UNIFORM_MS, **(ms or {})}
     acts = S.build(schedule, p, m, v)
     trace = M.ideal_trace(acts, lambda a: ms[a.kind] * 1e-3 / v)
@@ -26,9 +26,9 @@ def pipeline_trace(schedule: str, p: int, m: int, v: int = 1, ms: dict | None = 
 
 def pipeline_metrics(schedule: str, p: int, m: int, v: int = 1, ms: dict | None = None,
                      activation_bytes: float = 1.0):
-    """distlab.sim.pipeline.metrics.compute of :func:`pipeline_trace`. A rank's layers stash ``activation_bytes`` per
+    """distlab.sim.parallel.pipeline.metrics.compute of :func:`pipeline_trace`. A rank's layers stash ``activation_bytes`` per
     microbatch (so each of its v stages 1/v of it): peak_stage_memory, peak_rank_memory in those bytes."""
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     trace = pipeline_trace(schedule, p, m, v, ms)
     return M.compute(trace, {"activation_bytes": [activation_bytes / v] * (p * v)})
 
@@ -36,8 +36,8 @@ def pipeline_metrics(schedule: str, p: int, m: int, v: int = 1, ms: dict | None 
 def plot_pipeline(trace, title: str | None = None, p: int | None = None) -> Figure:
     """The classic pipeline diagram (sim.pipeline.diagram.draw): a row per rank, F/B/I/W boxes with their
     microbatch numbers; ``title`` defaults to the schedule, p, m, makespan and bubble."""
-    from distlab.sim.pipeline import diagram
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import diagram
+    from distlab.sim.parallel.pipeline import metrics as M
     meta = trace.meta.get("pipeline", {})
     p = p or meta.get("stages")
     ranks = sorted({o.rank for o in trace.ops})
@@ -52,8 +52,8 @@ def plot_pipeline(trace, title: str | None = None, p: int | None = None) -> Figu
 def pipeline_table(configs, ms: dict | None = None, title: str = "") -> Table:
     """One row per (schedule, p, m, v): makespan, simulated bubble, the closed form where there is one, peak
     in-flight microbatches per stage, and each rank's peak activations in microbatches of a whole rank's layers."""
-    from distlab.sim.pipeline import metrics as M
-    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import schedules as S
     rows = []
     for schedule, p, m, v in configs:
         met = pipeline_metrics(schedule, p, m, v, ms)
@@ -70,7 +70,7 @@ def pipeline_table(configs, ms: dict | None = None, title: str = "") -> Table:
 def bubble_sweep(p: int, ms_list, schedules=PIPELINE_SCHEDULES) -> dict:
     """Simulated bubble fraction (%) against the number of microbatches for each (schedule, v), and the
     closed forms: {"simulated": {label: [...]}, "formula": {formula text: [...]}} (uniform stages, free p2p)."""
-    from distlab.sim.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import metrics as M
     sim_, formula = {}, {}
     for schedule, v in schedules:
         label = schedule + (f" v={v}" if v > 1 else "")

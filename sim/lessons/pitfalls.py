@@ -102,7 +102,7 @@ def barrier_variants(world: int = 4, micro: int = 4, ms: float = 20.0, factor: f
 def simulate_variants(variants: dict, cluster: str = "dgx-h100") -> dict:
     """name -> simulated Trace (sim stragglers where the variant has a slowdown)."""
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     c = load_cluster(cluster, 1)
     return {name: simulate(plan, c, slowdown=slow) for name, (plan, slow) in variants.items()}
 

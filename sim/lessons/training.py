@@ -123,7 +123,7 @@ def fastest(rows: list[dict], key: str, field: str = "step_s"):
 
 def zero_bytes(model, world: int, zero: int, shard_size: int | None = None) -> dict:
     """Per-GPU bytes of params, grads and optimizer state (Adam) at ZeRO stage ``zero`` (0 = DDP), and total."""
-    from distlab.sim.fsdp.memory import static_bytes
+    from distlab.sim.parallel.fsdp.memory import static_bytes
     from distlab.sim.models import model_from_spec
     out = static_bytes(model_from_spec(model), world, zero, shard_size)
     return {**out, "total": sum(out.values())}
@@ -160,8 +160,8 @@ def bytes_sent(plan, rank: int = 0) -> float:
 
 def comm_per_step(model, world: int, zero: int) -> float:
     """Bytes one GPU sends per step under DDP (zero=0) or ZeRO stage 1/2/3 (ring collectives)."""
-    from distlab.sim.ddp.plan import ddp_plan
-    from distlab.sim.fsdp.plan import build_fsdp
+    from distlab.sim.parallel.ddp.plan import ddp_plan
+    from distlab.sim.parallel.fsdp.plan import build_fsdp
     from distlab.sim.models import model_from_spec
     m = model_from_spec(model)
     plan = ddp_plan(m, world)[0] if zero == 0 else build_fsdp(m, world, {"zero": zero})

@@ -6,11 +6,11 @@ cut down to the nodes the group spans; a point-to-point message: the simulator o
 follows every change to the cost models. What it leaves out is what the simulator adds by simulating every
 rank at once: contention between concurrent groups on shared links.
 
-How the terms combine (the builders' structure, sim/tp/*):
+How the terms combine (the builders' structure, sim/parallel/tp/*):
 - inside a layer, compute waits for each TP collective (stream ``tp``): a stage's forward F_s and backward B_s
   of one micro-batch are sums;
 - PP x TP x DDP (1F1B, GPipe, interleaved 1F1B with stage s on rank s % p): the pipeline's actions
-  (sim/pipeline/schedules.py) list-scheduled per rank with these durations: an action starts when its rank is
+  (sim/parallel/pipeline/schedules.py) list-scheduled per rank with these durations: an action starts when its rank is
   free and its input has arrived; a message starts when the sender's action has ended, the previous message
   between those two ranks has been delivered and (receives posted on demand, as gpipe and 1f1b run; interleaved
   posts them early) the receiver is ready for it; then, per rank, its stages' gradient all-reduces over dp in
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from distlab.sim.engine import compute_seconds, simulate, simulate_collective
+from distlab.sim.kernel.engine import compute_seconds, simulate, simulate_collective
 from distlab.sim.plan import Compute, Plan, Record, Recv, Send, Wait
 
 
@@ -127,7 +127,7 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
     the same ``share(op)`` key (not None: collectives over the same links) share the transfer part equally
     (processor sharing, the simulator's max-min share of a link among equal flows); latency is not shared.
     While a collective (an op with a share key) is in flight, compute runs ``interference`` times slower (the
-    engine's rule, sim/engine.py). Point-to-point ops are those of a ring every rank runs alike (ring attention's
+    engine's rule, sim/kernel/engine.py). Point-to-point ops are those of a ring every rank runs alike (ring attention's
     permutes): the k-th Send of a name starts once the k-th Recv of that name is posted (by symmetry the peer
     posts its receive when this rank does), and that Recv ends when the Send ends."""
     queues: dict[str, list] = {}
@@ -262,8 +262,8 @@ class Compiled:
 @lru_cache(maxsize=512)
 def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
     """The order :func:`run_schedule` evaluates (receives on demand for gpipe and 1f1b, early otherwise, as
-    sim/pipeline/plan.py posts them with recv auto)."""
-    from distlab.sim.pipeline import schedules as S
+    sim/parallel/pipeline/plan.py posts them with recv auto)."""
+    from distlab.sim.parallel.pipeline import schedules as S
     actions = S.build(schedule, p, m, v)
     n_stages, on_demand = p * v, S.normalise(schedule) in ("gpipe", "1f1b")
     index: dict[tuple, int] = {}

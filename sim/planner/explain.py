@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distlab.sim.fsdp.memory import fits
+from distlab.sim.parallel.fsdp.memory import fits
 from distlab.sim.planner.layouts import RECOMPUTE, SCHEDULES, Layout
 
 TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP communication",

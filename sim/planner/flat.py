@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from distlab.sim.engine import compute_seconds
+from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import model_from_spec
 from distlab.sim.plan import Collective, Compute, Send
@@ -37,7 +37,7 @@ def small_mesh(L, shard: int) -> tuple[dict, str]:
 
 def dim_groups(mesh: dict, cp: int) -> dict:
     """Rank 0's group of every dimension of ``mesh`` (FSDP2's shard group with cp: dp_shard x cp flattened,
-    as sim/cp/plan.py builds it) -> the dimension's share key."""
+    as sim/parallel/cp/plan.py builds it) -> the dimension's share key."""
     m = Mesh(mesh)
     out = {}
     for dim in m.names:
@@ -136,10 +136,10 @@ class FlatEstimator:
         """(rank 0's plan of a small copy, group -> share key)."""
         key = (L.micro_batch, L.tp, L.cp, L.sequence_parallel, L.loss_parallel, L.recompute, L.dp_kind, blocks, shard)
         if key not in self.plans:
-            from distlab.sim.cp.plan import CPOptions, cp_plan
-            from distlab.sim.tp.compose import fsdp_tp_plan
-            from distlab.sim.tp.ddp import ddp_tp_plan
-            from distlab.sim.tp.plan import tp_plan
+            from distlab.sim.parallel.cp.plan import CPOptions, cp_plan
+            from distlab.sim.parallel.tp.compose import fsdp_tp_plan
+            from distlab.sim.parallel.tp.ddp import ddp_tp_plan
+            from distlab.sim.parallel.tp.plan import tp_plan
             model = model_from_spec({**self.est.spec, "micro_batch": L.micro_batch, "layers": blocks}, "model")
             mesh, _ = small_mesh(L, shard)
             o = self.est.options(L)

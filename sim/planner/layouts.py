@@ -8,8 +8,8 @@ the last micro-batch), sequence parallelism, activation recomputation, the pipel
 stages (interleaved 1F1B) and its split of the blocks (even, or one block moved off the last stage, which also
 holds the head). Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
 
-Families the builders compose: DDP x TP, FSDP2 x TP, HSDP x TP (sim/tp/compose.py), PP x TP x DDP with gpipe,
-1f1b or interleaved 1F1B (sim/tp/pipeline.py), CP x TP x FSDP2 / HSDP (sim/cp/compose.py: ring attention,
+Families the builders compose: DDP x TP, FSDP2 x TP, HSDP x TP (sim/parallel/tp/compose.py), PP x TP x DDP with gpipe,
+1f1b or interleaved 1F1B (sim/parallel/tp/pipeline.py), CP x TP x FSDP2 / HSDP (sim/parallel/cp/compose.py: ring attention,
 allgather rotation, torchtitan's layout; recompute none or full). Not searched: expert parallelism (only MoE
 models have it; the dense presets have none), ZeRO-1/2 and FSDP2 without resharding after forward (the TP
 compositions build ZeRO-3 with resharding only), CP with a pipeline (no builder).
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 RECOMPUTE = ("none", "selective", "full")
-CP_RECOMPUTE = ("none", "full")            # sim/cp/plan.py CPOptions.recompute
+CP_RECOMPUTE = ("none", "full")            # sim/parallel/cp/plan.py CPOptions.recompute
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
@@ -166,7 +166,7 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
     ``config`` is the model's config (layers, heads, kv_heads, ffn_hidden, vocab, seq_len). A CP group stays
     inside a node with its TP groups (cp x tp <= GPUs per node: its ring then runs on NVLink, as torchtitan
     places cp next to tp)."""
-    from distlab.sim.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline import schedules as S
     from distlab.sim.errors import ConfigError
     layers = config["layers"]
     out = []

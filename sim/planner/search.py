@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from distlab.sim.cluster import Cluster, load_cluster
 from distlab.sim.errors import ConfigError
-from distlab.sim.fsdp.memory import fits
+from distlab.sim.parallel.fsdp.memory import fits
 from distlab.sim.planner.layouts import Layout, batch_suggestions, enumerate_layouts, tp_degrees
 from distlab.sim.planner.step import Estimator
 

@@ -1,20 +1,20 @@
 """The fast estimate of one layout (sim/planner/estimate.py says how terms combine) and its memory per GPU.
 
-Memory per GPU is the simulator's own report (sim/tp/memory.py: local shards, Korthikanti et al. 2022 Table 2
-activations; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/cp/memory.py), checked
-against the GPU's memory with the same headroom rule as `distlab simulate` (sim/fsdp/memory.py ``fits``).
+Memory per GPU is the simulator's own report (sim/parallel/tp/memory.py: local shards, Korthikanti et al. 2022 Table 2
+activations; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/parallel/cp/memory.py), checked
+against the GPU's memory with the same headroom rule as `distlab simulate` (sim/parallel/fsdp/memory.py ``fits``).
 Activations (and CP's ring buffers) are linear in the micro-batch: computed at micro-batch 1 and scaled.
 """
 from __future__ import annotations
 
-from distlab.sim.engine import compute_seconds
+from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.models import model_from_spec
-from distlab.sim.pipeline.plan import boundary_bytes, stage_ranges
+from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
 from distlab.sim.planner.estimate import CostCache, Estimate, compiled_schedule, op_seconds, run_schedule
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.layouts import Layout
-from distlab.sim.tp.plan import Segments, TPOptions, _Program
+from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
 
 SCALES_WITH_BATCH = ("activations", "ring buffers")
 
@@ -46,13 +46,13 @@ class Estimator:
         if L.cp > 1:
             key = ("cp memory", L.tp, L.cp, L.shard, L.recompute)
             if key not in self._layers:
-                from distlab.sim.cp.memory import cp_memory
+                from distlab.sim.parallel.cp.memory import cp_memory
                 self._layers[key] = cp_memory(self.model(1), L.cp, L.cp * L.tp * L.shard, "allgather", L.recompute,
                                               L.tp)
             return self._scaled(self._layers[key], L.micro_batch)
         key = ("memory", L.tp, sp, L.recompute, L.shard)
         if key not in self._layers:
-            from distlab.sim.tp.memory import tp_memory
+            from distlab.sim.parallel.tp.memory import tp_memory
             self._layers[key] = tp_memory(self.model(1), L.tp, sp, L.recompute, L.shard)
         whole = self._scaled(self._layers[key], L.micro_batch)
         if not L.pipelined or L.pp == 1:
@@ -62,7 +62,7 @@ class Estimator:
         ranks = (0,) if L.virtual_stages == 1 and L.split is None else tuple(range(L.pp))
         key = ("peaks", L.schedule, L.pp, L.microbatches, L.virtual_stages, blocks, ranks)
         if key not in self._layers:
-            from distlab.sim.pipeline import schedules as S
+            from distlab.sim.parallel.pipeline import schedules as S
             from distlab.sim.workloads.tp import peak_blocks
             self._layers[key] = peak_blocks(S.build(L.schedule, L.pp, L.microbatches, L.virtual_stages), blocks, ranks)
         return fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
@@ -143,8 +143,8 @@ class Estimator:
 
     def _stage_grad_bytes(self, r, tp: int) -> int:
         """Bytes of the TP-local gradients of the stage's layers ``r``: what the pipeline builder all-reduces over
-        dp (sim/pipeline/plan.py on sim/tp/compose.py's TP-local model; parameters do not depend on the batch)."""
-        from distlab.sim.tp.compose import tp_local_model
+        dp (sim/parallel/pipeline/plan.py on sim/parallel/tp/compose.py's TP-local model; parameters do not depend on the batch)."""
+        from distlab.sim.parallel.tp.compose import tp_local_model
         if ("local", tp) not in self._layers:
             self._layers["local", tp] = [L.param_bytes for L in tp_local_model(self.model(1), tp).layers]
         return int(sum(self._layers["local", tp][i] for i in r))

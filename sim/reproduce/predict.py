@@ -1,10 +1,10 @@
 """Simulate a published run (sim/reproduce/runs.py) and compare the predicted figure with the reported one.
 
-The plan is PP x TP x DP (sim/tp/pipeline.py ``pp_tp_plan`` on the mesh {dp, pp, tp}: the pipeline schedule
+The plan is PP x TP x DP (sim/parallel/tp/pipeline.py ``pp_tp_plan`` on the mesh {dp, pp, tp}: the pipeline schedule
 with each forward/backward replaced by the TP segments of its layers, each stage's gradients all-reduced over
 its dp replicas after its last backward), plain Megatron TP (all-reduces; sequence parallelism came later), then
 the optimizer step: AdamW's memory-bound pass over the rank's parameters once the gradients are reduced
-(ADAM_BYTES per element, sim/tp/plan.py). ``attention: unfused`` (Megatron 2021, before FlashAttention): the
+(ADAM_BYTES per element, sim/parallel/tp/plan.py). ``attention: unfused`` (Megatron 2021, before FlashAttention): the
 attention kernels are timed as batched GEMMs over the whole score matrix plus the memory-bound softmax and
 dropout (sim/compute.py).
 
@@ -56,10 +56,10 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
     replica runs the same program at the same times, so replica 0's timeline is every replica's, exactly where
     the all-reduces of different stages do not share links (each stage on whole nodes: tp x pp a multiple of
     the node size, or one stage; tests/test_reproduce.py compares it with the full simulation)."""
-    from distlab.sim.pipeline.plan import PipelineSpec
-    from distlab.sim.tp.compose import tp_local_model
-    from distlab.sim.tp.pipeline import pp_tp_plan
-    from distlab.sim.tp.plan import ADAM_BYTES, TPOptions
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec
+    from distlab.sim.parallel.tp.compose import tp_local_model
+    from distlab.sim.parallel.tp.pipeline import pp_tp_plan
+    from distlab.sim.parallel.tp.plan import ADAM_BYTES, TPOptions
     L = run.layout
     model = build_model(run)
     dp = min(L["dp"], 2) if replicas else L["dp"]            # 2: the plan carries the dp all-reduces to replace
@@ -99,9 +99,9 @@ def build_plan(run, replicas: bool = True, cache: dict | None = None) -> Plan:
 
 
 def _pp_tp_ranks(model, mesh, spec, tp_opts, needed: list[int], name: str) -> Plan:
-    """sim/tp/pipeline.py ``pp_tp_plan``'s programs for the ranks ``needed`` only (the others empty; tests/
+    """sim/parallel/tp/pipeline.py ``pp_tp_plan``'s programs for the ranks ``needed`` only (the others empty; tests/
     test_reproduce.py: the same step time as the full plan)."""
-    from distlab.sim.tp.pipeline import pp_tp_plan
+    from distlab.sim.parallel.tp.pipeline import pp_tp_plan
     built = pp_tp_plan(model, mesh, spec, tp_opts, name, only=list(needed))
     ranks = [[] for _ in range(mesh.world_size)]
     for g, ops in zip(needed, built.ranks):
@@ -120,10 +120,10 @@ def _timed_allreduce(op, rank: int, run, cache: dict):
 def _timed_tp_collective(op, rank: int, cache: dict):
     """A TP collective of ``rank``, as a fixed-duration op on its stream: with tp a multiple of the node size,
     its group fills whole nodes and only it uses their NVLink/NVSwitch links (pipeline sends and dp all-reduces
-    cross nodes on the NICs, sim/network.py routes), so its duration is that of the collective alone."""
+    cross nodes on the NICs, sim/kernel/network.py routes), so its duration is that of the collective alone."""
     if not isinstance(op, Collective) or op.stream != "tp":
         return op
-    from distlab.sim.engine import simulate_collective
+    from distlab.sim.kernel.engine import simulate_collective
     key = ("tp", op.op, op.bytes, op.algorithm, len(op.group))     # every node alike
     if key not in cache:
         trace, _ = simulate_collective(op.op, op.bytes, cache["cluster"], op.algorithm, group=op.group)
@@ -134,7 +134,7 @@ def _timed_tp_collective(op, rank: int, cache: dict):
 def dp_allreduce_seconds(run, rank: int, nbytes: int, dtype: str, cache: dict) -> float:
     """Seconds of the dp all-reduce of replica-0 rank ``rank``'s stage, simulated on the whole cluster together
     with the concurrent all-reduces of the other TP ranks of that stage (each over its own dp group)."""
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     L, cluster = run.layout, cache["cluster"]
     per_replica = L["pp"] * L["tp"]
     first = rank - rank % L["tp"]                       # the stage's TP ranks in replica 0: first .. first+tp-1
@@ -184,7 +184,7 @@ def predicted_figure(name: str, step_s: float, run, peak_tflops: float) -> float
 
 def step_seconds(run, generations: dict, replicas: bool = True) -> float:
     """Simulated seconds of one training step of ``run`` (``replicas``: see build_plan)."""
-    from distlab.sim.engine import simulate
+    from distlab.sim.kernel.engine import simulate
     cluster = cluster_for(run, generations)
     plan = build_plan(run, replicas, {"cluster": cluster})
     return simulate(plan, cluster, record_transfers=False, check=False).makespan

@@ -17,7 +17,7 @@ LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
             "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed")
 FLOPS_FORMULAS = ("megatron-eq3", "6nd")
-SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/pipeline/schedules.py names
+SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/parallel/pipeline/schedules.py names
 
 
 @dataclass

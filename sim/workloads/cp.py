@@ -1,11 +1,11 @@
 """The ``cp`` workload: context parallelism over mesh dimension ``cp`` as torch 2.13's ``context_parallel``
-runs it (ring attention, sim/cp/ring.py), in torchtitan's layout (FSDP2 over dp_shard x cp, HSDP replicas over
-dp_replicate, TP + SP inside with tp; sim/cp/plan.py, sim/cp/compose.py).
-Reports the ring per layer (rotations, bytes, per-step work), the per-rank memory (sim/cp/memory.py) and flags
+runs it (ring attention, sim/parallel/cp/ring.py), in torchtitan's layout (FSDP2 over dp_shard x cp, HSDP replicas over
+dp_replicate, TP + SP inside with tp; sim/parallel/cp/plan.py, sim/parallel/cp/compose.py).
+Reports the ring per layer (rotations, bytes, per-step work), the per-rank memory (sim/parallel/cp/memory.py) and flags
 what does not fit."""
 from __future__ import annotations
 
-from distlab.sim.cp.plan import CPOptions, cp_plan
+from distlab.sim.parallel.cp.plan import CPOptions, cp_plan
 from distlab.sim.workloads.base import Workload
 
 
@@ -15,9 +15,9 @@ def build(model, mesh, opts: CPOptions, cluster):
 
 
 def report(result) -> dict:
-    from distlab.sim.cp.memory import cp_memory
-    from distlab.sim.cp.ring import step_kind
-    from distlab.sim.fsdp.memory import breakdown_line, fits
+    from distlab.sim.parallel.cp.memory import cp_memory
+    from distlab.sim.parallel.cp.ring import step_kind
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
     from distlab.sim.plan import Collective, Send
     o, cp = result.options, result.mesh.size("cp")
     ops = [x for x in result.plan.ranks[0] if getattr(x, "name", "").startswith("cp ")

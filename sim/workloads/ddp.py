@@ -1,8 +1,8 @@
-"""The ``ddp`` workload: DistributedDataParallel over mesh dimension ``dp`` (sim/ddp/plan.py builds the plan).
+"""The ``ddp`` workload: DistributedDataParallel over mesh dimension ``dp`` (sim/parallel/ddp/plan.py builds the plan).
 Reports the per-bucket table (ready, launch by DDP's rule, data moving, end) on rank 0."""
 from __future__ import annotations
 
-from distlab.sim.ddp.plan import DDPOptions, bucket_rows, ddp_plan
+from distlab.sim.parallel.ddp.plan import DDPOptions, bucket_rows, ddp_plan
 from distlab.sim.workloads.base import Workload
 
 
@@ -26,9 +26,9 @@ def report(result) -> dict:
 
 
 def memory(result) -> dict:
-    """Per-GPU memory as `distlab memory --zero ddp` counts it (sim/fsdp/memory.py estimate: params, grads,
+    """Per-GPU memory as `distlab memory --zero ddp` counts it (sim/parallel/fsdp/memory.py estimate: params, grads,
     Adam state, activations of one micro-batch) against the GPU's memory."""
-    from distlab.sim.fsdp.memory import breakdown_line, estimate, fits
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, estimate, fits
     est = estimate(result.model, result.plan.world_size, 0)
     total, gpu = sum(est.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)

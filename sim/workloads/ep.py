@@ -1,11 +1,11 @@
-"""The ``ep`` workload: expert parallelism for mixture-of-experts models (sim/moe/plan.py builds the plan):
+"""The ``ep`` workload: expert parallelism for mixture-of-experts models (sim/parallel/ep/plan.py builds the plan):
 routed experts sharded over mesh dimension ``ep`` (folded from the data-parallel ranks, as torchtitan does),
 dispatch and combine all_to_alls with per-peer sizes, optionally inside a pipeline over ``pp`` (DualPipeV with
 its F/B overlap) and replicated over ``dp``. The report shows the routing what-if: token copies and expert
 time per ep rank of rank 0's group, and the slowest one."""
 from __future__ import annotations
 
-from distlab.sim.moe.plan import EPOptions, ep_plan, virtual_stages
+from distlab.sim.parallel.ep.plan import EPOptions, ep_plan, virtual_stages
 from distlab.sim.plan import Collective
 from distlab.sim.workloads.base import Workload
 
@@ -24,17 +24,17 @@ def expert_seconds(trace, rank: int) -> float:
 
 def memory(result) -> dict:
     """Per-GPU static memory of pipeline rank 0 (all layers without pp): dense parameters whole, routed experts
-    E/ep of them; mixed-precision Adam (sim/fsdp/memory.py precision: 2 + 2 + 12 bytes per element for 16-bit
+    E/ep of them; mixed-precision Adam (sim/parallel/fsdp/memory.py precision: 2 + 2 + 12 bytes per element for 16-bit
     params), the optimizer state sharded over the data-parallel ranks with ZeRO-1 (dense: dp x ep, experts: dp;
     Rajbhandari et al. 2019, arXiv 1910.02054). Activations are left out."""
-    from distlab.sim.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, precision
     mesh, model, o = result.mesh, result.model, result.options
     ep = mesh.size("ep")
     dp = mesh.size("dp") if "dp" in mesh else 1
     layers = range(len(model.layers))
     if "pp" in mesh and mesh.size("pp") > 1:
-        from distlab.sim.pipeline.plan import stage_ranges
-        from distlab.sim.pipeline.schedules import stage_to_rank
+        from distlab.sim.parallel.pipeline.plan import stage_ranges
+        from distlab.sim.parallel.pipeline.schedules import stage_to_rank
         v = virtual_stages(o.schedule)
         pp = mesh.size("pp")
         placement = stage_to_rank(o.schedule, pp, v)

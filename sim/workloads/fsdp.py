@@ -1,9 +1,9 @@
 """The ``fsdp`` workload: FSDP2 / ZeRO 1-2-3 over mesh dimension ``dp_shard``, HSDP replicas over
-``dp_replicate`` (sim/fsdp/plan.py builds the plan; sim/fsdp/report.py the memory report and figure)."""
+``dp_replicate`` (sim/parallel/fsdp/plan.py builds the plan; sim/parallel/fsdp/report.py the memory report and figure)."""
 from __future__ import annotations
 
-from distlab.sim.fsdp.plan import FSDPOptions, fsdp_plan
-from distlab.sim.fsdp.report import figure_of, report
+from distlab.sim.parallel.fsdp.plan import FSDPOptions, fsdp_plan
+from distlab.sim.parallel.fsdp.report import figure_of, report
 from distlab.sim.workloads.base import Workload
 
 

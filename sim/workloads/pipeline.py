@@ -1,11 +1,11 @@
 """The ``pipeline`` workload: stages over mesh dimension ``pp``, replicated over ``dp`` (each stage's gradients
-all-reduced across its replicas). sim/pipeline/plan.py builds the plan; the report gives makespan, bubble,
+all-reduced across its replicas). sim/parallel/pipeline/plan.py builds the plan; the report gives makespan, bubble,
 p2p time and in-flight microbatches; the figure is the pipeline diagram. Sweeps report samples/s =
 m x micro-batch x d / makespan."""
 from __future__ import annotations
 
-from distlab.sim.pipeline import metrics as M
-from distlab.sim.pipeline.plan import PipelineOptions, pipeline_plan
+from distlab.sim.parallel.pipeline import metrics as M
+from distlab.sim.parallel.pipeline.plan import PipelineOptions, pipeline_plan
 from distlab.sim.workloads.base import Workload
 
 
@@ -36,9 +36,9 @@ def report(result) -> dict:
 
 def memory(result, met) -> dict:
     """Per-GPU memory of the fullest pipeline rank: its stages' params, grads and Adam state (bytes per
-    element as sim/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
+    element as sim/parallel/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
     in-flight activations, against the GPU's memory."""
-    from distlab.sim.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, precision
     from distlab.sim.plan import DTYPE_BYTES
     meta = result.info["pipeline"]
     dtype = (result.model.config or {}).get("dtype", "float32")
@@ -61,7 +61,7 @@ def memory(result, met) -> dict:
 
 
 def figure(result, title=None):
-    from distlab.sim.pipeline.diagram import draw, title_for
+    from distlab.sim.parallel.pipeline.diagram import draw, title_for
     meta = result.info["pipeline"]
     p = meta["stages"]
     peers = list(result.mesh.group_of(0, "pp"))

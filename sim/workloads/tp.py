@@ -1,11 +1,11 @@
 """The ``tp`` workload: tensor parallelism (+ sequence parallelism) over mesh dimension ``tp``, as torch 2.13's
-``parallelize_module`` with torchtitan's Llama plan issues it (sim/tp/plan.py builds the plan); with a mesh
+``parallelize_module`` with torchtitan's Llama plan issues it (sim/parallel/tp/plan.py builds the plan); with a mesh
 dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as torchtitan composes them
-(sim/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/tp/ddp.py, DDP's defaults);
-with ``pp`` PP x TP (sim/tp/pipeline.py; dp then replicates the pipeline; ``pp: 1`` in the mesh with
+(sim/parallel/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/parallel/tp/ddp.py, DDP's defaults);
+with ``pp`` PP x TP (sim/parallel/tp/pipeline.py; dp then replicates the pipeline; ``pp: 1`` in the mesh with
 microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
 Megatron-LM without overlap).
-Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/tp/memory.py) in GB and GiB,
+Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/parallel/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import math
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective
-from distlab.sim.tp.compose import fsdp_tp_plan
-from distlab.sim.pipeline.plan import PipelineSpec
-from distlab.sim.tp.ddp import ddp_tp_plan
-from distlab.sim.tp.pipeline import pp_tp_plan
-from distlab.sim.tp.plan import TPOptions, tp_plan
+from distlab.sim.parallel.tp.compose import fsdp_tp_plan
+from distlab.sim.parallel.pipeline.plan import PipelineSpec
+from distlab.sim.parallel.tp.ddp import ddp_tp_plan
+from distlab.sim.parallel.tp.pipeline import pp_tp_plan
+from distlab.sim.parallel.tp.plan import TPOptions, tp_plan
 from distlab.sim.workloads.base import Workload
 
 
@@ -42,8 +42,8 @@ def build(model, mesh, opts: TPOptions, cluster):
 
 
 def memory(result) -> dict:
-    from distlab.sim.fsdp.memory import breakdown_line, fits
-    from distlab.sim.tp.memory import tp_memory
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
+    from distlab.sim.parallel.tp.memory import tp_memory
     o = result.options
     dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
     parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, o.recompute, dp)
@@ -66,8 +66,8 @@ def first_stage_memory(result, whole: dict) -> dict:
     schedule (each F adds its stage's blocks' activations, each B frees them: 1F1B keeps min(pp, m) on rank 0,
     GPipe m; Narayanan et al. 2021, arXiv 2104.04473, sec. 2.2; interleaved: v chunks each with its own count).
     With an even split and one stage per rank this is stage 0 (1F1B and GPipe keep the most there)."""
-    from distlab.sim.pipeline import schedules as S
-    from distlab.sim.pipeline.plan import stage_ranges
+    from distlab.sim.parallel.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline.plan import stage_ranges
     model, o, pp, tp = result.model, result.options, result.mesh.size("pp"), result.mesh.size("tp")
     v, split = getattr(o, "virtual_stages", 1), getattr(o, "split", None)
     ranges = stage_ranges(model, pp * v, split)
@@ -81,8 +81,8 @@ def first_stage_memory(result, whole: dict) -> dict:
 
 
 def layer_numels(model, tp: int) -> list[int]:
-    """TP-local elements of each layer's parameters (sim/tp/rules.py local shapes)."""
-    from distlab.sim.tp.rules import local_shape
+    """TP-local elements of each layer's parameters (sim/parallel/tp/rules.py local shapes)."""
+    from distlab.sim.parallel.tp.rules import local_shape
     return [sum(math.prod(local_shape(q, tp)) for q in layer.params) for layer in model.layers]
 
 
@@ -112,7 +112,7 @@ def fullest_rank(whole: dict, shares: list, peaks: dict, pp: int, layers: int) -
 
 
 def report(result) -> dict:
-    from distlab.sim.tp.compose import collective_sequence
+    from distlab.sim.parallel.tp.compose import collective_sequence
     counts: dict = {}
     seq = collective_sequence(result.plan, 0)
     ops = [o for o in result.plan.ranks[0] if isinstance(o, Collective)]

@@ -1,0 +1,280 @@
+"""Sub-group symmetry: classes of ranks whose timelines are provably equal although their collectives run over
+sub-groups (TP x DP meshes, FSDP x TP, pipelines with data-parallel replicas). The engine simulates one
+representative per class and reads its records as every member's (trace.RankCopies).
+
+The symmetries: Γ = {σ^a β^c ρ^b}, where σ shifts every rank by k whole nodes (node n -> n + k mod N, the
+same local rank; or, with the nodes cut into blocks of B consecutive nodes, rotates the nodes inside every
+block, o -> o + k mod B, and β shifts whole blocks: sim/equivariance.Shifts) and ρ rotates the local rank inside
+every node by t (local l -> l + t mod G, the same node). All are automorphisms of the simulated fabric (sim.network.Topology): all nodes are built alike (GPU links,
+NICs, fat-tree uplinks), every GPU of a node has the same links (NVSwitch up/down, a full NVLink mesh, PCIe),
+and ρ maps rail l mod C to rail l + t mod C consistently when C (NICs per node) divides G; route(γ(a), γ(b)) is
+then γ applied link by link to route(a, b), with equal capacities and latencies. Left out: degraded links,
+shared CPU cores, stragglers, recorded transfers (the engine then simulates every rank).
+
+Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local rotations alone, else none):
+1. the plan is Γ-equivariant: for the generators σ (smallest k), β and ρ (smallest t) and every rank r, the
+   program of γ(r) is r's with every group, peer, root and per-peer stream name (send>p, recv<p) renamed by γ
+   (sim/kernel/equivariance.py); a plan built from its representatives (sim/kernel/relabel.py) is so by construction;
+2. every collective's expansion (sim.collectives: algorithm, protocol, and per step its latency and its flows
+   (src, dst, bytes)) commutes with σ, β and ρ at every image of every group of a representative: the expansion
+   on σ(h) is σ of the one on h (likewise ρ); by composition it then commutes with all of Γ at every group of
+   the plan (each is an image of a representative's). The algorithm chosen is the same: every candidate's
+   steps commute, so every estimated time is equal;
+3. each representative uses at most one group (and one peer per direction) of each orbit.
+Then the full simulation commutes with γ (its input is renamed onto itself and no rule of the engine or of the
+max-min fair network depends on a rank's or a link's name), so rank γ(r)'s records equal r's: the classes are
+the orbits, one representative each (the smallest rank).
+
+The reduced simulation runs the representatives only. A collective of orbit O (the images of a group) starts
+when one representative per class meeting the group has arrived (its members of one class arrive together);
+a send meets the receive of the same pair orbit, in order. The network: traffic is grouped in units (one
+group's collectives, one ordered pair's messages); starting from the representatives' own units, the units
+sharing a link with a simulated one are added until none is left (the connected components of the
+link-sharing graph: _closure). Each simulated unit of orbit O moves its flows whenever O's collective runs
+(all images run at the same time, step by step, by symmetry). Max-min fair rates of link-disjoint flow sets
+do not depend on each other, so the simulated flows get the rates of the full simulation, and by induction
+over events every representative's records equal the full simulation's, up to rounding (the rates are summed
+in another order; tests/test_symmetry.py: to 1e-6 relative). An orbit whose simulated flows share no link with
+any other unit, issued on one stream per representative, has one collective in flight at a time on links of
+its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distlab.sim.kernel.equivariance import Shifts, find_shifts
+from distlab.sim.kernel.network import Pairs
+from distlab.sim.plan import Collective, Plan, Recv, Send
+
+
+@dataclass
+class Classes:
+    """What the engine needs: the representatives, the orbit of every representative's group and pair, how many
+    representatives meet at each collective orbit, and the steps of every collective (flows of all simulated
+    units of its orbit)."""
+    shifts: Shifts
+    reps: list[int]
+    group_orbit: dict = field(default_factory=dict)     # rep's group tuple -> orbit id
+    arrivals: dict = field(default_factory=dict)        # orbit id -> representatives that meet there
+    pair_orbit: dict = field(default_factory=dict)      # (src, dst) of a rep's send or recv -> orbit id
+    steps: dict = field(default_factory=dict)     # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra)
+    p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
+    exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
+
+    def rep_of(self, rank: int) -> int:
+        return self.shifts.rep(rank)
+
+
+def subgroups_apply(plan: Plan, cluster, slowdown: dict | None, record_transfers: bool,
+                    link_factors: dict | None) -> bool:
+    """The cases the argument covers (module docstring): the fabric's symmetries are not broken."""
+    return (plan.world_size >= 2 and plan.world_size == cluster.world_size and not record_transfers
+            and not cluster.cpu_cores and not link_factors and all(f == 1.0 for f in (slowdown or {}).values()))
+
+
+def _flows(steps: list, shifts: Shifts | None = None, e=None, cache: dict | None = None) -> list:
+    """Per step: its latency and its flows (src, dst, bytes) sorted, optionally renamed by ``e``; steps that
+    repeat a pattern (one Pairs object, the same sizes) are sorted once (``cache``)."""
+    out = []
+    cache = {} if cache is None else cache
+    for pairs, sizes, latency in steps:
+        key = (id(pairs), sizes if np.isscalar(sizes) else np.asarray(sizes).tobytes(), e)
+        rows = cache.get(key)
+        if rows is None:
+            src, dst = pairs.src, pairs.dst
+            if e is not None:
+                src, dst = shifts.apply_array(e, src), shifts.apply_array(e, dst)
+            sz = np.broadcast_to(np.asarray(sizes, dtype=float), (len(pairs),))
+            rows = np.stack([src.astype(float), dst.astype(float), sz]) if len(pairs) else np.zeros((3, 0))
+            rows = cache[key] = rows[:, np.lexsort(rows[::-1])]
+        out.append((latency, rows))
+    return out
+
+
+def _same_flows(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(la == lb and (fa is fb or fa.shape == fb.shape and np.array_equal(fa, fb))
+                                    for (la, fa), (lb, fb) in zip(a, b))
+
+
+def _links(steps: list) -> set:
+    return set(np.concatenate([p.entry_link for p, _, _ in steps] or [np.zeros(0, dtype=np.int64)]).tolist())
+
+
+def find_classes(plan: Plan, ctx) -> Classes | None:
+    """The rank classes of ``plan`` on ``ctx``'s fabric (module docstring), or None when a check fails: the
+    largest Γ the plan is invariant under first, then node shifts alone, then local rotations alone. A plan with
+    all_to_alls of per-peer sizes (expert parallelism: every member of an ep group issues them, so rank 0 and the
+    last rank show them) is simulated in full: their expansions are not checked under the shifts."""
+    if any(getattr(op, "splits", None) is not None for r in (0, plan.world_size - 1) for op in plan.ranks[r]):
+        return None
+    best = find_shifts(plan, ctx.cluster)
+    if best is None:
+        return None
+    n, g = best.nodes, best.gpus
+    w = best.width
+    smaller = (Shifts(n, g, w, best.local_step, best.block, best.block_step),      # no rotation inside blocks
+               Shifts(n, g, best.node_step, g, best.block, best.block_step),
+               Shifts(n, g, w, g, best.block, best.block_step),
+               Shifts(n, g, n, best.local_step))
+    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]]
+    for shifts in tries:
+        classes = _classes_under(plan, ctx, shifts)
+        if classes is not None:
+            return classes
+    return None
+
+
+def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
+    elements = shifts.elements()
+    reps = sorted({shifts.rep(r) for r in range(plan.world_size)})
+    cls = Classes(shifts, reps)
+    # orbits of the representatives' groups and pairs; one (rank, op index) where each group is used
+    orbit_of: dict = {}          # canonical sorted tuple -> orbit id
+    images: dict = {}            # orbit id -> {sorted image tuple: element mapping the orbit's reference to it}
+    reference: dict = {}         # orbit id -> (reference group tuple, a (rank, index) using it)
+    to_ref: dict = {}            # rep group tuple -> element mapping the reference onto it
+    pair_images: dict = {}       # pair orbit id -> list of image pairs
+    keys: dict = {}              # (group, op, bytes, algorithm, root) -> None (the distinct collective keys)
+    streams: dict = {}           # (representative, orbit id) -> streams it issues the orbit's collectives on
+    for q in reps:
+        orbit_group: dict = {}       # orbit id -> the one group of it this representative uses
+        orbit_pair: dict = {}        # (send or recv, orbit id) -> the one pair of it
+        for i, op in enumerate(plan.ranks[q]):
+            if isinstance(op, Collective):
+                g = plan.group_of(op)
+                if g not in cls.group_orbit:
+                    arr = np.array(g, dtype=np.int64)
+                    imgs = {tuple(np.sort(shifts.apply_array(e, arr)).tolist()): e for e in reversed(elements)}
+                    oid = orbit_of.get(min(imgs))
+                    if oid is None:
+                        oid = orbit_of[min(imgs)] = len(orbit_of)
+                        images[oid], reference[oid] = imgs, (g, (q, i))
+                        cls.arrivals[oid] = len({shifts.rep(m) for m in g})
+                    e_g = _element_between(shifts, elements, reference[oid][0], g)
+                    if e_g is None:
+                        return None
+                    cls.group_orbit[g], to_ref[g] = oid, e_g
+                if orbit_group.setdefault(cls.group_orbit[g], g) != g:
+                    return None                     # check 3: two groups of one orbit
+                keys[(g, op.op, op.bytes, op.algorithm, op.root)] = None
+                streams.setdefault((q, cls.group_orbit[g]), set()).add(op.stream)
+            elif isinstance(op, (Send, Recv)):
+                pair = (q, op.peer) if isinstance(op, Send) else (op.peer, q)
+                if pair not in cls.pair_orbit:
+                    imgs = sorted({(shifts.apply(e, pair[0]), shifts.apply(e, pair[1])) for e in elements})
+                    oid = orbit_of.setdefault(("pair", imgs[0]), len(orbit_of))
+                    pair_images[oid] = imgs
+                    cls.pair_orbit[pair] = oid
+                if orbit_pair.setdefault((op.kind, cls.pair_orbit[pair]), pair) != pair:
+                    return None                     # check 3: two peers of one orbit
+    # check 2, and the links of every unit (image group or image pair)
+    unit_links: dict = {}        # (orbit id, image) -> set of link ids
+    expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
+    generators = shifts.generators()
+    sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
+    for key in keys:
+        g, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g]
+        ref_rank, ref_index = reference[oid][1]
+        flows = {}
+        for img, e_h in images[oid].items():
+            e = shifts.compose(e_h, shifts.inverse(to_ref[g]))      # g -> this image
+            actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
+            if tuple(sorted(actual)) != img:
+                return None
+            exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
+            flows[img] = _flows(exp[2], cache=sorted_steps)
+            unit_links.setdefault((oid, img), set()).update(_links(exp[2]))
+        for img, e_h in images[oid].items():      # check 2 for the generators: then for all of Γ
+            exp = expansions[key, img]
+            for e in generators:
+                to = tuple(sorted(shifts.apply(e, x) for x in img))
+                mapped = _flows(exp[2], shifts, e, sorted_steps)
+                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], mapped):
+                    return None
+    for pair, oid in cls.pair_orbit.items():
+        for p in pair_images[oid]:
+            unit_links[oid, p] = set(ctx.topo.route(*p))
+    start = {(cls.group_orbit[g], tuple(sorted(g))) for g in cls.group_orbit}
+    start |= {(oid, pair) for pair, oid in cls.pair_orbit.items()}
+    simulated = _closure(unit_links, start)
+    # the steps the engine runs: the flows of every simulated unit of the orbit, step by step
+    for key in keys:
+        g, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g]
+        members = [img for img in images[oid] if (oid, img) in simulated]
+        parts = [expansions[key, img] for img in members]
+        algo, proto, steps = parts[0]
+        per_group = sum(len(p) for p, _, _ in steps)
+        extra = per_group * (len(images[oid]) - len(members))
+        if len(parts) > 1:
+            steps = [_union([s[k] for _, _, s in parts]) for k in range(len(steps))]
+        cls.steps[key] = (algo, proto, steps, extra)
+    for oid in set(cls.pair_orbit.values()):
+        members = [p for p in pair_images[oid] if (oid, p) in simulated]
+        pairs = ctx.pairs(("p2p-orbit", tuple(members)), lambda: members)
+        cls.p2p[oid] = (pairs, len(pair_images[oid]) - len(members))
+    cls.exclusive = _exclusive(unit_links, simulated, streams)
+    return cls
+
+
+def _exclusive(unit_links: dict, simulated: set, streams: dict) -> set:
+    """Collective orbits whose simulated flows use links no other simulated unit uses, issued by every
+    representative on one stream: one collective of the orbit at a time (the next cannot start before the
+    previous has ended for every member) on links nothing else touches, so its duration is a function of
+    (group, op, bytes, algorithm, root) alone and the engine reuses it."""
+    owner: dict = {}
+    for unit in simulated:
+        for link in unit_links[unit]:
+            owner.setdefault(link, set()).add(unit[0])
+    one_stream = {oid for oid in {o for _, o in streams}} - {o for (_, o), s in streams.items() if len(s) > 1}
+    return {oid for oid in one_stream if all(owner[l] == {oid} for u in simulated if u[0] == oid
+                                             for l in unit_links[u])}
+
+
+def _op_at(plan: Plan, rank: int, index: int):
+    op_at = getattr(plan.ranks, "op_at", None)       # sim/kernel/relabel.py: one op renamed, not a whole program
+    return op_at(rank, index) if op_at else plan.ranks[rank][index]
+
+
+def _element_between(shifts: Shifts, elements, a: tuple, b: tuple):
+    """An element of Γ mapping group ``a`` onto group ``b`` (as sets)."""
+    target, arr = set(b), np.array(a, dtype=np.int64)
+    for e in elements:
+        if set(shifts.apply_array(e, arr).tolist()) == target:
+            return e
+    return None
+
+
+def _expand(ctx, op, group, nbytes, algorithm, root):
+    algo, proto, steps = ctx.expand(op, group, nbytes, algorithm, root)
+    return algo, proto, list(steps)
+
+
+def _closure(unit_links: dict, start: set) -> set:
+    """The units connected to ``start`` through shared links."""
+    by_link: dict = {}
+    for unit, links in unit_links.items():
+        for l in links:
+            by_link.setdefault(l, []).append(unit)
+    done, todo = set(start), list(start)
+    while todo:
+        for l in unit_links.get(todo.pop(), ()):
+            for u in by_link[l]:
+                if u not in done:
+                    done.add(u)
+                    todo.append(u)
+    return done
+
+
+def _union(steps: list) -> tuple:
+    """One step made of the same step of several units: their flows side by side."""
+    pairs = [p for p, _, _ in steps]
+    offsets = np.cumsum([0] + [len(p) for p in pairs])
+    union = Pairs(np.concatenate([p.src for p in pairs]), np.concatenate([p.dst for p in pairs]),
+                  np.concatenate([p.entry_flow + o for p, o in zip(pairs, offsets)]),
+                  np.concatenate([p.entry_link for p in pairs]), pairs[0].latency, pairs[0].hw, pairs[0].net_share)
+    sizes = np.concatenate([np.broadcast_to(np.asarray(s, dtype=float), (len(p),)) for p, s, _ in steps])
+    return union, sizes, steps[0][2]

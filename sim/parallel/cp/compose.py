@@ -1,0 +1,82 @@
+"""CP x TP (x FSDP2, x HSDP replicas), torchtitan's N-D layout (torchtitan/distributed/parallel_dims.py: mesh
+(dp_replicate, dp_shard, cp, tp), tp innermost; parallelize_llama: TP first, then FSDP2 over dp_shard_cp, HSDP
+with dp_replicate). Each rank holds s = S/cp tokens and a/tp heads: the TP segments of sim/parallel/tp/plan.py run on the
+cp-local sequence (its collectives carry b·s·h·e), and inside the attention part the ring (sim/parallel/cp/ring.py)
+rotates K/V of the local heads, 2·b·s·(h/tp)·e bytes, over the cp group. The program is FSDP2's on the model
+with TP-local shapes and cp-local tokens (as sim/parallel/tp/compose.py splices TP into FSDP2).
+"""
+from __future__ import annotations
+
+from distlab.sim.parallel.cp.ring import Ring
+from distlab.sim.plan import DTYPE_BYTES, Compute
+from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
+
+
+class CPSegments(Segments):
+    """TP segments whose attention core is the ring: the attention linears' FLOPs around it, the core's
+    4·b·s²·h/tp left to the ring's steps."""
+
+    def __init__(self, model, o: TPOptions, p: _Program, ring: Ring, recompute: bool = False):
+        super().__init__(model, o, p)
+        self.ring, self.recompute = ring, recompute
+        self.linear_attn = self.k["attn_flops"] - self.k["core_flops"]
+
+    def forward(self, name: str, phase: str = "fwd"):
+        """A block's forward; ``phase`` "recompute" when full activation checkpointing reruns it in backward
+        (its TP collectives and ring again)."""
+        if not name.startswith("h."):
+            return super().forward(name)
+        p, k, X = self.p, self.k, self.k["X"]
+        for part, norm in (("attn", "norm1"), ("mlp", "norm2")):
+            p.compute(f"{phase} {name}.{norm}", nbytes=self.norm)
+            if self.sp:
+                p.coll("all_gather", X, f"{name}.{part} input {phase}")
+            if part == "attn":
+                p.compute(f"{phase} {name}.attn", self.linear_attn / 2, k["attn_bytes"])
+                self.ring.forward(f"{name}.attn", phase)
+                p.compute(f"{phase} {name}.attn (after attention)", self.linear_attn / 2)
+            else:
+                p.compute(f"{phase} {name}.mlp", k["mlp_flops"], k["mlp_bytes"])
+            p.coll("reduce_scatter" if self.sp else "all_reduce", X, f"{name}.{part} output {phase}")
+
+    def backward(self, name: str):
+        if not name.startswith("h."):
+            return super().backward(name)
+        if self.recompute:
+            self.forward(name, "recompute")
+        p, k, X = self.p, self.k, self.k["X"]
+        for part, norm in (("mlp", "norm2"), ("attn", "norm1")):
+            if self.sp:
+                p.coll("all_gather", X, f"{name}.{part} output bwd")
+            if part == "attn":
+                p.compute(f"bwd {name}.attn (after attention)", self.linear_attn)
+                self.ring.backward(f"{name}.attn")
+                p.compute(f"bwd {name}.attn", self.linear_attn, k["attn_bytes"])
+            else:
+                p.compute(f"bwd {name}.mlp", 2 * k["mlp_flops"], k["mlp_bytes"])
+            for _ in range(1 if self.sp else k[f"col_{part}"]):
+                p.coll("reduce_scatter" if self.sp else "all_reduce", X, f"{name}.{part} input bwd")
+            p.compute(f"bwd {name}.{norm}", nbytes=self.norm)
+
+
+def splice_tp(base_ops: list, model, mesh, rank: int, opts, tp_opts: TPOptions, units: dict) -> list:
+    """Rank ``rank``'s FSDP2 program ``base_ops`` with every layer's compute replaced by its CP x TP segment;
+    the SP norms' Partial gradients all-reduced over tp before their unit's reduce-scatter (sim/parallel/tp/compose.py)."""
+    c = model.config
+    tp, cp = mesh.size("tp"), mesh.size("cp")
+    p = _Program(mesh.group_of(rank, "tp"), c["dtype"])
+    ring = Ring(p.ops, rank, mesh.group_of(rank, "cp"), c["micro_batch"], c["seq_len"], c["hidden"] // tp,
+                c["dtype"], DTYPE_BYTES[c["dtype"]], opts.rotate_method, opts.load_balance, opts.overlap)
+    seg = CPSegments(model, tp_opts, p, ring, opts.recompute == "full")
+    for op in base_ops:
+        kind, _, rest = getattr(op, "name", "").partition(" ")
+        if isinstance(op, Compute) and kind == "fwd":
+            seg.forward(rest)
+        elif isinstance(op, Compute) and kind == "bwd":
+            seg.backward(rest)
+        else:
+            if isinstance(op, Compute) and op.name.startswith("copy-in grads "):
+                seg.partial_grads(units[op.name.removeprefix("copy-in grads ")], 1, "backward")
+            p.ops.append(op)
+    assert cp == len(ring.group)
+    return p.ops

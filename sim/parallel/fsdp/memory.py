@@ -1,0 +1,118 @@
+"""Per-GPU memory of data-parallel training: DDP, ZeRO 1/2/3 (= FSDP), static and over the simulated step.
+
+Static bytes (ZeRO, Rajbhandari et al. 2019, arXiv 1910.02054, sec. 3 and fig. 1), Ψ parameters, shards of N:
+  mixed-precision Adam (16-bit params): params 2Ψ, grads 2Ψ, optimizer KΨ with K = 12 (fp32 master, m, v);
+  fp32 training (no master copy): 4Ψ, 4Ψ, K = 8 (m, v).
+  DDP: (2 + 2 + K)Ψ;  ZeRO-1: 2Ψ + 2Ψ + KΨ/N;  ZeRO-2: 2Ψ + (2 + K)Ψ/N;  ZeRO-3/FSDP: (2 + 2 + K)Ψ/N.
+  (Paper, 7.5B params on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.) Sharded terms use FSDP2's padded sizes:
+  each parameter's dim 0 is padded to a multiple of N. HSDP shards over the shard group only.
+Dynamic bytes from the plan's memory events (sim/parallel/fsdp/plan.py): unsharded units between their all-gather and
+their reshard, unsharded gradients between backward and reduce-scatter, activations (model's activation_bytes)
+from a layer's forward until its backward. FSDP2 keeps sharded fp32 params and grads instead of ZeRO's 16-bit
+copies plus fp32 master; the total per element (16 bytes) is the same.
+"""
+from __future__ import annotations
+
+from distlab.sim.plan import DTYPE_BYTES
+
+STATIC = ("params", "grads", "optimizer")
+DYNAMIC = ("unsharded params", "unsharded grads", "activations")
+STAGES = (0, 1, 2, 3)        # 0 = DDP (plain data parallel)
+
+
+def precision(dtype: str) -> tuple[int, int, int]:
+    """(param bytes, grad bytes, optimizer bytes K) per parameter for Adam with params in ``dtype``."""
+    b = DTYPE_BYTES[dtype]
+    return b, b, (12 if b < 4 else 2 * b)
+
+
+def static_bytes(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None) -> dict:
+    """Bytes per GPU of params, grads and optimizer state for ZeRO stage ``zero`` (0 = DDP)."""
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.fsdp.units import model_dtype, padded_numel
+    if zero not in STAGES or isinstance(zero, bool):
+        raise ConfigError(f"unknown ZeRO stage {zero!r}; allowed: 0 (DDP), 1, 2, 3", "zero")
+    S = shard_size or world
+    if S < 1 or world % S:
+        raise ConfigError(f"shard group size {S} must divide the world size {world}", "shard_size")
+    p, g, k = precision(dtype or model_dtype(model))
+    full = model.num_params
+    shard = sum(padded_numel(q.shape, S) for q in model.params) // S
+    return {"params": (shard if zero >= 3 else full) * p,
+            "grads": (shard if zero >= 2 else full) * g,
+            "optimizer": (shard if zero >= 1 else full) * k}
+
+
+def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None,
+             reshard_after_forward: bool = True, prefetch: int = 1) -> dict:
+    """A quick peak estimate without a timeline: static + everything alive when backward starts, i.e. all
+    activations, the root unit, and (ZeRO-3) the prefetched block(s), or every block if not resharded."""
+    from distlab.sim.parallel.fsdp.units import model_dtype, units_of
+    out = static_bytes(model, world, zero, shard_size, dtype)
+    pb = DTYPE_BYTES[dtype or model_dtype(model)]
+    S = shard_size or world
+    units = units_of(model)
+    sizes = sorted((u.numel(S) * pb for u in units[1:]), reverse=True)
+    unsharded = 0
+    if zero == 3 and S > 1:
+        unsharded = units[0].numel(S) * pb + (sum(sizes) if not reshard_after_forward else sum(sizes[:prefetch]))
+    out["unsharded params"] = unsharded
+    out["unsharded grads"] = 0
+    out["activations"] = int(sum(layer.activation_bytes for layer in model.layers))
+    return out
+
+
+def memory_curve(plan, trace, rank: int = 0) -> tuple[list[float], list[int], list[dict]]:
+    """Bytes on ``rank`` over the simulated step: (times, totals, dynamic bytes by category after each change).
+    Starts and ends at the static level; frees at the same instant count before allocations."""
+    mem = plan.meta["memory"]
+    static = sum(mem["static"].values())
+    when = {}
+    for o in trace.for_rank(rank):
+        when[o.index] = (o.start, o.end)
+    changes = []
+    for index, edge, delta, cat in mem["events"]:
+        if index in when:
+            t = when[index][0] if edge == "start" else when[index][1]
+            changes.append((t, 0 if delta < 0 else 1, delta, cat))
+    changes.sort(key=lambda c: (c[0], c[1]))
+    t0 = min((o.start for o in trace.ops), default=0.0)
+    t1 = max((o.end for o in trace.ops), default=0.0)
+    times, totals, parts = [t0], [static], [dict.fromkeys(DYNAMIC, 0)]
+    cur = dict.fromkeys(DYNAMIC, 0)
+    for t, _, delta, cat in changes:
+        cur[cat] += delta
+        times.append(t)
+        totals.append(static + sum(cur.values()))
+        parts.append(dict(cur))
+    times.append(t1)
+    totals.append(totals[-1])
+    parts.append(dict(cur))
+    return times, totals, parts
+
+
+def peak(plan, trace, rank: int | None = None) -> dict:
+    """Peak bytes (on ``rank``, or the highest rank) with the breakdown at that moment and its time."""
+    ranks = range(plan.world_size) if rank is None else [rank]
+    best = None
+    for r in ranks:
+        times, totals, parts = memory_curve(plan, trace, r)
+        i = max(range(len(totals)), key=totals.__getitem__)
+        if best is None or totals[i] > best["total"]:
+            best = {"rank": r, "time": times[i], "total": totals[i],
+                    "breakdown": {**plan.meta["memory"]["static"], **parts[i]}}
+    return best
+
+
+def fits(total: int, gpu_GiB: float) -> bool:
+    return total <= gpu_GiB * 2**30
+
+
+def breakdown_line(breakdown: dict, total: int, gpu_GiB: float | None = None) -> str:
+    """``params 1.2 GiB + grads ... = 13.4 GiB`` and, when over the GPU, ``DOES NOT FIT in 80 GiB``."""
+    from distlab.sim.plan import format_bytes
+    parts = " + ".join(f"{k} {format_bytes(v)}" for k, v in breakdown.items() if v)
+    line = f"{parts} = {format_bytes(total)}"
+    if gpu_GiB is not None and not fits(total, gpu_GiB):
+        line += f"  DOES NOT FIT in {gpu_GiB:g} GiB"
+    return line

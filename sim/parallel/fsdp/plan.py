@@ -1,0 +1,295 @@
+"""FSDP2 / ZeRO plans: the all-gathers and reduce-scatters around every unit, in the order FSDP2 issues them.
+
+Units (``fully_shard`` on every transformer block, then on the root): one per block layer (``h.3``, ``layers.3``),
+plus the root holding everything else (embedding, final norm, head). Per step, FSDP2 (torch 2.13) issues:
+forward: AG(root), AG(block 0), ..., AG(block L-1); backward, for each block in reverse: AG (only if resharded
+after forward; prefetched one unit ahead) then RS once its gradients are ready; RS(root) last; HSDP adds an
+all-reduce of each reduce-scattered shard across replicas. Checked against real ``fully_shard`` on gloo
+(tests/test_fsdp_runtime.py; ../shared/REFERENCES.md).
+
+Timing (streams "compute", "ag", "rs", "ar" as FSDP2's CUDA streams): forward AG(k) may start once unit
+k-prefetch-1 has computed (FSDP2 frees a unit before gathering two ahead); backward AG of segment t is issued
+when segment t-backward_prefetch starts; before a unit's gradient copy-in, compute waits for the previous RS
+(FSDP2 keeps one RS input buffer in flight). Copies are memory-bound Compute ops: AG copy-in 2·shard, copy-out
+2·unit, RS copy-in unit·(param + reduce bytes), RS copy-out 2·shard. ``overlap: false`` puts everything on one
+stream in issue order, as FSDP2 runs on CPU with gloo (every call blocks).
+Bytes follow nccl-tests: AG = the gathered unit, RS = the full unit. Each parameter's dim 0 is padded to a
+multiple of the shard group size S before sharding: padded = ceil(d0 / S)·S·prod(rest).
+ZeRO stages (Rajbhandari et al. 2019, arXiv 1910.02054): 3 = FSDP; 2 = replicated params, gradients
+reduce-scattered per unit during backward, optimizer on the shard, updated params all-gathered after the step;
+1 = the same collectives, but all gradients are reduce-scattered after backward (full gradients are kept).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from distlab.sim.errors import ConfigError
+from distlab.sim.parallel.fsdp.memory import static_bytes
+from distlab.sim.parallel.fsdp.units import BLOCK, Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
+from distlab.sim.mesh import Mesh
+from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
+from distlab.sim.workloads.base import option
+ADAM_BYTES = 28      # per shard element: read param, grad, m, v (fp32) and write param, m, v
+ADAM_FLOPS = 12      # per element, roughly (two moments, bias corrections, update)
+
+
+@dataclass
+class FSDPOptions:
+    """The ``fsdp:`` section of a scenario. The shard and replicate groups come from the mesh (dp_shard,
+    dp_replicate), not from here."""
+    zero: int = option(3, "ZeRO stage: 3 = FSDP (params, grads, optimizer sharded), 2 = grads and optimizer, "
+                          "1 = optimizer", choices=(1, 2, 3), what="ZeRO stage")
+    reshard_after_forward: bool | int = option(True, "blocks: true frees them after forward, false keeps them, "
+                                                     "an int reshards to groups of that many ranks")
+    prefetch: int = option(1, "forward all-gathers issued ahead of the unit computing")
+    backward_prefetch: int = option(1, "backward all-gathers issued ahead")
+    param_dtype: str | None = option(None, "MixedPrecisionPolicy param_dtype: the dtype gathered and computed in "
+                                           "(none = the model's)", choices=tuple(DTYPE_BYTES), what="dtype")
+    reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
+                                      choices=tuple(DTYPE_BYTES), what="dtype")
+    overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
+
+    def validate(self, where: str = "parallelism") -> "FSDPOptions":
+        """Checks that need no world size (the others: :func:`parse_config`)."""
+        if self.zero not in (1, 2, 3) or isinstance(self.zero, bool):
+            raise ConfigError(f"unknown ZeRO stage {self.zero!r}; allowed: 1, 2, 3", f"{where}.zero")
+        for key in ("prefetch", "backward_prefetch"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{v!r} must be a whole number >= 0", f"{where}.{key}")
+        for key in ("param_dtype", "reduce_dtype"):
+            v = getattr(self, key)
+            if v is not None and v not in DTYPE_BYTES:
+                raise ConfigError(f"unknown dtype {v!r}; allowed: {', '.join(DTYPE_BYTES)}", f"{where}.{key}")
+        if not isinstance(self.reshard_after_forward, (bool, int)):
+            raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
+                              f"{where}.reshard_after_forward")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"{self.overlap!r} must be true or false", f"{where}.overlap")
+        return self
+
+
+@dataclass
+class FSDPConfig(FSDPOptions):
+    """FSDPOptions plus the shard group size (HSDP: shard within groups of this many ranks; None = world)."""
+    shard_size: int | None = None
+
+
+KEYS = ("zero", "reshard_after_forward", "prefetch", "backward_prefetch", "param_dtype", "reduce_dtype",
+        "shard_size", "overlap")
+
+
+def parse_config(opts: dict, world: int, where: str = "parallelism") -> FSDPConfig:
+    """Validate the builder options; every bad value is a ConfigError naming the key."""
+    for k in opts:
+        if k not in KEYS:
+            raise ConfigError(f"unknown key {k!r} for fsdp; allowed: {', '.join(KEYS)}", where)
+    c = FSDPConfig(**opts).validate(where)
+    S = world if c.shard_size is None else c.shard_size
+    if not isinstance(S, int) or isinstance(S, bool) or S < 1 or world % S:
+        raise ConfigError(f"shard group size {S!r} must divide the world size {world}", f"{where}.shard_size")
+    c.shard_size = S
+    r = c.reshard_after_forward
+    if not isinstance(r, bool):
+        if r < 1 or S % r:
+            raise ConfigError(f"{r} must be a divisor of the shard group size {S}", f"{where}.reshard_after_forward")
+        c.reshard_after_forward = False if r == 1 else (True if r == S else r)   # as FSDP2 normalises it
+    return c
+
+
+class _Program:
+    """One rank's ops in issue order, and the memory effects of each (op index, start|end, bytes, category)."""
+
+    def __init__(self, overlap: bool):
+        self.ops, self.mem, self.overlap = [], [], overlap
+
+    def add(self, op, start=(), end=()) -> int:
+        if not self.overlap and hasattr(op, "stream"):
+            op = type(op)(**{**op.__dict__, "stream": "compute"})
+        i = len(self.ops)
+        self.ops.append(op)
+        self.mem += [[i, "start", d, c] for d, c in start] + [[i, "end", d, c] for d, c in end]
+        return i
+
+    def record(self, event: str, stream: str):
+        if self.overlap:
+            self.ops.append(Record(event, stream))
+
+    def wait(self, event: str, stream: str):
+        if self.overlap:
+            self.ops.append(Wait(event, stream))
+
+
+def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = None) -> Plan:
+    """The plan of one training step (forward, backward, optimizer) on ``world`` ranks; ``opts`` as FSDPConfig
+    (``shard_size`` S: the mesh {dp_replicate: world / S, dp_shard: S})."""
+    cfg = parse_config(dict(opts or {}), world)
+    mesh = Mesh({"dp_replicate": world // cfg.shard_size, "dp_shard": cfg.shard_size})
+    return fsdp_plan(model, mesh, cfg, name)
+
+
+def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp",
+              only: list[int] | None = None) -> Plan:
+    """The plan on ``mesh``: parameters sharded over its ``dp_shard`` groups, HSDP all-reduces over its
+    ``dp_replicate`` groups (when the mesh has that dimension); an int reshard_after_forward r reshards to
+    groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r)). ``only``: just these
+    ranks' programs (a plan of them, in that order, not validated: sim/kernel/relabel.py renames them)."""
+    shard = mesh.size("dp_shard") if "dp_shard" in mesh else 1
+    fields = {k: v for k, v in asdict(options).items() if k != "shard_size"}
+    cfg = parse_config({**fields, "shard_size": shard}, mesh.world_size, where)
+    units = units_of(model)
+    pdt = cfg.param_dtype or model_dtype(model)
+    rdt = cfg.reduce_dtype or pdt
+    raf = cfg.reshard_after_forward
+    post_mesh = None if isinstance(raf, bool) else mesh.split("dp_shard", ("dp_shard_out", "reshard"), raf)
+    progs = []
+    for r in range(mesh.world_size) if only is None else only:
+        groups = (_group(mesh, r, "dp_shard"), _group(mesh, r, "dp_replicate"),
+                  None if post_mesh is None else post_mesh.group_of(r, "reshard"))
+        progs.append(_program(model, units, cfg, groups, pdt, rdt))
+    S = cfg.shard_size
+    meta = {"builder": "fsdp", "model": model.name, "zero": cfg.zero, "shard_size": S,
+            "reshard_after_forward": cfg.reshard_after_forward, "param_dtype": pdt, "reduce_dtype": rdt,
+            "units": [[u.name, u.numel(), u.numel(S)] for u in units],
+            "memory": {"static": static_bytes(model, mesh.world_size, cfg.zero, S, pdt), "events": progs[0].mem}}
+    plan = Plan([p.ops for p in progs], name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta)
+    return plan.validate() if only is None else plan
+
+
+def _group(mesh: Mesh, rank: int, dim: str) -> tuple:
+    return mesh.group_of(rank, dim) if dim in mesh else (rank,)
+
+
+def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -> _Program:
+    """One rank's program; ``groups`` = (its shard group, its replica group, its post-forward group or None)."""
+    S, z, raf = cfg.shard_size, cfg.zero, cfg.reshard_after_forward
+    shard, replicas, post = groups
+    p = _Program(cfg.overlap)
+    root = units[0]
+    size = {u.name: u.numel(S) * DTYPE_BYTES[pdt] for u in units}      # one unsharded unit in param dtype
+    resharded = (lambda u: z == 3 and u is not root and raf is not False)
+
+    def gather(u: Unit, group, tag: str) -> bool:
+        if S == 1 or not u.params:
+            return False
+        p.add(Compute(f"copy-in {u.name}", bytes=2 * size[u.name] // len(group), stream="ag"))
+        p.add(Collective("all_gather", size[u.name], pdt, group, name=f"all_gather {u.name} {tag}", stream="ag"),
+              start=[(size[u.name], "unsharded params")] if z == 3 else ())
+        if tag == "update":
+            p.add(Compute(f"copy-out {u.name}", bytes=2 * size[u.name], stream="ag"))
+        return True
+
+    def copy_out(u: Unit):
+        if S > 1 and u.params:
+            p.add(Compute(f"copy-out {u.name}", bytes=2 * size[u.name]))
+
+    # forward: the root's layers before the first block (embedding), the blocks, the root's other layers (head)
+    first_block = units[1].layers[0] if len(units) > 1 else math.inf
+    segs = [(root, [i for i in root.layers if i < first_block])] + [(u, u.layers) for u in units[1:]]
+    segs.append((root, [i for i in root.layers if i > first_block]))
+    for k, (u, layers) in enumerate(segs[:-1]):
+        if z == 3 and u.params:
+            if k - cfg.prefetch - 1 >= 0:
+                p.wait(f"fwd{k - cfg.prefetch - 1}", "ag")
+            gather(u, shard, "forward")
+            p.record(f"ag{k}", "ag")
+            p.wait(f"ag{k}", "compute")
+            copy_out(u)
+        last = _forward(p, model, layers)
+        p.record(f"fwd{k}", "compute")
+        if resharded(u) and last is not None and S > 1:        # reshard: free, keep a 1/raf slice if int
+            keep = [] if post is None else [(size[u.name] // len(post), "unsharded params")]
+            p.mem += [[last, "end", -size[u.name], "unsharded params"]] + [[last, "end", d, c] for d, c in keep]
+    _forward(p, model, segs[-1][1])
+    # backward: segments in reverse; a block's all-gather is issued backward_prefetch segments early
+    back = list(reversed(segs))
+    pending, done, last_rs = [], [], None
+    for s, (u, layers) in enumerate(back):
+        p.record(f"bwd_start{s}", "compute")
+        for t in range(s, len(back)):
+            v = back[t][0]
+            if resharded(v) and max(t - cfg.backward_prefetch, 0) == s:
+                p.wait(f"bwd_start{s}", "ag")
+                if gather(v, post or shard, "backward") and post is not None:
+                    p.mem.append([len(p.ops) - 1, "end", -size[v.name] // len(post), "unsharded params"])
+                p.record(f"agb{t}", "ag")
+        if resharded(u):
+            p.wait(f"agb{s}", "compute")
+            copy_out(u)
+        last = None
+        for i in reversed(layers):
+            L = model.layers[i]
+            grads = [(_numel(L) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 and L.params else []
+            last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops, bytes=2 * L.activation_bytes + L.param_bytes),
+                         start=grads, end=[(-L.activation_bytes, "activations")])
+        unit_done = u is not root or s == len(back) - 1
+        if z >= 2 and unit_done and u.params and last_rs:     # FSDP2 keeps one RS input buffer in flight:
+            p.wait(last_rs, "compute")                        # wait for the previous RS before the copy-in
+        if z >= 2 and unit_done and u.params and S > 1:
+            p.add(Compute(f"copy-in grads {u.name}", bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])))
+        p.record(f"bwd{s}", "compute")
+        if z == 3 and unit_done and u.params and S > 1:     # post-backward reshard
+            p.mem.append([len(p.ops) - 1 if last is None else last, "end", -size[u.name], "unsharded params"])
+        if unit_done and u.params:
+            pending.append((u, s))
+            if z >= 2:
+                done.append(_reduce(p, u, f"bwd{s}", shard, replicas, rdt, pdt, z))
+                last_rs = f"rs_{u.name}" if S > 1 else None
+    if z == 1:       # ZeRO-1 keeps full gradients and reduce-scatters them all after backward
+        done = [_reduce(p, u, f"bwd{len(back) - 1}", shard, replicas, rdt, pdt, z) for u, s in pending]
+    for prefix in ("rs_", "ar_"):      # streams run in order: the last event of each stream covers the rest
+        events = [e for e, _ in done if e and e.startswith(prefix)]
+        if events:
+            p.wait(events[-1], "compute")
+    n = sum(u.numel(S) for u in units) // S
+    p.add(Compute("optimizer", flops=ADAM_FLOPS * n, bytes=ADAM_BYTES * n), start=[f for _, fs in done for f in fs])
+    if z < 3:       # ZeRO 1/2: all-gather the updated parameters
+        p.record("opt", "compute")
+        p.wait("opt", "ag")
+        for u in units:
+            gather(u, shard, "update")
+    return p
+
+
+def _numel(layer) -> int:
+    return sum(q.numel for q in layer.params)
+
+
+def _forward(p: _Program, model, layers):
+    last = None
+    for i in layers:
+        L = model.layers[i]
+        last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops, bytes=L.activation_bytes + L.param_bytes),
+                     start=[(L.activation_bytes, "activations")])
+    return last
+
+
+def _reduce(p: _Program, u: Unit, after: str, shard, replicas, rdt: str, pdt: str, z: int):
+    """RS of unit ``u`` once event ``after`` happened, then the HSDP all-reduce. Returns (the event to wait
+    for, or None when nothing was sent; the memory it frees when nothing was sent)."""
+    S, event = len(shard), None
+    free = [(-sum(q.numel for q in u.params) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 else []
+    if S > 1:
+        p.wait(after, "rs")
+        if z == 1:
+            p.add(Compute(f"copy-in grads {u.name}", bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt]),
+                          stream="rs"))
+        p.add(Collective("reduce_scatter", u.numel(S) * DTYPE_BYTES[rdt], rdt, shard,
+                         name=f"reduce_scatter {u.name}", stream="rs"), end=free if len(replicas) == 1 else ())
+        p.add(Compute(f"copy-out grads {u.name}", bytes=2 * u.numel(S) // S * DTYPE_BYTES[rdt], stream="rs"))
+        event = f"rs_{u.name}"
+        p.record(event, "rs")
+    if len(replicas) > 1:
+        p.wait(event or after, "ar")
+        p.add(Collective("all_reduce", u.numel(S) // S * DTYPE_BYTES[rdt], rdt, replicas,
+                         name=f"all_reduce {u.name}", stream="ar"), end=free)
+        event = f"ar_{u.name}"
+        p.record(event, "ar")
+    return event, ([] if event else free)
+
+
+def collective_sequence(plan: Plan, rank: int = 0, groups: bool = False) -> list[tuple]:
+    """(collective, bytes, dtype[, group]) in issue order: what the runtime capture is compared with."""
+    return [(o.op, o.bytes, o.dtype) + ((plan.group_of(o),) if groups else ())
+            for o in plan.ranks[rank] if isinstance(o, Collective)]

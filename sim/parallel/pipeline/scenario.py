@@ -1,0 +1,30 @@
+"""Pipeline scenarios beyond one simulation: ``sweep_results`` (lesson 07, `--sweep` on a pipeline scenario:
+makespan, bubble, samples/s = m x micro-batch x d / makespan, peak activations per value) and ``spec_of``
+(the PipelineSpec of a scenario, for the runtime). The workload itself is sim/workloads/pipeline.py."""
+from __future__ import annotations
+
+import copy
+
+from distlab.sim import scenario as sc
+from distlab.sim.parallel.pipeline.plan import PipelineSpec
+from distlab.sim.workloads.pipeline import sweep_figure, sweep_row  # noqa: F401 (sweep_figure re-exported)
+
+
+def spec_of(scenario: dict) -> PipelineSpec:
+    """The PipelineSpec of a validated pipeline scenario: stages and data_parallel from its mesh on its world."""
+    w = sc.workload_of(scenario)
+    _, cluster = sc.resolve(scenario)
+    mesh = sc.complete_mesh(scenario, w, cluster.world_size)
+    return w.parse(scenario[w.name], "pipeline").spec(mesh).check()
+
+
+def sweep_results(base: dict, key: str, values: list) -> list[dict]:
+    """Simulate ``base`` with ``key`` (an option, a mesh dim, or stages / data_parallel) = each value."""
+    out = []
+    for v in values:
+        d = copy.deepcopy(base)
+        sc.set_value(d, key, v)
+        r = sc.simulate(d, f"--sweep {key}={v}")
+        out.append({key: v, **sweep_row(r), "model": r.model.name, "cluster": r.cluster.name,
+                    "world_size": r.plan.world_size})
+    return out
