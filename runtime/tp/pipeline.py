@@ -39,7 +39,17 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     n_stages, s = mesh["pp"].size(), mesh["pp"].get_local_rank()
     names = [model.layers[i].name for i in stage_ranges(model, n_stages)[s]]
     torch.manual_seed(0)
-    module = tp.parallelize(Stage(build_llama(model), names), mesh["tp"], v.get("sequence_parallel", True))
+    module = Stage(build_llama(model), names)
+    if "tp" in mesh.mesh_dim_names:
+        module = tp.parallelize(module, mesh["tp"], v.get("sequence_parallel", True))
+    fsdp = "dp_shard" in mesh.mesh_dim_names
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if "dp_replicate" in mesh.mesh_dim_names else mesh["dp_shard"]
+        raf = v.get("reshard_after_forward", False)
+        for block in module.h.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=raf)
+        fully_shard(module, mesh=dp_mesh)
     stage = pp.PipelineStage(module, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
     m = v.get("microbatches", 2)
     cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[v.get("schedule", "1f1b")]
@@ -59,12 +69,17 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
         cap.t0 = t0
         with cap if capture else contextlib.nullcontext():
             sched.step(*args, **kwargs)
+            if opt is not None:
+                cap.phase = "optimizer"
+                opt.step()
         return time.perf_counter() - t0
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4) if fsdp else None
     from distlab.runtime.tp.calibrate import Calibrator
     sp = v.get("sequence_parallel", True)
     cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(sp), tp.CollectiveCapture,
                      root=tp.root_plan(sp)) if calibrate else None
-    seq = c["seq_len"] // mesh["tp"].size() if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
+    tp_size = mesh["tp"].size() if "tp" in mesh.mesh_dim_names else 1
+    seq = c["seq_len"] // tp_size if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
     probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None
     out = []
     for i in range(warmup + steps):
