@@ -252,6 +252,8 @@ def parallelism(d: dict) -> dict:
     the mesh as written}: for callers written against the old format."""
     w = workload_of(d)
     mesh = d.get("mesh") or {}
+    if w is composed.WORKLOAD:          # no flat form: the kind and the mesh
+        return {"kind": w.name, "mesh": dict(mesh)}
     return {"kind": w.name, **d[w.name], **{k: mesh[dim] for k, dim in w.legacy_keys.items() if dim in mesh}}
 
 

@@ -158,7 +158,7 @@ def run(args) -> int:
         out.sub_trace(result.trace, ranks).save(files["trace"])
         if ranks is not None:
             print(f"trace.json: {len(ranks)} of {result.plan.world_size} ranks (rank 0's group on every mesh "
-                  "dimension, first 8 of each)", file=sys.stderr)
+                  "dimension, first 4 of each)", file=sys.stderr)
         files["timeline"] = os.path.join(args.out, "timeline.png")
         save_figure(result.figure(out.title(result)), files["timeline"])
     if args.json:

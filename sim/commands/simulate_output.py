@@ -78,13 +78,13 @@ MAX_SHOWN_RANKS = 64      # beyond: trace.json and the per-rank JSON keep rank 0
 def shown_ranks(result) -> list[int] | None:
     """The ranks the trace file and the per-rank JSON keep: every rank up to MAX_SHOWN_RANKS, else (a world of
     thousands: 16,384 ranks x their ops would not fit a file or a minute) rank 0's group on every mesh dimension,
-    each cut to its first 8 ranks, and the last rank; None for all."""
+    each cut to its first 4 ranks, and the last rank; None for all."""
     world = result.plan.world_size
     if world <= MAX_SHOWN_RANKS:
         return None
     ranks = {0, world - 1}
     for d in result.mesh.names:
-        ranks.update(result.mesh.group_of(0, d)[:8])
+        ranks.update(result.mesh.group_of(0, d)[:4])
     return sorted(ranks)
 
 

@@ -116,9 +116,21 @@ def report(result) -> dict:
     return composed_report(result)
 
 
+def figure(result, title=None):
+    """A timeline of rank 0 and (with a pipeline) the first rank of the last stage, only their ops read from the
+    trace (a plan of thousands of ranks draws as fast as a small one), labels on ops longer than 4% of the step."""
+    from distlab.sim.plots import timeline
+    from distlab.sim.trace import Trace
+    ranks = [0, result.mesh.group_of(0, "pp")[-1]] if "pp" in result.mesh else [0, min(1, result.plan.world_size - 1)]
+    ranks = sorted(set(ranks))
+    sub = Trace([o for r in ranks for o in result.trace.for_rank(r)], [], dict(result.trace.meta))
+    wide = 0.04 * sub.makespan
+    return timeline(sub, ranks=ranks, title=title, highlight=lambda o: o.name if o.end - o.start > wide else None)
+
+
 WORKLOAD = Workload(
     name="composed", help="any composition of pipeline, tp, cp, fsdp (HSDP, ZeRO) and ddp on one mesh, built in "
                           "torchtitan's order (sim/parallel/parallelize.py)",
-    dims=MESH_ORDER, options=Parallelisms, build=build, report=report, fill_dim="dp_shard",
+    dims=MESH_ORDER, options=Parallelisms, build=build, report=report, figure=figure, fill_dim="dp_shard",
     dim_words={"pp": "pipeline stages", "dp_replicate": "HSDP replicas", "dp_shard": "FSDP2 shard group size",
                "dp": "DDP replicas", "cp": "context-parallel ranks", "tp": "tensor-parallel ranks"})

@@ -27,6 +27,26 @@ def dim_of(mesh, group: tuple, rank: int = 0) -> str:
     return "dp_replicate" if len(group) == 1 else "?"
 
 
+def sequence_by_dim(plan, mesh, rank: int) -> dict:
+    """Rank ``rank``'s collectives and point-to-point ops in issue order, per mesh dimension (:func:`dim_of`; sends
+    and receives: pp, or cp for the ring's): collectives as (kind, bytes, dtype, group, phase), p2p as (send or
+    recv, bytes, peer): what a real run's capture (runtime/tp/run.py CollectiveCapture) is compared with."""
+    out: dict = {}
+    dims: dict = {}
+    for o in plan.ranks[rank]:
+        if isinstance(o, Collective):
+            g = plan.group_of(o)
+            if g not in dims:
+                dims[g] = dim_of(mesh, g, rank)
+            last = o.name.rsplit(" ", 1)[-1]
+            phase = PHASE_WORDS.get(last, "backward" if o.op == "reduce_scatter" or "grad" in o.name else "forward")
+            out.setdefault(dims[g], []).append((o.op, o.bytes, o.dtype, g, phase))
+        elif isinstance(o, (Send, Recv)):
+            out.setdefault("cp" if o.name.startswith("cp ") else "pp", []).append(
+                ("send" if isinstance(o, Send) else "recv", o.bytes, o.peer))
+    return out
+
+
 def collectives(result) -> dict:
     """(mesh dim, op, phase) -> (count, bytes) on rank 0, p2p included (pp: the stage boundaries; cp: the ring's
     permutes)."""
