@@ -110,3 +110,46 @@ def test_any_composition_checks_clean_on_mesh_dimensions_with_the_mesh_dividing_
     tp = mesh.size("tp") if par.tp is not None else 1
     norms = sum(q.numel for q in MODEL.params if not tp_sharded(q.name))
     assert sum(held_elements(plan, mesh, r) for r in replica) == pytest.approx(MODEL.num_params + (tp - 1) * norms)
+
+
+def test_tp_comm_overlap_pipelines_each_block_collective_as_ring_exchanges():
+    """Megatron's TP overlap (sim/parallel/tp/overlap.py): a block's all-gathers and reduce-scatters become t - 1
+    P2P exchanges of X/t each around the tp ring, pipelined with the GEMMs: the plan checks clean, the blocks issue
+    no TP collective, and the step is shorter than with the collectives waited for."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.kernel.engine import simulate
+    from distlab.sim.parallel.parallelize import Parallelisms
+    from distlab.sim.models import preset
+    model = preset("llama3-8b", layers=2, micro_batch=1)
+    t, mesh, cluster = 4, Mesh({"tp": 4}), load_cluster("dgx-h100", 1).with_world_size(4)
+    plain, over = (parallelize(model, mesh, Parallelisms(tp=TPOptions(comm_overlap=ov))) for ov in (False, True))
+    assert plan_problems(over) == []
+    X = 1 * 8192 * 4096 * 2
+    block_coll = [o for o in over.ranks[1] if isinstance(o, Collective) and ".attn" in o.name or
+                  isinstance(o, Collective) and ".mlp" in o.name]
+    sends = [o for o in over.ranks[1] if isinstance(o, Send)]
+    assert block_coll == [] and {o.bytes for o in sends} == {X // t} and {o.peer for o in sends} == {2}
+    assert len(sends) == 2 * 2 * 2 * 2 * (t - 1)          # blocks x parts x (in, out) x (fwd, bwd) x (t - 1)
+    assert simulate(over, cluster).makespan < simulate(plain, cluster).makespan
+
+
+def test_pp_fsdp_tp_from_representatives_equals_the_plan_built_rank_by_rank_and_simulates_alike():
+    """sim/parallel/shifts.py: with a tp group per node, every rank of a stage is a renaming of one program
+    (node rotations inside the stage's block of nodes, local rotations); the relabelled plan equals the plan built
+    rank by rank, and its symmetric simulation (one rank per stage) the full one."""
+    import math
+
+    from distlab.sim import scenario as sc
+    from distlab.sim.kernel.engine import simulate
+    from distlab.sim.kernel.relabel import RelabelledRanks
+    d = {"model": {"preset": "llama3-8b", "layers": 2, "seq_len": 128, "micro_batch": 1},
+         "mesh": {"pp": 2, "dp_shard": 2, "tp": 8}, "pipeline": {"microbatches": 2}, "cluster": "dgx-h100",
+         "nodes": 4}
+    r = sc.build(d)
+    assert isinstance(r.plan.ranks, RelabelledRanks) and r.plan.ranks.representatives() == [0, 16]
+    full = parallelize(r.model, r.mesh, r.options)
+    assert (full.name, full.meta) == (r.plan.name, r.plan.meta)
+    assert all(full.ranks[k] == r.plan.ranks[k] for k in range(full.world_size))
+    once = simulate(r.plan, r.cluster, record_transfers=False)
+    assert math.isclose(once.makespan, simulate(full, r.cluster, record_transfers=False, symmetric=False).makespan,
+                        rel_tol=1e-6)

@@ -26,7 +26,17 @@ either.
 """
 from __future__ import annotations
 
+from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.tp.plan import Segments, _Program
+
+
+def segments(model, o, p, rank: int):
+    """The TP segments of ``rank`` (its group: ``p.group``): with ``comm_overlap`` Megatron's pipelined overlap
+    (sim/parallel/tp/overlap.py), else sim/parallel/tp/plan.py's."""
+    if o.comm_overlap:
+        from distlab.sim.parallel.tp.overlap import OverlapSegments
+        return OverlapSegments(model, o, p, rank)
+    return Segments(model, o, p)
 
 
 class PlainLayers:
@@ -51,10 +61,13 @@ class TPLayers:
     """TP (+ SP, loss parallel, recompute) on the rank's tp group; with ``ring`` (CP x TP) the attention core of
     every block is ring attention (CPSegments)."""
 
-    def __init__(self, model, tp_opts, group: tuple, dtype: str, ring=None, cp_recompute: bool = False):
+    def __init__(self, model, tp_opts, group: tuple, dtype: str, ring=None, cp_recompute: bool = False,
+                 rank: int | None = None):
         self.p = _Program(group, dtype)
         if ring is None:
-            self.seg = Segments(model, tp_opts, self.p)
+            self.seg = segments(model, tp_opts, self.p, group[0] if rank is None else rank)
+        elif tp_opts.comm_overlap:
+            raise ConfigError("comm_overlap (Megatron's TP overlap) is not built with cp", "tp.comm_overlap")
         else:
             from distlab.sim.parallel.cp.compose import CPSegments
             ring.ops = self.p.ops
@@ -113,7 +126,8 @@ def layer_program(model, mesh, rank: int, tp=None, cp=None):
         ring = Ring([], rank, mesh.group_of(rank, "cp"), c["micro_batch"], c["seq_len"], c["hidden"] // t,
                     c["dtype"], DTYPE_BYTES[c["dtype"]], cp.rotate_method, cp.load_balance, cp.overlap)
     if tp is not None:
-        return TPLayers(model, tp, mesh.group_of(rank, "tp"), c["dtype"], ring, cp is not None and cp.recompute == "full")
+        return TPLayers(model, tp, mesh.group_of(rank, "tp"), c["dtype"], ring, cp is not None and cp.recompute == "full",
+                        rank)
     if cp is not None:
         return CPLayers(ring, cp.recompute == "full")
     return PlainLayers()

@@ -119,8 +119,9 @@ def parallelize(model, mesh: Mesh, par: Parallelisms, cluster=None, only: list[i
         from distlab.sim.parallel.ddp.plan import ddp_plan
         plan = ddp_plan(model, mesh, par.ddp)[0]
     elif par.tp is not None:
+        from distlab.sim.parallel.layers import segments
         from distlab.sim.parallel.tp.plan import tp_plan
-        plan = tp_plan(model, mesh, par.tp, where=where)
+        plan = tp_plan(model, mesh, par.tp, where=where, make_segments=segments)
     else:
         raise ConfigError("nothing to parallelize: the mesh names none of pp, dp_replicate, dp_shard, dp, cp, tp",
                           where)

@@ -46,7 +46,8 @@ def build(model, mesh, opts: TPOptions, cluster):
     elif sharded:
         plan = fsdp_tp_plan(model, mesh, tp_opts=opts, cluster=cluster)
     else:
-        plan = tp_plan(model, mesh, opts)
+        from distlab.sim.parallel.layers import segments
+        plan = tp_plan(model, mesh, opts, make_segments=segments)
     return plan, {"tp": plan.meta}
 
 
