@@ -153,7 +153,8 @@ class StageFSDP:
         for u in self.units[stage]:
             if not u.params:
                 continue
-            layers.partial_grads(self.partial.get(u.name, []), 1, "backward")
+            partial = set(self.partial.get(u.name, []))       # this stage's unit: its root holds only its layers
+            layers.partial_grads([q.name for q in u.params if q.name in partial], 1, "backward")
             if S > 1:
                 self._op(layers, Compute(f"copy-in grads {u.name}",
                                          bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])), "compute")
