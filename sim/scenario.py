@@ -225,7 +225,13 @@ def _set_composed(d: dict, key: str, value) -> None:
             mesh.pop(fill, None)
         d["mesh"] = mesh
         return
+    section, dot, option = key.partition(".")
+    if dot and section in composed_sections(d) and option in registry.get(section).keys():
+        d.setdefault(section, {})[option] = value
+        return
     owners = [name for name in composed_sections(d) if key in registry.get(name).keys()]
+    if "pipeline" in owners:            # TP's pipeline fields are for a tp section alone: the pipeline's win
+        owners = ["pipeline"]
     if len(owners) != 1:
         owned = " and ".join(owners) or "none of this scenario's sections"
         raise ConfigError(f"{key!r} is an option of {owned}; allowed: {', '.join(composed_sweep_keys(d))}",
@@ -241,9 +247,15 @@ def composed_sections(d: dict) -> list[str]:
 
 
 def composed_sweep_keys(d: dict) -> tuple[str, ...]:
+    """A composition's sweep keys: the mesh dimensions and its sections' options (``section.key`` for an option
+    two sections have, e.g. tp.recompute and cp.recompute)."""
     keys = ("nodes", "world_size", "micro_batch") + composed.MESH_ORDER
-    for name in composed_sections(d):
-        keys += tuple(k for k in registry.get(name).keys() if k not in keys)
+    sections = composed_sections(d)
+    for name in sections:
+        for k in registry.get(name).keys():
+            owners = [o for o in sections if k in registry.get(o).keys()]
+            shared = len(owners) > 1 and "pipeline" not in owners
+            keys += (f"{name}.{k}",) if shared else (k,) if k not in keys else ()
     return keys
 
 

@@ -101,3 +101,16 @@ def test_bad_compositions_are_one_line_exit_2(capsys, args, words):
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     for w in words:
         assert w in err
+
+
+def test_sweep_keys_of_a_composition():
+    """An option two sections share is written section.key; TP's pipeline fields yield to the pipeline section."""
+    d = {"model": {"preset": "llama3-8b", "layers": 2, "micro_batch": 1, "seq_len": 1024},
+         "mesh": {"pp": 2, "cp": 2, "tp": 2}, "cluster": "dgx-h100"}
+    keys = sc.composed_sweep_keys(d)
+    assert {"tp.recompute", "cp.recompute", "cp.overlap", "fsdp.overlap", "microbatches"} <= set(keys)
+    assert "recompute" not in keys
+    sc.set_value(d, "microbatches", 8)
+    sc.set_value(d, "tp.recompute", "selective")
+    assert d["pipeline"] == {"microbatches": 8} and d["tp"] == {"recompute": "selective"}
+    assert sc.build(d).plan.meta["pipeline"]["microbatches"] == 8

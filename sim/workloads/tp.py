@@ -4,7 +4,8 @@ dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as t
 (sim/parallel/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/parallel/tp/ddp.py, DDP's defaults);
 with ``pp`` PP x TP (sim/parallel/tp/pipeline.py; dp then replicates the pipeline; ``pp: 1`` in the mesh with
 microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
-Megatron-LM without overlap).
+Megatron-LM without overlap); with ``pp`` and ``dp_shard`` PP x FSDP2 x TP (FSDP2 inside each stage). All are
+sim/parallel/parallelize.py; a scenario with a section per parallelism composes any of them (docs/parallelisms.md).
 Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/parallel/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit."""
 from __future__ import annotations

@@ -4,7 +4,8 @@ parameter's TP-local shard (dim 0, padded to a multiple of dp_shard), so its all
 carry the TP-local units; the TP collectives run inside each layer as in the 1-D plan.
 
 The program is FSDP2's (sim/parallel/fsdp/plan.py, on the model with TP-local shapes) with each layer's compute replaced
-by that layer's TP segment (sim/parallel/tp/plan.py ``Segments``). Sequence-parallel norms: FSDP2's post-backward
+by that layer's TP segment (sim/parallel/tp/plan.py ``Segments``): ``fsdp_tp_plan`` is sim/parallel/parallelize.py
+with TP then FSDP2 (sim/parallel/fsdp/step.py). Sequence-parallel norms: FSDP2's post-backward
 all-reduces each Partial(sum) gradient over tp once, just before the unit's reduce-scatter (so the optimizer
 reads Replicate gradients and issues nothing). As seen with torch 2.13 on gloo (tests/test_tp_runtime.py).
 

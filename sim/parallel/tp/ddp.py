@@ -16,6 +16,7 @@ seen with torch 2.13 on gloo (tests/test_tp_runtime.py):
   to Replicate, one all_reduce over tp per norm parameter (reverse parameter order), before DDP sees them;
 - DDP's buckets: sim/parallel/ddp/buckets.py on the TP-local parameters with that ready order; each bucket one
   all_reduce over dp (launch rule: all its gradients ready and the bucket before launched).
+``ddp_tp_plan`` is sim/parallel/parallelize.py with TP then DDP (sim/parallel/ddp/step.py).
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 runtime/tp/pipeline.py, tests/test_tp_runtime.py; TP collectives, p2p order and sizes, stage shards): mesh dimensions
 pp (outer; optionally dp outside it) and tp (inner, the fastest-varying, so a TP group stays inside a node).
 
+``pp_tp_plan`` is sim/parallel/parallelize.py with the pipeline then TP (sim/parallel/pipeline/stages.py).
 The program is the pipeline's (sim/parallel/pipeline/plan.py on the model with TP-local shapes, so stage placement,
 schedule, p2p order and the dp gradient all-reduces of TP-local stage gradients are the pipeline builder's),
 with every forward (F) and backward (B) action's compute replaced by the TP segments of the stage's layers for
