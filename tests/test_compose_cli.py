@@ -95,6 +95,8 @@ def test_torchtitans_split_of_llama3_405b():
     (["--mesh", "pp=2,ep=2", "--zero", "3"], ["unknown mesh dimension 'ep' for a composition"]),
     (["--mesh", "tp=2,pp=2", "--model", "llama3-8b", "--sweep", "colour=1,2"], ["--sweep", "microbatches"]),
     (["--mesh", "pp=3"], ["pp 3", "must divide the world size 8"]),
+    (["--mesh", "pp=2,tp=2", "--model", "llama3-8b", "--microbatches", "2", "--tp-microbatches", "4"],
+     ["pipeline section has it"]),
 ])
 def test_bad_compositions_are_one_line_exit_2(capsys, args, words):
     rc, _, err = simulate_cli(capsys, *args)

@@ -46,6 +46,10 @@ def validate(d: dict, sections: list[str], parse, where: str) -> None:
             raise ConfigError(f"the {name} section does not compose with others (it has its own dims); allowed "
                               f"together: {', '.join(COMPOSABLE)}", where)
         parse(name, d[name], f"{where}: {name}")
+    stray = [k for k in ("schedule", "microbatches", "virtual_stages", "split") if k in (d.get("tp") or {})]
+    if stray:
+        raise ConfigError(f"tp.{stray[0]} is for a tp section on its own; in a composition the pipeline section "
+                          f"has it (pipeline: {{{stray[0]}: ...}}, flag --{stray[0].replace('_', '-')})", f"{where}: tp")
     if "fsdp" in sections and "ddp" in sections:
         raise ConfigError("give fsdp (dp_shard, dp_replicate) or ddp (dp), not both", where)
     mesh = d.get("mesh")
