@@ -153,3 +153,25 @@ def test_pp_fsdp_tp_from_representatives_equals_the_plan_built_rank_by_rank_and_
     once = simulate(r.plan, r.cluster, record_transfers=False)
     assert math.isclose(once.makespan, simulate(full, r.cluster, record_transfers=False, symmetric=False).makespan,
                         rel_tol=1e-6)
+
+
+def test_fsdp_inside_multi_stage_schedules_unshards_the_ranks_stages_ahead():
+    """torch's multi-stage runtime unshards a rank's stages before its first action (UNSHARD actions) and
+    reduce-scatters each stage's gradients after its last backward (REDUCE_GRAD); it needs FSDP2 not to reshard
+    after forward (sim/parallel/fsdp/stage.py)."""
+    from distlab.sim.errors import ConfigError
+    model = gpt(layers=4, hidden=64, heads=8, kv_heads=4, seq_len=16, vocab=128, micro_batch=1, arch="llama",
+                ffn_hidden=128, dtype="float32")
+    mesh = Mesh({"pp": 2, "dp_shard": 2})
+    pipe = PipelineOptions(schedule="interleaved", microbatches=4, virtual_stages=2)
+    plan = parallelize(model, mesh, choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)}))
+    assert plan_problems(plan) == []
+    ops = plan.ranks[0]
+    coll = [(o.op, o.name) for o in ops if isinstance(o, Collective)]
+    assert coll == [("all_gather", "all_gather root forward"), ("all_gather", "all_gather h.0 forward"),
+                    ("all_gather", "all_gather h.2 forward"), ("reduce_scatter", "reduce_scatter h.2"),
+                    ("reduce_scatter", "reduce_scatter root"), ("reduce_scatter", "reduce_scatter h.0")]
+    first_compute = next(i for i, o in enumerate(ops) if isinstance(o, Compute) and o.name.startswith("fwd "))
+    assert max(i for i, o in enumerate(ops) if isinstance(o, Collective) and o.op == "all_gather") < first_compute
+    with pytest.raises(ConfigError, match="reshard_after_forward false"):
+        parallelize(model, mesh, choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=True)}))

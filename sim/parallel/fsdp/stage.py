@@ -23,6 +23,10 @@ over tp first), then resharding. So per rank and step:
   all-reduced over tp, its gradient reduce-scattered over dp_shard (accumulated over the micro-batches: once),
   HSDP's all-reduce over dp_replicate;
 - AdamW once every stage of the rank has reduced, on the rank's shards (DTensor ops when TP is on).
+Multi-stage schedules (interleaved, looped BFS, DualPipeV) run on torch's ``_PipelineScheduleRuntime``, whose
+lowering (``_add_unshard_reshard``, at most 3 stages active) unshards every FSDP module of a stage with explicit
+UNSHARD actions ahead of its compute: the rank's stages (up to 3) are all gathered before its first action, and
+``reshard_after_forward`` must be false there (a stage must stay unsharded between its actions).
 ZeRO-1/2 inside stages (Megatron-LM's distributed optimizer with pipelining, Narayanan et al. 2021; Rajbhandari
 et al. 2019): parameters replicated, so no all-gather before compute; gradients reduce-scattered after the
 stage's last backward; the updated shards all-gathered after the optimizer.
@@ -111,6 +115,14 @@ class StageFSDP:
         if self.o.zero == 3 and u.name not in held:
             self._gather(layers, u, rank, tag)
             held.add(u.name)
+
+    def unshard(self, layers, stages: list[int], rank: int):
+        """torch's multi-stage runtime (_PipelineScheduleRuntime, ``_add_unshard_reshard``: up to 3 stages
+        active) unshards every FSDP module of the rank's next stages before its first action: all their units
+        all-gathered there, in the order the rank first runs them (root first within a stage)."""
+        for stage in stages:
+            for u in self.units[stage]:
+                self._ensure(layers, u, rank, stage, "forward")
 
     def forward(self, layers, stage: int, rank: int):
         """A forward action: the root gathered at the stage's start, each block before its layers."""

@@ -20,6 +20,8 @@ from __future__ import annotations
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Compute, Plan
 
+SINGLE_STAGE = ("gpipe", "1f1b")      # torch's PipelineScheduleSingle; the others run on _PipelineScheduleRuntime
+
 
 def pipeline_spec(opts, model, mesh, where: str = "pipeline"):
     """The PipelineSpec of PipelineOptions ``opts`` on ``mesh``: stages = pp, replicas = dp, the blocks split as
@@ -48,9 +50,16 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
             programs[g] = make(g)
         return programs[g]
 
-    fsdp = None
+    fsdp, first_stages, started = None, {}, set()
     if par.fsdp is not None:
         fsdp = _stage_fsdp(model, shard, mesh, par, ranges, data_parallel_mesh(mesh, where), where)
+        if spec.schedule not in SINGLE_STAGE:          # torch's runtime unshards stages ahead (fsdp/stage.py)
+            if par.fsdp.reshard_after_forward is not False:
+                raise ConfigError(f"{spec.schedule} runs on torch's multi-stage runtime, which unshards each stage "
+                                  "itself: FSDP2 inside it needs reshard_after_forward false", f"{where}: fsdp")
+            from distlab.sim.parallel.pipeline import schedules as S
+            for r, acts in enumerate(S.build(spec.schedule, spec.stages, spec.microbatches, spec.virtual_stages)):
+                first_stages[r] = list(dict.fromkeys(a.stage for a in acts))[:3]
 
     def one(a, g: int) -> list:
         if a.kind not in ("F", "B"):
@@ -59,6 +68,9 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
                               f"{spec.schedule!r} splits the backward ({a.kind}); allowed: gpipe, 1f1b, "
                               "interleaved-1f1b", f"{where}: schedule")
         lp = layers(g)
+        if fsdp is not None and first_stages and g not in started:
+            started.add(g)
+            fsdp.unshard(lp, first_stages[mesh.coords(g)["pp"]], g)
         if fsdp is not None:
             (fsdp.forward if a.kind == "F" else fsdp.backward)(lp, a.stage, g)
         elif a.kind == "F":
