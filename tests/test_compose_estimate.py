@@ -1,0 +1,68 @@
+"""The planner's estimate of a composition from its pieces (sim/planner/composed.py, sim/parallel/parallelize.py
+``action_programs``): the pieces are the rank's program, and the estimate equals simulating every rank on PP x
+FSDP2 (x TP) (x CP), HSDP inside stages and PP x TP x DDP (GPipe, 1F1B), within 3% with interleaved 1F1B and
+without a pipeline."""
+import pytest
+
+from distlab.sim.cluster import load_cluster
+from distlab.sim.kernel.engine import simulate
+from distlab.sim.mesh import Mesh
+from distlab.sim.models import gpt
+from distlab.sim.parallel.fsdp.plan import FSDPOptions
+from distlab.sim.parallel.parallelize import choose, parallelize
+from distlab.sim.parallel.pipeline.plan import PipelineOptions
+from distlab.sim.parallel.parallelize import action_programs
+from distlab.sim.plan import Compute, Recv, Record, Send, Wait
+from distlab.sim.planner.composed import estimate_composed
+
+MODEL = gpt(layers=8, hidden=1024, heads=16, kv_heads=8, seq_len=2048, vocab=32768, micro_batch=1,
+            dtype="bfloat16", arch="llama", ffn_hidden=2816)
+CLUSTER = load_cluster("dgx-h100", nodes=4)
+LAYOUTS = [  # mesh, pipeline (schedule, micro-batches, virtual stages) or None, fsdp reshard_after_forward, tolerance
+    ({"pp": 4, "dp_shard": 2, "tp": 4}, ("1f1b", 8, 1), False, 0.001),
+    ({"pp": 4, "dp_shard": 8}, ("gpipe", 4, 1), True, 0.001),
+    ({"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 4}, ("1f1b", 4, 1), False, 0.001),
+    ({"pp": 4, "dp_shard": 2, "cp": 2, "tp": 2}, ("1f1b", 4, 1), False, 0.001),
+    ({"pp": 4, "dp": 2, "tp": 4}, ("1f1b", 8, 1), None, 0.001),
+    ({"pp": 2, "dp_shard": 4, "tp": 4}, ("interleaved", 4, 2), False, 0.03),   # early receives not modelled
+    ({"dp_shard": 8, "tp": 4}, None, True, 0.03),                                # contention not modelled
+    ({"dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 4}, None, True, 0.03),
+]
+
+
+def options(dims, pipe, reshard, tolerance=None):
+    mesh = Mesh(dims)
+    given = {} if reshard is None else {"fsdp": FSDPOptions(reshard_after_forward=reshard)}
+    if pipe:
+        given["pipeline"] = PipelineOptions(schedule=pipe[0], microbatches=pipe[1], virtual_stages=pipe[2])
+    return mesh, choose(mesh, given)
+
+
+def test_pieces_are_the_rank_program():
+    """Each piece is a run of the rank's program, in schedule order; what lies between is the pipeline's own
+    (sends, receives, their events)."""
+    mesh, par = options(*LAYOUTS[0])
+    last = mesh.world_size - 1
+    programs, meta = action_programs(MODEL, mesh, par, [0, last])
+    assert meta["stage_to_rank"] == [0, 1, 2, 3]
+    for g in (0, last):
+        ops = parallelize(MODEL, mesh, par, only=[g]).ranks[0]
+        pieces = programs[g]
+        assert len([k for k in pieces if k[0] in "FB"]) == 2 * 8 and ("optimizer",) in pieces
+        pos, between = 0, []
+        for key, run in pieces.items():
+            start = next(i for i in range(pos, len(ops) - len(run) + 1) if ops[i:i + len(run)] == run)
+            between += ops[pos:start]
+            pos = start + len(run)
+        assert pos == len(ops)
+        assert between and all(isinstance(o, (Send, Recv, Record, Wait)) for o in between)
+        assert any(isinstance(o, Send) for o in between) and not any(isinstance(o, Compute) for o in between)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda L: "x".join(f"{k}{v}" for k, v in L[0].items()))
+def test_estimate_equals_the_simulation(layout):
+    """Equal to 0.1% where the pipeline posts receives on demand (GPipe, 1F1B), within 3% elsewhere."""
+    mesh, par = options(*layout)
+    simulated = simulate(parallelize(MODEL, mesh, par, cluster=CLUSTER), CLUSTER, record_transfers=False).makespan
+    estimate = estimate_composed(MODEL, mesh, par, CLUSTER)
+    assert abs(estimate / simulated - 1) <= layout[-1], (estimate, simulated)
