@@ -66,3 +66,18 @@ def test_estimate_equals_the_simulation(layout):
     simulated = simulate(parallelize(MODEL, mesh, par, cluster=CLUSTER), CLUSTER, record_transfers=False).makespan
     estimate = estimate_composed(MODEL, mesh, par, CLUSTER)
     assert abs(estimate / simulated - 1) <= layout[-1], (estimate, simulated)
+
+
+def test_memory_without_building_the_plan():
+    """Llama 3 405B on pp 16 x dp_shard 128 x tp 8 (torchtitan's split 7 + 14 x 8 + 7): the fullest rank holds a
+    middle stage's 8 blocks, its parameters TP-local and sharded over 128 (bf16: 2 bytes, AdamW 12 per element)."""
+    from distlab.sim.models import preset
+    from distlab.sim.workloads.composed_report import memory_of
+    model = preset("llama3-405b")
+    mesh = Mesh({"pp": 16, "dp_shard": 128, "tp": 8})
+    mem = memory_of(model, mesh, choose(mesh, {"pipeline": PipelineOptions(microbatches=16)}))
+    block = sum(q.numel for q in model.layers[1].params)
+    assert 1 <= mem["pipeline_rank"] <= 14
+    elements = mem["breakdown_bytes"]["params"] / 2
+    assert 8 * block / (8 * 128) <= elements <= 8 * block / (8 * 128) * 1.001
+    assert mem["breakdown_bytes"]["optimizer"] == 6 * mem["breakdown_bytes"]["params"]
