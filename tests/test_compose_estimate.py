@@ -81,3 +81,21 @@ def test_memory_without_building_the_plan():
     elements = mem["breakdown_bytes"]["params"] / 2
     assert 8 * block / (8 * 128) <= elements <= 8 * block / (8 * 128) * 1.001
     assert mem["breakdown_bytes"]["optimizer"] == 6 * mem["breakdown_bytes"]["params"]
+
+
+def test_scenario_parts_to_estimate_gradient_accumulation():
+    """docs/parallelisms.md "For the planner": a composed scenario dict -> scenario.parts -> estimate_composed
+    equals `distlab simulate` of the same dict; pp 1 with micro-batches is gradient accumulation (one stage, FSDP2
+    reduce-scattering once after the last backward)."""
+    from distlab.sim import scenario as sc
+    d = {"name": "grad accumulation", "model": {"preset": "llama3-8b", "micro_batch": 1},
+         "mesh": {"pp": 1, "dp_shard": 4, "tp": 8}, "pipeline": {"microbatches": 4},
+         "fsdp": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}, "cluster": "dgx-h100", "nodes": 4}
+    d2, workload, model, cluster, mesh, par = sc.parts(d)
+    assert workload.name == "composed" and par.names() == ["pipeline", "tp", "fsdp"]
+    assert par.fsdp.reshard_after_forward is False          # torchtitan's policy inside a pipeline
+    simulated = sc.simulate(d).trace.makespan
+    assert abs(estimate_composed(model, mesh, par, cluster) / simulated - 1) <= 0.001
+    plan = parallelize(model, mesh, par, only=[0])
+    scatters = [o for o in plan.ranks[0] if getattr(o, "op", None) == "reduce_scatter" and len(o.group) == 4]
+    assert len(scatters) == 1 + 32                          # once per unit (root + 32 blocks), not per micro-batch
