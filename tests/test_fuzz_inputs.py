@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distlab.runtime.cli import main
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                    derandomize=True)      # the same examples every run: CI is not a lottery
 TMP = ""                     # this module's folder under pytest's tmp_path (fuzz_dir below)
 
 
