@@ -164,3 +164,35 @@ def test_sweep_reports_the_step_difference(tmp_path, capsys):
     assert rows[1]["step_change_pct"] == pytest.approx((rows[1]["step_s"] / rows[0]["step_s"] - 1) * 100)
     assert main(["simulate", str(path), "--sweep", "separate_reduce_scatter_group=false,true"]) == 0
     assert "step vs first (%)" in capsys.readouterr().out
+
+
+def test_rank_classes_with_two_groups_over_the_same_ranks_equal_the_full_simulation():
+    """FSDP 4 x TP 2 with the reduce-scatters on their own group: one rank per class simulated
+    (sim/kernel/subgroups.py, one orbit per communicator) gives the full simulation's records."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.models import preset
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.tp.compose import fsdp_tp_plan
+    from distlab.sim.trace import RankCopies
+    model = preset("llama3-8b", layers=1, seq_len=256, micro_batch=1)
+    cluster = load_cluster("dgx-h100", 1)
+    plan = fsdp_tp_plan(model, Mesh({"dp_shard": 4, "tp": 2}), FSDPOptions(separate_reduce_scatter_group=True),
+                        cluster=cluster)
+    once = simulate(plan, cluster, record_transfers=False)
+    full = simulate(plan, cluster, record_transfers=False, symmetric=False)
+    assert isinstance(once.ops, RankCopies) and len(once.ops) == len(full.ops)
+    for a, b in zip(once.ops, full.ops):
+        assert (a.rank, a.index, a.name) == (b.rank, b.index, b.name)
+        assert a.end == pytest.approx(b.end, rel=1e-6, abs=1e-15)
+        assert (a.launch is None) == (b.launch is None) and (a.launch is None or a.launch == pytest.approx(b.launch))
+    assert len(in_flight_by_communicator(plan, full, 0)) == 3      # tp, dp_shard, dp_shard "fsdp_reduce_scatter"
+
+
+def test_module_examples():
+    import doctest
+
+    from distlab.sim.kernel import communicators
+    from distlab.sim.parallel.fsdp import what_if
+    for module in (communicators, what_if):
+        assert doctest.testmod(module).failed == 0

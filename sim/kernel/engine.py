@@ -103,8 +103,8 @@ class _Simulation:
 
     def _sequence_numbers(self) -> dict:
         """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that process group
-        (its ranks and name), in plan order. Groups are interned (one tuple and a small id per distinct group): nothing per op
-        grows with the world size, and matching hashes an int, not a tuple of every member."""
+        (its ranks and name), in plan order. Groups are interned (one tuple and a small id per distinct group):
+        nothing per op grows with the world size, and matching hashes an int, not a tuple of every member."""
         seq, counters, by_id, by_comm = {}, defaultdict(int), {}, {}
         orbit = self.classes.group_orbit if self.classes else None
         for r in self.simulated:

@@ -22,9 +22,10 @@ when segment t-backward_prefetch starts; before a unit's gradient copy-in, compu
 ``reduce_scatter_max_input_buffers`` (K, default 1) units before (FSDP2 keeps K RS input buffers in flight,
 ``FSDPModule.set_reduce_scatter_max_input_buffers``, torch 2.13 _fsdp_param_group.py post_backward); with
 K > 1 each unit's gradient buffer stays allocated until that reclaim (or the optimizer), K buffers at most
-(K = 1: until its RS ends, the plan's accounting before the option). Copies are memory-bound Compute ops: AG copy-in 2·shard, copy-out
-2·unit, RS copy-in unit·(param + reduce bytes), RS copy-out 2·shard. ``overlap: false`` puts everything on one
-stream in issue order, as FSDP2 runs on CPU with gloo (every call blocks).
+(K = 1: until its RS ends, the plan's accounting before the option). Copies are memory-bound Compute ops:
+AG copy-in 2·shard, copy-out 2·unit, RS copy-in unit·(param + reduce bytes), RS copy-out 2·shard.
+``overlap: false`` puts everything on one stream in issue order, as FSDP2 runs on CPU with gloo (every call
+blocks).
 Bytes follow nccl-tests: AG = the gathered unit, RS = the full unit. Each parameter's dim 0 is padded to a
 multiple of the shard group size S before sharding: padded = ceil(d0 / S)·S·prod(rest).
 ZeRO stages (Rajbhandari et al. 2019, arXiv 1910.02054): 3 = FSDP; 2 = replicated params, gradients
