@@ -205,9 +205,12 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
     def gather(u: Unit, group, tag: str) -> bool:
         if S == 1 or not u.params:
             return False
+        # resharded to a group (int reshard_after_forward): fully_shard made that unit a DeviceMesh of its own,
+        # so its backward all-gathers run on a process group of their own (torch 2.13 _get_post_forward_mesh_info)
+        name = f"post_forward {u.name}" if post is not None and group is post else ""
         p.add(Compute(f"copy-in {u.name}", bytes=2 * size[u.name] // len(group), stream="ag"))
-        p.add(Collective("all_gather", size[u.name], pdt, group, name=f"all_gather {u.name} {tag}", stream="ag"),
-              start=[(size[u.name], "unsharded params")] if z == 3 else ())
+        p.add(Collective("all_gather", size[u.name], pdt, group, name=f"all_gather {u.name} {tag}", stream="ag",
+                         group_name=name), start=[(size[u.name], "unsharded params")] if z == 3 else ())
         if tag == "update":
             p.add(Compute(f"copy-out {u.name}", bytes=2 * size[u.name], stream="ag"))
         return True
