@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 
 from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers, split_sizes
+from distlab.runtime.issue_order import IssueOrder
 from distlab.sim.collectives.algorithms import NCCL_NAMES
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
@@ -73,7 +74,7 @@ class Executor:
         for op in ops:
             if isinstance(op, Collective):
                 streams_of[self.plan.communicator_of(op)].add(op.stream)
-        self.turns = _Turns(self.ctx.timeout)
+        self.turns = IssueOrder(self.ctx.timeout)
         issued = defaultdict(int)
         for i, op in enumerate(ops):
             fn, event, need = None, None, 0
@@ -134,31 +135,6 @@ class Executor:
 
 def _wait(start) -> None:
     start().wait()
-
-
-class _Turns:
-    """Collectives of one process group issued in plan order from several stream threads: the n-th waits until
-    the (n-1)-th was issued (not finished: the group's own threads run them)."""
-
-    def __init__(self, timeout: float):
-        self.cond = threading.Condition()
-        self.next: dict = defaultdict(int)
-        self.timeout = timeout
-
-    def reset(self) -> None:
-        self.next.clear()
-
-    def issue(self, start, comm, n: int):
-        with self.cond:
-            if not self.cond.wait_for(lambda: self.next[comm] >= n, self.timeout):
-                raise TimeoutError(f"waited more than {self.timeout:g} s to issue collective #{n} on group "
-                                   f"{comm.label()}")
-        try:
-            return start()
-        finally:
-            with self.cond:
-                self.next[comm] = n + 1
-                self.cond.notify_all()
 
 
 def _p2p(send: bool, buf, peer: int, group) -> None:

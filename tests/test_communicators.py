@@ -196,3 +196,20 @@ def test_module_examples():
     from distlab.sim.parallel.fsdp import what_if
     for module in (communicators, what_if):
         assert doctest.testmod(module).failed == 0
+
+
+def test_runtime_issues_a_shared_group_in_plan_order():
+    """runtime/issue_order.py: the thread holding a group's 2nd collective waits for the 1st to be issued."""
+    import threading
+    import time
+
+    from distlab.runtime.issue_order import IssueOrder
+    order, issued = IssueOrder(timeout=5.0), []
+    comm = Communicator((0, 1))
+    second = threading.Thread(target=order.issue, args=(lambda: issued.append("second"), comm, 1))
+    second.start()
+    time.sleep(0.05)
+    assert issued == []
+    order.issue(lambda: issued.append("first"), comm, 0)
+    second.join(5)
+    assert issued == ["first", "second"]
