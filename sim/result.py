@@ -52,7 +52,10 @@ class Result:
         """``llama-70b fsdp on 16 x dgx-h100 (128 ranks)``: what was simulated, from the resolved objects."""
         c = self.cluster
         where = f"{c.nodes} x {c.name}" if c.nodes > 1 else c.name
-        return f"{self.model.name} {self.workload.name} on {where} ({self.plan.world_size} ranks)"
+        what = self.workload.name
+        if what == "composed":          # a composition: its mesh (sim/workloads/composed.py)
+            what = " x ".join(f"{d} {n}" for d, n in self.mesh.as_dict().items())
+        return f"{self.model.name} {what} on {where} ({self.plan.world_size} ranks)"
 
     @property
     def report(self) -> dict:

@@ -34,8 +34,28 @@ def assumptions(result) -> dict:
         out["sharded_param_dtype"] = "float32" if result.plan.meta["zero"] == 3 else dtype
     elif result.workload.name == "ddp":
         out["grad_dtype"] = "float16" if opts["compress"] == "fp16" else dtype
+    elif result.workload.name == "composed" and opts.get("fsdp"):
+        out["param_dtype"] = opts["fsdp"]["param_dtype"] or dtype
+        out["reduce_dtype"] = opts["fsdp"]["reduce_dtype"] or out["param_dtype"]
+        if opts.get("pipeline"):
+            out["fsdp_reshard_after_forward"] = opts["fsdp"]["reshard_after_forward"]
+    if result.workload.name == "composed":
+        tp, cp = opts.get("tp") or {}, opts.get("cp") or {}
+        out["activation_checkpointing"] = tp.get("recompute", cp.get("recompute", "none"))
+        return out
     out["activation_checkpointing"] = False          # not modelled: every activation is kept until backward
     return out
+
+
+def options_lines(result) -> list[tuple[str, dict]]:
+    """(section, its options) to print: the workload's; a composition's per parallelism, without TP's pipeline
+    fields (the pipeline section has them)."""
+    opts = asdict(result.options)
+    if result.workload.name != "composed":
+        return [(result.workload.name, opts)]
+    hidden = {"tp": ("schedule", "microbatches", "virtual_stages", "split")}
+    return [(name, {k: v for k, v in opts[name].items() if k not in hidden.get(name, ())})
+            for name in result.options.names()]
 
 
 def summary_rows(s: dict) -> list[list]:
@@ -52,10 +72,35 @@ def mesh_json(result) -> dict:
             "warnings": result.workload.placement_warnings(result.mesh, gpn)}
 
 
+MAX_SHOWN_RANKS = 64      # beyond: trace.json and the per-rank JSON keep rank 0's groups (:func:`shown_ranks`)
+
+
+def shown_ranks(result) -> list[int] | None:
+    """The ranks the trace file and the per-rank JSON keep: every rank up to MAX_SHOWN_RANKS, else (a world of
+    thousands: 16,384 ranks x their ops would not fit a file or a minute) rank 0's group on every mesh dimension,
+    each cut to its first 4 ranks, and the last rank; None for all."""
+    world = result.plan.world_size
+    if world <= MAX_SHOWN_RANKS:
+        return None
+    ranks = {0, world - 1}
+    for d in result.mesh.names:
+        ranks.update(result.mesh.group_of(0, d)[:4])
+    return sorted(ranks)
+
+
+def sub_trace(trace, ranks: list[int] | None):
+    """``trace`` with only ``ranks``' op records (no transfers), or itself for None."""
+    if ranks is None:
+        return trace
+    from distlab.sim.trace import Trace
+    return Trace([o for r in ranks for o in trace.for_rank(r)], [], {**trace.meta, "ranks_shown": ranks})
+
+
 def result_json(result, changed: list[str]) -> dict:
     from distlab.sim.analysis import straggler_report, time_breakdown
     rep = result.report
     c = result.cluster
+    shown = sub_trace(result.trace, shown_ranks(result))
     return {"scenario": result.scenario, "name": result.name, "label": result.label, "overrides": changed,
             "workload": result.workload.name, "options": asdict(result.options), "mesh": mesh_json(result),
             "model": {"name": result.model.name, "summary": result.model.summary(),
@@ -63,8 +108,8 @@ def result_json(result, changed: list[str]) -> dict:
             "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
                         "gpu_memory_GiB": c.gpu.memory_GiB},
             "world_size": result.plan.world_size, "assumptions": assumptions(result), **result.summary,
-            **rep.get("json", {}), "time_by_rank": [vars(b) for b in time_breakdown(result.trace)],
-            "stragglers": straggler_report(result.trace), "warnings": warnings(result)}
+            **rep.get("json", {}), "time_by_rank": [vars(b) for b in time_breakdown(shown)],
+            "stragglers": straggler_report(shown), "warnings": warnings(result)}
 
 
 def warnings(result) -> list[str]:
@@ -86,17 +131,18 @@ def print_result(result, changed: list[str]) -> None:
     place = ", ".join(f"{p.dim}={p.size} ({'inside a node' if p.intra_node else f'across {p.nodes_per_group} nodes'})"
                       for p in result.mesh.placement(c.gpus_per_node))
     print(f"mesh:     {place}")
-    opts = asdict(result.options)
-    print(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
+    for name, opts in options_lines(result):
+        print(f"{name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
     print("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()))
     rep = result.report
     print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
     print(f"  ({SUMMARY_NOTE})")
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
+        shown = sub_trace(result.trace, shown_ranks(result))
         print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
                     [[b.rank, f"{b.compute_s * 1e3:.3f}", f"{b.waiting_s * 1e3:.3f}", f"{b.transfer_s * 1e3:.3f}"]
-                     for b in time_breakdown(result.trace)[:16]])
-        for line in straggler_report(result.trace):
+                     for b in time_breakdown(shown)[:16]])
+        for line in straggler_report(shown):
             print(line)
     for table in rep.get("tables", []):
         print_table(table["title"], table["columns"], table["rows"], justify_left=1)
