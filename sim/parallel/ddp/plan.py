@@ -95,7 +95,7 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
                                bytes=layer.param_bytes + layer.activation_bytes))
         for li in range(len(model.layers) - 1, -1, -1):
             layer = model.layers[li]
-            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops,
+            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops + layer.recompute_flops,
                                bytes=2 * layer.param_bytes + layer.activation_bytes))
             if last:
                 for k, d in enumerate(done_after):

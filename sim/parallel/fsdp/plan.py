@@ -221,8 +221,10 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
         for i in reversed(layers):
             L = model.layers[i]
             grads = [(_numel(L) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 and L.params else []
-            last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops, bytes=2 * L.activation_bytes + L.param_bytes),
-                         start=grads, end=[(-L.activation_bytes, "activations")])
+            held = [(L.transient_bytes, "activations")] if L.transient_bytes else []  # recomputed/offloaded
+            last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
+                                 bytes=2 * L.activation_bytes + L.param_bytes),
+                         start=grads + held, end=[(-L.activation_bytes - L.transient_bytes, "activations")])
         unit_done = u is not root or s == len(back) - 1
         if z >= 2 and unit_done and u.params and last_rs:     # FSDP2 keeps one RS input buffer in flight:
             p.wait(last_rs, "compute")                        # wait for the previous RS before the copy-in

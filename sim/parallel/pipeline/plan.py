@@ -171,7 +171,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
     out_bytes = [boundary_bytes(model, r[-1]) if p2p_bytes is None else int(p2p_bytes) for r in ranges]
     L, wf = model.layers, spec.weight_grad_fraction
     fwd = [sum(L[i].fwd_flops for i in r) for r in ranges]
-    bwd = [sum(L[i].bwd_flops for i in r) for r in ranges]
+    bwd = [sum(L[i].bwd_flops + L[i].recompute_flops for i in r) for r in ranges]
     wgt = [sum(min(L[i].bwd_flops, 2 * wf * L[i].fwd_flops) for i in r) for r in ranges]
     flops = {"F": fwd, "B": bwd, "I": [b - w for b, w in zip(bwd, wgt)], "W": wgt}
 

@@ -26,11 +26,17 @@ from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS, PHASES, Segments, TP
 from distlab.sim.parallel.tp.rules import check_divides, local_shape, partial_grad_params
 
 
-def tp_local_model(model, tp: int) -> Model:
-    """``model`` with every parameter at its TP-local shape and compute divided by tp (what FSDP2 shards)."""
+def tp_local_model(model, tp: int, opts: TPOptions | None = None) -> Model:
+    """``model`` with every parameter at its TP-local shape and compute divided by tp (what FSDP2 shards), and
+    the activations one rank keeps (sim/models/activations.py) under ``opts``' sequence and loss parallelism
+    and recompute (without ``opts``: plain TP, the model's own recompute)."""
+    from distlab.sim.models.activations import local_layers
     layers = [Layer(L.name, [Param(q.name, local_shape(q, tp), q.dtype) for q in L.params],
-                    fwd_flops=L.fwd_flops / tp, bwd_flops=L.bwd_flops / tp,
-                    activation_bytes=L.activation_bytes / tp, ready=L.ready) for L in model.layers]
+                    fwd_flops=L.fwd_flops / tp, bwd_flops=L.bwd_flops / tp, ready=L.ready) for L in model.layers]
+    if (model.config or {}).get("kind") in ("gpt", "moe"):
+        layers = local_layers(model, layers, tp=tp, sequence_parallel=bool(opts and opts.sequence_parallel),
+                              loss_parallel=bool(opts and opts.loss_parallel),
+                              recompute=opts.recompute if opts else None)
     return Model(model.name, layers, dict(model.config))
 
 
@@ -55,7 +61,7 @@ def fsdp_tp_plan(model, mesh, fsdp_opts: FSDPOptions | None = None, tp_opts: TPO
         if shifts is not None:
             return relabelled(lambda reps: fsdp_tp_plan(model, mesh, fsdp_opts, tp_opts, name, where, only=reps),
                               shifts)
-    local = tp_local_model(model, tp)
+    local = tp_local_model(model, tp, tp_opts)
     base = fsdp_plan(local, mesh, fsdp_opts, where=where, only=only)
     partial = {q.name for q in partial_grad_params(model, tp_opts.sequence_parallel)}
     units = {u.name: [q.name for q in u.params if q.name in partial] for u in units_of(local)}

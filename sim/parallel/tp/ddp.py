@@ -40,7 +40,7 @@ def ddp_tp_plan(model, mesh, ddp_opts: DDPOptions | None = None, tp_opts: TPOpti
         raise ConfigError("DDP x TP is built for grad_accum 1", f"{where}: grad_accum")
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", tp_opts.sequence_parallel)
-    local = tp_local_model(model, tp)
+    local = tp_local_model(model, tp, tp_opts)
     order = list(range(len(local.params)))[::-1]           # from_local nodes: reverse creation order
     buckets = ddp_buckets(local, ddp_opts.bucket_cap_mb, ddp_opts.iteration, order)
     partial = [q.name for q in partial_grad_params(model, tp_opts.sequence_parallel)][::-1]

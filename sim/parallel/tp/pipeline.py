@@ -45,7 +45,7 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
         allowed = ", ".join(str(d) for d in range(1, blocks + 1) if blocks % d == 0)
         raise ConfigError(f"pp {stages} is {what} the model's {blocks} transformer blocks (every stage holds the "
                           f"same number of blocks); allowed pp: {allowed}", "mesh.pp")
-    local = tp_local_model(model, tp)
+    local = tp_local_model(model, tp, tp_opts)
     per_rank = boundary_bytes(model, 0) // (tp if tp_opts.sequence_parallel else 1)
     if cluster is not None and only is None:
         from distlab.sim.kernel.relabel import pp_tp_shifts, relabelled
