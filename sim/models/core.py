@@ -48,7 +48,7 @@ class Layer:
     bwd_flops: float | None = None        # None = 2 x fwd_flops
     activation_bytes: float = 0.0         # kept on the GPU from its forward until its backward
     ready: tuple[int, ...] | None = None  # params (local indices) in gradient-ready order; None = reversed
-    transient_bytes: float = 0.0          # held only while its backward runs (recomputed forward, offload copy)
+    transient_bytes: float = 0            # held only while its backward runs (recomputed forward, offload copy)
     recompute_flops: float = 0.0          # forward FLOPs its backward reruns (activation checkpointing)
 
     def __post_init__(self):

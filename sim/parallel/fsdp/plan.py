@@ -223,7 +223,7 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
             grads = [(_numel(L) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 and L.params else []
             held = [(L.transient_bytes, "activations")] if L.transient_bytes else []  # recomputed/offloaded
             last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
-                                 bytes=2 * L.activation_bytes + L.param_bytes),
+                                 bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes),
                          start=grads + held, end=[(-L.activation_bytes - L.transient_bytes, "activations")])
         unit_done = u is not root or s == len(back) - 1
         if z >= 2 and unit_done and u.params and last_rs:     # FSDP2 keeps one RS input buffer in flight:
@@ -262,7 +262,8 @@ def _forward(p: _Program, model, layers):
     last = None
     for i in layers:
         L = model.layers[i]
-        last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops, bytes=L.activation_bytes + L.param_bytes),
+        last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops,   # traffic: what it writes, kept or not
+                             bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
                      start=[(L.activation_bytes, "activations")])
     return last
 
