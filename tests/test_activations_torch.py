@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from distlab.runtime.models import build_module  # noqa: E402
+from distlab.runtime.saved import saved_by_layer  # noqa: E402
 from distlab.sim.models import gpt  # noqa: E402
 from distlab.sim.models.activations import activations  # noqa: E402
 
@@ -50,39 +50,12 @@ def fuse_norms(module):
             m.forward = (lambda m, eps: lambda x: FusedRMSNorm.apply(x, m.weight, eps))(m, eps)
 
 
-def saved_by_layer(module, model) -> dict:
-    """Bytes autograd saves during one forward + loss (torchtitan's: cross-entropy of the fp32 logits), charged
-    to the layer running (embed before the first block, head after the last); backward then runs once."""
-    c = model.config
-    g = torch.Generator().manual_seed(0)
-    idx, tgt = (torch.randint(0, c["vocab"], (c["micro_batch"], c["seq_len"]), generator=g) for _ in range(2))
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    current, saved, seen = ["embed"], {}, set()
-    hooks = [b.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, f"h.{i}"))
-             for i, b in enumerate(module.h)]
-    hooks.append(module.h[-1].register_forward_hook(lambda *a: current.__setitem__(0, "head")))
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in params and key not in seen:
-            seen.add(key)
-            saved[current[0]] = saved.get(current[0], 0) + t.untyped_storage().nbytes()
-        return t
-    module.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(module(idx).float().flatten(0, 1), tgt.flatten())
-    loss.backward()
-    for h in hooks:
-        h.remove()
-    return saved
-
-
-def predicted_on_cpu(model, extra_per_norm: float = 0.0) -> dict:
+def predicted_on_cpu(model, extra_per_norm: float = 0.0, **layout) -> dict:
     """The formula's bytes per layer with CPU's dropout masks in the activation dtype instead of one byte, plus
     ``extra_per_norm`` per RMSNorm (block: 2, head: 1)."""
     e = 4 if model.config["dtype"] == "float32" else 2
     out = {}
-    for a in activations(model).layers:
+    for a in activations(model, **layout).layers:
         masks = sum(v for k, v in a.terms.items() if "1 byte" in k)
         norms = 2 if a.name.startswith("h.") else 1 if a.name == "head" else 0
         out[a.name] = a.saved + masks * (e - 1) + norms * extra_per_norm
@@ -113,3 +86,29 @@ def test_cpu_rmsnorm_keeps_more_than_cudas():
     sbh = SHAPE["micro_batch"] * SHAPE["seq_len"] * SHAPE["hidden"]
     for name, bytes_ in predicted_on_cpu(model, extra_per_norm=4 * sbh).items():
         assert got.get(name, 0) == pytest.approx(bytes_, rel=0.05), name
+
+
+TP_MODEL = dict(arch="llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, seq_len=16, vocab=256,
+                micro_batch=2, dtype="float32")
+TP_VARIANTS = [{"sequence_parallel": True, "loss_parallel": True}, {"sequence_parallel": False, "loss_parallel": False}]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_saved_bytes_on_two_gloo_ranks():
+    """torch's DTensor TP (+ SP, loss parallel) with torchtitan's plan (runtime/tp/run.py), 2 gloo ranks: each
+    rank saves the formula's bytes at tp 2 (within 5%, layer by layer), in particular the gathered norm outputs
+    whole under SP (PrepareModuleInput's all-gather is what the column-parallel linears keep), plus CPU's
+    decomposed RMSNorm's x·rstd (on the sequence shard with SP, whole without)."""
+    from distlab.runtime.launch import launch
+    model = gpt(**TP_MODEL)
+    results = launch("distlab.runtime.saved:tp_task", {"model": dict(model.config), "variants": TP_VARIANTS}, 2,
+                     timeout=120)
+    T, h = TP_MODEL["micro_batch"] * TP_MODEL["seq_len"], TP_MODEL["hidden"]
+    for rank_result in results:
+        for v, got in zip(TP_VARIANTS, rank_result):
+            sp = v["sequence_parallel"]
+            want = predicted_on_cpu(model, T * h * 4 / (2 if sp else 1), tp=2, **v)
+            for name, bytes_ in want.items():
+                assert got.get(name, 0) == pytest.approx(bytes_, rel=0.05), (v, name, got, want)
+    one = activations(model, tp=2, sequence_parallel=True).layers[1].terms
+    assert one["norm1 output (the next linears' input)"] == T * h * 4 and one["norm1 input"] == T * h * 4 / 2
