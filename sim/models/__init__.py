@@ -6,7 +6,8 @@
 
 Map: core.py (Param, Layer, Model) · arch.py (a dense decoder's structural choices) · dense.py (gpt: GPT-2,
 Llama, Mistral, Qwen2 blocks; mlp) · moe.py (mixture of experts: Mixtral, DeepSeek-V3) · activations.py (the
-bytes each family keeps for backward, with recomputation and offloading, at any tp/sp/cp layout) · hf.py
+bytes a model keeps for backward, with recomputation and offloading, at any tp/sp/cp layout; families.py: each
+family's terms) · hf.py
 (Hugging Face config.json) · presets.py (named models; configs/ holds the shipped config.json files) · spec.py
 (every form of ``--model`` and ``model:``, resolved in one place). A model traced from an ``nn.Module`` comes
 from the runtime (runtime/models.py), which sim never imports.
