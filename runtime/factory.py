@@ -14,7 +14,7 @@ first ``nn.Embedding``'s vocabulary. One training step is traced on the meta dev
                model's FLOPs are the head's (an embedding lookup has none)
   activations  ``torch.autograd.graph.saved_tensors_hooks``: each saved storage once, charged to the layer that
                was running (before the first block: embed; after the last: head, loss included); each block's
-               input bytes (what full recomputation keeps)
+               input bytes (what full recomputation keeps) and output bytes (what a pipeline stage sends)
   loss         cross-entropy on fp32 logits when the output's last dimension is the vocabulary, else the sum
 Such a model works with DDP, FSDP, pipelines and `distlab memory` (recompute none or full, offload); tensor,
 context and expert parallelism rewrite a transformer's modules by name and need a structured model (a preset,
@@ -130,7 +130,7 @@ def trace(module: nn.Module, example, seq_len: int, micro_batch: int, name: str,
     inputs = tuple(x.to("meta") for x in (example if isinstance(example, tuple) else (example,)))
     block_mods = dict(module.named_modules())[blocks]
     params = {p.untyped_storage()._cdata for p in module.parameters()}
-    current, saved, seen, in_bytes = ["embed"], {}, set(), {}
+    current, saved, seen, in_bytes, out_bytes = ["embed"], {}, set(), {}, {}
     hooks = []
     for i, blk in enumerate(block_mods):
         key = f"{prefix}{i}"
@@ -140,6 +140,11 @@ def trace(module: nn.Module, example, seq_len: int, micro_batch: int, name: str,
             t = next((a for a in args if torch.is_tensor(a)), None)
             in_bytes[key] = t.untyped_storage().nbytes() if t is not None else 0
         hooks.append(blk.register_forward_pre_hook(pre))
+    for i, blk in enumerate(block_mods):
+        def post(_m, _args, out, key=f"{prefix}{i}"):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            out_bytes[key] = t.untyped_storage().nbytes() if torch.is_tensor(t) else 0
+        hooks.append(blk.register_forward_hook(post))
     hooks.append(block_mods[n - 1].register_forward_hook(lambda *_: current.__setitem__(0, "head")))
 
     def pack(t):
@@ -187,8 +192,10 @@ def trace(module: nn.Module, example, seq_len: int, micro_batch: int, name: str,
     if tail is not None:
         tail.fwd_flops, tail.bwd_flops = rest_fwd, rest_all - rest_fwd
     dtype = layers[0].params[0].dtype
+    out_bytes["embed"] = in_bytes.get(f"{prefix}0", 0)       # what the embedding hands the first block
     config = {"kind": "extracted", "dtype": dtype, "saved_bytes": [float(saved.get(L.name, 0)) for L in layers],
-              "input_bytes": [float(in_bytes.get(L.name, 0)) for L in layers]}
+              "input_bytes": [float(in_bytes.get(L.name, 0)) for L in layers],
+              "output_bytes": [float(out_bytes.get(L.name, 0)) for L in layers]}
     if vocab is not None:
         config["vocab"] = vocab
     return Model(name, layers, config)

@@ -146,5 +146,8 @@ def test_factory_model_in_process(tmp_path, monkeypatch):
     assert m.layers[-1].fwd_flops == 2 * T * h * 1000
     plan = sc.build({"model": {"factory": "tinymodel2:tiny", "seq_len": 32}, "fsdp": {}, "cluster": "dgx-h100"}).plan
     assert plan.world_size == 8
+    pipe = sc.build({"model": {"factory": "tinymodel2:tiny", "seq_len": 32, "micro_batch": 2}, "mesh": {"pp": 2},
+                     "pipeline": {"microbatches": 2, "split": [2, 1]}, "cluster": "dgx-h100", "world_size": 2}).plan
+    assert pipe.meta["pipeline"]["boundary_bytes"][0] == T * h * 4       # a block's traced output
     with pytest.raises(ConfigError, match="tensor parallelism needs a transformer described by its structure"):
         sc.build({"model": {"factory": "tinymodel2:tiny"}, "mesh": {"tp": 2}, "tp": {}, "cluster": "dgx-h100"})

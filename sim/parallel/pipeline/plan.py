@@ -131,11 +131,13 @@ def stage_ranges(model, n_stages: int, split: list[int] | None = None) -> list[r
 
 
 def boundary_bytes(model, layer: int) -> int:
-    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a GPT,
-    the layer's activation (its output) for an MLP."""
+    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a transformer
+    (gpt, moe), the traced output of a model from an nn.Module, the layer's activation (its output) for an MLP."""
     cfg = model.config or {}
-    if cfg.get("kind") == "gpt":
+    if cfg.get("kind") in ("gpt", "moe"):
         return int(cfg["micro_batch"] * cfg["seq_len"] * cfg["hidden"] * DTYPE_BYTES[cfg.get("dtype", "float32")])
+    if cfg.get("kind") == "extracted":                  # traced from an nn.Module (runtime/factory.py)
+        return int(cfg["output_bytes"][layer])
     return int(model.layers[layer].activation_bytes)
 
 
