@@ -36,6 +36,23 @@ def test_gpt2_config_and_the_shapes_each_architecture_implies():
     assert llama["seq_len"] == 4096 and model_from_spec("llama3.1-405b").config["seq_len"] == 8192
 
 
+def test_mistral_config_and_a_scenario_beside_its_config(tmp_path):
+    """Mistral 7B v0.1 (HF mistralai/Mistral-7B-v0.1 config.json: Llama's shape with 8 KV heads, SwiGLU 14336,
+    vocabulary 32000, sliding window 4096): 7.24B parameters (its model page), the window in the attention FLOPs;
+    a scenario names the config relative to its own folder."""
+    d = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+         "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
+         "num_key_value_heads": 8, "sliding_window": 4096, "vocab_size": 32000, "torch_dtype": "bfloat16"}
+    (tmp_path / "mistral.json").write_text(json.dumps(d))
+    (tmp_path / "s.yaml").write_text("model: {hf_config: mistral.json, seq_len: 8192}\nddp: {}\n")
+    from distlab.sim import scenario as sc
+    m = model_from_spec(sc.load(str(tmp_path / "s.yaml"))["model"])
+    assert m.num_params == pytest.approx(7.24e9, rel=0.005) and m.config["window"] == 4096
+    full = model_from_spec({"hf_config": str(tmp_path / "mistral.json"), "seq_len": 8192, "window": 8192})
+    # QKᵀ and AV, 4·b·s·window·(heads x head_dim): 8192 keys per query without the window, 4096 with it
+    assert full.layers[1].fwd_flops - m.layers[1].fwd_flops == pytest.approx(4.0 * 8192 * (8192 - 4096) * 4096)
+
+
 def test_deepseek_v3_config_gives_the_moe_preset():
     spec = spec_from_file(os.path.join(CONFIGS, "deepseek-v3.json"))
     assert spec.pop("kind") == "moe"
