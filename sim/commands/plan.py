@@ -63,7 +63,9 @@ def run(args) -> int:
     from distlab.sim.planner.search import search
     q = question(args)
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
-    model_from_spec({**q["model"], "micro_batch": 1}, "--model")
+    from distlab.sim.models.activations import require_structure
+    require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "
+                      "layouts)", ("gpt", "moe"))
     bar = _Bar(not args.json)
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update)
     bar.close()
