@@ -125,26 +125,26 @@ def tiny():
 '''
 
 
-def test_cli_bad_config_factory_model_and_its_parallelisms(tmp_path):
-    """From the command line: a bad config.json is one line and exit 2; ``pkg.module:factory`` from the current
-    folder is traced on the meta device (parameters, saved bytes by layer)."""
+def test_cli_bad_config_and_a_factory_model(tmp_path, monkeypatch, capsys):
+    """From the command line: a bad config.json is one line and exit 2 (a subprocess); ``pkg.module:factory`` from
+    the current folder, through the command's own entry point (runtime/cli.py registers the tracer), traced on
+    the meta device: its parameters and what full recomputation keeps of a block."""
     (tmp_path / "tinymodel.py").write_text(TINY)
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"architectures": ["FooForCausalLM"], "hidden_size": 8}))
-
-    def run(*args):
-        p = subprocess.run([sys.executable, "-m", "distlab.runtime.cli", *args], capture_output=True, text=True,
-                           cwd=tmp_path, timeout=120)
-        return p.returncode, p.stdout, p.stderr
-    rc, out, err = run("memory", "--model", str(bad))
-    assert rc == 2 and "unknown architecture 'FooForCausalLM'" in err and len(err.strip().splitlines()) == 1
-    rc, out, err = run("memory", "--model", "tinymodel:tiny", "--seq-len", "32", "--micro-batch", "2", "--json",
-                       "--recompute", "full")
-    assert rc == 0, err
-    doc = json.loads(out)
+    p = subprocess.run([sys.executable, "-m", "distlab.runtime.cli", "memory", "--model", str(bad)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "unknown architecture 'FooForCausalLM'" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    pytest.importorskip("torch")
+    from distlab.runtime.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))          # the tracer appends the current folder
+    assert main(["memory", "--model", "tinymodel:tiny", "--seq-len", "32", "--micro-batch", "2", "--json",
+                 "--recompute", "full"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     h, T = 64, 64
     assert doc["num_params"] == 1000 * h + 3 * (2 * h + 8 * h * h + 5 * h) + 1000 * h
-    # a block keeps: LayerNorm input, mean, rstd, output; fc1 output, GELU output (fp32); full: its input only
     assert doc["activations"]["block_terms"] == [{"term": "block input (kept by activation checkpointing)",
                                                   "bytes": T * h * 4}]
 
