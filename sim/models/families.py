@@ -52,7 +52,8 @@ def _unfused(b: int, s: int, heads: int, q: int, kv: int, e: int, t: int, dropou
     T, square = b * s, b * heads / t * s * s
     out = {"q": T * q * e / t, "k, v": 2 * T * kv * e / t, "softmax output (b·a·s²)": square * e}
     if dropout:
-        out.update({"attention dropout mask (b·a·s², 1 byte)": square, "attention dropout output (b·a·s²)": square * e})
+        out["attention dropout mask (b·a·s², 1 byte)"] = square
+        out["attention dropout output (b·a·s²)"] = square * e
     out["attention output (o's input)"] = T * q * e / t
     return out
 
