@@ -65,7 +65,8 @@ def test_peak_is_the_largest_prefix_plus_transient_and_offload_moves_blocks_to_h
     none, full = activations(m), activations(m, "full")
     saved = [x.saved for x in full.layers]
     assert full.peak_bytes == max(sum(saved[:i + 1]) + x.transient for i, x in enumerate(full.layers))
-    assert full.layers[1].transient == none.layers[1].saved and full.layers[1].recompute_flops == m.layers[1].fwd_flops
+    assert full.layers[1].transient == none.layers[1].saved - full.layers[1].saved     # the input is kept once
+    assert full.layers[1].recompute_flops == m.layers[1].fwd_flops
     off = activations(m, offload=True)
     blocks = [x for x in none.layers if x.name.startswith("h.")]
     assert off.host_bytes == sum(x.saved for x in blocks)
@@ -110,3 +111,24 @@ def test_memory_ddp_fsdp_tp_cp_report_the_same_activations(cli, options):
             live += delta
             peak = max(peak, live)
     assert peak == pytest.approx(want, rel=1e-12) and live == pytest.approx(0, abs=1e-3)
+
+
+def test_full_recompute_adds_the_forward_to_each_blocks_backward_in_every_plan():
+    """DDP, FSDP and pipeline backward ops of a block carry its recomputed forward (hardware FLOPs; the model's
+    FLOPs stay 3 x forward), and its compute traffic is the same kept or recomputed."""
+    base = {"cluster": "dgx-h100", "nodes": 1}
+    for rc in ("none", "full"):
+        spec = {"preset": "llama3-8b", "layers": 2, "seq_len": 512, "recompute": rc}
+        m = model_from_spec(spec)
+        assert m.bwd_flops == 2 * m.fwd_flops
+        for section in ({"ddp": {}}, {"fsdp": {}}, {"mesh": {"pp": 2}, "pipeline": {"microbatches": 2}}):
+            plan = sc.build({**base, "model": spec, **section, "world_size": 2}).plan
+            ops = {o.name: o for o in plan.ranks[0] if getattr(o, "name", "").split(" ")[0] in ("fwd", "bwd")}
+            if "bwd h.0" in ops:
+                f, b = ops["fwd h.0"], ops["bwd h.0"]
+                assert b.flops == (3 if rc == "full" else 2) * f.flops
+                assert f.bytes == model_from_spec({**spec, "recompute": "none"}).layers[1].activation_bytes + \
+                    m.layers[1].param_bytes
+            else:                                   # the pipeline: stage 0 (embed, h.0) per action: 0F0, 0B0
+                F, B = (next(o for o in plan.ranks[0] if getattr(o, "name", "") == n) for n in ("0F0", "0B0"))
+                assert B.flops == 2 * F.flops + (m.layers[1].fwd_flops if rc == "full" else 0)

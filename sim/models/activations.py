@@ -36,7 +36,8 @@ loss parallelism the log-softmax keeps V/tp columns. Context parallelism divides
 Options (``recompute``, ``offload``; the model's own unless given), applied to the transformer blocks as
 torchtitan's activation checkpointing wraps them (embedding and head keep theirs):
   full        a block keeps only its input (sharded with sequence parallelism: issue 28.5); its backward reruns
-              its forward (``recompute_flops``) and holds that forward's tensors meanwhile (``transient_bytes``)
+              its forward (``recompute_flops``) and holds that forward's other tensors meanwhile
+              (``transient_bytes``: the input is the one it kept)
   selective   Korthikanti et al.'s: the attention core (QKᵀ, softmax, dropout) is recomputed, its s x s tensors
               are not kept; with SDPA there are none (FlashAttention recomputes the scores in its backward), so
               selective = none (torchtitan's op-level selective AC is not modelled)
@@ -124,8 +125,8 @@ def activations(model, recompute: str | None = None, offload: bool | None = None
     for st in stashes:
         plain = sum(st.terms.values())
         saved, transient, flops, terms = plain, sum(st.transient.values()), 0.0, dict(st.terms)
-        if st.block and rc == "full":
-            saved, transient, flops = st.input_bytes, transient + plain, st.flops
+        if st.block and rc == "full":         # the rerun forward keeps all but the input it already has
+            saved, transient, flops = st.input_bytes, transient + plain - st.input_bytes, st.flops
             terms = {"block input (kept by activation checkpointing)": st.input_bytes}
         elif st.block and rc == "selective" and st.selective:
             drop = sum(st.terms[k] for k in st.selective)
