@@ -40,7 +40,8 @@ DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "clus
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
-    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file made absolute."""
+    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file and model config.json
+    made absolute (relative to the scenario's folder)."""
     if isinstance(path_or_dict, dict):
         d, where = copy.deepcopy(path_or_dict), where or "scenario"
     else:
@@ -49,6 +50,10 @@ def load(path_or_dict, where: str | None = None) -> dict:
         d = load_yaml(path_or_dict)
         if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
             d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
+        model = d.get("model") if isinstance(d, dict) else None      # a config.json beside the scenario
+        if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+            d["model"] = {**model, "hf_config": os.path.join(os.path.dirname(os.path.abspath(path_or_dict)),
+                                                             model["hf_config"])}
     return validate(d, where)
 
 

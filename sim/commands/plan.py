@@ -14,7 +14,8 @@ KEYS = ("model", "cluster", "nodes", "global_batch", "seq_len", "confirm")
 def add_arguments(p) -> None:
     p.add_argument("question", nargs="?", help="a YAML file with keys model, cluster, nodes, global_batch "
                                                "[, seq_len, confirm]; flags override it")
-    p.add_argument("--model", help="a model preset (e.g. llama3-70b); default llama3-8b")
+    p.add_argument("--model", help="a preset (e.g. llama3-70b), a Hugging Face config.json or pkg.module:factory "
+                                    "(docs/models.md); default llama3-8b")
     p.add_argument("--cluster", help="a cluster preset or file (default dgx-h100)")
     p.add_argument("--nodes", type=int, help="nodes (default 2)")
     p.add_argument("--global-batch", type=int, help="sequences per step (default 64)")
@@ -47,7 +48,8 @@ def question(args) -> dict:
         if not isinstance(q[k], int) or isinstance(q[k], bool) or q[k] < (0 if k == "confirm" else 1):
             raise ConfigError(f"{q[k]!r} must be a whole number >= {0 if k == 'confirm' else 1}",
                               "--" + k.replace("_", "-"))
-    model = q["model"] if isinstance(q["model"], dict) else {"preset": q["model"]}
+    from distlab.sim.models import spec_from_text
+    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model")
     if q["seq_len"] is not None:
         model = {**model, "seq_len": q["seq_len"]}
     q["model"] = model
@@ -61,7 +63,9 @@ def run(args) -> int:
     from distlab.sim.planner.search import search
     q = question(args)
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
-    model_from_spec({**q["model"], "micro_batch": 1}, "--model")
+    from distlab.sim.models.activations import require_structure
+    require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "
+                      "layouts)", ("gpt", "moe"))
     bar = _Bar(not args.json)
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update)
     bar.close()

@@ -27,16 +27,23 @@ from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
 def model_flops(run) -> float:
     """FLOPs of one step as the run's source counts them (module docstring)."""
-    m = run.model
+    model = build_model(run)
+    m = model.config
     B, s, l, h, V = run.global_batch, m["seq_len"], m["layers"], m["hidden"], m["vocab"]
     if run.flops == "megatron-eq3":
         return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-    return 6.0 * build_model(run).num_params * B * s
+    return 6.0 * model.num_params * B * s
 
 
 def build_model(run):
-    from distlab.sim.models import gpt
-    return gpt(**run.model, micro_batch=run.micro_batch, dtype=run.precision, name=run.name)
+    """The run's model: any form sim/models/spec.py resolves (the builder's arguments, a preset, a config.json);
+    written without a kind, a gpt."""
+    from distlab.sim.models import model_from_spec
+    spec = dict(run.model)
+    if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
+        spec["kind"] = "gpt"
+    return model_from_spec({**spec, "micro_batch": run.micro_batch, "dtype": run.precision, "name": run.name},
+                           f"run {run.name}: model")
 
 
 def cluster_for(run, generations: dict):

@@ -150,8 +150,11 @@ def _run(r, i: int, path: str) -> Run:
                        ("precision", ("bfloat16", "float16"))):
         if k in r and r[k] not in allowed:
             raise ConfigError(f"unknown {k} {r[k]!r}; allowed: {', '.join(allowed)}", f"{label}.{k}")
+    if isinstance(r["model"], str):
+        from distlab.sim.models import spec_from_text
+        r = {**r, "model": spec_from_text(r["model"], f"{label}.model")}
     if not isinstance(r["model"], dict):
-        raise ConfigError("must be a mapping of sim.models.gpt arguments (arch, layers, hidden, ...)",
-                          f"{label}.model")
+        raise ConfigError("must be a model spec (docs/models.md): a preset, a config.json path or a mapping of "
+                          "builder arguments (arch, layers, hidden, ...)", f"{label}.model")
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})

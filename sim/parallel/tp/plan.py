@@ -69,7 +69,8 @@ class TPOptions:
                                            "plan); false: plain Megatron TP with all-reduces")
     loss_parallel: bool = option(False, "keep the logits sharded on the vocabulary and compute the loss in "
                                         "parallel (torch's loss_parallel)")
-    recompute: str = option("none", "activation recomputation for the memory report and backward compute",
+    recompute: str = option("none", "activation recomputation for the memory report and backward compute "
+                                    "(without a tp section: the model's, for every parallelism)",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/parallel/tp/pipeline.py)",
                            choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
