@@ -100,6 +100,7 @@ def train(spec: TrainSpec, root: str) -> dict:
     from datetime import timedelta
 
     from distlab.runtime import checkpoint
+    from distlab.runtime.wire import all_gather_json
     from distlab.runtime.worker import _die_with_parent
     _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     torch.set_num_threads(1)
@@ -128,8 +129,7 @@ def train(spec: TrainSpec, root: str) -> dict:
         if spec.checkpoint_every and step % spec.checkpoint_every == 0:
             saved = checkpoint.save(root, step, model, opt)
             saved_at = time.time()        # complete on every rank: DCP's finish step ends on all of them
-            sizes = [None] * world
-            dist.all_gather_object(sizes, saved["bytes"])
+            sizes = all_gather_json(saved["bytes"])
             if rank == 0:
                 _event(events, event="checkpoint", attempt=attempt, step=step, time_s=saved["time_s"],
                        bytes=sum(sizes), bytes_per_rank=sizes, time=saved_at)

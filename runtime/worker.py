@@ -217,10 +217,9 @@ def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
     p.add_argument("--json", action="store_true", help="rank 0 prints the summary as one line of JSON "
                    "(distlab.run/1, as `distlab run --json`)")
     args = p.parse_args(argv)
-    import torch.distributed as dist
-
     from distlab.runtime.clock import describe
     from distlab.runtime.executor import merge_results, plan_task
+    from distlab.runtime.wire import gather_json
     from distlab.sim.check import assert_consistent
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
@@ -241,8 +240,7 @@ def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
     ctx.flight = flight
     try:
         result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
-        gathered = [None] * ctx.world_size if ctx.rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        gathered = gather_json(result, dst=0)
         if ctx.rank == 0:
             trace = merge_results(plan, gathered)
             trace.save(args.out)
