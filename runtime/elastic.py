@@ -104,8 +104,11 @@ def train(spec: TrainSpec, root: str) -> dict:
     from distlab.runtime.worker import _die_with_parent
     _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    from distlab.runtime.rendezvous import run_store
+    from distlab.runtime.worker import env_int, stop_on_refusal
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    store = run_store(rank, world, spec.timeout_s, on_refused=stop_on_refusal(rank, None))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = os.path.join(root, "events.jsonl")
     model, opt = build(spec)
@@ -187,18 +190,23 @@ def describe(summary: dict) -> str:
 
 
 def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1, timeout: float = 120.0) -> dict:
-    """Start ``torchrun --standalone --nproc-per-node nproc --max-restarts R`` on this machine, wait for it.
+    """Start ``torchrun --nproc-per-node nproc --max-restarts R`` on this machine (static rendezvous on
+    127.0.0.1, a new secret for the run: runtime/rendezvous.py), wait for it.
     Returns {"returncode", "output", "summary" (or None), "final" (the parameters, or None)}."""
     import torch
+
+    from distlab.runtime.launch import free_port
+    from distlab.runtime.secret import SECRET_ENV, new_secret
     os.makedirs(root, exist_ok=True)
     logs = os.path.join(root, "torchrun-logs")         # torchrun's own logs (else a torchelastic_* temp folder)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--standalone", "--nproc-per-node",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--nnodes", "1", "--node-rank", "0",
+           "--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--nproc-per-node",
            str(nproc),
            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "distlab.runtime.elastic",
            "--dir", root] + [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1", SECRET_ENV: new_secret()})
     try:
         output = proc.communicate(timeout=timeout)[0]
     except BaseException:

@@ -19,11 +19,12 @@ import json
 import mmap
 import os
 import signal
+import stat
 import struct
 import threading
 import time
 
-from distlab.sim.errors import ConfigError
+from distlab.sim.errors import ConfigError, OutputError
 from distlab.sim.plan import COLLECTIVES, DTYPE_BYTES
 
 FORMAT = "distlab-flight/1"
@@ -32,6 +33,39 @@ DTYPES = tuple(DTYPE_BYTES)
 HEADER = 1 << 16
 SLOT = struct.Struct("<qqiiqiBBBxddd")    # gen, seq, key, index, bytes, root, op, dtype, state, t x 3
 CAPACITY = int(os.environ.get("DISTLAB_FLIGHT_SIZE", "1024"))
+
+
+def open_ring(path: str, size: int) -> int:
+    """A ring file's descriptor, ``size`` bytes allocated on disk (posix_fallocate): a full disk is an error here,
+    before the run, not a SIGBUS in the middle of it (a sparse file written through mmap gets its blocks on the
+    first write). Never through a symbolic link (O_NOFOLLOW), and only a regular file of this user: a link planted
+    in a shared --dump-dir cannot make a rank overwrite another file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be opened ({e.strerror}); distlab writes flight records only into files "
+                          f"it creates, never through a symbolic link: remove it or choose another folder",
+                          "--dump-dir") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink > 1:
+        os.close(fd)
+        raise ConfigError(f"{path} is not a file of yours that distlab created; it is left as it is: remove it or "
+                          f"choose another folder", "--dump-dir")
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        raise OutputError(path, f"cannot allocate the {size // 1024} KiB flight ring ({e.strerror})",
+                          kept_error="nothing was measured yet") from None
+    return fd
+
+
+def create_rings(directory: str, world_size: int) -> None:
+    """Allocate every rank's ring before any rank starts (the launcher): a full disk or a planted link is one line
+    now; each rank then opens its own (``Recorder``)."""
+    for r in range(world_size):
+        os.close(open_ring(os.path.join(directory, f"flight.{r}.ring"), HEADER + CAPACITY * SLOT.size))
 
 
 def _ranges(ranks) -> list:
@@ -55,10 +89,11 @@ class Recorder:
         os.makedirs(directory, exist_ok=True)
         self.directory, self.rank, self.world_size, self.capacity = directory, rank, world_size, capacity
         self.path = os.path.join(directory, f"flight.{rank}.ring")
-        with open(self.path, "wb") as f:
-            f.truncate(HEADER + capacity * SLOT.size)
-        with open(self.path, "r+b") as f:
-            self.mm = mmap.mmap(f.fileno(), 0)
+        fd = open_ring(self.path, HEADER + capacity * SLOT.size)
+        try:
+            self.mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
         self.keys: list[tuple] = []
         self.key_ids: dict[tuple, int] = {}
         self.next_seq: list[int] = []
@@ -134,15 +169,19 @@ class Recorder:
     def snapshot(self) -> dict:
         return decode(bytes(self.mm))
 
-    def dump(self, reason: str) -> str:
-        """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept."""
+    def dump(self, reason: str) -> str | None:
+        """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept. None when
+        it cannot be written (a full disk): the ring on disk still holds the records."""
         from distlab.sim.io import write_atomic
         with self._lock:
             self.reason = self.reason or reason
             d = self.snapshot()
             d.update(reason=self.reason, dumped_at=time.time())
             path = os.path.join(self.directory, f"flight.{self.rank}.json")
-            write_atomic(path, json.dumps(d, indent=1))
+            try:
+                write_atomic(path, json.dumps(d, indent=1), keep_copy=False)
+            except OutputError:
+                return None
         return path
 
     def watch_signals(self) -> None:
@@ -259,15 +298,24 @@ def keep(directory: str, exit_codes: list, failures: list, interrupted: str | No
     run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
            "failures": failures, "interrupted": interrupted}
     try:
-        write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1))
+        write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1), keep_copy=False)
         return load_dir(directory)
-    except (OSError, ConfigError):
+    except (OSError, ConfigError, OutputError):
         return None
 
 
 def clear(directory: str) -> None:
-    """Remove old flight records and run.json from ``directory`` (before a new run writes there)."""
-    if os.path.isdir(directory):
-        for name in os.listdir(directory):
-            if (name.startswith("flight.") and name.endswith((".json", ".ring"))) or name == "run.json":
-                os.unlink(os.path.join(directory, name))
+    """Remove old flight records and run.json from ``directory`` (before a new run writes there). Only regular
+    files of this user: a symbolic link or another user's file there is refused (ConfigError), not followed."""
+    if not os.path.isdir(directory):
+        return
+    names = [n for n in os.listdir(directory)
+             if (n.startswith("flight.") and n.endswith((".json", ".ring"))) or n == "run.json"]
+    for name in names:
+        st = os.lstat(os.path.join(directory, name))
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file of yours"
+            raise ConfigError(f"{os.path.join(directory, name)} is {what}; distlab never writes through it nor "
+                              f"removes it: remove it yourself or choose another folder", "--dump-dir")
+    for name in names:
+        os.unlink(os.path.join(directory, name))

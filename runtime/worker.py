@@ -78,24 +78,47 @@ def choose_backend(requested: str, local_world_size: int) -> str:
 
 
 def init(backend: str = "auto", threads: int = 1, timeout: float = 60.0, run_dir: str | None = None) -> Context:
+    """Join the run's process group through its authenticated store (runtime/rendezvous.py)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
+
+    from distlab.runtime.rendezvous import run_store
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     local_rank = env_int("LOCAL_RANK", rank)
     local_world = env_int("LOCAL_WORLD_SIZE", world)
     backend = choose_backend(backend, local_world)
+    store = run_store(rank, world, timeout, on_refused=stop_on_refusal(rank, run_dir))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
                                 device_id=device)
     else:
         torch.set_num_threads(threads)
         device = torch.device("cpu")
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
     return Context(rank, world, local_rank, local_world, backend, device, timeout, run_dir)
+
+
+REFUSED_EXIT = 3                 # a rank that stopped the run because a stranger tried to join it
+
+
+def stop_on_refusal(rank: int, run_dir: str | None):
+    """What rank 0 does when a process without the run's secret connects to the store: end the run at once, with
+    one line naming the address (error.R.json for the launcher; stderr, as torchrun's ranks report errors)."""
+    def stop(address: str, reason: str) -> None:
+        message = f"refused a connection to the run's store from {address}: {reason}; the run was stopped"
+        try:
+            if run_dir:
+                _write_json(os.path.join(run_dir, f"error.{rank}.json"),
+                            {"time": time.time(), "error": message, "refused": address})
+            sys.stderr.write(f"distlab.runtime.worker: error: {message}\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(REFUSED_EXIT)
+    return stop
 
 
 def load_target(spec: str):
