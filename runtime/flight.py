@@ -217,6 +217,15 @@ def decode(data: bytes) -> dict:
             raise ValueError
     except (ValueError, UnicodeDecodeError):
         raise ConfigError("not a flight record (distlab-flight/1)", "flight") from None
+    if not (_whole(head.get("capacity"), 1, MAX_CAPACITY + 1) and _whole(head.get("world_size"), 1, MAX_WORLD + 1)
+            and isinstance(head.get("keys"), list) and len(head["keys"]) < 4096):
+        raise ConfigError("a flight ring whose header is out of range", "flight")
+    n = head["world_size"]
+    for key in head["keys"]:
+        if not (isinstance(key, list) and len(key) == 2 and isinstance(key[0], list) and isinstance(key[1], str)
+                and all(isinstance(ab, list) and len(ab) == 2 and _whole(ab[0], 0, n) and _whole(ab[1], ab[0], n)
+                        for ab in key[0])):
+            raise ConfigError("a flight ring whose groups are malformed or name ranks outside the world", "flight")
     keys = [(_unranges(g), s) for g, s in head["keys"]]
     records = []
     end = min(len(data), HEADER + head["capacity"] * SLOT.size)
@@ -235,27 +244,34 @@ def decode(data: bytes) -> dict:
             "capacity": head["capacity"], "records": records}
 
 
+MAX_WORLD = 1 << 17                 # ranks a flight record may claim (diagnose builds a row per rank)
+MAX_DUMP_BYTES = 16 << 20           # a flight.RANK.json (1024 records: ~0.4 MB)
+MAX_CAPACITY = 1 << 16              # slots a ring's header may claim
+
+
 def load_dir(directory: str) -> dict:
     """Every rank's flight record in ``directory``: {"world_size", "ranks": {rank: {"source": "dump" or "live",
-    "reason", "records", ...}}, "run": run.json from the launcher or None}. The final dump wins over the ring."""
+    "reason", "records", ...}}, "run": run.json from the launcher or None}. The final dump wins over the ring.
+    Every file is read bounded (sim/io.py); a file that is malformed, too large or claims more than MAX_WORLD
+    ranks is skipped, as is a run.json that is not such an object."""
+    from distlab.sim.io import load_json, read_bytes
     if not os.path.isdir(directory):
         raise ConfigError("not a directory", directory)
     ranks: dict[int, dict] = {}
     for name in sorted(os.listdir(directory)):
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring"):
+        if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring") \
+                or int(parts[1]) >= MAX_WORLD:
             continue
         path = os.path.join(directory, name)
         try:
             if parts[2] == "json":
-                with open(path) as f:
-                    d = json.load(f)
+                d = load_json(path, "flight record", MAX_DUMP_BYTES)
                 d["source"] = "dump"
             else:
-                with open(path, "rb") as f:
-                    d = decode(f.read())
+                d = decode(read_bytes(path, "flight ring", HEADER + MAX_CAPACITY * SLOT.size))
                 d["source"], d["reason"] = "live", None
-        except (OSError, ValueError, KeyError, ConfigError):
+        except (OSError, ValueError, KeyError, TypeError, ConfigError):
             continue
         if not _valid(d):
             continue
@@ -264,14 +280,20 @@ def load_dir(directory: str) -> dict:
             ranks[r] = d
     if not ranks:
         raise ConfigError("no flight records here (flight.RANK.json or flight.RANK.ring)", directory)
-    run = None
     try:
-        with open(os.path.join(directory, "run.json")) as f:
-            run = json.load(f)
-    except (OSError, ValueError):
-        pass
-    world = max([d.get("world_size", 0) for d in ranks.values()] + [(run or {}).get("world_size", 0)])
+        run = load_json(os.path.join(directory, "run.json"), "run record", MAX_DUMP_BYTES)
+    except ConfigError:
+        run = None
+    if not (isinstance(run, dict) and _whole(run.get("world_size"), 1, MAX_WORLD + 1)
+            and isinstance(run.get("exit_codes", {}), dict) and isinstance(run.get("failures", []), list)
+            and all(isinstance(f, dict) for f in run.get("failures", []))):
+        run = None
+    world = max([d["world_size"] for d in ranks.values()] + [(run or {}).get("world_size", 0)])
     return {"directory": directory, "world_size": world, "ranks": ranks, "run": run}
+
+
+def _whole(x, lo: int, hi: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
 
 
 _FIELDS = {"seq": int, "op": str, "group": list, "stream": str, "bytes": int, "dtype": str, "root": int,
@@ -280,13 +302,15 @@ _FIELDS = {"seq": int, "op": str, "group": list, "stream": str, "bytes": int, "d
 
 def _valid(d) -> bool:
     """A dump (possibly edited or truncated by hand) that diagnose can read: records with the fields it uses."""
-    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("world_size"), int):
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or \
+            not _whole(d.get("world_size"), 1, MAX_WORLD + 1):
         return False
     for x in d["records"]:
         if not isinstance(x, dict) or any(not isinstance(x.get(k), t) or isinstance(x.get(k), bool)
                                           for k, t in _FIELDS.items()):
             return False
-        if x["op"] not in COLLECTIVES or x["state"] not in STATES or not all(isinstance(g, int) for g in x["group"]):
+        if x["op"] not in COLLECTIVES or x["state"] not in STATES or \
+                not all(_whole(g, 0, d["world_size"]) for g in x["group"]):
             return False
     return True
 

@@ -61,3 +61,24 @@ def _read_secret_file(path: str) -> str:
     if len(data) > 4096:
         raise ConfigError("the run secret file is larger than 4 KiB; it should hold one line", path)
     return data.decode("utf-8", errors="replace")
+
+
+FAMILY_FILE = ".distlab-secret"
+
+
+def family_secret_file(folder: str) -> str:
+    """``folder/.distlab-secret``: a secret kept beside a run's checkpoints (runtime/elastic.py's run_local), so
+    that later runs on the folder are the same run family and resume from its checkpoints. Created (0600) if
+    missing; a file that is a link, another user's, or readable by others is a ConfigError (a stranger who
+    could plant or read it could sign checkpoints)."""
+    path = os.path.join(folder, FAMILY_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        _read_secret_file(path)                     # checks owner, mode, not a link
+        return path
+    except OSError as e:
+        raise ConfigError(f"cannot create the run family's secret: {e.strerror}", path) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(new_secret() + "\n")
+    return path

@@ -1,8 +1,8 @@
-"""Small input/output helpers shared by the CLI: sizes, bounded reads of JSON and YAML, atomic writes, output locks."""
+"""Small input/output helpers shared by the CLI: sizes, bounded reads of files, JSON and YAML, output paths
+(writing: sim/files.py)."""
 from __future__ import annotations
 
-import contextlib
-import errno
+import json
 import math
 import os
 import re
@@ -11,7 +11,7 @@ import stat
 
 import yaml
 
-from distlab.sim.errors import ConfigError, OutputError
+from distlab.sim.errors import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1000, "KIB": 1024, "M": 2**20, "MB": 10**6, "MIB": 2**20,
           "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40}
@@ -80,13 +80,47 @@ def parse_size_range(text: str, where: str = "--sizes", dtype: str | None = None
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
-def read_text(path: str, what: str = "file") -> str:
-    """The UTF-8 text of ``path``; a missing, unreadable, binary or non-UTF-8 file is a ConfigError."""
+# Every file distlab reads is bounded, so a malformed or hostile input ends in one line, fast, within 1 GB
+# (tests/test_fuzz_inputs.py runs such inputs under a 1 GB address-space limit). Parsed JSON costs up to ~25x its
+# text in Python objects (each [] or {} is an object of 56-64 bytes), so JSON is also capped in containers.
+MAX_TEXT_BYTES = 4 << 20             # a hand-written file: scenario, cluster, runs, question, flight record
+MAX_JSON_BYTES = 64 << 20            # a plan or a trace (a 64-rank FSDP plan is ~10 MB)
+MAX_JSON_CONTAINERS = 2_000_000      # [ and { in one JSON file (an op is one or two)
+MAX_YAML_VALUES = 200_000            # values of a YAML file once its aliases are expanded (hand-written: < 10,000)
+
+
+def _human(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+
+
+def read_bytes(path: str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; a missing or unreadable file, a folder,
+    a device or pipe (/dev/zero would never end), or a larger file is a ConfigError naming the limit."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"cannot read {what}: {e.strerror}", path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"this is a folder; a {what} is a file", path)
+        raise ConfigError(f"not a regular file (a device or a pipe); a {what} is a file", path)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise ConfigError(f"{st.st_size} bytes is larger than a {what} may be (at most {_human(limit)})", path)
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ConfigError(f"cannot read {what}: {e.strerror}", path) from None
+    if len(data) > limit:
+        raise ConfigError(f"larger than a {what} may be (at most {_human(limit)})", path)
+    return data
+
+
+def read_text(path: str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of ``path`` (``read_bytes``); a binary or non-UTF-8 file is a ConfigError."""
+    data = read_bytes(path, what, limit)
     if b"\0" in data:
         raise ConfigError(f"this is a binary file, not a {what} (text, UTF-8)", path)
     try:
@@ -95,14 +129,78 @@ def read_text(path: str, what: str = "file") -> str:
         raise ConfigError(f"not UTF-8 text (byte {e.start}); a {what} must be UTF-8", path) from None
 
 
-def load_yaml(path: str):
-    text = read_text(path, "YAML file")
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads_json(text: str, where: str, what: str = "JSON file", containers: int = MAX_JSON_CONTAINERS):
+    """Parse JSON text: not valid JSON, NaN/Infinity, an integer over 4,300 digits (Python's limit), nesting
+    deeper than the parser's recursion or more than ``containers`` objects and lists are one ConfigError."""
+    n = text.count("[") + text.count("{")          # over-counts brackets inside strings: a safe bound
+    if n > containers:
+        raise ConfigError(f"{n} JSON objects and lists is more than a {what} may hold (at most {containers})", where)
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml when built
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", where) from None
+    except RecursionError:
+        raise ConfigError(f"JSON nested too deep for a {what}", where) from None
+    except ValueError as e:                        # NaN, Infinity, integers past 4,300 digits
+        raise ConfigError(f"not valid JSON: {str(e).splitlines()[0][:120]}", where) from None
+
+
+def load_json(path: str, what: str = "JSON file", limit: int = MAX_JSON_BYTES):
+    """A bounded JSON file (``read_text`` then ``loads_json``)."""
+    return loads_json(read_text(path, what, limit), path, what)
+
+
+def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_TEXT_BYTES):
+    """A bounded YAML file (safe loader): at most ``limit`` bytes and ``MAX_YAML_VALUES`` values once its aliases
+    are expanded (the "billion laughs" file is a few hundred bytes of aliases that expand to 10^9 values: later
+    code that walks or prints it would run for minutes and exhaust memory); an alias cycle is refused too."""
+    text = read_text(path, what, limit)
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml when built
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"not valid YAML{at}", path) from None
+    except RecursionError:
+        raise ConfigError(f"YAML nested too deep for a {what}", path) from None
+    except ValueError as e:                        # e.g. an integer past 4,300 digits
+        raise ConfigError(f"not valid YAML: {str(e).splitlines()[0][:120]}", path) from None
+    _check_expansion(data, path)
+    return data
+
+
+def _check_expansion(data, where: str, limit: int = MAX_YAML_VALUES) -> None:
+    """Values ``data`` holds with shared (aliased) parts counted every time they appear: at most ``limit``."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(obj) -> int:
+        if not isinstance(obj, (list, dict)):
+            return 1
+        key = id(obj)
+        if key in sizes:
+            return sizes[key]
+        if key in open_ids:
+            raise ConfigError("a YAML alias refers to a value that contains it (a cycle)", where)
+        open_ids.add(key)
+        items = list(obj.items()) if isinstance(obj, dict) else obj
+        n = 1
+        for item in items:
+            n += sum(size(x) for x in item) if isinstance(obj, dict) else size(item)
+            if n > limit:
+                raise ConfigError(f"its YAML aliases expand to more than {limit} values (at most {limit} allowed)",
+                                  where)
+        open_ids.discard(key)
+        sizes[key] = n
+        return n
+    try:
+        size(data)
+    except RecursionError:
+        raise ConfigError("YAML nested too deep", where) from None
 
 
 # -- output paths ------------------------------------------------------------------------------------------------
@@ -193,174 +291,5 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
         raise ConfigError(f"cannot write in folder {folder}: {e.strerror}", flag) from None
 
 
-# -- writing -----------------------------------------------------------------------------------------------------
-KEPT_PREFIX = "distlab-kept-"
-
-
-def write_atomic(path: str, data: str | bytes, keep_copy: bool = True) -> None:
-    """Write to a private temporary file beside ``path`` (O_CREAT | O_EXCL | O_NOFOLLOW), fsync it, rename it
-    over ``path``, fsync the folder: a reader never sees half a file, and after a crash the file is the old one
-    or the new one. The rename replaces a symbolic link at ``path`` rather than writing where it points (a link
-    planted in a shared folder cannot redirect the write), except a link to a device or pipe (/dev/stdout) that
-    belongs to this user or root, which is written through, as is a device or pipe given directly (/dev/null).
-    The file gets the permissions the umask gives (0666 & ~umask, as open() does; an existing file keeps its
-    mode). Creates no folders. When the write fails (a full or read-only disk), the data is kept in a private
-    folder ``distlab-kept-*`` in the temporary folder (unless ``keep_copy`` is False) and OutputError names the path,
-    the error and that copy."""
-    full = os.path.abspath(path)
-    data = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        _write(full, data)
-    except OSError as e:
-        kept, kept_error = keep(os.path.basename(full) or "output", data) if keep_copy else (None, None)
-        raise OutputError(str(path), e.strerror or str(e), kept, kept_error) from None
-
-
-def _write(full: str, data: bytes) -> None:
-    try:
-        st = os.lstat(full)
-    except FileNotFoundError:
-        st = None
-    if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid in (os.getuid(), 0):
-        try:
-            target = os.stat(full)
-        except FileNotFoundError:
-            target = None
-        if target is not None and (stat.S_ISCHR(target.st_mode) or stat.S_ISFIFO(target.st_mode)):
-            return _write_through(full, data)
-    elif st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
-        return _write_through(full, data)
-    folder = os.path.dirname(full)
-    tmp = os.path.join(folder, f".{os.path.basename(full)}.tmp-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)   # & ~umask
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if st is not None and stat.S_ISREG(st.st_mode):
-            os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        os.replace(tmp, full)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_folder(folder)
-
-
-def _write_through(full: str, data: bytes) -> None:
-    """A device or pipe: written as it is (no temporary file beside it, no rename)."""
-    fd = os.open(full, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-def fsync_folder(folder: str) -> None:
-    """Make a rename or a new file in ``folder`` durable (file systems that cannot fsync a folder are skipped)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.EROFS, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def keep(name: str, data: bytes) -> tuple[str | None, str | None]:
-    """Save ``data`` as ``name`` in a new private folder (0700) in the temporary folder: (its path, None), or
-    (None, the error) when that fails too."""
-    import tempfile
-    try:
-        folder = tempfile.mkdtemp(prefix=KEPT_PREFIX)
-        path = os.path.join(folder, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        return path, None
-    except OSError as e:
-        return None, e.strerror or str(e)
-
-
-class OutputLock:
-    """An exclusive lock on an output (a file, or a folder such as --dump-dir), held while a run writes it: a
-    second run on the same output refuses in one line instead of clearing or overwriting the first's files.
-
-    The lock is ``flock`` on ``.NAME.lock`` beside a file, or ``.distlab.lock`` inside a folder (opened with
-    O_NOFOLLOW; it works across processes and, on NFS, across hosts); it holds the owner's PID and is removed
-    on release. A run killed by SIGKILL leaves the file behind, but not the lock: the next run takes it."""
-
-    def __init__(self, path: str, flag: str, folder: bool = False):
-        full = os.path.abspath(path)
-        self.path, self.flag = path, flag
-        self.lock_path = (os.path.join(full, ".distlab.lock") if folder else
-                          os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.lock"))
-        self.fd: int | None = None
-
-    def acquire(self) -> "OutputLock":
-        import fcntl
-        for _ in range(5):
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                raise ConfigError(f"cannot lock {self.path} ({self.lock_path}): {e.strerror}", self.flag) from None
-            st = os.fstat(fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                os.close(fd)
-                raise ConfigError(f"another distlab run{f' (pid {owner})' if owner else ''} is writing {self.path}; "
-                                  f"wait for it to end, or give another {self.flag}", self.flag) from None
-            try:
-                now = os.lstat(self.lock_path)
-            except FileNotFoundError:
-                now = None
-            if now is None or now.st_ino != st.st_ino:        # released and removed meanwhile: lock the new one
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            self.fd = fd
-            return self
-        raise ConfigError(f"cannot lock {self.path}: its lock file keeps changing", self.flag)
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(OSError):
-            if os.lstat(self.lock_path).st_ino == os.fstat(self.fd).st_ino:
-                os.unlink(self.lock_path)
-        os.close(self.fd)
-        self.fd = None
-
-    def __enter__(self) -> "OutputLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def save_figure(fig, path: str) -> None:
-    """Save a matplotlib figure atomically (format from the file name) and close it. A figure marked
-    ``fig.distlab_fast = True`` laid itself out: it is saved in one draw (no tight bounding box) and, as a
-    PNG, with light compression (zlib level 1), which matters for figures of thousands of bars."""
-    import io
-    import sys
-    buf = io.BytesIO()
-    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    fast = getattr(fig, "distlab_fast", False)
-    extra = {"bbox_inches": "tight"} if not fast else ({"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {})
-    fig.savefig(buf, format=fmt, dpi=120, **extra)
-    if "matplotlib.pyplot" in sys.modules:
-        sys.modules["matplotlib.pyplot"].close(fig)
-    write_atomic(path, buf.getvalue())
+# writing lives in sim/files.py; these names stay importable from here (most of distlab imports them from sim.io)
+from distlab.sim.files import OutputLock, fsync_folder, keep, save_figure, write_atomic  # noqa: E402,F401

@@ -238,16 +238,14 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> "Plan":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", where) from None
-        return cls.from_dict(d, where)
+        from distlab.sim.io import loads_json
+        return cls.from_dict(loads_json(text, where, "plan"), where)
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        from distlab.sim.io import read_text
-        return cls.from_json(read_text(path, "plan"), where=path)
+        """A plan file, bounded (sim/io.py: at most 64 MiB and 2,000,000 JSON objects and lists)."""
+        from distlab.sim.io import MAX_JSON_BYTES, read_text
+        return cls.from_json(read_text(path, "plan", MAX_JSON_BYTES), where=path)
 
     def save(self, path: str) -> None:
         from distlab.sim.io import write_atomic
