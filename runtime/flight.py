@@ -258,6 +258,7 @@ def load_dir(directory: str) -> dict:
     if not os.path.isdir(directory):
         raise ConfigError("not a directory", directory)
     ranks: dict[int, dict] = {}
+    skipped = 0
     for name in sorted(os.listdir(directory)):
         parts = name.split(".")
         if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring") \
@@ -272,14 +273,18 @@ def load_dir(directory: str) -> dict:
                 d = decode(read_bytes(path, "flight ring", HEADER + MAX_CAPACITY * SLOT.size))
                 d["source"], d["reason"] = "live", None
         except (OSError, ValueError, KeyError, TypeError, ConfigError):
+            skipped += 1
             continue
         if not _valid(d):
+            skipped += 1
             continue
         r = int(parts[1])
         if r not in ranks or d["source"] == "dump":
             ranks[r] = d
     if not ranks:
-        raise ConfigError("no flight records here (flight.RANK.json or flight.RANK.ring)", directory)
+        why = (f"; {skipped} skipped: malformed, larger than {MAX_DUMP_BYTES >> 20} MiB, or claiming more than "
+               f"{MAX_WORLD} ranks" if skipped else "")
+        raise ConfigError(f"no flight records here (flight.RANK.json or flight.RANK.ring){why}", directory)
     try:
         run = load_json(os.path.join(directory, "run.json"), "run record", MAX_DUMP_BYTES)
     except ConfigError:

@@ -206,17 +206,16 @@ class Launch:
     def _describe(self, r: int, rc: int) -> tuple[int, str]:
         """(priority, message): a death by signal or a first-hand error sorts before an echo of another's."""
         err = self._read("error", r)
-        if err and err.get("refused"):
-            return -1, err["error"]             # a stranger tried to join: the cause, said as it is
+        if err and (err.get("refused") or str(err.get("error", "")).startswith("watchdog: ")):
+            return -1, err["error"]             # a stranger tried to join, or an op outran --timeout: said as it is
         if err:
             text = err["error"]
             return (1 if any(e in text.lower() for e in _ECHOES) else 0), f"rank {r} failed: {text}"
+        server = forkserver.died(self.procs[r])
+        if server:                              # the fork server died, and every rank it started with it
+            return -1, server
         if rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = f"signal {-rc}"
-            return 0, f"rank {r} died: killed by {name}"
+            return 0, f"rank {r} died: killed by {_signal(-rc)}"
         lines = [ln for ln in self._tail(r).splitlines() if ln.strip()]
         tail = f": {lines[-1][:300]}" if lines else ""
         return 0, f"rank {r} exited with code {rc}{tail}"
@@ -266,7 +265,7 @@ class Launch:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if failures:
             first = failures[0]
-            others = "; ".join(f[4] for f in failures[1:4])
+            others = "; ".join(dict.fromkeys(f[4] for f in failures[1:4] if f[4] != first[4]))
             message = first[4] + (f" (then {others})" if others and not refused else "")
             raise RunFailed(first[3], message, partial, results, logs, self.flight, self.dump_dir, refused)
         return [results[r] for r in range(self.nproc)]
@@ -331,6 +330,13 @@ class Launch:
             _signal_all(self.pgid, [p for p in alive if p.poll() is None], signal.SIGKILL)
         for p in self.procs:
             p.wait()
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _group_kwargs(pgid: int) -> dict:

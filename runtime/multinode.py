@@ -83,7 +83,7 @@ def explain(log: str, spec: NodeSpec) -> tuple[int, str]:
     """(exit code, one line) for a torchrun that ended with an error, from its output."""
     m = _WORKER_ERROR.search(log)
     if m:
-        return (1 if m.group(1).startswith("refused ") else 2), m.group(1)
+        return (1 if m.group(1).startswith(("refused ", "watchdog: ")) else 2), m.group(1)
     t = f"{spec.timeout_s:g} s"
     if "RendezvousTimeoutError" in log or "waiting for clients" in log:
         return 2, (f"--rdzv-endpoint: not all {spec.nnodes} nodes joined the rendezvous at {spec.rdzv_endpoint} "
@@ -137,7 +137,7 @@ def _run_node(spec: NodeSpec, cmd: list[str], verbose: bool, prog: str) -> int:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt("SIGTERM")          # the CLI exits 143 for it (sim/cli.py), 130 for Ctrl-C
 
 
 def _main_thread() -> bool:

@@ -157,9 +157,12 @@ class StoreServer:
         try:
             conn.sendall(MAGIC + server_nonce)
             first = conn.recv(1)
-            if not first:
-                conn.close()                            # connected and left without a word: nothing to refuse
-                return
+        except OSError:
+            first = b""
+        if not first:
+            conn.close()                                # connected and left without a word: nothing to refuse
+            return
+        try:
             if first != MAGIC[:1]:
                 return self._refuse(conn, addr, "it did not present this run's secret (it spoke another protocol)")
             head = first + recv_exact(conn, len(MAGIC) + NONCE + MAC - 1, MAGIC[1:])

@@ -35,6 +35,7 @@ class Context:
         self.backend, self.device, self.timeout, self.run_dir = backend, device, timeout, run_dir
         self.on_failure = None      # a task may set a function that saves its partial results
         self.flight = None          # this rank's flight recorder (runtime/flight.py), when there is one
+        self.watchdog = None        # ends the rank when a plan's op runs past timeout (runtime/watchdog.py)
 
     def shielded(self):
         """A block that SIGTERM does not interrupt (it is raised when the block ends): for saving results."""
@@ -103,22 +104,37 @@ def init(backend: str = "auto", threads: int = 1, timeout: float = 60.0, run_dir
 
 
 REFUSED_EXIT = 3                 # a rank that stopped the run because a stranger tried to join it
+WATCHDOG_EXIT = 4                # a rank its watchdog ended: an op ran past --timeout
+
+
+def _end_rank(rank: int, run_dir: str | None, message: str, code: int, flight=None, **extra) -> None:
+    """End this rank now, from any thread: its flight record, its error (error.R.json for the launcher; one line on
+    stderr, as torchrun's ranks report errors), then os._exit."""
+    try:
+        if flight is not None:
+            flight.dump(message)
+        if run_dir:
+            _write_json(os.path.join(run_dir, f"error.{rank}.json"), {"time": time.time(), "error": message, **extra})
+        sys.stderr.write(f"distlab.runtime.worker: error: {message}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def stop_on_refusal(rank: int, run_dir: str | None):
     """What rank 0 does when a process without the run's secret connects to the store: end the run at once, with
-    one line naming the address (error.R.json for the launcher; stderr, as torchrun's ranks report errors)."""
+    one line naming the address."""
     def stop(address: str, reason: str) -> None:
-        message = f"refused a connection to the run's store from {address}: {reason}; the run was stopped"
-        try:
-            if run_dir:
-                _write_json(os.path.join(run_dir, f"error.{rank}.json"),
-                            {"time": time.time(), "error": message, "refused": address})
-            sys.stderr.write(f"distlab.runtime.worker: error: {message}\n")
-            sys.stderr.flush()
-        finally:
-            os._exit(REFUSED_EXIT)
+        _end_rank(rank, run_dir, f"refused a connection to the run's store from {address}: {reason}; the run was "
+                  f"stopped", REFUSED_EXIT, refused=address)
     return stop
+
+
+def start_watchdog(ctx) -> None:
+    """Give ``ctx`` a watchdog (runtime/watchdog.py): an op running past ctx.timeout ends the rank, naming it."""
+    from distlab.runtime.watchdog import Watchdog
+    ctx.watchdog = Watchdog(ctx.rank, ctx.timeout, lambda message: _end_rank(
+        ctx.rank, ctx.run_dir, message, WATCHDOG_EXIT, getattr(ctx, "flight", None)))
 
 
 def load_target(spec: str):
@@ -178,6 +194,7 @@ def run_task(run_dir: str) -> int:
     try:
         ctx = init(task["backend"], task["threads"], task["timeout"], run_dir)
         ctx.flight = flight
+        start_watchdog(ctx)
         open(os.path.join(run_dir, f"ready.{rank}"), "w").close()
         result = load_target(task["target"])(ctx, task["payload"])
         _write_json(os.path.join(run_dir, f"result.{rank}.json"), result)
@@ -261,6 +278,8 @@ def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
     own_group = ctx is None
     ctx = init(args.backend, args.threads, args.timeout) if own_group else ctx
     ctx.flight = flight
+    if ctx.watchdog is None:
+        start_watchdog(ctx)
     try:
         result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
         gathered = gather_json(result, dst=0)

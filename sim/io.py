@@ -146,7 +146,14 @@ def loads_json(text: str, where: str, what: str = "JSON file", containers: int =
     except RecursionError:
         raise ConfigError(f"JSON nested too deep for a {what}", where) from None
     except ValueError as e:                        # NaN, Infinity, integers past 4,300 digits
-        raise ConfigError(f"not valid JSON: {str(e).splitlines()[0][:120]}", where) from None
+        raise ConfigError(f"not valid JSON: {_value_error(e)}", where) from None
+
+
+def _value_error(e: ValueError) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "integer string conversion" in text:
+        return "an integer with more than 4300 digits (Python's limit)"
+    return text[:120]
 
 
 def load_json(path: str, what: str = "JSON file", limit: int = MAX_JSON_BYTES):
@@ -168,7 +175,7 @@ def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_TEXT_BYTES):
     except RecursionError:
         raise ConfigError(f"YAML nested too deep for a {what}", path) from None
     except ValueError as e:                        # e.g. an integer past 4,300 digits
-        raise ConfigError(f"not valid YAML: {str(e).splitlines()[0][:120]}", path) from None
+        raise ConfigError(f"not valid YAML: {_value_error(e)}", path) from None
     _check_expansion(data, path)
     return data
 

@@ -305,7 +305,7 @@ def model_from_spec(spec, where: str = "model") -> Model:
     if "preset" in spec:
         _check_keys(spec, ("preset", "name") + GPT_KEYS, where)
         name = spec.pop("preset")
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}", f"{where}.preset")
         return _call(gpt, {**PRESETS[name], "name": name, **spec}, where)
     kind = spec.pop("kind", "gpt" if "arch" in spec else None)

@@ -327,6 +327,8 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
     stream = getattr(op, "stream")
     if not isinstance(stream, str) or not stream:
         raise ConfigError("'stream' must be a non-empty string", where)
+    if not isinstance(getattr(op, "name", ""), str):
+        raise ConfigError(f"'name' must be a string, got {type(op.name).__name__}", where)
     if isinstance(op, Compute):
         if op.seconds is not None and (not _is_num(op.seconds) or op.seconds < 0):
             raise ConfigError(f"seconds must be a number >= 0, got {op.seconds!r}", where)
@@ -362,7 +364,10 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
     group = op.group
     if not isinstance(group, tuple):
         raise ConfigError("group must be a non-empty list of ranks", where)
-    members = checked_groups.get(group)
+    try:
+        members = checked_groups.get(group)
+    except TypeError:                    # a member that is not a rank number (a list, a mapping)
+        raise ConfigError("group must be a non-empty list of ranks", where) from None
     if members is None:
         if not group or not all(_is_int(g) for g in group):
             raise ConfigError("group must be a non-empty list of ranks", where)

@@ -153,5 +153,7 @@ def _run(r, i: int, path: str) -> Run:
     if not isinstance(r["model"], dict):
         raise ConfigError("must be a mapping of sim.models.gpt arguments (arch, layers, hidden, ...)",
                           f"{label}.model")
+    from distlab.sim.models import model_from_spec              # checked here, as a scenario's model is
+    model_from_spec({"kind": "gpt", **r["model"], "micro_batch": r["micro_batch"]}, f"{label}.model")
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})
