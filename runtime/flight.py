@@ -10,7 +10,7 @@ written in place on every state change: about a microsecond, no system call), so
 SIGKILL leaves its last state on disk. On a timeout, an error, SIGTERM or SIGINT the rank also writes
 ``flight.R.json`` (atomically): the same records, decoded, with the reason. A thread woken through
 signal.set_wakeup_fd writes it at once, even while the main thread is blocked inside a collective.
-``distlab diagnose DIR`` (runtime/diagnose.py) reads either.
+``distlab diagnose DIR`` (runtime/diagnose.py) reads either, through runtime/flight_read.py.
 """
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ DTYPES = tuple(DTYPE_BYTES)
 HEADER = 1 << 16
 SLOT = struct.Struct("<qqiiqiBBBxddd")    # gen, seq, key, index, bytes, root, op, dtype, state, t x 3
 CAPACITY = int(os.environ.get("DISTLAB_FLIGHT_SIZE", "1024"))
+
+
+MAX_WORLD = 1 << 17                 # ranks a flight record may claim (diagnose builds a row per rank)
+MAX_CAPACITY = 1 << 16              # slots a ring's header may claim
+
+
+def _whole(x, lo: int, hi: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
 
 
 def open_ring(path: str, size: int) -> int:
@@ -242,95 +250,6 @@ def decode(data: bytes) -> dict:
     records.sort(key=lambda x: x["gen"])
     return {"format": FORMAT, "rank": head["rank"], "world_size": head["world_size"], "pid": head["pid"],
             "capacity": head["capacity"], "records": records}
-
-
-MAX_WORLD = 1 << 17                 # ranks a flight record may claim (diagnose builds a row per rank)
-MAX_DUMP_BYTES = 16 << 20           # a flight.RANK.json (1024 records: ~0.4 MB)
-MAX_CAPACITY = 1 << 16              # slots a ring's header may claim
-
-
-def load_dir(directory: str) -> dict:
-    """Every rank's flight record in ``directory``: {"world_size", "ranks": {rank: {"source": "dump" or "live",
-    "reason", "records", ...}}, "run": run.json from the launcher or None}. The final dump wins over the ring.
-    Every file is read bounded (sim/io.py); a file that is malformed, too large or claims more than MAX_WORLD
-    ranks is skipped, as is a run.json that is not such an object."""
-    from distlab.sim.io import load_json, read_bytes
-    if not os.path.isdir(directory):
-        raise ConfigError("not a directory", directory)
-    ranks: dict[int, dict] = {}
-    skipped = 0
-    for name in sorted(os.listdir(directory)):
-        parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring") \
-                or int(parts[1]) >= MAX_WORLD:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            if parts[2] == "json":
-                d = load_json(path, "flight record", MAX_DUMP_BYTES)
-                d["source"] = "dump"
-            else:
-                d = decode(read_bytes(path, "flight ring", HEADER + MAX_CAPACITY * SLOT.size))
-                d["source"], d["reason"] = "live", None
-        except (OSError, ValueError, KeyError, TypeError, ConfigError):
-            skipped += 1
-            continue
-        if not _valid(d):
-            skipped += 1
-            continue
-        r = int(parts[1])
-        if r not in ranks or d["source"] == "dump":
-            ranks[r] = d
-    if not ranks:
-        why = (f"; {skipped} skipped: malformed, larger than {MAX_DUMP_BYTES >> 20} MiB, or claiming more than "
-               f"{MAX_WORLD} ranks" if skipped else "")
-        raise ConfigError(f"no flight records here (flight.RANK.json or flight.RANK.ring){why}", directory)
-    try:
-        run = load_json(os.path.join(directory, "run.json"), "run record", MAX_DUMP_BYTES)
-    except ConfigError:
-        run = None
-    if not (isinstance(run, dict) and _whole(run.get("world_size"), 1, MAX_WORLD + 1)
-            and isinstance(run.get("exit_codes", {}), dict) and isinstance(run.get("failures", []), list)
-            and all(isinstance(f, dict) for f in run.get("failures", []))):
-        run = None
-    world = max([d["world_size"] for d in ranks.values()] + [(run or {}).get("world_size", 0)])
-    return {"directory": directory, "world_size": world, "ranks": ranks, "run": run}
-
-
-def _whole(x, lo: int, hi: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
-
-
-_FIELDS = {"seq": int, "op": str, "group": list, "stream": str, "bytes": int, "dtype": str, "root": int,
-           "state": str}
-
-
-def _valid(d) -> bool:
-    """A dump (possibly edited or truncated by hand) that diagnose can read: records with the fields it uses."""
-    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or \
-            not _whole(d.get("world_size"), 1, MAX_WORLD + 1):
-        return False
-    for x in d["records"]:
-        if not isinstance(x, dict) or any(not isinstance(x.get(k), t) or isinstance(x.get(k), bool)
-                                          for k, t in _FIELDS.items()):
-            return False
-        if x["op"] not in COLLECTIVES or x["state"] not in STATES or \
-                not all(_whole(g, 0, d["world_size"]) for g in x["group"]):
-            return False
-    return True
-
-
-def keep(directory: str, exit_codes: list, failures: list, interrupted: str | None = None) -> dict | None:
-    """After a failed or interrupted run: write run.json (every rank's exit code, the failures in order, the
-    signal that interrupted the launcher or None) beside the records, then load_dir() them; None if none."""
-    from distlab.sim.io import write_atomic
-    run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
-           "failures": failures, "interrupted": interrupted}
-    try:
-        write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1), keep_copy=False)
-        return load_dir(directory)
-    except (OSError, ConfigError, OutputError):
-        return None
 
 
 def clear(directory: str) -> None:

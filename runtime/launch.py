@@ -5,7 +5,9 @@ a fraction of a second instead of ~1.5 s of CPU per rank); DISTLAB_FORKSERVER=0 
 
 Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) plus DISTLAB_RUN_DIR, a temporary folder with task.json (``module:function`` and its payload) that
-receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``. All ranks share one new process group, so
+receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``, and DISTLAB_RUN_SECRET, drawn for this run:
+rank 0's store on 127.0.0.1 serves only ranks that present it (runtime/rendezvous.py); Gloo listens on the
+loopback interface (GLOO_SOCKET_IFNAME=lo unless set). All ranks share one new process group, so
 Ctrl-C reaches only the launcher, which then ends the group (SIGTERM, then SIGKILL) and reaps every child; the
 ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG).
 
@@ -57,7 +59,7 @@ class RunFailed(RuntimeError):
     def __init__(self, rank: int, message: str, partial: dict, results: dict, logs: dict | None = None,
                  flight: dict | None = None, dump_dir: str | None = None, refused: str | None = None):
         self.rank, self.partial, self.results, self.logs = rank, partial, results, logs or {}
-        self.flight, self.dump_dir = flight, dump_dir       # runtime.flight.load_dir() of the dumps, their folder
+        self.flight, self.dump_dir = flight, dump_dir       # runtime.flight_read.load_dir() of the dumps, their folder
         self.refused = refused          # the address of a stranger that tried to join (the run was stopped)
         super().__init__(message)
 
@@ -140,7 +142,8 @@ class Launch:
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
                        OMP_NUM_THREADS=str(self.threads), DISTLAB_RUN_SECRET=secret)
-            env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)     # Gloo's sockets on loopback too (unless chosen)
+            if sys.platform.startswith("linux"):
+                env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)  # Gloo's sockets on loopback too (unless chosen)
             log_path = os.path.join(self.run_dir, f"stderr.{r}")
             log = open(log_path, "wb")
             try:
@@ -313,7 +316,7 @@ class Launch:
 
     def _keep_flight(self, failures, interrupted: str | None = None) -> None:
         """Write run.json beside the flight records (exit codes, failures, interruption); read them back."""
-        from distlab.runtime.flight import keep
+        from distlab.runtime.flight_read import keep
         self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
                            [{"rank": f[3], "message": f[4]} for f in failures], interrupted)
 

@@ -22,6 +22,10 @@ exchange no pickles (runtime/wire.py). docs/security.md has the whole picture.
   port), rank 0 takes a free port and announces it in torchrun's store under ``distlab/store/attempt_N``; the
   announcement is not secret, and a forged one leads the ranks to a program that cannot prove it knows the
   secret, which they refuse.
+
+Every rank then checks in (key ``distlab/joined/R``) and rank 0 waits, up to the timeout, until all have: a rank
+that never authenticates (a node started by someone else, or without the secret) is named, instead of the run
+hanging in Gloo's setup.
 """
 from __future__ import annotations
 
