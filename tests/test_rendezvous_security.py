@@ -174,7 +174,7 @@ def test_a_stranger_joining_a_local_runs_store_is_refused_and_the_run_ends_in_on
         ranks = _ranks_of(forkserver.server_pid() or -1)
         seen["listening"] = [x for r in ranks for x in _listening(r)]
         try:
-            dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
+            dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2))
         except Exception as e:                       # noqa: BLE001 - refused, as it should be
             seen["error"] = e
 
