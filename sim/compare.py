@@ -13,7 +13,6 @@ sibling threads, "predicted <stream>" above "measured <stream>".
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
