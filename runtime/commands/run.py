@@ -67,6 +67,8 @@ def run(args) -> int:
         check_output(args.dump_dir, "--dump-dir", "dir")
     dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
     from distlab.sim.io import OutputLock
+    if os.path.exists(out) and not os.path.isfile(out):     # a device or pipe (/dev/stdout): nothing to lock
+        return _run(args, plan, nproc, out, perfetto, dump_dir)
     with OutputLock(out, "--out"):          # a second run on the same --out refuses (and --dump-dir: Launch)
         return _run(args, plan, nproc, out, perfetto, dump_dir)
 
