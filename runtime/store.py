@@ -182,7 +182,9 @@ class StoreServer:
             conn.close()                                # the rank left (or broke the protocol)
 
     def _wait(self, keys, timeout_ms: bytes) -> bool:
-        return self.cond.wait_for(lambda: all(k in self.data for k in keys), int(timeout_ms) / 1000)
+        """Wait until every key is set; a timeout of 0 is c10d's kNoTimeout (wait as long as it takes)."""
+        ms = int(timeout_ms)
+        return self.cond.wait_for(lambda: all(k in self.data for k in keys), ms / 1000 if ms > 0 else None)
 
     def _handle(self, parts: list[bytes]) -> list[bytes]:
         op, args = parts[0], parts[1:]
