@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from distlab.sim.errors import ConfigError
 
 MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (8192 ranks simulate in seconds)
+# GPUs in one node's fabric: the presets' largest is 72 (gb200-nvl72). A typo such as 65536 made one node's ring so
+# long that a single all_reduce simulated for minutes; 1024 leaves room for any NVLink or PCIe node.
+MAX_GPUS_PER_NODE = 1024
 INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
 INTER_KINDS = ("infiniband", "ethernet")
 FABRICS = ("rail-optimized", "fat-tree")
@@ -273,6 +276,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     calibration = d.get("calibration") or {}
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
+    from distlab.sim.calibration import check_calibration
+    check_calibration(calibration, f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
                       d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0),
                       d.get("compute_jitter", 0.0),
@@ -317,6 +322,9 @@ def _check_comm_cpu(c: Cluster, where: str) -> None:
 def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.nodes, f"{where}: nodes", integer=True)
     _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
+    if c.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{c.gpus_per_node} GPUs in one node is more than the simulator takes (at most "
+                          f"{MAX_GPUS_PER_NODE}; more GPUs: more nodes)", f"{where}: gpus_per_node")
     if c.nodes * c.gpus_per_node > MAX_RANKS:
         raise ConfigError(f"{c.nodes} nodes x {c.gpus_per_node} GPUs is more than the simulator takes "
                           f"(at most {MAX_RANKS} ranks)", where)
@@ -359,8 +367,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
     _positive(inter.efficiency, f"{where}: inter_node.efficiency")
     if inter.efficiency > 1:
         raise ConfigError("efficiency must be in (0, 1]", f"{where}: inter_node.efficiency")
-    if not isinstance(inter.oversubscription, (int, float)) or inter.oversubscription < 1:
-        raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking)",
+    if not _is_number(inter.oversubscription) or not 1 <= inter.oversubscription <= 1e6:
+        raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking) and at most 1e6",
                           f"{where}: inter_node.oversubscription")
     return c
 

@@ -126,7 +126,7 @@ def estimate_all(est, layouts: list, progress=None, workers: int | None = None) 
     out: list = [None] * len(layouts)
     done = 0
     try:
-        with mp.get_context("fork").Pool(n) as pool:
+        with mp.get_context("fork").Pool(n, initializer=_worker_ignores_ctrl_c) as pool:
             for idx, results in pool.imap_unordered(_estimate_chunk, chunks):
                 for i, e in zip(idx, results):
                     out[i] = e
@@ -136,6 +136,13 @@ def estimate_all(est, layouts: list, progress=None, workers: int | None = None) 
     finally:
         _JOB.clear()
     return out
+
+
+def _worker_ignores_ctrl_c() -> None:
+    """A pool worker leaves Ctrl-C to the parent (the terminal sends SIGINT to the whole process group): the parent
+    ends the pool and exits 130 in one line, instead of every worker printing a KeyboardInterrupt traceback."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _estimate_chunk(idx: list) -> tuple[list, list]:
@@ -155,7 +162,7 @@ def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -
         # worker is left with a long one at the end
         order = sorted(range(len(top)), key=lambda i: -_ring_size(top[i].layout))
         summaries = [None] * len(top)
-        with mp.get_context("fork").Pool(n) as pool:
+        with mp.get_context("fork").Pool(n, initializer=_worker_ignores_ctrl_c) as pool:
             for i, summary in zip(order, pool.imap(_simulate, [scenarios[i] for i in order], chunksize=1)):
                 summaries[i] = summary
     else:

@@ -156,5 +156,10 @@ def _run(r, i: int, path: str) -> Run:
     if not isinstance(r["model"], dict):
         raise ConfigError("must be a model spec (docs/models.md): a preset, a config.json path or a mapping of "
                           "builder arguments (arch, layers, hidden, ...)", f"{label}.model")
+    spec = dict(r["model"])                                     # checked here, as a scenario's model is
+    if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
+        spec["kind"] = "gpt"
+    from distlab.sim.models import model_from_spec
+    model_from_spec({**spec, "micro_batch": r["micro_batch"]}, f"{label}.model")
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})
