@@ -16,7 +16,7 @@ from distlab.sim.plan import Compute, Plan
 from distlab.sim.parallel.tp.plan import TPOptions, tp_plan
 
 # 100 TFLOP/s, 1000 GB/s; 25% of peak at 1 GFLOP, 75% at 100 GFLOP; 2 us per kernel.
-GPU = replace(GPUS["h100"], tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),
+GPU = replace(GPUS["h100"], compute=None, tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),
               launch_s=2e-6)
 
 
@@ -40,7 +40,7 @@ def test_skinny_gemm_is_memory_bound():
 
 
 def test_without_a_curve_the_old_flat_roofline():
-    gpu = replace(GPUS["a100"], mfu=0.5)
+    gpu = replace(GPUS["a100"], mfu=0.5, compute=None, launch_s=0.0)     # a custom GPU: no kernel model
     assert gemm_efficiency(1e6, gpu) == 0.5
     assert gemm_time(4096, 4096, 4096, 2, gpu) == pytest.approx(2 * 4096**3 / (312e12 * 0.5), rel=1e-12)
     old = Compute("x", flops=1e12, bytes=1e9)
@@ -123,7 +123,7 @@ def test_plan_json_round_trip_and_old_plans_unchanged():
 
 def test_cluster_file_carries_the_curve():
     d = PRESETS["dgx-a100"].to_dict()
-    assert "gemm_efficiency" not in d["gpu"] and "launch_s" not in d["gpu"]      # old files stay as they were
+    assert "gemm_efficiency" not in d["gpu"] and d["gpu"]["compute"] == "a100"   # the preset's kernel model
     d["gpu"].update(gemm_efficiency=[[1e9, 0.3], [1e12, 0.7]], attention_efficiency=0.5, launch_s=3e-6)
     c = cluster_from_dict(d)
     assert c.gpu.gemm_efficiency == ((1e9, 0.3), (1e12, 0.7)) and c.gpu.launch_s == 3e-6
