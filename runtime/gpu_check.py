@@ -1,4 +1,4 @@
-"""Measure on this GPU what the compute model predicts for its preset, side by side with the error (scripts/gpu_check.sh).
+"""Measure on this GPU what the compute model predicts for its preset, beside it the error (scripts/gpu_check.sh).
 
     python -m distlab.runtime.gpu_check --out DIR [--preset h200] [--quick] [--device cuda]
 

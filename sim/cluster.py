@@ -140,29 +140,30 @@ def gpu_to_dict(gpu: GPUSpec) -> dict:
 # --- presets ------------------------------------------------------------------------------------------------
 GPUS = {
     # Peaks are datasheet dense figures (half the "with sparsity" ones); ``compute`` names the measured kernel model
-    # (sim/compute/gpus.py: best GEMM, attention, HBM, SMs), launch_s its per-kernel cost.
+    # (sim/compute/gpus.py: best GEMM, attention, HBM, SMs, per-kernel cost), which applies while the spec keeps
+    # the preset's peak and bandwidth (a spec with other numbers is another GPU: the flat roofline at mfu).
     # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 19.5 FP32, no FP8, 2,039 GB/s HBM2e, 80 GB.
     "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0, arch="ampere", compute="a100",
-                    fp32_tflops=19.5, launch_s=2e-6),
+                    fp32_tflops=19.5),
     # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 1,979 FP8, 67 FP32, 3.35 TB/s HBM3, 80 GB.
     "h100": GPUSpec("h100", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0, compute="h100", fp8_tflops=1979.0,
-                    fp32_tflops=67.0, launch_s=2e-6),
+                    fp32_tflops=67.0),
     # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e (nvidia-smi: 143,771 MiB) at 4.8 TB/s.
     "h200": GPUSpec("h200", tflops=989.0, hbm_GBps=4800.0, memory_GiB=140.4, compute="h200", fp8_tflops=1979.0,
-                    fp32_tflops=67.0, launch_s=2e-6),
+                    fp32_tflops=67.0),
     # NVIDIA HGX B200 / DGX B200 datasheets: 2.25 PFLOP/s dense bf16 per GPU (4.5 with sparsity), 4.5 dense FP8,
     # FP32 600 TFLOP/s for 8 GPUs (HGX B200), HBM3e 8 TB/s, 180 GB (DGX B200: 1,440 GB for 8 GPUs).
     "b200": GPUSpec("b200", tflops=2250.0, hbm_GBps=8000.0, memory_GiB=180.0, arch="blackwell", compute="b200",
-                    fp8_tflops=4500.0, fp32_tflops=75.0, launch_s=2e-6),
+                    fp8_tflops=4500.0, fp32_tflops=75.0),
     # NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s bf16 with sparsity for 72 GPUs = 2.5 PFLOP/s dense per GPU, 720
     # PFLOP/s FP8 with sparsity = 5 dense, FP32 5,760 TFLOP/s = 80 per GPU; HBM3e 13.4 TB at 576 TB/s for 72 GPUs
     # = 186 GB at 8 TB/s per GPU.
     "gb200": GPUSpec("gb200", tflops=2500.0, hbm_GBps=8000.0, memory_GiB=186.0, arch="blackwell", compute="gb200",
-                     fp8_tflops=5000.0, fp32_tflops=80.0, launch_s=2e-6),
+                     fp8_tflops=5000.0, fp32_tflops=80.0),
     # NVIDIA L40S datasheet: 362 TFLOP/s dense bf16 (733 with sparsity), 733 dense FP8, 91.6 FP32, 864 GB/s GDDR6,
     # 48 GB; PCIe only. NCCL tunes sm89 with the Ampere row (tuning.cc:263-266).
     "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0, arch="ampere", compute="l40s",
-                    fp8_tflops=733.0, fp32_tflops=91.6, launch_s=2e-6),
+                    fp8_tflops=733.0, fp32_tflops=91.6),
     # A CPU rank on a laptop-class core; `distlab calibrate` replaces it with measured numbers. Gloo: no NCCL.
     "cpu": GPUSpec("cpu", tflops=0.05, hbm_GBps=10.0, memory_GiB=8.0, arch="cpu"),
 }
@@ -208,7 +209,7 @@ PRESETS = {
     # bidirectional = 200 GB/s per direction (NVIDIA H800 SXM5 datasheet); efficiency 0.8 = the 160 GB/s the
     # paper reports NVLink reaching (sec. 3.2.2), beside 50 GB/s InfiniBand per GPU (8 x 400 Gb/s NICs).
     "hgx-h800": Cluster("hgx-h800", 1, 8, GPUSpec("h800", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0,
-                                                  compute="h800", fp8_tflops=1979.0, fp32_tflops=67.0, launch_s=2e-6),
+                                                  compute="h800", fp8_tflops=1979.0, fp32_tflops=67.0),
                         IntraNode("nvswitch", 200.0, 0.6, efficiency=0.8), NDR_IB),   # NVLS: not documented for H800
     # DGX B200: 8 x B200 on NVLink 5 (2 NVLink Switch chips), 8 x ConnectX-7 400 Gb/s (DGX B200 datasheet).
     # Measured nccl-tests busbw: no published figure found.

@@ -68,9 +68,9 @@ def throughput(result) -> dict:
         bare = sum(o.flops for o in ops if o.flops and not o.gemms and o.attention is None)
         total = sum(o.flops for o in ops)
         if total and bare / total > 0.5:
-            notes.append(f"{100 * bare / total:.0f}% of the FLOPs are in ops without kernel shapes ({result.workload.name}"
-                         " builder), priced at the best GEMM's rate: an upper bound (no attention kernel, no small-GEMM"
-                         " losses)")
+            notes.append(f"{100 * bare / total:.0f}% of the FLOPs are in ops without kernel shapes "
+                         f"({result.workload.name} builder), priced at the best GEMM's rate: an upper bound (no "
+                         "attention kernel, no small-GEMM losses)")
         if not constants(km.generation).fitted_on and getattr(gpu, "sustained", None) is None:
             notes.append(f"{km.generation} has no published row fitted (sim/compute/fitted.py): kernel rates are "
                          "micro-benchmarks', an upper bound")

@@ -154,7 +154,7 @@ def test_counted_launches_replace_the_per_kernel_overhead():
     from distlab.sim.cluster import PRESETS
     from distlab.sim.compute import op_seconds
     from distlab.sim.plan import Compute
-    gpu = replace(PRESETS["dgx-h100"].gpu, launch_s=1e-5)
+    gpu = replace(PRESETS["dgx-h100"].gpu, compute=None, launch_s=1e-5)    # launch_s alone, no kernel model
     bare = replace(gpu, launch_s=0.0)
     op = Compute("mlp", gemms=((512, 1024, 256), (512, 256, 1024)))
     assert op_seconds(op, gpu) == pytest.approx(op_seconds(op, bare) + 2e-5)

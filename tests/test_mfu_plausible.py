@@ -37,3 +37,16 @@ def test_flops_only_builders_say_their_mfu_is_an_upper_bound():
     assert any("without kernel shapes" in n and "upper bound" in n for n in s["compute_notes"])
     assert s["tokens_per_step"] == 8 * 8192 and s["tflops_per_gpu"] == pytest.approx(
         s["mfu"] * PRESETS["dgx-h100"].gpu.tflops)
+
+
+def test_simulate_prints_the_throughput_and_json_carries_it(capsys):
+    from distlab.runtime.cli import main
+    args = ["simulate", "--model", "llama3-8b", "--micro-batch", "1", "--world-size", "8", "--no-files"]
+    assert main(args + ["--json"]) == 0
+    r = __import__("json").loads(capsys.readouterr().out)["results"][0]
+    for key in ("model_flops_per_token", "hardware_flops_per_token", "flops_convention", "mfu", "hfu",
+                "tflops_per_gpu", "tokens_per_s_per_gpu", "tokens_per_step", "compute_notes"):
+        assert key in r, key
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{100 * r['mfu']:.1f} %" in out and "tokens/s per GPU" in out and "note: " in out

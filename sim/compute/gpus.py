@@ -94,6 +94,8 @@ class KernelModel:
     """The measured behaviour of one GPU's kernels (module docstring)."""
     name: str
     generation: str                               # the fitted constants' key (sim/compute/fitted.py)
+    peak_tflops: float                            # the datasheet bf16 peak and HBM bandwidth of the GPU measured:
+    hbm_GBps: float                               # the model applies to a spec with these (sim/cluster.py GPUS)
     sms: int                                      # streaming multiprocessors (datasheet / whitepaper)
     gemm_fraction: dict = field(hash=False)       # input dtype -> best GEMM / datasheet peak (measured)
     best_shape: tuple[int, int, int] = (8192, 8192, 8192)   # (M, N, K) of the best GEMM (where MAMF names one)
@@ -114,39 +116,44 @@ class KernelModel:
 KERNEL_MODELS = {
     # A100 SXM4 80GB: 108 SMs (NVIDIA A100 whitepaper). MAMF bf16 271.2 of 312 TFLOP/s at 1024x10240x5120
     # (M x N x K as mamf-finder prints it). fp32: 19.18 of 19.5 (zzc0721 database.md, "A100 SXM4 80GB").
-    "a100": KernelModel("a100", "ampere", 108, {"bfloat16": 0.869, "float16": 0.869, "float32": 0.984},
-                        (1024, 10240, 5120), FA2_A100,
+    "a100": KernelModel("a100", "ampere", 312.0, 2039.0, 108,
+                        {"bfloat16": 0.869, "float16": 0.869, "float32": 0.984}, (1024, 10240, 5120), FA2_A100,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 database.md"),
     # H100 SXM5 80GB: 132 SMs (H100 datasheet). MAMF bf16 794.5 / 989 at 2048x2048x13312; fp8 1402.6 / 1979;
     # fp32 51.88 of 66.9 (zzc0721 database.md / issue #79).
-    "h100": KernelModel("h100", "hopper", 132, {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709,
-                                               "float32": 0.775}, (2048, 2048, 13312), FA3_H100,
+    "h100": KernelModel("h100", "hopper", 989.0, 3350.0, 132,
+                        {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709, "float32": 0.775},
+                        (2048, 2048, 13312), FA3_H100,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 issue #79"),
     # H200 SXM: the H100's compute ("H200 is the same", MAMF table, bf16); fp8 1453.4 / 1979 measured on H200;
     # fp32 51.34 / 66.9 (zzc0721 database.md "NVIDIA H200").
-    "h200": KernelModel("h200", "hopper", 132, {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.734,
-                                               "float32": 0.767}, (2048, 2048, 13312), FA3_H100,
+    "h200": KernelModel("h200", "hopper", 989.0, 4800.0, 132,
+                        {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.734, "float32": 0.767},
+                        (2048, 2048, 13312), FA3_H100,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 database.md"),
     # H800 SXM: the H100 die with NVLink cut (DeepSeek-V3, arXiv 2412.19437 sec. 3.1); no separate measurement:
     # the H100's.
-    "h800": KernelModel("h800", "hopper", 132, {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709,
-                                               "float32": 0.775}, (2048, 2048, 13312), FA3_H100,
+    "h800": KernelModel("h800", "hopper", 989.0, 3350.0, 132,
+                        {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709, "float32": 0.775},
+                        (2048, 2048, 13312), FA3_H100,
                         sources="H100's (same die)"),
     # B200 SXM: 148 SMs (ml-engineering training/performance/README.md: "a B200 SKU also reads 148"). MAMF bf16
     # 1745.0 / 2250 at 1792x16128x3072; fp8 3432.5 / 4500; fp32 66.24 of 75 (zzc0721 database.md "B200 180GB";
     # HGX B200 datasheet FP32 600 TFLOPS for 8 GPUs).
-    "b200": KernelModel("b200", "blackwell", 148, {"bfloat16": 0.776, "float16": 0.776, "float8_e4m3fn": 0.763,
-                                                  "float32": 0.883}, (1792, 16128, 3072), FA4_B200,
+    "b200": KernelModel("b200", "blackwell", 2250.0, 8000.0, 148,
+                        {"bfloat16": 0.776, "float16": 0.776, "float8_e4m3fn": 0.763, "float32": 0.883},
+                        (1792, 16128, 3072), FA4_B200,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 database.md"),
     # GB200: MAMF bf16 1822.0 / 2500 at 4096x9728x2048, fp8 3615.6 / 5000 (MAMF table, "GB200 SXM"); SMs and fp32:
     # no separate figure, B200's.
-    "gb200": KernelModel("gb200", "blackwell", 148, {"bfloat16": 0.729, "float16": 0.729, "float8_e4m3fn": 0.723,
-                                                    "float32": 0.883}, (4096, 9728, 2048), FA4_B200,
-                         sources="MAMF table (ml-engineering 744d01e)"),
+    "gb200": KernelModel("gb200", "blackwell", 2500.0, 8000.0, 148,
+                         {"bfloat16": 0.729, "float16": 0.729, "float8_e4m3fn": 0.723, "float32": 0.883},
+                         (4096, 9728, 2048), FA4_B200, sources="MAMF table (ml-engineering 744d01e)"),
     # L40S (Ada, sm89): 142 SMs (L40S datasheet). No MAMF row: the best square GEMM of zzc0721 database.md,
     # "NVIDIA L40S": bf16 269.15 of 362, fp32 46.88 of 91.6; fp8: no measurement, bf16's fraction. Attention:
     # FlashAttention-2 (A100's figures: no Ada measurement found).
-    "l40s": KernelModel("l40s", "ada", 142, {"bfloat16": 0.743, "float16": 0.743, "float8_e4m3fn": 0.743,
-                                               "float32": 0.512}, (8192, 8192, 8192), FA2_A100,
+    "l40s": KernelModel("l40s", "ada", 362.0, 864.0, 142,
+                        {"bfloat16": 0.743, "float16": 0.743, "float8_e4m3fn": 0.743, "float32": 0.512},
+                        (8192, 8192, 8192), FA2_A100,
                         sources="zzc0721 database.md"),
 }

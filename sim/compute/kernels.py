@@ -31,7 +31,7 @@ element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
 An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
 GEMM rate (an upper bound: no shapes, no attention kernel) or its bytes, the larger; plus a launch.
-``launch`` = the model's measured launch_s plus the fitted kernel_gap_s, per kernel.
+``launch`` = the spec's launch_s plus the model's measured launch_s and the fitted kernel_gap_s, per kernel.
 """
 from __future__ import annotations
 
@@ -54,9 +54,13 @@ TORCH_COMPILE_SPEEDUP = 1.16
 
 
 def kernel_model(gpu):
-    """The GPU's measured kernel model (sim/compute/gpus.py), or None (a custom GPU, a CPU)."""
+    """The GPU's measured kernel model (sim/compute/gpus.py), or None: a custom GPU, a CPU, or a preset whose peak
+    or bandwidth was changed (the measurements describe the GPU they were taken on)."""
     name = getattr(gpu, "compute", None)
-    return KERNEL_MODELS.get(name) if name else None
+    model = KERNEL_MODELS.get(name) if name else None
+    if model is None or gpu.tflops != model.peak_tflops or gpu.hbm_GBps != model.hbm_GBps:
+        return None
+    return model
 
 
 def sustained(gpu) -> float:
@@ -68,9 +72,13 @@ def sustained(gpu) -> float:
 
 
 def launch_s(gpu) -> float:
-    """Seconds each kernel costs beyond its work: the spec's launch_s, plus the generation's fitted gap."""
+    """Seconds each kernel costs beyond its work: the spec's launch_s, plus the kernel model's measured launch and
+    the generation's fitted gap (unless the spec carries its own constants: ``sustained`` set)."""
     model = kernel_model(gpu)
-    return gpu.launch_s + (constants(model.generation).kernel_gap_s if model else 0.0)
+    if model is None:
+        return gpu.launch_s
+    gap = constants(model.generation).kernel_gap_s if getattr(gpu, "sustained", None) is None else 0.0
+    return gpu.launch_s + model.launch_s + gap
 
 
 def peak_tflops(gpu, dtype: str) -> float:

@@ -10,8 +10,8 @@ compute model (sim/compute/: measured kernel rates, the generation's fitted cons
 the source counts them:
 - ``megatron-eq3`` = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) (Narayanan et al. 2021, eq. 3: forward, backward and
   the recomputed forward);
-- ``megatron-core-0.8`` = 12·B·s·l·h²·((1 + g/n + s/h)·p + f/h·u + V/(2·l·h)), g query groups of n heads, p the
-  query projection over h, f the FFN size, u 3/2 with SwiGLU (megatron/training/training.py
+- ``megatron-core-0.8`` = 12·B·s·l·h²·((1 + g/n + s/h)·p + f/h·u + V/(2·l·h)), g query groups of n heads,
+  p the query projection over h, f the FFN size, u 3/2 with SwiGLU (megatron/training/training.py
   ``num_floating_point_operations``, core_r0.8.0, lines 73-120: forward and backward, no recomputation);
 - ``6nd`` = 6 x parameters x tokens; ``palm`` = (6N + 12·l·h·s) x tokens (sim/compute/flops.py).
 Predicted figures: tflops_per_gpu = FLOPs / (step x GPUs), mfu = that / the bf16 peak, tokens_per_s = B·s / step,
