@@ -162,15 +162,24 @@ def check_step(gpu_name: str, device, quick: bool, steps: int) -> list[dict]:
     spec = step_model(quick)
     model = gpt(**spec, dtype="bfloat16", name="gpu-check-llama")
     module = build_module(model).to(device)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    params = list(module.parameters())
+    # AdamW as the simulated step has it; --quick (a test of the logic on CPU) steps the parameters by hand:
+    # torch.optim's first use imports torch._dynamo, seconds a test need not spend
+    opt = None if quick else torch.optim.AdamW(params, lr=1e-4)
     idx = torch.randint(0, spec["vocab"], (spec["micro_batch"], spec["seq_len"]), device=device)
 
     def step():
         logits = module(idx)
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return
+        with torch.no_grad():
+            for p in params:
+                p.sub_(1e-4 * p.grad)
+                p.grad = None
     measured = timed(step, device, steps)
     d = {"model": {**spec, "dtype": "bfloat16"}, "mesh": {"tp": 1}, "tp": {}, "cluster": CLUSTER_OF[gpu_name],
          "world_size": 1}
