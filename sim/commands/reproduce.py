@@ -1,6 +1,8 @@
 """`distlab reproduce [RUNS.yaml]`: simulate published training runs and compare with what they reported."""
 from __future__ import annotations
 
+import os
+
 NAME = "reproduce"
 HELP = ("Simulate published training runs (default: the shipped file: Megatron-LM's SC21 Table 1 on A100s, "
         "Megatron-Core's H100 weak scaling, Llama 3's 405B table, torchtitan's H100/H200 benchmarks) on their cluster "
@@ -18,7 +20,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.sim.cli import print_json, print_table, progress
+    from distlab.sim.cli import print_json, progress
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import check_output
     from distlab.sim.reproduce.predict import predict
@@ -51,25 +53,44 @@ def run(args) -> int:
                     "by_generation": by_key(simulated, "generation"), "by_source": by_key(simulated, "table")},
                    NAME)
     else:
-        rows = [[x["name"], x["world_size"], x["figure"], f"{x['reported']:.4g}", f"{x['predicted']:.4g}",
-                 f"{100 * x['error']:+.1f}%", f"{100 * x['mfu']:.1f}%", f"{x['step_time_s']:.4g}",
-                 "yes" if x["fitted"] else ""] for x in simulated]
-        print_table(f"distlab reproduce {path}", ["run", "GPUs", "figure", "reported", "predicted", "error",
-                                                  "MFU", "step s", "fitted"], rows)
-        for key, title in (("generation", "GPU generation"), ("table", "source")):
-            for s in by_key(simulated, key):
-                if s["rows"]:
-                    print(f"{title} {s[key]}: {s['rows']} rows not fitted on, median |error| "
-                          f"{100 * s['median_abs_error']:.1f}%, largest {100 * s['max_abs_error']:.1f}%, bias "
-                          f"{100 * s['bias']:+.1f}%")
-        for x in missing:
-            print(f"not expressible yet: {x['name']} ({x['world_size']} GPUs): {x['reason']}")
-        for x in skipped:
-            print(f"skipped {x['name']} ({x['world_size']} GPUs): {x['reason']}")
+        print_text(path, simulated, missing, skipped)
     if args.plot:
         from distlab.sim.io import save_figure
         save_figure(draw(simulated), args.plot)
     return 0
+
+
+FIGURE_LABELS = {"tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "tokens_per_s": "tok/s",
+                 "tokens_per_s_per_gpu": "tok/s/GPU", "iteration_s": "step s"}
+
+
+def print_text(path: str, simulated: list[dict], missing: list[dict], skipped: list[dict]) -> None:
+    """The table (fitted rows marked), the accuracy per GPU generation and per source, then the rows not
+    expressible yet grouped by reason and the skipped ones, within 100 columns."""
+    import re
+    import textwrap
+    from distlab.sim.cli import print_table
+
+    def num(v):
+        return f"{v:,.0f}" if v >= 1000 else f"{v:.4g}"
+    rows = [[x["name"], x["world_size"], FIGURE_LABELS[x["figure"]], num(x["reported"]), num(x["predicted"]),
+             f"{100 * x['error']:+.1f}%", f"{100 * x['mfu']:.1f}%", f"{x['step_time_s']:.3g}",
+             "yes" if x["fitted"] else ""] for x in simulated]
+    print_table(f"distlab reproduce {os.path.basename(path)}", ["run", "GPUs", "figure", "reported", "predicted",
+                                                               "error", "MFU", "step s", "fitted"], rows)
+    print("rows not fitted on: median |error|, largest |error|, bias (median error)")
+    for key in ("generation", "table"):
+        for s in by_key(simulated, key):
+            if s["rows"]:
+                name = re.sub(r"\S+/", "", re.sub(r" \([^)]*\)", "", s[key]))     # no parentheses, no folders
+                print(f"  {100 * s['median_abs_error']:.1f}% {100 * s['max_abs_error']:.1f}% "
+                      f"{100 * s['bias']:+.1f}% ({s['rows']} rows) {name}")
+    for what, group in (("not expressible yet", missing), ("skipped", skipped)):
+        for reason in dict.fromkeys(x["reason"] for x in group):
+            names = ", ".join(x["name"] for x in group if x["reason"] == reason)
+            print(textwrap.fill(f"{what}: {names}", 100, subsequent_indent="  ", break_on_hyphens=False))
+            print(textwrap.fill(f"because {reason}", 100, initial_indent="  ", subsequent_indent="  ",
+                                break_on_hyphens=False))
 
 
 def summary(results: list[dict]) -> dict:
