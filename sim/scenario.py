@@ -31,7 +31,7 @@ import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
-from distlab.sim.result import Result, step_summary
+from distlab.sim.result import Result, step_summary, throughput
 from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
@@ -313,6 +313,7 @@ def simulate(d: dict, where: str = "scenario") -> Result:
     result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
                        link_factors=d.get("degraded_links"))
     result.summary = step_summary(result.trace)
+    result.summary.update(throughput(result))
     if result.workload.report is not None:
         result.reports[result.workload.name] = result.workload.report(result)
     return result

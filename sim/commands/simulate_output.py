@@ -59,9 +59,15 @@ def options_lines(result) -> list[tuple[str, dict]]:
 
 
 def summary_rows(s: dict) -> list[list]:
-    return [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
+    rows = [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
             ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
             ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"], ["overlap", f"{s['overlap_pct']:.1f} %"]]
+    if "mfu" in s:
+        rows += [["MFU (HFU)", f"{100 * s['mfu']:.1f} % ({100 * s['hfu']:.1f} %)"],
+                 ["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
+                 ["tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"],
+                 ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12·l·h·s)"]]
+    return rows
 
 
 def mesh_json(result) -> dict:
@@ -150,6 +156,8 @@ def print_result(result, changed: list[str]) -> None:
             print(f"  ({note})")
     for line in warnings(result):
         print(f"warning: {line}")
+    for line in result.summary.get("compute_notes", []):
+        print(f"note: {line}")
 
 
 def sweep_figure(workload, rows: list[dict], key: str, title: str):
