@@ -1,19 +1,131 @@
-"""What every `distlab` subcommand shares: a parser that reports bad flags in one line, tables, JSON."""
+"""What every `distlab` subcommand shares: a parser that reports bad flags in one line, tables that fit 100
+columns, notes, JSON.
+
+    print_table("buckets", ["bucket", "MiB"], rows, max_rows=LONG_TABLE)   # 20 of 400 rows; --verbose: all
+    note("ready: the bucket's last gradient is computed")                   # '  (ready: ...)', wrapped
+
+Output reads at a glance (issue 33): every line fits WIDTH = 100 columns (tables wrap their text columns, notes
+wrap at words; ``--wide`` lets tables be as wide as they need), and a table that grows with the model or the
+world shows its first and last rows with a line saying how many it left out (``--verbose`` shows all). The
+flags are the command's (``add_output_arguments``); ``run_command`` puts them in ``STYLE`` for the printers.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import textwrap
+from dataclasses import dataclass
 
 from distlab.sim.errors import ConfigError
 
+WIDTH = 100             # columns of every printed line unless --wide
+LONG_TABLE = 20         # rows a growing table shows without --verbose: the first 16 and the last 4
+
+
+@dataclass
+class OutputStyle:
+    """What the command's --verbose and --wide asked for (set by run_command)."""
+    verbose: bool = False
+    wide: bool = False
+
+
+STYLE = OutputStyle()
+
+
+def add_output_arguments(p, verbose: bool = True) -> None:
+    """``--verbose`` (every row of long tables; skip it where the command already has one) and ``--wide``."""
+    if verbose:
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help=f"print every row of long tables (default: the first and last of {LONG_TABLE})")
+    p.add_argument("--wide", action="store_true", help=f"let tables be as wide as they need (default: wrap to "
+                                                       f"{WIDTH} columns)")
+
+
+def say(text: str = "", indent: str = "", first: str | None = None) -> None:
+    """Print ``text`` wrapped at words to WIDTH columns (unless --wide): ``first`` before the first line
+    (default ``indent``), ``indent`` before the others."""
+    first = indent if first is None else first
+    if STYLE.wide or len(first) + len(text) <= WIDTH:
+        print(first + text)
+        return
+    print("\n".join(textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent,
+                                   break_on_hyphens=False, break_long_words=False)))
+
+
+def note(text: str) -> None:
+    """An explanation under a table: ``  (text)``, wrapped."""
+    say(f"({text})", indent="   ", first="  ")
+
+
+def elide(rows: list, max_rows: int | None) -> tuple[list, int]:
+    """(rows to show, how many were left out): without --verbose, a table of more than ``max_rows`` rows keeps
+    its first ``max_rows - 4`` and last 4, with a row of '...' between them."""
+    if max_rows is None or STYLE.verbose or len(rows) <= max_rows:
+        return list(rows), 0
+    head, tail = max_rows - 4, 4
+    width = len(rows[0]) if rows else 1
+    return list(rows[:head]) + [["..."] * width] + list(rows[-tail:]), len(rows) - head - tail
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit code 2 (no usage dump)."""
+    """argparse, but a bad flag is one line on stderr in distlab's words and exit code 2 (no usage dump), and a
+    value that starts with '-' (``--size -1MiB``) reaches the flag's own check instead of being taken for a
+    flag."""
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{self.prog}: error: {argparse_message(message)} (see {self.prog} --help)\n")
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(attach_dash_values(self, args), namespace)
+
+
+def attach_dash_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``['--size', '-1MiB']`` -> ``['--size=-1MiB']`` for a flag that takes one value when the next word
+    starts with '-' and is not one of the parser's flags (argparse would say "expected one argument")."""
+    one_value = {s for a in parser._actions if a.nargs is None for s in a.option_strings}
+    known = {s for a in parser._actions for s in a.option_strings}
+    out, i = [], 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            return out + args[i:]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if word in one_value and nxt is not None and nxt.startswith("-") and nxt != "--" \
+                and nxt.split("=")[0] not in known:
+            out.append(f"{word}={nxt}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def argparse_message(message: str) -> str:
+    """argparse's error in distlab's form, ``FLAG: what is wrong; what is allowed``:
+    "argument --nodes: invalid int value: 'x'" -> "--nodes: 'x' is not a whole number"."""
+    import re
+    flag, text = None, message
+    m = re.match(r"argument (\S+?): (.*)$", message, re.S)
+    if m:
+        flag, text = m.group(1).split("/")[-1], m.group(2)
+    rules = [(r"invalid int value: (.*)$", r"\1 is not a whole number"),
+             (r"invalid float value: (.*)$", r"\1 is not a number"),
+             (r"invalid \w+ value: (.*)$", r"\1 is not allowed"),
+             (r"invalid choice: (.*?) \(choose from (.*)\)$", lambda m: f"{m.group(1)} is not allowed; allowed: "
+              + m.group(2).replace("'", "")),
+             (r"expected one argument$", "needs a value"),
+             (r"expected at least one argument$", "needs at least one value"),
+             (r"unrecognized arguments: (.*)$", r"unknown argument \1"),
+             (r"the following arguments are required: (.*)$", r"\1 is required"),
+             (r"ambiguous option: (\S+) could match (.*)$", r"\1 is ambiguous: it could be \2")]
+    for pattern, repl in rules:
+        if re.match(pattern, text, re.S):
+            text = re.sub(pattern, repl, text, flags=re.S)
+            break
+    return f"{flag}: {text}" if flag else text
 
 
 def fail(message: str, code: int = 2):
@@ -44,16 +156,26 @@ def print_json(obj, command: str | None = None) -> None:
     sys.stdout.write(json.dumps(with_schema(obj, command), indent=2, sort_keys=False) + "\n")
 
 
-def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1) -> None:
-    """A plain table through rich (no colours when stdout is not a terminal)."""
+def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1,
+                max_rows: int | None = None) -> None:
+    """A plain table through rich (no colours when stdout is not a terminal): the first ``justify_left``
+    columns left-aligned text that wraps to fit WIDTH (unless --wide), the others right-aligned and never
+    wrapped. ``max_rows``: a table that grows with the model or the world shows that many rows without
+    --verbose (``elide``), and says how many it left out."""
     from rich.console import Console
     from rich.table import Table
-    table = Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
+    if title:
+        say(title)
+    shown, left_out = elide(rows, max_rows)
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i < justify_left else "right", no_wrap=True)
-    for r in rows:
+        text = i < justify_left
+        table.add_column(c, justify="left" if text else "right", no_wrap=not text, overflow="fold")
+    for r in shown:
         table.add_row(*[str(x) for x in r])
-    Console(width=200, soft_wrap=True).print(table)
+    Console(width=100_000 if STYLE.wide else WIDTH, soft_wrap=STYLE.wide).print(table)
+    if left_out:
+        note(f"{left_out} of {len(rows)} rows left out; --verbose prints them all")
 
 
 def progress(iterable, total: int, description: str, enabled: bool = True, delay_s: float = 2.0):
@@ -114,6 +236,8 @@ class working:
 
 def run_command(module, args) -> int:
     _running.append(module.NAME)
+    saved = OutputStyle(STYLE.verbose, STYLE.wide)
+    STYLE.verbose, STYLE.wide = bool(getattr(args, "verbose", False)), bool(getattr(args, "wide", False))
     try:
         rc = module.run(args)
         return 0 if rc is None else int(rc)
@@ -127,6 +251,7 @@ def run_command(module, args) -> int:
         return 0
     finally:
         _running.pop()
+        STYLE.verbose, STYLE.wide = saved.verbose, saved.wide
 
 
 class RowPrinter:

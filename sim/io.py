@@ -1,6 +1,7 @@
 """Small input/output helpers shared by the CLI: sizes, YAML, atomic writes."""
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -187,8 +188,10 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"cannot write in folder {folder}: {e.strerror}", flag) from None
+    except OSError as e:          # /proc/sys answers ENOENT, a read-only mount EROFS: the folder is there
+        why = "" if e.errno == errno.ENOENT else f" ({e.strerror})"
+        raise ConfigError(f"folder {folder} exists but files cannot be created in it{why}; give a folder you can "
+                          "write", flag) from None
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
