@@ -42,10 +42,9 @@ def add_output_arguments(p, verbose: bool = True) -> None:
                                                        f"{WIDTH} columns)")
 
 
-def say(text: str = "", indent: str = "", first: str | None = None) -> None:
-    """Print ``text`` wrapped at words to WIDTH columns (unless --wide): ``first`` before the first line
-    (default ``indent``), ``indent`` before the others."""
-    first = indent if first is None else first
+def say(text: str = "", indent: str = "", first: str = "") -> None:
+    """Print ``text`` wrapped at words to WIDTH columns (unless --wide): ``first`` before its first line,
+    ``indent`` before the others."""
     if STYLE.wide or len(first) + len(text) <= WIDTH:
         print(first + text)
         return
@@ -156,26 +155,66 @@ def print_json(obj, command: str | None = None) -> None:
     sys.stdout.write(json.dumps(with_schema(obj, command), indent=2, sort_keys=False) + "\n")
 
 
+MIN_WRAPPED = 16        # a wrapped text column keeps at least this many columns
+
+
+def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], width: int | None = WIDTH
+                ) -> tuple[list[int | None], list[int]]:
+    """(each column's width cap, None = its natural width; the indices of the columns left out) so that the
+    table fits ``width`` columns (two spaces between columns): the widest wrappable column is narrowed first
+    (water-filling, none below MIN_WRAPPED); if that is not enough, columns are left out from the right (never
+    the first). ``width`` None: no limit."""
+    natural = [max([len(c)] + [len(str(r[i])) for r in rows]) for i, c in enumerate(columns)]
+    caps: list[int | None] = [None] * len(columns)
+    if width is None:
+        return caps, []
+    kept = list(range(len(columns)))
+
+    def total():
+        return sum(caps[i] or natural[i] for i in kept) + 2 * (len(kept) - 1)
+    while total() > width:
+        shrink = [i for i in kept if wrappable[i] and (caps[i] or natural[i]) > MIN_WRAPPED]
+        if shrink:
+            widest = max(shrink, key=lambda i: caps[i] or natural[i])
+            caps[widest] = max(MIN_WRAPPED, (caps[widest] or natural[widest]) - (total() - width))
+            continue
+        if len(kept) == 1:
+            break
+        kept.pop()
+    return caps, [i for i in range(len(columns)) if i not in kept]
+
+
 def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1,
                 max_rows: int | None = None) -> None:
     """A plain table through rich (no colours when stdout is not a terminal): the first ``justify_left``
-    columns left-aligned text that wraps to fit WIDTH (unless --wide), the others right-aligned and never
-    wrapped. ``max_rows``: a table that grows with the model or the world shows that many rows without
-    --verbose (``elide``), and says how many it left out."""
+    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``:
+    columns of text wrap, numbers never; what still does not fit is left out and named). ``max_rows``: a table
+    that grows with the model or the world shows that many rows without --verbose (``elide``), and says how
+    many it left out."""
     from rich.console import Console
     from rich.table import Table
     if title:
         say(title)
-    shown, left_out = elide(rows, max_rows)
+    shown, left_out = elide([[str(x) for x in r] for r in rows], max_rows)
+    wrappable = [i < justify_left or any(" " in r[i] for r in shown) for i in range(len(columns))]
+    caps, dropped = fit_columns(columns, shown, wrappable, None if STYLE.wide else WIDTH)
+    kept = [i for i in range(len(columns)) if i not in dropped]
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for i, c in enumerate(columns):
-        text = i < justify_left
-        table.add_column(c, justify="left" if text else "right", no_wrap=not text, overflow="fold")
+    for i in kept:
+        table.add_column(columns[i], justify="left" if i < justify_left else "right", no_wrap=caps[i] is None,
+                         overflow="fold", max_width=caps[i])
     for r in shown:
-        table.add_row(*[str(x) for x in r])
-    Console(width=100_000 if STYLE.wide else WIDTH, soft_wrap=STYLE.wide).print(table)
+        table.add_row(*[r[i] for i in kept])
+    import io
+    buffer = io.StringIO()
+    Console(file=buffer, width=100_000 if STYLE.wide else WIDTH, soft_wrap=False, force_terminal=False,
+            color_system=None).print(table)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
     if left_out:
         note(f"{left_out} of {len(rows)} rows left out; --verbose prints them all")
+    if dropped:
+        note(f"left out to fit {WIDTH} columns: {', '.join(columns[i] or '(unnamed)' for i in dropped)}; --wide "
+             "shows them")
 
 
 def progress(iterable, total: int, description: str, enabled: bool = True, delay_s: float = 2.0):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 
-from distlab.sim.cli import print_json, print_table
+from distlab.sim.cli import LONG_TABLE, note, print_json, print_table, say
 
 SUMMARY_NOTE = ("communication: time rank 0 has data moving (collectives, send/recv); exposed: communication "
                 "during which rank 0 computes nothing; overlap = hidden / communication")
@@ -73,37 +73,39 @@ def warnings(result) -> list[str]:
 
 
 def print_result(result, changed: list[str]) -> None:
+    """The summary first (what ran, the step's times, the workload's key figures), then the workload's tables,
+    each cut to its first and last rows without --verbose; every line within 100 columns unless --wide."""
     from distlab.sim.analysis import straggler_report, time_breakdown
     c = result.cluster
     name = result.scenario.get("name")
     if name and changed:
-        print(f"scenario: {result.label} (from {name!r}, with {' '.join(changed)})")
+        say(f"scenario: {result.label} (from {name!r}, with {' '.join(changed)})", indent="          ")
     else:
-        print(f"scenario: {name or result.label}")
-    print(f"model:    {result.model.summary()}")
-    print(f"cluster:  {c.name}, {result.plan.world_size} ranks ({c.nodes} node(s) x {c.gpus_per_node}, "
-          f"{c.gpu.memory_GiB:g} GiB per GPU)")
+        say(f"scenario: {name or result.label}", indent="          ")
+    say(f"model:    {result.model.summary()}", indent="          ")
+    say(f"cluster:  {c.name}, {result.plan.world_size} ranks ({c.nodes} node(s) x {c.gpus_per_node}, "
+        f"{c.gpu.memory_GiB:g} GiB per GPU)", indent="          ")
     place = ", ".join(f"{p.dim}={p.size} ({'inside a node' if p.intra_node else f'across {p.nodes_per_group} nodes'})"
                       for p in result.mesh.placement(c.gpus_per_node))
-    print(f"mesh:     {place}")
+    say(f"mesh:     {place}", indent="          ")
     opts = asdict(result.options)
-    print(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
-    print("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()))
+    say(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}", indent="          ")
+    say("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()), indent="          ")
     rep = result.report
     print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
-    print(f"  ({SUMMARY_NOTE})")
+    note(SUMMARY_NOTE)
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
         print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
                     [[b.rank, f"{b.compute_s * 1e3:.3f}", f"{b.waiting_s * 1e3:.3f}", f"{b.transfer_s * 1e3:.3f}"]
-                     for b in time_breakdown(result.trace)[:16]])
+                     for b in time_breakdown(result.trace)], max_rows=LONG_TABLE)
         for line in straggler_report(result.trace):
-            print(line)
+            say(line, indent="  ")
     for table in rep.get("tables", []):
-        print_table(table["title"], table["columns"], table["rows"], justify_left=1)
-        for note in table.get("notes", []):
-            print(f"  ({note})")
+        print_table(table["title"], table["columns"], table["rows"], justify_left=1, max_rows=LONG_TABLE)
+        for text in table.get("notes", []):
+            note(text)
     for line in warnings(result):
-        print(f"warning: {line}")
+        say(f"warning: {line}", indent="  ")
 
 
 def sweep_figure(workload, rows: list[dict], key: str, title: str):
@@ -131,7 +133,7 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
     print_table(title, [header(k) for k in cols],
                 [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
     best = min(rows, key=lambda r: r["step_s"])
-    print(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
+    say(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
 
 
 def run_plan_file(args) -> int:
@@ -173,10 +175,10 @@ def run_plan_file(args) -> int:
                                                            "gpus_per_node": cluster.gpus_per_node},
             "world_size": plan.world_size, **summary}], "files": files})
         return 0
-    print(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)")
-    print(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}")
+    say(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)", indent="  ")
+    say(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}", indent="  ")
     print_table(None, ["", "value"], summary_rows(summary))
-    print(f"  ({SUMMARY_NOTE})")
+    note(SUMMARY_NOTE)
     for path in files.values():
         print(f"wrote {path}")
     return 0
