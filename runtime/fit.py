@@ -143,7 +143,8 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
         alone = max(1.0, world_size / cpu_cores) if cpu_cores else 1.0
         gpu = GPUSpec("cpu" if backend == "gloo" else "measured",
                       tflops=round(compute["flops_per_s"] * alone / 1e12, 6),
-                      hbm_GBps=round(compute["copy_Bps"] * alone / 1e9, 3), memory_GiB=round(mem, 2))
+                      hbm_GBps=round(compute["copy_Bps"] * alone / 1e9, 3), memory_GiB=round(mem, 2),
+                      arch="cpu" if backend == "gloo" else compute.get("arch", "hopper"))
     intra = base.intra_node
     ar = calibration.get("collectives", {}).get("all_reduce")
     if ar:

@@ -181,9 +181,19 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
             every = [None] * ctx.world_size
             dist.all_gather_object(every, (t0 - offset, time.perf_counter() - offset))
             out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
-    return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""),
+    return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""), "arch": device_arch(ctx.device),
             "flops_per_s": robust.center(flops), "copy_Bps": robust.center(copy),
             "flops_spread": robust.spread(flops), "copy_spread": robust.spread(copy)}
+
+
+def device_arch(device) -> str:
+    """NCCL's tuning row for this device (sim/cluster.py GPUSpec.arch): cpu, or the CUDA compute capability's
+    generation (8.x ampere, 9.x hopper, 10.x and later blackwell)."""
+    if device.type != "cuda":
+        return "cpu"
+    import torch
+    major = torch.cuda.get_device_capability(device)[0]
+    return "ampere" if major <= 8 else "hopper" if major == 9 else "blackwell"
 
 
 def sweep_task(ctx, payload: dict):

@@ -199,18 +199,26 @@ def workload_section(spec: dict, name: str) -> dict | None:
 
 
 def plot(cases: list[dict], path: str) -> None:
-    """Predicted against measured (log-log), the y = x line and a +-20% band."""
+    """Write ``figure(cases)`` to ``path``."""
+    from distlab.sim.io import save_figure
+    save_figure(figure(cases), path)
+
+
+def figure(cases: list[dict]):
+    """Predicted against measured (log-log), the y = x line and a +-20% band; an untrusted case
+    (runtime/trust.py) hollow."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from distlab.sim.io import save_figure
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = plt.subplots(figsize=(6.5, 5))
     markers = {"held-out size": "o", "held-out world size": "s", "overlap plan": "*"}
     colors = {2: "#1f77b4", 3: "#2ca02c", 4: "#d62728"}
     for c in cases:
+        color = colors.get(c["world_size"], "#555555")
         ax.scatter(c["measured_s"] * 1e3, c["predicted_s"] * 1e3, marker=markers.get(c["kind"], "x"),
-                   color=colors.get(c["world_size"], "#555555"), s=40 if c["kind"] != "overlap plan" else 120)
+                   color=color, facecolors=color if c.get("trusted", True) else "none",
+                   s=40 if c["kind"] != "overlap plan" else 120)
     lo = min(min(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 / 1.5
     hi = max(max(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 * 1.5
     xs = [lo, hi]
@@ -225,9 +233,12 @@ def plot(cases: list[dict], path: str) -> None:
     for n, col in colors.items():
         if any(c["world_size"] == n for c in cases):
             ax.scatter([], [], marker="o", color=col, label=f"{n} ranks")
-    ax.legend(fontsize=8)
+    if any(not c.get("trusted", True) for c in cases):
+        ax.scatter([], [], marker="o", color="grey", facecolors="none", label="not trustworthy (spread)")
+    ax.plot([], [], color="black", lw=1, label="predicted = measured")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("distlab validate: simulated against measured")
     ax.grid(True, alpha=0.3, which="both")
-    save_figure(fig, path)
-    plt.close(fig)
+    fig.tight_layout()
+    return fig
 

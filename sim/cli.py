@@ -315,9 +315,11 @@ class RowPrinter:
         self.out.flush()
 
 
-NCCL_COLUMNS = [("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 8), ("redop", "", 6),
-                ("root", "", 6)]
-BW_COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8)]
+# nccl-tests' columns (src/util.cu), a little narrower than its own so that a row with the algorithm and protocol
+# (`collective`) or the op and spread (`bench`) fits 100 columns
+NCCL_COLUMNS = [("size", "(B)", 11), ("count", "(elements)", 11), ("type", "", 8), ("redop", "", 5),
+                ("root", "", 4)]
+BW_COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7)]
 
 
 def nccl_fields(op: str, nbytes: int, dtype: str, root: int | None = None) -> dict:

@@ -95,14 +95,25 @@ def overlaps(boxes: list[tuple[str, tuple]]) -> list[tuple[str, str]]:
 
 def overlapping_text(fig) -> list[tuple[str, str]]:
     """The pairs of visible texts of ``fig`` that overlap, (text, 'cut by its axes') for a clipped label its
-    axes cut and, for a figure that laid itself out (saved without a tight box: ``fig.distlab_fast``), (text,
-    'outside the figure') for a text the canvas cuts: empty for a figure that reads."""
+    axes cut, (text, 'leaves its axes') for a label on the data (``ax.texts``: ax.text, ax.annotate) that
+    runs past its axes and, for a figure that laid itself out (saved without a tight box:
+    ``fig.distlab_fast``), (text, 'outside the figure') for a text the canvas cuts: empty for a figure that
+    reads."""
     clipped: list = []
     boxes = text_boxes(fig, clipped)
     w, h = fig.canvas.get_width_height()
     cut = [(t, "outside the figure") for t, b in boxes
            if getattr(fig, "distlab_fast", False) and not _inside(b, (0, 0, w, h))]
-    return overlaps(boxes) + cut + [(t, "cut by its axes") for t in clipped]
+    renderer = fig.canvas.get_renderer()
+    strays = []
+    for ax in fig.axes:                    # labels on the data (ax.text, ax.annotate) stay inside their axes
+        area = ax.get_window_extent(renderer)
+        for t in ax.texts:
+            b = t.get_window_extent(renderer)
+            if t.get_visible() and t.get_text().strip() and b.width > 0 and not _inside(
+                    (b.x0, b.y0, b.x1, b.y1), (area.x0, area.y0, area.x1, area.y1)):
+                strays.append((t.get_text(), "leaves its axes"))
+    return overlaps(boxes) + cut + [(t, "cut by its axes") for t in clipped] + strays
 
 
 def keep_fitting(fig, labels: list, within=None) -> list:
@@ -131,4 +142,38 @@ def keep_fitting(fig, labels: list, within=None) -> list:
             taken.append(box)
         else:
             label.set_visible(False)
+    return kept
+
+
+OFFSETS = ((5, 3, "left", "bottom"), (5, -3, "left", "top"), (-5, 3, "right", "bottom"), (-5, -3, "right", "top"),
+           (0, 7, "center", "bottom"), (0, -7, "center", "top"))       # points from the mark, and the alignment
+
+
+def place_labels(fig, ax, points: list[tuple[float, float, str]], fontsize: float = 7) -> list:
+    """Name marks on ``ax``: each (x, y, text) is tried at OFFSETS around its point in turn and kept at the first
+    place where it stays inside the axes and overlaps no text placed before it (nor a legend or title); a label
+    with no free place is left out. Returns the Text artists kept. Call it after the axes are laid out."""
+    renderer = renderer_of(fig, draw=False)
+    area = ax.get_window_extent(renderer)
+    area = (area.x0, area.y0, area.x1, area.y1)
+    taken = [(b.x0, b.y0, b.x1, b.y1) for b in (t.get_window_extent(renderer) for t in ax.texts if t.get_visible())]
+    if ax.get_legend() is not None:
+        b = ax.get_legend().get_window_extent(renderer)
+        taken.append((b.x0, b.y0, b.x1, b.y1))
+    kept = []
+    for x, y, text in points:
+        label = ax.annotate(text, (x, y), xytext=OFFSETS[0][:2], textcoords="offset points", fontsize=fontsize,
+                            ha=OFFSETS[0][2], va=OFFSETS[0][3])
+        for dx, dy, ha, va in OFFSETS:
+            label.set_position((dx, dy))
+            label.set_ha(ha)
+            label.set_va(va)
+            b = label.get_window_extent(renderer)
+            box = (b.x0, b.y0, b.x1, b.y1)
+            if _inside(box, area) and not any(_intersects(box, t) for t in taken):
+                taken.append(box)
+                kept.append(label)
+                break
+        else:
+            label.remove()
     return kept

@@ -186,6 +186,8 @@ def transfers_timeline(trace, max_ranks: int = 16, title: str | None = None, uni
     ax.legend(handles=handles, title="to rank" + (" (first 20)" if len(dsts) > 20 else ""), fontsize=7,
               title_fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False,
               ncol=1 if len(handles) <= 12 else 2)
+    from distlab.sim.timeline_png import NOTE
+    fig.text(0.08, 0.12 / height, NOTE, fontsize=7, va="bottom")       # what a bar is, under the time axis
     fig.distlab_fast = True            # laid out above: sim.io.save_figure saves it in one draw
     return fig
 

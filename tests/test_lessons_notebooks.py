@@ -66,8 +66,12 @@ def _execute(path, workdir):
     """Run the notebook in a fresh kernel with DISTLAB_LESSONS_QUICK=1 (the kernel's environment only):
     (executed notebook, seconds)."""
     from nbclient import NotebookClient
+    from traitlets.config import Config
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}})
+    local = Config()                 # the kernel on Unix sockets: no "running over TCP without encryption" warning
+    local.KernelManager.transport = "ipc"    # printed between pytest's dots (issue 33)
+    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}},
+                            config=local)
     t0 = time.monotonic()
     client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
     return nb, time.monotonic() - t0

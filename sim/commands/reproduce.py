@@ -60,6 +60,8 @@ def run(args) -> int:
     if args.plot:
         from distlab.sim.io import save_figure
         save_figure(draw(results), args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
     return 0
 
 
@@ -74,23 +76,33 @@ def summary(results: list[dict]) -> dict:
 
 
 def draw(results: list[dict]):
-    """Predicted vs reported, one point per run (fitted rows hollow), the y = x line and a ±10% band."""
+    """Predicted vs reported, one point per run (fitted rows hollow), the y = x line and a ±10% band; each point
+    named where its name fits (sim/figure_text.py place_labels: no two names overlap, none leaves the axes)."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(6, 5))
+    from matplotlib.lines import Line2D
+
+    from distlab.sim.figure_text import place_labels
+    fig = Figure(figsize=(6.5, 5))
     ax = fig.add_subplot()
     values = [x["reported"] for x in results] + [x["predicted"] for x in results] or [1.0]
-    lo, hi = 0.8 * min(values), 1.2 * max(values)
+    lo, hi = 0.9 * min(values), 1.1 * max(values)
     ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
-    ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="grey", alpha=0.15,
-                    label="±10%")
+    ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="grey", alpha=0.15)
     for x in results:
         ax.scatter([x["reported"]], [x["predicted"]], facecolors="none" if x["fitted"] else "C0",
-                   edgecolors="C0")
-        ax.annotate(x["name"], (x["reported"], x["predicted"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+                   edgecolors="C0", zorder=3)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
     figure = results[0]["figure"] if results else "figure"
     ax.set_xlabel(f"reported {figure}")
     ax.set_ylabel(f"simulated {figure}")
-    ax.set_title("distlab reproduce (hollow: fitted rows)")
-    ax.legend(loc="upper left")
+    ax.set_title("distlab reproduce: simulated against reported")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Line2D([], [], marker="o", linestyle="none", color="C0", label="a run (named if room)"),
+                       Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", color="C0",
+                              label="a run the curve was fitted on"),
+                       Line2D([], [], color="grey", linewidth=1, label="simulated = reported"),
+                       Patch(color="grey", alpha=0.15, label="±10%")], loc="upper left", fontsize=7)
+    fig.tight_layout()
+    place_labels(fig, ax, [(x["reported"], x["predicted"], x["name"]) for x in results])
     return fig
