@@ -302,7 +302,10 @@ class RowPrinter:
         self.columns, self.out = columns, out or sys.stdout
 
     def comment(self, text: str) -> None:
-        self.out.write(f"# {text}\n")
+        """'# text', wrapped at words to WIDTH columns (each line a '#' comment, as nccl-tests')."""
+        lines = [f"# {text}"] if STYLE.wide else textwrap.wrap(text, WIDTH, initial_indent="# ",
+                                                               subsequent_indent="#   ", break_on_hyphens=False)
+        self.out.write("".join(line + "\n" for line in lines))
 
     def header(self) -> None:
         for part in (0, 1):

@@ -227,7 +227,7 @@ def busbw_figure(rows: list[dict], title: str, auto: bool = False):
                     markersize=6, zorder=4)
     ax.set_xscale("log", base=2)
     sizes = sorted({r["bytes"] for r in rows if r["bytes"] > 0})
-    step = max(1, len(sizes) // 10)
+    step = max(1, -(-len(sizes) // 8))            # at most 8 size labels: rotated, they still fit side by side
     ticks = sizes[::step]
     ax.set_xticks(ticks)
     ax.set_xticklabels([size_label(s) for s in ticks], rotation=30 if len(ticks) > 6 else 0, fontsize=8)

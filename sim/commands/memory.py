@@ -80,9 +80,9 @@ def run(args) -> int:
                     "stages": [stage_json(z, v, z == zero) for z, v in stages.items()]})
         return 0
     G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
-    print(f"model: {model.summary()}")
-    print(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
-          + f"; GPU: {gpu} ({gib:g} GiB)")
+    say(f"model: {model.summary()}", indent="  ")
+    say(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
+        + f"; GPU: {gpu} ({gib:g} GiB)", indent="  ")
     cols = ["stage", "params", "grads", "optimizer", "unsharded", "activations", "total GiB", "fits"]
     rows = [[LABELS[z] + (" <" if z == zero else ""), G(v["params"]), G(v["grads"]), G(v["optimizer"]),
              G(v["unsharded params"]), G(v["activations"]), G(v["total"]), "yes" if v["fits"] else "NO"]
@@ -128,8 +128,9 @@ def _scenario(args) -> int:
         print_json({"model": result.model.summary(), "world_size": result.mesh.world_size,
                     "mesh": result.mesh.as_dict(), **mem["json"]})
         return 0
-    print(f"model: {result.model.summary()}")
-    print(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}")
+    say(f"model: {result.model.summary()}", indent="  ")
+    say(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
+        indent="  ")
     print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:
         say(f"warning: {w}", indent="  ")
