@@ -16,7 +16,9 @@ end), and say, with the reason, when the result is not trustworthy:
   cstime`` of every live descendant (proc(5)): processes that start or end meanwhile are counted too);
 - a case's spread, (slowest - fastest) / median of its repeats (runtime/validation.py ``case``), is larger than
   both its error and its tolerance (the accuracy claimed for its kind, TOLERANCE): the noise is larger than
-  anything the case could show about the model.
+  anything the case could show about the model;
+- a case that computes (the overlap plan) ran more CPU ranks than the machine has cores: the ranks take turns
+  in the scheduler's time slices (CFS), which the simulator's processor sharing, a fluid model, leaves out.
 
 Under ``--strict`` an untrustworthy result exits 1 (results are still printed and written).
 """
@@ -30,6 +32,7 @@ TOLERANCE = {"overlap plan": 0.15, "held-out size": 0.25, "held-out world size":
              "calibration fit": 0.15}         # runtime/fit.py fit_warnings' limit on a fit's robust CV
 DEFAULT_TOLERANCE = 0.25
 WORLD_TOLERANCE = {("overlap plan", 3): 0.25}     # ranks outnumber the 2 cores: the accuracy claimed is looser
+COMPUTING_KINDS = ("overlap plan",)               # cases whose ranks compute on CPU cores beside their collectives
 
 
 def _busy_and_total(proc: str) -> tuple[int, int, int]:
@@ -97,9 +100,14 @@ def tolerance(kind: str, world_size=None) -> float:
     return WORLD_TOLERANCE.get((kind, world_size), TOLERANCE.get(kind, DEFAULT_TOLERANCE))
 
 
-def case_doubt(c: dict) -> str | None:
+def case_doubt(c: dict, cores: int | None = None) -> str | None:
     """Why one case's figure says nothing about the model (its spread beats its error and its tolerance; a
-    case without an error, as bench's rows, its tolerance), or None."""
+    case without an error, as bench's rows, its tolerance; a case that computes on more CPU ranks than
+    ``cores``), or None."""
+    if cores is not None and c.get("kind") in COMPUTING_KINDS and c.get("world_size", 0) > cores:
+        return (f"{c.get('case', '')} on {c['world_size']} ranks: more ranks than the {cores} cores, so they take "
+                "turns on them in the scheduler's time slices, which the simulator's processor sharing (a fluid "
+                "model, sim/kernel/cores.py) does not capture")
     spread = c.get("spread")
     if spread is None:
         return None
@@ -111,10 +119,12 @@ def case_doubt(c: dict) -> str | None:
     return None
 
 
-def judge(before, during: dict | None, cases: list[dict] = (), limit: float = BACKGROUND_LIMIT) -> dict:
+def judge(before, during: dict | None, cases: list[dict] = (), limit: float = BACKGROUND_LIMIT,
+          cores: int | None = None) -> dict:
     """{"trustworthy", "reasons", "background_limit_cores", "load_before", "load_during", "doubtful_cases"}:
     ``before`` a runtime/load.py Load (or its dict, or None), ``during`` Watch.stop()'s dict; every case found
-    doubtful (``case_doubt``) gets ``trusted: False`` and its ``doubt``."""
+    doubtful (``case_doubt``; ``cores``: the CPU cores the ranks ran on, None for GPU ranks) gets ``trusted:
+    False`` and its ``doubt``."""
     reasons = []
     before = before.to_dict() if hasattr(before, "to_dict") else before
     for when, reading in (("before", before), ("during", during)):
@@ -127,7 +137,7 @@ def judge(before, during: dict | None, cases: list[dict] = (), limit: float = BA
                            "waiting for them")
     doubtful = []
     for c in cases:
-        why = case_doubt(c)
+        why = case_doubt(c, cores)
         c["trusted"] = why is None
         if why:
             c["doubt"] = why

@@ -9,6 +9,7 @@ from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs,
 NAME = "validate"
 HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
 DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+OVERLAP_REPEATS = 9            # timed runs of the overlap plan; its error is that of their median
 
 
 def add_arguments(p) -> None:
@@ -85,9 +86,11 @@ def run(args) -> int:
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
-        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1, "repeat": 5}
-        try:
-            measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", **launch_kwargs(args))
+        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1,
+                                             "repeat": OVERLAP_REPEATS}
+        try:                          # the plan first, on fresh ranks (runtime/sweep.py sweep_task)
+            measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", plan_first=True,
+                                  **launch_kwargs(args))
         except RunFailed as e:
             failed = e
             break
@@ -111,7 +114,8 @@ def run(args) -> int:
     loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None,
              "during": during, "cpu_cores": {str(n): c for n, c in sorted(cores.items())}}   # what the simulator was given
     from distlab.runtime.trust import exit_code, judge
-    verdict = judge(load, during, cases)
+    from distlab.runtime.preflight import cpu_cores
+    verdict = judge(load, during, cases, cores=cpu_cores() if backend == "gloo" else None)
     from distlab.runtime.fit import fit_warnings
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")

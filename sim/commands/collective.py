@@ -76,7 +76,7 @@ def run(args) -> int:
                      "protocol": protocol, **metrics(args.op, n, size, trace.makespan)})
         if printer and len(rows) == 1:      # after the first size: a refused algorithm prints only its error
             printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
-                            f"algorithm {args.algo}; simulated time: launch to last rank's end")
+                            f"algorithm {args.algo}; simulated, from launch to the last end")
             printer.header()
         if printer:
             cells = nccl_cells(rows[-1])

@@ -34,7 +34,8 @@ def assumptions(result) -> dict:
         out["sharded_param_dtype"] = "float32" if result.plan.meta["zero"] == 3 else dtype
     elif result.workload.name == "ddp":
         out["grad_dtype"] = "float16" if opts["compress"] == "fp16" else dtype
-    out["activation_checkpointing"] = False          # not modelled: every activation is kept until backward
+    recompute = opts.get("recompute")                # the workloads that model it say which (tp, cp)
+    out["activation_checkpointing"] = recompute if recompute not in (None, "none", False) else False
     return out
 
 
