@@ -121,7 +121,7 @@ def command_figures(shipped):
     from distlab.sim.planner.figure import pareto
     from distlab.sim.plots import busbw_figure, transfers_timeline
     from distlab.sim.workloads.pipeline import sweep_figure as pipeline_sweep
-    for name in ("tp-llama3-70b.yaml", "fsdp-cpu.yaml", "pipeline-gpt2.yaml", "moe-cpu.yaml"):
+    for name in ("tp-llama3-70b.yaml", "fsdp-cpu.yaml", "pipeline-cpu.yaml"):
         yield name, shipped[name].figure(f"{shipped[name].label}: step 808.61 ms, overlap 0%")
     ddp = shipped["ddp-gpt2-small.yaml"].workload
     rows = [{"bucket_cap_mb": v, "step_s": 0.01 + v * 1e-5, "exposed_comm_s": 1e-3} for v in (1, 5, 25, 100, 400)]
@@ -171,7 +171,7 @@ def test_no_text_of_any_figure_overlaps_another(shipped):
             assert 0 < len(kept) < 50 < len([o for o in r.trace.ops if o.rank == 0 and o.kind == "collective"])
         seen.append(what)
         plt.close(fig)
-    assert len(seen) == 13
+    assert len(seen) == 12
 
 
 def test_collective_timeline_png_texts_do_not_overlap_and_the_bars_are_explained():
@@ -292,7 +292,6 @@ def test_trust_verdict_names_load_and_spread():
 # --- shipped scenarios agree with their own text -------------------------------------------------------------
 def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
     from distlab.sim import scenario as sc
-    from distlab.sim.parallel.fsdp.memory import estimate
     r = shipped
     for name in SCENARIOS:                               # every one loads; the slow one is checked as data
         sc.load(str(ROOT / "scenarios" / name))
@@ -322,7 +321,6 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
     zero3 = next(s for s in json.loads(out)["stages"] if s["zero"] == 3)
     assert zero3["params_bytes"] + zero3["grads_bytes"] + zero3["optimizer_bytes"] == pytest.approx(static, rel=1e-3)
     assert zero3["total_bytes"] == pytest.approx(peak["total_bytes"], rel=0.03)
-    assert estimate is not None
     # moe-cpu: 8 routed experts of width 512, top-2, one shared, 2 ranks
     x = r["moe-cpu.yaml"]
     c = x.model.config
@@ -352,6 +350,11 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
     # tp-llama3-70b: does not fit 80 GiB over tp 8 alone, and the report says so
     x = r["tp-llama3-70b.yaml"]
     assert not x.report["json"]["memory"]["fits"] and any("fit" in w for w in x.report.get("warnings", []))
+    # tp-fsdp-llama3-70b: 64 H100, tp 8 inside a node, FSDP2 over the 8 nodes: fits 80 GiB (TP alone did not)
+    x = r["tp-fsdp-llama3-70b.yaml"]
+    place = {p.dim: p for p in x.mesh.placement(8)}
+    assert x.plan.world_size == 64 and place["tp"].intra_node and place["dp_shard"].nodes_per_group == 8
+    assert x.report["json"]["memory"]["fits"]
     # tp-fsdp-llama3-8b: tp 2 x dp_shard 4 on one DGX H100, tp inside a node
     x = r["tp-fsdp-llama3-8b.yaml"]
     assert x.plan.world_size == 8 and all(p.intra_node for p in x.mesh.placement(8) if p.dim == "tp")
@@ -362,9 +365,33 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
     assert r["cp-cpu.yaml"].plan.world_size == r["tp-cpu.yaml"].plan.world_size == 2
     # every `distlab ...` command a scenario's comments give parses
     for name in SCENARIOS:
-        for line in re.findall(r"`?(distlab [^`\n(]+)", (ROOT / "scenarios" / name).read_text()):
+        for line in re.findall(r"(?:^#\s+|`)(distlab [^`\n(]+)", (ROOT / "scenarios" / name).read_text(), re.M):
             argv = line.split()[1:]
             argv = [str(ROOT / a) if a.startswith("scenarios/") else a for a in argv]
             from distlab.runtime.cli import build_parser
             parser, _ = build_parser()
             parser.parse_args(argv)
+
+
+def test_a_plans_stream_threads_compute_with_the_ranks_intra_op_threads():
+    """The overlap plan's 2-14x errors (issue 33): a plan's compute stream runs in a thread of its own, and OpenMP
+    keeps the intra-op thread count per thread (the nthreads-var ICV), so its matmuls started a team of one
+    OpenMP thread per core beside the other ranks' (4-35x slower on 2 cores). runtime/executor.py sets the
+    rank's count in each stream thread: OpenMP's own omp_get_max_threads there is the rank's."""
+    import ctypes
+
+    import torch
+
+    from distlab.runtime.executor import _Events, _run_threads
+    libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line})
+    omp = ctypes.CDLL(libs[0])
+    seen = []
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        steps = {"compute": [(0, "compute", lambda: seen.append(omp.omp_get_max_threads()), None, 0)],
+                 "comm": [(1, "record", None, "grads", 0)]}
+        _run_threads(steps, {"compute": [], "comm": []}, _Events(5.0))
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == [1]
