@@ -75,7 +75,7 @@ def _lines(entry: dict) -> list[tuple[str, dict]]:
 def run(args) -> int:
     from distlab.runtime.calibration import backend_of, measure, write_cluster
     from distlab.runtime.launch import RunFailed
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import LONG_TABLE, print_json, print_table
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
@@ -143,7 +143,7 @@ def run(args) -> int:
                 ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)", "spread"],
                 [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
                  for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
-                justify_left=3)
+                justify_left=3, max_rows=LONG_TABLE)
     if probe:
         print_table(f"GEMMs ({probe['dtype']} on {probe['device']}; time = the fastest of the rounds; model = "
                     "launch_s + max(FLOPs / (peak x curve), bytes / copy bandwidth))",
