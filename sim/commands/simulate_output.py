@@ -127,7 +127,7 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
            else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
     head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
             "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks"}
-    cols = base + extra
+    cols = base[:3] + extra + base[3:]       # the workload's own columns before the generic ones (kept if narrow)
     header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
                                          k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
                                          + (" (MiB)" if k.endswith("_bytes") else "")))
