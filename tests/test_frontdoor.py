@@ -395,3 +395,17 @@ def test_a_plans_stream_threads_compute_with_the_ranks_intra_op_threads():
     finally:
         torch.set_num_threads(saved)
     assert seen == [1]
+
+
+def test_notebook_kernels_do_not_warn_between_the_dots():
+    """`python -m pytest -q` printed ipykernel's "running over TCP without encryption" between the dots: the
+    notebook tests' kernels now use IPC, and ipykernel warns only for TCP."""
+    import inspect
+
+    from ipykernel.kernelapp import IPKernelApp
+    from jupyter_client import KernelManager
+
+    from tests.test_lessons_notebooks import kernel_config
+    assert KernelManager(config=kernel_config()).transport == "ipc"
+    source = inspect.getsource(IPKernelApp.init_sockets)
+    assert 'elif self.transport == "tcp":' in source and "without encryption" in source

@@ -62,16 +62,22 @@ def test_conventions(path):
 PARALLEL = 2                    # notebooks executed at once: a kernel is serial and its ranks often wait
 
 
+def kernel_config():
+    """The kernels on Unix sockets: ipykernel warns "Kernel is running over TCP without encryption" only for tcp
+    (ipykernel/kernelapp.py init_sockets), and that line landed between pytest's dots (issue 33)."""
+    from traitlets.config import Config
+    config = Config()
+    config.KernelManager.transport = "ipc"
+    return config
+
+
 def _execute(path, workdir):
     """Run the notebook in a fresh kernel with DISTLAB_LESSONS_QUICK=1 (the kernel's environment only):
     (executed notebook, seconds)."""
     from nbclient import NotebookClient
-    from traitlets.config import Config
     nb = nbformat.read(path, as_version=4)
-    local = Config()                 # the kernel on Unix sockets: no "running over TCP without encryption" warning
-    local.KernelManager.transport = "ipc"    # printed between pytest's dots (issue 33)
     client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}},
-                            config=local)
+                            config=kernel_config())
     t0 = time.monotonic()
     client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
     return nb, time.monotonic() - t0
