@@ -79,6 +79,8 @@ def fit_op(op: str, n: int, sizes, times) -> dict:
     out = params(sizes, times)
     out["spread"] = round(max(robust.spread(x) for x in samples), 4)
     out["samples"] = sum(len(x) for x in samples)
+    from distlab.runtime.robust import median_noise        # how far a size's median moves by chance
+    out["noise"] = round(max(median_noise(x) for x in samples), 4)
     bands = split_bands(sizes, times)
     if len(bands) > 1:
         out["bands"] = [{"min_bytes": int(min(s)), "max_bytes": int(max(s)), **params(s, t)} for s, t in bands]

@@ -14,11 +14,13 @@ end), and say, with the reason, when the result is not trustworthy:
 - other processes used more than BACKGROUND_LIMIT of the machine's cores, before or during the measurement
   (during: all CPU time of /proc/stat's busy jiffies minus this process tree's own, ``utime + stime + cutime +
   cstime`` of every live descendant (proc(5)): processes that start or end meanwhile are counted too);
-- a case's spread, (slowest - fastest) / median of its repeats (runtime/validation.py ``case``), is larger than
-  both its error and its tolerance (the accuracy claimed for its kind, TOLERANCE): the noise is larger than
-  anything the case could show about the model;
-- a case that computes (the overlap plan) ran more CPU ranks than the machine has cores: the ranks take turns
-  in the scheduler's time slices (CFS), which the simulator's processor sharing, a fluid model, leaves out.
+- a case's noise, the standard error of the median of its repeats (runtime/robust.py ``median_noise``:
+  1.2533 x the robust sigma / sqrt(repeats)), is larger than both its error and its tolerance (the accuracy
+  claimed for its kind, TOLERANCE): the median moves by chance more than anything the case could show about the
+  model. (The range of the repeats, ``spread``, grows with their number and is printed, not judged.)
+- a case that computes (the overlap plan) missed its tolerance while running more CPU ranks than the machine
+  has cores: the ranks take turns in the scheduler's time slices (CFS), which the simulator's processor
+  sharing, a fluid model, leaves out.
 
 Under ``--strict`` an untrustworthy result exits 1 (results are still printed and written).
 """
@@ -101,21 +103,25 @@ def tolerance(kind: str, world_size=None) -> float:
 
 
 def case_doubt(c: dict, cores: int | None = None) -> str | None:
-    """Why one case's figure says nothing about the model (its spread beats its error and its tolerance; a
-    case without an error, as bench's rows, its tolerance; a case that computes on more CPU ranks than
-    ``cores``), or None."""
-    if cores is not None and c.get("kind") in COMPUTING_KINDS and c.get("world_size", 0) > cores:
-        return (f"{c.get('case', '')} on {c['world_size']} ranks: more ranks than the {cores} cores, so they take "
-                "turns on them in the scheduler's time slices, which the simulator's processor sharing (a fluid "
-                "model, sim/kernel/cores.py) does not capture")
-    spread = c.get("spread")
-    if spread is None:
-        return None
+    """Why one case's figure says nothing about the model, or None: its noise (the median's standard error from
+    its repeats, runtime/robust.py ``median_noise``) beats both its error and its tolerance (a case without
+    an error, as bench's rows: its tolerance), or it missed its tolerance computing on more CPU ranks than
+    ``cores``."""
     limit = tolerance(c.get("kind", ""), c.get("world_size"))
+    if cores is not None and c.get("kind") in COMPUTING_KINDS and c.get("world_size", 0) > cores \
+            and abs(c.get("error", 0.0)) > limit:
+        return (f"{c.get('case', '')} on {c['world_size']} ranks: its {c['error']:+.0%} is beyond its tolerance "
+                f"({limit:.0%}) with more ranks than the {cores} cores: they take turns on them in the scheduler's "
+                "time slices, which the simulator's processor sharing (a fluid model, sim/kernel/cores.py) does "
+                "not capture")
+    noise = c.get("noise")
+    if noise is None:
+        return None
     error = abs(c["error"]) if "error" in c else None
-    if spread > max(error or 0.0, limit):
+    if noise > max(error or 0.0, limit):
         than = f"its error ({error:.0%}) and its tolerance ({limit:.0%})" if error is not None else f"{limit:.0%}"
-        return f"{c.get('case', '')} on {c.get('world_size')} ranks: its repeats spread {spread:.0%}, more than {than}"
+        return (f"{c.get('case', '')} on {c.get('world_size')} ranks: its median moves ±{noise:.0%} by chance "
+                f"(its repeats spread {c.get('spread', 0):.0%}), more than {than}")
     return None
 
 

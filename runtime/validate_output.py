@@ -22,12 +22,12 @@ def _pct(x) -> str:
 def case_rows(cases: list[dict]) -> list[list]:
     return [[c["case"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
              f"{c['measured_s'] * 1e3:.3f}", _pct(c["error"]),
-             _pct(c["worst_error"]) if "worst_error" in c else "-",
+             f"±{c['noise'] * 100:.0f}%" if "noise" in c else "-",
              f"{c['spread'] * 100:.0f}%" if "spread" in c else "-",
              "yes" if c.get("trusted", True) else "NO"] for c in cases]
 
 
-CASE_COLUMNS = ["case", "ranks", "size", "predicted ms", "measured ms", "error", "worst", "spread", "trusted"]
+CASE_COLUMNS = ["case", "ranks", "size", "predicted ms", "measured ms", "error", "noise", "spread", "trusted"]
 
 
 def print_validation(cases, summary, before, after, verdict, ranks: int, nprocs, calib, held) -> None:
@@ -46,8 +46,8 @@ def print_validation(cases, summary, before, after, verdict, ranks: int, nprocs,
         rows = [c for c in cases if c["kind"] == kind]
         if kind in SHORT_KINDS and not STYLE.verbose:
             continue
-        print_table(f"{kind}: simulated (calibrated) against measured (worst: the repeat farthest from the "
-                    "prediction; spread: (slowest - fastest) / median)", CASE_COLUMNS, case_rows(rows))
+        print_table(f"{kind}: simulated (calibrated) against measured (noise: how far the median of the repeats "
+                    "moves by chance; spread: (slowest - fastest) / median)", CASE_COLUMNS, case_rows(rows))
     hidden = sum(c["kind"] in SHORT_KINDS for c in cases)
     if hidden and not STYLE.verbose:
         note(f"{hidden} held-out collective cases summarized above; --verbose prints each")

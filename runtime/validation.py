@@ -7,9 +7,9 @@ measured at each world size, since CPU ranks share cores; the communication of e
 A collective's measured time is from its launch (last rank's arrival) to the last rank's end, which is what
 the simulator's one-collective makespan means (runtime/sweep.py).
 error = (predicted - measured) / measured, with measured the median over the repeats; next to it, where
-the repeats are known, ``worst_error`` (the repeat farthest from the prediction) and ``spread``
-((slowest - fastest) / median of the repeats), so a case whose repeats scatter or whose median hides a slow
-tail says so. The summary gives the median and the worst |error| per kind and world size. The workloads' scenario cases
+the repeats are known, ``worst_error`` (the repeat farthest from the prediction), ``spread``
+((slowest - fastest) / median of the repeats) and ``noise`` (the median's standard error, relative; what
+runtime/trust.py judges a case by; runtime/robust.py median_noise), so a case whose repeats scatter or whose median hides a slow tail says so. The summary gives the median and the worst |error| per kind and world size. The workloads' scenario cases
 (runtime/<name>/validate.py) build their rows with ``case``; runtime/workloads.py picks the workload of a scenario.
 """
 from __future__ import annotations
@@ -111,7 +111,11 @@ def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: 
         errors = [(predicted - t) / t for t in repeats]
         c.update(repeats=len(repeats), measured_min_s=min(repeats), measured_max_s=max(repeats),
                  spread=(max(repeats) - min(repeats)) / measured, worst_error=max(errors, key=abs))
+        if len(repeats) >= 3:
+            from distlab.runtime.robust import median_noise
+            c["noise"] = median_noise(repeats)
     return c
+
 
 
 NOISE_RESAMPLES = 20         # bootstrap resamples behind a held-out figure's noise (~0.05 s each on a CPU)

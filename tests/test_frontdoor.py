@@ -274,17 +274,24 @@ def test_trust_verdict_names_load_and_spread():
     its error and its tolerance, make a result untrustworthy (--strict: exit 1); a quiet, tight one is not."""
     from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
     quiet = {"background_cores": 0.02, "cores": 2, "window_s": 30, "loadavg_1m": 0.1}
-    tight = {"kind": "overlap plan", "case": "compute+all_reduce", "world_size": 2, "error": -0.05, "spread": 0.12}
+    tight = {"kind": "overlap plan", "case": "compute+all_reduce", "world_size": 2, "error": -0.05, "spread": 0.45,
+             "noise": 0.05}                        # 2 ranks, idle: repeats 46..68 ms, the median moves ±5%
     v = judge(quiet, quiet, [dict(tight)])
     assert v["trustworthy"] and exit_code(v, strict=True) == 0 and verdict_lines(v)[0].startswith("trustworthy")
     busy = dict(quiet, background_cores=0.5)
     v = judge(quiet, busy, [dict(tight)])
     assert not v["trustworthy"] and exit_code(v, strict=True) == 1 and exit_code(v, strict=False) == 0
     assert "0.50 of 2 cores during the measurement (allowed: 0.20" in v["reasons"][0]
-    noisy = dict(tight, spread=11.23, error=-0.528)                # the issue's 2-rank overlap case
+    noisy = dict(tight, spread=11.23, noise=0.6, error=-0.528)     # the issue's 2-rank overlap case
     v = judge(quiet, quiet, [noisy])
-    assert not v["trustworthy"] and noisy["trusted"] is False and "spread 1123%" in v["reasons"][0]
+    assert not v["trustworthy"] and noisy["trusted"] is False and "moves ±60% by chance" in v["reasons"][0]
     assert judge(quiet, quiet, [dict(noisy, error=-12.0)])["trustworthy"]     # an error beyond the noise stands
+    three = dict(tight, world_size=3)                              # 3 computing ranks on 2 cores: within 25%
+    assert judge(quiet, quiet, [three], cores=2)["trustworthy"]
+    v = judge(quiet, quiet, [dict(three, error=-0.93)], cores=2)   # the issue's -93%: not the model's error
+    assert not v["trustworthy"] and "more ranks than the 2 cores" in v["reasons"][0]
+    from distlab.runtime.robust import median_noise
+    assert median_noise([48, 47, 46, 46, 50, 50, 68, 57, 63]) == pytest.approx(0.05, abs=0.005)
     reading = Watch().stop()
     assert reading is None or (reading["cores"] >= 1 and reading["background_cores"] >= 0)
 

@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size, error bars from the repeats")
     p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
-                   "processes took cores, or a size's iterations spread over 25%%; runtime/trust.py)")
+                   "processes took cores, or a size's median moves over 25%% by chance; runtime/trust.py)")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p, verbose=False)
 
@@ -126,8 +126,10 @@ def run(args) -> int:
     except BaseException:
         launch.abort()
         raise
+    from distlab.runtime.robust import median_noise
     cases = [{"kind": "bench", "case": f"{r['op']} {r['bytes']} B", "world_size": nproc,
-              "spread": (r["time_max_s"] - r["time_min_s"]) / r["time_s"]} for r in shown if r["time_s"]]
+              "spread": (r["time_max_s"] - r["time_min_s"]) / r["time_s"],
+              "noise": median_noise(r["times_s"])} for r in shown if r["time_s"] and len(r.get("times_s", [])) >= 3]
     verdict = judge(before, watch.stop(), cases)
     obj = {**report(shown, args, nproc, sizes, backend, failed), "trust": verdict}
     if args.out:

@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
                    help="figure of the GEMM efficiency curve, with --compute (default calibrate-compute.png)")
     p.add_argument("--json", action="store_true", help="print the fits and compute as JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
-                   "processes took cores, or a fit's timings scatter over 15%%; runtime/trust.py); the cluster "
+                   "processes took cores, or a fit's medians move over 15%% by chance; runtime/trust.py); the cluster "
                    "file is written either way and says so in its header")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p, verbose=False)
@@ -124,8 +124,8 @@ def run(args) -> int:
     loads = {"at_calibration": load.to_dict() if load else None, "after": after.to_dict() if after else None,
              "during": during}
     verdict = judge(load, during, [{"kind": "calibration fit", "case": f"{op} fit", "world_size": n,
-                                    "spread": entry["spread"]} for op, per_n in table.items()
-                                   for n, entry in per_n.items() if "spread" in entry])
+                                    "spread": entry["spread"], "noise": entry["noise"]} for op, per_n in table.items()
+                                   for n, entry in per_n.items() if "noise" in entry])
     if not verdict["trustworthy"]:          # the cluster file says so too, where it is read later
         mark_untrustworthy(args.out, verdict)
     for w in fit_warnings(cluster.calibration):
