@@ -3,7 +3,9 @@
     with report("overlap_accuracy", enabled=args.markdown):      # in a benchmark's main()
         ... print the figures as usual ...
 
-Each section holds what the script printed, verbatim, under a header the script writes: the command line, the
+Every benchmark run through ``run_main`` (or ``report``) ends with a line saying whether the machine's load left
+its figures trustworthy (runtime/trust.py). Each section holds what the script printed, verbatim, under a
+header the script writes: the command line, the
 date, the commit (``git rev-parse HEAD``, and whether the work tree had changes), the machine (host, CPU model,
 cores), its load (runtime/load.py before, runtime/trust.py during) and whether that load leaves the figures
 trustworthy (runtime/trust.py: other processes under 10% of the cores). Nobody edits the file by hand:
@@ -85,11 +87,10 @@ def replace_section(text: str, name: str, body: str) -> str:
 
 @contextlib.contextmanager
 def report(name: str, enabled: bool, argv: list[str] | None = None, path: str = DOC):
-    """Print as usual and, when ``enabled``, also keep what is printed and write it as section ``name`` of
-    docs/accuracy.md at the end (also when the benchmark exits with a missed target; not on an exception)."""
-    if not enabled:
-        yield
-        return
+    """Read the machine's load before and during the benchmark and print, at its end, whether that load leaves
+    its figures trustworthy (runtime/trust.py); when ``enabled`` (--markdown), also keep what it printed and write
+    it as section ``name`` of docs/accuracy.md (also when the benchmark exits with a missed target; not on an
+    exception)."""
     from distlab.runtime import load as machine_load
     from distlab.runtime.trust import Watch
     before, watch = machine_load.sample(), Watch()
@@ -102,13 +103,18 @@ def report(name: str, enabled: bool, argv: list[str] | None = None, path: str = 
 
         def flush(self):
             real.flush()
-    sys.stdout = Tee()
+    if enabled:
+        sys.stdout = Tee()
     try:
         yield
     finally:
         sys.stdout = real
+    during = watch.stop()
+    print(verdict(before, during))
+    if not enabled:
+        return
     argv = sys.argv[1:] if argv is None else argv
-    body = header(name, argv, before, watch.stop()) + "\n```\n" + buffer.getvalue().rstrip() + "\n```\n"
+    body = header(name, argv, before, during) + "\n```\n" + buffer.getvalue().rstrip() + "\n```\n"
     text = open(path).read() if os.path.exists(path) else ""
     from distlab.sim.io import write_atomic
     write_atomic(path, replace_section(text, name, body))

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     from accuracy_doc import report
-    with report("overlap_accuracy", args.markdown, argv):
+    with report("overlap_accuracy", args.markdown, sys.argv[1:] if argv is None else argv):
         with tempfile.TemporaryDirectory() as tmp:
             runs = [one_run(args.nproc, args.keep or tmp, k, args.quick) for k in range(args.runs)]
         summary = summarize(runs)
