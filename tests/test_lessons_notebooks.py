@@ -62,13 +62,9 @@ def test_conventions(path):
 PARALLEL = 2                    # notebooks executed at once: a kernel is serial and its ranks often wait
 
 
-def kernel_config():
-    """The kernels on Unix sockets: ipykernel warns "Kernel is running over TCP without encryption" only for tcp
-    (ipykernel/kernelapp.py init_sockets), and that line landed between pytest's dots (issue 33)."""
-    from traitlets.config import Config
-    config = Config()
-    config.KernelManager.transport = "ipc"
-    return config
+# ipykernel logs "Kernel is running over TCP without encryption" as a warning at every start (ipykernel/kernelapp.py
+# init_sockets), and the kernels' stderr landed between pytest's dots (issue 33): their log shows errors only
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def _execute(path, workdir):
@@ -77,7 +73,7 @@ def _execute(path, workdir):
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}},
-                            config=kernel_config())
+                            extra_arguments=KERNEL_ARGUMENTS)
     t0 = time.monotonic()
     client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
     return nb, time.monotonic() - t0
