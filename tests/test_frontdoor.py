@@ -95,6 +95,32 @@ def test_wide_tables_wrap_or_leave_columns_out_and_say_so(capsys):
     assert "8" * 14 in capsys.readouterr().out
 
 
+
+def test_plan_fits_100_columns_and_its_layouts_read_from_the_left(tmp_path, capsys, monkeypatch):
+    """`plan`'s table was right-aligned to about 120 columns (issue 33): it fits 100, and a layout too long for its
+    column wraps onto lines that start where the layout column starts (one layout in 20 searched: the output, not
+    the search, is under test)."""
+    import yaml
+
+    import distlab.sim.planner.search as planner
+    every = planner.enumerate_layouts
+    monkeypatch.setattr(planner, "enumerate_layouts", lambda *a: every(*a)[::20])
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump({"model": {
+        "arch": "llama", "layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn_hidden": 512, "vocab": 1024,
+        "seq_len": 128}, "cluster": "dgx-h100", "nodes": 1, "global_batch": 8, "confirm": 0}))
+    rc, out, err = cli(capsys, "plan", tmp_path / "q.yaml")
+    assert rc == 0, err
+    fits(out)
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#") and "layout" in line)
+    column = lines[head].index("layout")
+    table = lines[head + 1:next(i for i, line in enumerate(lines) if line.startswith("#1 term"))]
+    wrapped = [line for line in table if not line[:1].isdigit()]
+    assert len(table) > 10 and wrapped, out
+    assert all(line[:column].strip() == "" and line[column] != " " for line in wrapped), wrapped
+    assert all(line[column - 1] == " " and line[column] != " " for line in table if line[:1].isdigit())
+
+
 # --- figures ------------------------------------------------------------------------------------------------
 def _pareto_search():
     """A search result as sim/planner/figure.py reads it: 40 layouts of 4 families, the best with a long label."""

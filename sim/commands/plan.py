@@ -87,11 +87,11 @@ def run(args) -> int:
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
-        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("" if c.simulated_s is not None else " ~"),
+        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
     print_table("layouts, fastest first (~ = estimate; others simulated)",
-                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows)
+                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
