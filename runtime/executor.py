@@ -202,12 +202,23 @@ def _run_stream(steps, out: list, events: _Events, stream: str = "", dog=None) -
 
 
 def _run_threads(streams: dict, partial: dict, events: _Events, dog=None) -> None:
-    """One daemon thread per stream; the first error aborts the others and is raised here."""
+    """One daemon thread per stream; the first error aborts the others and is raised here.
+
+    Each thread first sets torch's intra-op threads to the rank's (``torch.set_num_threads`` in the main thread,
+    runtime/worker.py): OpenMP keeps that count per thread (the nthreads-var ICV, OpenMP 4.5 sec. 2.3.2), so a
+    new thread's matmuls would otherwise start a team of one OpenMP thread per core. On 2 cores that made the
+    compute stream of `distlab validate`'s overlap plan 4-35x slower than the same matmuls timed in the main
+    thread (48 x 256^3 matmuls: 54-62 ms in the main thread, 221-2045 ms in a new thread, 78-97 ms after
+    set_num_threads there; measured on this 2-core machine under load), which is where its 2-14x errors came
+    from (docs/calibration.md)."""
+    import torch
+    intra_op = torch.get_num_threads()
     errors: list[tuple[str, BaseException]] = []
     done = threading.Semaphore(0)
 
     def body(stream):
         try:
+            torch.set_num_threads(intra_op)
             _run_stream(streams[stream], partial[stream], events, stream, dog)
         except BaseException as e:        # noqa: BLE001 - handed to the main thread
             errors.append((stream, e))

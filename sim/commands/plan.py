@@ -1,7 +1,7 @@
 """`distlab plan`: the best layout for a model on a cluster, searched, simulated and explained."""
 from __future__ import annotations
 
-from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.cli import STYLE, add_output_arguments, print_json, print_table, progress, say
 from distlab.sim.errors import ConfigError
 
 NAME = "plan"
@@ -26,6 +26,7 @@ def add_arguments(p) -> None:
                                   "and `distlab validate` take")
     p.add_argument("--plot", help="write a Pareto figure (step time against memory per GPU), e.g. plan.png")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    add_output_arguments(p)
 
 
 # Bounds, so that a typo cannot keep the search running for minutes (it simulates micro-batches of the global batch:
@@ -91,16 +92,16 @@ def run(args) -> int:
                                 **explain.breakdown(s, c)} for i, c in enumerate(top)],
                     "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
         return 0
-    print(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
-          f"{len(s.ranked)} fit, best {s.confirmed} simulated")
+    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
+        f"{len(s.ranked)} fit, best {s.confirmed} simulated")
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
-        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("" if c.simulated_s is not None else " ~"),
+        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
     print_table("layouts, fastest first (~ = estimate; others simulated)",
-                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows)
+                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
@@ -111,13 +112,17 @@ def run(args) -> int:
         if "change" in why:
             line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
                      f"ms ({'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
-        print(line)
-    print("the best of each family:")
-    for f in fams:
+        say(line)
+    shown = [f for f in fams if f["best"] or STYLE.verbose]
+    say("the best of each family:" if len(shown) == len(fams) else
+        f"the best of each family that fits ({len(fams) - len(shown)} do not fit: --verbose says why):")
+    for f in shown:
         best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms: " if f["best"] else ""
-        print(f"  {f['family']}: {best}{f['why']}")
+        say(f"{f['family']}: {best}{f['why']}", indent="    ", first="  ")
     if args.save:
-        print(f"saved #1 as {args.save} (distlab simulate {args.save})")
+        say(f"saved #1 as {args.save} (distlab simulate {args.save})")
+    if args.plot:
+        say(f"wrote {args.plot}")
     return 0
 
 

@@ -57,6 +57,8 @@ def run(args) -> int:
     if args.plot:
         from distlab.sim.io import save_figure
         save_figure(draw(simulated), args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
     return 0
 
 
@@ -114,18 +116,31 @@ def by_key(results: list[dict], key: str) -> list[dict]:
 
 
 def draw(results: list[dict]):
-    """Predicted over reported, one point per run (fitted rows hollow), the y = 1 line and a ±10% band."""
+    """Predicted over reported, one point per run (fitted rows hollow), the y = 1 line and a ±10% band; each
+    point named where its name fits (sim/figure_text.py place_labels: no two names overlap, none leaves the axes)."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(6, 5))
+    from matplotlib.lines import Line2D
+
+    from distlab.sim.figure_text import place_labels
+    fig = Figure(figsize=(6.5, 5))
     ax = fig.add_subplot()
+    ratios = [x["predicted"] / x["reported"] for x in results] or [1.0]
+    lo, hi = min(0.85, 0.95 * min(ratios)), max(1.15, 1.05 * max(ratios))
     ax.axhline(1.0, color="grey", linewidth=1)
-    ax.axhspan(0.9, 1.1, color="grey", alpha=0.15, label="±10%")
-    for i, x in enumerate(results):
-        ratio = x["predicted"] / x["reported"]
-        ax.scatter([i], [ratio], facecolors="none" if x["fitted"] else "C0", edgecolors="C0")
-        ax.annotate(x["name"], (i, ratio), fontsize=7, xytext=(3, 3), textcoords="offset points", rotation=30)
+    ax.axhspan(0.9, 1.1, color="grey", alpha=0.15)
+    for i, (x, ratio) in enumerate(zip(results, ratios)):
+        ax.scatter([i], [ratio], facecolors="none" if x["fitted"] else "C0", edgecolors="C0", zorder=3)
+    ax.set_xlim(-0.5, max(len(results) - 0.5, 0.5))
+    ax.set_ylim(lo, hi)
     ax.set_xlabel("run")
     ax.set_ylabel("simulated / reported")
-    ax.set_title("distlab reproduce (hollow: fitted rows)")
-    ax.legend(loc="upper left")
+    ax.set_title("distlab reproduce: simulated over reported")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Line2D([], [], marker="o", linestyle="none", color="C0", label="a run (named if room)"),
+                       Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", color="C0",
+                              label="a run the curve was fitted on"),
+                       Line2D([], [], color="grey", linewidth=1, label="simulated = reported"),
+                       Patch(color="grey", alpha=0.15, label="±10%")], loc="upper left", fontsize=7)
+    fig.tight_layout()
+    place_labels(fig, ax, [(i, r, x["name"]) for i, (x, r) in enumerate(zip(results, ratios))])
     return fig

@@ -6,7 +6,7 @@ import copy
 import os
 import sys
 
-from distlab.sim.cli import print_json, progress
+from distlab.sim.cli import add_output_arguments, print_json, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -45,6 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="distlab-out", help="folder for trace.json and PNGs (default ./distlab-out)")
     p.add_argument("--no-files", action="store_true", help="write no trace or figures")
     p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.simulate/1)")
+    add_output_arguments(p)
 
 
 def flag_dest(w, f) -> str:
