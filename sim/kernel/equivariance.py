@@ -151,6 +151,24 @@ def find_shifts(plan: Plan, cluster) -> Shifts | None:
 
 
 
+def largest_kept(shifts: Shifts, keeps) -> Shifts | None:
+    """The subgroup of ``shifts``' Γ with the fewest classes whose generators the fabric keeps (``keeps(Shifts)``,
+    Topology.keeps: leaf switches, or the links another job shares, sim/jobs/); None when only the identity is
+    left. A subgroup keeps the plan's invariance: its steps are multiples of Γ's."""
+    if keeps(shifts):
+        return shifts
+    options = []
+    for i in (d for d in _divisors(shifts.width) if d % shifts.node_step == 0):
+        for j in (d for d in _divisors(shifts.blocks) if d % shifts.block_step == 0):
+            for t in (d for d in _divisors(shifts.gpus) if d % shifts.local_step == 0):
+                options.append((i * j * t, (i, j, t)))
+    for _, (i, j, t) in sorted(options):
+        s = Shifts(shifts.nodes, shifts.gpus, i, t, shifts.block, j)
+        if not s.trivial() and keeps(s):
+            return s
+    return None
+
+
 def check_classes(plan: Plan, classes) -> None:
     """sim.check's collective, send/recv and event checks, from the representatives' programs: the n-th
     collective member m issues on its group g is its representative's n-th on the group of g's orbit it uses
