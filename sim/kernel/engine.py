@@ -314,6 +314,9 @@ class _Simulation:
         slot["done"].succeed()
 
 
+Simulation = _Simulation      # sim/jobs/ runs several on one network (``shared``)
+
+
 def _fmt(group) -> str:
     g = list(group)
     if len(g) > 2 and g == list(range(g[0], g[-1] + 1)):

@@ -2,6 +2,7 @@
 And the consistency check (sim.check) of such a plan from its representatives' programs alone."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -167,6 +168,50 @@ def largest_kept(shifts: Shifts, keeps) -> Shifts | None:
         if not s.trivial() and keeps(s):
             return s
     return None
+
+
+def leaf_blocks(nodes: int, leaf_of) -> int | None:
+    """The largest B such that every run of B consecutive nodes (0..B-1, B..2B-1, ...) lies under one leaf switch
+    (``leaf_of(node)``), None when the nodes are all under one leaf or there are no leaves."""
+    runs, start = [], 0
+    for n in range(1, nodes + 1):
+        if n == nodes or leaf_of(n) != leaf_of(start):
+            runs.append(n - start)
+            start = n
+    if len(runs) < 2 or leaf_of(0) is None:
+        return None
+    return math.gcd(*runs)
+
+
+def block_kept(plan: Plan, shifts: Shifts, block: int | None, keeps) -> Shifts | None:
+    """Γ cut to the fabric's blocks (``block`` consecutive nodes under one leaf, leaf_blocks): rotations of the
+    nodes inside every block and shifts of whole blocks, with ``shifts``' local rotations; the one with the
+    fewest classes that ``keeps`` (the fabric) keeps and the plan is invariant under (check 1: rotations inside
+    blocks are not in ``shifts``' Γ, so they are checked here; block shifts and local rotations are multiples
+    of its steps). None when none does."""
+    n, g = shifts.nodes, shifts.gpus
+    if not block or block >= n or shifts.block or n % block:
+        return None
+    options = []
+    for i in _divisors(block):
+        for j in (d for d in _divisors(n // block) if (d * block) % shifts.node_step == 0):
+            for t in (d for d in _divisors(g) if d % shifts.local_step == 0):
+                options.append((i * j * t, (i, j, t)))
+    rotations: dict = {}
+    for _, (i, j, t) in sorted(options):
+        s = Shifts(n, g, i, t, block, j)
+        if s.trivial() or not keeps(s):
+            continue
+        if i < block and i not in rotations:
+            rotations[i] = _plan_maps(plan, s, (i, 0, 0))
+        if i == block or rotations[i]:
+            return s
+    return None
+
+
+def classes_count(shifts: Shifts) -> int:
+    """Classes of ranks per block position under Γ: one representative each."""
+    return shifts.node_step * shifts.block_step * shifts.local_step
 
 
 def check_classes(plan: Plan, classes) -> None:

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distlab.sim.kernel.equivariance import Shifts, find_shifts, largest_kept
+from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
+                                             leaf_blocks)
 from distlab.sim.kernel.network import Pairs
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
@@ -114,8 +115,10 @@ def find_classes(plan: Plan, ctx, busy: frozenset = frozenset()) -> Classes | No
         return None
     best = find_shifts(plan, ctx.cluster)
     keeps = ctx.topo.keeps
-    if best is not None and not keeps(best):
-        best = largest_kept(best, keeps)          # leaf switches, or links another job uses (Topology.keeps)
+    if best is not None and not keeps(best):      # leaf switches, or links another job uses (Topology.keeps)
+        block = leaf_blocks(best.nodes, ctx.topo.leaf_of)
+        options = [s for s in (block_kept(plan, best, block, keeps), largest_kept(best, keeps)) if s is not None]
+        best = min(options, key=classes_count) if options else None
     if best is None:
         return None
     n, g = best.nodes, best.gpus
