@@ -29,6 +29,11 @@ CONNECT_S = 10.0       # how long to wait for a Dask scheduler before giving up
 _SHARED: dict = {}     # what forked workers read (set by the parent before the fork)
 
 
+def can_fork() -> bool:
+    """Local workers are forked here (they inherit ``shared`` without pickling it)."""
+    return "fork" in mp.get_all_start_methods()
+
+
 def worker_count(workers: int | None) -> int:
     """Local processes: ``workers`` if given, else the CPUs, at most 2."""
     return max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
@@ -49,7 +54,7 @@ def run_many(fn, cases: list, *, workers: int | None = None, scheduler: str | No
             if progress:
                 progress(i + 1, len(cases))
         return out
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    method = "fork" if can_fork() else "spawn"
     out: list = [None] * len(cases)
     _SHARED["value"] = shared
     try:
