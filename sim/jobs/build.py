@@ -75,7 +75,7 @@ def node_counts(spec) -> list[int]:
         if job.nodes is not None:
             out.append(job.nodes)
         else:
-            world = Plan.load(job.plan).world_size
+            world = (Plan.load(job.plan) if isinstance(job.plan, str) else job.plan).world_size
             out.append(world // spec.cluster.gpus_per_node)
     return out
 
@@ -85,9 +85,9 @@ def _plan(job, cluster, i: int, where: str, cache: dict) -> tuple[Plan, str, str
     at = f"{where}: jobs[{i}]"
     g = cluster.gpus_per_node
     if job.plan is not None:
-        key = ("plan", job.plan)
+        key = ("plan", job.plan if isinstance(job.plan, str) else id(job.plan))
         if key not in cache:
-            plan = Plan.load(job.plan)
+            plan = Plan.load(job.plan) if isinstance(job.plan, str) else job.plan.validate(f"{at}.plan")
             if plan.world_size % g:
                 raise ConfigError(f"the plan has {plan.world_size} ranks, not whole nodes of {g} GPUs; a job takes "
                                   "whole nodes", f"{at}.plan")

@@ -13,11 +13,19 @@ from distlab.sim.plots import COLORS, _figure
 
 
 def jobs_timeline(outcome, title: str | None = None, unit: str = "ms"):
+    """A matplotlib figure of ``outcome`` (sim/jobs/together.Outcome), one track per job."""
+    fig, ax = _figure(figsize=(12, 0.75 * len(outcome.runs) + 1.9))
+    draw_jobs_timeline(ax, outcome, title, unit)
+    fig.tight_layout()
+    return fig
+
+
+def draw_jobs_timeline(ax, outcome, title: str | None = None, unit: str = "ms") -> None:
+    """The timeline on matplotlib axes ``ax`` (the lessons draw it into their own figure)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     runs = outcome.runs
-    fig, ax = _figure(figsize=(12, 0.75 * len(runs) + 1.9))
     span = 0.0
     for y, run in enumerate(runs):
         ops, at = run.trace.for_rank(0), run.trace_offset_s
@@ -49,5 +57,3 @@ def jobs_timeline(outcome, title: str | None = None, unit: str = "ms"):
                Line2D([], [], color="#999999", linestyle="--", label="step ends alone")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.4 / max(len(runs), 1)), ncol=4,
               fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig

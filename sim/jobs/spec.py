@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from distlab.sim.cluster import FABRICS, Cluster, load_cluster
 from distlab.sim.errors import ConfigError
+from distlab.sim.plan import Plan
 
 KEYS = ("name", "cluster", "nodes", "fabric", "placement", "seed", "jobs")
 JOB_KEYS = ("name", "scenario", "plan", "nodes", "placement", "start_s", "steps")
@@ -42,7 +43,7 @@ class JobSpec:
     ``placement`` (a policy or a tuple of node numbers), starting at ``start_s``, ``steps`` steps long."""
     name: str
     scenario: dict | None
-    plan: str | None
+    plan: str | Plan | None             # a plan file, or (from Python) a Plan
     nodes: int | None
     placement: str | tuple[int, ...]
     start_s: float = 0.0
@@ -116,7 +117,7 @@ def check(d, where: str) -> None:
         _known(job, JOB_KEYS, at)
         if ("scenario" in job) == ("plan" in job):
             raise ConfigError("a job needs one of scenario (a file or mapping) or plan (a plan file)", at)
-        if "plan" in job and not isinstance(job["plan"], str):
+        if "plan" in job and not isinstance(job["plan"], (str, Plan)):
             raise ConfigError(f"{job['plan']!r} must be a plan file path", f"{at}.plan")
         if "nodes" in job and (isinstance(job["nodes"], bool) or not isinstance(job["nodes"], int)
                                or job["nodes"] < 1):

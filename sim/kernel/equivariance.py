@@ -141,15 +141,32 @@ def find_shifts(plan: Plan, cluster) -> Shifts | None:
     if plan.world_size != n * g:
         return None
     made = getattr(plan.ranks, "shifts", None)       # sim/kernel/relabel.py: equivariant by construction
-    if made is not None:
-        return made if (made.nodes, made.gpus) == (n, g) else None
-    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0, 0))), n)
     inter = cluster.inter_node
     rails_ok = inter is None or n == 1 or g % inter.nics_per_node == 0
+    if made is not None:
+        if (made.nodes, made.gpus) != (n, g):
+            return None
+        return _with_rotations(plan, made) if rails_ok and made.local_step > 1 else made
+    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0, 0))), n)
     t = next((t for t in _divisors(g)[:-1] if rails_ok and _plan_maps(plan, Shifts(n, g, n, t), (0, 0, t))), g)
     return None if (k, t) == (n, g) else Shifts(n, g, k, t)
 
 
+
+
+def _with_rotations(plan: Plan, made: Shifts) -> Shifts:
+    """``made`` (the Γ a builder declared) with the smallest local rotation step t the plan is invariant under
+    too. Local rotations commute with every element of Γ, so it is enough that each representative's image
+    under the rotation runs the rotated program: for r = γ(q), program(ρ r) = γ(program(ρ q)) = γ(ρ(program q))
+    = ρ(program r). The representatives' programs are all that is read."""
+    reps = sorted({made.rep(r) for r in range(made.nodes * made.gpus)})
+    for t in (d for d in _divisors(made.gpus) if made.local_step % d == 0 and d < made.local_step):
+        s = replace(made, local_step=t)
+        f = lambda r, e=(0, 0, t): s.apply(e, r)      # noqa: E731
+        groups, streams = {}, {}
+        if all(_program_maps(plan.ranks[q], plan.ranks[f(q)], f, groups, streams) for q in reps):
+            return s
+    return made
 
 
 def largest_kept(shifts: Shifts, keeps) -> Shifts | None:
