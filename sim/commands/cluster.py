@@ -97,8 +97,8 @@ def run(args) -> int:
         print_json({"schema": SCHEMA, **outcome_json(outcome, args.top), "files": files})
         return 0
     _header(outcome.spec)
-    print_table("per job: step time alone on its nodes and shared with the others (mean over its steps)",
-                JOB_COLUMNS, job_rows(outcome), justify_left=4)
+    print_table("per job: mean step alone on its nodes and shared with the others; ranks simulated alone/shared",
+                JOB_COLUMNS, job_rows(outcome), justify_left=5)
     links = contended_links(outcome, args.top)
     if links:
         print_table(f"contended links (top {len(links)} by bytes; the jobs whose flows share them)", LINK_COLUMNS,
@@ -113,7 +113,8 @@ def run(args) -> int:
 def _header(spec) -> None:
     from distlab.sim.jobs.report import fabric_words
     c = spec.cluster
-    print(f"{spec.name}: {c.name}, {c.nodes} nodes x {c.gpus_per_node} GPUs ({c.world_size}); {fabric_words(c)}")
+    print(f"{spec.name}: {c.name}, {c.nodes} nodes x {c.gpus_per_node} GPUs ({c.world_size})")
+    print(f"fabric: {fabric_words(c)}")
 
 
 def _sweep(args, d: dict, keys: dict, many: dict) -> int:
@@ -157,6 +158,7 @@ def _capacity(args, d: dict, many: dict) -> int:
                                                                                           "mean"],
                 [[r["jobs"], r["gpus"], f"{r['worst_slowdown']:.3f}x", f"{r['mean_slowdown']:.3f}x"]
                  for r in c["rows"]])
-    print(f"the cluster gives the mix {c['gpus']} of its {c['cluster_gpus']} GPUs ({c['jobs']} jobs) before the "
-          f"worst slowdown passes {c['threshold']:g}x")
+    jobs = f"{c['jobs']} job" + ("s" if c["jobs"] != 1 else "")
+    print(f"the cluster gives the mix {c['gpus']} of its {c['cluster_gpus']} GPUs ({jobs}) before the worst slowdown "
+          f"passes {c['threshold']:g}x")
     return 0

@@ -43,19 +43,24 @@ def fabric_words(cluster) -> str:
     return words
 
 
+def short(text: str, width: int = 18) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def job_rows(outcome) -> list[list]:
+    """A row per job (JOB_COLUMNS); long node lists are cut (``--json`` has them whole)."""
     rows = []
     for run in outcome.runs:
         job = run.job
-        rows.append([job.name, job.label, compact(job.nodes), compact(leaves(outcome, run)) or "-",
-                     f"{job.spec.start_s * 1e3:g}", job.spec.steps, f"{run.step_alone_s * 1e3:.3f}",
-                     f"{run.step_shared_s * 1e3:.3f}", f"{run.slowdown:.3f}x",
-                     f"{run.simulated_alone}/{run.simulated_shared} of {job.world_size}"])
+        rows.append([short(job.name), job.workload, job.world_size, short(compact(job.nodes)),
+                     short(compact(leaves(outcome, run)) or "-", 10), f"{job.spec.start_s * 1e3:g}", job.spec.steps,
+                     f"{run.step_alone_s * 1e3:.3f}", f"{run.step_shared_s * 1e3:.3f}", f"{run.slowdown:.3f}x",
+                     f"{run.simulated_alone}/{run.simulated_shared}"])
     return rows
 
 
-JOB_COLUMNS = ["job", "what", "nodes", "leaves", "start ms", "steps", "alone ms", "shared ms", "slowdown",
-               "ranks simulated"]
+JOB_COLUMNS = ["job", "what", "GPUs", "nodes", "leaves", "start ms", "steps", "alone ms", "shared ms", "slowdown",
+               "simulated"]
 
 
 def contended_links(outcome, top: int = 5) -> list[dict]:
