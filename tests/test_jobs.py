@@ -95,7 +95,7 @@ def test_jobs_that_share_no_link_run_exactly_as_alone(tmp_path):
     out = simulate_jobs(spec)
     assert out.groups == [] and all(not r.shared_links for r in out.runs)
     assert [r.shared_s for r in out.runs] == [r.alone_s for r in out.runs]
-    assert len(out.runs[1].shared_s) == 2
+    assert len(out.runs[1].shared_s) == 2 and out.runs[1].alone_s[1] == pytest.approx(out.runs[1].alone_s[0], rel=1e-6)
     full = simulate_jobs(spec, together=True, symmetric=False)
     for r, f in zip(out.runs, full.runs):
         assert f.simulated_shared == r.job.world_size and r.simulated_alone < r.job.world_size

@@ -80,6 +80,14 @@ def node_counts(spec) -> list[int]:
     return out
 
 
+def placements(spec) -> list[tuple[int, ...]]:
+    """The nodes of each job of ``spec`` (sim/jobs/placement.py), without building a plan."""
+    cluster = spec.cluster
+    leaf = cluster.inter_node.nodes_per_leaf if cluster.inter_node is not None else 0
+    requests = list(zip(node_counts(spec), [j.placement for j in spec.jobs]))
+    return place(requests, cluster.nodes, leaf, spec.seed, [j.name for j in spec.jobs], f"{spec.where}: jobs")
+
+
 def _plan(job, cluster, i: int, where: str, cache: dict) -> tuple[Plan, str, str]:
     """(one step's plan, label, workload) of a job, on a cluster of its own nodes."""
     at = f"{where}: jobs[{i}]"

@@ -59,16 +59,16 @@ def sweep(d: dict, keys: dict, **run) -> list[dict]:
 
 def matrix(d: dict, **run) -> dict:
     """Each pair of jobs on the nodes the whole mix gives them, alone together: job i's slowdown beside job j."""
-    from distlab.sim.jobs.build import build_jobs
+    from distlab.sim.jobs.build import placements
     spec = specs.resolve(d)
-    placed = build_jobs(spec)
-    names = [job.name for job in placed]
+    placed = placements(spec)
+    names = [job.name for job in spec.jobs]
     pairs = [(i, j) for i in range(len(placed)) for j in range(i + 1, len(placed))]
     cases = []
     for i, j in pairs:
         pair = copy.deepcopy(d)
-        pair["jobs"] = [{**copy.deepcopy(d["jobs"][k]), "placement": list(placed[k].nodes),
-                         "nodes": len(placed[k].nodes), "name": names[k]} for k in (i, j)]
+        pair["jobs"] = [{**copy.deepcopy(d["jobs"][k]), "placement": list(placed[k]), "nodes": len(placed[k]),
+                         "name": names[k]} for k in (i, j)]
         cases.append(pair)
     m = [[1.0] * len(names) for _ in names]
     for (i, j), result in zip(pairs, run_many(case, cases, **run)):
