@@ -77,9 +77,15 @@ def contended_links(outcome, top: int = 5) -> list[dict]:
     return rows[:top]
 
 
-def link_rows(links: list[dict]) -> list[list]:
-    return [[r["link"], f"{r['capacity_GBps']:g}", f"{r['bytes'] / 1e9:.3f}",
-             ", ".join(f"{name} {b / 1e9:.3f}" for name, b in r["bytes_by_job"].items())] for r in links]
+def link_rows(links: list[dict], shown: int = 3) -> list[list]:
+    """A row per contended link: the ``shown`` jobs with the most bytes on it, then how many more."""
+    rows = []
+    for r in links:
+        jobs = list(r["bytes_by_job"].items())
+        words = ", ".join(f"{short(name, 14)} {b / 1e9:.3f}" for name, b in jobs[:shown])
+        rows.append([r["link"], f"{r['capacity_GBps']:g}", f"{r['bytes'] / 1e9:.3f}",
+                     words + (f", +{len(jobs) - shown} more" if len(jobs) > shown else "")])
+    return rows
 
 
 LINK_COLUMNS = ["link", "GB/s", "GB moved", "by job (GB)"]
