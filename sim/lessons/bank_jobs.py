@@ -89,8 +89,8 @@ def jobs_table(outcome) -> Table:
 def links_table(outcome, top: int = 4) -> Table:
     """The contended links: bytes each job put on them."""
     from distlab.sim.jobs.report import contended_links
-    rows = [[r["link"], f"{r['capacity_GBps']:g}", ", ".join(f"{k} {v / 1e9:.2f}" for k, v in r["bytes_by_job"].items())]
-            for r in contended_links(outcome, top)]
+    rows = [[r["link"], f"{r['capacity_GBps']:g}",
+             ", ".join(f"{k} {v / 1e9:.2f}" for k, v in r["bytes_by_job"].items())] for r in contended_links(outcome, top)]
     return Table(["link", "GB/s", "GB moved, by job"], rows, "links two or more jobs use, most bytes first")
 
 
