@@ -1,8 +1,8 @@
 """Several jobs on one cluster at scale (issue 34 item 4): scenarios/multi-job/cluster-1024-h100.yaml, eight jobs
 (FSDP2 Llama 7B, TP x FSDP2 Llama 3 8B, DDP GPT-2 medium) on 1,024 H100 (128 DGX H100 nodes) on a fat-tree of leaves
 of 4 nodes, 2:1 to the spine; each case in its own process pinned to one core. Prints wall time (load, build,
-simulate every job alone and every group of sharing jobs together), CPU seconds (user + system: what the wall time is on an
-idle core), peak memory (the process's peak resident set) and the machine's load average when it ran.
+simulate every job alone and every group of sharing jobs together), CPU seconds (user + system: what the wall time
+is on an idle core), peak memory (the process's peak resident set) and the machine's load average when it ran.
 
     python benchmarks/cluster_scale.py [--json] [--only NAME] [--random]
 
