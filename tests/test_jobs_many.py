@@ -1,6 +1,6 @@
 """Many simulations at once (sim/workers.py): a sweep of a job mix, its interference matrix and capacity search,
 and a planner confirmation give identical results on one process, on local processes and on a local Dask
-cluster this test starts (two worker processes, a real scheduler address)."""
+cluster this test starts (two workers, a real scheduler address over TCP)."""
 import copy
 
 import pytest
@@ -21,8 +21,10 @@ def scheduler(tmp_path_factory):
     import dask
     from distributed import LocalCluster
     scratch = str(tmp_path_factory.mktemp("dask"))        # Dask's scratch space stays in pytest's folders
+    # workers as threads of this process, reached over TCP like remote ones: every case and result is pickled
     with dask.config.set({"temporary-directory": scratch}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
+                         dashboard_address=None) as cluster:
         yield cluster.scheduler_address
 
 
@@ -77,7 +79,7 @@ def test_planner_confirmation_is_the_same_on_a_dask_cluster(scheduler, tmp_path)
 def test_a_scheduler_nobody_serves_is_one_clear_error():
     from distlab.sim.errors import ConfigError
     from distlab.sim import workers
-    old, workers.CONNECT_S = workers.CONNECT_S, 1.0
+    old, workers.CONNECT_S = workers.CONNECT_S, 0.3
     try:
         with pytest.raises(ConfigError, match="cannot reach a Dask scheduler at 'tcp://127.0.0.1:9'"):
             run_many(abs, [1, 2], scheduler="tcp://127.0.0.1:9")
