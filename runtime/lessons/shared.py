@@ -16,9 +16,9 @@ import time
 from distlab.runtime.lessons.common import fewer, run_on_ranks
 
 
-def two_jobs_here(nbytes: int = 4 << 20, iters: int = 20) -> dict:
+def two_jobs_here(nbytes: int = 1 << 20, iters: int = 20) -> dict:
     """Run the experiment of the module docstring; times in milliseconds (medians over ``iters``)."""
-    out = run_on_ranks("distlab.runtime.lessons.shared:_task", {"numel": nbytes // 4, "iters": fewer(iters, 6)},
+    out = run_on_ranks("distlab.runtime.lessons.shared:_task", {"numel": nbytes // 4, "iters": fewer(iters, 4)},
                        nproc=4)
     alone = {"a": out[0]["alone"], "b": out[2]["alone"]}
     shared = {"a": out[0]["shared"], "b": out[2]["shared"]}
