@@ -15,6 +15,7 @@ COMMANDS = [
     "distlab.sim.commands.plan",
     "distlab.sim.commands.lessons",
     "distlab.sim.commands.reproduce",
+    "distlab.sim.commands.cluster",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",
     "distlab.runtime.commands.calibrate",

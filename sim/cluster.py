@@ -59,6 +59,8 @@ class InterNode:
     fabric: str = "rail-optimized"
     oversubscription: float = 1.0  # fat-tree: node uplink capacity = nics x bandwidth / oversubscription
     efficiency: float = 1.0
+    nodes_per_leaf: int = 0        # leaf switches of this many nodes under one spine layer (sim/kernel/network.py):
+    #                                oversubscription then applies to each leaf's uplink; 0 = no leaf tier
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class Cluster:
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
              "gpu": gpu_to_dict(self.gpu), "intra_node": asdict(self.intra_node),
-             "inter_node": asdict(self.inter_node) if self.inter_node else None}
+             "inter_node": inter_to_dict(self.inter_node) if self.inter_node else None}
         if self.cpu_cores is not None:
             d["cpu_cores"] = self.cpu_cores
         if self.interference != 1.0:
@@ -125,6 +127,14 @@ class Cluster:
     def to_yaml(self) -> str:
         import yaml
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def inter_to_dict(inter: InterNode) -> dict:
+    """The inter_node section of a cluster file; nodes_per_leaf only where there are leaf switches."""
+    d = asdict(inter)
+    if not d["nodes_per_leaf"]:
+        del d["nodes_per_leaf"]
+    return d
 
 
 def gpu_to_dict(gpu: GPUSpec) -> dict:
@@ -396,6 +406,10 @@ def _validated(c: Cluster, where: str) -> Cluster:
     if not _is_number(inter.oversubscription) or not 1 <= inter.oversubscription <= 1e6:
         raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking) and at most 1e6",
                           f"{where}: inter_node.oversubscription")
+    leaf = inter.nodes_per_leaf
+    if isinstance(leaf, bool) or not isinstance(leaf, int) or not 0 <= leaf <= MAX_RANKS:
+        raise ConfigError(f"{leaf!r} must be a whole number of nodes >= 0 (0 = no leaf switches)",
+                          f"{where}: inter_node.nodes_per_leaf")
     return c
 
 

@@ -285,11 +285,16 @@ def resolve(d: dict, where: str = "scenario"):
     return model, cluster
 
 
-def build(d: dict, where: str = "scenario") -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace."""
+def build(d: dict, where: str = "scenario", cluster=None) -> Result:
+    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
+    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
     d = validate(copy.deepcopy(d), where)
     w = workload_of(d)
-    model, cluster = resolve(d, where)
+    if cluster is None:
+        model, cluster = resolve(d, where)
+    else:
+        from distlab.sim.models import model_from_spec
+        model = model_from_spec(d["model"], f"{where}: model")
     try:
         mesh = complete_mesh(d, w, cluster.world_size, where)
         opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \

@@ -21,7 +21,7 @@ QUICK = "DISTLAB_LESSONS_QUICK"
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
         "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb",
         "08_pitfalls.ipynb", "09_device_mesh_and_dtensor.ipynb", "11_plan_a_run.ipynb",
-        "12_failures_at_scale.ipynb"}
+        "12_failures_at_scale.ipynb", "14_shared_cluster.ipynb"}
 
 
 def _ids():

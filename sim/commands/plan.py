@@ -25,6 +25,10 @@ def add_arguments(p) -> None:
     p.add_argument("--save", help="write the chosen layout (#1) as a scenario file (.yaml) that `distlab simulate` "
                                   "and `distlab validate` take")
     p.add_argument("--plot", help="write a Pareto figure (step time against memory per GPU), e.g. plan.png")
+    p.add_argument("--workers", type=int, help="local processes for the estimate and the confirmation (default: the "
+                                               "CPUs, at most 2)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="confirm on a Dask cluster instead: its scheduler's "
+                                                          "address, e.g. tcp://10.0.0.1:8786 (sim/workers.py)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     add_output_arguments(p)
 
@@ -74,7 +78,10 @@ def run(args) -> int:
     require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "
                       "layouts)", ("gpt", "moe"))
     bar = _Bar(not args.json)
-    s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"{args.workers} must be a whole number >= 1", "--workers")
+    s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
+               workers=args.workers, scheduler=args.scheduler)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
     fams = explain.families(s)

@@ -25,3 +25,4 @@ from distlab.sim.lessons import bank_tp  # noqa: E402,F401  (registers lesson 09
 from distlab.sim.lessons import bank_plan  # noqa: E402,F401  (registers lesson 11's exercises)
 from distlab.sim.lessons import bank_compute  # noqa: E402,F401  (registers lesson 13's exercises)
 from distlab.sim.lessons import bank_ep  # noqa: E402,F401  (registers lesson 10's experts exercises)
+from distlab.sim.lessons import bank_jobs  # noqa: E402,F401  (registers lesson 14's exercises)
