@@ -3,7 +3,7 @@ mistake, equivalent units are accepted, and a decimal comma is refused with a cl
 import pytest
 
 from distlab.sim.lessons import check, question, solution
-from distlab.sim.lessons.exercises import _factor_hint
+from distlab.sim.lessons.checker import _factor_hint
 from distlab.sim.lessons.units import UnitError, parse
 
 
@@ -68,3 +68,24 @@ def test_a_rounded_parameter_count_is_not_blamed_on_units():
     v = check("06-zero3-memory", f"{16 * 7e9 / 64 / 2**30:.3f} GiB")
     assert v.status == "wrong" and "off by +4%" in v.message and "against" not in v.message
     assert "6.74e9" in question("06-zero3-memory") and "6.74e9" in question("06-zero1-memory")
+
+
+def test_the_banks_do_not_import_the_registry():
+    """One-way (issue 30 item 5): sim/lessons/exercises.py imports the banks, no bank imports it (nor the package,
+    whose __init__ imports it), and nothing loads a module by name to dodge that."""
+    import ast
+    from pathlib import Path
+
+    from distlab.sim.lessons.exercises import BANKS
+    for module in BANKS:
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("distlab.sim.lessons.exercises", "distlab.sim.lessons"), \
+                    f"{module.__name__} imports {node.module}"
+            if isinstance(node, ast.Import):
+                assert all(a.name != "distlab.sim.lessons.exercises" for a in node.names), module.__name__
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+                raise AssertionError(f"{module.__name__} loads a module by name")
+    exercises_src = (Path(BANKS[0].__file__).parent / "exercises.py").read_text(encoding="utf-8")
+    assert "import_module" not in exercises_src and "__import__" not in exercises_src

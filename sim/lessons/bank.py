@@ -1,7 +1,7 @@
-"""The exercises of lessons 01-07. Expected values come from the library, so they match what the lessons run."""
+"""The exercises of lessons 01-08. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 MiB = 2**20
 
@@ -58,7 +58,7 @@ def _ddp_buckets(model, cap=None):
 
 def _ddp_sim(**options):
     """lesson 05's scenario: gpt2-medium, micro-batch 4, 2 x dgx-h100, DDP with ``options``."""
-    from distlab.sim.lessons import scenario, simulate
+    from distlab.sim.lessons.training import scenario, simulate
     return simulate(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4, **options))
 
 
@@ -66,7 +66,7 @@ LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
 
 
 def _fastest_cap() -> str:
-    from distlab.sim.lessons import fastest, scenario, sweep
+    from distlab.sim.lessons.training import fastest, scenario, sweep
     rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)
     return str(fastest(rows, "bucket_cap_mb"))
 
@@ -77,18 +77,18 @@ def _collectives(plan, op: str) -> int:
 
 
 def _zero_GiB(model: str, world: int, zero: int) -> float:
-    from distlab.sim.lessons import zero_bytes
+    from distlab.sim.lessons.training import zero_bytes
     return zero_bytes(model, world, zero)["total"] / 2**30
 
 
 def _comm_ratio(model: str, world: int) -> float:
-    from distlab.sim.lessons import comm_per_step
+    from distlab.sim.lessons.training import comm_per_step
     return comm_per_step(model, world, 3) / comm_per_step(model, world, 0)
 
 
 def _fsdp_gathers(reshard_after_forward) -> int:
     from distlab.sim.parallel.fsdp.plan import build_fsdp
-    from distlab.sim.lessons import CPU_FSDP_MODEL
+    from distlab.sim.lessons.training import CPU_FSDP_MODEL
     from distlab.sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
                                    {"reshard_after_forward": reshard_after_forward}), "all_gather")
@@ -96,7 +96,7 @@ def _fsdp_gathers(reshard_after_forward) -> int:
 
 def _pipe(schedule: str, p: int, m: int, v: int = 1, activation_bytes: float = 1.0):
     """Lesson 07: metrics of ``schedule`` with uniform stages (F = 1 ms, B = 2 ms, I = W = 1 ms), free p2p."""
-    from distlab.sim.lessons import pipeline_metrics
+    from distlab.sim.lessons.pipelines import pipeline_metrics
     return pipeline_metrics(schedule, p, m, v, activation_bytes=activation_bytes)
 
 
@@ -106,7 +106,7 @@ def _saved_GiB(p: int, m: int, per_mb_MiB: float) -> float:
     return (gpipe - one) / 2**30
 
 
-register(
+EXERCISES = (
     # --- 01 processes and collectives ---------------------------------------------------------------------
     Exercise("01-world-size", "torchrun --nnodes 2 --nproc-per-node 4 train.py starts how many ranks (WORLD_SIZE)?",
              "count", lambda: 2 * 4, tolerance=0, why="WORLD_SIZE = nodes x processes per node."),
@@ -280,11 +280,11 @@ def _named_rank() -> str:
 
 
 def _pitfalls():
-    from distlab.sim.lessons import pitfalls
+    import distlab.sim.lessons.pitfalls as pitfalls
     return pitfalls
 
 
-register(
+EXERCISES += (
     Exercise("08-duplicates", "4 ranks each build DataLoader(dataset, shuffle=True) without a DistributedSampler. "
              "In one epoch, how many times is each sample processed, over all ranks?", "count", lambda: 4,
              tolerance=0, hint="each rank iterates over the whole dataset",
@@ -308,5 +308,3 @@ register(
              hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
              why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
 )
-from distlab.sim.lessons import bank_machine  # noqa: E402,F401  ('your machine' predictions of 02, 05-07)
-from distlab.sim.lessons import failures  # noqa: E402,F401  (registers lesson 12, issue 20)

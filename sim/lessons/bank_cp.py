@@ -2,7 +2,7 @@
 expected values come from the library (sim/parallel/cp/ring.py, sim/parallel/cp/memory.py), so they match what the lesson runs."""
 from __future__ import annotations
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 GiB, MiB = 2**30, 2**20
 LONG = {"preset": "llama3-8b", "seq_len": 131072, "micro_batch": 1}       # the lesson's running example
@@ -78,7 +78,7 @@ def _hidden() -> str:
     return "yes" if rows["one K/V permute"] < rows["one ring step (attention compute)"] else "no"
 
 
-for _ex in (
+EXERCISES = (
     Exercise("10-activations-cp1", "Llama 3 8B on one 131072-token sequence, no activation recompute: how many "
              "GiB of activations does one GPU keep without CP (cp 1)?", "GiB", lambda: activations_GiB(1),
              tolerance=0.05, hint="per block s·b·h·34 bytes at 16 bits (Korthikanti et al. Table 2, flash "
@@ -107,5 +107,4 @@ for _ex in (
              why="the compute grows with s², the bytes with s: at long context the ring hides; at short context "
                  "or across nodes (50 GB/s per GPU) it may not, which is why CP groups stay inside a node when "
                  "they can."),
-):
-    register(_ex)
+)

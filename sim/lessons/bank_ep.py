@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 MiB = 2**20
 BLOCK = {"preset": "deepseek-v3", "layers": 1, "first_dense": 0, "embed": False}   # one MoE block alone
@@ -162,7 +162,7 @@ def pair_ms(overlap: bool) -> float:
     return pair_trace(overlap).makespan * 1e3
 
 
-register(
+EXERCISES = (
     Exercise("10-dispatch-MiB", "One DeepSeek-V3 MoE block, 4096 tokens per GPU, ep 8 on one H800 node, balanced "
              "routing: how many MiB does rank 0 send to the other 7 ranks in the forward dispatch all_to_all?",
              "MiB", dispatch_MiB,

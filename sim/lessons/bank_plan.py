@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.planner.layouts import Layout
 
@@ -232,7 +232,7 @@ def table4() -> Table:
     return Table(t["columns"], [[f"{v:,}" if isinstance(v, int) else v for v in r] for r in t["rows"]], t["source"])
 
 
-register(
+EXERCISES = (
     Exercise("11-ddp-state", "Llama 3 70B (70.6B parameters, bf16) under plain DDP: each GPU holds the whole model. "
              "Params + grads + AdamW state per GPU, in GiB?", "GiB", lambda: model_state_GiB("DDP"),
              tolerance=0.02, hint="bf16 params and grads (2 + 2 bytes) and AdamW's fp32 master, m and v "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt, preset
@@ -131,7 +131,7 @@ def _sp_layer_GiB() -> float:
     return activation_bytes_per_layer(8192, 1, c["hidden"], c["heads"], 8, True, "none") / 2**30
 
 
-register(
+EXERCISES = (
     Exercise("09-k-shard", "Llama 3 8B's k projection maps 4096 features to 8 KV heads x 128 = 1024; "
              "ColwiseParallel shards its weight (1024 x 4096) with Shard(0) over tp 8. One rank's shard in bf16, "
              "in MiB?", "MiB", _k_shard_MiB, tolerance=0.01,

@@ -18,7 +18,7 @@ fabric "supports a sustainable throughput of 2 TB/s and a peak throughput of 7 T
 from __future__ import annotations
 
 from distlab.sim import resilience
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 
 LLAMA3 = {"days": 54, "gpus": 16384, "interruptions": 466, "planned": 47, "unexpected": 419,
@@ -99,7 +99,7 @@ def plot_goodput(curve: resilience.GoodputCurve, unit: str = "min", title: str |
     return f
 
 
-register(
+EXERCISES = (
     Exercise("12-mtbf", "Llama 3 405B: 419 unexpected interruptions in a 54-day snapshot. What is the job's mean "
              "time between failures, in minutes?", "min", lambda: llama3_mtbf_s() / 60, tolerance=0.02,
              hint="54 days in minutes, divided by the number of failures",
