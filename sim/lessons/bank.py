@@ -40,6 +40,12 @@ def _simulated(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str, p
     return trace.makespan * 1e6, _busbw(op, c.world_size, nbytes, trace.makespan)
 
 
+def _ll_share() -> float:
+    """LL's busbw over Simple's (%) for a 1 GiB ring all_reduce on one dgx-h100 node, simulated."""
+    ll, simple = (_simulated("all_reduce", 2**30, "dgx-h100", 1, "ring", p)[1] for p in ("LL", "Simple"))
+    return 100 * ll / simple
+
+
 def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     from distlab.sim.collectives import metrics
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
@@ -120,7 +126,7 @@ EXERCISES = (
              "count", lambda: _ring_steps("all_reduce", 4),
              tolerance=0, hint="a reduce-scatter pass then an all-gather pass, each n-1 steps",
              why="2(n-1): n-1 to reduce-scatter, n-1 to all-gather."),
-    Exercise("01-ring-bytes", "In a ring all-reduce of a 64 MiB tensor on 8 ranks, how much data does each rank "
+    Exercise("01-ring-bytes", "In a ring all-reduce of a 64 MiB tensor on 8 GPUs, how much data does each GPU "
              "send in all?", "MiB", lambda: 2 * 7 / 8 * 64, hint="2(n-1) steps, each of S/n",
              why="2(n-1)/n x S: independent of n for large n, which is why the ring is bandwidth-optimal."),
     # --- 02 what a collective costs -----------------------------------------------------------------------
@@ -142,14 +148,14 @@ EXERCISES = (
                   "(tuning.cc:150-165)",
              why="8.4 + 14 x 3.4 = 56 µs, almost 4x LL's 15 µs: Simple synchronises every step with a fence and a "
                  "flag, LL's flags travel inside the data. Bytes do not matter at 8 B; only the latencies do."),
-    Exercise("02-ll-busbw", "Forced to LL (NCCL_PROTO=LL), what busbw does a ring all_reduce of 1 GiB reach on one "
-             "dgx-h100 node? (Simple reaches ~370 GB/s.)", "GB/s",
-             lambda: _simulated("all_reduce", 2**30, "dgx-h100", 1, "ring", "LL")[1], tolerance=0.05,
-             traps=lambda: {185.0: "half of 370: right about the flags, but NCCL also caps LL's bus bandwidth"},
-             hint="LL sends 4 data bytes per 8-byte line (half), and NCCL caps LL at llMaxBw of bus bandwidth: "
-                  "141 GB/s on one Hopper node (tuning.cc:177-183, :327)",
-             why="min(370 / 2, 141) = 141 GB/s: LL stops paying off after a few MiB, where its lower latency no "
-                 "longer makes up for the bandwidth; NCCL's tuner moves on to LL128, then Simple."),
+    Exercise("02-ll-busbw", "Forced to LL (NCCL_PROTO=LL), a ring all_reduce of 1 GiB on one dgx-h100 node: what "
+             "share of Simple's busbw does it reach, in %?", "%", _ll_share, tolerance=0.05,
+             traps=lambda: {50.0: "half: right about the flags, but NCCL also caps LL's bus bandwidth"},
+             hint="LL sends 4 data bytes per 8-byte line (half of Simple's ~370 GB/s), and NCCL caps LL at llMaxBw "
+                  "of bus bandwidth, 141 GB/s on one Hopper node (src/graph/tuning.cc, llMaxBws and its use in "
+                  "ncclTopoTuneModel)",
+             why="min(370 / 2, 141) = 141 of 370 GB/s: LL stops paying off after a few MiB, where its lower "
+                 "latency no longer makes up for the bandwidth; NCCL's tuner moves on to LL128, then Simple."),
     Exercise("02-small-message", "For an 8 B all_reduce on one dgx-h100 node, which algorithm does the "
              "simulator's auto choose?", "choice", lambda: _auto_algorithm("all_reduce", 8, "dgx-h100", 1),
              choices=("ring", "tree", "hierarchical", "nvls"),
@@ -159,10 +165,13 @@ EXERCISES = (
                  "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
                  "node the tree is no shorter than the ring."),
     # --- 03 topologies ------------------------------------------------------------------------------------
-    Exercise("03-nic", "A DGX H100 has one 400 Gb/s NDR NIC per GPU. What bandwidth per direction does one GPU "
-             "get across nodes?", "GB/s", lambda: _preset("dgx-h100").inter_node.bandwidth_GBps,
+    Exercise("03-nic", "A DGX H100 has 8 GPUs and one 400 Gb/s NDR NIC per GPU. What bandwidth per direction "
+             "does the whole node have across nodes, in GB/s?", "GB/s",
+             lambda: _preset("dgx-h100").gpus_per_node * _preset("dgx-h100").inter_node.bandwidth_GBps,
+             traps=lambda: {_preset("dgx-h100").inter_node.bandwidth_GBps: "that is one NIC's; the node has 8"},
              hint="network speeds are in bits per second; 8 bits = 1 byte",
-             why="50 GB/s against 450 GB/s of NVLink: crossing nodes is 9x narrower."),
+             why="8 NICs of 50 GB/s. Inside the node each GPU alone has NVLink 4's 450 GB/s per direction: one "
+                 "GPU's NIC is far narrower than its NVLink, which is what the next exercise measures."),
     Exercise("03-nvlink-ratio", "How many times more bandwidth per GPU does NVLink 4 (dgx-h100 intra_node) have "
              "than its NIC?", "x", lambda: (_preset("dgx-h100").intra_node.bandwidth_GBps /
                                             _preset("dgx-h100").inter_node.bandwidth_GBps),
@@ -175,8 +184,8 @@ EXERCISES = (
                   "50 GB/s NIC (NVLink inside the node is faster, so the NICs set the pace)",
              why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
     Exercise("03-all-to-all", "Predict, before simulating: an all_to_all of 1 GiB on 8 dgx-h100 nodes (64 GPUs, "
-             "one 50 GB/s NIC per GPU). What busbw does it reach? Within 15%.", "GB/s",
-             lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.15,
+             "one 50 GB/s NIC per GPU). What busbw does it reach? Within 5%.", "GB/s",
+             lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.05,
              traps=lambda: {369.0: "that is one node, inside NVLink; across nodes the NICs carry most of it"},
              hint="each GPU sends (n-g)/n of its buffer to other nodes, all through its own NIC; busbw = algbw x "
                   "(n-1)/n (nccl-tests)",
@@ -198,7 +207,9 @@ EXERCISES = (
     # --- 05 DDP ----------------------------------------------------------------------------------------------
     Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
              "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",
-             lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB,
+             lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB, tolerance=0.0002,
+             traps=lambda: {4.0: "that is the weight alone; its layer's bias arrived first, in the same bucket",
+                            1.0: "that is the cap; a bucket closes only once a tensor crosses it"},
              hint="gradients arrive last layer first (its bias, then its weight); the first bucket's 1 MiB cap is "
                   "a threshold, so the tensor that crosses it stays in the bucket",
              why="the last layer's bias (4 KiB) and weight (4 MiB): the weight joins the bucket it arrives in and "

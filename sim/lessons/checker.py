@@ -140,7 +140,7 @@ def _factor_hint(got: float, want: float) -> str:
 
 
 def check_answer(ex: Exercise, answer, given: dict) -> Verdict:
-    """Check ``answer`` to ``ex`` (a number in the unit asked for, or a string with a unit such as ``"4.8 ms"``);
+    """Check ``answer`` to ``ex`` (a number in the unit asked for, or a string with a unit such as ``"3.7 ms"``);
     ``given``: the learner's measurements the exercise needs."""
     if any(answer is u for u in UNANSWERED) or (isinstance(answer, str) and not answer.strip()):
         if ex.prediction and all(k in given for k in ex.needs):   # checked after the run: say what it measured

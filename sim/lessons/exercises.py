@@ -23,6 +23,7 @@ import distlab.sim.lessons.bank as bank
 import distlab.sim.lessons.bank_compute as bank_compute
 import distlab.sim.lessons.bank_cp as bank_cp
 import distlab.sim.lessons.bank_ep as bank_ep
+import distlab.sim.lessons.bank_fsdp as bank_fsdp
 import distlab.sim.lessons.bank_machine as bank_machine
 import distlab.sim.lessons.bank_plan as bank_plan
 import distlab.sim.lessons.bank_tp as bank_tp
@@ -30,7 +31,7 @@ import distlab.sim.lessons.failures as failures
 from distlab.sim.lessons.checker import (Exercise, Verdict, check_answer, expected_value, question_text,
                                          solution_text, validate)
 
-BANKS = (bank, bank_machine, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute)
+BANKS = (bank, bank_machine, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute)
 
 __all__ = ["BANKS", "Exercise", "Verdict", "check", "exercises", "get", "question", "solution"]
 
@@ -73,6 +74,6 @@ def expected(exercise_id: str, **given):
 
 
 def check(exercise_id: str, answer, **given) -> Verdict:
-    """Check ``answer`` (a number in the unit asked for, or a string with a unit such as ``"4.8 ms"``).
+    """Check ``answer`` (a number in the unit asked for, or a string with a unit such as ``"3.7 ms"``).
     Exercises about your own measurements take them as keyword arguments (see the lesson)."""
     return check_answer(get(exercise_id), answer, given)
