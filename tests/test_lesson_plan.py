@@ -2,7 +2,10 @@
 published layout is self-consistent, and the scenario it hands to the real run is the planner's layout."""
 import math
 
+import pytest
+
 from distlab.sim.lessons import bank_plan as B
+from distlab.sim.lessons import plan_run as R
 from distlab.sim.lessons import check, solution
 from distlab.sim.models import preset
 from distlab.sim.plan import DTYPE_BYTES
@@ -47,15 +50,29 @@ def test_quoted_table4_is_consistent():
     for gpus, tp, cp, pp, dp, seq, per_dp, tokens, *_ in B.LLAMA3_405B_TABLE4["rows"]:
         assert gpus == tp * cp * pp * dp
         assert tokens == "16M" and dp * per_dp * seq == 16 * 2**20
-    assert solution("11-meta-replica") == "128"
+    assert solution("11-meta-stage-layers") == "8"
 
 
 def test_first_runnable_takes_the_planners_mesh_and_keeps_the_plan():
     from distlab.sim.scenario import simulate
     t = B.plan_tiny()
-    rank, c, sc = B.first_runnable(t, lambda s: s["mesh"].get("tp") == 2 and s["tp"]["recompute"] == "none")
+    rank, c, sc = R.first_runnable(t, lambda s: s["mesh"].get("tp") == 2 and s["tp"]["recompute"] == "none")
     assert c is t.ranked[rank - 1] and c.layout.tp == 2 and sc["mesh"] == {"tp": 2}
     q = t.question
     original = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
     assert original["mesh"] == {"tp": 2}      # the planner leaves a data-parallel dimension of size 1 out
     assert simulate(sc, "a").summary["step_s"] == simulate(original, "b").summary["step_s"]
+
+
+def test_the_real_run_verdict_says_when_a_prediction_misses():
+    """Lesson 11's real run is judged against the tolerance the lesson states; outside it, the title says so (and
+    tests/test_lessons_notebooks.py fails on that phrase)."""
+    parts = {"predicted": {"comm": 2e-3, "compute": 6e-3, "host": 4e-3, "optimizer": 1e-3, "step": 9e-3},
+             "measured": {"comm": 3e-3, "compute": 6e-3, "optimizer": 1e-3, "step": 10e-3}}
+    t = R.real_run_verdict({"parts": parts})
+    assert "-10%: within" in t.title and t.rows[0][3] == "-33%" and R.OUTSIDE not in t.title
+    parts["measured"]["step"] = 15e-3
+    assert R.OUTSIDE in R.real_run_verdict({"parts": parts}).title
+    assert B.meta_middle_layers() == 8
+    with pytest.raises(ValueError):
+        B.meta_middle_layers(127, 16)

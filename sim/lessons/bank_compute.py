@@ -13,7 +13,7 @@ arXiv 2204.02311, app. B); hardware FLOPs utilisation (HFU) counts what the GPU 
 from __future__ import annotations
 
 from distlab.sim.compute import attention_time, gemm_efficiency, gemm_time, unfused_attention_time
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 
 ROW = "megatron-1.7b"          # the smallest row of Megatron-LM's Table 1: 32 A100s, the lesson reproduces it
@@ -230,7 +230,7 @@ def plot_reproduced(results: list[dict]) -> Figure:
     return f
 
 
-register(
+EXERCISES = (
     Exercise("13-step-time", f"Megatron-LM's smallest row ({ROW}): 137 TFLOP/s per GPU on 32 A100s, counted with eq. 3 "
              "(B 512, s 2048, l 24, h 2304, V 51200). How long is one step?", "s",
              lambda: step_flops(row()[0]) / (137e12 * 32),
