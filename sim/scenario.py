@@ -31,7 +31,7 @@ import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
-from distlab.sim.result import Result, step_summary
+from distlab.sim.result import Result, step_summary, throughput
 from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
@@ -40,7 +40,8 @@ DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "clus
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
-    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file made absolute."""
+    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file and model config.json
+    made absolute (relative to the scenario's folder)."""
     if isinstance(path_or_dict, dict):
         d, where = copy.deepcopy(path_or_dict), where or "scenario"
     else:
@@ -49,6 +50,10 @@ def load(path_or_dict, where: str | None = None) -> dict:
         d = load_yaml(path_or_dict)
         if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
             d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
+        model = d.get("model") if isinstance(d, dict) else None      # a config.json beside the scenario
+        if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+            d["model"] = {**model, "hf_config": os.path.join(os.path.dirname(os.path.abspath(path_or_dict)),
+                                                             model["hf_config"])}
     return validate(d, where)
 
 
@@ -280,13 +285,18 @@ def resolve(d: dict, where: str = "scenario"):
     return model, cluster
 
 
-def parts(d: dict, where: str = "scenario") -> tuple:
+def parts(d: dict, where: str = "scenario", cluster=None) -> tuple:
     """(validated scenario, workload, model, cluster, completed mesh, options) of a scenario, without building
     its plan: for a composition the options are a Parallelisms (sim/parallel/parallelize.py), what
-    ``parallelize`` and the planner's estimate (sim/planner/composed.py) take."""
+    ``parallelize`` and the planner's estimate (sim/planner/composed.py) take. ``cluster``: a Cluster to use
+    instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
     d = validate(copy.deepcopy(d), where)
     w = workload_of(d)
-    model, cluster = resolve(d, where)
+    if cluster is None:
+        model, cluster = resolve(d, where)
+    else:
+        from distlab.sim.models import model_from_spec
+        model = model_from_spec(d["model"], f"{where}: model")
     try:
         mesh = complete_mesh(d, w, cluster.world_size, where)
         opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
@@ -302,9 +312,10 @@ def _under(e: ConfigError, where: str) -> ConfigError:
     return e
 
 
-def build(d: dict, where: str = "scenario") -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace."""
-    d, w, model, cluster, mesh, opts = parts(d, where)
+def build(d: dict, where: str = "scenario", cluster=None) -> Result:
+    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
+    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+    d, w, model, cluster, mesh, opts = parts(d, where, cluster)
     try:
         plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
@@ -323,6 +334,7 @@ def simulate(d: dict, where: str = "scenario") -> Result:
     result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
                        link_factors=d.get("degraded_links"))
     result.summary = step_summary(result.trace)
+    result.summary.update(throughput(result))
     if result.workload.report is not None:
         result.reports[result.workload.name] = result.workload.report(result)
     return result

@@ -274,7 +274,8 @@ def tp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario tp.yaml` rows (runtime.validation.case format): the step and one row per
     collective kind and size, predicted (calibrated in the same launch) against measured real DTensor TP; each
     row also says whether the collective sequences match."""
-    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    from distlab.runtime.commands.common import scenario_nproc
+    nproc = scenario_nproc(args, 2)
     r = validate_tp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     return rows_as_cases(r, nproc)

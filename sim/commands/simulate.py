@@ -6,7 +6,7 @@ import copy
 import os
 import sys
 
-from distlab.sim.cli import print_json, progress
+from distlab.sim.cli import add_output_arguments, print_json, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -19,8 +19,10 @@ def add_arguments(p) -> None:
     from distlab.sim.workloads import registry
     p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; see README "
                                                "'Plans'); default: gpt2-small DDP on one DGX H100")
-    from distlab.sim.models import PRESETS
-    p.add_argument("--model", help=f"a model preset ({', '.join(PRESETS)})")
+    p.add_argument("--model", help="a preset (e.g. gpt2-small, llama3.1-8b; docs/models.md), a Hugging Face "
+                                    "config.json (or its folder), or pkg.module:factory")
+    p.add_argument("--offload", action="store_true", help="keep the transformer blocks' saved activations in host "
+                                                          "memory (sim/models/activations.py; memory only)")
     p.add_argument("--micro-batch", type=int, help="sequences per rank per micro-batch")
     p.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100)")
     p.add_argument("--nodes", type=int, help="number of nodes")
@@ -43,6 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="distlab-out", help="folder for trace.json and PNGs (default ./distlab-out)")
     p.add_argument("--no-files", action="store_true", help="write no trace or figures")
     p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.simulate/1)")
+    add_output_arguments(p)
 
 
 def flag_dest(w, f) -> str:
@@ -60,8 +63,17 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     d = sc.load(args.scenario) if args.scenario else copy.deepcopy(sc.DEFAULT)
     changed = []
     if args.model:
-        d["model"] = {"preset": args.model}
+        from distlab.sim.models import spec_from_text
+        d["model"] = spec_from_text(args.model, "--model")
         changed.append(f"--model {args.model}")
+    if args.offload:
+        d["model"] = {**_spec(d["model"]), "offload": True}
+        changed.append("--offload")
+    rc = getattr(args, "opt__tp__recompute", None)
+    if rc is not None and w.name != "tp":       # --recompute without a tp section: the model's recompute
+        d["model"] = {**_spec(d["model"]), "recompute": rc}
+        changed.append(f"--recompute {rc}")
+        args.opt__tp__recompute = None
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
@@ -97,6 +109,10 @@ def choose_sections(d: dict, flagged: list) -> None:
         d.pop("ddp", None)
     if "ep" in names and "mesh" not in d:
         raise ConfigError("expert parallelism needs a mesh with ep, e.g. --mesh ep=8", "--mesh")
+
+
+def _spec(model) -> dict:
+    return {"preset": model} if isinstance(model, str) else dict(model)
 
 
 def parse_mesh(text: str) -> dict:
@@ -182,6 +198,8 @@ def run_sweep(args, base: dict) -> int:
         results.append(r)
         rows.append({key: v, "world_size": r.plan.world_size, "mesh": r.mesh.as_dict(), **r.summary,
                      **(r.workload.sweep_row(r) if r.workload.sweep_row else {})})
+    for row in rows:              # the step against the first value's: what the swept option buys or costs
+        row["step_change_pct"] = (row["step_s"] / rows[0]["step_s"] - 1) * 100 if rows[0]["step_s"] else 0.0
     files = {}
     first = results[0]
     title = f"{first.model.name} {first.workload.name} on {first.cluster.name}: sweep of {key}"

@@ -26,6 +26,8 @@ either.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.tp.plan import Segments, _Program
 
@@ -147,10 +149,13 @@ def local_models(model, mesh, par) -> tuple:
     local = model
     if par.cp is not None:
         check_cp(model, n["cp"], par.cp.load_balance)
-        local = cp_local_model(model, n["cp"])
+        local = cp_local_model(model, n["cp"], par.cp.recompute)
     if par.tp is not None:
         check_divides(model, n["tp"], "mesh.tp", par.tp.sequence_parallel)
-        return local, tp_local_model(local, n["tp"])
+        tp_opts = par.tp
+        if par.cp is not None and par.tp.recompute == "none":     # CP x TP: the cp section's recompute
+            tp_opts = replace(par.tp, recompute=par.cp.recompute)
+        return local, tp_local_model(local, n["tp"], tp_opts)
     return local, local
 
 

@@ -110,7 +110,14 @@ def options_of(d: dict, mesh: Mesh, parse, where: str) -> Parallelisms:
 
 
 def build(model, mesh, par: Parallelisms, cluster):
+    from distlab.sim.models.activations import effective_recompute, require_structure
     from distlab.sim.parallel.parallelize import parallelize
+    for name in ("tp", "cp"):                       # TP and CP rewrite a transformer's modules by name
+        opts = getattr(par, name)
+        if opts is not None:
+            require_structure(model, "tensor parallelism" if name == "tp" else "context parallelism")
+            rc = effective_recompute(model, opts.recompute, f"{name}.recompute")
+            par = replace(par, **{name: replace(opts, recompute=rc)})
     plan = parallelize(model, mesh, par, cluster=cluster)
     return plan, {"composed": {k: v for k, v in plan.meta.items() if k != "memory"}}
 

@@ -6,8 +6,11 @@ with ``pp`` PP x TP (sim/parallel/tp/pipeline.py; dp then replicates the pipelin
 microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
 Megatron-LM without overlap); with ``pp`` and ``dp_shard`` PP x FSDP2 x TP (FSDP2 inside each stage). All are
 sim/parallel/parallelize.py; a scenario with a section per parallelism composes any of them (docs/parallelisms.md).
-Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/parallel/tp/memory.py) in GB and GiB,
-the tp collectives per step, and flags what does not fit."""
+Reports the per-rank memory (local shards, the model family's activations; sim/parallel/tp/memory.py) in GB and GiB,
+the tp collectives per step, and flags what does not fit.
+Process groups (sim/kernel/communicators.py): the tp group (its all-gathers, reduce-scatters and all-reduces run
+one at a time, in issue order); composed, the dp_shard (FSDP2), dp_replicate (HSDP) or dp (DDP) group beside it:
+tp and data-parallel collectives overlap; PP x TP's activations on pair communicators."""
 from __future__ import annotations
 
 import math
@@ -26,6 +29,10 @@ def build(model, mesh, opts: TPOptions, cluster):
     """TP alone, FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1, DDP x TP when dp > 1,
     PP x TP (x dp replicas of the pipeline) when pp > 1, PP x FSDP2 x TP with pp and dp_shard (FSDP2 inside each
     stage, not resharded after forward, as torchtitan does with pp): all sim/parallel/parallelize.py."""
+    from dataclasses import replace
+    from distlab.sim.models.activations import effective_recompute, require_structure
+    require_structure(model, "tensor parallelism")
+    opts = replace(opts, recompute=effective_recompute(model, opts.recompute, "tp.recompute"))
     dp, dp_shard, pp = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp"))
     sharded = "dp_shard" in mesh or "dp_replicate" in mesh
     if dp > 1 and sharded:
@@ -53,11 +60,13 @@ def build(model, mesh, opts: TPOptions, cluster):
 
 
 def memory(result) -> dict:
+    from distlab.sim.models.activations import effective_recompute
     from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
     from distlab.sim.parallel.tp.memory import tp_memory
     o = result.options
+    rc = effective_recompute(result.model, o.recompute, "tp.recompute")
     dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
-    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, o.recompute, dp)
+    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, rc, dp, o.loss_parallel)
     if "pp" in result.mesh and result.mesh.size("pp") > 1:
         parts = first_stage_memory(result, parts)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
@@ -67,8 +76,7 @@ def memory(result) -> dict:
              ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu,
-                     "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, recompute "
-                                    f"{o.recompute}"}}
+                     "activations": f"sim/models/activations.py, recompute {rc}"}}
 
 
 def first_stage_memory(result, whole: dict) -> dict:

@@ -48,19 +48,18 @@ def check_cp(model, cp: int, load_balance: bool, where: str = "mesh.cp") -> None
                           f"{', '.join(map(str, allowed))}", where)
 
 
-def cp_local_model(model, cp: int) -> Model:
+def cp_local_model(model, cp: int, recompute: str | None = None) -> Model:
     """``model`` as one cp rank runs it: s = S/cp tokens; attention's core FLOPs removed (the ring does them);
-    a block's activations s·b·h·34·e/2 (flash attention keeps no s x s scores; sim/parallel/cp/memory.py)."""
+    the activations of its model family at cp (sim/models/activations.py: ring attention keeps no s x s scores;
+    ``recompute`` None = the model's own)."""
+    from distlab.sim.models.activations import local_layers
     c = model.config
-    b, S, h, e = c["micro_batch"], c["seq_len"], c["hidden"], DTYPE_BYTES[c["dtype"]]
+    b, S, h = c["micro_batch"], c["seq_len"], c["hidden"]
     layers = []
     for L in model.layers:
-        block = L.name.startswith("h.")
-        core = 4.0 * b * S * S * h if block else 0.0
-        act = S // cp * b * h * 34 * e / 2 if block else L.activation_bytes / cp       # sim/parallel/cp/memory.py
-        layers.append(Layer(L.name, list(L.params), fwd_flops=(L.fwd_flops - core) / cp, activation_bytes=act,
-                            ready=L.ready))
-    return Model(model.name, layers, {**c, "seq_len": S // cp})
+        core = 4.0 * b * S * S * h if L.name.startswith("h.") else 0.0
+        layers.append(Layer(L.name, list(L.params), fwd_flops=(L.fwd_flops - core) / cp, ready=L.ready))
+    return Model(model.name, local_layers(model, layers, cp=cp, recompute=recompute), {**c, "seq_len": S // cp})
 
 
 def ring_block(out: list, ring: Ring, op: Compute, kind: str, layer: str, recompute: bool = False):

@@ -141,11 +141,13 @@ def stage_ranges(model, n_stages: int, split: list[int] | None = None) -> list[r
 
 
 def boundary_bytes(model, layer: int) -> int:
-    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a GPT,
-    the layer's activation (its output) for an MLP."""
+    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a transformer
+    (gpt, moe), the traced output of a model from an nn.Module, the layer's activation (its output) for an MLP."""
     cfg = model.config or {}
-    if cfg.get("kind") == "gpt":
+    if cfg.get("kind") in ("gpt", "moe"):
         return int(cfg["micro_batch"] * cfg["seq_len"] * cfg["hidden"] * DTYPE_BYTES[cfg.get("dtype", "float32")])
+    if cfg.get("kind") == "extracted":                  # traced from an nn.Module (runtime/factory.py)
+        return int(cfg["output_bytes"][layer])
     return int(model.layers[layer].activation_bytes)
 
 
@@ -181,7 +183,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
     out_bytes = [boundary_bytes(model, r[-1]) if p2p_bytes is None else int(p2p_bytes) for r in ranges]
     L, wf = model.layers, spec.weight_grad_fraction
     fwd = [sum(L[i].fwd_flops for i in r) for r in ranges]
-    bwd = [sum(L[i].bwd_flops for i in r) for r in ranges]
+    bwd = [sum(L[i].bwd_flops + L[i].recompute_flops for i in r) for r in ranges]
     wgt = [sum(min(L[i].bwd_flops, 2 * wf * L[i].fwd_flops) for i in r) for r in ranges]
     flops = {"F": fwd, "B": bwd, "I": [b - w for b, w in zip(bwd, wgt)], "W": wgt}
 

@@ -80,12 +80,14 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
         elif a.kind == "F":
             for i in ranges[a.stage]:
                 L = shard.layers[i]
-                lp.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops, bytes=L.activation_bytes + L.param_bytes),
+                lp.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops,
+                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
                            names[i])
         else:
             for i in reversed(ranges[a.stage]):
                 L = shard.layers[i]
-                lp.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops, bytes=2 * L.activation_bytes + L.param_bytes),
+                lp.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
+                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes),
                             names[i])
         out = list(lp.ops)
         del lp.ops[:]
