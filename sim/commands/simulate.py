@@ -82,7 +82,10 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
         d["mesh"] = parse_mesh(args.mesh)
         changed.append(f"--mesh {args.mesh}")
     rc = getattr(args, "opt__tp__recompute", None)
-    if rc is not None and not _has_tp(d, args):     # --recompute without TP: the model's recompute
+    tp = registry.REGISTRY["tp"]
+    tp_given = "tp" in d or "tp" in (d.get("mesh") or {}) or any(
+        getattr(args, flag_dest(tp, f), None) is not None for f in tp.fields() if f.name != "recompute")
+    if rc is not None and not tp_given:        # --recompute without tensor parallelism: the model's recompute
         d["model"] = {**_spec(d["model"]), "recompute": rc}
         changed.append(f"--recompute {rc}")
         args.opt__tp__recompute = None
@@ -98,14 +101,6 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
                 d[w.name][f.name] = w.parse_text(f, text, w.flag(f))
                 changed.append(f"{w.flag(f)} {text}")
     return sc.validate(d, args.scenario or "scenario"), changed
-
-
-def _has_tp(d: dict, args) -> bool:
-    """TP is on: the scenario has a tp section, the mesh a tp dimension, or another TP flag is given."""
-    from distlab.sim.workloads import registry
-    tp = registry.get("tp")
-    return "tp" in d or "tp" in (d.get("mesh") or {}) or any(
-        getattr(args, flag_dest(tp, f), None) is not None for f in tp.fields() if f.name != "recompute")
 
 
 def choose_sections(d: dict, flagged: list) -> None:
