@@ -206,3 +206,21 @@ def test_wave_quantization():
     assert wave_efficiency(128, 256, 132) == pytest.approx(1 / 132)
     assert wave_efficiency(128 * 12, 256 * 11, 132) == pytest.approx(1.0)                # 132 tiles: one wave
     assert wave_efficiency(128 * 133, 256, 132) == pytest.approx(133 / 264)              # two waves, one tile in the second
+
+
+def test_elementwise_passes_ride_on_each_block_attention_op():
+    """The fitted elementwise kernels of a block: passes x b·s·heads·d x bytes over HBM on its attention op, twice
+    in the backward; a spec carrying its own sustained fraction keeps 0 unless it sets them; the H100 preset takes
+    its generation's fitted value."""
+    from distlab.sim.compute.fitted import FITTED
+    from distlab.sim.compute.kernels import elementwise_passes, hbm_Bps
+    h100 = replace(GPUS["h100"], sustained=1.0)
+    assert elementwise_passes(h100) == 0 and elementwise_passes(GPUS["h100"]) == FITTED["hopper"].elementwise_passes
+    three = replace(h100, elementwise_passes=3.0)
+    b, heads, s, d = 2, 8, 4096, 128
+    for attention_pass, factor in (("forward", 1), ("backward", 2)):
+        op = Compute("blk", attention=(b, heads, s, d), attention_pass=attention_pass, dtype="bfloat16")
+        assert op_seconds(op, three) - op_seconds(op, h100) == pytest.approx(
+            3.0 * factor * b * s * heads * d * 2 / hbm_Bps(h100), rel=1e-9)
+    gemm = Compute("gemm", gemms=((4096, 4096, 4096),), dtype="bfloat16")
+    assert op_seconds(gemm, three) == op_seconds(gemm, h100)

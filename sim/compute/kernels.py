@@ -31,7 +31,8 @@ element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
 An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
 GEMM rate (an upper bound: no shapes, no attention kernel) or its bytes, the larger; plus a launch.
-``launch`` = the spec's launch_s plus the model's measured launch_s and the fitted kernel_gap_s, per kernel.
+``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
+(sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """
 from __future__ import annotations
 
@@ -71,14 +72,33 @@ def sustained(gpu) -> float:
     return constants(model.generation).sustained if model else 1.0
 
 
-def launch_s(gpu) -> float:
-    """Seconds each kernel costs beyond its work: the spec's launch_s, plus the kernel model's measured launch and
-    the generation's fitted gap (unless the spec carries its own constants: ``sustained`` set)."""
+def elementwise_passes(gpu) -> float:
+    """HBM passes over a block's activations for its elementwise kernels (sim/compute/fitted.py): the spec's own,
+    else its generation's fitted value unless the spec carries its own constants (``sustained`` set: then 0); 0
+    without a kernel model."""
+    if getattr(gpu, "elementwise_passes", None) is not None:
+        return gpu.elementwise_passes
     model = kernel_model(gpu)
-    if model is None:
-        return gpu.launch_s
-    gap = constants(model.generation).kernel_gap_s if getattr(gpu, "sustained", None) is None else 0.0
-    return gpu.launch_s + model.launch_s + gap
+    if model is None or getattr(gpu, "sustained", None) is not None:
+        return 0.0
+    return constants(model.generation).elementwise_passes
+
+
+def elementwise_time(batch: int, heads: int, seq: int, head_dim: int, gpu, dtype_bytes: float = 2,
+                     attention_pass: str = "forward") -> float:
+    """Seconds of the elementwise kernels of the block whose attention call this is (no launches: the fitted
+    passes stand for them): passes x b·s·heads·d x bytes over HBM, x2 backward, x3 recompute+backward."""
+    passes = elementwise_passes(gpu)
+    if not passes:
+        return 0.0
+    factor = {"forward": 1.0, "backward": 2.0, "recompute+backward": 3.0}[attention_pass]
+    return passes * factor * batch * seq * heads * head_dim * dtype_bytes / hbm_Bps(gpu)
+
+
+def launch_s(gpu) -> float:
+    """Seconds each kernel costs beyond its work: the spec's launch_s plus the kernel model's measured launch."""
+    model = kernel_model(gpu)
+    return gpu.launch_s if model is None else gpu.launch_s + model.launch_s
 
 
 def peak_tflops(gpu, dtype: str) -> float:
@@ -254,4 +274,6 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
         w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass)
     else:
         w, k = 0.0, 0
+    if op.attention is not None:
+        w += elementwise_time(*op.attention, gpu, operand, op.attention_pass)
     return work + w, kernels + k
