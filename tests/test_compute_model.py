@@ -224,3 +224,13 @@ def test_elementwise_passes_ride_on_each_block_attention_op():
             3.0 * factor * b * s * heads * d * 2 / hbm_Bps(h100), rel=1e-9)
     gemm = Compute("gemm", gemms=((4096, 4096, 4096),), dtype="bfloat16")
     assert op_seconds(gemm, three) == op_seconds(gemm, h100)
+
+
+def test_cluster_file_carries_elementwise_passes_and_refuses_bad_ones():
+    from distlab.sim.cluster import gpu_to_dict
+    g = gpu_to_dict(GPUS["h100"])
+    d = {"name": "x", "nodes": 1, "gpus_per_node": 8, "gpu": {**g, "elementwise_passes": 3}, "intra_node": {}}
+    assert cluster_from_dict(d).gpu.elementwise_passes == 3
+    assert gpu_to_dict(cluster_from_dict(d).gpu)["elementwise_passes"] == 3 and "elementwise_passes" not in g
+    with pytest.raises(ConfigError, match="elementwise_passes.*must be a number in"):
+        cluster_from_dict({**d, "gpu": {**g, "elementwise_passes": -1}})
