@@ -234,3 +234,14 @@ def test_cluster_file_carries_elementwise_passes_and_refuses_bad_ones():
     assert gpu_to_dict(cluster_from_dict(d).gpu)["elementwise_passes"] == 3 and "elementwise_passes" not in g
     with pytest.raises(ConfigError, match="elementwise_passes.*must be a number in"):
         cluster_from_dict({**d, "gpu": {**g, "elementwise_passes": -1}})
+
+
+def test_split_k_fills_the_sms_for_few_tiles_and_a_deep_k():
+    """Fewer output tiles than SMs and a deep K: the K loop is cut (each slice >= SPLIT_K_MIN_DEPTH) when that
+    beats the fp32 partials' traffic; the measured 1024³ GEMM and GEMMs of a wave or more stay unsplit."""
+    from distlab.sim.compute.kernels import SPLIT_K_MIN_DEPTH, tiling
+    assert tiling(1024, 1024, 132, 1024, 265) == (pytest.approx(32 / 132), 1)
+    assert tiling(8192, 8192, 132, 8192, 265)[1] == 1
+    eff, splits = tiling(512, 2688, 132, 7168, 265)          # a tp-8 overlap chunk: 44 tiles of 128 x 256
+    assert splits == 3 and eff == pytest.approx(512 * 2688 / (128 * 256) * 3 / 132) and 7168 // 3 >= SPLIT_K_MIN_DEPTH
+    assert tiling(512, 2688, 132, 7168, 1e9)[1] == 1           # partials too costly: no split
