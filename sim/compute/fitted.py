@@ -39,7 +39,7 @@ class Fitted:
 
 
 FITTED = {
-    # fitted: benchmarks/reproduce_accuracy.py --fit, mean log error 0 over the two rows (+0.2% since split-K)
+    # fitted: benchmarks/reproduce_accuracy.py --fit, mean log error 0 over the two rows (+0.1% since split-K)
     "ampere": Fitted(sustained=0.6923, fitted_on=("megatron-1.7b", "megatron-145.6b")),
     # fitted: benchmarks/reproduce_accuracy.py --fit, both rows' log errors 0 (Megatron-Core's two smallest rows,
     # hidden 2048 at tp 1 and hidden 4096 at tp 2 with --tp-comm-overlap)
