@@ -69,11 +69,6 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     if args.offload:
         d["model"] = {**_spec(d["model"]), "offload": True}
         changed.append("--offload")
-    rc = getattr(args, "opt__tp__recompute", None)
-    if rc is not None and w.name != "tp":       # --recompute without a tp section: the model's recompute
-        d["model"] = {**_spec(d["model"]), "recompute": rc}
-        changed.append(f"--recompute {rc}")
-        args.opt__tp__recompute = None
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
@@ -86,6 +81,14 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     if args.mesh:
         d["mesh"] = parse_mesh(args.mesh)
         changed.append(f"--mesh {args.mesh}")
+    rc = getattr(args, "opt__tp__recompute", None)
+    tp = registry.REGISTRY["tp"]
+    tp_given = "tp" in d or "tp" in (d.get("mesh") or {}) or any(
+        getattr(args, flag_dest(tp, f), None) is not None for f in tp.fields() if f.name != "recompute")
+    if rc is not None and not tp_given:        # --recompute without tensor parallelism: the model's recompute
+        d["model"] = {**_spec(d["model"]), "recompute": rc}
+        changed.append(f"--recompute {rc}")
+        args.opt__tp__recompute = None
     flagged = [w for w in registry.REGISTRY.values()
                if any(getattr(args, flag_dest(w, f), None) is not None for f in w.fields())]
     if not args.scenario:
