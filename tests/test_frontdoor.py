@@ -322,6 +322,46 @@ def test_trust_verdict_names_load_and_spread():
     assert reading is None or (reading["cores"] >= 1 and reading["background_cores"] >= 0)
 
 
+
+def test_validate_prints_its_summary_overlap_plan_and_verdict_within_100_columns(capsys):
+    """What `distlab validate --nproc 2` prints without --verbose (runtime/validate_output.py), on the figures of a
+    run on this machine: the summary (no row that repeats another: held-out sizes at one world size have no 'all'
+    row), the overlap plan's cases, factors and repeats, and the verdict; the 40 held-out cases only with
+    --verbose."""
+    from distlab.runtime.trust import judge
+    from distlab.runtime.validate_output import print_validation
+    from distlab.runtime.validation import case, summarize
+    from distlab.sim.cli import STYLE
+    cases = [case(kind, f"{op}", n, 2**20 * k, 1e-3 * k, 1.1e-3 * k, [1.1e-3 * k * (1 + j / 50) for j in range(5)])
+             for kind, n in (("held-out size", 2), ("held-out world size", 3))
+             for op in ("all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter") for k in (1, 4, 16, 64)]
+    for n, runs in ((2, [87, 86, 102, 172, 118, 112, 73, 94, 152]), (3, [79, 71, 99, 81, 77, 87, 77, 81, 80])):
+        c = case("overlap plan", "compute+all_reduce", n, 4 * 2**20, 85e-3, sorted(runs)[4] * 1e-3,
+                 [t * 1e-3 for t in runs])
+        c.update(measured_runs_s=[t * 1e-3 for t in runs], interference=1.8, comm_interference=1.88,
+                 error_without_interference=-0.314)
+        cases.append(c)
+    quiet = {"background_cores": 0.02, "cores": 2, "window_s": 58, "loadavg_1m": 0.1}
+    verdict = judge(quiet, quiet, cases, cores=2)
+    summary = summarize(cases)
+    assert [s["world_size"] for s in summary if s["kind"] == "held-out size"] == [2, "all"]      # JSON keeps it
+    print_validation(cases, summary, None, None, verdict, 3, [2], [2**19, 2**27], [2**20, 2**26])
+    out = capsys.readouterr().out
+    fits(out, 40)
+    assert not re.search(r"^held-out size +all", out, re.M) and re.search(r"^held-out size +2 +20 ", out, re.M)
+    assert re.search(r"^compute\+all_reduce +2 +4 MiB +85\.000 +102\.000 +-16\.7% ", out, re.M)
+    assert "overlap plan on 2 ranks: interference 1.8, comm_interference 1.88 (error without them -31.4%);" in out
+    assert "repeats 87, 86, 102, 172, 118, 112, 73, 94, 152 ms" in " ".join(out.split())
+    assert "40 held-out collective cases summarized above; --verbose prints each" in out
+    assert re.search(r"^\s*(trustworthy|NOT TRUSTWORTHY)", out, re.M)
+    STYLE.verbose = True
+    try:
+        print_validation(cases, summary, None, None, verdict, 3, [2], [2**19, 2**27], [2**20, 2**26])
+    finally:
+        STYLE.verbose = False
+    assert len(re.findall(r"^(all_gather|all_reduce|all_to_all|broadcast|reduce_scatter) ", capsys.readouterr().out,
+                          re.M)) == 40
+
 # --- shipped scenarios agree with their own text -------------------------------------------------------------
 def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
     from distlab.sim import scenario as sc
@@ -433,11 +473,12 @@ def test_a_plans_stream_threads_compute_with_the_ranks_intra_op_threads():
 def test_notebook_kernels_do_not_warn_between_the_dots():
     """`python -m pytest -q` printed ipykernel's "running over TCP without encryption" between the dots: it is a
     warning of the kernel app's log, and the notebook tests start their kernels with that log at ERROR."""
-    import inspect
-
-    from ipykernel.kernelapp import IPKernelApp
+    import importlib.util
 
     from tests.test_lessons_notebooks import KERNEL_ARGUMENTS
     assert "--IPKernelApp.log_level=ERROR" in KERNEL_ARGUMENTS
-    source = inspect.getsource(IPKernelApp.init_sockets)
-    assert "self.log.warning(" in source and "without encryption" in source
+    folder = pathlib.Path(importlib.util.find_spec("ipykernel").origin).parent     # not imported: seconds
+    source = (folder / "kernelapp.py").read_text()
+    sockets = source[source.index("def init_sockets"):]
+    sockets = sockets[:sockets.index("\n    def ", 1)]
+    assert "self.log.warning(" in sockets and "without encryption" in sockets
