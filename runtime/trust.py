@@ -39,35 +39,17 @@ COMPUTING_KINDS = ("overlap plan",)               # cases whose ranks compute on
 
 def _busy_and_total(proc: str) -> tuple[int, int, int]:
     """(busy jiffies, all jiffies, CPUs) of /proc/stat: busy = user + nice + system + irq + softirq + steal."""
-    with open(os.path.join(proc, "stat")) as f:
-        lines = f.read().splitlines()
-    v = [int(x) for x in lines[0].split()[1:]]
-    busy = v[0] + v[1] + v[2] + sum(v[5:8])
-    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
-    return busy, sum(v[:8]), max(cpus, 1)
+    from distlab.runtime.load import cpu_jiffies
+    v, cpus = cpu_jiffies(proc)
+    return v[0] + v[1] + v[2] + sum(v[5:8]), sum(v[:8]), cpus
 
 
 def _tree_ticks(proc: str, root: int) -> int:
     """utime + stime + cutime + cstime of ``root`` and every live descendant: the CPU this process tree has
     used, children that already ended included (their time is in their parent's cutime, cstime)."""
-    parents, ticks = {}, {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, name, "stat")) as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()      # fields from 3 (state) on
-        parents[int(name)] = int(fields[1])
-        ticks[int(name)] = sum(int(x) for x in fields[11:15])
-    mine, grew = {root}, True
-    while grew:
-        new = {pid for pid, ppid in parents.items() if ppid in mine and pid not in mine}
-        mine |= new
-        grew = bool(new)
-    return sum(ticks.get(pid, 0) for pid in mine)
+    from distlab.runtime.load import _descendants, _processes
+    procs = _processes(proc, children=True)
+    return sum(procs[pid][1] for pid in _descendants(procs, root) if pid in procs)
 
 
 class Watch:
