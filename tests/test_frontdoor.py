@@ -262,6 +262,21 @@ def test_calibrated_cpu_cluster_says_cpu(tmp_path):
     assert load_cluster(str(tmp_path / "c.yaml")).gpu.arch == "cpu"
 
 
+def test_an_untrustworthy_calibration_says_so_at_the_top_of_its_file(tmp_path):
+    """calibrate's cluster file, measured under load, starts with the verdict as YAML comments and still loads."""
+    from distlab.runtime.commands.calibrate import mark_untrustworthy
+    from distlab.runtime.fit import calibrated_cluster
+    from distlab.runtime.trust import judge
+    from distlab.sim.cluster import load_cluster
+    calibration = {"collectives": {"all_reduce": {"2": {"latency_us": 50.0, "bandwidth_GBps": 1.0}}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(calibrated_cluster(calibration, {"flops_per_s": 7e9, "copy_Bps": 2e9}, 2, "gloo", 2).to_yaml())
+    busy = {"background_cores": 0.73, "cores": 2, "window_s": 61.1, "loadavg_1m": 5.7}
+    mark_untrustworthy(str(path), judge(None, busy))
+    head = path.read_text().splitlines()
+    assert head[0].startswith("# NOT TRUSTWORTHY: this calibration measures") and "0.73 of 2 cores" in head[1]
+    assert load_cluster(str(path)).gpu.arch == "cpu"
+
 def test_run_documents_the_paths_it_writes(capsys):
     from distlab.runtime.commands.run import flight_path, perfetto_path
     with pytest.raises(SystemExit):
