@@ -15,6 +15,7 @@ COMMANDS = [
     "distlab.sim.commands.plan",
     "distlab.sim.commands.lessons",
     "distlab.sim.commands.reproduce",
+    "distlab.sim.commands.cluster",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",
     "distlab.runtime.commands.calibrate",
@@ -52,9 +53,17 @@ def build_parser() -> tuple[Parser, dict]:
     return parser, modules
 
 
+def _factory_model(spec: dict, where: str):
+    """``--model pkg.module:factory``: traced with torch (runtime/factory.py), imported only when asked for."""
+    from distlab.runtime.factory import load
+    return load(spec, where)
+
+
 def main(argv: list[str] | None = None) -> int:
     from distlab.runtime.torchrun_rank import quiet_other_ranks
+    from distlab.sim.models.spec import set_factory_loader
     quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/torchrun_rank.py)
+    set_factory_loader(_factory_model)
     parser, modules = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:                        # named by the command's own parser: 'distlab simulate: error: ...'

@@ -125,7 +125,7 @@ def _communicator_problems(ranks: dict, interrupted: str | None) -> tuple[list[d
 
 
 def diagnose(flight: dict) -> dict:
-    """``flight`` = runtime.flight.load_dir(DIR) -> {"verdict": line, "status", "problems": [{rank, op_index,
+    """``flight`` = runtime.flight_read.load_dir(DIR) -> {"verdict": line, "status", "problems": [{rank, op_index,
     kind, message}], "ranks": [per rank], "interrupted", "in_flight", "directory", "world_size"}."""
     ranks, world = flight["ranks"], flight["world_size"]
     run = flight.get("run") or {}

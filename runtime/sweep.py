@@ -94,6 +94,7 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     import torch.distributed as dist
 
     from distlab.runtime.clock import clock_offset
+    from distlab.runtime.wire import all_gather_json
     n, cuda = ctx.world_size, ctx.device.type == "cuda"
     todo = cases(ops, sizes)
     views = _views(todo, dtype, n, ctx.device)
@@ -107,8 +108,7 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     launches = [[] for _ in todo]
 
     def gather(cs, mine):
-        every = [None] * n
-        dist.all_gather_object(every, mine)
+        every = all_gather_json(mine)
         for j, c in enumerate(cs):
             spans[c].append(max(e[j][1] - e[j][0] for e in every))
             launches[c].append(max(e[j][1] for e in every) - max(e[j][0] for e in every))
@@ -160,11 +160,10 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
 
     from distlab.runtime.clock import clock_offset
     from distlab.runtime.compute import Matmuls
+    from distlab.runtime.wire import all_gather_json, broadcast_json
     offset = clock_offset(ctx)          # first start and last end are compared across ranks: one timeline
     mm = Matmuls(ctx.device)
-    probe = [mm.measure(0.05)]
-    dist.broadcast_object_list(probe, src=0)
-    k = max(1, int(seconds / rounds / probe[0]))
+    k = max(1, int(seconds / rounds / broadcast_json(mm.measure(0.05), src=0)))
     mm.measure_copy()
     copies = max(1, int(seconds / rounds / (2 * mm._src.numel() * 4 / mm.copy_Bps)))
     flops, copy = [], []
@@ -178,8 +177,7 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
             if ctx.device.type == "cuda":
                 import torch
                 torch.cuda.synchronize()
-            every = [None] * ctx.world_size
-            dist.all_gather_object(every, (t0 - offset, time.perf_counter() - offset))
+            every = all_gather_json((t0 - offset, time.perf_counter() - offset))
             out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
     return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""), "arch": device_arch(ctx.device),
             "flops_per_s": robust.center(flops), "copy_Bps": robust.center(copy),

@@ -8,7 +8,7 @@ import json
 import sys
 import textwrap
 
-from distlab.sim.errors import ConfigError
+from distlab.sim.errors import ConfigError, OutputError
 from distlab.sim.output import (LONG_TABLE, STYLE, WIDTH, OutputStyle, add_output_arguments,  # noqa: F401
                                 elide, note, print_table, say)
 
@@ -167,7 +167,13 @@ def run_command(module, args) -> int:
     except ConfigError as e:
         sys.stderr.write(f"distlab {module.NAME}: error: {e}\n")
         return 2
-    except KeyboardInterrupt:
+    except OutputError as e:            # a disk fault at the end: one line, and where the result was kept
+        sys.stderr.write(f"distlab {module.NAME}: error: {e}\n")
+        return 1
+    except KeyboardInterrupt as e:      # SIGTERM arrives as KeyboardInterrupt("SIGTERM") (runtime/launch.py)
+        if e.args and e.args[0] == "SIGTERM":
+            sys.stderr.write(f"distlab {module.NAME}: terminated\n")
+            return 143                  # 128 + SIGTERM, as shells report a process SIGTERM ended
         sys.stderr.write(f"distlab {module.NAME}: interrupted\n")
         return 130
     except BrokenPipeError:

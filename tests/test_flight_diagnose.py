@@ -10,7 +10,8 @@ import time
 import pytest
 
 from distlab.runtime.diagnose import diagnose
-from distlab.runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
+from distlab.runtime.flight import HEADER, SLOT, Recorder, decode
+from distlab.runtime.flight_read import load_dir
 from distlab.runtime.launch import Launch, RunFailed
 from distlab.sim.check import PlanMismatch, check_plan
 from distlab.sim.plan import Collective, Plan

@@ -67,7 +67,7 @@ def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
     assert {o.kind for o in trace.ops} == {"compute", "record", "wait", "collective"}
     # a healthy run: every rank left a final dump, and diagnose says the run completed (not "died")
     from distlab.runtime.diagnose import diagnose
-    from distlab.runtime.flight import load_dir
+    from distlab.runtime.flight_read import load_dir
     d = diagnose(load_dir(str(tmp_path / "flight")))
     assert d["status"] == "completed" and not d["problems"], d["verdict"]
     assert d["verdict"].startswith("completed: all 2 ranks finished")

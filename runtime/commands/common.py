@@ -36,6 +36,13 @@ def parse_nprocs(text, where: str = "--nproc") -> list[int]:
     return out
 
 
+def scenario_nproc(args, default: int) -> int:
+    """`distlab validate --scenario`'s world size: the first of --nproc, or ``default`` when it is left out (None);
+    at least 2."""
+    text = getattr(args, "nproc", None)
+    return max(parse_nprocs(text)[0] if text is not None else default, 2)
+
+
 def parse_nproc(text, where: str = "--nproc") -> int:
     """One world size."""
     if "," in str(text):

@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.runtime.flight import load_dir
+    from distlab.runtime.flight_read import load_dir
     from distlab.sim.cli import print_json
     d = diagnose(load_dir(args.dir))
     if args.json:

@@ -35,15 +35,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.runtime.executor import merge_results
-    import contextlib
-
-    from distlab.runtime.run_summary import summary
-
-    from distlab.runtime.flight import clear
-    from distlab.runtime.launch import Launch, RunFailed
     from distlab.sim.check import PlanMismatch, assert_consistent
-    from distlab.sim.cli import print_json, print_table
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
 
@@ -79,6 +71,21 @@ def run(args) -> int:
     if args.dump_dir:
         check_output(args.dump_dir, "--dump-dir", "dir")
     dump_dir = args.dump_dir or flight_path(out)
+    from distlab.sim.io import OutputLock
+    if os.path.exists(out) and not os.path.isfile(out):     # a device or pipe (/dev/stdout): nothing to lock
+        return _run(args, plan, nproc, out, perfetto, dump_dir)
+    with OutputLock(out, "--out"):          # a second run on the same --out refuses (and --dump-dir: Launch)
+        return _run(args, plan, nproc, out, perfetto, dump_dir)
+
+
+def _run(args, plan, nproc: int, out: str, perfetto: str | None, dump_dir: str) -> int:
+    import contextlib
+
+    from distlab.runtime.executor import merge_results
+    from distlab.runtime.flight import clear
+    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.runtime.run_summary import summary
+    from distlab.sim.cli import print_json, print_table
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
     launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
                     **launch_kwargs(args)).start()
@@ -92,6 +99,9 @@ def run(args) -> int:
                              f"distlab diagnose {dump_dir}\n")
         raise
     except RunFailed as e:
+        if e.refused:                       # a stranger tried to join: nothing of the run is worth keeping
+            sys.stderr.write(f"distlab run: error: {e}\n")
+            return 1
         keep_partial(plan, e.partial, out, {"complete": False, "failed_rank": e.rank, "error": str(e)})
         if args.verbose and e.logs.get(e.rank):
             sys.stderr.write(f"--- rank {e.rank}'s output ---\n{e.logs[e.rank]}\n---\n")

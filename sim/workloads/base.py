@@ -10,6 +10,7 @@ Options are a dataclass; each field has a type (int, float, bool, str, ``X | Non
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -149,6 +150,8 @@ def check_value(v, hint, f: dataclasses.Field, where: str) -> None:
                                                              for x in v)))
     if not ok:
         raise ConfigError(f"{v!r} must be {describe_type(hint)}", where)
+    if isinstance(v, float) and not math.isfinite(v):        # .inf / .nan in YAML, inf in --sweep
+        raise ConfigError(f"{v!r} must be a finite number", where)
     choices = f.metadata.get("choices")
     if choices is not None and v is not None and v not in choices:
         what = f.metadata.get("what") or f.name
