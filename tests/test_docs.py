@@ -8,9 +8,8 @@ import subprocess
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
-# pages the other helpers of this round write (compute, safe, comm, models, compose, jobs): linked from the front
-# page before they are merged in; the lead drops a name here once its page is on main
-OTHER_PAGES = {"compute.md", "security.md", "communicators.md", "models.md", "parallelisms.md", "multi-job.md"}
+# pages the other helpers of a round write, linked from the front page before they are merged in (none now)
+OTHER_PAGES: set[str] = set()
 
 
 def test_readme_is_a_front_page_whose_quickstart_ci_runs():
@@ -63,6 +62,16 @@ def test_readme_measured_example_is_what_validate_printed():
                          r"without them [-+][\d.]+%\); repeats( \d+,){8} \d+ ms", flat), ranks
     assert re.search(r"load before: average [\d.]+ on \d+ cores, other processes [\d.]+ cores", flat)
     assert re.search(r"^ *(trustworthy|NOT TRUSTWORTHY)", validate, re.M)
+
+
+def test_readme_prose_agrees_with_the_outputs_and_files_it_describes():
+    """The 70B example's 'X GiB of 80 fit' is its block's total, and the notebook count is lessons/'s."""
+    fit = re.search(r"so ([\d.]+) GiB of 80 fit", README).group(1)
+    total = re.search(r"^memory per GPU \(total\) +[\d.]+ GB = ([\d.]+) GiB$", README, re.M).group(1)
+    assert f"{float(total):.1f}" == fit, (fit, total)
+    notebooks = len(list((ROOT / "lessons").glob("*.ipynb")))
+    counts = re.findall(r"(\d+) notebooks", README)
+    assert counts and all(int(n) == notebooks for n in counts), (counts, notebooks)
 
 
 def test_readme_quotes_figures_only_from_commands_users_run():
