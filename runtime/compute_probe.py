@@ -306,12 +306,17 @@ def write_with_fit(path: str, cluster, fit: dict):
 
 
 def plot_curve(probe: dict, path: str) -> None:
+    """Write ``curve_figure(probe)`` to ``path``."""
+    from distlab.sim.io import save_figure
+    save_figure(curve_figure(probe), path)
+
+
+def curve_figure(probe: dict):
     """Efficiency against GEMM FLOPs (log x): each shape by kind, and the fitted curve."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from distlab.sim.io import save_figure
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for kind, marker in (("square", "o"), ("skinny", "v"), ("rectangular", "s")):
         rs = [r for r in probe["gemms"] if r["kind"] == kind]
@@ -327,4 +332,5 @@ def plot_curve(probe: dict, path: str) -> None:
     ax.set_title(f"GEMM efficiency, {probe['dtype']} on {probe['device']}")
     ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    fig.tight_layout()
+    return fig

@@ -2,6 +2,7 @@
 (writing: sim/files.py)."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -294,8 +295,10 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"cannot write in folder {folder}: {e.strerror}", flag) from None
+    except OSError as e:          # /proc/sys answers ENOENT, a read-only mount EROFS: the folder is there
+        why = "" if e.errno == errno.ENOENT else f" ({e.strerror})"
+        raise ConfigError(f"folder {folder} exists but files cannot be created in it{why}; give a folder you can "
+                          "write", flag) from None
 
 
 # writing lives in sim/files.py; these names stay importable from here (most of distlab imports them from sim.io)

@@ -151,3 +151,8 @@ def test_validate_prints_cases_and_medians(cli, tmp_path):
     assert held and all(s["median_abs_error_noise"] >= 0 for s in held)
     assert result["summary"][-1]["kind"] == "held-out size"
     assert (tmp_path / "v.png").stat().st_size > 0
+    # issue 33: the load before and during, and a verdict with reasons (runtime/trust.py)
+    trust = result["trust"]
+    assert set(trust) >= {"trustworthy", "reasons", "load_during"} and trust["trustworthy"] == (not trust["reasons"])
+    assert result["load"]["during"]["cores"] >= 1 and result["load"]["during"]["window_s"] > 0
+    assert all("trusted" in c for c in result["cases"])

@@ -12,7 +12,8 @@ def add_launch_arguments(p, nproc_help: str = "number of local ranks", nproc_def
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank (default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank waits for a peer before the run fails (default 60)")
-    p.add_argument("-v", "--verbose", action="store_true", help="print each rank's pid")
+    p.add_argument("-v", "--verbose", action="store_true", help="more detail: every row of long tables, and "
+                   "each rank's pid")
 
 
 def launch_kwargs(args) -> dict:

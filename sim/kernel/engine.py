@@ -2,8 +2,11 @@
 
 - Ops of one stream run in order; streams of a rank run concurrently; Record/Wait order them like CUDA events.
 - A collective starts moving data when every member of its group has reached it (the n-th collective a rank
-  issues on a group, in plan order, meets the n-th of every other member) and ends for all members together.
-- Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
+  issues on a process group, in plan order, meets the n-th of every other member) and ends for all members
+  together. The collectives of one process group (its ranks and name) run in issue order, one at a time on
+  NCCL, at most two on Gloo; different groups overlap (sim/kernel/communicators.py).
+- Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's), on the
+  pair's own communicator: they never wait for a process group's collectives (sim/kernel/communicators.py).
 - Compute takes ``seconds``, or its kernels' times (sim/compute.py: GEMMs by shape on the GPU's efficiency
   curve, FlashAttention, memory-bound bytes), or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM
   bandwidth), plus launch_s per kernel (or per host-dispatched op: ``launches``), times the
@@ -28,14 +31,13 @@ from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
 from distlab.sim.errors import ConfigError, SimulationDeadlock
+from distlab.sim.kernel.communicators import Turns, slots_for
 from distlab.sim.kernel.hosts import Hosts
 from distlab.sim.kernel.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
-from distlab.sim.kernel.equivariance import check_classes
 from distlab.sim.kernel.inline import fuse
 from distlab.sim.kernel.solo import run_steps
-from distlab.sim.kernel.subgroups import find_classes, subgroups_apply
-from distlab.sim.kernel.symmetry import find_symmetry, representative_plan
+from distlab.sim.kernel.symmetry import reductions
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
 
 
@@ -53,18 +55,8 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     ``protocol``: NCCL's protocol for every collective (LL, LL128, Simple) or "auto" (the fastest; NCCL_PROTO
     and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner). ``symmetric``: where all ranks are
     provably symmetric (sim/kernel/symmetry.py), simulate one and copy its records (the same trace, much faster)."""
-    sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
-    classes = None
-    if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
-        try:
-            classes = find_classes(plan, Context(Topology(cluster), protocol))
-        except ConfigError:              # a plan the simulation refuses: the full path says why, in its order
-            classes = None
-    if check and classes:
-        check_classes(plan, classes)
-    elif check:
-        from distlab.sim.check import assert_consistent
-        assert_consistent(representative_plan(plan) if sym else plan)
+    sym, classes = reductions(plan, cluster, None, slowdown=slowdown, record_transfers=record_transfers,
+                              link_factors=link_factors, protocol=protocol, symmetric=symmetric, check=check)
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
             raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
@@ -77,15 +69,25 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
+    """One plan's simulation. Several may share one simpy environment and network (``shared``: (env, network,
+    the plan's view of the topology, its Context), sim/jobs/): each starts its streams at ``start_s``
+    (``start``), the environment runs once, each collects its own records (``finish``). ``watch(pairs, sizes)``,
+    if given, sees every step this plan puts on the network (the bytes it moves on shared links)."""
+
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None,
+                 shared=None, start_s: float = 0.0, watch=None):
         self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
         self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
         self.durations: dict = {}        # reused collective durations: key -> (s, algorithm, flows)
         self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/kernel/inline.py)
-        self.env = simpy.Environment()
-        self.topo = Topology(cluster, link_factors)
-        self.net = Network(self.env, self.topo, record=record)
-        self.ctx = Context(self.topo, protocol)
+        self.start_s, self.watch = start_s, watch
+        if shared is None:
+            self.env = simpy.Environment()
+            self.topo = Topology(cluster, link_factors)
+            self.net = Network(self.env, self.topo, record=record)
+            self.ctx = Context(self.topo, protocol)
+        else:
+            self.env, self.net, self.topo, self.ctx = shared
         self.protocols_used: set[str] = set()
         self.hosts = Hosts(self.env, cluster, self.simulated)
         self.records: list[OpRecord] = []
@@ -94,28 +96,36 @@ class _Simulation:
         self.rendezvous: dict = {}
         self.sends: dict = defaultdict(deque)
         self.recvs: dict = defaultdict(deque)
+        self.turns = Turns(self.env, slots_for(cluster))              # per process group (communicators.py)
         self.seq = self._sequence_numbers()
 
     def _sequence_numbers(self) -> dict:
-        """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that group, in plan
-        order. Groups are interned (one tuple and a small id per distinct group): nothing per op grows with the
-        world size, and matching hashes an int, not a tuple of every member."""
-        seq, counters, by_id, by_tuple = {}, defaultdict(int), {}, {}
+        """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that process group
+        (its ranks and name), in plan order. Groups are interned (one tuple and a small id per distinct group):
+        nothing per op grows with the world size, and matching hashes an int, not a tuple of every member."""
+        seq, counters, by_id, by_comm = {}, defaultdict(int), {}, {}
         orbit = self.classes.group_orbit if self.classes else None
         for r in self.simulated:
             for i, op in enumerate(self.plan.ranks[r]):
-                if isinstance(op, Collective):
-                    hit = by_id.get(id(op.group))
+                if type(op) is Collective:
+                    hit = by_id.get((id(op.group), op.group_name))
                     if hit is None:
-                        g = self.plan.group_of(op)
-                        hit = by_id[id(op.group)] = ((orbit[g], g) if orbit is not None else
-                                                     by_tuple.setdefault(g, (len(by_tuple), g)))
+                        c = self.plan.communicator_of(op)
+                        hit = by_id[id(op.group), op.group_name] = (
+                            (orbit[c], c.ranks) if orbit is not None else
+                            by_comm.setdefault(c, (len(by_comm), c.ranks)))
                     gid, g = hit
                     seq[r, i] = (gid, counters[r, gid], g)
                     counters[r, gid] += 1
         return seq
 
     def run(self) -> Trace:
+        self.start()
+        self.env.run()
+        return self.finish()
+
+    def start(self) -> None:
+        """Every simulated (rank, stream) as a simpy process."""
         for r in self.simulated:
             per_stream: dict = {}
             for i, op in enumerate(self.plan.ranks[r]):
@@ -125,7 +135,9 @@ class _Simulation:
             for s, ops in per_stream.items():
                 self.waiting[r, s] = "start"
                 self.env.process(self._stream(r, s, ops))
-        self.env.run()
+
+    def finish(self) -> Trace:
+        """The trace, once the environment has run (SimulationDeadlock if a stream is stuck)."""
         stuck = [(r, s, self._waiting_text(r, what)) for (r, s), what in sorted(self.waiting.items())
                  if what is not None]
         if stuck:
@@ -157,6 +169,8 @@ class _Simulation:
     def _stream(self, rank, stream, ops):
         env, waiting, key = self.env, self.waiting, (rank, stream)
         events = self.events[rank]
+        if self.start_s:
+            yield env.timeout(self.start_s)
         for index, op in ops:
             start = env.now
             if index is None:                   # a collective handed over and waited for at once (sim/kernel/inline.py)
@@ -202,10 +216,12 @@ class _Simulation:
             seconds, algorithm, flows = hit
             self.net.flows_done += flows
             yield from self.hosts.arrive(group)
+            yield from self.turns.start(gid, self.seq[rank, ic][1])     # its process group's turn
             launch = self.env.now
             flight = self.hosts.launch(group, c.bytes)     # in flight: interference both ways, as always
             yield self.env.timeout(seconds)
             yield from self.hosts.land(group, flight)
+            self.turns.end(gid)
         else:
             launch, algorithm = yield from self._collective(rank, ic, c)
         end = self.env.now
@@ -233,40 +249,48 @@ class _Simulation:
         # symmetric: the members of one class arrive together (sim/kernel/symmetry.py, sim/kernel/subgroups.py)
         if rv["arrived"] == (1 if self.sym else self.classes.arrivals[gid] if self.classes else len(group)):
             del self.rendezvous[key]
-            self.env.process(self._run_collective(rv, op, group))
+            self.env.process(self._run_collective(rv, op, group, key))
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
-    def _run_collective(self, rv, op, group):
+    def _run_collective(self, rv, op, group, turn):
+        """Run it once every member arrived and its process group's turn came (``turn``: (group id, n))."""
         yield from self.hosts.arrive(group)
+        yield from self.turns.start(*turn)
+        yield from self._transfer_collective(rv, op, group, turn[0])
+        self.turns.end(turn[0])
+        rv["done"].succeed()
+
+    def _transfer_collective(self, rv, op, group, gid):
         flight = self.hosts.launch(group, op.bytes)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
-        if self.classes and self.classes.group_orbit[group] in self.classes.exclusive:
+        if self.classes and gid in self.classes.exclusive:
             key = (op.op, op.bytes, op.algorithm, op.root, group)     # links of its own: reused (sim/kernel/subgroups.py)
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/kernel/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
             yield from self.hosts.land(group, flight)
-            rv["done"].succeed()
             return
         flows = self.net.flows_done
         if self.classes:         # the flows of every simulated group of the orbit (sim/kernel/subgroups.py; no splits)
-            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.op, op.bytes, op.algorithm, op.root]
+            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.group_name, op.op, op.bytes,
+                                                                       op.algorithm, op.root]
             self.net.flows_done += extra
             count = extra + sum(len(p) for p, _, _ in step_iter)      # the orbit's flows (others may end meanwhile)
         else:
             algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
+        if self.watch is not None:
+            step_iter = [self.watch(*step) or step for step in step_iter]
         yield from run_steps(self.net, step_iter)      # in the network's step loop (sim/kernel/solo.py, sim/kernel/netloop.py)
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
         yield from self.hosts.land(group, flight)
-        rv["done"].succeed()
 
     def _p2p(self, rank, op):
         if isinstance(op, Send):
@@ -296,10 +320,15 @@ class _Simulation:
         else:
             pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
         cpu_jobs = self.hosts.cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
+        if self.watch is not None:
+            self.watch(pairs, float(nbytes), None)
         yield self.net.transfer(pairs, float(nbytes))
         if cpu_jobs:
             yield self.env.all_of(cpu_jobs)
         slot["done"].succeed()
+
+
+Simulation = _Simulation      # sim/jobs/ runs several on one network (``shared``)
 
 
 def _fmt(group) -> str:

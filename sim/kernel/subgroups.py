@@ -8,7 +8,9 @@ block, o -> o + k mod B, and β shifts whole blocks: sim/equivariance.Shifts) an
 every node by t (local l -> l + t mod G, the same node). All are automorphisms of the simulated fabric (sim.network.Topology): all nodes are built alike (GPU links,
 NICs, fat-tree uplinks), every GPU of a node has the same links (NVSwitch up/down, a full NVLink mesh, PCIe),
 and ρ maps rail l mod C to rail l + t mod C consistently when C (NICs per node) divides G; route(γ(a), γ(b)) is
-then γ applied link by link to route(a, b), with equal capacities and latencies. Left out: degraded links,
+then γ applied link by link to route(a, b), with equal capacities and latencies. With leaf switches (and for
+another plan's links on a shared network, sim/jobs/) only renamings that map the fabric onto itself count
+(Topology.keeps): the largest such subgroup of Γ is taken (equivariance.largest_kept). Left out: degraded links,
 shared CPU cores, stragglers, recorded transfers (the engine then simulates every rank).
 
 Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local rotations alone, else none):
@@ -36,7 +38,8 @@ do not depend on each other, so the simulated flows get the rates of the full si
 over events every representative's records equal the full simulation's, up to rounding (the rates are summed
 in another order; tests/test_symmetry.py: to 1e-6 relative). An orbit whose simulated flows share no link with
 any other unit, issued on one stream per representative, has one collective in flight at a time on links of
-its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive).
+its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive). Two
+process groups over the same ranks (sim/kernel/communicators.py: distinct names) are two orbits sharing links.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distlab.sim.kernel.equivariance import Shifts, find_shifts
+from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
+                                             leaf_blocks)
 from distlab.sim.kernel.network import Pairs
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
@@ -56,12 +60,13 @@ class Classes:
     units of its orbit)."""
     shifts: Shifts
     reps: list[int]
-    group_orbit: dict = field(default_factory=dict)     # rep's group tuple -> orbit id
+    group_orbit: dict = field(default_factory=dict)     # rep's Communicator (group tuple, name) -> orbit id
     arrivals: dict = field(default_factory=dict)        # orbit id -> representatives that meet there
     pair_orbit: dict = field(default_factory=dict)      # (src, dst) of a rep's send or recv -> orbit id
-    steps: dict = field(default_factory=dict)     # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra)
+    steps: dict = field(default_factory=dict)     # (group, name, op, bytes, alg., root) -> (algo, proto, steps, extra)
     p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
     exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
+    links: frozenset = frozenset()                      # every link the plan's traffic uses (all units)
 
     def rep_of(self, rank: int) -> int:
         return self.shifts.rep(rank)
@@ -102,7 +107,7 @@ def _links(steps: list) -> set:
     return set(np.concatenate([p.entry_link for p, _, _ in steps] or [np.zeros(0, dtype=np.int64)]).tolist())
 
 
-def find_classes(plan: Plan, ctx) -> Classes | None:
+def find_classes(plan: Plan, ctx, busy: frozenset = frozenset()) -> Classes | None:
     """The rank classes of ``plan`` on ``ctx``'s fabric (module docstring), or None when a check fails: the
     largest Γ the plan is invariant under first, then node shifts alone, then local rotations alone. A plan with
     all_to_alls of per-peer sizes (expert parallelism: every member of an ep group issues them, so rank 0 and the
@@ -110,6 +115,11 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
     if any(getattr(op, "splits", None) is not None for r in (0, plan.world_size - 1) for op in plan.ranks[r]):
         return None
     best = find_shifts(plan, ctx.cluster)
+    keeps = ctx.topo.keeps
+    if best is not None and not keeps(best):      # leaf switches, or links another job uses (Topology.keeps)
+        block = leaf_blocks(best.nodes, ctx.topo.leaf_of)
+        options = [s for s in (block_kept(plan, best, block, keeps), largest_kept(best, keeps)) if s is not None]
+        best = min(options, key=classes_count) if options else None
     if best is None:
         return None
     n, g = best.nodes, best.gpus
@@ -118,15 +128,16 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
                Shifts(n, g, best.node_step, g, best.block, best.block_step),
                Shifts(n, g, w, g, best.block, best.block_step),
                Shifts(n, g, n, best.local_step))
-    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]]
+    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]
+                      and keeps(s)]
     for shifts in tries:
-        classes = _classes_under(plan, ctx, shifts)
+        classes = _classes_under(plan, ctx, shifts, busy)
         if classes is not None:
             return classes
     return None
 
 
-def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
+def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset()) -> Classes | None:
     elements = shifts.elements()
     reps = sorted({shifts.rep(r) for r in range(plan.world_size)})
     cls = Classes(shifts, reps)
@@ -134,32 +145,33 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     orbit_of: dict = {}          # canonical sorted tuple -> orbit id
     images: dict = {}            # orbit id -> {sorted image tuple: element mapping the orbit's reference to it}
     reference: dict = {}         # orbit id -> (reference group tuple, a (rank, index) using it)
-    to_ref: dict = {}            # rep group tuple -> element mapping the reference onto it
+    to_ref: dict = {}            # rep Communicator -> element mapping the reference onto its group
     pair_images: dict = {}       # pair orbit id -> list of image pairs
-    keys: dict = {}              # (group, op, bytes, algorithm, root) -> None (the distinct collective keys)
+    keys: dict = {}              # (group, name, op, bytes, algorithm, root) -> None (the distinct collectives)
     streams: dict = {}           # (representative, orbit id) -> streams it issues the orbit's collectives on
     for q in reps:
         orbit_group: dict = {}       # orbit id -> the one group of it this representative uses
         orbit_pair: dict = {}        # (send or recv, orbit id) -> the one pair of it
         for i, op in enumerate(plan.ranks[q]):
             if isinstance(op, Collective):
-                g = plan.group_of(op)
-                if g not in cls.group_orbit:
+                c = plan.communicator_of(op)        # two groups over the same ranks: two orbits
+                g = c.ranks
+                if c not in cls.group_orbit:
                     arr = np.array(g, dtype=np.int64)
                     imgs = {tuple(np.sort(shifts.apply_array(e, arr)).tolist()): e for e in reversed(elements)}
-                    oid = orbit_of.get(min(imgs))
+                    oid = orbit_of.get((min(imgs), c.name))
                     if oid is None:
-                        oid = orbit_of[min(imgs)] = len(orbit_of)
+                        oid = orbit_of[min(imgs), c.name] = len(orbit_of)
                         images[oid], reference[oid] = imgs, (g, (q, i))
                         cls.arrivals[oid] = len({shifts.rep(m) for m in g})
                     e_g = _element_between(shifts, elements, reference[oid][0], g)
                     if e_g is None:
                         return None
-                    cls.group_orbit[g], to_ref[g] = oid, e_g
-                if orbit_group.setdefault(cls.group_orbit[g], g) != g:
+                    cls.group_orbit[c], to_ref[c] = oid, e_g
+                if orbit_group.setdefault(cls.group_orbit[c], g) != g:
                     return None                     # check 3: two groups of one orbit
-                keys[(g, op.op, op.bytes, op.algorithm, op.root)] = None
-                streams.setdefault((q, cls.group_orbit[g]), set()).add(op.stream)
+                keys[(g, c.name, op.op, op.bytes, op.algorithm, op.root)] = None
+                streams.setdefault((q, cls.group_orbit[c]), set()).add(op.stream)
             elif isinstance(op, (Send, Recv)):
                 pair = (q, op.peer) if isinstance(op, Send) else (op.peer, q)
                 if pair not in cls.pair_orbit:
@@ -175,12 +187,12 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     for key in keys:
-        g, op, nbytes, algorithm, root = key
-        oid = cls.group_orbit[g]
+        g, name, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g, name]
         ref_rank, ref_index = reference[oid][1]
         flows = {}
         for img, e_h in images[oid].items():
-            e = shifts.compose(e_h, shifts.inverse(to_ref[g]))      # g -> this image
+            e = shifts.compose(e_h, shifts.inverse(to_ref[g, name]))      # g -> this image
             actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
             if tuple(sorted(actual)) != img:
                 return None
@@ -197,13 +209,13 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
-    start = {(cls.group_orbit[g], tuple(sorted(g))) for g in cls.group_orbit}
+    start = {(oid, tuple(sorted(c.ranks))) for c, oid in cls.group_orbit.items()}
     start |= {(oid, pair) for pair, oid in cls.pair_orbit.items()}
     simulated = _closure(unit_links, start)
     # the steps the engine runs: the flows of every simulated unit of the orbit, step by step
     for key in keys:
-        g, op, nbytes, algorithm, root = key
-        oid = cls.group_orbit[g]
+        g, name, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g, name]
         members = [img for img in images[oid] if (oid, img) in simulated]
         parts = [expansions[key, img] for img in members]
         algo, proto, steps = parts[0]
@@ -216,21 +228,23 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
         members = [p for p in pair_images[oid] if (oid, p) in simulated]
         pairs = ctx.pairs(("p2p-orbit", tuple(members)), lambda: members)
         cls.p2p[oid] = (pairs, len(pair_images[oid]) - len(members))
-    cls.exclusive = _exclusive(unit_links, simulated, streams)
+    cls.exclusive = _exclusive(unit_links, simulated, streams, busy)
+    cls.links = frozenset().union(*unit_links.values())
     return cls
 
 
-def _exclusive(unit_links: dict, simulated: set, streams: dict) -> set:
-    """Collective orbits whose simulated flows use links no other simulated unit uses, issued by every
-    representative on one stream: one collective of the orbit at a time (the next cannot start before the
-    previous has ended for every member) on links nothing else touches, so its duration is a function of
-    (group, op, bytes, algorithm, root) alone and the engine reuses it."""
+def _exclusive(unit_links: dict, simulated: set, streams: dict, busy: frozenset = frozenset()) -> set:
+    """Collective orbits whose simulated flows use links no other simulated unit uses (nor another plan on the
+    same network: ``busy``, sim/jobs/), issued by every representative on one stream: one collective of the
+    orbit at a time (the next cannot start before the previous has ended for every member) on links nothing
+    else touches, so its duration is a function of (group, op, bytes, algorithm, root) alone and the engine
+    reuses it."""
     owner: dict = {}
     for unit in simulated:
         for link in unit_links[unit]:
             owner.setdefault(link, set()).add(unit[0])
     one_stream = {oid for oid in {o for _, o in streams}} - {o for (_, o), s in streams.items() if len(s) > 1}
-    return {oid for oid in one_stream if all(owner[l] == {oid} for u in simulated if u[0] == oid
+    return {oid for oid in one_stream if all(owner[l] == {oid} and l not in busy for u in simulated if u[0] == oid
                                              for l in unit_links[u])}
 
 
