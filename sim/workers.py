@@ -71,6 +71,11 @@ def run_many(fn, cases: list, *, workers: int | None = None, scheduler: str | No
 
 
 def _receive(shared, method: str) -> None:
+    """A pool worker leaves Ctrl-C to the parent (the terminal sends SIGINT to the whole process group): the
+    parent ends the pool and exits 130 in one line, instead of every worker printing a KeyboardInterrupt
+    traceback."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if method == "spawn":
         _SHARED["value"] = shared
 

@@ -11,10 +11,13 @@ T, K, H, E = 4096, 8, 7168, 256            # DeepSeek-V3: tokens per GPU, top-k,
 
 
 def test_dispatch_bytes_are_the_copies_that_leave_the_rank():
-    assert ep.dispatch_MiB() == pytest.approx(T * K * H * 2 * 7 / 8 / 2**20)          # 392 MiB
-    assert ep.dispatch_MiB(own=True) == pytest.approx(T * K * H * 2 / 2**20)
-    assert check("10-dispatch-MiB", "392 MiB").ok
-    assert "own 32 experts" in check("10-dispatch-MiB", "448 MiB").message
+    fp8 = H + 4 * H // 128                      # FP8 values and one fp32 scale per 128 (DeepSeek-V3 sec. 3.3.2-3)
+    assert ep.dispatch_MiB() == pytest.approx(T * K * fp8 * 7 / 8 / 2**20)            # 202.1 MiB
+    assert ep.dispatch_MiB(fp8=False) == pytest.approx(T * K * H * 2 * 7 / 8 / 2**20)  # 392 MiB in bf16
+    assert ep.dispatch_MiB(own=True) == pytest.approx(T * K * fp8 / 2**20)
+    assert check("10-dispatch-MiB", "202.1 MiB").ok
+    assert "own 32 experts" in check("10-dispatch-MiB", f"{T * K * fp8 / 2**20:.1f} MiB").message
+    assert "bf16" in check("10-dispatch-MiB", "392 MiB").message
 
 
 def test_hot_share_is_the_harmonic_ratio_and_ib_share_follows_the_node_limit():
@@ -48,3 +51,21 @@ def test_dualpipe_pair_overlap_is_shorter_and_node_limit_shortens_the_dispatch()
     assert [r[0] for r in rows] == ["none", 4, 1]
     assert [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
     assert not math.isclose(rows[0][2], rows[1][2])
+
+
+def test_fp8_dispatch_halves_the_dispatch_bytes_and_keeps_the_combine_in_bf16():
+    """DeepSeek-V3 sec. 3.3.3: dispatch (and the combine's adjoint) in FP8 with an fp32 scale per 128 values,
+    combine (and the dispatch's adjoint) in the model's bf16 (sim/parallel/ep/plan.py EPOptions.fp8_dispatch)."""
+    from distlab.sim.parallel.ep.plan import collective_sequence
+    from distlab.sim.lessons import bank_ep as ep
+    c = ep._config()
+    bf16, fp8 = ep.layout(8, fp8=False), ep.layout(8, fp8=True)
+    assert fp8.tokens == bf16.tokens and fp8.combine == bf16.combine
+    per_copy = c.hidden + 4 * (c.hidden // 128)
+    assert all(fp8.dispatch[i][j] == bf16.tokens[i][j] * per_copy for i in range(8) for j in range(8))
+    assert ep.dispatch_MiB(fp8=True) / ep.dispatch_MiB(fp8=False) == pytest.approx(per_copy / (2 * c.hidden))
+    dtypes = [(name, dtype) for name, (_, _, dtype, _, _) in zip(
+        [o.name for o in ep.block_plan(8).ranks[0] if getattr(o, "name", "").startswith("ep ")],
+        collective_sequence(ep.block_plan(8)))]
+    assert [d for _, d in dtypes] == ["int64", "float8_e4m3fn", "bfloat16", "float8_e4m3fn", "bfloat16"]
+    assert ep.step_ms(0.0) < ep.block_trace(8, fp8=False).makespan * 1e3

@@ -15,18 +15,19 @@ def test_accepts_the_right_answer_in_the_unit_asked():
     v = check("02-alpha-beta", "4.77 ms")
     assert v.ok and v.status == "correct" and bool(v)
     assert check("02-alpha-beta", 4.77).ok                 # a bare number is read in the unit asked for
-    assert check("03-nic", "50 GB/s").ok
+    assert check("03-nic", "400 GB/s").ok
     assert check("01-ring-bytes", "112 MiB").ok
     assert check("04-error", "20%").ok and check("04-error", 20).ok
-    assert check("02-alpha-beta", "0.00477 s").ok and check("03-nic", "400 Gb/s").ok   # equivalent units
+    assert check("02-alpha-beta", "0.00477 s").ok and check("03-nic", "3200 Gb/s").ok  # equivalent units
 
 
 def test_rejects_a_wrong_answer_with_a_hint():
     v = check("02-alpha-beta", "9.5 ms")
     assert not v.ok and v.status == "wrong"
     assert "off by" in v.message
-    v = check("03-nic", "400 GB/s")
+    v = check("03-nic", "3200 GB/s")
     assert v.status == "wrong" and "bits against bytes" in v.message
+    assert "one NIC's" in check("03-nic", "50 GB/s").message                # a usual wrong value, named
     assert check("04-error", "-20%").status == "wrong"
     assert check("01-local-rank", 1).status == "wrong"
 
@@ -92,9 +93,10 @@ def test_every_exercise_accepts_its_solution():
 def test_ddp_and_fsdp_exercises_follow_the_library():
     """Lessons 05 and 06: the expected answers are the rules of PyTorch's Reducer and of ZeRO."""
     # REFERENCES.md: 6 x Linear(1024, 1024), default cap -> rebuilt buckets 4 MiB + 20 MiB (first: bias + weight)
-    assert solution("05-first-bucket") == "4.004 MiB" and check("05-first-bucket", "4 MiB").ok
+    assert solution("05-first-bucket") == "4.004 MiB" and check("05-first-bucket", "4.004 MiB").ok
+    assert "the weight alone" in check("05-first-bucket", "4 MiB").message        # the bias arrived first
     assert check("05-first-bucket", "1 MiB").status == "wrong"
-    assert check("05-first-bucket", "4.2 MB").ok                                 # = 4.005 MiB
+    assert check("05-first-bucket", "4.1984 MB").ok                              # = 4.0039 MiB
     assert check("05-buckets", solution("05-buckets")).ok and int(solution("05-buckets")) > 1
     assert check("05-best-cap", solution("05-best-cap")).ok
     assert check("05-best-cap", "1").status == "wrong" and check("05-best-cap", "7").status == "unreadable"
@@ -187,11 +189,11 @@ def test_pipeline_helpers():
 
 
 def test_verdict_shows_in_jupyter_and_in_text():
-    v = check("03-nic", 400)                               # bare: the answer in Gb/s, not GB/s
+    v = check("03-nic", 3200)                              # bare: the answer in Gb/s, not GB/s
     assert str(v).startswith("✘ [03-nic] wrong unit:")
     html = v._repr_html_()
     assert 'class="distlab-verdict distlab-wrong-unit"' in html and "Gb/s" in html
-    assert "distlab-correct" in check("03-nic", 50)._repr_html_()
+    assert "distlab-correct" in check("03-nic", 400)._repr_html_()
 
 
 def test_units_parse():
@@ -329,3 +331,59 @@ def test_quick_mode_repeats_less(monkeypatch):
     assert quick() and fewer(6, 2) == 2 and fewer(1, 2) == 1
     monkeypatch.setenv(QUICK_ENV, "0")
     assert not quick()
+
+
+def test_the_tp_diagram_draws_the_plans_collectives():
+    """sim/lessons/tp_diagram.py: one block's collectives, forward in order and backward in reverse with their
+    counts, equal the simulator's TP plan for the same options (per block: the 3-block plan less the 2-block
+    one), which tests/test_tp_runtime.py checks against torch; the figure draws all three plans."""
+    from distlab.sim.lessons.bank_tp import LESSON_MODEL, PLANS, sequence
+    from distlab.sim.lessons.tp_diagram import block_collectives, block_flow, plot_block
+    from distlab.sim.models import gpt
+    keys = ("hidden", "heads", "kv_heads", "seq_len", "vocab", "micro_batch", "dtype", "arch", "ffn_hidden")
+    spec = {k: LESSON_MODEL.config[k] for k in keys}
+    for options in PLANS:
+        flow = block_flow(options["sequence_parallel"], options.get("prepare_input", False))
+        for phase in ("forward", "backward"):
+            two, three = ([k for k, _, _, _, ph in sequence(gpt(layers=n, **spec), 2, **options) if ph == phase]
+                          for n in (2, 3))
+            extra = len(three) - len(two)
+            assert extra == len(block_collectives(flow, phase)), (options, phase)
+            # the added block's calls sit inside the sequence; as a multiset they are the diagram's
+            assert sorted(block_collectives(flow, phase)) == sorted(
+                k for k in set(three) for _ in range(three.count(k) - two.count(k)))
+    assert plot_block()._repr_png_()[:4] == b"\x89PNG"
+
+
+def test_profile_summary_and_merge_on_a_made_up_trace(tmp_path):
+    """sim/lessons/profiling.py on a two-step profile written by hand in torch.profiler's layout: the last step
+    from DDP's forward to the optimizer's end, busy time as the union of the main thread's ops, gloo's
+    collectives on their own thread; the merged file holds the measured and the predicted processes."""
+    import json
+
+    from distlab.sim.lessons.pipelines import pipeline_trace
+    from distlab.sim.lessons.profiling import merge_with_prediction, profile_table, read_profile, summary
+
+    def x(name, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+    events = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python"}}]
+    for start in (0, 1000):
+        events += [x("DistributedDataParallel.forward", start, 100), x("aten::mm", start + 20, 50),
+                   x("autograd::engine::evaluate_function: AddmmBackward0", start + 150, 300),
+                   x("c10d::allreduce_", start + 460, 10), x("gloo:all_reduce", start + 300, 250, tid=2),
+                   x("Optimizer.step#Adam.step", start + 600, 100)]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = summary(read_profile(str(path)))
+    assert s["start_us"] == 1000 and s["step_ms"] == pytest.approx(0.7)
+    assert s["busy_ms"] == pytest.approx((100 + 300 + 10 + 100) / 1e3) and s["gaps_ms"] == pytest.approx(0.19)
+    assert s["collectives"] == 1 and s["collective_ms"] == pytest.approx(0.25)
+    assert profile_table([str(path)], 0.5e-3).rows[0][1] == "0.70"
+    out = merge_with_prediction([str(path)], pipeline_trace("1f1b", 2, 2), str(tmp_path / "both.json"))
+    merged = json.loads(open(out).read())["traceEvents"]
+    names = {e["args"]["name"] for e in merged if e.get("name") == "process_name"}
+    assert {"measured rank 0", "predicted rank 0", "predicted rank 1"} <= names
+    first_predicted = min(e["ts"] for e in merged if e.get("ph") == "X" and e["pid"] >= 2000)
+    assert first_predicted == pytest.approx(1000)
+    with pytest.raises(ValueError, match="not a profile of DDP"):
+        summary([x("aten::mm", 0, 1)])

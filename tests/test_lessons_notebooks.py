@@ -62,12 +62,18 @@ def test_conventions(path):
 PARALLEL = 2                    # notebooks executed at once: a kernel is serial and its ranks often wait
 
 
+# ipykernel logs "Kernel is running over TCP without encryption" as a warning at every start (ipykernel/kernelapp.py
+# init_sockets), and the kernels' stderr landed between pytest's dots (issue 33): their log shows errors only
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def _execute(path, workdir):
     """Run the notebook in a fresh kernel with DISTLAB_LESSONS_QUICK=1 (the kernel's environment only):
     (executed notebook, seconds)."""
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}})
+    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}},
+                            extra_arguments=KERNEL_ARGUMENTS)
     t0 = time.monotonic()
     client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
     return nb, time.monotonic() - t0
@@ -111,6 +117,9 @@ def test_runs_top_to_bottom(path, executed):
     assert any("image/png" in o.get("data", {}) for o in outputs), "a figure is shown"
     verdicts = [o for o in outputs if "distlab-verdict" in o.get("data", {}).get("text/html", "")]
     assert len(verdicts) >= 2, "exercise verdicts are shown"
+    # a real run's prediction outside the tolerance its lesson states (sim/lessons/plan_run.py real_run_verdict)
+    missed = [o for o in outputs if "outside the lesson's tolerance" in _text(o)]
+    assert not missed, "a prediction outside the lesson's tolerance: " + _text(missed[0])[:300]
     assert elapsed < LIMIT_S, f"{os.path.basename(path)} took {elapsed:.0f} s (limit {LIMIT_S} s)"
 
 
@@ -163,10 +172,10 @@ def _shown_answers(text: str, ex_id: str, ex, strong_only: bool) -> list[str]:
 def _revealed(nb) -> list[str]:
     from distlab.sim.lessons import exercises
     table = exercises()
-    problems, earlier, section = [], [], 0
+    problems, earlier, tables, section = [], [], [], 0
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
-            section += cell.source.startswith("## ")
+            section += len(re.findall(r"^## ", cell.source, re.M))     # a heading may follow a paragraph
             continue
         texts = [_text(o) for o in cell.outputs]
         for ex_id in re.findall(r'^check\("(\d\d-[\w-]+)"', cell.source, re.M):
@@ -183,8 +192,28 @@ def _revealed(nb) -> list[str]:
                 if hits:
                     problems.append(f"{ex_id} (cell {i}): accepted answer {hits[0]!r} already in cell {j}'s output")
                     break
+            summed = [j for j, html in tables if ex.unit == "count" and _column_sums_to(html, ex)]
+            if summed:
+                problems.append(f"{ex_id} (cell {i}): a column of cell {summed[0]}'s table sums to the answer")
         earlier += [(i, section, t) for t in texts if t.strip()]
+        tables += [(i, o["data"]["text/html"]) for o in cell.outputs
+                   if "<table" in o.get("data", {}).get("text/html", "")]
     return problems
+
+
+def _column_sums_to(html: str, ex) -> bool:
+    """A count of 10 or more that an earlier table gives by adding up one of its columns (a table of calls per
+    phase above "how many calls in all?")."""
+    want = float(ex.expected())
+    if want < 10:
+        return False
+    rows = [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", html, re.S)]
+    rows = [r for r in rows if r]
+    for col in range(max((len(r) for r in rows), default=0)):
+        cells = [r[col] for r in rows if col < len(r) and re.fullmatch(r"\d+", r[col].strip())]
+        if len(cells) >= 2 and sum(int(c) for c in cells) == want:
+            return True
+    return False
 
 
 def _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier) -> list[str]:
@@ -244,3 +273,115 @@ def test_a_measurement_shown_before_its_prediction_is_caught():
     assert "measured 2.097 GB/s" in _revealed(new_notebook(cells=[head, bench, ask, check_cell]))[0]
     assert _revealed(new_notebook(cells=[head, ask, bench, check_cell])) == []
     assert "no earlier cell asks" in _revealed(new_notebook(cells=[head, bench, check_cell]))[0]
+
+
+# --- predictions first, in the prose: no answer anywhere a learner reads before the question ----------------------
+NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
+                                            "thirteen fourteen fifteen sixteen".split())}
+# "how many <noun>" -> other words for the same thing a text may count instead
+SAME_THING = ({"allred", "allgat", "reduce", "collec", "calls", "issue", "issues"},)
+
+
+def _stem(word: str) -> str:
+    return re.sub(r"[^a-z]", "", word.lower())[:6]
+
+
+def _counted(text: str, ex) -> list[str]:
+    """A count exercise's answer written next to what it counts: "two collectives per block" gives away "how many
+    all-reduces does one block issue?" (2), as digits or a word, with at most 3 words between."""
+    noun = re.search(r"[Hh]ow many ([\w/-]+)", ex.question)
+    if not noun:
+        return []
+    stems = {_stem(noun.group(1))}
+    stems |= next((group for group in SAME_THING if stems & group), set())
+    want = int(round(float(ex.expected())))
+    words = [str(want)] + [w for w, n in NUMBER_WORDS.items() if n == want]
+    hits = []
+    for m in re.finditer(rf"\b({'|'.join(words)})\b((?:\W+[\w'’-]+){{0,3}}?)\W+([\w-]+)", text, re.I):
+        if _stem(m.group(3)) in stems or _stem(m.group(3)).rstrip("s") in stems:
+            hits.append(m.group(0))
+    return hits
+
+
+def _prose_hits(text: str, ex_id: str, ex) -> list[str]:
+    """In prose a bare number followed by a word counts something else ("the 256 experts"): left out."""
+    words = re.sub(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?=\s+[A-Za-z]{2,})(?!\s+(?:%s)\b)" % "|".join(
+        re.escape(u) for u in _units()), " ", text)
+    hits = _shown_answers(words, ex_id, ex, strong_only=True)
+    if ex.unit == "count":
+        hits += _counted(text, ex)
+    return hits
+
+
+def _units() -> list[str]:
+    from distlab.sim.lessons.units import UNITS
+    return sorted(UNITS, key=len, reverse=True) + ["minutes", "seconds", "hours", "x"]
+
+
+def _readme() -> str:
+    with open(os.path.join(LESSONS, "README.md")) as f:
+        return f.read()
+
+
+def _prose_revealed(nb, readme: str) -> list[str]:
+    """Exercise ids of ``nb`` whose accepted answer is in what a learner reads before answering: lessons/README.md,
+    every markdown cell and code cell (its comments: the prompt) up to and including the check cell, the
+    question and hint of every exercise of the lesson (a hint shows with any wrong answer, in any order), and
+    the 'why' of the exercises checked before (shown once they are right)."""
+    from distlab.sim.lessons import exercises
+    table = exercises()
+    ids = [i for c in nb.cells if c.cell_type == "code"
+           for i in re.findall(r'^check\("(\d\d-[\w-]+)"', c.source, re.M)]
+    always = [("lessons/README.md", readme)] + [(f"{i}'s question", table[i].question) for i in ids] + \
+        [(f"{i}'s hint", table[i].hint) for i in ids]
+    read, problems, checked = [], [], []
+    for n, cell in enumerate(nb.cells):
+        read.append((f"cell {n}", cell.source))
+        for ex_id in re.findall(r'^check\("(\d\d-[\w-]+)"', cell.source, re.M) if cell.cell_type == "code" else []:
+            ex = table[ex_id]
+            if not ex.needs:
+                whys = [(f"{i}'s why", table[i].why) for i in checked]
+                for where, text in always + read + whys:
+                    hits = _prose_hits(text, ex_id, ex)
+                    if hits:
+                        problems.append(f"{ex_id}: {hits[0]!r} in {where}")
+            checked.append(ex_id)
+    return problems
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids())
+def test_no_answer_in_the_prose_before_its_question(path):
+    nb = nbformat.read(path, as_version=4)
+    problems = _prose_revealed(nb, _readme())
+    assert not problems, "predict first: " + "; ".join(problems)
+
+
+def test_a_give_away_in_the_prose_is_caught():
+    """The check above on made-up notebooks: 09-fwd-allreduce's 2 written as "two collectives per block" in the
+    goals, 02-alpha-beta's 4.768 ms written as "4.8 ms" in an example, are caught; after the check, not."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+    goals = new_markdown_cell("# 09 · X\n\n**Goals.** why Megatron's two collectives per block become more")
+    ask = new_code_cell('answer = None\ncheck("09-fwd-allreduce", answer)')
+    assert "two collectives" in _prose_revealed(new_notebook(cells=[goals, ask]), "")[0]
+    assert _prose_revealed(new_notebook(cells=[ask, goals]), "") == []
+    example = new_code_cell('answer = None   # e.g. "4.8 ms"\ncheck("02-alpha-beta", answer)')
+    assert "4.8 ms" in _prose_revealed(new_notebook(cells=[example]), "")[0]
+    assert "README" in _prose_revealed(new_notebook(cells=[ask]), "Megatron's two all-reduces per block")[0]
+    experts = new_code_cell('answer = None\ncheck("10-kv-MiB", answer)   # 256 experts, not 256 MiB')
+    assert _prose_revealed(new_notebook(cells=[experts]), "")[0].startswith("10-kv-MiB: '256 MiB'")
+
+
+def test_a_table_that_adds_up_to_the_answer_is_caught():
+    """09-step-calls asks for one rank's collectives in a TP + SP step: a table of its calls per phase above the
+    question gives it away by addition, and is caught."""
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from distlab.sim.lessons import solution
+    n = int(solution("09-step-calls"))
+    html = (f"<table class='distlab-table'><tbody><tr><td>forward</td><td>{n - 20}</td></tr>"
+            f"<tr><td>backward</td><td>20</td></tr></tbody></table>")
+    table = new_code_cell("collectives_table()", outputs=[new_output("execute_result", data={"text/html": html,
+                                                                                              "text/plain": ""})])
+    ask = new_code_cell('answer = None\ncheck("09-step-calls", answer)')
+    assert "sums to the answer" in _revealed(new_notebook(cells=[table, ask]))[0]
+    assert _revealed(new_notebook(cells=[ask, table])) == []

@@ -114,13 +114,19 @@ def test_cli_simulate_tp_scenarios(cli):
     assert rc == 0 and "warning: does not fit" in out and "GB = " in out and "GiB" in out
 
 
-def test_selective_recompute_and_sequence_parallel_shrink_memory_in_the_report():
-    def total(opts):
+def test_recompute_and_sequence_parallel_shrink_memory_in_the_report():
+    """SP and full recompute shrink the activations; selective recompute does nothing with SDPA (no s x s
+    tensors to drop: FlashAttention already recomputes the scores), only with unfused attention."""
+    def total(opts, model=None):
         d = sc.load("scenarios/tp-llama3-8b.yaml")
         d["tp"].update(opts)
-        return sc.simulate(d).report["json"]["memory"]["breakdown_bytes"]["activations"]
-    plain, sp, sel = total({"sequence_parallel": False}), total({}), total({"recompute": "selective"})
-    assert plain > sp > sel
+        d["model"].update(model or {})
+        from distlab.sim.workloads.tp import memory
+        return memory(sc.build(d))["json"]["breakdown_bytes"]["activations"]
+    plain, sp, sel, full = (total({"sequence_parallel": False}), total({}), total({"recompute": "selective"}),
+                            total({"recompute": "full"}))
+    assert plain > sp == sel > full
+    assert total({"recompute": "selective"}, {"attention": "unfused"}) < total({}, {"attention": "unfused"})
     assert preset("llama3-8b").num_params > 8e9
 
 
@@ -242,3 +248,24 @@ def test_cli_memory_of_a_tp_scenario(cli, tmp_path):
     assert rc == 0 and r["mesh"] == {"dp_shard": 2, "tp": 4} and r["fits"] and "selective" in r["activations"]
     rc, out, err = cli("memory", "--scenario", "scenarios/fsdp-cpu.yaml")
     assert rc == 2 and "--scenario takes a scenario with a tp: section" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prepare_input_all_reduces_once_per_part_backward():
+    """Plain TP with PrepareModuleInput on attention and the MLP (torchtitan's wrapping; TPOptions.prepare_input):
+    backward all-reduces once per part (Megatron's f) where per-module ColwiseParallel all-reduces once per
+    column-parallel linear (q, k, v; gate, up); forward and bytes per call unchanged; TP + SP ignores it.
+    tests/test_tp_runtime.py checks both against torch on gloo ranks."""
+    from distlab.sim.parallel.tp.plan import collective_sequence
+    model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
+                arch="llama", ffn_hidden=64)
+
+    def calls(**o):
+        seq = collective_sequence(tp_plan(model, Mesh({"tp": 2}), TPOptions(**o)))
+        return [(k, b, ph) for k, b, _, _, ph in seq]
+    per_module, prepared = calls(sequence_parallel=False), calls(sequence_parallel=False, prepare_input=True)
+    fwd = [c for c in per_module if c[2] == "forward"]
+    assert fwd == [c for c in prepared if c[2] == "forward"]
+    bwd = [c for c in prepared if c[2] == "backward"]
+    assert len(bwd) == 2 * 2 + 1 and len([c for c in per_module if c[2] == "backward"]) == 5 * 2 + 1
+    assert {b for _, b, _ in bwd} == {b for k, b, ph in per_module if ph == "backward"}
+    assert calls(sequence_parallel=True, prepare_input=True) == calls(sequence_parallel=True)

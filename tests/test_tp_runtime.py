@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 MODEL = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
             arch="llama", ffn_hidden=64)
 VARIANTS = [{"sequence_parallel": True}, {"sequence_parallel": False},
-            {"sequence_parallel": True, "loss_parallel": True}, {"sequence_parallel": False, "loss_parallel": True}]
+            {"sequence_parallel": True, "loss_parallel": True}, {"sequence_parallel": False, "loss_parallel": True},
+            {"sequence_parallel": False, "prepare_input": True}]   # torchtitan's PrepareModuleInput on plain TP
 
 
 MESH_2X2 = [["dp_shard", 2], ["tp", 2]]
@@ -95,8 +96,8 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
         assert c["kind"] == "tp scenario" and c["sequence_match"] is True and c["predicted_s"] > 0 and c["measured_s"] > 0
 
 
-@pytest.mark.parametrize("world,i", [(2, i) for i in range(4)] + [(4, 0), (4, 1)],
-                         ids=[f"{w}-{VARIANTS[i]}" for w, i in [(2, 0), (2, 1), (2, 2), (2, 3), (4, 0), (4, 1)]])
+@pytest.mark.parametrize("world,i", [(2, i) for i in range(5)] + [(4, 0), (4, 1)],
+                         ids=[f"{w}-{VARIANTS[i]}" for w, i in [(2, 0), (2, 1), (2, 2), (2, 3), (2, 4), (4, 0), (4, 1)]])
 def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, i):
     """Per rank: the collectives, and the DTensor ops per phase (the plan's launches: sim/parallel/tp/plan.py DTENSOR_OPS)."""
     from distlab.runtime.tp.run import measured_sequence

@@ -7,20 +7,26 @@ from distlab.runtime.lessons.common import fewer, run_on_ranks
 
 # --- DDP: the bucket-size sweep, measured (lesson 05) ----------------------------------------------------------
 def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 2,
-                     calibrate=(2**18, 2**20, 2**22, 2**24), timeout: float = 240.0) -> dict:
+                     calibrate=(2**18, 2**20, 2**22, 2**24), timeout: float = 240.0, profile: dict | None = None) -> dict:
     """Real DDP (runtime.ddp.rank_task) once per ``bucket_cap_mb`` of ``caps``, all in one launch of ``nproc``
     ranks; the first cap's run also times the model alone and a few all-reduces, which calibrate the simulator
     (runtime.ddp.calibrated) to predict every cap. Returns {"rows": per cap {bucket_cap_mb, buckets,
     measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
     "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
-    tensors, so this runs on gloo."""
+    tensors, so this runs on gloo. ``profile`` ({"cap": one of ``caps``, "dir": a folder}): that cap's steps
+    also run under ``torch.profiler`` on every rank, each exporting its Chrome trace to DIR/rank{r}.json
+    ("profiles": the paths; sim/lessons/profiling.py reads them); the profiler's overhead is in those steps."""
     from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
     from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
+    if profile:
+        import os
+        os.makedirs(profile["dir"], exist_ok=True)
     payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
-               "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate]}
+               "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate],
+               "profile": {"index": list(caps).index(profile["cap"]), "dir": profile["dir"]} if profile else None}
     out = run_on_ranks("distlab.runtime.lessons.training:_ddp_sweep_task", payload, nproc, "gloo", timeout)
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])
@@ -33,17 +39,34 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
                      "measured_buckets": len(results[0]["rebuilt_bucket_sizes"]), "predicted_s": trace.makespan,
                      "measured_s": measured, "error_pct": 100.0 * (trace.makespan - measured) / measured})
         traces.append(trace)
-    return {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces}
+    done = {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces}
+    if profile:
+        import os
+        done["profiles"] = [os.path.join(profile["dir"], f"rank{r}.json") for r in range(nproc)]
+    return done
 
 
 def _ddp_sweep_task(ctx, payload):
+    import contextlib
+    import os
+
     from distlab.runtime.ddp.run import rank_task
-    out = []
+    out, prof = [], payload.get("profile")
     for i, cap in enumerate(payload["caps"]):
-        out.append(rank_task(ctx, {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
-                                   "warmup": payload["warmup"], "local": i == 0,
-                                   "calibrate": payload["calibrate"] if i == 0 else None}))
+        task = {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
+                "warmup": payload["warmup"], "local": i == 0, "calibrate": payload["calibrate"] if i == 0 else None}
+        profiling = prof is not None and prof["index"] == i
+        with _profiler() if profiling else contextlib.nullcontext() as p:
+            out.append(rank_task(ctx, task))
+        if profiling:
+            p.export_chrome_trace(os.path.join(prof["dir"], f"rank{ctx.rank}.json"))
     return out
+
+
+def _profiler():
+    """torch.profiler on the CPU (gloo ranks): every op and collective of the wrapped steps, with shapes."""
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=True)
 
 
 # --- FSDP2: predicted then measured (lesson 06) ----------------------------------------------------------------

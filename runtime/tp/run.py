@@ -9,7 +9,11 @@ torchtitan (torchtitan/models/llama3/infra/parallelize.py, ``apply_tp``), TP + S
   q, k, v, gate, up ColwiseParallel(); o, down RowwiseParallel(output_layouts=Shard(1)).
 Plain TP (Megatron-LM, Shoeybi et al. 2019): embed.tok RowwiseParallel(input_layouts=Replicate()); q, k, v,
 gate, up, lm_head ColwiseParallel() (lm_head output_layouts=Replicate()); o, down RowwiseParallel(); norms
-replicated plain tensors.
+replicated plain tensors. With ``prepare_input`` (plain TP only) attn and mlp also get
+PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Replicate()) (use_local_output=False, its
+default), as torchtitan wraps them: q, k, v (gate, up) then receive one DTensor, so backward sums their Partial
+input gradients into it and all-reduces once per part (Megatron's f), not once per ColwiseParallel module
+(``_FromTorchTensor.backward``, tensor/_api.py, runs for each ``from_local`` of a plain-tensor input: style.py).
 """
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ def root_plan(sequence_parallel: bool = True, loss_parallel: bool = False) -> di
             "lm_head": ColwiseParallel(output_layouts=head_out, use_local_output=not loss_parallel)}
 
 
-def block_plan(sequence_parallel: bool = True) -> dict:
+def block_plan(sequence_parallel: bool = True, prepare_input: bool = False) -> dict:
     """The plan of one transformer block (module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -126,10 +130,14 @@ def block_plan(sequence_parallel: bool = True) -> dict:
                      "mlp.down": RowwiseParallel(output_layouts=Shard(1))})
     else:
         plan.update({"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()})
+        if prepare_input:
+            plan.update({part: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
+                         for part in ("attn", "mlp")})
     return plan
 
 
-def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False):
+def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False,
+                prepare_input: bool = False):
     """Apply the TP (+ SP) plan above to a ``runtime.tp.model.Llama`` (or a pipeline stage of one: the root
     plan's entries whose module the stage holds; blocks in ``module.h``, a ModuleList or ModuleDict)."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -137,7 +145,7 @@ def parallelize(module, tp_mesh, sequence_parallel: bool = True, loss_parallel: 
             if getattr(module, k.split(".")[0], None) is not None}
     parallelize_module(module, tp_mesh, root)
     for block in (module.h.values() if hasattr(module.h, "values") else module.h):
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, prepare_input))
     return module
 
 
@@ -196,7 +204,7 @@ def rank_task(ctx, payload: dict) -> dict:
         mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
         torch.manual_seed(0)
         module = parallelize(build_llama(model), mesh["tp"], v.get("sequence_parallel", True),
-                             v.get("loss_parallel", False))
+                             v.get("loss_parallel", False), v.get("prepare_input", False))
         if "dp_shard" in mesh.mesh_dim_names:       # torchtitan's order: TP first, then fully_shard blocks, root
             dp_mesh = mesh["dp_replicate", "dp_shard"] if "dp_replicate" in mesh.mesh_dim_names else mesh["dp_shard"]
             for block in module.h:                  # HSDP x TP: the 2-D (replicate, shard) sub-mesh
@@ -214,7 +222,8 @@ def rank_task(ctx, payload: dict) -> dict:
         fsdp_meshes = (mesh["tp"], mesh["dp_shard"]) if "dp_shard" in mesh.mesh_dim_names \
             and "dp_replicate" not in mesh.mesh_dim_names else None
         cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group(),
-                         block_plan(v.get("sequence_parallel", True)), CollectiveCapture, fsdp_meshes,
+                         block_plan(v.get("sequence_parallel", True), v.get("prepare_input", False)),
+                         CollectiveCapture, fsdp_meshes,
                          None if v.get("loss_parallel") else root_plan(v.get("sequence_parallel", True))) \
             if payload.get("calibrate") and vi == 0 else None
         steps = []
@@ -254,7 +263,7 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
         calibrate: dict | None = None, comm_debug: bool = False) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
-    mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
+    prepare_input: bool (plain TP), mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
     the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py). ``comm_debug``:
     one more step per variant under torch's CommDebugMode, its counts per collective kept."""
     from distlab.runtime.launch import launch

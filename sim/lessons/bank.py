@@ -1,7 +1,7 @@
-"""The exercises of lessons 01-07. Expected values come from the library, so they match what the lessons run."""
+"""The exercises of lessons 01-08. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 MiB = 2**20
 
@@ -40,6 +40,12 @@ def _simulated(op: str, nbytes: int, cluster: str, nodes: int, algorithm: str, p
     return trace.makespan * 1e6, _busbw(op, c.world_size, nbytes, trace.makespan)
 
 
+def _ll_share() -> float:
+    """LL's busbw over Simple's (%) for a 1 GiB ring all_reduce on one dgx-h100 node, simulated."""
+    ll, simple = (_simulated("all_reduce", 2**30, "dgx-h100", 1, "ring", p)[1] for p in ("LL", "Simple"))
+    return 100 * ll / simple
+
+
 def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     from distlab.sim.collectives import metrics
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
@@ -58,7 +64,7 @@ def _ddp_buckets(model, cap=None):
 
 def _ddp_sim(**options):
     """lesson 05's scenario: gpt2-medium, micro-batch 4, 2 x dgx-h100, DDP with ``options``."""
-    from distlab.sim.lessons import scenario, simulate
+    from distlab.sim.lessons.training import scenario, simulate
     return simulate(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4, **options))
 
 
@@ -66,7 +72,7 @@ LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
 
 
 def _fastest_cap() -> str:
-    from distlab.sim.lessons import fastest, scenario, sweep
+    from distlab.sim.lessons.training import fastest, scenario, sweep
     rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)
     return str(fastest(rows, "bucket_cap_mb"))
 
@@ -77,18 +83,18 @@ def _collectives(plan, op: str) -> int:
 
 
 def _zero_GiB(model: str, world: int, zero: int) -> float:
-    from distlab.sim.lessons import zero_bytes
+    from distlab.sim.lessons.training import zero_bytes
     return zero_bytes(model, world, zero)["total"] / 2**30
 
 
 def _comm_ratio(model: str, world: int) -> float:
-    from distlab.sim.lessons import comm_per_step
+    from distlab.sim.lessons.training import comm_per_step
     return comm_per_step(model, world, 3) / comm_per_step(model, world, 0)
 
 
 def _fsdp_gathers(reshard_after_forward) -> int:
     from distlab.sim.parallel.fsdp.plan import build_fsdp
-    from distlab.sim.lessons import CPU_FSDP_MODEL
+    from distlab.sim.lessons.training import CPU_FSDP_MODEL
     from distlab.sim.models import model_from_spec
     return _collectives(build_fsdp(model_from_spec(CPU_FSDP_MODEL), 2,
                                    {"reshard_after_forward": reshard_after_forward}), "all_gather")
@@ -96,7 +102,7 @@ def _fsdp_gathers(reshard_after_forward) -> int:
 
 def _pipe(schedule: str, p: int, m: int, v: int = 1, activation_bytes: float = 1.0):
     """Lesson 07: metrics of ``schedule`` with uniform stages (F = 1 ms, B = 2 ms, I = W = 1 ms), free p2p."""
-    from distlab.sim.lessons import pipeline_metrics
+    from distlab.sim.lessons.pipelines import pipeline_metrics
     return pipeline_metrics(schedule, p, m, v, activation_bytes=activation_bytes)
 
 
@@ -106,7 +112,7 @@ def _saved_GiB(p: int, m: int, per_mb_MiB: float) -> float:
     return (gpipe - one) / 2**30
 
 
-register(
+EXERCISES = (
     # --- 01 processes and collectives ---------------------------------------------------------------------
     Exercise("01-world-size", "torchrun --nnodes 2 --nproc-per-node 4 train.py starts how many ranks (WORLD_SIZE)?",
              "count", lambda: 2 * 4, tolerance=0, why="WORLD_SIZE = nodes x processes per node."),
@@ -120,7 +126,7 @@ register(
              "count", lambda: _ring_steps("all_reduce", 4),
              tolerance=0, hint="a reduce-scatter pass then an all-gather pass, each n-1 steps",
              why="2(n-1): n-1 to reduce-scatter, n-1 to all-gather."),
-    Exercise("01-ring-bytes", "In a ring all-reduce of a 64 MiB tensor on 8 ranks, how much data does each rank "
+    Exercise("01-ring-bytes", "In a ring all-reduce of a 64 MiB tensor on 8 GPUs, how much data does each GPU "
              "send in all?", "MiB", lambda: 2 * 7 / 8 * 64, hint="2(n-1) steps, each of S/n",
              why="2(n-1)/n x S: independent of n for large n, which is why the ring is bandwidth-optimal."),
     # --- 02 what a collective costs -----------------------------------------------------------------------
@@ -142,14 +148,14 @@ register(
                   "(tuning.cc:150-165)",
              why="8.4 + 14 x 3.4 = 56 µs, almost 4x LL's 15 µs: Simple synchronises every step with a fence and a "
                  "flag, LL's flags travel inside the data. Bytes do not matter at 8 B; only the latencies do."),
-    Exercise("02-ll-busbw", "Forced to LL (NCCL_PROTO=LL), what busbw does a ring all_reduce of 1 GiB reach on one "
-             "dgx-h100 node? (Simple reaches ~370 GB/s.)", "GB/s",
-             lambda: _simulated("all_reduce", 2**30, "dgx-h100", 1, "ring", "LL")[1], tolerance=0.05,
-             traps=lambda: {185.0: "half of 370: right about the flags, but NCCL also caps LL's bus bandwidth"},
-             hint="LL sends 4 data bytes per 8-byte line (half), and NCCL caps LL at llMaxBw of bus bandwidth: "
-                  "141 GB/s on one Hopper node (tuning.cc:177-183, :327)",
-             why="min(370 / 2, 141) = 141 GB/s: LL stops paying off after a few MiB, where its lower latency no "
-                 "longer makes up for the bandwidth; NCCL's tuner moves on to LL128, then Simple."),
+    Exercise("02-ll-busbw", "Forced to LL (NCCL_PROTO=LL), a ring all_reduce of 1 GiB on one dgx-h100 node: what "
+             "share of Simple's busbw does it reach, in %?", "%", _ll_share, tolerance=0.05,
+             traps=lambda: {50.0: "half: right about the flags, but NCCL also caps LL's bus bandwidth"},
+             hint="LL sends 4 data bytes per 8-byte line (half of Simple's ~370 GB/s), and NCCL caps LL at llMaxBw "
+                  "of bus bandwidth, 141 GB/s on one Hopper node (src/graph/tuning.cc, llMaxBws and its use in "
+                  "ncclTopoTuneModel)",
+             why="min(370 / 2, 141) = 141 of 370 GB/s: LL stops paying off after a few MiB, where its lower "
+                 "latency no longer makes up for the bandwidth; NCCL's tuner moves on to LL128, then Simple."),
     Exercise("02-small-message", "For an 8 B all_reduce on one dgx-h100 node, which algorithm does the "
              "simulator's auto choose?", "choice", lambda: _auto_algorithm("all_reduce", 8, "dgx-h100", 1),
              choices=("ring", "tree", "hierarchical", "nvls"),
@@ -159,10 +165,13 @@ register(
                  "chains the GPUs inside one (2((g-1)·intra + log2(nNodes)·inter)), and so does the simulator: on one "
                  "node the tree is no shorter than the ring."),
     # --- 03 topologies ------------------------------------------------------------------------------------
-    Exercise("03-nic", "A DGX H100 has one 400 Gb/s NDR NIC per GPU. What bandwidth per direction does one GPU "
-             "get across nodes?", "GB/s", lambda: _preset("dgx-h100").inter_node.bandwidth_GBps,
+    Exercise("03-nic", "A DGX H100 has 8 GPUs and one 400 Gb/s NDR NIC per GPU. What bandwidth per direction "
+             "does the whole node have across nodes, in GB/s?", "GB/s",
+             lambda: _preset("dgx-h100").gpus_per_node * _preset("dgx-h100").inter_node.bandwidth_GBps,
+             traps=lambda: {_preset("dgx-h100").inter_node.bandwidth_GBps: "that is one NIC's; the node has 8"},
              hint="network speeds are in bits per second; 8 bits = 1 byte",
-             why="50 GB/s against 450 GB/s of NVLink: crossing nodes is 9x narrower."),
+             why="8 NICs of 50 GB/s. Inside the node each GPU alone has NVLink 4's 450 GB/s per direction: one "
+                 "GPU's NIC is far narrower than its NVLink, which is what the next exercise measures."),
     Exercise("03-nvlink-ratio", "How many times more bandwidth per GPU does NVLink 4 (dgx-h100 intra_node) have "
              "than its NIC?", "x", lambda: (_preset("dgx-h100").intra_node.bandwidth_GBps /
                                             _preset("dgx-h100").inter_node.bandwidth_GBps),
@@ -175,8 +184,8 @@ register(
                   "50 GB/s NIC (NVLink inside the node is faster, so the NICs set the pace)",
              why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
     Exercise("03-all-to-all", "Predict, before simulating: an all_to_all of 1 GiB on 8 dgx-h100 nodes (64 GPUs, "
-             "one 50 GB/s NIC per GPU). What busbw does it reach? Within 15%.", "GB/s",
-             lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.15,
+             "one 50 GB/s NIC per GPU). What busbw does it reach? Within 5%.", "GB/s",
+             lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.05,
              traps=lambda: {369.0: "that is one node, inside NVLink; across nodes the NICs carry most of it"},
              hint="each GPU sends (n-g)/n of its buffer to other nodes, all through its own NIC; busbw = algbw x "
                   "(n-1)/n (nccl-tests)",
@@ -198,7 +207,9 @@ register(
     # --- 05 DDP ----------------------------------------------------------------------------------------------
     Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
              "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",
-             lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB,
+             lambda: _ddp_buckets({"kind": "mlp", "widths": [1024] * 7})[0].bytes / MiB, tolerance=0.0002,
+             traps=lambda: {4.0: "that is the weight alone; its layer's bias arrived first, in the same bucket",
+                            1.0: "that is the cap; a bucket closes only once a tensor crosses it"},
              hint="gradients arrive last layer first (its bias, then its weight); the first bucket's 1 MiB cap is "
                   "a threshold, so the tensor that crosses it stays in the bucket",
              why="the last layer's bias (4 KiB) and weight (4 MiB): the weight joins the bucket it arrives in and "
@@ -280,11 +291,11 @@ def _named_rank() -> str:
 
 
 def _pitfalls():
-    from distlab.sim.lessons import pitfalls
+    import distlab.sim.lessons.pitfalls as pitfalls
     return pitfalls
 
 
-register(
+EXERCISES += (
     Exercise("08-duplicates", "4 ranks each build DataLoader(dataset, shuffle=True) without a DistributedSampler. "
              "In one epoch, how many times is each sample processed, over all ranks?", "count", lambda: 4,
              tolerance=0, hint="each rank iterates over the whole dataset",
@@ -308,5 +319,3 @@ register(
              hint="with barriers every micro-step waits for that step's slow rank; without, each rank is slow once",
              why="4 x 60 ms against 3 x 20 + 60 ms: a barrier turns every rank's hiccup into everyone's."),
 )
-from distlab.sim.lessons import bank_machine  # noqa: E402,F401  ('your machine' predictions of 02, 05-07)
-from distlab.sim.lessons import failures  # noqa: E402,F401  (registers lesson 12, issue 20)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 MiB = 2**20
 BLOCK = {"preset": "deepseek-v3", "layers": 1, "first_dense": 0, "embed": False}   # one MoE block alone
@@ -14,6 +14,9 @@ BLOCK = {"preset": "deepseek-v3", "layers": 1, "first_dense": 0, "embed": False}
 CPU_MOE = dict(kind="moe", layers=2, hidden=256, experts=8, top_k=2, expert_ffn=512, seq_len=256, shared_experts=1,
                attention="none", embed=False, dtype="float32")
 SKEW = 1.0                                     # the lesson's skewed router: expert e gets (e+1)^-1 of the copies
+# DeepSeek-V3 dispatches in FP8 and combines in BF16 (arXiv 2412.19437 sec. 3.3.3): the lesson's block does too
+# (sim/parallel/ep/plan.py EPOptions.fp8_dispatch); ``fp8=False`` gives the all-bf16 block for comparison.
+FP8 = True
 
 
 def block_model():
@@ -50,35 +53,52 @@ def shape_rows() -> list[list]:
             ["parameters one token uses (billions)", round(active / 1e9, 1)]]
 
 
-def layout(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
+def layout(ep: int = 8, skew: float = 0.0, node_limit: int | None = None, fp8: bool = FP8):
     """The routing of one micro-batch over ``ep`` ranks (sim/parallel/ep/plan.py Layout), 8 ranks per node."""
     from distlab.sim.parallel.ep.plan import EPOptions, Layout
-    return Layout(_config(), ep, EPOptions(skew=skew, node_limit=node_limit), [r // 8 for r in range(ep)])
+    return Layout(_config(), ep, EPOptions(skew=skew, node_limit=node_limit, fp8_dispatch=fp8),
+                  [r // 8 for r in range(ep)])
 
 
-def dispatch_MiB(ep: int = 8, rank: int = 0, own: bool = False) -> float:
+def dispatch_MiB(ep: int = 8, rank: int = 0, own: bool = False, fp8: bool = FP8) -> float:
     """Bytes rank ``rank`` sends to the other ranks in one dispatch all_to_all (``own``: its own experts' too)."""
-    row = layout(ep).dispatch[rank]
+    row = layout(ep, fp8=fp8).dispatch[rank]
     return sum(b for j, b in enumerate(row) if own or j != rank) / MiB
 
 
-def block_plan(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
+def block_plan(ep: int = 8, skew: float = 0.0, node_limit: int | None = None, fp8: bool = FP8):
     """Forward and backward of the block on ``ep`` ranks (no optimizer: what runtime/ep/run.py times)."""
     from distlab.sim.mesh import Mesh
     from distlab.sim.parallel.ep.plan import EPOptions, ep_plan
-    return ep_plan(block_model(), Mesh({"ep": ep}), EPOptions(skew=skew, node_limit=node_limit), _cluster(ep),
-                   name=f"deepseek-v3-block-ep{ep}", optimizer=False)
+    return ep_plan(block_model(), Mesh({"ep": ep}), EPOptions(skew=skew, node_limit=node_limit, fp8_dispatch=fp8),
+                   _cluster(ep), name=f"deepseek-v3-block-ep{ep}", optimizer=False)
 
 
-def block_trace(ep: int = 8, skew: float = 0.0, node_limit: int | None = None):
+def block_trace(ep: int = 8, skew: float = 0.0, node_limit: int | None = None, fp8: bool = FP8):
     """The simulated block (cached: the notebook and its exercises ask for the same ones)."""
-    return _block_trace(ep, float(skew), node_limit)
+    return _block_trace(ep, float(skew), node_limit, fp8)
 
 
 @lru_cache(maxsize=32)
-def _block_trace(ep: int, skew: float, node_limit: int | None):
+def _block_trace(ep: int, skew: float, node_limit: int | None, fp8: bool):
     from distlab.sim.kernel.engine import simulate
-    return simulate(block_plan(ep, skew, node_limit), _cluster(ep))
+    return simulate(block_plan(ep, skew, node_limit, fp8), _cluster(ep))
+
+
+def precision_rows(ep: int = 8) -> list[list]:
+    """The balanced block with every all_to_all in bf16 against DeepSeek-V3's FP8 dispatch: [what, bf16, fp8]."""
+    rows = []
+    for what, get in (("rank 0's dispatch to the 7 others (MiB)", lambda f: round(dispatch_MiB(ep, fp8=f), 1)),
+                      ("dispatch all_to_all (ms)", lambda f: round(_op_ms(block_trace(ep, fp8=f), "dispatch fwd"), 3)),
+                      ("combine all_to_all (ms)", lambda f: round(_op_ms(block_trace(ep, fp8=f), "combine fwd"), 3)),
+                      ("block fwd + bwd (ms)", lambda f: round(block_trace(ep, fp8=f).makespan * 1e3, 2))):
+        rows.append([what, get(False), get(True)])
+    return rows
+
+
+def _op_ms(trace, part: str) -> float:
+    o = next(o for o in trace.for_rank(0) if o.kind == "collective" and part in o.name)
+    return (o.end - o.start) * 1e3
 
 
 def collective_rows(ep: int = 8) -> list[list]:
@@ -149,7 +169,7 @@ def pair_trace(overlap: bool, ep: int = 8):
     from distlab.sim.parallel.pipeline.dualpipe import overlapped_ops, serial_ops
     from distlab.sim.plan import Plan
     c, group = _config(), tuple(range(ep))
-    lay = Layout(c, ep, EPOptions())
+    lay = Layout(c, ep, EPOptions(fp8_dispatch=FP8))
     ranks = []
     for j in range(ep):
         f, b = block_ops(c, 0, "F", j, lay, group, "A "), block_ops(c, 0, "B", j, lay, group, "B ")
@@ -162,21 +182,24 @@ def pair_ms(overlap: bool) -> float:
     return pair_trace(overlap).makespan * 1e3
 
 
-register(
+EXERCISES = (
     Exercise("10-dispatch-MiB", "One DeepSeek-V3 MoE block, 4096 tokens per GPU, ep 8 on one H800 node, balanced "
-             "routing: how many MiB does rank 0 send to the other 7 ranks in the forward dispatch all_to_all?",
+             "routing, the dispatch in FP8 as the paper does it (1 byte per value, plus one fp32 scale per 128 "
+             "values): how many MiB does rank 0 send to the other 7 ranks in the forward dispatch all_to_all?",
              "MiB", dispatch_MiB,
              traps=lambda: {dispatch_MiB(own=True): "that includes the copies for rank 0's own 32 experts: they "
                                                     "never leave the GPU (the all_to_all's diagonal is a local "
-                                                    "copy)"},
-             hint="each token goes to top_k = 8 experts: T·k copies of h = 7168 bf16 values; balanced, 1/ep of "
-                  "them stay on rank 0",
-             why="T·k·h·2·(ep-1)/ep = 392 MiB, eight times one token's activations, for every MoE block, twice "
-                 "forward (dispatch, combine) and twice backward: EP moves more bytes than the ring of section 3."),
+                                                    "copy)",
+                            dispatch_MiB(fp8=False): "that is the bf16 dispatch; in FP8 each value is one byte"},
+             hint="each token goes to top_k = 8 experts: T·k copies of h = 7168 values; balanced, 1/ep of them "
+                  "stay on rank 0",
+             why="T·k·(h + 4·h/128)·(ep-1)/ep bytes, about eight times one token's activations, for every MoE "
+                 "block; the combine sends the same copies back in BF16, twice the bytes, and the backward "
+                 "repeats both: EP moves more bytes than the ring of section 3."),
     Exercise("10-hot-share", "Same block, skew 1.0: expert e gets a share proportional to 1/(e+1) of the token "
              "copies, and the 256 experts are sharded contiguously, 32 per rank. What share (%) of all copies "
              "does the busiest rank, rank 0, receive?", "%", hot_share, abs_tolerance=1.0,
-             hint="H(32)/H(256) with H(n) = 1 + 1/2 + ... + 1/n ≈ ln n + 0.577",
+             hint="H(32)/H(E) for E experts, with H(n) = 1 + 1/2 + ... + 1/n ≈ ln n + 0.577",
              why="two thirds of the copies land on one rank of eight: 5.3x its fair share. Its grouped GEMM and "
                  "its ingress link take 5.3x as long, and everyone waits for it at the combine all_to_all."),
     Exercise("10-skew-step", "Still skew 1.0, ep 8 on one hgx-h800 node: how long (ms) does the simulator say "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 
 NODES_PER_LEAF = 2
@@ -145,7 +145,7 @@ def _faster(attribute: str) -> str:
     return "same" if abs(packed - spread) <= 1e-9 * packed else ("packed" if packed < spread else "spread")
 
 
-register(
+EXERCISES = (
     Exercise("14-leaf-uplink", "A leaf switch holds 2 DGX H100 nodes (8 NICs of 50 GB/s each) and is 2:1 "
              "oversubscribed. What bandwidth does its uplink to the spine carry?", "GB/s", leaf_uplink_GBps,
              hint="the NICs under the leaf, over the oversubscription", why="2 x 8 x 50 / 2."),

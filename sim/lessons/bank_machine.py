@@ -4,7 +4,7 @@ calibrate`, else the uncalibrated localhost-cpu preset), and checks it against t
 (``prediction=True``: check(ID, my_prediction, row=...) after the run; unanswered, it says what was measured)."""
 from __future__ import annotations
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 
 
 def _measured_busbw(row: dict) -> float:
@@ -17,7 +17,7 @@ def _measured_ms(row: dict) -> float:
     return row["measured_s"] * 1e3
 
 
-register(
+EXERCISES = (
     Exercise("02-your-busbw", "Before the bench, from lesson 04's fit or the localhost-cpu preset "
              "(fitted_cluster()): predict the busbw of a 4 MiB all_reduce on your 2 local ranks (pass row=... "
              "after the bench). Within 25%.", "GB/s", _measured_busbw, needs=("row",), tolerance=0.25,

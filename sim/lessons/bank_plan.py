@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.planner.layouts import Layout
 
@@ -72,21 +72,43 @@ def plan_405b_replica():
 
 
 # -- memory ----------------------------------------------------------------------------------------------------
+ACCUMULATED = "TP 8 x FSDP 8, 1 sequence at a time"
+
+
 def memory_layouts() -> list[tuple[str, Layout]]:
-    """A few layouts of the 70B question (64 GPUs, 256 sequences; without a pipeline each replica takes
-    256 / dp sequences at once: the builders do no gradient accumulation)."""
+    """A few layouts of the 70B question (64 GPUs, 256 sequences; without a pipeline each FSDP replica takes
+    256 / dp sequences at once: the planner's FSDP layouts have no gradient accumulation). ``ACCUMULATED`` is
+    not in the planner's search: TP 8 x FSDP 8 with one sequence per micro-batch, as gradient accumulation over
+    32 micro-batches would run it (FSDP2 reduce-scatters each micro-batch's gradients into the sharded ones, so
+    the memory is that of a one-sequence step)."""
     return [("DDP", Layout(1, 1, 64, "ddp", 4, 1, False, "full")),
             ("FSDP", Layout(1, 1, 64, "fsdp", 4, 1, False, "full")),
             ("TP 8 x FSDP 8", Layout(8, 1, 8, "fsdp", 32, 1, True, "selective")),
             ("TP 8 x FSDP 8, full recompute", Layout(8, 1, 8, "fsdp", 32, 1, True, "full")),
+            (ACCUMULATED, Layout(8, 1, 8, "fsdp", 1, 1, True, "selective")),
             ("PP 8 x TP 8", Layout(8, 8, 1, "ddp", 1, 256, True, "selective", "1f1b")),
             ("PP 8 x TP 4 x DDP 2", Layout(4, 8, 2, "ddp", 1, 128, True, "selective", "1f1b"))]
+
+
+def memory_label(name: str, L: Layout) -> str:
+    if name == ACCUMULATED:
+        return "tp 8 · dp 8 (fsdp) · mb 1 x 32 · sp · recompute selective · grad accumulation (not searched)"
+    return L.label()
+
+
+@lru_cache(maxsize=1)
+def estimator_70b():
+    """The planner's estimator for the 70B question (memory needs no search: sim/planner/step.py)."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.planner.step import Estimator
+    q = QUESTION_70B
+    return Estimator(q["model"], load_cluster(q["cluster"], q["nodes"]))
 
 
 def layout_memory(name: str) -> dict:
     """Bytes per GPU by part of one of :func:`memory_layouts`, as the planner counts them (sim/parallel/tp/memory.py)."""
     L = dict(memory_layouts())[name]
-    return plan_70b().estimator.memory(L)
+    return estimator_70b().memory(L)
 
 
 def model_state_GiB(name: str) -> float:
@@ -97,17 +119,19 @@ def model_state_GiB(name: str) -> float:
 
 def memory_table() -> Table:
     """Per layout: GiB per GPU by part, the total against the GPU and what is too big."""
-    s = plan_70b()
+    from distlab.sim.parallel.fsdp.memory import fits
+    est = estimator_70b()
+    gib = est.cluster.gpu.memory_GiB
     rows = []
     for name, L in memory_layouts():
-        m = s.estimator.memory(L)
+        m = est.memory(L)
         total = sum(m.values()) / 2**30
         big = max(m, key=m.get)
-        verdict = "fits" if total <= s.gpu_GiB else f"does not fit: {big} {m[big] / 2**30:.0f} GiB"
-        rows.append([name, L.label(), *(f"{m[k] / 2**30:.1f}" for k in ("params", "grads", "optimizer",
+        verdict = "fits" if fits(sum(m.values()), gib) else f"does not fit: {big} {m[big] / 2**30:.0f} GiB"
+        rows.append([name, memory_label(name, L), *(f"{m[k] / 2**30:.1f}" for k in ("params", "grads", "optimizer",
                                                                          "activations")), f"{total:.1f}", verdict])
     return Table(["layout", "in full", "params", "grads", "optimizer", "activations", "total GiB",
-                  f"on {s.gpu_GiB:g} GiB"], rows, "Llama 3 70B, 64 x H100, 256 sequences of 8192: GiB per GPU")
+                  f"on {gib:g} GiB"], rows, "Llama 3 70B, 64 x H100, 256 sequences of 8192: GiB per GPU")
 
 
 # -- the ranking, the figure, the explanation ---------------------------------------------------------------------
@@ -184,9 +208,16 @@ def best_pipeline(search):
 
 
 def bubble_formula(p: int, m: int) -> float:
-    """GPipe and 1F1B's idle fraction with equal stages and free p2p: (p - 1) / (m + p - 1) (Narayanan et al. 2021,
-    sec. 2.2.1, arXiv 2104.04473)."""
+    """GPipe and 1F1B's idle fraction of the whole step, equal stages and free p2p: (p-1) / (m+p-1). The bubble
+    is p-1 micro-batch slots of forward and backward; the step is m + p - 1 of them (GPipe, Huang et al. 2019,
+    arXiv 1811.06965, sec. 2.3, writes it O((K-1)/(M+K-1)))."""
     return (p - 1) / (m + p - 1)
+
+
+def bubble_over_ideal(p: int, m: int) -> float:
+    """The same bubble over the ideal time m·(t_f + t_b) instead of the step: (p-1)/m, the "bubble time
+    fraction" t_pb / t_id of Narayanan et al. 2021 (arXiv 2104.04473, sec. 2.2.1)."""
+    return (p - 1) / m
 
 
 def bubble_table(search) -> Table:
@@ -195,36 +226,21 @@ def bubble_table(search) -> Table:
     c = best_pipeline(search)
     t = c.estimate.terms
     pipe = c.estimate.step_s - t.get("dp_comm_exposed_s", 0.0)
-    rows = [["(p-1)/(m+p-1)", f"{bubble_formula(c.layout.pp, c.layout.microbatches):.2%}"],
-            ["planner: bubble and p2p / pipeline time", f"{t['bubble_and_p2p_s'] / pipe:.2%}"],
-            ["planner: bubble and p2p (s)", f"{t['bubble_and_p2p_s']:.2f}"]]
+    p, m, bubble = c.layout.pp, c.layout.microbatches, t["bubble_and_p2p_s"]
+    rows = [["(p-1)/(m+p-1): the bubble over the step", f"{bubble_formula(p, m):.2%}"],
+            ["planner: bubble and p2p over the pipeline's time", f"{bubble / pipe:.2%}"],
+            ["(p-1)/m: the bubble over the ideal time (Narayanan et al. sec. 2.2.1)", f"{bubble_over_ideal(p, m):.2%}"],
+            ["planner: bubble and p2p over the rest of the pipeline's time", f"{bubble / (pipe - bubble):.2%}"],
+            ["planner: bubble and p2p (s)", f"{bubble:.2f}"]]
     return Table(["", "value"], rows, c.layout.label())
 
 
-# -- the real run -------------------------------------------------------------------------------------------------
-def first_runnable(search, accepts) -> tuple[int, object, dict]:
-    """(rank from 1, candidate, scenario) of the best layout whose scenario ``accepts(scenario)`` takes (e.g. the
-    real runtime's own check). Mesh dimensions of size 1 other than tp are dropped (the same mesh)."""
-    q = search.question
-    for i, c in enumerate(search.ranked):
-        sc = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
-        sc["mesh"] = {k: v for k, v in sc["mesh"].items() if v > 1 or k == "tp"}
-        if accepts(sc):
-            return i + 1, c, sc
-    raise ValueError("no layout of the ranking is accepted")
-
-
-def real_run_table(candidate, report: dict) -> Table:
-    """The planner's estimate (preset cluster), the simulator on the cluster fitted in the same launch, and the
-    measured step (runtime/tp/validate.py ``validate_tp``'s report) side by side."""
-    step = report["rows"][0]
-    rows = [["step", f"{candidate.step_s * 1e3:.2f}", f"{step['predicted_s'] * 1e3:.2f}",
-             f"{step['measured_s'] * 1e3:.2f}", f"{step['predicted_s'] / step['measured_s'] - 1:+.0%}"]]
-    rows += [[r["what"], "-", f"{r['predicted_s'] * 1e3:.3f}", f"{r['measured_s'] * 1e3:.3f}",
-              f"{r['predicted_s'] / r['measured_s'] - 1:+.0%}"] for r in report["rows"][1:]]
-    return Table(["", "planner, preset cluster (ms)", "simulated, fitted cluster (ms)", "measured (ms)",
-                  "fitted vs measured"], rows, f"{candidate.layout.label()} on 2 real gloo ranks "
-                                                f"(collective sequence as planned: {report['sequence_match']})")
+def meta_middle_layers(layers: int = 126, pp: int = 16) -> int:
+    """Layers per middle stage when the first and last stages hold one fewer (arXiv 2407.21783 sec. 3.3.2)."""
+    middle = (layers + 2) // pp
+    if (pp - 2) * middle + 2 * (middle - 1) != layers:
+        raise ValueError(f"{layers} layers do not split so over {pp} stages")
+    return middle
 
 
 def table4() -> Table:
@@ -232,7 +248,7 @@ def table4() -> Table:
     return Table(t["columns"], [[f"{v:,}" if isinstance(v, int) else v for v in r] for r in t["rows"]], t["source"])
 
 
-register(
+EXERCISES = (
     Exercise("11-ddp-state", "Llama 3 70B (70.6B parameters, bf16) under plain DDP: each GPU holds the whole model. "
              "Params + grads + AdamW state per GPU, in GiB?", "GiB", lambda: model_state_GiB("DDP"),
              tolerance=0.02, hint="bf16 params and grads (2 + 2 bytes) and AdamW's fp32 master, m and v "
@@ -254,12 +270,15 @@ register(
              "micro-batches per step, the bubble fraction (p-1)/(m+p-1), in %?", "%",
              lambda: 100 * bubble_formula(best_pipeline(plan_70b()).layout.pp,
                                           best_pipeline(plan_70b()).layout.microbatches),
-             tolerance=0.02, abs_tolerance=0.1, hint="p and m are in its label: pp p, mb b x m",
-             why="with m >> p the bubble is small; the planner's term adds p2p and unequal stages."),
-    Exercise("11-meta-replica", "Llama 3 405B's first layout (Table 4: TP 8, CP 1, PP 16, DP 64 on 8,192 GPUs): "
-             "how many GPUs hold one data-parallel replica of the model?", "count",
-             lambda: LLAMA3_405B_TABLE4["rows"][0][1] * LLAMA3_405B_TABLE4["rows"][0][2]
-             * LLAMA3_405B_TABLE4["rows"][0][3], tolerance=0,
-             hint="a replica is one TP x CP x PP block; DP counts the replicas",
-             why="8,192 / 64: 16 nodes of 8, one pipeline of 16 stages of one node each."),
+             tolerance=0.02, abs_tolerance=0.1,
+             hint="p and m are in its label: pp p, mb b x m; the bubble is p-1 slots of a step of m+p-1",
+             why="with m >> p the bubble is small; the planner's term adds p2p and unequal stages. Narayanan et "
+                 "al. divide the same bubble by the ideal time instead, (p-1)/m: a little larger."),
+    Exercise("11-meta-stage-layers", "Llama 3 405B has 126 layers on PP 16 (Table 4). To balance the pipeline, "
+             "Meta \"reduce[s] one Transformer layer each from the first and the last stages\" (sec. 3.3.2), "
+             "which also hold the embedding and the head. How many layers does each of the 14 middle stages "
+             "hold?", "count", lambda: meta_middle_layers(), tolerance=0,
+             hint="14 stages of x layers and 2 of x - 1 hold all 126",
+             why="16 x 8 = 128 = 126 + 2: the middle stages hold 8, the first and last 7, where an even split "
+                 "would need 7.875 layers per stage. The planner's even splits cannot express this."),
 )

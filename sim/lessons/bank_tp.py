@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt, preset
@@ -32,56 +32,98 @@ def placements_table(model=LESSON_MODEL, tp: int = 2, layers: tuple[str, ...] = 
                  f"{model.name}: parameters under torchtitan's plan")
 
 
-def collective_counts(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True) -> dict:
-    """{(phase, kind, bytes of one call): calls} of one rank's step (sim/parallel/tp/plan.py)."""
+# The three plans of the lesson (sim/lessons/tp_diagram.py draws them): TPOptions keywords.
+PLANS = ({"sequence_parallel": False}, {"sequence_parallel": False, "prepare_input": True},
+         {"sequence_parallel": True})
+
+
+def sequence(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True, prepare_input: bool = False) -> list:
+    """(kind, bytes, dtype, group, phase) of each collective of rank 0's step (sim/parallel/tp/plan.py)."""
+    return collective_sequence(tp_plan(model, Mesh({"tp": tp}), TPOptions(sequence_parallel=sequence_parallel,
+                                                                          prepare_input=prepare_input)))
+
+
+def collective_counts(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True,
+                      prepare_input: bool = False) -> dict:
+    """{(phase, kind, bytes of one call): calls} of one rank's step."""
     out: dict = {}
-    for kind, nbytes, _, _, phase in collective_sequence(tp_plan(model, Mesh({"tp": tp}),
-                                                                 TPOptions(sequence_parallel=sequence_parallel))):
+    for kind, nbytes, _, _, phase in sequence(model, tp, sequence_parallel, prepare_input):
         out[(phase, kind, nbytes)] = out.get((phase, kind, nbytes), 0) + 1
     return out
 
 
-def kind_counts(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True) -> dict:
+def kind_counts(model=LESSON_MODEL, tp: int = 2, sequence_parallel: bool = True, prepare_input: bool = False) -> dict:
     """{kind: calls} of one rank's step."""
     out: dict = {}
-    for (_, kind, _), n in collective_counts(model, tp, sequence_parallel).items():
+    for (_, kind, _), n in collective_counts(model, tp, sequence_parallel, prepare_input).items():
         out[kind] = out.get(kind, 0) + n
     return out
 
 
-def per_block(model, tp: int, sequence_parallel: bool, phase: str, kind: str) -> int:
+def per_block(model, tp: int, sequence_parallel: bool, phase: str, kind: str, prepare_input: bool = False) -> int:
     """Collectives of ``kind`` in ``phase`` per transformer block: the plan's count for ``model`` less that for
     the same model with one block fewer."""
     c = {k: v for k, v in model.config.items() if k in ("hidden", "heads", "kv_heads", "seq_len", "vocab",
                                                          "micro_batch", "dtype", "arch", "ffn_hidden")}
     n = model.config["layers"]
-    count = [sum(v for (ph, kd, _), v in collective_counts(gpt(layers=k, **c), tp, sequence_parallel).items()
+    count = [sum(v for (ph, kd, _), v in collective_counts(gpt(layers=k, **c), tp, sequence_parallel,
+                                                           prepare_input).items()
                  if (ph, kd) == (phase, kind)) for k in (n - 1, n)]
     return count[1] - count[0]
 
 
-def collectives_table(model=LESSON_MODEL, tp: int = 2) -> Table:
-    """Per phase, kind and size, the calls of one rank's step, plain TP beside TP + SP."""
-    plain, sp = collective_counts(model, tp, False), collective_counts(model, tp, True)
-    rows = [[ph, kind, f"{b} B", plain.get((ph, kind, b), "-"), sp.get((ph, kind, b), "-")]
-            for ph, kind, b in sorted(set(plain) | set(sp))]
-    return Table(["phase", "collective", "bytes per call", "plain TP", "TP + SP"], rows,
+def plan_label(options: dict) -> str:
+    from distlab.sim.lessons.tp_diagram import plan_name
+    return plan_name(options["sequence_parallel"], options.get("prepare_input", False))
+
+
+def collectives_table(model=LESSON_MODEL, tp: int = 2, plans=PLANS[:2]) -> Table:
+    """Per phase, kind and size, the calls of one rank's step under each of ``plans`` (TPOptions keywords)."""
+    counts = [collective_counts(model, tp, **o) for o in plans]
+    rows = [[ph, kind, f"{b} B", *(c.get((ph, kind, b), "-") for c in counts)]
+            for ph, kind, b in sorted(set().union(*counts))]
+    return Table(["phase", "collective", "bytes per call", *(plan_label(o) for o in plans)], rows,
                  f"{model.name}, tp {tp}: one rank's step (calls)")
 
 
+def wire_bytes(kind: str, nbytes: int, n: int) -> float:
+    """Bytes one rank sends for a ring collective of ``nbytes`` (nccl-tests' size: the all_reduce buffer, the
+    all_gather output, the reduce_scatter input) on ``n`` ranks (sim/collectives ring_cost's factor)."""
+    from distlab.sim.collectives import ring_cost
+    return ring_cost(kind, n)[1] * nbytes
+
+
+def bytes_table(model=LESSON_MODEL, tp: int = 2, plans=PLANS) -> Table:
+    """Per plan and kind: the buffers' bytes (what a collective is called with) and the bytes one rank sends on a
+    ring: an all_reduce sends 2(n-1)/n of its buffer, an all_gather or reduce_scatter (n-1)/n. (No call counts:
+    lesson 09 asks for them later.)"""
+    rows = []
+    for o in plans:
+        totals: dict = {}
+        for (_, kind, b), n in collective_counts(model, tp, **o).items():
+            buf, wire = totals.get(kind, (0, 0.0))
+            totals[kind] = (buf + n * b, wire + n * wire_bytes(kind, b, tp))
+        for kind, (buf, wire) in sorted(totals.items()):
+            rows.append([plan_label(o), kind, f"{buf / 1024:.1f}", f"{wire / 1024:.1f}"])
+        rows.append([plan_label(o), "all", f"{sum(t[0] for t in totals.values()) / 1024:.1f}",
+                     f"{sum(t[1] for t in totals.values()) / 1024:.1f}"])
+    return Table(["plan", "collective", "buffers KiB", "sent per rank KiB"], rows,
+                 f"{model.name}, tp {tp}: one rank's step")
+
+
 def plot_tp_bytes(model=LESSON_MODEL, tp: int = 2) -> Figure:
-    """Bytes each kind of collective moves in one step, plain TP against TP + SP."""
+    """Bytes one rank sends in one step per kind of collective (ring: sim/collectives), plain TP against TP + SP."""
     labels, values = [], []
     for sp, tag in ((False, "TP"), (True, "TP+SP")):
         totals: dict = {}
         for (_, kind, b), n in collective_counts(model, tp, sp).items():
-            totals[kind] = totals.get(kind, 0) + n * b
+            totals[kind] = totals.get(kind, 0) + n * wire_bytes(kind, b, tp)
         for kind, b in sorted(totals.items()):
             labels.append(f"{tag}\n{kind}")
             values.append(b / 1024)
     f = Figure(7.5, 3.8)
     f.ax.bar(labels, values, color=["#e6550d" if "SP" in lab else "#3182bd" for lab in labels])
-    f.ax.set_ylabel("KiB per rank and step")
+    f.ax.set_ylabel("KiB sent per rank and step (ring)")
     f.ax.set_title(f"{model.name}, tp {tp}: all-reduces become reduce-scatters + all-gathers")
     return f
 
@@ -91,12 +133,11 @@ def commdebug_table(real: dict, model=LESSON_MODEL) -> Table:
     count, and whether the captured sequence (kind, bytes, dtype, group, phase) equals the plan's."""
     rows = []
     for v in real["variants"]:
-        sp = v["sequence_parallel"]
-        want = kind_counts(model, real["world_size"], sp)
-        plan = collective_sequence(tp_plan(model, Mesh({"tp": real["world_size"]}),
-                                           TPOptions(sequence_parallel=sp)))
+        o = {"sequence_parallel": v["sequence_parallel"], "prepare_input": v.get("prepare_input", False)}
+        want = kind_counts(model, real["world_size"], **o)
+        plan = sequence(model, real["world_size"], **o)
         for kind in sorted(set(want) | set(v["comm_debug"])):
-            rows.append(["TP + SP" if sp else "plain TP", kind, want.get(kind, 0), v["comm_debug"].get(kind, 0),
+            rows.append([plan_label(o), kind, want.get(kind, 0), v["comm_debug"].get(kind, 0),
                          "yes" if [tuple(c) for c in v["sequence"]] == plan else "NO"])
     return Table(["plan", "collective", "simulated calls", "CommDebugMode calls", "same sequence, bytes, dtypes"],
                  rows, f"one training step on {real['world_size']} real gloo ranks")
@@ -110,15 +151,22 @@ def mesh_table(dims: dict) -> Table:
     return Table(["rank", "coordinates", *(f"{d} group" for d in dims)], rows, f"mesh {dims}")
 
 
-def activation_table(name: str = "llama3-8b", seq_len: int = 8192, tp: int = 8) -> Table:
-    """One layer's activation memory (Korthikanti et al. 2022 Table 2) with bf16 activations, b = 1."""
-    c = preset(name).config
+# Korthikanti et al. 2022 (arXiv 2205.05198) count a GPT layer: GeLU MLP of 4h, multi-head attention whose s x s
+# scores, softmax output and dropout mask are stored, dropout after attention and MLP. Their Table 3 runs GPT-3
+# 175B: 96 heads, hidden 12288, 96 layers, sequence 2048 (Brown et al. 2020, arXiv 2005.14165, Table 2.1).
+GPT3_175B = {"name": "GPT-3 175B", "hidden": 12288, "heads": 96, "seq_len": 2048}
+
+
+def activation_table(shape: dict = GPT3_175B, tp: int = 8) -> Table:
+    """One GPT layer's activation memory (Korthikanti et al. 2022 Table 2) with 16-bit activations, b = 1."""
     rows = []
     for what, t, sp, rc in (("no parallelism", 1, False, "none"), ("TP", tp, False, "none"),
                             ("TP + SP", tp, True, "none"), ("TP + SP + selective", tp, True, "selective")):
-        b = activation_bytes_per_layer(seq_len, 1, c["hidden"], c["heads"], t, sp, rc)
+        b = activation_bytes_per_layer(shape["seq_len"], 1, shape["hidden"], shape["heads"], t, sp, rc)
         rows.append([what, t, f"{b / 2**30:.3f} GiB"])
-    return Table(["layout", "tp", "per layer"], rows, f"{name}, s = {seq_len}, b = 1: activations kept for backward")
+    return Table(["layout", "tp", "per layer"], rows,
+                 f"{shape['name']}, s = {shape['seq_len']}, b = 1: activations kept for backward "
+                 "(Korthikanti et al. 2022, Table 2)")
 
 
 def _k_shard_MiB() -> float:
@@ -127,42 +175,61 @@ def _k_shard_MiB() -> float:
 
 
 def _sp_layer_GiB() -> float:
-    c = preset("llama3-8b").config
-    return activation_bytes_per_layer(8192, 1, c["hidden"], c["heads"], 8, True, "none") / 2**30
+    g = GPT3_175B
+    return activation_bytes_per_layer(g["seq_len"], 1, g["hidden"], g["heads"], 8, True, "none") / 2**30
 
 
-register(
+def dp_shard_nodes(dims: dict, gpus_per_node: int = 8, rank: int = 0) -> int:
+    """Nodes the ranks of ``rank``'s dp_shard group sit on (row-major mesh, ranks numbered node by node)."""
+    return len({r // gpus_per_node for r in Mesh(dims).group_of(rank, "dp_shard")})
+
+
+EXERCISES = (
     Exercise("09-k-shard", "Llama 3 8B's k projection maps 4096 features to 8 KV heads x 128 = 1024; "
              "ColwiseParallel shards its weight (1024 x 4096) with Shard(0) over tp 8. One rank's shard in bf16, "
              "in MiB?", "MiB", _k_shard_MiB, tolerance=0.01,
              hint="Shard(0) splits the output features (rows): 1024 / 8 rows of 4096, 2 bytes each",
-             why="128 x 4096 x 2 B = 1 MiB: each rank holds one KV head's projection."),
+             why="128 x 4096 x 2 B: each rank holds one KV head's projection."),
     Exercise("09-fwd-allreduce", "Plain (Megatron) TP, forward: how many all-reduces does one transformer block "
              "issue?", "count", lambda: per_block(LESSON_MODEL, 2, False, "forward", "all_reduce"), tolerance=0,
              hint="a column-parallel linear needs no communication; a row-parallel one leaves partial sums",
              why="one after attention's o (row-parallel) and one after the MLP's down: Megatron's g operator."),
-    Exercise("09-bwd-allreduce", "Same plain TP, backward, with separate q, k, v and a SwiGLU MLP (gate, up): "
-             "how many all-reduces per block does torch issue?", "count",
-             lambda: per_block(LESSON_MODEL, 2, False, "backward", "all_reduce"), tolerance=0,
-             hint="Megatron's f operator all-reduces the input gradient once per column-parallel input; here "
-                  "every ColwiseParallel module converts its own input",
-             why="5: ColwiseParallel makes its input Replicate with its own from_local, whose backward all-reduces "
-                 "the partial gradient: q, k, v, gate and up each (torch/distributed/tensor/parallel/style.py). "
-                 "Megatron's fused qkv and fc1 give 2."),
-    Exercise("09-sp-memory", "Llama 3 8B, s = 8192, b = 1, bf16, tp 8 with sequence parallelism, no "
-             "recomputation: activation memory one layer keeps for backward, in GiB (Korthikanti et al. 2022, "
-             "Table 2)?", "GiB", _sp_layer_GiB, tolerance=0.02,
+    Exercise("09-bwd-allreduce", "Same plain TP, backward, with separate q, k, v and a SwiGLU MLP (gate, up), each "
+             "given its own ColwiseParallel() and nothing else: how many all-reduces per block does torch issue?",
+             "count", lambda: per_block(LESSON_MODEL, 2, False, "backward", "all_reduce"), tolerance=0,
+             hint="the input gradient of a column-parallel linear is a partial sum; ask who turns the plain-tensor "
+                  "input into a DTensor, and how often",
+             why="ColwiseParallel makes its plain-tensor input Replicate with its own from_local, whose backward "
+                 "(_FromTorchTensor.backward, torch/distributed/tensor/_api.py) all-reduces the partial gradient: "
+                 "q, k, v, gate and up, each on its own (torch/distributed/tensor/parallel/style.py)."),
+    Exercise("09-bwd-prepared", "The same plain TP, but attention and the MLP are each wrapped in "
+             "PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Replicate(), "
+             "use_local_output=False), as torchtitan's apply_tp wraps them: how many all-reduces per block "
+             "backward?", "count",
+             lambda: per_block(LESSON_MODEL, 2, False, "backward", "all_reduce", prepare_input=True), tolerance=0,
+             hint="q, k and v now receive one DTensor, not plain tensors: their Partial input gradients add up on "
+                  "it before anything is redistributed",
+             why="one per part: the wrapper's from_local is the only conversion, and its backward all-reduces the "
+                 "sum of the linears' gradients once. That is Megatron's f operator; the count is a property of "
+                 "the plan, not of parallelize_module."),
+    Exercise("09-sp-memory", "GPT-3 175B (hidden 12288, 96 heads), s = 2048, b = 1, 16-bit activations, tp 8 with "
+             "sequence parallelism, no recomputation: activation memory one layer keeps for backward, in GiB "
+             "(Korthikanti et al. 2022, Table 2)?", "GiB", _sp_layer_GiB, tolerance=0.02,
              hint="s·b·h·(34/t + 5·a·s/(h·t)) bytes for 16-bit activations",
-             why="the 5·a·s/h attention term dominates at s = 8192; selective recomputation drops it."),
+             why="the 5·a·s/h term (the stored s x s scores, softmax and dropout mask) is twice the rest here; "
+                 "selective recomputation drops it, and FlashAttention never stores it."),
     Exercise("09-step-calls", "The lesson's 2-block model, TP + SP on 2 ranks, one training step with AdamW: how "
              "many collectives does each rank issue in all (forward, backward and optimizer)?", "count",
-             lambda: len(collective_sequence(tp_plan(LESSON_MODEL, Mesh({"tp": 2}), TPOptions()))), tolerance=0,
-             hint="per block 2 all-gathers and 2 reduce-scatters each way, the embedding and head, and the norms' "
-                  "Partial gradients: AdamW reads each gradient 3 times",
+             lambda: len(sequence(LESSON_MODEL, 2, True)), tolerance=0,
+             hint="per block an all-gather and a reduce-scatter around attention and around the MLP, each way; "
+                  "the embedding and the head; and the norms: a SequenceParallel norm's weight gradient is "
+                  "Partial, and AdamW reads each gradient 3 times",
              why="the optimizer adds 3 all-reduces per norm parameter: a SequenceParallel norm's gradient is "
                  "Partial(sum), and every read of a Partial DTensor all-reduces it."),
-    Exercise("09-tp-peer", "A 2 x 2 mesh with dimensions (dp_shard, tp), ranks laid out row-major: which rank "
-             "shares rank 3's tp group?", "count", lambda: [r for r in Mesh({"dp_shard": 2, "tp": 2}).group_of(3, "tp")
-                                                             if r != 3][0], tolerance=0,
-             hint="the last dimension varies fastest", why="coordinates (1, 1): its tp group is (2, 3)."),
+    Exercise("09-dp-nodes", "64 GPUs on 8-GPU nodes (ranks numbered node by node), mesh (dp_shard 8, tp 8) laid "
+             "out row-major: over how many different nodes are the ranks of one dp_shard group spread?", "count",
+             lambda: dp_shard_nodes({"dp_shard": 8, "tp": 8}), tolerance=0,
+             hint="the last mesh dimension varies fastest: a tp group is 8 consecutive ranks",
+             why="one rank per node: rank 0's dp_shard group is 0, 8, 16, ..., 56. TP's per-layer collectives stay "
+                 "on NVLink; FSDP's all-gathers and reduce-scatters cross the network, once per unit."),
 )

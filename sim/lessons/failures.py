@@ -18,7 +18,7 @@ fabric "supports a sustainable throughput of 2 TB/s and a peak throughput of 7 T
 from __future__ import annotations
 
 from distlab.sim import resilience
-from distlab.sim.lessons.exercises import Exercise, register
+from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
 
 LLAMA3 = {"days": 54, "gpus": 16384, "interruptions": 466, "planned": 47, "unexpected": 419,
@@ -33,6 +33,18 @@ LLAMA3_TABLE5 = (
     ("GPU Thermal Interface + Sensor", "GPU", 6, 1.4), ("SSD", "Host", 3, 0.7), ("Power Supply", "Host", 3, 0.7),
     ("Server Chassis", "Host", 2, 0.5), ("IO Expansion Board", "Host", 2, 0.5), ("Dependency", "Dependency", 2, 0.5),
     ("CPU", "Host", 2, 0.5), ("System Memory", "Host", 2, 0.5))
+
+
+# The lesson's elastic run (runtime/elastic.py TrainSpec): 10 steps, a DCP checkpoint every 4, rank 1 killed as
+# step 7 begins, one restart allowed.
+ELASTIC = {"steps": 10, "checkpoint_every": 4, "kill_rank": 1, "kill_step": 7}
+
+
+def lost_steps(checkpoint_every: int, kill_step: int) -> int:
+    """Completed steps a restart runs again: those after the last checkpoint before step ``kill_step`` began
+    (runtime/elastic.py summarize's ``lost_steps``)."""
+    last = (kill_step - 1) // checkpoint_every * checkpoint_every if checkpoint_every else 0
+    return kill_step - 1 - last
 
 
 def llama3_mtbf_s() -> float:
@@ -99,7 +111,7 @@ def plot_goodput(curve: resilience.GoodputCurve, unit: str = "min", title: str |
     return f
 
 
-register(
+EXERCISES = (
     Exercise("12-mtbf", "Llama 3 405B: 419 unexpected interruptions in a 54-day snapshot. What is the job's mean "
              "time between failures, in minutes?", "min", lambda: llama3_mtbf_s() / 60, tolerance=0.02,
              hint="54 days in minutes, divided by the number of failures",
@@ -115,16 +127,20 @@ register(
              hint="the ranks could write 32.8 TB/s together; what does the storage take?",
              why="min(16,384 x 2 GB/s, 2 TB/s) = 2 TB/s: 5.67 TB / 2 TB/s = 2.8 s. The storage, not the ranks, "
                  "is the limit at this scale."),
-    Exercise("12-resume", "Checkpoints every 2 steps, a rank is killed as step 5 (of 10) begins, torchrun "
-             "--max-restarts 1: from which step's checkpoint does the restarted group resume?", "count",
-             lambda: 4, tolerance=0, hint="the last checkpoint completed before the failure",
-             why="steps 2 and 4 were saved; step 5 is run again from the state after step 4."),
+    Exercise("12-lost-steps", f"Checkpoints every {ELASTIC['checkpoint_every']} steps, a rank is killed as step "
+             f"{ELASTIC['kill_step']} (of {ELASTIC['steps']}) begins, torchrun --max-restarts 1: how many steps that "
+             "had completed does the restarted group run a second time?", "count",
+             lambda: lost_steps(ELASTIC["checkpoint_every"], ELASTIC["kill_step"]), tolerance=0,
+             hint="the group resumes from the last checkpoint completed before the failure; every step after it "
+                  "is lost, the one that was starting is not a completed step",
+             why="the work since the last checkpoint is thrown away: on average half an interval per failure, "
+                 "which is what Young's formula below trades against the cost of checkpointing more often."),
     Exercise("12-young", "Checkpoint cost 120 s, job MTBF 3 hours: Young's optimal checkpoint interval, in "
              "minutes?", "min", lambda: resilience.young_interval(120.0, 3 * 3600.0) / 60, tolerance=0.02,
              hint="sqrt(2 x checkpoint cost x MTBF), in seconds first",
              why="sqrt(2 x 120 x 10,800) = 1,610 s = 26.8 min (Daly's higher-order estimate: 25.5 min)."),
-    Exercise("12-goodput", "Same job (checkpoint 120 s, MTBF 3 h, restart 10 min), checkpointing every 26.8 "
-             "minutes: what fraction of the wall time is useful work, in %?", "%",
+    Exercise("12-goodput", "Same job (checkpoint 120 s, MTBF 3 h, restart 10 min), checkpointing at Young's "
+             "interval (the previous exercise): what fraction of the wall time is useful work, in %?", "%",
              lambda: 100 * resilience.expected_goodput(resilience.young_interval(120.0, 10800.0), 120.0, 10800.0,
                                                        600.0), tolerance=0.01, abs_tolerance=0.5,
              hint="roughly 1 - delta/tau - tau/(2M) - R/M: checkpoints, lost work, restarts",

@@ -14,6 +14,12 @@ input), except inside a DualPipe OVERLAP_F_B pair (sim/parallel/pipeline/dualpip
 reduced over the data-parallel ranks (ZeRO-1: reduce_scatter, then all_gather of the updated shards after the
 optimizer; else all_reduce), non-expert ones over dp x ep, expert ones over dp; AdamW on the local shard.
 
+``fp8_dispatch`` (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.3 "Low-Precision Communication"): the activations are
+quantized to FP8 before the dispatch, and so is the activation gradient before the down-projections (the
+combine's adjoint, which travels the dispatch's way); "for both the forward and backward combine components,
+we retain them in BF16". Each FP8 row carries one fp32 scale per 128 values (sec. 3.3.2, fine-grained
+quantization: 1 x 128 tiles for activations): h + 4·ceil(h/128) bytes per token copy instead of h·e.
+
 Compute per rank (roofline of FLOPs and bytes, the GPU spec): attention, router, shared and dense FFN as in
 sim/parallel/ep/model.py (the same on every rank); the grouped GEMM of rank j: 2·R_j·3·h·f FLOPs forward for the R_j
 copies it received, reading its E/ep experts' weights; backward 2 x forward. The slowest expert rank holds
@@ -34,6 +40,7 @@ from distlab.sim.workloads.base import option
 
 ADAM_BYTES, ADAM_FLOPS = 28, 12      # per element: as sim/parallel/tp/plan.py
 COUNT_BYTES = 8                      # torch.int64 token counts
+FP8_TILE, FP8_SCALE_BYTES = 128, 4   # DeepSeek-V3 sec. 3.3.2: one fp32 scale per 1 x 128 activation tile
 
 
 @dataclass
@@ -53,6 +60,9 @@ class EPOptions:
                            flag="--ep-overlap")
     split: list[int] | None = option(None, "blocks per pipeline stage (with pp), stage order; none = even",
                                         flag="--ep-split")
+    fp8_dispatch: bool = option(False, "DeepSeek-V3's FP8 dispatch: the dispatch all_to_all and its backward twin "
+                                       "carry float8 values with an fp32 scale per 128; the combine stays in the "
+                                       "model dtype", flag="--ep-fp8-dispatch")
 
     def validate(self, where: str = "ep") -> "EPOptions":
         if not (isinstance(self.skew, (int, float)) and 0 <= self.skew <= 8):
@@ -87,8 +97,10 @@ class Layout:
         self.counts = routing(c.tokens, c.top_k, c.experts, ep, opts.skew, c.capacity_factor, nodes, opts.node_limit)
         self.tokens = token_matrix(self.counts, ep)
         row = c.hidden * DTYPE_BYTES[c.dtype]
-        self.dispatch = tuple(tuple(n * row for n in r) for r in self.tokens)
-        self.combine = tuple(zip(*self.dispatch))
+        self.dispatch_dtype = "float8_e4m3fn" if opts.fp8_dispatch else c.dtype
+        out_row = c.hidden + FP8_SCALE_BYTES * -(-c.hidden // FP8_TILE) if opts.fp8_dispatch else row
+        self.dispatch = tuple(tuple(n * out_row for n in r) for r in self.tokens)
+        self.combine = tuple(tuple(self.tokens[i][j] * row for i in range(ep)) for j in range(ep))
         self.received = [sum(r[j] for r in self.tokens) for j in range(ep)]
         even = c.experts * COUNT_BYTES // ep            # the int64 token counts: E/ep of them to each peer
         self.count_splits = tuple(tuple(even for _ in range(ep)) for _ in range(ep))
@@ -105,7 +117,8 @@ class Layout:
 
 def a2a(splits, group, dtype: str, name: str, lay: "Layout") -> Collective:
     """An ep all_to_all of one of ``lay``'s split matrices; bytes = its largest row sum."""
-    return Collective("all_to_all", lay.largest[id(splits)], dtype, group, name=name, stream="ep", splits=splits)
+    return Collective("all_to_all", lay.largest[id(splits)], dtype, group, name=name, stream="ep", splits=splits,
+                      group_name="ep")        # the ep mesh dim's group: with dp 1 the dense grads' ranks too
 
 
 def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group: tuple, tag: str = "") -> list:
@@ -131,10 +144,10 @@ def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group
         middle = [experts]
     elif kind == "F":
         middle = [a2a(lay.count_splits, group, "int64", f"ep all_to_all {name} counts fwd", lay),
-                  a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} dispatch fwd", lay), experts,
+                  a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} dispatch fwd", lay), experts,
                   a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} combine fwd", lay)]
     else:
-        middle = [a2a(lay.dispatch, group, c.dtype, f"ep all_to_all {name} combine bwd", lay), experts,
+        middle = [a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} combine bwd", lay), experts,
                   a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} dispatch bwd", lay)]
     return [front] + middle + shared if kind == "F" else shared + middle + [front]
 

@@ -17,6 +17,9 @@ Plain TP, forward: all_reduce(X) after the embedding and after every o and down 
 logits. Backward: every ColwiseParallel input is its own ``from_local(Replicate)`` whose adjoint all-reduces the
 Partial input gradient: one all_reduce(X) per column-parallel linear (q, k, v: 3; fused qkv: 1; gate, up: 2;
 fc: 1; lm_head: 1); the embedding's is free. Norm parameters are plain tensors: no optimizer collectives.
+With ``prepare_input`` (torchtitan's wrapping of attention and feed_forward in PrepareModuleInput, here with
+Replicate -> Replicate and use_local_output=False) each part's input is one DTensor that q, k, v (gate, up) all
+read: backward sums their Partial gradients into it and all-reduces once per part, Megatron's f: 2 per block.
 
 Compute per rank (Megatron-LM, Narayanan et al. 2021, arXiv 2104.04473): the linears' FLOPs and attention's
 4·b·s²·h divide by t; the head's 2·b·s·h·V by t; backward = 2 x forward; recompute adds the forward (full) or
@@ -59,6 +62,8 @@ DTENSOR_OPS = {True: {"block fwd": 42, "block bwd": 102, "embed fwd": 1, "embed 
                       "head bwd": 27},
                False: {"block fwd": 28, "block bwd": 63, "embed fwd": 1, "embed bwd": 2, "head fwd": 4,
                        "head bwd": 9}}
+# plain TP with prepare_input: the linears' backward runs on the DTensor input (3 more ops per block)
+DTENSOR_OPS["prepare_input"] = {**DTENSOR_OPS[False], "block bwd": 66}
 ADAMW_DTENSOR_OPS = 8
 
 
@@ -69,7 +74,12 @@ class TPOptions:
                                            "plan); false: plain Megatron TP with all-reduces")
     loss_parallel: bool = option(False, "keep the logits sharded on the vocabulary and compute the loss in "
                                         "parallel (torch's loss_parallel)")
-    recompute: str = option("none", "activation recomputation for the memory report and backward compute",
+    prepare_input: bool = option(False, "plain TP: give attention and the MLP one DTensor input each "
+                                        "(PrepareModuleInput, use_local_output=False, as torchtitan wraps them): "
+                                        "one backward all-reduce per part instead of one per column-parallel linear",
+                                 flag="--tp-prepare-input")
+    recompute: str = option("none", "activation recomputation for the memory report and backward compute "
+                                    "(without a tp section: the model's, for every parallelism)",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/parallel/tp/pipeline.py)",
                            choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
@@ -77,6 +87,9 @@ class TPOptions:
     virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)", flag="--tp-virtual-stages")
     split: list[int] | None = option(None, "transformer blocks per pipeline stage, pp x virtual_stages numbers "
                                            "(none = even)", flag="--tp-split")
+    comm_overlap: bool = option(False, "Megatron-LM's TP communication overlap (async TP): all-gathers and "
+                                       "reduce-scatters as P2P ring steps pipelined with the GEMMs (sequence "
+                                       "parallel only; sim/parallel/tp/overlap.py)", flag="--tp-comm-overlap")
 
     def validate(self, where: str = "tp") -> "TPOptions":
         for key in ("microbatches", "virtual_stages"):
@@ -155,15 +168,19 @@ def backward_gemms(gemms: tuple) -> tuple:
     return tuple(g for M, N, K in gemms for g in ((M, K, N), (K, N, M)))
 
 
-def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp") -> Plan:
+def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp", make_segments=None) -> Plan:
     """The plan of one step (forward, backward, AdamW) on ``mesh`` (dimension ``tp``; other dimensions hold
-    replicas that this builder does not synchronize)."""
+    replicas that this builder does not synchronize). ``make_segments(model, opts, program, rank)``: each rank's
+    segments (sim/parallel/layers.py ``segments``: Megatron's overlap with ``comm_overlap``); default Segments."""
+    if opts.comm_overlap and make_segments is None:
+        raise ConfigError("comm_overlap: build it with sim/parallel/parallelize.py (it chooses the overlapped "
+                          "segments)", f"{where}.comm_overlap")
     if "tp" not in mesh:
         raise ConfigError(f"the tp section needs mesh dimension 'tp'; this mesh has {', '.join(mesh.names)}",
                           f"{where}: mesh")
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", opts.sequence_parallel)
-    progs = [_program(model, mesh.group_of(r, "tp"), opts) for r in range(mesh.world_size)]
+    progs = [_program(model, mesh.group_of(r, "tp"), opts, r, make_segments) for r in range(mesh.world_size)]
     local = sum(_numel(local_shape(p, tp)) for p in model.params)
     meta = {"builder": "tp", "model": model.name, "tp": tp, "sequence_parallel": opts.sequence_parallel,
             "loss_parallel": opts.loss_parallel, "recompute": opts.recompute, "local_params": local}
@@ -178,9 +195,9 @@ def _numel(shape) -> int:
     return n
 
 
-def _program(model, group: tuple, o: TPOptions) -> _Program:
+def _program(model, group: tuple, o: TPOptions, rank: int | None = None, make_segments=None) -> _Program:
     p = _Program(group, model.config["dtype"])
-    seg = Segments(model, o, p)
+    seg = (make_segments or (lambda m, o, p, r: Segments(m, o, p)))(model, o, p, group[0] if rank is None else rank)
     for layer in model.layers:
         seg.forward(layer.name)
     for layer in reversed(model.layers):
@@ -205,7 +222,7 @@ class Segments:
         self.norm = 2 * self.k["X"] / (tp if sp else 1)     # a norm reads and writes the (sharded) stream
         self.redo_attn = {"none": 0.0, "selective": self.k["core_flops"], "full": self.k["attn_flops"]}[o.recompute]
         self.redo_mlp = self.k["mlp_flops"] if o.recompute == "full" else 0.0
-        self.dt = DTENSOR_OPS[sp]
+        self.dt = DTENSOR_OPS["prepare_input" if o.prepare_input and not sp else sp]
 
     def forward(self, name: str):
         p, k, sp, X, V = self.p, self.k, self.sp, self.k["X"], self.model.config["vocab"]
@@ -254,7 +271,7 @@ class Segments:
                           k["core"] if part == "attn" else None,
                           "recompute+backward" if self.o.recompute != "none" else "backward",
                           launches=self._half("bwd", part))
-                for _ in range(1 if sp else k[f"col_{part}"]):
+                for _ in range(1 if sp or self.o.prepare_input else k[f"col_{part}"]):
                     p.coll("reduce_scatter" if sp else "all_reduce", X, f"{name}.{part} input bwd")
                 p.compute(f"bwd {name}.{norm}", nbytes=self.norm)
 

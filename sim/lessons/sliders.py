@@ -1,0 +1,109 @@
+"""The numbers behind the lessons' sliders (sim/lessons/widgets.py draws them): each a plain function of the
+slider values, computed by the library, tested in tests/test_lessons_widgets.py.
+
+    >>> memory_per_gpu("llama3-8b", gpus=64, zero=3, tp=2)["total"] / 2**30          # doctest: +SKIP
+    >>> bubble(schedule="1f1b", p=4, m=8)["simulated"]                                # 3/11, as lesson 07 derives
+    0.2727...
+
+- ``memory_per_gpu``: params, grads, optimizer state and activations of the fullest GPU, the planner's own
+  accounting (sim/planner/step.py Estimator.memory: sim/parallel/tp/memory.py, the pipeline's peak stage,
+  sim/parallel/cp/memory.py) for DDP (ZeRO 0) and FSDP (ZeRO 3); ZeRO-1 and 2 shard DDP's optimizer state (and
+  gradients) over the data-parallel ranks (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1).
+- ``bubble``: a pipeline schedule simulated with uniform stages (sim/lessons/pipelines.py), its bubble against
+  the formula (p-1)/(v·m+p-1).
+- ``busbw_curve``: a collective simulated over a sweep of sizes on a cluster preset with a forced algorithm and
+  protocol (sim/kernel/engine.py simulate_collective), time and busbw per size.
+- ``goodput``: the expected goodput over the checkpoint interval (sim/resilience.py), Young's and Daly's
+  intervals and the best one.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+GiB = 2**30
+MODELS = ("llama3-8b", "llama3-70b", "llama3-405b", "llama-7b", "gpt2-medium")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@lru_cache(maxsize=16)
+def _estimator(model: str, seq_len: int | None, cluster: str, nodes: int):
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.planner.step import Estimator
+    spec = {"preset": model, **({"seq_len": seq_len} if seq_len else {})}
+    return Estimator(spec, load_cluster(cluster, nodes))
+
+
+def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
+                   micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
+                   sequence_parallel: bool = True, seq_len: int | None = None, cluster: str = "dgx-h100") -> dict:
+    """Bytes per GPU by part ({params, grads, optimizer, activations[, ring buffers], total}) of ``model`` (a
+    preset) on ``gpus`` GPUs of ``cluster`` nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as
+    ZeRO ``zero`` (0: DDP; 3: FSDP), ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``.
+    Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError when tp x cp x pp does not divide ``gpus``."""
+    from distlab.sim.parallel.fsdp.memory import fits
+    from distlab.sim.planner.layouts import Layout
+    if zero not in (0, 1, 2, 3) or recompute not in RECOMPUTE:
+        raise ValueError(f"zero must be 0-3 and recompute one of {', '.join(RECOMPUTE)}")
+    if gpus % (tp * cp * pp):
+        raise ValueError(f"tp x cp x pp = {tp * cp * pp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * cp * pp)
+    gpn = 8
+    est = _estimator(model, seq_len, cluster, max(1, gpus // gpn))
+    kind = "fsdp" if zero == 3 or cp > 1 else "ddp"
+    L = Layout(tp, pp, dp, kind, micro_batch, microbatches if pp > 1 else 1, sequence_parallel and tp > 1,
+               recompute if cp == 1 or recompute != "selective" else "full", cp=cp)
+    parts = dict(est.memory(L))
+    if zero in (1, 2) and dp > 1:                 # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
+        parts["optimizer"] /= dp
+        if zero == 2:
+            parts["grads"] /= dp
+    parts["total"] = sum(v for k, v in parts.items())
+    gib = est.cluster.gpu.memory_GiB
+    return {**parts, "dp": dp, "gpu_GiB": gib, "fits": fits(parts["total"], gib)}
+
+
+def memory_rows(result: dict) -> list[list]:
+    """[part, GiB] rows of :func:`memory_per_gpu`'s result, then the total against the GPU."""
+    rows = [[k, f"{v / GiB:.1f}"] for k, v in result.items()
+            if k not in ("total", "dp", "gpu_GiB", "fits")]
+    verdict = "fits" if result["fits"] else "does not fit"
+    return rows + [["total", f"{result['total'] / GiB:.1f}"], [f"on {result['gpu_GiB']:g} GiB", verdict]]
+
+
+def bubble(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 1) -> dict:
+    """The schedule simulated with uniform stages and free p2p (F = 1 ms, B = 2 ms, or I = W = 1 ms for the
+    zero-bubble ones; lesson 07): its bubble, the closed form where there is one ((p-1)/(m+p-1) for GPipe and
+    1F1B, (p-1)/(v·m+p-1) interleaved; sim/parallel/pipeline/metrics.py ideal_bubble), the step and the trace."""
+    from distlab.sim.lessons.pipelines import pipeline_metrics, pipeline_trace
+    from distlab.sim.parallel.pipeline import metrics as M
+    from distlab.sim.parallel.pipeline import schedules as S
+    v = v if schedule == "interleaved" else 2 if schedule in ("zbv", "dualpipev") else 1
+    met = pipeline_metrics(schedule, p, m, v)
+    return {"simulated": met.bubble, "formula": M.ideal_bubble(S.normalise(schedule), p, m, v),
+            "step_s": met.makespan, "trace": pipeline_trace(schedule, p, m, v), "p": p, "m": m, "v": v,
+            "schedule": schedule}
+
+
+SIZES = tuple(2**k for k in range(3, 34, 2))          # 8 B to 8 GiB
+
+
+def busbw_curve(op: str = "all_reduce", cluster: str = "dgx-h100", nodes: int = 1, algorithm: str = "ring",
+                protocol: str = "auto", sizes=SIZES) -> list[dict]:
+    """One simulated collective per size: rows {bytes, time_s, algbw_GBps, busbw_GBps, algorithm, protocol}
+    (sim/lessons/helpers.py simulate_sweep, the simulator's own α-β-and-links model)."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.lessons.helpers import simulate_sweep
+    return simulate_sweep(op, list(sizes), load_cluster(cluster, nodes), algorithm, protocol)
+
+
+def goodput(mtbf_h: float = 3.0, checkpoint_s: float = 120.0, restart_min: float = 10.0, points: int = 60) -> dict:
+    """Expected goodput (useful work over wall time) against the checkpoint interval: Young's and Daly's
+    intervals, the best interval of the model and the goodput at each (sim/resilience.py)."""
+    from distlab.sim import resilience as R
+    M, d, r = mtbf_h * 3600.0, checkpoint_s, restart_min * 60.0
+    young, daly, best = R.young_interval(d, M), R.daly_interval(d, M), R.optimal_interval(d, M)
+    taus = [young * 0.1 * (40.0 ** (i / (points - 1))) for i in range(points)]        # 0.1 to 4 x Young
+    return {"young_s": young, "daly_s": daly, "best_s": best, "taus_s": taus,
+            "goodput": [R.expected_goodput(t, d, M, r) for t in taus],
+            "at_young": R.expected_goodput(young, d, M, r), "at_daly": R.expected_goodput(daly, d, M, r),
+            "at_best": R.expected_goodput(best, d, M, r)}
