@@ -4,7 +4,7 @@ of 4 nodes, 2:1 to the spine; each case in its own process pinned to one core. P
 simulate every job alone and every group of sharing jobs together), CPU seconds (user + system: what the wall time
 is on an idle core), peak memory (the process's peak resident set) and the machine's load average when it ran.
 
-    python benchmarks/cluster_scale.py [--json] [--only NAME] [--random]
+    python benchmarks/cluster_scale.py [--json] [--only NAME] [--random] [--markdown]
 
 Cases and targets:
 - packed: the file as written (each job on contiguous nodes under the fewest leaves; its sizes are not
@@ -69,5 +69,6 @@ def main() -> int:
     return finish(rows)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("cluster_scale", main))
