@@ -387,3 +387,13 @@ def test_profile_summary_and_merge_on_a_made_up_trace(tmp_path):
     assert first_predicted == pytest.approx(1000)
     with pytest.raises(ValueError, match="not a profile of DDP"):
         summary([x("aten::mm", 0, 1)])
+
+
+def test_a_real_run_outside_its_lessons_tolerance_says_so():
+    """sim/lessons/verdicts.py: the worst row's error against the tolerance, in the title the notebook test reads."""
+    from distlab.sim.lessons.verdicts import OUTSIDE, TOLERANCE, verdict
+    rows = [{"cap": 2, "predicted_s": 0.09, "measured_s": 0.1}, {"cap": 4, "predicted_s": 0.13, "measured_s": 0.1}]
+    t = verdict(rows, "cap", label="DDP")
+    assert t.title == f"DDP: worst error +30%: within the lesson's tolerance ({TOLERANCE:.0%})" and OUTSIDE not in t.title
+    assert t.rows == [["2", "90.00", "100.00", "-10%"], ["4", "130.00", "100.00", "+30%"]]
+    assert OUTSIDE in verdict(rows, "cap", tolerance=0.2).title
