@@ -1,11 +1,14 @@
 """Execute one rank's ops of a plan for real and time each one.
 
 Before timing: every process group the plan uses is created on all ranks in one sorted order (one group per
-(ranks, stream), so collectives of different streams never interleave on one communicator, as with NCCL
-communicators per stream), one group for point-to-point (pairs match in order, as in the plan), and every
-buffer and matmul operand is allocated (one set per stream, op and size, reused).
+(ranks, group_name), as ``dist.new_group`` makes them: the plan's communicators, sim/kernel/communicators.py),
+one group for point-to-point (pairs match in order, as in the plan), and every buffer and matmul operand is
+allocated (one set per stream, op and size, reused).
 On CPU each plan stream is a thread that issues its ops in order (async_op=True) and waits on each Gloo work
-handle before the next, so streams overlap like CUDA streams and a stream's ops never overlap each other.
+handle before the next, so streams overlap like CUDA streams and a stream's ops never overlap each other. A
+group used by several streams gets its collectives in plan order (a thread waits for its turn: Gloo matches
+collectives by the order they are issued, its tags); the group's worker threads then run them, at most two at
+a time (ProcessGroupGloo, Options::threads).
 Record/Wait are counters: a Wait at position i of the rank's list waits for the Records of its event placed
 before i (cudaEventRecord / cudaStreamWaitEvent semantics); a Wait with no Record before it is a no-op. On GPUs
 (runtime/cuda_exec.py) the streams are CUDA streams and times come from CUDA events.
@@ -21,6 +24,7 @@ import time
 from collections import defaultdict
 
 from distlab.runtime.collectives import check_backend_dtype, issue, make_buffers, split_sizes
+from distlab.runtime.issue_order import IssueOrder
 from distlab.sim.collectives.algorithms import NCCL_NAMES
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
@@ -29,9 +33,9 @@ from distlab.sim.trace import OpRecord, Trace
 NCCL_ALGOS = NCCL_NAMES        # our algorithm -> NCCL_ALGO's name (sim.collectives.algorithms declares both)
 
 
-def group_keys(plan: Plan) -> list[tuple[tuple[int, ...], str]]:
-    """Every (group ranks, stream) that some rank's collective uses, in a deterministic order."""
-    keys = {(plan.group_of(op), op.stream) for ops in plan.ranks for op in ops if isinstance(op, Collective)}
+def group_keys(plan: Plan) -> list:
+    """Every process group (Communicator: ranks, name) some rank's collective uses, in a deterministic order."""
+    keys = {plan.communicator_of(op) for ops in plan.ranks for op in ops if isinstance(op, Collective)}
     return sorted(keys)
 
 
@@ -66,16 +70,26 @@ class Executor:
         buffers: dict[tuple, tuple] = {}
         records_before: dict[str, int] = defaultdict(int)
         steps: dict[str, list] = defaultdict(list)
+        streams_of = defaultdict(set)                  # communicator -> the streams issuing on it here
+        for op in ops:
+            if isinstance(op, Collective):
+                streams_of[self.plan.communicator_of(op)].add(op.stream)
+        self.turns = IssueOrder(self.ctx.timeout)
+        issued = defaultdict(int)
         for i, op in enumerate(ops):
             fn, event, need = None, None, 0
             if isinstance(op, Collective):
-                group = self.plan.group_of(op)
+                comm = self.plan.communicator_of(op)
+                group = comm.ranks
                 split = split_sizes(op, group.index(self.rank)) if op.splits is not None else None
                 key = (op.stream, op.op, op.bytes, op.dtype, len(group), split)
                 if key not in buffers:
                     buffers[key] = make_buffers(op.op, op.bytes, op.dtype, len(group), self.ctx.device, split)
                 inp, out = buffers[key]
-                fn = functools.partial(issue, op.op, inp, out, self.groups[(group, op.stream)], op.root, True, split)
+                fn = functools.partial(issue, op.op, inp, out, self.groups[comm], op.root, True, split)
+                if len(streams_of[comm]) > 1 and not self.cuda:     # issued in plan order (the GPU path is)
+                    fn = functools.partial(self.turns.issue, fn, comm, issued[comm])
+                issued[comm] += 1
                 flight = getattr(self.ctx, "flight", None)
                 if flight is not None:         # runtime/flight.py: records it, and waits on CPU streams
                     fn = flight.wrap(fn, flight.key(group, op.stream), op.op, op.bytes, op.dtype, op.root, i,
@@ -109,6 +123,7 @@ class Executor:
                 self.ctx.flight.synchronized()
             return out
         self.partial = {s: [] for s in self.steps}
+        self.turns.reset()
         events = _Events(self.ctx.timeout)
         if len(self.steps) <= 1:                       # one stream: no thread at all
             for stream, steps in self.steps.items():
@@ -248,7 +263,7 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
     """Per-rank results of plan_task -> one Trace (source=measured). ``run`` None = the median makespan.
 
     A collective's ``launch`` is the latest start among its group's members for the same call (the k-th
-    collective of that group and stream on each member): when all had arrived. A send's and its receive's
+    collective of that process group on each member): when all had arrived. A send's and its receive's
     ``launch`` is the later of their two starts (both posted), as in sim/kernel/engine.py.
     """
     per_rank = {r["rank"]: r for r in results if r}
@@ -271,7 +286,7 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
             if isinstance(op, Collective):
                 rec.bytes, rec.op, rec.algorithm = op.bytes, op.op, op.algorithm
                 rec.group = plan.group_of(op)
-                seq[(rec.group, op.stream, rank)].append(rec)
+                seq[(plan.communicator_of(op), rank)].append(rec)
             elif isinstance(op, (Send, Recv)):
                 rec.bytes, rec.peer = op.bytes, op.peer
                 pair = (rank, op.peer) if isinstance(op, Send) else (op.peer, rank)
@@ -285,11 +300,11 @@ def merge_results(plan: Plan, results: list, run: int | None = None, meta: dict 
             for k, rec in enumerate(recs):
                 rec.launch = max(rec.start, other[k].start) if k < len(other) else None
             continue
-        group, stream, rank = key
+        comm, rank = key
         for k, rec in enumerate(recs):
-            peers = [seq.get((group, stream, m), []) for m in group]
+            peers = [seq.get((comm, m), []) for m in comm.ranks]
             starts = [p[k].start for p in peers if k < len(p)]
-            rec.launch = max(starts) if len(starts) == len(group) else None
+            rec.launch = max(starts) if len(starts) == len(comm.ranks) else None
     ops.sort(key=lambda o: (o.rank, o.index))
     info = {"source": "measured", "plan": plan.name, "world_size": plan.world_size, "run": run,
             "complete": all(r.get("complete", False) for r in per_rank.values()) and len(per_rank) == plan.world_size}

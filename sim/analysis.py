@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from distlab.sim.kernel.spans import union_length
+from distlab.sim.kernel.spans import overlap, union, union_length
+from distlab.sim.plan import Collective, Plan
 from distlab.sim.trace import Trace
 
 
@@ -62,3 +63,37 @@ def straggler_report(trace: Trace, top: int = 3) -> list[str]:
     ranked = sorted(held.items(), key=lambda kv: -kv[1][0])[:top]
     return [f"rank {r} arrived last and held up its peers for {t * 1e3:.2f} ms in total ({n} collective"
             f"{'s' if n != 1 else ''})" for r, (t, n) in ranked if t > 0]
+
+
+def in_flight_by_communicator(plan: Plan, trace: Trace, rank: int) -> dict:
+    """Per process group ``rank`` uses (plan.communicator_of: ranks and name): the most of its collectives that
+    moved data at the same moment on this rank (launch to end; spans that only touch do not count). NCCL runs
+    one at a time, Gloo at most its two worker threads' worth (sim/kernel/communicators.py)."""
+    spans: dict = defaultdict(list)
+    ops = plan.ranks[rank]
+    for o in trace.for_rank(rank):
+        op = ops[o.index]
+        if isinstance(op, Collective) and o.launch is not None:
+            spans[plan.communicator_of(op)].append((o.launch, o.end))
+    most = {}
+    for comm, s in spans.items():
+        # ends before starts at one instant: a collective starting as the previous one ends never overlaps it
+        points = sorted([(a, 1) for a, b in s if b > a] + [(b, -1) for a, b in s if b > a])
+        running = peak = 0
+        for _, step in points:
+            running += step
+            peak = max(peak, running)
+        most[comm] = peak
+    return most
+
+
+def collective_overlap_s(trace: Trace, rank: int, first: str, second: str) -> float:
+    """Seconds during which a collective matching ``first`` and one matching ``second`` both moved data on
+    ``rank`` (launch to end). A pattern matches a collective (``all_gather``) or a part of an op's name
+    (``backward``: FSDP's backward all-gathers). E.g. FSDP's backward all-gathers against its reduce-scatters:
+    0 when they share the shard group's communicator, the overlap the option buys when they do not
+    (separate_reduce_scatter_group, sim/parallel/fsdp/plan.py)."""
+    def spans(pattern):
+        return union((o.launch, o.end) for o in trace.for_rank(rank)
+                     if o.kind == "collective" and o.launch is not None and (o.op == pattern or pattern in o.name))
+    return overlap(spans(first), spans(second))

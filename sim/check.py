@@ -1,7 +1,8 @@
 """Static checks of a plan, before it is simulated or run: the mistakes that hang real jobs.
 
-NCCL and Gloo match collectives by order: the k-th collective a rank issues on a communicator meets the k-th
-of every other member. If one rank calls something else, or nothing, the others wait until the timeout (or
+NCCL and Gloo match collectives by order: the k-th collective a rank issues on a communicator (a process group:
+its ranks and its name, sim/kernel/communicators.py) meets the k-th of every other member; two groups over the
+same ranks keep separate sequences. If one rank calls something else, or nothing, the others wait until the timeout (or
 mix up data). This check walks every group's sequence and names the first divergence, in the words
 ``distlab diagnose`` also uses for real runs.
 """
@@ -11,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.plan import Collective, Plan, Record, Recv, Send, Wait, describe
+from distlab.sim.plan import Collective, Communicator, Plan, Record, Recv, Send, Wait, describe
 
 
 class PlanMismatch(ConfigError):
@@ -73,15 +74,21 @@ def verb(ranks, word: str) -> str:
     return word if len(ranks) > 1 else word + "s"
 
 
+def _label(key) -> str:
+    """A sequence's key: a Communicator (ranks and name) or a plain group of ranks."""
+    return key.label() if isinstance(key, Communicator) else group_name(key)
+
+
 def collective_problem_list(sequences: dict[tuple, dict[int, list]], offsets: dict | None = None) -> list[Problem]:
-    """``sequences[group][rank]`` = that rank's collectives on the group, in issue order, as (signature,
+    """``sequences[group][rank]`` = that rank's collectives on the group (a Communicator, or a tuple of ranks),
+    in issue order, as (signature,
     description) or (signature, description, op index) tuples: of plan ops, or of records read back from a
     flight recorder. ``offsets[group]``: the number of each list's first entry (a flight recorder keeps only
     the last N), default 0; without an op index, a problem's op_index is that number."""
     problems = []
     for group, per_rank in sequences.items():
         first = (offsets or {}).get(group, 0)
-        members = sorted(group)
+        members = sorted(group.ranks if isinstance(group, Communicator) else group)
         longest = max(len(per_rank.get(r, [])) for r in members)
         for k in range(longest):
             calls = {r: per_rank[r][k] for r in members if k < len(per_rank.get(r, []))}
@@ -93,7 +100,7 @@ def collective_problem_list(sequences: dict[tuple, dict[int, list]], offsets: di
                 same = sorted(r for r, c in calls.items() if c[0] == common)
                 call = calls[odd[0]]
                 problems.append(Problem(odd[0], call[2] if len(call) > 2 else k + first, "mismatched_collective",
-                                        f"group {group_name(group)}, collective #{k + first}: {ranks_text(odd)} "
+                                        f"group {_label(group)}, collective #{k + first}: {ranks_text(odd)} "
                                         f"{verb(odd, 'call')} {call[1]}; {ranks_text(same)} "
                                         f"{verb(same, 'call')} {calls[same[0]][1]}"))
                 break
@@ -102,7 +109,7 @@ def collective_problem_list(sequences: dict[tuple, dict[int, list]], offsets: di
                 what = next(iter(calls.values()))[1].split("(")[0]
                 problems.append(Problem(missing[0], None, "missing_collective",
                                         f"would hang: {ranks_text(waiting)} {verb(waiting, 'wait')} in {what} "
-                                        f"#{k + first} on group {group_name(group)}; {ranks_text(missing)} "
+                                        f"#{k + first} on group {_label(group)}; {ranks_text(missing)} "
                                         f"never {verb(missing, 'call')} it"))
                 break
     return problems
@@ -123,7 +130,7 @@ def plan_problems(plan: Plan) -> list[Problem]:
         recorded = {op.event for op in ops if isinstance(op, Record)}
         for i, op in enumerate(ops):
             if isinstance(op, Collective):
-                sequences[plan.group_of(op)][r].append((signature(op), describe(op), i))
+                sequences[plan.communicator_of(op)][r].append((signature(op), describe(op), i))
             elif isinstance(op, Send):
                 sends[r, op.peer].append((i, op))
             elif isinstance(op, Recv):

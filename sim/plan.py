@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import ClassVar, Union
+from typing import ClassVar, NamedTuple, Union
 
 from distlab.sim.collectives.algorithms import NAMES
 from distlab.sim.dtypes import DTYPE_BYTES  # noqa: F401  (re-exported: plan.DTYPE_BYTES)
@@ -60,7 +60,10 @@ ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute
 class Collective:
     """A collective over ``group`` (global ranks; None = the whole world). ``root`` is a global rank.
     ``splits`` (all_to_all only, optional): ``splits[i][j]`` bytes from the group's i-th rank to its j-th (group
-    order; the diagonal stays local), the same matrix on every member; ``bytes`` = max_i sum_j splits[i][j]."""
+    order; the diagonal stays local), the same matrix on every member; ``bytes`` = max_i sum_j splits[i][j].
+    ``group_name``: the process group's name. A process group is its ranks and its name (``dist.new_group`` over
+    the same ranks makes a second one): the communicator whose collectives run one at a time in issue order
+    (sim/kernel/communicators.py). "" (plans without names) = the one group of these ranks."""
     op: str
     bytes: int
     dtype: str = "float32"
@@ -70,7 +73,21 @@ class Collective:
     name: str = ""
     stream: str = "comm"
     splits: tuple[tuple[int, ...], ...] | None = None
+    group_name: str = ""
     kind: ClassVar[str] = "collective"
+
+
+class Communicator(NamedTuple):
+    """A process group as NCCL and Gloo see it: its ranks (the group tuple) and its name."""
+    ranks: tuple[int, ...]
+    name: str = ""
+
+    def label(self) -> str:
+        """'[0..7]' or '[0..7] "rs"'."""
+        g = sorted(self.ranks)
+        text = f"[{g[0]}..{g[-1]}]" if len(g) > 2 and g == list(range(g[0], g[-1] + 1)) else \
+            "[" + ",".join(map(str, g)) + "]"
+        return f'{text} "{self.name}"' if self.name else text
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,10 @@ class Plan:
     def group_of(self, op: Collective) -> tuple[int, ...]:
         """The op's group; the whole world (group None) is one tuple shared by every op of the plan."""
         return op.group if op.group is not None else self.world_group()
+
+    def communicator_of(self, op: Collective) -> Communicator:
+        """The op's process group: its ranks and its ``group_name``."""
+        return Communicator(self.group_of(op), op.group_name)
 
     def world_group(self) -> tuple[int, ...]:
         """``(0, ..., world_size - 1)``, made once per world size (not per op: plans of 1000s of ranks)."""
@@ -262,8 +283,11 @@ def _fields_of(op: Op) -> dict:
                 del d[key]
         if "gemms" in d:
             d["gemms"] = [list(g) for g in d["gemms"]]
-    elif isinstance(op, Collective) and d.get("splits") is None:
-        d.pop("splits", None)
+    elif isinstance(op, Collective):
+        if d.get("splits") is None:
+            d.pop("splits", None)
+        if d.get("group_name") == "":
+            d.pop("group_name")          # plans without names stay as they were
     return d
 
 
@@ -354,6 +378,8 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
         return
     if not isinstance(op.op, str) or op.op not in COLLECTIVES:
         raise ConfigError(f"unknown collective {op.op!r}; allowed: {', '.join(COLLECTIVES)}", where)
+    if not isinstance(op.group_name, str):
+        raise ConfigError(f"group_name must be a string, got {op.group_name!r}", where)
     if not isinstance(op.algorithm, str) or op.algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {op.algorithm!r}; allowed: {', '.join(ALGORITHMS)}", where)
     if op.group is None:                 # the whole world: every rank is a member

@@ -1,6 +1,7 @@
 """sim/kernel/solo.py and sim/kernel/netloop.py: collectives' steps run at once in the network's step loop, alone or
 overlapping: the same step and trace summary as the step-by-step simulation (1e-9 relative), overlaps included
-(FSDP2's all-gathers and reduce-scatters overlap in backward; TP collectives cut into HSDP's)."""
+(FSDP2's all-gathers and reduce-scatters overlap in backward on two process groups; TP collectives cut into
+HSDP's)."""
 import math
 
 import pytest
@@ -13,8 +14,9 @@ from distlab.sim.result import step_summary
 
 LLAMA = {"preset": "llama3-8b", "layers": 3, "seq_len": 512, "micro_batch": 1}
 CASES = {
-    "fsdp 64 ranks": {"model": LLAMA, "mesh": {"dp_shard": 64, "tp": 1}, "tp": {"recompute": "full"},
-                      "cluster": "dgx-h100", "nodes": 8},
+    "fsdp 64 ranks, reduce-scatters on a group of their own": {
+        "model": LLAMA, "mesh": {"dp_shard": 64}, "fsdp": {"separate_reduce_scatter_group": True},
+        "cluster": "dgx-h100", "nodes": 8},
     "hsdp 2 x 16 x tp 2": {"model": LLAMA, "mesh": {"dp_replicate": 2, "dp_shard": 16, "tp": 2}, "tp": {},
                            "cluster": "dgx-h100", "nodes": 8},
     "cp 2 x hsdp 2 x 8": {"model": LLAMA, "mesh": {"dp_replicate": 2, "dp_shard": 8, "cp": 2}, "cp": {},

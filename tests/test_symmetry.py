@@ -31,6 +31,8 @@ SCENARIOS = {   # up to 256 GPUs, each of them small enough for the full simulat
     "ddp 256 gpus": {"model": GPT2, "ddp": {"bucket_cap_mb": 200}, "cluster": "dgx-h100", "nodes": 32},
     "fsdp 16 gpus, two streams": {"model": GPT2, "fsdp": {"zero": 3},
                                   "cluster": "dgx-h100", "nodes": 2},
+    "fsdp 16 gpus, two groups over the world": {"model": GPT2, "fsdp": {"separate_reduce_scatter_group": True},
+                                                "cluster": "dgx-h100", "nodes": 2},
 }
 LLAMA = {"preset": "llama3-8b", "layers": 2, "seq_len": 256, "micro_batch": 1}
 SUBGROUP_SCENARIOS = {   # up to 256 GPUs; TP x DP, FSDP x TP, PP x TP x DP

@@ -2,9 +2,13 @@
 
 Sharding as sim/parallel/fsdp/plan.py assumes: ``fully_shard`` on every block (``h.{i}`` / ``layers.{i}``) with the
 plan's ``reshard_after_forward`` and ``MixedPrecisionPolicy``, then on the root with the defaults (the root is
-not resharded after forward). Mesh: ``init_device_mesh(device, (world,))``, or ``(world // S, S)`` for HSDP.
+not resharded after forward) or, with ``root_reshard_after_forward``, ``reshard_after_forward=True``; then the
+2.13 options on the root (recursing): ``set_separate_reduce_scatter_group()`` and
+``set_reduce_scatter_max_input_buffers(K)``. Mesh: ``init_device_mesh(device, (world,))``, or
+``(world // S, S)`` for HSDP.
 The recorder wraps ``dist.all_gather_single``, ``dist.reduce_scatter_single`` and ``dist.all_reduce`` (what
-FSDP2 calls in torch 2.13) and notes kind, bytes (nccl-tests: AG output, RS input), dtype, start and end.
+FSDP2 calls in torch 2.13) and notes kind, bytes (nccl-tests: AG output, RS input), dtype, start, end, the
+group's ranks and its process group's name (``group_name``: which communicator it ran on).
 On gloo the calls block, so start/end are the collective's real span; on CUDA they would be enqueue times.
 Predicted against measured: runtime/fsdp/validate.py.
 """
@@ -16,7 +20,7 @@ OPS = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatt
 
 
 class Recorder:
-    """``with Recorder() as rec:`` ... ``rec.calls``: [op, bytes, dtype, start, end, group ranks]."""
+    """``with Recorder() as rec:`` ... ``rec.calls``: [op, bytes, dtype, start, end, group ranks, group name]."""
 
     def __init__(self, t0: float | None = None):
         self.t0 = time.perf_counter() if t0 is None else t0
@@ -51,7 +55,9 @@ class Recorder:
             out = orig(*args, **kwargs)
             end = time.perf_counter()
             dtype = str(t.dtype).replace("torch.", "")
-            self.calls.append([op, t.numel() * t.element_size(), dtype, start - self.t0, end - self.t0, ranks])
+            name = group.group_name if group is not None else dist.group.WORLD.group_name
+            self.calls.append([op, t.numel() * t.element_size(), dtype, start - self.t0, end - self.t0, ranks,
+                               name])
             return out
         return wrapped
 
@@ -70,7 +76,12 @@ def shard_module(module, mesh, opts: dict):
               if name and BLOCK.match(name) and any(True for _ in sub.parameters())]
     for sub in blocks:
         fully_shard(sub, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
-    fully_shard(module, mesh=mesh, mp_policy=mp)
+    root_raf = {"reshard_after_forward": True} if opts.get("root_reshard_after_forward") else {}
+    fully_shard(module, mesh=mesh, mp_policy=mp, **root_raf)
+    if opts.get("separate_reduce_scatter_group"):
+        module.set_separate_reduce_scatter_group()
+    if opts.get("reduce_scatter_max_input_buffers", 1) != 1:
+        module.set_reduce_scatter_max_input_buffers(opts["reduce_scatter_max_input_buffers"])
     fp, bp = opts.get("prefetch", 1), opts.get("backward_prefetch", 1)
     for i, sub in enumerate(blocks):          # explicit prefetch beyond FSDP2's implicit one unit
         if fp > 1:
@@ -210,7 +221,7 @@ def to_trace(results: list[dict], variant: int = 0, step: int = -1):
     ops = []
     for res in results:
         s = res["variants"][variant]["steps"][step]
-        for i, (op, nbytes, dtype, start, end, group) in enumerate(s["calls"]):
+        for i, (op, nbytes, dtype, start, end, group, *_) in enumerate(s["calls"]):
             ops.append(OpRecord(res["rank"], "comm", i, "collective", f"{op} {dtype}", start, end, nbytes, op,
                                 launch=start, group=tuple(group)))
     return Trace(ops, meta={"source": "measured", "runtime": "fsdp2", "opts": results[0]["variants"][variant]["opts"]})
@@ -218,4 +229,10 @@ def to_trace(results: list[dict], variant: int = 0, step: int = -1):
 
 def measured_sequence(results: list[dict], variant: int = 0, rank: int = 0, groups: bool = False) -> list[tuple]:
     calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
-    return [(op, nbytes, dtype) + ((tuple(g),) if groups else ()) for op, nbytes, dtype, _, _, g in calls]
+    return [(op, nbytes, dtype) + ((tuple(g),) if groups else ()) for op, nbytes, dtype, _, _, g, *_ in calls]
+
+
+def measured_group_names(results: list[dict], variant: int = 0, rank: int = 0) -> list[str]:
+    """The process group (its ``group_name``) of each recorded collective, in issue order."""
+    calls = next(r for r in results if r["rank"] == rank)["variants"][variant]["steps"][-1]["calls"]
+    return [c[6] for c in calls]

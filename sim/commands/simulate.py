@@ -161,6 +161,8 @@ def run_sweep(args, base: dict) -> int:
         results.append(r)
         rows.append({key: v, "world_size": r.plan.world_size, "mesh": r.mesh.as_dict(), **r.summary,
                      **(r.workload.sweep_row(r) if r.workload.sweep_row else {})})
+    for row in rows:              # the step against the first value's: what the swept option buys or costs
+        row["step_change_pct"] = (row["step_s"] / rows[0]["step_s"] - 1) * 100 if rows[0]["step_s"] else 0.0
     files = {}
     first = results[0]
     title = f"{first.model.name} {first.workload.name} on {first.cluster.name}: sweep of {key}"

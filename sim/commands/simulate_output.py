@@ -120,10 +120,12 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
     base = [key, "world_size", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_pct"]
     extra = [k for k in rows[0] if k not in base and k != "mesh"]
     seconds = lambda k: k.endswith("_s") and not k.endswith("_per_s")  # noqa: E731
-    fmt = (lambda k, v: f"{v * 1e3:.3f}" if seconds(k) else f"{v:.1f}" if k.endswith("pct")
+    fmt = (lambda k, v: f"{v * 1e3:.3f}" if seconds(k) else f"{v:+.1f}" if k == "step_change_pct"
+           else f"{v:.1f}" if k.endswith("pct")
            else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
     head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
-            "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks"}
+            "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks",
+            "step_change_pct": "step vs first (%)"}
     cols = base + extra
     header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
                                          k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")

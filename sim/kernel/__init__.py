@@ -1,6 +1,7 @@
 """The simulation kernel: how a plan becomes a timeline. Nothing here knows a parallelism or a model.
 
 - engine.py runs a plan: one simpy process per (rank, stream), collectives as rendezvous of their members;
+  communicators.py runs one process group's collectives in issue order, one at a time (NCCL; two on Gloo);
   inline.py lets a stream run a collective it hands off and waits for at once, with fewer events.
 - network.py is the fabric: directed links, routes, flows sharing links max-min fairly; netloop.py advances
   every collective's steps in one loop (flowgroups.py keeps one number per group of equal flows; solo.py picks

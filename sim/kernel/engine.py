@@ -2,8 +2,11 @@
 
 - Ops of one stream run in order; streams of a rank run concurrently; Record/Wait order them like CUDA events.
 - A collective starts moving data when every member of its group has reached it (the n-th collective a rank
-  issues on a group, in plan order, meets the n-th of every other member) and ends for all members together.
-- Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's).
+  issues on a process group, in plan order, meets the n-th of every other member) and ends for all members
+  together. The collectives of one process group (its ranks and name) run in issue order, one at a time on
+  NCCL, at most two on Gloo; different groups overlap (sim/kernel/communicators.py).
+- Send/Recv between a pair match in order and move data once both are posted (rendezvous, as NCCL's), on the
+  pair's own communicator: they never wait for a process group's collectives (sim/kernel/communicators.py).
 - Compute takes ``seconds``, or its kernels' times (sim/compute.py: GEMMs by shape on the GPU's efficiency
   curve, FlashAttention, memory-bound bytes), or the roofline max(flops / (TFLOP/s x mfu), bytes / HBM
   bandwidth), plus launch_s per kernel (or per host-dispatched op: ``launches``), times the
@@ -28,6 +31,7 @@ from distlab.sim.cluster import Cluster
 from distlab.sim.collectives.context import Context
 from distlab.sim.compute import op_seconds
 from distlab.sim.errors import ConfigError, SimulationDeadlock
+from distlab.sim.kernel.communicators import Turns, slots_for
 from distlab.sim.kernel.hosts import Hosts
 from distlab.sim.kernel.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
@@ -94,22 +98,24 @@ class _Simulation:
         self.rendezvous: dict = {}
         self.sends: dict = defaultdict(deque)
         self.recvs: dict = defaultdict(deque)
+        self.turns = Turns(self.env, slots_for(cluster))              # per process group (communicators.py)
         self.seq = self._sequence_numbers()
 
     def _sequence_numbers(self) -> dict:
-        """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that group, in plan
-        order. Groups are interned (one tuple and a small id per distinct group): nothing per op grows with the
-        world size, and matching hashes an int, not a tuple of every member."""
-        seq, counters, by_id, by_tuple = {}, defaultdict(int), {}, {}
+        """(rank, op index) -> (group id, n, group): the n-th collective this rank issues on that process group
+        (its ranks and name), in plan order. Groups are interned (one tuple and a small id per distinct group):
+        nothing per op grows with the world size, and matching hashes an int, not a tuple of every member."""
+        seq, counters, by_id, by_comm = {}, defaultdict(int), {}, {}
         orbit = self.classes.group_orbit if self.classes else None
         for r in self.simulated:
             for i, op in enumerate(self.plan.ranks[r]):
-                if isinstance(op, Collective):
-                    hit = by_id.get(id(op.group))
+                if type(op) is Collective:
+                    hit = by_id.get((id(op.group), op.group_name))
                     if hit is None:
-                        g = self.plan.group_of(op)
-                        hit = by_id[id(op.group)] = ((orbit[g], g) if orbit is not None else
-                                                     by_tuple.setdefault(g, (len(by_tuple), g)))
+                        c = self.plan.communicator_of(op)
+                        hit = by_id[id(op.group), op.group_name] = (
+                            (orbit[c], c.ranks) if orbit is not None else
+                            by_comm.setdefault(c, (len(by_comm), c.ranks)))
                     gid, g = hit
                     seq[r, i] = (gid, counters[r, gid], g)
                     counters[r, gid] += 1
@@ -202,10 +208,12 @@ class _Simulation:
             seconds, algorithm, flows = hit
             self.net.flows_done += flows
             yield from self.hosts.arrive(group)
+            yield from self.turns.start(gid, self.seq[rank, ic][1])     # its process group's turn
             launch = self.env.now
             flight = self.hosts.launch(group, c.bytes)     # in flight: interference both ways, as always
             yield self.env.timeout(seconds)
             yield from self.hosts.land(group, flight)
+            self.turns.end(gid)
         else:
             launch, algorithm = yield from self._collective(rank, ic, c)
         end = self.env.now
@@ -233,28 +241,35 @@ class _Simulation:
         # symmetric: the members of one class arrive together (sim/kernel/symmetry.py, sim/kernel/subgroups.py)
         if rv["arrived"] == (1 if self.sym else self.classes.arrivals[gid] if self.classes else len(group)):
             del self.rendezvous[key]
-            self.env.process(self._run_collective(rv, op, group))
+            self.env.process(self._run_collective(rv, op, group, key))
         yield rv["done"]
         return rv["launch"], rv["algorithm"]
 
-    def _run_collective(self, rv, op, group):
+    def _run_collective(self, rv, op, group, turn):
+        """Run it once every member arrived and its process group's turn came (``turn``: (group id, n))."""
         yield from self.hosts.arrive(group)
+        yield from self.turns.start(*turn)
+        yield from self._transfer_collective(rv, op, group, turn[0])
+        self.turns.end(turn[0])
+        rv["done"].succeed()
+
+    def _transfer_collective(self, rv, op, group, gid):
         flight = self.hosts.launch(group, op.bytes)
         rv["launch"] = start = self.env.now
         key = (op.op, op.bytes, op.algorithm, op.root, group, op.splits) \
             if self.sym and self.sym.repeat_collectives else None
-        if self.classes and self.classes.group_orbit[group] in self.classes.exclusive:
+        if self.classes and gid in self.classes.exclusive:
             key = (op.op, op.bytes, op.algorithm, op.root, group)     # links of its own: reused (sim/kernel/subgroups.py)
         if key in self.durations:        # the network is otherwise idle: the same duration (sim/kernel/symmetry.py)
             seconds, rv["algorithm"], flows = self.durations[key]
             self.net.flows_done += flows
             yield self.env.timeout(seconds)
             yield from self.hosts.land(group, flight)
-            rv["done"].succeed()
             return
         flows = self.net.flows_done
         if self.classes:         # the flows of every simulated group of the orbit (sim/kernel/subgroups.py; no splits)
-            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.op, op.bytes, op.algorithm, op.root]
+            algorithm, protocol, step_iter, extra = self.classes.steps[group, op.group_name, op.op, op.bytes,
+                                                                       op.algorithm, op.root]
             self.net.flows_done += extra
             count = extra + sum(len(p) for p, _, _ in step_iter)      # the orbit's flows (others may end meanwhile)
         else:
@@ -266,7 +281,6 @@ class _Simulation:
             flows = count if self.classes else self.net.flows_done - flows
             self.durations[key] = (self.env.now - start, algorithm, flows)     # the network time alone
         yield from self.hosts.land(group, flight)
-        rv["done"].succeed()
 
     def _p2p(self, rank, op):
         if isinstance(op, Send):

@@ -106,7 +106,8 @@ def _program_maps(a: list, b: list, f, groups: dict, streams: dict) -> bool:
         if tx is not type(y) or ms != y.stream:
             return False
         if tx is Collective:
-            if (x.op, x.bytes, x.dtype, x.algorithm, x.name) != (y.op, y.bytes, y.dtype, y.algorithm, y.name):
+            if (x.op, x.bytes, x.dtype, x.algorithm, x.name, x.group_name) != \
+                    (y.op, y.bytes, y.dtype, y.algorithm, y.name, y.group_name):
                 return False
             if (x.group is None) != (y.group is None):
                 return False
@@ -166,7 +167,7 @@ def check_classes(plan: Plan, classes) -> None:
         recorded = {op.event for op in ops if isinstance(op, Record)}
         for i, op in enumerate(ops):
             if isinstance(op, Collective):
-                seqs.setdefault((q, classes.group_orbit[plan.group_of(op)]), []).append((op, i))
+                seqs.setdefault((q, classes.group_orbit[plan.communicator_of(op)]), []).append((op, i))
             elif isinstance(op, Send):
                 sends.setdefault(classes.pair_orbit[q, op.peer], []).append((i, op, q))
             elif isinstance(op, Recv):
@@ -176,9 +177,9 @@ def check_classes(plan: Plan, classes) -> None:
                                    f"(op #{i}), which rank {q} never records", "plan")
     sequences: dict = {}
     plain = {key: [(signature(op), describe(op), i) for op, i in ops] for key, ops in seqs.items()}
-    for g, oid in classes.group_orbit.items():
-        per_rank = sequences[g] = {}
-        for m in g:
+    for c, oid in classes.group_orbit.items():
+        per_rank = sequences[c] = {}
+        for m in c.ranks:
             q = shifts.rep(m)
             ops = seqs.get((q, oid), [])
             if m == q or not any(op.op in ("broadcast", "reduce") for op, _ in ops):

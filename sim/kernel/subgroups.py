@@ -36,7 +36,8 @@ do not depend on each other, so the simulated flows get the rates of the full si
 over events every representative's records equal the full simulation's, up to rounding (the rates are summed
 in another order; tests/test_symmetry.py: to 1e-6 relative). An orbit whose simulated flows share no link with
 any other unit, issued on one stream per representative, has one collective in flight at a time on links of
-its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive).
+its own: its duration depends on (group, op, bytes, algorithm, root) alone and is reused (_exclusive). Two
+process groups over the same ranks (sim/kernel/communicators.py: distinct names) are two orbits sharing links.
 """
 from __future__ import annotations
 
@@ -56,10 +57,10 @@ class Classes:
     units of its orbit)."""
     shifts: Shifts
     reps: list[int]
-    group_orbit: dict = field(default_factory=dict)     # rep's group tuple -> orbit id
+    group_orbit: dict = field(default_factory=dict)     # rep's Communicator (group tuple, name) -> orbit id
     arrivals: dict = field(default_factory=dict)        # orbit id -> representatives that meet there
     pair_orbit: dict = field(default_factory=dict)      # (src, dst) of a rep's send or recv -> orbit id
-    steps: dict = field(default_factory=dict)     # (group, op, bytes, algorithm, root) -> (algo, proto, steps, extra)
+    steps: dict = field(default_factory=dict)     # (group, name, op, bytes, alg., root) -> (algo, proto, steps, extra)
     p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
     exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
 
@@ -134,32 +135,33 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     orbit_of: dict = {}          # canonical sorted tuple -> orbit id
     images: dict = {}            # orbit id -> {sorted image tuple: element mapping the orbit's reference to it}
     reference: dict = {}         # orbit id -> (reference group tuple, a (rank, index) using it)
-    to_ref: dict = {}            # rep group tuple -> element mapping the reference onto it
+    to_ref: dict = {}            # rep Communicator -> element mapping the reference onto its group
     pair_images: dict = {}       # pair orbit id -> list of image pairs
-    keys: dict = {}              # (group, op, bytes, algorithm, root) -> None (the distinct collective keys)
+    keys: dict = {}              # (group, name, op, bytes, algorithm, root) -> None (the distinct collectives)
     streams: dict = {}           # (representative, orbit id) -> streams it issues the orbit's collectives on
     for q in reps:
         orbit_group: dict = {}       # orbit id -> the one group of it this representative uses
         orbit_pair: dict = {}        # (send or recv, orbit id) -> the one pair of it
         for i, op in enumerate(plan.ranks[q]):
             if isinstance(op, Collective):
-                g = plan.group_of(op)
-                if g not in cls.group_orbit:
+                c = plan.communicator_of(op)        # two groups over the same ranks: two orbits
+                g = c.ranks
+                if c not in cls.group_orbit:
                     arr = np.array(g, dtype=np.int64)
                     imgs = {tuple(np.sort(shifts.apply_array(e, arr)).tolist()): e for e in reversed(elements)}
-                    oid = orbit_of.get(min(imgs))
+                    oid = orbit_of.get((min(imgs), c.name))
                     if oid is None:
-                        oid = orbit_of[min(imgs)] = len(orbit_of)
+                        oid = orbit_of[min(imgs), c.name] = len(orbit_of)
                         images[oid], reference[oid] = imgs, (g, (q, i))
                         cls.arrivals[oid] = len({shifts.rep(m) for m in g})
                     e_g = _element_between(shifts, elements, reference[oid][0], g)
                     if e_g is None:
                         return None
-                    cls.group_orbit[g], to_ref[g] = oid, e_g
-                if orbit_group.setdefault(cls.group_orbit[g], g) != g:
+                    cls.group_orbit[c], to_ref[c] = oid, e_g
+                if orbit_group.setdefault(cls.group_orbit[c], g) != g:
                     return None                     # check 3: two groups of one orbit
-                keys[(g, op.op, op.bytes, op.algorithm, op.root)] = None
-                streams.setdefault((q, cls.group_orbit[g]), set()).add(op.stream)
+                keys[(g, c.name, op.op, op.bytes, op.algorithm, op.root)] = None
+                streams.setdefault((q, cls.group_orbit[c]), set()).add(op.stream)
             elif isinstance(op, (Send, Recv)):
                 pair = (q, op.peer) if isinstance(op, Send) else (op.peer, q)
                 if pair not in cls.pair_orbit:
@@ -175,12 +177,12 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     for key in keys:
-        g, op, nbytes, algorithm, root = key
-        oid = cls.group_orbit[g]
+        g, name, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g, name]
         ref_rank, ref_index = reference[oid][1]
         flows = {}
         for img, e_h in images[oid].items():
-            e = shifts.compose(e_h, shifts.inverse(to_ref[g]))      # g -> this image
+            e = shifts.compose(e_h, shifts.inverse(to_ref[g, name]))      # g -> this image
             actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
             if tuple(sorted(actual)) != img:
                 return None
@@ -197,13 +199,13 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
-    start = {(cls.group_orbit[g], tuple(sorted(g))) for g in cls.group_orbit}
+    start = {(oid, tuple(sorted(c.ranks))) for c, oid in cls.group_orbit.items()}
     start |= {(oid, pair) for pair, oid in cls.pair_orbit.items()}
     simulated = _closure(unit_links, start)
     # the steps the engine runs: the flows of every simulated unit of the orbit, step by step
     for key in keys:
-        g, op, nbytes, algorithm, root = key
-        oid = cls.group_orbit[g]
+        g, name, op, nbytes, algorithm, root = key
+        oid = cls.group_orbit[g, name]
         members = [img for img in images[oid] if (oid, img) in simulated]
         parts = [expansions[key, img] for img in members]
         algo, proto, steps = parts[0]

@@ -120,7 +120,8 @@ def op_seconds(op, cluster, costs: CostCache, group_of=None) -> float:
     return costs.collective(op.op, op.bytes, tuple(group), op.algorithm)
 
 
-def streams_makespan(ops: list, seconds, share=lambda op: None, interference: float = 1.0) -> float:
+def streams_makespan(ops: list, seconds, share=lambda op: None, interference: float = 1.0,
+                     comm=lambda op: None, slots: int = 1) -> float:
     """One rank's ops run stream by stream (ops in order; a Wait holds its stream until the matching Record
     of another stream has passed; an event fires once, as in the engine): the time the last stream ends.
     ``seconds(op)`` is (latency, transfer) seconds of an op alone (compute: (0, t)). Ops running at once with
@@ -129,10 +130,20 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
     While a collective (an op with a share key) is in flight, compute runs ``interference`` times slower (the
     engine's rule, sim/kernel/engine.py). Point-to-point ops are those of a ring every rank runs alike (ring attention's
     permutes): the k-th Send of a name starts once the k-th Recv of that name is posted (by symmetry the peer
-    posts its receive when this rank does), and that Recv ends when the Send ends."""
+    posts its receive when this rank does), and that Recv ends when the Send ends. Collectives of one process
+    group (``comm(op)``, not None) start in list order, at most ``slots`` at once (the engine's rule,
+    sim/kernel/communicators.py)."""
     queues: dict[str, list] = {}
-    for op in ops:
-        queues.setdefault(op.stream, []).append(op)
+    turn: list = []                        # per position: (communicator, its n-th collective) or None
+    count: dict = {}
+    for i, op in enumerate(ops):
+        queues.setdefault(op.stream, []).append(i)
+        c = comm(op)
+        turn.append(None if c is None else (c, count.get(c, 0)))
+        if c is not None:
+            count[c] = count.get(c, 0) + 1
+    started: dict = {}                     # communicator -> collectives started
+    in_flight: dict = {}                   # communicator -> collectives running
     pos = {s: 0 for s in queues}
     events: dict[str, float] = {}
     posted: dict[tuple, int] = {}          # p2p name -> receives posted so far
@@ -146,7 +157,10 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
             moved = False
             for s, q in queues.items():
                 while s not in running and pos[s] < len(q):
-                    op = q[pos[s]]
+                    op = ops[q[pos[s]]]
+                    t = turn[q[pos[s]]]
+                    if t is not None and (started.get(t[0], 0) != t[1] or in_flight.get(t[0], 0) >= slots):
+                        break                      # its process group's turn has not come
                     if isinstance(op, Wait):
                         if op.event not in events:
                             break
@@ -167,8 +181,12 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
                         running[s] = [lat, xfer, share(op), op]
                     else:
                         lat, xfer = seconds(op)
+                        if t is not None:
+                            started[t[0]] = t[1] + 1
                         if lat + xfer > 0:
                             running[s] = [lat, xfer, share(op), op]
+                            if t is not None:
+                                in_flight[t[0]] = in_flight.get(t[0], 0) + 1
                     pos[s] += 1
                     moved = True
         if not running:
@@ -193,6 +211,9 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
             if r[0] <= eps and r[1] <= eps:
                 if isinstance(r[3], Send):
                     sent[r[3].name] = sent.get(r[3].name, 0) + 1
+                c = comm(r[3])
+                if c is not None:
+                    in_flight[c] -= 1
                 del running[s]
     if any(pos[s] < len(q) for s, q in queues.items()):
         raise ValueError("a Wait never met its Record")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from distlab.sim.kernel.communicators import slots_for
 from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import model_from_spec
@@ -107,13 +108,18 @@ class FlatEstimator:
         def share(op):
             return None if isinstance(op, Compute) else kind_of(op, plan, kinds)
 
-        step = streams_makespan(ops, seconds, share, cluster.interference)
+        def comm(op):                      # its process group: rank 0 has one group per dimension
+            return None if not isinstance(op, Collective) else (kind_of(op, plan, kinds), op.group_name)
+
+        slots = slots_for(cluster)
+        step = streams_makespan(ops, seconds, share, cluster.interference, comm, slots)
         parts["cp_exposed"] = 0.0
         if L.cp > 1:                      # exposed ring time: the step less the step with a free ring
             def no_cp(op):
                 return (0.0, 0.0) if share(op) == "cp" else seconds(op)
             saved = dict(parts)
-            parts["cp_exposed"] = max(0.0, step - streams_makespan(ops, no_cp, share, cluster.interference))
+            parts["cp_exposed"] = max(0.0, step - streams_makespan(ops, no_cp, share, cluster.interference, comm,
+                                                                   slots))
             parts.update({k: saved[k] for k in saved if k != "cp_exposed"})
         return step, parts
 

@@ -2,7 +2,10 @@
 runs it (ring attention, sim/parallel/cp/ring.py), in torchtitan's layout (FSDP2 over dp_shard x cp, HSDP replicas over
 dp_replicate, TP + SP inside with tp; sim/parallel/cp/plan.py, sim/parallel/cp/compose.py).
 Reports the ring per layer (rotations, bytes, per-step work), the per-rank memory (sim/parallel/cp/memory.py) and flags
-what does not fit."""
+what does not fit.
+Process groups (sim/kernel/communicators.py): the cp group (named "cp": the ring's all_gathers; its send/recv
+rotations on pair communicators), FSDP2's dp_shard x cp group (all-gathers and reduce-scatters, one at a time;
+with dp_shard 1 the same ranks as cp, still another group), dp_replicate (HSDP) and tp (TP + SP) groups."""
 from __future__ import annotations
 
 from distlab.sim.parallel.cp.plan import CPOptions, cp_plan

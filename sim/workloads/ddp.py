@@ -1,5 +1,7 @@
 """The ``ddp`` workload: DistributedDataParallel over mesh dimension ``dp`` (sim/parallel/ddp/plan.py builds the plan).
-Reports the per-bucket table (ready, launch by DDP's rule, data moving, end) on rank 0."""
+Reports the per-bucket table (ready, launch by DDP's rule, data moving, end) on rank 0.
+Process groups (sim/kernel/communicators.py): one, the dp group: the buckets' all-reduces run one at a time, in
+bucket order."""
 from __future__ import annotations
 
 from distlab.sim.parallel.ddp.plan import DDPOptions, bucket_rows, ddp_plan

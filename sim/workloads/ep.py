@@ -2,7 +2,10 @@
 routed experts sharded over mesh dimension ``ep`` (folded from the data-parallel ranks, as torchtitan does),
 dispatch and combine all_to_alls with per-peer sizes, optionally inside a pipeline over ``pp`` (DualPipeV with
 its F/B overlap) and replicated over ``dp``. The report shows the routing what-if: token copies and expert
-time per ep rank of rank 0's group, and the slowest one."""
+time per ep rank of rank 0's group, and the slowest one.
+Process groups (sim/kernel/communicators.py): the ep group (named "ep": the all_to_alls, one at a time), the dense
+gradients' dp x ep group (with dp 1 the same ranks as ep, another group), the experts' dp group; pipeline
+send/recv on pair communicators."""
 from __future__ import annotations
 
 from distlab.sim.parallel.ep.plan import EPOptions, ep_plan, virtual_stages

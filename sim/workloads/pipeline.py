@@ -1,7 +1,10 @@
 """The ``pipeline`` workload: stages over mesh dimension ``pp``, replicated over ``dp`` (each stage's gradients
 all-reduced across its replicas). sim/parallel/pipeline/plan.py builds the plan; the report gives makespan, bubble,
 p2p time and in-flight microbatches; the figure is the pipeline diagram. Sweeps report samples/s =
-m x micro-batch x d / makespan."""
+m x micro-batch x d / makespan.
+Process groups (sim/kernel/communicators.py): activations and gradients move by send/recv on pair communicators
+(never behind a collective); each stage's dp group all-reduces its gradients; GPT-2's tied embedding gradient is
+all-reduced on the group of the first and last stage's ranks."""
 from __future__ import annotations
 
 from distlab.sim.parallel.pipeline import metrics as M

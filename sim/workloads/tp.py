@@ -6,7 +6,10 @@ with ``pp`` PP x TP (sim/parallel/tp/pipeline.py; dp then replicates the pipelin
 microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
 Megatron-LM without overlap).
 Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/parallel/tp/memory.py) in GB and GiB,
-the tp collectives per step, and flags what does not fit."""
+the tp collectives per step, and flags what does not fit.
+Process groups (sim/kernel/communicators.py): the tp group (its all-gathers, reduce-scatters and all-reduces run
+one at a time, in issue order); composed, the dp_shard (FSDP2), dp_replicate (HSDP) or dp (DDP) group beside it:
+tp and data-parallel collectives overlap; PP x TP's activations on pair communicators."""
 from __future__ import annotations
 
 import math

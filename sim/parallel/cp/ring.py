@@ -86,7 +86,7 @@ class Ring:
                 ops.append(Wait(self.last, st))       # one comm stream per group: after the previous rotation
         if method == "allgather":
             ops.append(Collective("all_gather", self.n * nbytes, dtype, self.group, name=f"cp all_gather {label}",
-                                  stream="cp"))
+                                  stream="cp", group_name="cp"))   # the cp mesh dim's group, not FSDP's dp_shard_cp
             ops.append(Record(done, "cp"))
         else:
             nxt, prv = self.group[(self.j + 1) % self.n], self.group[(self.j - 1) % self.n]

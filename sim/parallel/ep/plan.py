@@ -117,7 +117,8 @@ class Layout:
 
 def a2a(splits, group, dtype: str, name: str, lay: "Layout") -> Collective:
     """An ep all_to_all of one of ``lay``'s split matrices; bytes = its largest row sum."""
-    return Collective("all_to_all", lay.largest[id(splits)], dtype, group, name=name, stream="ep", splits=splits)
+    return Collective("all_to_all", lay.largest[id(splits)], dtype, group, name=name, stream="ep", splits=splits,
+                      group_name="ep")        # the ep mesh dim's group: with dp 1 the dense grads' ranks too
 
 
 def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group: tuple, tag: str = "") -> list:

@@ -4,15 +4,28 @@ Units (``fully_shard`` on every transformer block, then on the root): one per bl
 plus the root holding everything else (embedding, final norm, head). Per step, FSDP2 (torch 2.13) issues:
 forward: AG(root), AG(block 0), ..., AG(block L-1); backward, for each block in reverse: AG (only if resharded
 after forward; prefetched one unit ahead) then RS once its gradients are ready; RS(root) last; HSDP adds an
-all-reduce of each reduce-scattered shard across replicas. Checked against real ``fully_shard`` on gloo
-(tests/test_fsdp_runtime.py; ../shared/REFERENCES.md).
+all-reduce of each reduce-scattered shard across replicas. The root is resharded only when asked
+(``root_reshard_after_forward``: ``fully_shard(root, reshard_after_forward=True)``): then it is gathered again
+first in backward. Checked against real ``fully_shard`` on gloo (tests/test_fsdp_runtime.py,
+tests/test_fsdp_options_runtime.py; ../shared/REFERENCES.md).
+
+Process groups (sim/kernel/communicators.py): the all-gathers and reduce-scatters run on the dp_shard group, one
+communicator, so they run one at a time in issue order (NCCL), a backward all-gather waiting for the
+reduce-scatter issued before it; ``separate_reduce_scatter_group`` (torch 2.13
+``FSDPModule.set_separate_reduce_scatter_group``) puts the reduce-scatters on a second group over the same ranks
+(name "fsdp_reduce_scatter", as FSDP2's ``group_desc``), so they overlap the all-gathers; HSDP's all-reduces run
+on the dp_replicate group (another communicator: they overlap both).
 
 Timing (streams "compute", "ag", "rs", "ar" as FSDP2's CUDA streams): forward AG(k) may start once unit
 k-prefetch-1 has computed (FSDP2 frees a unit before gathering two ahead); backward AG of segment t is issued
-when segment t-backward_prefetch starts; before a unit's gradient copy-in, compute waits for the previous RS
-(FSDP2 keeps one RS input buffer in flight). Copies are memory-bound Compute ops: AG copy-in 2·shard, copy-out
-2·unit, RS copy-in unit·(param + reduce bytes), RS copy-out 2·shard. ``overlap: false`` puts everything on one
-stream in issue order, as FSDP2 runs on CPU with gloo (every call blocks).
+when segment t-backward_prefetch starts; before a unit's gradient copy-in, compute waits for the RS issued
+``reduce_scatter_max_input_buffers`` (K, default 1) units before (FSDP2 keeps K RS input buffers in flight,
+``FSDPModule.set_reduce_scatter_max_input_buffers``, torch 2.13 _fsdp_param_group.py post_backward); with
+K > 1 each unit's gradient buffer stays allocated until that reclaim (or the optimizer), K buffers at most
+(K = 1: until its RS ends, the plan's accounting before the option). Copies are memory-bound Compute ops:
+AG copy-in 2·shard, copy-out 2·unit, RS copy-in unit·(param + reduce bytes), RS copy-out 2·shard.
+``overlap: false`` puts everything on one stream in issue order, as FSDP2 runs on CPU with gloo (every call
+blocks).
 Bytes follow nccl-tests: AG = the gathered unit, RS = the full unit. Each parameter's dim 0 is padded to a
 multiple of the shard group size S before sharding: padded = ceil(d0 / S)·S·prod(rest).
 ZeRO stages (Rajbhandari et al. 2019, arXiv 1910.02054): 3 = FSDP; 2 = replicated params, gradients
@@ -49,6 +62,17 @@ class FSDPOptions:
     reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
                                       choices=tuple(DTYPE_BYTES), what="dtype")
     overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
+    root_reshard_after_forward: bool = option(False, "true: fully_shard(root, reshard_after_forward=True) "
+                                                     "explicitly: the root is freed after forward and gathered "
+                                                     "again at the start of backward (false: FSDP2's default, "
+                                                     "the root stays gathered)")
+    separate_reduce_scatter_group: bool = option(False, "true: set_separate_reduce_scatter_group() (torch 2.13): "
+                                                        "reduce-scatters on a process group of their own, so they "
+                                                        "overlap the all-gathers (one more communicator); false: "
+                                                        "one group, one collective at a time")
+    reduce_scatter_max_input_buffers: int = option(1, "set_reduce_scatter_max_input_buffers(K) (torch 2.13): "
+                                                      "reduce-scatter inputs in flight; compute waits for the "
+                                                      "reduce-scatter K units back, K gradient buffers held")
 
     def validate(self, where: str = "parallelism") -> "FSDPOptions":
         """Checks that need no world size (the others: :func:`parse_config`)."""
@@ -58,6 +82,9 @@ class FSDPOptions:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{v!r} must be a whole number >= 0", f"{where}.{key}")
+        k = self.reduce_scatter_max_input_buffers
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ConfigError(f"{k!r} must be a whole number >= 1", f"{where}.reduce_scatter_max_input_buffers")
         for key in ("param_dtype", "reduce_dtype"):
             v = getattr(self, key)
             if v is not None and v not in DTYPE_BYTES:
@@ -65,8 +92,9 @@ class FSDPOptions:
         if not isinstance(self.reshard_after_forward, (bool, int)):
             raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
                               f"{where}.reshard_after_forward")
-        if not isinstance(self.overlap, bool):
-            raise ConfigError(f"{self.overlap!r} must be true or false", f"{where}.overlap")
+        for key in ("overlap", "root_reshard_after_forward", "separate_reduce_scatter_group"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{getattr(self, key)!r} must be true or false", f"{where}.{key}")
         return self
 
 
@@ -77,7 +105,9 @@ class FSDPConfig(FSDPOptions):
 
 
 KEYS = ("zero", "reshard_after_forward", "prefetch", "backward_prefetch", "param_dtype", "reduce_dtype",
-        "shard_size", "overlap")
+        "shard_size", "overlap", "root_reshard_after_forward", "separate_reduce_scatter_group",
+        "reduce_scatter_max_input_buffers")
+RS_GROUP = "fsdp_reduce_scatter"     # FSDP2's group_desc of the separate reduce-scatter group (torch 2.13)
 
 
 def parse_config(opts: dict, world: int, where: str = "parallelism") -> FSDPConfig:
@@ -168,14 +198,19 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
     p = _Program(cfg.overlap)
     root = units[0]
     size = {u.name: u.numel(S) * DTYPE_BYTES[pdt] for u in units}      # one unsharded unit in param dtype
-    resharded = (lambda u: z == 3 and u is not root and raf is not False)
+    root_raf = cfg.root_reshard_after_forward
+    resharded = (lambda u: z == 3 and (root_raf if u is root else raf is not False))
+    rs_name = RS_GROUP if cfg.separate_reduce_scatter_group else ""
 
     def gather(u: Unit, group, tag: str) -> bool:
         if S == 1 or not u.params:
             return False
+        # resharded to a group (int reshard_after_forward): fully_shard made that unit a DeviceMesh of its own,
+        # so its backward all-gathers run on a process group of their own (torch 2.13 _get_post_forward_mesh_info)
+        name = f"post_forward {u.name}" if post is not None and group is post else ""
         p.add(Compute(f"copy-in {u.name}", bytes=2 * size[u.name] // len(group), stream="ag"))
-        p.add(Collective("all_gather", size[u.name], pdt, group, name=f"all_gather {u.name} {tag}", stream="ag"),
-              start=[(size[u.name], "unsharded params")] if z == 3 else ())
+        p.add(Collective("all_gather", size[u.name], pdt, group, name=f"all_gather {u.name} {tag}", stream="ag",
+                         group_name=name), start=[(size[u.name], "unsharded params")] if z == 3 else ())
         if tag == "update":
             p.add(Compute(f"copy-out {u.name}", bytes=2 * size[u.name], stream="ag"))
         return True
@@ -198,23 +233,26 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
             copy_out(u)
         last = _forward(p, model, layers)
         p.record(f"fwd{k}", "compute")
-        if resharded(u) and last is not None and S > 1:        # reshard: free, keep a 1/raf slice if int
+        if resharded(u) and u is not root and last is not None and S > 1:   # reshard; keep 1/raf if int
             keep = [] if post is None else [(size[u.name] // len(post), "unsharded params")]
             p.mem += [[last, "end", -size[u.name], "unsharded params"]] + [[last, "end", d, c] for d, c in keep]
-    _forward(p, model, segs[-1][1])
+    tail = _forward(p, model, segs[-1][1])
+    if resharded(root) and root.params and S > 1:        # the root's post-forward: after its whole forward
+        p.mem.append([len(p.ops) - 1 if tail is None else tail, "end", -size[root.name], "unsharded params"])
     # backward: segments in reverse; a block's all-gather is issued backward_prefetch segments early
     back = list(reversed(segs))
-    pending, done, last_rs = [], [], None
+    pending, done, held = [], [], []       # held: (RS event, gradient bytes to free) of RS inputs in flight
     for s, (u, layers) in enumerate(back):
         p.record(f"bwd_start{s}", "compute")
         for t in range(s, len(back)):
             v = back[t][0]
-            if resharded(v) and max(t - cfg.backward_prefetch, 0) == s:
-                p.wait(f"bwd_start{s}", "ag")
-                if gather(v, post or shard, "backward") and post is not None:
+            if resharded(v) and max(t - cfg.backward_prefetch, 0) == s and (v is not root or t == 0):
+                p.wait(f"bwd_start{s}", "ag")                  # (the root: once, first, on the whole shard group)
+                if gather(v, shard if v is root else post or shard, "backward") and post is not None \
+                        and v is not root:
                     p.mem.append([len(p.ops) - 1, "end", -size[v.name] // len(post), "unsharded params"])
                 p.record(f"agb{t}", "ag")
-        if resharded(u):
+        if resharded(u) and (u is not root or s == 0):
             p.wait(f"agb{s}", "compute")
             copy_out(u)
         last = None
@@ -224,20 +262,27 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
             last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops, bytes=2 * L.activation_bytes + L.param_bytes),
                          start=grads, end=[(-L.activation_bytes, "activations")])
         unit_done = u is not root or s == len(back) - 1
-        if z >= 2 and unit_done and u.params and last_rs:     # FSDP2 keeps one RS input buffer in flight:
-            p.wait(last_rs, "compute")                        # wait for the previous RS before the copy-in
+        reclaimed = []         # FSDP2 keeps K RS input buffers in flight: reclaim the oldest before the copy-in
+        while z >= 2 and unit_done and u.params and len(held) >= cfg.reduce_scatter_max_input_buffers:
+            reclaimed.append(held.pop(0))
+        if reclaimed:
+            p.wait(reclaimed[-1][0], "compute")               # (its RS and, in stream order, those before it)
         if z >= 2 and unit_done and u.params and S > 1:
-            p.add(Compute(f"copy-in grads {u.name}", bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])))
+            p.add(Compute(f"copy-in grads {u.name}", bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])),
+                  start=[f for _, fs in reclaimed for f in fs])
         p.record(f"bwd{s}", "compute")
         if z == 3 and unit_done and u.params and S > 1:     # post-backward reshard
             p.mem.append([len(p.ops) - 1 if last is None else last, "end", -size[u.name], "unsharded params"])
         if unit_done and u.params:
             pending.append((u, s))
-            if z >= 2:
-                done.append(_reduce(p, u, f"bwd{s}", shard, replicas, rdt, pdt, z))
-                last_rs = f"rs_{u.name}" if S > 1 else None
+            if z >= 2:          # K = 1: the buffer's life ends with its RS (as before); K > 1: at its reclaim
+                hold = S > 1 and cfg.reduce_scatter_max_input_buffers > 1
+                done.append(_reduce(p, u, f"bwd{s}", shard, replicas, rdt, pdt, z, rs_name, hold=hold))
+                if S > 1:
+                    held.append((f"rs_{u.name}", _grad_free(u, pdt) if hold else []))
     if z == 1:       # ZeRO-1 keeps full gradients and reduce-scatters them all after backward
-        done = [_reduce(p, u, f"bwd{len(back) - 1}", shard, replicas, rdt, pdt, z) for u, s in pending]
+        done = [_reduce(p, u, f"bwd{len(back) - 1}", shard, replicas, rdt, pdt, z, rs_name) for u, s in pending]
+    done.append((None, [f for _, fs in held for f in fs]))     # the buffers still held: freed by the optimizer
     for prefix in ("rs_", "ar_"):      # streams run in order: the last event of each stream covers the rest
         events = [e for e, _ in done if e and e.startswith(prefix)]
         if events:
@@ -265,18 +310,27 @@ def _forward(p: _Program, model, layers):
     return last
 
 
-def _reduce(p: _Program, u: Unit, after: str, shard, replicas, rdt: str, pdt: str, z: int):
-    """RS of unit ``u`` once event ``after`` happened, then the HSDP all-reduce. Returns (the event to wait
-    for, or None when nothing was sent; the memory it frees when nothing was sent)."""
+def _grad_free(u: Unit, pdt: str) -> list:
+    """The memory event freeing unit ``u``'s unsharded gradients (its reduce-scatter input)."""
+    return [(-sum(q.numel for q in u.params) * DTYPE_BYTES[pdt], "unsharded grads")]
+
+
+def _reduce(p: _Program, u: Unit, after: str, shard, replicas, rdt: str, pdt: str, z: int, rs_name: str = "",
+            hold: bool = False):
+    """RS of unit ``u`` once event ``after`` happened (on process group ``rs_name`` over the shard ranks), then
+    the HSDP all-reduce. ``hold``: the gradient buffer outlives the RS (the caller frees it when FSDP2 reclaims
+    it). Returns (the event to wait for, or None when nothing was sent; the memory it frees when nothing was
+    sent)."""
     S, event = len(shard), None
-    free = [(-sum(q.numel for q in u.params) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 else []
+    free = _grad_free(u, pdt) if z >= 2 and not hold else []
     if S > 1:
         p.wait(after, "rs")
         if z == 1:
             p.add(Compute(f"copy-in grads {u.name}", bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt]),
                           stream="rs"))
         p.add(Collective("reduce_scatter", u.numel(S) * DTYPE_BYTES[rdt], rdt, shard,
-                         name=f"reduce_scatter {u.name}", stream="rs"), end=free if len(replicas) == 1 else ())
+                         name=f"reduce_scatter {u.name}", stream="rs", group_name=rs_name),
+              end=free if len(replicas) == 1 else ())
         p.add(Compute(f"copy-out grads {u.name}", bytes=2 * u.numel(S) // S * DTYPE_BYTES[rdt], stream="rs"))
         event = f"rs_{u.name}"
         p.record(event, "rs")
