@@ -29,6 +29,7 @@ def overhead_task(ctx, payload):
     import torch.distributed as dist
 
     from distlab.runtime.executor import Executor
+    from distlab.runtime.wire import all_gather_json
     from distlab.sim.plan import Collective, Plan
     out = []
     for nbytes in payload["sizes"]:
@@ -58,8 +59,7 @@ def overhead_task(ctx, payload):
             else:
                 loop_times.append(timed(loop))
                 ex_times.append(timed(ex.run))
-        every = [None] * ctx.world_size
-        dist.all_gather_object(every, (ex_times, loop_times))
+        every = all_gather_json((ex_times, loop_times))
         ex_slow = [max(e[0][i] for e in every) for i in range(payload["reps"])]
         loop_slow = [max(e[1][i] for e in every) for i in range(payload["reps"])]
         ratios = [lp / e for e, lp in zip(ex_slow, loop_slow)]
@@ -142,5 +142,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("bench_runtime_overhead", main))

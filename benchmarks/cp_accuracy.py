@@ -57,5 +57,6 @@ def main(argv=None) -> int:
     return 0 if abs(med) <= args.tolerance else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    raise SystemExit(run_main("cp_accuracy", main))

@@ -93,5 +93,6 @@ def _step_without_interference(r: dict, cap) -> float:
     return simulate(plan, cluster, record_transfers=False).makespan
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("ddp_accuracy", main))

@@ -53,5 +53,6 @@ def main(argv=None) -> int:
     return 0 if worst <= args.tolerance else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("ep_accuracy", main))

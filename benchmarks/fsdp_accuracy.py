@@ -84,5 +84,6 @@ def _main(args, load_pids) -> int:
     return 0 if worst <= args.tolerance else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("fsdp_accuracy", main))

@@ -1,15 +1,19 @@
 """`distlab validate`'s overlap plan (runtime/validation.py: compute on one stream, all_reduces of its gradients
-on another) predicted vs measured at 2 and 4 ranks, over several validate runs, with the machine's load.
+on another) predicted vs measured, over several runs of the very command users run, with the machine's load.
 
-    python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2,4] [--json] [--keep DIR]
+    python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2] [--quick] [--json] [--keep DIR] [--markdown]
 
-Each run is one `distlab validate --ops all_reduce` (its own calibration, then the plan 5 times: the run's error
-is that of the median makespan). Prints per world size every run's error, the median error over the runs, their
-spread (largest - smallest), the load before each run, the fitted factors (interference I: compute's slowdown
-beside an all_reduce; comm_interference K: the all_reduce's beside compute, sim/kernel/cores.py) and the median error
-of the same predictions with both factors 1, and with K = 1 only (what each changes). ``--keep DIR``: each
-run's `distlab validate --out` file (every op of every repeat) is kept there. Target (issue 15): |median error| <= 15%. Exit code 1
-when a target is missed.
+Each run is one `distlab validate --nproc N` (its defaults: 5 collectives calibrated at N ranks, held-out sizes,
+the held-out world size 3, and the overlap plan at N and 3 ranks, timed first on fresh ranks, 9 times: the run's
+error is that of the median makespan). ``--quick``: `validate --ops all_reduce --holdout-nproc none` with four
+calibration sizes (a minute instead of several). Prints per world size every run's error, whether validate
+trusted it and why not (runtime/trust.py: other processes' load, a spread beyond error and tolerance, more ranks
+than cores), the median error over the trusted runs, the fitted factors (interference I: compute's slowdown
+beside an all_reduce; comm_interference K: the all_reduce's beside compute, sim/kernel/cores.py) and the error
+without them. Targets (issue 33): at 2 ranks within 15% in at least 4 of 5 runs; at 3 ranks within 25%, or
+reported untrustworthy with the reason. Exit 1 when a target is missed. ``--keep DIR``: each run's `validate
+--out` file (every op of every repeat) is kept there. ``--markdown``: also write this benchmark's section of
+docs/accuracy.md (benchmarks/accuracy_doc.py).
 """
 from __future__ import annotations
 
@@ -21,60 +25,83 @@ import subprocess
 import sys
 import tempfile
 
-TARGET = 0.15
+TARGET = {2: 0.15, 3: 0.25}           # |error| per world size; other world sizes: 15%
+NEEDED = 0.8                          # share of the runs within the target (4 of 5)
 
 
-def one_run(nproc: str, folder: str, k: int) -> dict:
+def one_run(nproc: str, folder: str, k: int, quick: bool) -> dict:
     out = os.path.join(folder, f"validate-{k}.json")
-    cmd = [sys.executable, "-m", "distlab.runtime.cli", "validate", "--ops", "all_reduce", "--nproc", nproc,
-           "--holdout-nproc", "none", "--calib-sizes", "1MiB,2MiB,8MiB,16MiB", "--sizes", "4MiB", "--iters", "5",
+    extra = (["--ops", "all_reduce", "--holdout-nproc", "none", "--calib-sizes", "1MiB,2MiB,8MiB,16MiB", "--sizes",
+              "4MiB", "--iters", "5"] if quick else [])
+    cmd = [sys.executable, "-m", "distlab.runtime.cli", "validate", "--nproc", nproc, *extra,
            "--plot", os.path.join(folder, f"validate-{k}.png"), "--out", out, "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"overlap_accuracy: validate failed: {p.stderr.strip()}")
     d = json.loads(p.stdout)
-    return {"load": d["load"], "cases": [c for c in d["cases"] if c["kind"] == "overlap plan"]}
+    return {"load": d["load"], "trust": d.get("trust", {}),
+            "cases": [c for c in d["cases"] if c["kind"] == "overlap plan"]}
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    per_n: dict[int, list[dict]] = {}
+    for r in runs:
+        during = (r["load"].get("during") or {}).get("background_cores")
+        for c in r["cases"]:
+            per_n.setdefault(c["world_size"], []).append({**c, "background_during": during})
+    out = []
+    for n, cs in sorted(per_n.items()):
+        target = TARGET.get(n, 0.15)
+        errors = [c["error"] for c in cs]
+        trusted = [c for c in cs if c.get("trusted", True)]
+        within = sum(abs(c["error"]) <= target for c in cs)
+        doubts = sorted({c["doubt"].split(": ", 1)[1] for c in cs if c.get("doubt")})
+        ok = within >= NEEDED * len(cs) or (n != 2 and not trusted and bool(doubts))
+        out.append({"world_size": n, "runs": len(cs), "target": target, "within_target": within,
+                    "errors": errors, "median_error": statistics.median(errors),
+                    "trusted_runs": len(trusted), "doubts": doubts,
+                    "median_error_without_interference": statistics.median(c["error_without_interference"]
+                                                                           for c in cs),
+                    "spreads": [c.get("spread") for c in cs], "interference": [c.get("interference") for c in cs],
+                    "comm_interference": [c.get("comm_interference", 1.0) for c in cs],
+                    "background_during": [c["background_during"] for c in cs], "ok": ok})
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--nproc", default="2,4")
+    p.add_argument("--nproc", default="2")
+    p.add_argument("--quick", action="store_true", help="all_reduce only, no held-out world size")
     p.add_argument("--json", action="store_true")
     p.add_argument("--keep", metavar="DIR", help="keep each run's validate output (JSON, PNG) in DIR")
+    p.add_argument("--markdown", action="store_true", help="also write this section of docs/accuracy.md")
     args = p.parse_args(argv)
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [one_run(args.nproc, args.keep or tmp, k) for k in range(args.runs)]
-    per_n: dict[int, list[dict]] = {}
-    for r in runs:
-        for c in r["cases"]:
-            per_n.setdefault(c["world_size"], []).append({**c, "load_average": (r["load"]["at_calibration"] or {})
-                                                          .get("loadavg_1m")})
-    summary = []
-    for n, cs in sorted(per_n.items()):
-        errors = [c["error"] for c in cs]
-        med = statistics.median(errors)
-        summary.append({"world_size": n, "runs": len(cs), "median_error": med, "errors": errors,
-                        "median_error_without_interference": statistics.median(
-                            c["error_without_interference"] for c in cs),
-                        "median_error_without_comm_interference": statistics.median(
-                            c.get("error_without_comm_interference", c["error"]) for c in cs),
-                        "spread": max(errors) - min(errors), "interference": [c.get("interference") for c in cs],
-                        "comm_interference": [c.get("comm_interference", 1.0) for c in cs],
-                        "load_average": [c["load_average"] for c in cs], "ok": abs(med) <= TARGET})
-    if args.json:
-        print(json.dumps({"schema": "distlab.overlap_accuracy/1", "target": TARGET, "results": summary}, indent=1))
-    else:
-        for s in summary:
-            runs = ", ".join(f"{e * 100:+.0f}% (I {i:.2f}, K {k:.2f}, load {la})" for e, i, k, la in
-                             zip(s["errors"], s["interference"], s["comm_interference"], s["load_average"]))
-            print(f"{s['world_size']} ranks: median error {s['median_error'] * 100:+.1f}% over {s['runs']} runs "
-                  f"(spread {s['spread'] * 100:.0f} points; without interference "
-                  f"{s['median_error_without_interference'] * 100:+.1f}%, with I only "
-                  f"{s['median_error_without_comm_interference'] * 100:+.1f}%) {'ok' if s['ok'] else 'MISSED'}; "
-                  f"runs: {runs}")
+    from accuracy_doc import report
+    with report("overlap_accuracy", args.markdown, sys.argv[1:] if argv is None else argv):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = [one_run(args.nproc, args.keep or tmp, k, args.quick) for k in range(args.runs)]
+        summary = summarize(runs)
+        if args.json:
+            print(json.dumps({"schema": "distlab.overlap_accuracy/2", "target": TARGET, "results": summary},
+                             indent=1))
+        else:
+            print(f"`distlab validate --nproc {args.nproc}`{' (--quick)' if args.quick else ''}, {args.runs} runs; "
+                  "error = (predicted - measured) / measured of the median of 9 repeats")
+            for s in summary:
+                runs_text = ", ".join(
+                    f"{e * 100:+.0f}% (spread {sp * 100:.0f}%, I {i:.2f}, K {k:.2f}, others {b} cores)"
+                    for e, sp, i, k, b in zip(s["errors"], s["spreads"], s["interference"], s["comm_interference"],
+                                              s["background_during"]))
+                print(f"{s['world_size']} ranks: within {s['target']:.0%} in {s['within_target']} of {s['runs']} "
+                      f"runs, median error {s['median_error'] * 100:+.1f}% (without the interference factors "
+                      f"{s['median_error_without_interference'] * 100:+.1f}%); trusted by validate: "
+                      f"{s['trusted_runs']} of {s['runs']} {'ok' if s['ok'] else 'MISSED'}")
+                print(f"  runs: {runs_text}")
+                for d in s["doubts"]:
+                    print(f"  untrustworthy: {d}")
     return 0 if all(s["ok"] for s in summary) else 1
 
 

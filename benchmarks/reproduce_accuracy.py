@@ -1,14 +1,15 @@
-"""Published runs reproduced (sim/reproduce/runs.yaml): predicted vs reported figure per run, the error, which rows
-were fitted on, simulation wall time per row; median and max |error| over the rows not fitted on (target: median
-<= 10%, max <= 20%).
+"""Published runs reproduced (sim/reproduce/runs.yaml): predicted vs reported figure per run, then per source and per
+GPU generation over the rows not fitted on: rows, median |error|, largest |error|, bias (the median signed error).
+Target: median <= 10% and largest <= 20% for each generation with held-out rows. Rows the simulator cannot express
+yet are listed with the reason.
 
     python benchmarks/reproduce_accuracy.py [RUNS.yaml] [--max-gpus N] [--only NAME ...] [--json]
     python benchmarks/reproduce_accuracy.py --fit [RUNS.yaml]
 
---fit refits each generation's two constants (sim/compute.py saturating_curve: peak_fraction, half_flops) on the
-rows its ``fitted_on`` names, exactly (simulation in the loop): for a given half_flops, peak_fraction is solved by
-bisection so that the first row's predicted figure equals the reported one; half_flops is then solved (bisection
-in log10) so that the second row's does too. It prints the constants to write into the runs file.
+--fit refits each generation's sustained fraction (sim/compute/fitted.py) on the rows its ``fitted_on`` names:
+the value that makes the mean log error of those rows zero (simulation in the loop: a step's throughput is close
+to a power of sustained, so each iteration rescales it by that power's estimate; 4 iterations). It prints the
+constants to write into sim/compute/fitted.py.
 """
 from __future__ import annotations
 
@@ -16,58 +17,51 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from distlab.sim.compute.fitted import FITTED, Fitted  # noqa: E402
 from distlab.sim.reproduce.predict import predict  # noqa: E402
-from distlab.sim.reproduce.runs import Generation, load_runs  # noqa: E402
+from distlab.sim.reproduce.runs import load_runs  # noqa: E402
 
 
-def error(run, arch: str, pf: float, hf: float) -> float:
-    return predict(run, {arch: Generation(pf, hf, [])})["error"]
+def log_error(runs, generation: str, sustained: float) -> float:
+    """Mean log(predicted / reported) of ``runs`` with the generation's sustained fraction set to ``sustained``."""
+    over = {generation: Fitted(sustained=sustained, fitted_on=FITTED[generation].fitted_on)}
+    return statistics.fmean(math.log1p(predict(r, over)["error"]) for r in runs)
 
 
-def solve_pf(run, arch: str, hf: float) -> float:
-    """peak_fraction in (0.05, 1] with the run's predicted figure equal to the reported one (error rises with pf)."""
-    lo, hi = 0.05, 1.0
-    for _ in range(12):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if error(run, arch, mid, hf) < 0 else (lo, mid)
-    return (lo + hi) / 2
-
-
-def fit(runs, arch: str, names: list[str]) -> tuple[float, float]:
-    by_name = {r.name: r for r in runs}
-    first = by_name[names[0]]
-    if len(names) == 1:
-        return solve_pf(first, arch, 1e9), 1e9
-    second = by_name[names[1]]
-    lo, hi = 8.0, 12.0                       # log10(half_flops)
-    for _ in range(8):
-        mid = (lo + hi) / 2
-        pf = solve_pf(first, arch, 10 ** mid)
-        if pf > 0.999:                       # no peak_fraction <= 1 fits the first row: half_flops too large
-            print(f"  half_flops 1e{mid:.3f}: no peak_fraction <= 1 fits {first.name}", flush=True)
-            hi = mid
-            continue
-        e = error(second, arch, pf, 10 ** mid)
-        print(f"  half_flops 1e{mid:.3f}: peak_fraction {pf:.4f}, {second.name} error {100 * e:+.2f}%",
-              flush=True)
-        # a larger half_flops lowers small GEMMs' efficiency more than large ones': with pf re-solved on the
-        # first row, the second row's figure rises with half_flops if its GEMMs are the larger
-        if e == 0:
+def fit(runs, generation: str, names) -> float:
+    """sustained with a mean log error of zero over the rows ``names`` (module docstring)."""
+    rows = [r for r in runs if r.name in names]
+    s, e = 0.7, log_error(rows, generation, 0.7)
+    s2 = s * math.exp(-e)                               # first step: throughput proportional to sustained
+    for _ in range(4):
+        e2 = log_error(rows, generation, s2)
+        print(f"  {generation}: sustained {s2:.4f}, mean log error {e2:+.4f}", flush=True)
+        if abs(e2) < 1e-4:
             break
-        lo, hi = (mid, hi) if (e > 0) != _second_has_larger_gemms(first, second) else (lo, mid)
-    mid = (lo + hi) / 2
-    return solve_pf(first, arch, 10 ** mid), 10 ** mid
+        power = (e2 - e) / math.log(s2 / s) if s2 != s else 1.0
+        s, e, s2 = s2, e2, s2 * math.exp(-e2 / max(power, 0.1))
+    return s2
 
 
-def _second_has_larger_gemms(a, b) -> bool:
-    def size(r):
-        return r.micro_batch * r.model["seq_len"] * r.model["hidden"] ** 2 / r.layout["tp"]
-    return size(b) > size(a)
+def summary(results: list[dict], key: str) -> list[dict]:
+    """Per value of ``key`` (table or generation): held-out rows, median and largest |error|, bias."""
+    out = []
+    for value in dict.fromkeys(x[key] for x in results):
+        errs = [x["error"] for x in results if x[key] == value and x.get("expressible") and not x["fitted"]]
+        fitted = sum(1 for x in results if x[key] == value and x.get("expressible") and x["fitted"])
+        missing = sum(1 for x in results if x[key] == value and not x.get("expressible"))
+        row = {key: value, "rows": len(errs), "fitted_rows": fitted, "not_expressible": missing}
+        if errs:
+            row.update(median_abs_error=statistics.median(abs(e) for e in errs),
+                       max_abs_error=max(abs(e) for e in errs), bias=statistics.median(errs))
+        out.append(row)
+    return out
 
 
 def main() -> int:
@@ -78,31 +72,43 @@ def main() -> int:
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    runs, gens = load_runs(args.runs)
+    runs, fitted = load_runs(args.runs)
     if args.fit:
-        for arch, g in gens.items():
-            t0 = time.perf_counter()
-            pf, hf = fit(runs, arch, g.fitted_on)
-            print(f"{arch}: peak_fraction {pf:.4f}, half_flops {hf:.4g} (fitted on {', '.join(g.fitted_on)}; "
-                  f"{time.perf_counter() - t0:.0f} s)")
+        for generation, f in fitted.items():
+            if f.fitted_on:
+                t0 = time.perf_counter()
+                s = fit(runs, generation, f.fitted_on)
+                print(f"{generation}: sustained {s:.4f} (fitted on {', '.join(f.fitted_on)}; "
+                      f"{time.perf_counter() - t0:.0f} s)")
         return 0
     results = []
     for r in runs:
         if (args.only and r.name not in args.only) or (args.max_gpus and r.gpus > args.max_gpus):
             continue
-        results.append(predict(r, gens))
-        x = results[-1]
-        if not args.json:
-            print(f"{x['name']:16} {x['world_size']:5} GPUs  reported {x['reported']:8.4g}  predicted "
-                  f"{x['predicted']:8.4g}  error {100 * x['error']:+6.1f}%  {'fitted' if x['fitted'] else '      '}"
-                  f"  step {x['step_time_s']:.3f} s  sim wall {x['wall_s']:.1f} s", flush=True)
-    errs = sorted(abs(x["error"]) for x in results if not x["fitted"])
-    median = (errs[(len(errs) - 1) // 2] + errs[len(errs) // 2]) / 2 if errs else None
-    summary = {"rows": len(errs), "median_abs_error": median, "max_abs_error": errs[-1] if errs else None}
+        x = predict(r)
+        results.append(x)
+        if args.json:
+            continue
+        if not x["expressible"]:
+            print(f"{x['name']:38} {x['world_size']:6} GPUs  not expressible yet: {x['reason']}", flush=True)
+            continue
+        print(f"{x['name']:38} {x['world_size']:6} GPUs  {x['figure']} reported {x['reported']:8.4g}  predicted "
+              f"{x['predicted']:8.4g}  error {100 * x['error']:+6.1f}%  {'fitted' if x['fitted'] else '      '}"
+              f"  MFU {100 * x['mfu']:4.1f}%  step {x['step_time_s']:.3f} s  sim wall {x['wall_s']:.1f} s",
+              flush=True)
+    tables, generations = summary(results, "table"), summary(results, "generation")
     if args.json:
-        print(json.dumps({"results": results, "summary": summary}, indent=1))
-    elif errs:
-        print(f"not fitted: {len(errs)} rows, median |error| {100 * median:.1f}%, max |error| {100 * errs[-1]:.1f}%")
+        print(json.dumps({"results": results, "by_source": tables, "by_generation": generations}, indent=1))
+        return 0
+    for title, rows, key in (("per source", tables, "table"), ("per GPU generation", generations, "generation")):
+        print(f"\n{title} (rows not fitted on):")
+        for s in rows:
+            line = f"  {s[key]}: {s['rows']} rows"
+            if s["rows"]:
+                line += (f", median |error| {100 * s['median_abs_error']:.1f}%, largest "
+                         f"{100 * s['max_abs_error']:.1f}%, bias {100 * s['bias']:+.1f}%")
+            line += f"; fitted on {s['fitted_rows']}, not expressible yet {s['not_expressible']}"
+            print(line)
     return 0
 
 

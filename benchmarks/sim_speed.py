@@ -38,5 +38,6 @@ def main() -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("sim_speed", main))

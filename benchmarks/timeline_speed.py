@@ -81,5 +81,6 @@ def parts() -> None:
     print(f"  for comparison, matplotlib (sim/plots.py, .svg/.pdf timelines): import {imports:.3f} s, "
           f"figure and PNG {time.perf_counter() - t0:.3f} s")
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("timeline_speed", main))

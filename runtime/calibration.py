@@ -14,15 +14,16 @@ import time
 
 
 def measure(ops: list[str], sizes: list[int], n: int, warmup: int, iters: int, plan: dict | None = None,
-            label: str = "calibrate", **launch_options) -> list[dict]:
+            label: str = "calibrate", plan_first: bool = False, **launch_options) -> list[dict]:
     """Per rank: {"rows": the sweep's rows, "compute": rates, "plan": the plan payload's results or None}.
     ``plan`` is an executor payload ({"plan", "warmup", "repeat"}); ``launch_options`` go to runtime.launch.Launch
-    (backend, threads, timeout, verbose). Progress is shown per timed round. Calls shorter than
+    (backend, threads, timeout, verbose). ``plan_first``: compute and the plan before the sweep (runtime/sweep.py).
+    Progress is shown per timed round. Calls shorter than
     runtime/sweep.py's SHORT_S get up to MAX_REPEATS samples per round (their times scatter most)."""
     from distlab.runtime.sweep import SHORT_S
     from distlab.runtime.torchrun_rank import new_launch    # Launch, or this rank's share under torchrun
     payload = {"ops": ops, "sizes": sizes, "warmup": warmup, "iters": iters, "compute": True, "plan": plan,
-               "short_s": SHORT_S}
+               "short_s": SHORT_S, "plan_first": plan_first}
     launch = new_launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_options).start()
     return launch.wait_progress(iters, f"{label}: {n} ranks", lambda L: (L.partial(0) or {}).get("rounds", 0))
 

@@ -15,6 +15,7 @@ COMMANDS = [
     "distlab.sim.commands.plan",
     "distlab.sim.commands.lessons",
     "distlab.sim.commands.reproduce",
+    "distlab.sim.commands.cluster",
     "distlab.runtime.commands.run",
     "distlab.runtime.commands.bench",
     "distlab.runtime.commands.calibrate",
@@ -38,7 +39,7 @@ def build_parser() -> tuple[Parser, dict]:
                     epilog="Run 'distlab COMMAND --help' for each command's options.")
     parser.add_argument("--version", action="version", version=f"distlab {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    modules = {}
+    modules, parser.command_parsers = {}, {}
     for name in COMMANDS:
         try:
             module = importlib.import_module(name)
@@ -48,15 +49,25 @@ def build_parser() -> tuple[Parser, dict]:
             raise
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        modules[module.NAME] = module
+        modules[module.NAME], parser.command_parsers[module.NAME] = module, p
     return parser, modules
+
+
+def _factory_model(spec: dict, where: str):
+    """``--model pkg.module:factory``: traced with torch (runtime/factory.py), imported only when asked for."""
+    from distlab.runtime.factory import load
+    return load(spec, where)
 
 
 def main(argv: list[str] | None = None) -> int:
     from distlab.runtime.torchrun_rank import quiet_other_ranks
+    from distlab.sim.models.spec import set_factory_loader
     quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/torchrun_rank.py)
+    set_factory_loader(_factory_model)
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:                        # named by the command's own parser: 'distlab simulate: error: ...'
+        parser.command_parsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:           # like git: the help, then exit 2 (a command is required)
         parser.print_help(sys.stderr)
         return 2

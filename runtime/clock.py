@@ -83,8 +83,8 @@ def measure(ctx, rounds: int = 16, max_rounds: int = 400, good_rtt_s: float = 60
     import torch
     import torch.distributed as dist
     group = _gloo_group(ctx)
-    nodes = [None] * ctx.world_size
-    dist.all_gather_object(nodes, node_key())
+    from distlab.runtime.wire import all_gather_json
+    nodes = all_gather_json(node_key())
     me = nodes[ctx.rank]
     remote = [r for r in range(ctx.world_size) if nodes[r] != nodes[0]]
     clock = time.perf_counter
@@ -115,8 +115,7 @@ def measure(ctx, rounds: int = 16, max_rounds: int = 400, good_rtt_s: float = 60
         buf[0] = 0
         dist.send(buf, dst=0, group=group)
         best = (best[0], best[1], best[2], n)
-    samples = [None] * ctx.world_size
-    dist.all_gather_object(samples, best)
+    samples = all_gather_json(best)
     mine = [s for r, s in enumerate(samples) if nodes[r] == me and s is not None]
     if not mine:                                 # rank 0's node: the same clock as rank 0
         return ClockSync(at_s=clock(), node=me)

@@ -156,6 +156,7 @@ class InterferenceProbe:
         import torch.distributed as dist
 
         from distlab.runtime.compute import Matmuls
+        from distlab.runtime.wire import broadcast_json
         self.ctx, self.nbytes, self.window_s = ctx, nbytes, window_s
         self.group = dist.new_group(list(range(ctx.world_size)))
         self.buf = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
@@ -166,9 +167,8 @@ class InterferenceProbe:
         t0 = time.perf_counter()
         for _ in range(3):
             self._all_reduce()
-        probe = [max((time.perf_counter() - t0) / 3, 1e-5)]
-        dist.broadcast_object_list(probe, src=0)          # every rank issues the same number of all_reduces
-        self.count = max(2, round(window_s / probe[0]))
+        probe = broadcast_json(max((time.perf_counter() - t0) / 3, 1e-5), src=0)   # the same all_reduces everywhere
+        self.count = max(2, round(window_s / probe))
         self._on(0, lambda: self.mm.run(1))
         self.alone: list[float] = []         # matmuls per second, per round
         self.during: list[float] = []
@@ -233,11 +233,9 @@ class InterferenceProbe:
         """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes,
         "comm_interference" (>= 1), "comm_interference_spread"}: robust centers (runtime/robust.py) over every
         rank's rounds."""
-        import torch.distributed as dist
-
         from distlab.runtime import robust
-        every = [None] * self.ctx.world_size
-        dist.all_gather_object(every, (self.alone, self.during, self.comm_alone, self.comm_during))
+        from distlab.runtime.wire import all_gather_json
+        every = all_gather_json((self.alone, self.during, self.comm_alone, self.comm_during))
         rounds = range(len(self.alone))
         alone = [min(e[0][j] for e in every) for j in rounds]
         during = [min(e[1][j] for e in every) for j in rounds]
@@ -308,12 +306,17 @@ def write_with_fit(path: str, cluster, fit: dict):
 
 
 def plot_curve(probe: dict, path: str) -> None:
+    """Write ``curve_figure(probe)`` to ``path``."""
+    from distlab.sim.io import save_figure
+    save_figure(curve_figure(probe), path)
+
+
+def curve_figure(probe: dict):
     """Efficiency against GEMM FLOPs (log x): each shape by kind, and the fitted curve."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from distlab.sim.io import save_figure
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for kind, marker in (("square", "o"), ("skinny", "v"), ("rectangular", "s")):
         rs = [r for r in probe["gemms"] if r["kind"] == kind]
@@ -329,4 +332,5 @@ def plot_curve(probe: dict, path: str) -> None:
     ax.set_title(f"GEMM efficiency, {probe['dtype']} on {probe['device']}")
     ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    fig.tight_layout()
+    return fig

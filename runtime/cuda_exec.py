@@ -18,7 +18,7 @@ def run_cuda(ex) -> list[tuple[int, float, float]]:
     events: dict[str, object] = {}
     marks = []                                   # (index, start event, end event)
     order = sorted((i, name, kind, fn, event, need)
-                   for name, steps in ex.steps.items() for i, kind, fn, event, need in steps)
+                   for name, steps in ex.steps.items() for i, kind, fn, event, need, _ in steps)
     torch.cuda.synchronize(ex.ctx.device)
     ref = torch.cuda.Event(enable_timing=True)
     t_ref = time.perf_counter()

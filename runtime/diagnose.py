@@ -16,7 +16,8 @@ always a problem.
 
 ``diagnose(flight)`` returns the verdict (one line: the dead rank and its last completed op first, then a
 mismatch, a hang, an interruption), the problems as objects {rank, op_index, kind, message} (op_index: the
-plan's op index of the record, None where unknown) and one row per rank.
+plan's op index of the record, None where unknown; kind: `distlab check`'s names, mismatched_collective or
+missing_collective, or died / no_record; KINDS) and one row per rank.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import re
 from collections import defaultdict
 
 IN_FLIGHT_S = 1.0
-KINDS = ("died", "no_record", "mismatch", "hang")
+# the kinds of a problem: `distlab check`'s (sim/check.py KINDS: mismatched_collective, missing_collective, ...),
+# plus what only a real run shows: a rank that died, or left no record
+KINDS = ("died", "no_record", "mismatched_collective", "missing_collective")
 
 
 def _op(rec):
@@ -110,19 +113,19 @@ def _communicator_problems(ranks: dict, interrupted: str | None) -> tuple[list[d
                                        for r, x in waiters):
                     in_flight += [f"rank {r} in {where(x)}" for r, x in waiters]
                     continue
-                problems.append(problem(min(r for r in group if r not in at), None, "hang", line))
+                problems.append(problem(min(r for r in group if r not in at), None, "missing_collective", line))
             else:
                 counts = defaultdict(int)
                 for x in at.values():
                     counts[signature(_op(x))] += 1
                 common = max(counts, key=counts.get)
                 culprit = min(r for r, x in at.items() if signature(_op(x)) != common)
-                problems.append(problem(culprit, _index(at[culprit]), "mismatch", line))
+                problems.append(problem(culprit, _index(at[culprit]), "mismatched_collective", line))
     return problems, in_flight
 
 
 def diagnose(flight: dict) -> dict:
-    """``flight`` = runtime.flight.load_dir(DIR) -> {"verdict": line, "status", "problems": [{rank, op_index,
+    """``flight`` = runtime.flight_read.load_dir(DIR) -> {"verdict": line, "status", "problems": [{rank, op_index,
     kind, message}], "ranks": [per rank], "interrupted", "in_flight", "directory", "world_size"}."""
     ranks, world = flight["ranks"], flight["world_size"]
     run = flight.get("run") or {}

@@ -20,7 +20,6 @@ to the first step of the new attempt: detection, restart of the processes, rende
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -88,8 +87,12 @@ def reference(spec: TrainSpec, world: int = 2) -> dict:
 
 
 def _event(path: str, **fields) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps({"time": time.time(), **fields}) + "\n")
+    """Append one event line (O_APPEND: lines of two ranks never interleave; never through a symbolic link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (json.dumps({"time": time.time(), **fields}) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def train(spec: TrainSpec, root: str) -> dict:
@@ -100,16 +103,21 @@ def train(spec: TrainSpec, root: str) -> dict:
     from datetime import timedelta
 
     from distlab.runtime import checkpoint
-    from distlab.runtime.worker import _die_with_parent
+    from distlab.runtime.rendezvous import run_store
+    from distlab.runtime.secret import run_secret
+    from distlab.runtime.wire import all_gather_json, broadcast_json
+    from distlab.runtime.worker import _die_with_parent, env_int, stop_on_refusal
     _die_with_parent(os.getppid())           # torchrun's agent: if it dies, so does this rank
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    key = checkpoint.family_key(run_secret())   # checkpoints of runs with this secret only
+    store = run_store(rank, world, spec.timeout_s, on_refused=stop_on_refusal(rank, None))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = os.path.join(root, "events.jsonl")
     model, opt = build(spec)
-    start = checkpoint.latest(root) or 0
-    load_s = checkpoint.load(root, start, model, opt) if start else 0.0
+    start = broadcast_json(_resume_step(root, key) if rank == 0 else None, src=0)
+    load_s = checkpoint.load(root, start, model, opt, key) if start else 0.0
     if rank == 0:
         _event(events, event="start", attempt=attempt, step=start, world_size=world, load_s=load_s)
     for step in range(start + 1, spec.steps + 1):
@@ -126,23 +134,39 @@ def train(spec: TrainSpec, root: str) -> dict:
             p.grad /= world
         opt.step()
         if spec.checkpoint_every and step % spec.checkpoint_every == 0:
-            saved = checkpoint.save(root, step, model, opt)
+            saved = checkpoint.save(root, step, model, opt, key)
             saved_at = time.time()        # complete on every rank: DCP's finish step ends on all of them
-            sizes = [None] * world
-            dist.all_gather_object(sizes, saved["bytes"])
+            sizes = all_gather_json(saved["bytes"])
             if rank == 0:
                 _event(events, event="checkpoint", attempt=attempt, step=step, time_s=saved["time_s"],
                        bytes=sum(sizes), bytes_per_rank=sizes, time=saved_at)
     dist.barrier()
     if rank == 0:
-        torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(root, "final.pt"))
+        import io
+
+        from distlab.sim.io import write_atomic
+        buf = io.BytesIO()
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, buf)
+        write_atomic(os.path.join(root, "final.pt"), buf.getvalue())
         _event(events, event="done", attempt=attempt, step=spec.steps)
         summary = summarize(read_events(events), spec)
-        with open(os.path.join(root, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+        write_atomic(os.path.join(root, "summary.json"), json.dumps(summary, indent=1))
         print(describe(summary))
+    dist.barrier()                 # rank 0 has written: no rank leaves the group while another still uses it
     dist.destroy_process_group()
     return {"rank": rank}
+
+
+def _resume_step(root: str, key: bytes) -> int:
+    """Rank 0: the newest checkpoint that verifies (runtime/checkpoint.py), 0 if none; one line per newer one it
+    skips, naming the file and the fallback."""
+    from distlab.runtime.checkpoint import latest_good, step_dir
+    step, skipped = latest_good(root, key)
+    fallback = f"resuming from {step_dir(root, step)} (the previous good checkpoint)" if step else \
+        "starting from step 0 (no good checkpoint)"
+    for reason in skipped:
+        print(f"elastic: checkpoint not used: {reason}; {fallback}", flush=True)
+    return step or 0
 
 
 def read_events(path: str) -> list[dict]:
@@ -187,18 +211,25 @@ def describe(summary: dict) -> str:
 
 
 def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1, timeout: float = 120.0) -> dict:
-    """Start ``torchrun --standalone --nproc-per-node nproc --max-restarts R`` on this machine, wait for it.
+    """Start ``torchrun --nproc-per-node nproc --max-restarts R`` on this machine (static rendezvous on
+    127.0.0.1, a new secret for the run: runtime/rendezvous.py), wait for it.
     Returns {"returncode", "output", "summary" (or None), "final" (the parameters, or None)}."""
     import torch
+
+    from distlab.runtime.launch import free_port
+    from distlab.runtime.secret import SECRET_ENV, SECRET_FILE_ENV, family_secret_file
     os.makedirs(root, exist_ok=True)
+    secret_file = family_secret_file(root)           # the run family: every run_local on this folder
     logs = os.path.join(root, "torchrun-logs")         # torchrun's own logs (else a torchelastic_* temp folder)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--standalone", "--nproc-per-node",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--nnodes", "1", "--node-rank", "0",
+           "--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--nproc-per-node",
            str(nproc),
            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "distlab.runtime.elastic",
            "--dir", root] + [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**ELASTIC_ENV, **os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**ELASTIC_ENV, **{k: v for k, v in os.environ.items() if k != SECRET_ENV},
+                                 "OMP_NUM_THREADS": "1", SECRET_FILE_ENV: secret_file})
     try:
         output = proc.communicate(timeout=timeout)[0]
     except BaseException:
@@ -206,24 +237,44 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
         _end(proc)
         raise
     from distlab.runtime.multinode import _kill_session
+    from distlab.sim.io import read_text
     _kill_session(proc)
     summary_path, final_path = os.path.join(root, "summary.json"), os.path.join(root, "final.pt")
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else None
-    final = torch.load(final_path) if os.path.exists(final_path) else None
+    summary = json.loads(read_text(summary_path, "summary")) if os.path.exists(summary_path) else None
+    final = torch.load(final_path, weights_only=True) if os.path.exists(final_path) else None   # tensors only
     return {"returncode": proc.returncode, "output": output, "summary": summary, "final": final}
 
 
+PROG = "python -m distlab.runtime.elastic"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m distlab.runtime.elastic",
-                                description="Elastic training with DCP checkpoints (run it under torchrun).")
-    p.add_argument("--dir", required=True, help="checkpoints, events.jsonl, final.pt and summary.json go here")
+    from distlab.runtime.checkpoint import CheckpointError
+    from distlab.sim.cli import Parser
+    from distlab.sim.errors import ConfigError, OutputError
+    from distlab.sim.io import check_output
+    p = Parser(prog=PROG, description="Elastic training with DCP checkpoints (run it under torchrun).")
+    p.add_argument("--dir", required=True, help="checkpoints, events.jsonl, final.pt and summary.json go here "
+                   "(created if missing; its parent must exist)")
     for name, value in asdict(TrainSpec()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = vars(p.parse_args(argv))
     root = args.pop("dir")
-    train(TrainSpec(**args), root)
-    return 0
+    try:
+        check_output(root, "--dir", "dir")
+        os.makedirs(root, exist_ok=True)
+        train(TrainSpec(**args), root)
+        return 0
+    except ConfigError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 2
+    except (CheckpointError, OutputError) as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)        # past the process group's end, skip the interpreter's teardown of torch's C++ objects

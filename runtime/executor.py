@@ -111,7 +111,7 @@ class Executor:
                 records_before[op.event] += 1
             elif isinstance(op, Wait):
                 event, need = op.event, records_before[op.event]
-            steps[op.stream].append((i, op.kind, fn, event, need))
+            steps[op.stream].append((i, op.kind, fn, event, need, _what(op)))
         return dict(steps)
 
     # -- execution -----------------------------------------------------------------------------------------
@@ -125,11 +125,12 @@ class Executor:
         self.partial = {s: [] for s in self.steps}
         self.turns.reset()
         events = _Events(self.ctx.timeout)
+        dog = getattr(self.ctx, "watchdog", None)      # runtime/watchdog.py: no op runs past --timeout
         if len(self.steps) <= 1:                       # one stream: no thread at all
             for stream, steps in self.steps.items():
-                _run_stream(steps, self.partial[stream], events)
+                _run_stream(steps, self.partial[stream], events, stream, dog)
         else:
-            _run_threads(self.steps, self.partial, events)
+            _run_threads(self.steps, self.partial, events, dog)
         return sorted(r for recs in self.partial.values() for r in recs)
 
 
@@ -173,9 +174,21 @@ class _Events:
             self.cond.notify_all()
 
 
-def _run_stream(steps, out: list, events: _Events) -> None:
+def _what(op) -> str:
+    """An op in a few words, for the watchdog's message."""
+    from distlab.sim.plan import describe
+    if isinstance(op, Compute):
+        return f"compute {op.name!r}" if op.name else "compute"
+    if isinstance(op, (Record, Wait)):
+        return f"{op.kind} {op.event!r}"
+    return describe(op)
+
+
+def _run_stream(steps, out: list, events: _Events, stream: str = "", dog=None) -> None:
     clock = time.perf_counter
-    for index, kind, fn, event, need in steps:
+    for index, kind, fn, event, need, what in steps:
+        if dog is not None:
+            dog.enter(stream, index, what)
         t0 = clock()
         if fn is not None:
             fn()
@@ -184,16 +197,29 @@ def _run_stream(steps, out: list, events: _Events) -> None:
         else:
             events.wait(event, need)
         out.append((index, t0, clock()))
+    if dog is not None:
+        dog.leave(stream)
 
 
-def _run_threads(streams: dict, partial: dict, events: _Events) -> None:
-    """One daemon thread per stream; the first error aborts the others and is raised here."""
+def _run_threads(streams: dict, partial: dict, events: _Events, dog=None) -> None:
+    """One daemon thread per stream; the first error aborts the others and is raised here.
+
+    Each thread first sets torch's intra-op threads to the rank's (``torch.set_num_threads`` in the main thread,
+    runtime/worker.py): OpenMP keeps that count per thread (the nthreads-var ICV, OpenMP 4.5 sec. 2.3.2), so a
+    new thread's matmuls would otherwise start a team of one OpenMP thread per core. On 2 cores that made the
+    compute stream of `distlab validate`'s overlap plan 4-35x slower than the same matmuls timed in the main
+    thread (48 x 256^3 matmuls: 54-62 ms in the main thread, 221-2045 ms in a new thread, 78-97 ms after
+    set_num_threads there; measured on this 2-core machine under load), which is where its 2-14x errors came
+    from (docs/calibration.md)."""
+    import torch
+    intra_op = torch.get_num_threads()
     errors: list[tuple[str, BaseException]] = []
     done = threading.Semaphore(0)
 
     def body(stream):
         try:
-            _run_stream(streams[stream], partial[stream], events)
+            torch.set_num_threads(intra_op)
+            _run_stream(streams[stream], partial[stream], events, stream, dog)
         except BaseException as e:        # noqa: BLE001 - handed to the main thread
             errors.append((stream, e))
             events.abort()

@@ -79,6 +79,8 @@ def fit_op(op: str, n: int, sizes, times) -> dict:
     out = params(sizes, times)
     out["spread"] = round(max(robust.spread(x) for x in samples), 4)
     out["samples"] = sum(len(x) for x in samples)
+    from distlab.runtime.robust import median_noise        # how far a size's median moves by chance
+    out["noise"] = round(max(median_noise(x) for x in samples), 4)
     bands = split_bands(sizes, times)
     if len(bands) > 1:
         out["bands"] = [{"min_bytes": int(min(s)), "max_bytes": int(max(s)), **params(s, t)} for s, t in bands]
@@ -143,7 +145,8 @@ def calibrated_cluster(calibration: dict, compute: dict | None, world_size: int,
         alone = max(1.0, world_size / cpu_cores) if cpu_cores else 1.0
         gpu = GPUSpec("cpu" if backend == "gloo" else "measured",
                       tflops=round(compute["flops_per_s"] * alone / 1e12, 6),
-                      hbm_GBps=round(compute["copy_Bps"] * alone / 1e9, 3), memory_GiB=round(mem, 2))
+                      hbm_GBps=round(compute["copy_Bps"] * alone / 1e9, 3), memory_GiB=round(mem, 2),
+                      arch="cpu" if backend == "gloo" else compute.get("arch", "hopper"))
     intra = base.intra_node
     ar = calibration.get("collectives", {}).get("all_reduce")
     if ar:

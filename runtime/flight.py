@@ -10,7 +10,7 @@ written in place on every state change: about a microsecond, no system call), so
 SIGKILL leaves its last state on disk. On a timeout, an error, SIGTERM or SIGINT the rank also writes
 ``flight.R.json`` (atomically): the same records, decoded, with the reason. A thread woken through
 signal.set_wakeup_fd writes it at once, even while the main thread is blocked inside a collective.
-``distlab diagnose DIR`` (runtime/diagnose.py) reads either.
+``distlab diagnose DIR`` (runtime/diagnose.py) reads either, through runtime/flight_read.py.
 """
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ import json
 import mmap
 import os
 import signal
+import stat
 import struct
 import threading
 import time
 
-from distlab.sim.errors import ConfigError
+from distlab.sim.errors import ConfigError, OutputError
 from distlab.sim.plan import COLLECTIVES, DTYPE_BYTES
 
 FORMAT = "distlab-flight/1"
@@ -32,6 +33,47 @@ DTYPES = tuple(DTYPE_BYTES)
 HEADER = 1 << 16
 SLOT = struct.Struct("<qqiiqiBBBxddd")    # gen, seq, key, index, bytes, root, op, dtype, state, t x 3
 CAPACITY = int(os.environ.get("DISTLAB_FLIGHT_SIZE", "1024"))
+
+
+MAX_WORLD = 1 << 17                 # ranks a flight record may claim (diagnose builds a row per rank)
+MAX_CAPACITY = 1 << 16              # slots a ring's header may claim
+
+
+def _whole(x, lo: int, hi: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
+
+
+def open_ring(path: str, size: int) -> int:
+    """A ring file's descriptor, ``size`` bytes allocated on disk (posix_fallocate): a full disk is an error here,
+    before the run, not a SIGBUS in the middle of it (a sparse file written through mmap gets its blocks on the
+    first write). Never through a symbolic link (O_NOFOLLOW), and only a regular file of this user: a link planted
+    in a shared --dump-dir cannot make a rank overwrite another file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be opened ({e.strerror}); distlab writes flight records only into files "
+                          f"it creates, never through a symbolic link: remove it or choose another folder",
+                          "--dump-dir") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink > 1:
+        os.close(fd)
+        raise ConfigError(f"{path} is not a file of yours that distlab created; it is left as it is: remove it or "
+                          f"choose another folder", "--dump-dir")
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        raise OutputError(path, f"cannot allocate the {size // 1024} KiB flight ring ({e.strerror})",
+                          kept_error="nothing was measured yet") from None
+    return fd
+
+
+def create_rings(directory: str, world_size: int) -> None:
+    """Allocate every rank's ring before any rank starts (the launcher): a full disk or a planted link is one line
+    now; each rank then opens its own (``Recorder``)."""
+    for r in range(world_size):
+        os.close(open_ring(os.path.join(directory, f"flight.{r}.ring"), HEADER + CAPACITY * SLOT.size))
 
 
 def _ranges(ranks) -> list:
@@ -55,10 +97,11 @@ class Recorder:
         os.makedirs(directory, exist_ok=True)
         self.directory, self.rank, self.world_size, self.capacity = directory, rank, world_size, capacity
         self.path = os.path.join(directory, f"flight.{rank}.ring")
-        with open(self.path, "wb") as f:
-            f.truncate(HEADER + capacity * SLOT.size)
-        with open(self.path, "r+b") as f:
-            self.mm = mmap.mmap(f.fileno(), 0)
+        fd = open_ring(self.path, HEADER + capacity * SLOT.size)
+        try:
+            self.mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
         self.keys: list[tuple] = []
         self.key_ids: dict[tuple, int] = {}
         self.next_seq: list[int] = []
@@ -134,15 +177,19 @@ class Recorder:
     def snapshot(self) -> dict:
         return decode(bytes(self.mm))
 
-    def dump(self, reason: str) -> str:
-        """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept."""
+    def dump(self, reason: str) -> str | None:
+        """Write flight.RANK.json (atomically) with the records and ``reason``; the first reason is kept. None when
+        it cannot be written (a full disk): the ring on disk still holds the records."""
         from distlab.sim.io import write_atomic
         with self._lock:
             self.reason = self.reason or reason
             d = self.snapshot()
             d.update(reason=self.reason, dumped_at=time.time())
             path = os.path.join(self.directory, f"flight.{self.rank}.json")
-            write_atomic(path, json.dumps(d, indent=1))
+            try:
+                write_atomic(path, json.dumps(d, indent=1), keep_copy=False)
+            except OutputError:
+                return None
         return path
 
     def watch_signals(self) -> None:
@@ -178,6 +225,15 @@ def decode(data: bytes) -> dict:
             raise ValueError
     except (ValueError, UnicodeDecodeError):
         raise ConfigError("not a flight record (distlab-flight/1)", "flight") from None
+    if not (_whole(head.get("capacity"), 1, MAX_CAPACITY + 1) and _whole(head.get("world_size"), 1, MAX_WORLD + 1)
+            and isinstance(head.get("keys"), list) and len(head["keys"]) < 4096):
+        raise ConfigError("a flight ring whose header is out of range", "flight")
+    n = head["world_size"]
+    for key in head["keys"]:
+        if not (isinstance(key, list) and len(key) == 2 and isinstance(key[0], list) and isinstance(key[1], str)
+                and all(isinstance(ab, list) and len(ab) == 2 and _whole(ab[0], 0, n) and _whole(ab[1], ab[0], n)
+                        for ab in key[0])):
+            raise ConfigError("a flight ring whose groups are malformed or name ranks outside the world", "flight")
     keys = [(_unranges(g), s) for g, s in head["keys"]]
     records = []
     end = min(len(data), HEADER + head["capacity"] * SLOT.size)
@@ -196,78 +252,18 @@ def decode(data: bytes) -> dict:
             "capacity": head["capacity"], "records": records}
 
 
-def load_dir(directory: str) -> dict:
-    """Every rank's flight record in ``directory``: {"world_size", "ranks": {rank: {"source": "dump" or "live",
-    "reason", "records", ...}}, "run": run.json from the launcher or None}. The final dump wins over the ring."""
-    if not os.path.isdir(directory):
-        raise ConfigError("not a directory", directory)
-    ranks: dict[int, dict] = {}
-    for name in sorted(os.listdir(directory)):
-        parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring"):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            if parts[2] == "json":
-                with open(path) as f:
-                    d = json.load(f)
-                d["source"] = "dump"
-            else:
-                with open(path, "rb") as f:
-                    d = decode(f.read())
-                d["source"], d["reason"] = "live", None
-        except (OSError, ValueError, KeyError, ConfigError):
-            continue
-        if not _valid(d):
-            continue
-        r = int(parts[1])
-        if r not in ranks or d["source"] == "dump":
-            ranks[r] = d
-    if not ranks:
-        raise ConfigError("no flight records here (flight.RANK.json or flight.RANK.ring)", directory)
-    run = None
-    try:
-        with open(os.path.join(directory, "run.json")) as f:
-            run = json.load(f)
-    except (OSError, ValueError):
-        pass
-    world = max([d.get("world_size", 0) for d in ranks.values()] + [(run or {}).get("world_size", 0)])
-    return {"directory": directory, "world_size": world, "ranks": ranks, "run": run}
-
-
-_FIELDS = {"seq": int, "op": str, "group": list, "stream": str, "bytes": int, "dtype": str, "root": int,
-           "state": str}
-
-
-def _valid(d) -> bool:
-    """A dump (possibly edited or truncated by hand) that diagnose can read: records with the fields it uses."""
-    if not isinstance(d, dict) or not isinstance(d.get("records"), list) or not isinstance(d.get("world_size"), int):
-        return False
-    for x in d["records"]:
-        if not isinstance(x, dict) or any(not isinstance(x.get(k), t) or isinstance(x.get(k), bool)
-                                          for k, t in _FIELDS.items()):
-            return False
-        if x["op"] not in COLLECTIVES or x["state"] not in STATES or not all(isinstance(g, int) for g in x["group"]):
-            return False
-    return True
-
-
-def keep(directory: str, exit_codes: list, failures: list, interrupted: str | None = None) -> dict | None:
-    """After a failed or interrupted run: write run.json (every rank's exit code, the failures in order, the
-    signal that interrupted the launcher or None) beside the records, then load_dir() them; None if none."""
-    from distlab.sim.io import write_atomic
-    run = {"world_size": len(exit_codes), "exit_codes": {str(r): c for r, c in enumerate(exit_codes)},
-           "failures": failures, "interrupted": interrupted}
-    try:
-        write_atomic(os.path.join(directory, "run.json"), json.dumps(run, indent=1))
-        return load_dir(directory)
-    except (OSError, ConfigError):
-        return None
-
-
 def clear(directory: str) -> None:
-    """Remove old flight records and run.json from ``directory`` (before a new run writes there)."""
-    if os.path.isdir(directory):
-        for name in os.listdir(directory):
-            if (name.startswith("flight.") and name.endswith((".json", ".ring"))) or name == "run.json":
-                os.unlink(os.path.join(directory, name))
+    """Remove old flight records and run.json from ``directory`` (before a new run writes there). Only regular
+    files of this user: a symbolic link or another user's file there is refused (ConfigError), not followed."""
+    if not os.path.isdir(directory):
+        return
+    names = [n for n in os.listdir(directory)
+             if (n.startswith("flight.") and n.endswith((".json", ".ring"))) or n == "run.json"]
+    for name in names:
+        st = os.lstat(os.path.join(directory, name))
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file of yours"
+            raise ConfigError(f"{os.path.join(directory, name)} is {what}; distlab never writes through it nor "
+                              f"removes it: remove it yourself or choose another folder", "--dump-dir")
+    for name in names:
+        os.unlink(os.path.join(directory, name))

@@ -158,6 +158,20 @@ def spawn(env: dict, cwd: str, log: str, pgid: int) -> Forked:
                 raise
 
 
+def died(proc) -> str | None:
+    """If ``proc`` is a rank this launcher's fork server started and the server died: one line saying so (its
+    ranks die with it, PR_SET_PDEATHSIG, so "rank 0 died" would blame the wrong process)."""
+    if not isinstance(proc, Forked) or proc.server.proc.poll() is None:
+        return None
+    rc = proc.server.proc.returncode
+    try:
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    except ValueError:
+        how = f"killed by signal {-rc}"
+    return (f"the fork server (pid {proc.server.pid}) that started the ranks died ({how}); every rank it started "
+            f"died with it")
+
+
 def server_pid() -> int | None:
     return _SERVER[0].pid if _SERVER and _SERVER[0].alive() else None
 

@@ -5,7 +5,9 @@ a fraction of a second instead of ~1.5 s of CPU per rank); DISTLAB_FORKSERVER=0 
 
 Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) plus DISTLAB_RUN_DIR, a temporary folder with task.json (``module:function`` and its payload) that
-receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``. All ranks share one new process group, so
+receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``, and DISTLAB_RUN_SECRET, drawn for this run:
+rank 0's store on 127.0.0.1 serves only ranks that present it (runtime/rendezvous.py); Gloo listens on the
+loopback interface (GLOO_SOCKET_IFNAME=lo unless set). All ranks share one new process group, so
 Ctrl-C reaches only the launcher, which then ends the group (SIGTERM, then SIGKILL) and reaps every child; the
 ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG).
 
@@ -37,9 +39,11 @@ import time
 
 from distlab.runtime import forkserver
 from distlab.runtime.rundir import RUN_DIR_PREFIX, remove_stale_run_dirs
+from distlab.runtime.secret import new_secret
 from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
+LOOPBACK = "lo"                 # Linux's loopback interface: a local run's Gloo connections stay on this machine
 # The rank process: distlab's worker, imported with the current folder removed from sys.path, so a user's own
 # `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
 WORKER_COMMAND = [sys.executable, "-c",
@@ -53,9 +57,10 @@ class RunFailed(RuntimeError):
     """A rank raised or died. ``rank`` is the first that failed; ``partial`` maps rank -> its last partial."""
 
     def __init__(self, rank: int, message: str, partial: dict, results: dict, logs: dict | None = None,
-                 flight: dict | None = None, dump_dir: str | None = None):
+                 flight: dict | None = None, dump_dir: str | None = None, refused: str | None = None):
         self.rank, self.partial, self.results, self.logs = rank, partial, results, logs or {}
-        self.flight, self.dump_dir = flight, dump_dir       # runtime.flight.load_dir() of the dumps, their folder
+        self.flight, self.dump_dir = flight, dump_dir       # runtime.flight_read.load_dir() of the dumps, their folder
+        self.refused = refused          # the address of a stranger that tried to join (the run was stopped)
         super().__init__(message)
 
 
@@ -119,21 +124,26 @@ class Launch:
     def start(self) -> "Launch":
         remove_stale_run_dirs()
         self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
-        if self.dump_dir:
-            from distlab.runtime.flight import clear
-            os.makedirs(self.dump_dir, exist_ok=True)
-            clear(self.dump_dir)
         flight_dir = os.path.abspath(self.dump_dir or self.run_dir)
+        try:
+            self._prepare_flight(flight_dir)
+        except BaseException:
+            self._release()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         task = {"target": self.target, "payload": self.payload, "backend": self.backend,
                 "threads": self.threads, "timeout": self.timeout}
         with open(os.path.join(self.run_dir, "task.json"), "w") as f:
             json.dump(task, f)
         port = free_port()
+        secret = new_secret()                  # this run's: rank 0's store serves only who presents it
         for r in range(self.nproc):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
-                       OMP_NUM_THREADS=str(self.threads))
+                       OMP_NUM_THREADS=str(self.threads), DISTLAB_RUN_SECRET=secret)
+            if sys.platform.startswith("linux"):
+                env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)  # Gloo's sockets on loopback too (unless chosen)
             log_path = os.path.join(self.run_dir, f"stderr.{r}")
             log = open(log_path, "wb")
             try:
@@ -155,6 +165,23 @@ class Launch:
                 sys.stderr.write(f"distlab: rank {r} pid {p.pid}\n")
                 sys.stderr.flush()
         return self
+
+    def _prepare_flight(self, flight_dir: str) -> None:
+        """Lock --dump-dir (a second run there refuses instead of clearing this one's records), clear the old
+        records, allocate every rank's ring (a full disk or a planted link is one line before any rank starts)."""
+        from distlab.runtime.flight import clear, create_rings
+        from distlab.sim.io import OutputLock
+        if self.dump_dir:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            self._dump_lock = OutputLock(self.dump_dir, "--dump-dir", folder=True).acquire()
+            clear(self.dump_dir)
+        if os.environ.get("DISTLAB_FLIGHT") != "0":
+            create_rings(flight_dir, self.nproc)
+
+    def _release(self) -> None:
+        lock = getattr(self, "_dump_lock", None)
+        if lock is not None:
+            lock.release()
 
     def ready(self, what: str = "ready") -> int:
         """How many ranks have joined the process group (``running``: have begun their timed work)."""
@@ -182,15 +209,16 @@ class Launch:
     def _describe(self, r: int, rc: int) -> tuple[int, str]:
         """(priority, message): a death by signal or a first-hand error sorts before an echo of another's."""
         err = self._read("error", r)
+        if err and (err.get("refused") or str(err.get("error", "")).startswith("watchdog: ")):
+            return -1, err["error"]             # a stranger tried to join, or an op outran --timeout: said as it is
         if err:
             text = err["error"]
             return (1 if any(e in text.lower() for e in _ECHOES) else 0), f"rank {r} failed: {text}"
+        server = forkserver.died(self.procs[r])
+        if server:                              # the fork server died, and every rank it started with it
+            return -1, server
         if rc < 0:
-            try:
-                name = signal.Signals(-rc).name
-            except ValueError:
-                name = f"signal {-rc}"
-            return 0, f"rank {r} died: killed by {name}"
+            return 0, f"rank {r} died: killed by {_signal(-rc)}"
         lines = [ln for ln in self._tail(r).splitlines() if ln.strip()]
         tail = f": {lines[-1][:300]}" if lines else ""
         return 0, f"rank {r} exited with code {rc}{tail}"
@@ -233,14 +261,16 @@ class Launch:
         partial = {r: self._read("partial", r) for r in range(self.nproc)}
         failures = sorted(getattr(self, "_failures", []))
         logs = {f[3]: self._tail(f[3]) for f in failures}
+        refused = (self._read("error", failures[0][3]) or {}).get("refused") if failures else None
         if failures:
             self._keep_flight(failures)
+        self._release()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if failures:
             first = failures[0]
-            others = "; ".join(f[4] for f in failures[1:4])
-            message = first[4] + (f" (then {others})" if others else "")
-            raise RunFailed(first[3], message, partial, results, logs, self.flight, self.dump_dir)
+            others = "; ".join(dict.fromkeys(f[4] for f in failures[1:4] if f[4] != first[4]))
+            message = first[4] + (f" (then {others})" if others and not refused else "")
+            raise RunFailed(first[3], message, partial, results, logs, self.flight, self.dump_dir, refused)
         return [results[r] for r in range(self.nproc)]
 
     def wait(self, on_poll=None) -> list:
@@ -281,11 +311,12 @@ class Launch:
             self.kept = {r: self._read("partial", r) for r in range(self.nproc)}
             self._keep_flight(sorted(getattr(self, "_failures", [])), interrupted)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        self._release()
         return self.kept
 
     def _keep_flight(self, failures, interrupted: str | None = None) -> None:
         """Write run.json beside the flight records (exit codes, failures, interruption); read them back."""
-        from distlab.runtime.flight import keep
+        from distlab.runtime.flight_read import keep
         self.flight = keep(self.dump_dir or self.run_dir, [p.returncode for p in self.procs],
                            [{"rank": f[3], "message": f[4]} for f in failures], interrupted)
 
@@ -302,6 +333,13 @@ class Launch:
             _signal_all(self.pgid, [p for p in alive if p.poll() is None], signal.SIGKILL)
         for p in self.procs:
             p.wait()
+
+
+def _signal(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _group_kwargs(pgid: int) -> dict:

@@ -1,5 +1,7 @@
 """Bridge between sim models and torch: extract a ``sim.models.Model`` from any ``nn.Module``, and build a
-real ``nn.Module`` from a model description, so the simulator and real DDP train the same network.
+real ``nn.Module`` from a model description (runtime/transformer.py), so the simulator and real DDP train the
+same network. A ``pkg.module:factory`` model (``--model``) is traced by runtime/factory.py, which this module
+registers with sim/models/spec.py when it is imported.
 
 Extraction: parameters in ``named_parameters()`` order (shared ones once, frozen ones skipped, as DDP's
 ``_build_params_for_reducer``), grouped into layers by owning module; forward and backward FLOPs per layer
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from distlab.runtime.transformer import GPT, MLP, Block, RMSNormBias  # noqa: F401  (the modules, re-exported)
 from distlab.sim.models import Layer, Model, Param
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -70,126 +73,6 @@ def extract(module: nn.Module, example_input, name: str | None = None, loss_fn=N
 
 
 # --- Model -> nn.Module ------------------------------------------------------------------------------------
-class MLP(nn.Module):
-    """``layers.{i}`` = Linear, ReLU between: the module ``sim.models.mlp`` describes."""
-
-    def __init__(self, widths, bias=True, dtype=torch.float32):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias, dtype=dtype) for a, b in zip(widths, widths[1:]))
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = torch.relu(x)
-        return x
-
-
-class RMSNormBias(nn.Module):
-    """RMSNorm with a bias (``norm: rmsnorm, norm_bias: true``; torch's nn.RMSNorm has none)."""
-
-    def __init__(self, h, dtype):
-        super().__init__()
-        self.norm = nn.RMSNorm(h, elementwise_affine=False, dtype=dtype)
-        self.weight = nn.Parameter(torch.ones(h, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(h, dtype=dtype))
-
-    def forward(self, x):
-        return self.norm(x) * self.weight + self.bias
-
-
-def _structure(c) -> dict:
-    from distlab.sim.models import ARCH_DEFAULTS
-    return {k: c.get(k, v) for k, v in ARCH_DEFAULTS[c["arch"]].items()}
-
-
-def _norm(st, h, dtype):
-    if st["norm"] == "layernorm":
-        return nn.LayerNorm(h, bias=st["norm_bias"], dtype=dtype)
-    return RMSNormBias(h, dtype) if st["norm_bias"] else nn.RMSNorm(h, dtype=dtype)
-
-
-class Block(nn.Module):
-    """One block of ``sim.models.gpt`` with its structural choices (qkv, mlp, norm, biases), parameters
-    registered in the arch's order (llama: attn, mlp, norm1, norm2; gpt2: norm1, attn, norm2, mlp)."""
-
-    def __init__(self, c, dtype):
-        super().__init__()
-        st = _structure(c)
-        h, ffn, kv = c["hidden"], c["ffn_hidden"], c["kv_heads"] * (c["hidden"] // c["heads"])
-        self.heads, self.kv_heads, self.st = c["heads"], c["kv_heads"], st
-        L = lambda a, b: nn.Linear(a, b, bias=st["bias"], dtype=dtype)  # noqa: E731
-
-        def attn():
-            self.attn = nn.Module()
-            if st["qkv"] == "fused":
-                self.attn.qkv = L(h, h + 2 * kv)
-            else:
-                self.attn.q, self.attn.k, self.attn.v = L(h, h), L(h, kv), L(h, kv)
-            self.attn.o = L(h, h)
-
-        def mlp():
-            self.mlp = nn.Module()
-            if st["mlp"] == "swiglu":
-                self.mlp.gate, self.mlp.up, self.mlp.down = L(h, ffn), L(h, ffn), L(ffn, h)
-            else:
-                self.mlp.fc, self.mlp.proj = L(h, ffn), L(ffn, h)
-        if c["arch"] == "llama":
-            attn()
-            mlp()
-            self.norm1, self.norm2 = _norm(st, h, dtype), _norm(st, h, dtype)
-        else:
-            self.norm1 = _norm(st, h, dtype)
-            attn()
-            self.norm2 = _norm(st, h, dtype)
-            mlp()
-
-    def forward(self, x):
-        b, s, h = x.shape
-        d = h // self.heads
-        y = self.norm1(x)
-        if self.st["qkv"] == "fused":
-            q, k, v = self.attn.qkv(y).split([h, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        else:
-            q, k, v = self.attn.q(y), self.attn.k(y), self.attn.v(y)
-        q = q.view(b, s, self.heads, d).transpose(1, 2)
-        k, v = (t.view(b, s, self.kv_heads, d).transpose(1, 2) for t in (k, v))
-        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.attn.o(a.transpose(1, 2).reshape(b, s, h))
-        y = self.norm2(x)
-        if self.st["mlp"] == "swiglu":
-            return x + self.mlp.down(nn.functional.silu(self.mlp.gate(y)) * self.mlp.up(y))
-        act = nn.functional.gelu if self.st["mlp"] == "gelu" else torch.relu
-        return x + self.mlp.proj(act(self.mlp.fc(y)))
-
-
-class GPT(nn.Module):
-    """The transformer ``sim.models.gpt`` describes, parameter for parameter (names, shapes, order); RoPE
-    positions are not applied (they hold no parameters and do not change the collectives)."""
-
-    def __init__(self, c, dtype=torch.float32):
-        super().__init__()
-        st = _structure(c)
-        self.learned, self.tied = st["positions"] == "learned", st["tied"]
-        self.embed = nn.Module()
-        self.embed.tok = nn.Embedding(c["vocab"], c["hidden"], dtype=dtype)
-        if self.learned:
-            self.embed.pos = nn.Embedding(c.get("max_positions") or c["seq_len"], c["hidden"], dtype=dtype)
-        self.h = nn.ModuleList(Block(c, dtype) for _ in range(c["layers"]))
-        self.norm_f = _norm(st, c["hidden"], dtype)
-        if not self.tied:
-            self.lm_head = nn.Linear(c["hidden"], c["vocab"], bias=False, dtype=dtype)
-
-    def forward(self, idx):
-        x = self.embed.tok(idx)
-        if self.learned:
-            x = x + self.embed.pos(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.h:
-            x = block(x)
-        x = self.norm_f(x)
-        return x @ self.embed.tok.weight.t() if self.tied else self.lm_head(x)
-
-
 def build_module(model: Model) -> nn.Module:
     """A real module with exactly ``model.params`` (names, shapes, registration order)."""
     c = model.config
@@ -212,3 +95,12 @@ def example_input(model: Model, batch: int | None = None):
     if c.get("kind") == "mlp":
         return torch.randn(batch or c.get("batch", 32), c["widths"][0], dtype=TORCH_DTYPES[c.get("dtype", "float32")])
     return torch.randint(0, c["vocab"], (batch or c.get("micro_batch", 1), c["seq_len"]))
+
+
+def _register_factory_loader() -> None:
+    from distlab.runtime.factory import load
+    from distlab.sim.models.spec import set_factory_loader
+    set_factory_loader(load)
+
+
+_register_factory_loader()

@@ -1,13 +1,16 @@
 """`distlab run PLAN --nnodes N --node-rank K --rdzv-endpoint HOST:PORT`: this node's share of a multi-node run.
 
-It starts torchrun (``python -m torch.distributed.run``) with c10d rendezvous and distlab's worker on this node
-(run the same command on every node, with its own --node-rank), watches it, and turns its failures into one line:
+It starts torchrun (``python -m torch.distributed.run``) with static rendezvous and distlab's worker on this node
+(run the same command on every node, with its own --node-rank and the same DISTLAB_RUN_SECRET or
+DISTLAB_RUN_SECRET_FILE: the ranks present it to rank 0's store, runtime/rendezvous.py), watches it, and turns its
+failures into one line:
 
 - the rendezvous endpoint cannot be reached, or not all N nodes join it, within ``--timeout`` seconds
   (torchrun's ``--rdzv-conf join_timeout=T,read_timeout=T``): exit 2;
 - the nodes disagree on the world size (N x nproc-per-node is not the plan's world size): every rank refuses
   the plan before joining the process group: exit 2;
-- a rank fails during the run: exit 1 with the rank's error.
+- a rank fails during the run: exit 1 with the rank's error;
+- a process that does not present the run's secret connects to rank 0's store: exit 1, naming its address.
 torchrun runs in a new session, SIGTERMed then SIGKILLed on Ctrl-C or SIGTERM; its ranks (each in a session of
 its own, as torchrun starts them) die with it (PR_SET_PDEATHSIG, runtime/worker.py), so nothing is left running. Rank 0 writes the one merged trace, aligned to its clock (runtime/clock.py), on its
 node; the other nodes write nothing.
@@ -37,7 +40,7 @@ WORKER_MODULE = "distlab.runtime.worker"
 class NodeSpec:
     nnodes: int
     node_rank: int
-    rdzv_endpoint: str          # HOST:PORT of the c10d rendezvous (rank 0's node usually hosts it)
+    rdzv_endpoint: str          # HOST:PORT of the rendezvous, served by node 0's torchrun agent
     nproc_per_node: int
     max_restarts: int = 0
     timeout_s: float = 60.0     # to join the rendezvous, and for a rank to wait on a peer
@@ -58,14 +61,17 @@ class NodeSpec:
 
 
 def torchrun_command(spec: NodeSpec, module: str, args: list[str], log_dir: str | None = None) -> list[str]:
-    """The torchrun command line this node runs (c10d rendezvous; the rendezvous times out after timeout_s).
-    ``log_dir``: torchrun's own log folder (without one it leaves a torchelastic_* folder in the temp folder)."""
+    """The torchrun command line this node runs: static rendezvous (node 0's agent serves it at the endpoint; the
+    nodes' ranks are their --node-rank; it times out after timeout_s). Not c10d: its rendezvous unpickles the
+    state it reads from its store, so anyone who reaches the endpoint could run code in every agent
+    (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py); the static one exchanges JSON. ``log_dir``:
+    torchrun's own log folder (without one it leaves a torchelastic_* folder in the temp folder)."""
     t = max(1, int(round(spec.timeout_s)))
     logs = ["--log-dir", log_dir] if log_dir else []
     return [sys.executable, "-m", "torch.distributed.run", *logs, "--nnodes", str(spec.nnodes),
             "--nproc-per-node", str(spec.nproc_per_node), "--node-rank", str(spec.node_rank),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint,
-            "--rdzv-conf", f"join_timeout={t},read_timeout={t}", "--max-restarts", str(spec.max_restarts),
+            "--rdzv-backend", "static", "--rdzv-endpoint", spec.rdzv_endpoint,
+            "--rdzv-conf", f"timeout={t}", "--max-restarts", str(spec.max_restarts),
             "-m", module, *args]
 
 
@@ -77,9 +83,9 @@ def explain(log: str, spec: NodeSpec) -> tuple[int, str]:
     """(exit code, one line) for a torchrun that ended with an error, from its output."""
     m = _WORKER_ERROR.search(log)
     if m:
-        return 2, m.group(1)
+        return (1 if m.group(1).startswith(("refused ", "watchdog: ")) else 2), m.group(1)
     t = f"{spec.timeout_s:g} s"
-    if "RendezvousTimeoutError" in log:
+    if "RendezvousTimeoutError" in log or "waiting for clients" in log:
         return 2, (f"--rdzv-endpoint: not all {spec.nnodes} nodes joined the rendezvous at {spec.rdzv_endpoint} "
                    f"within {t} (is every node started, with the same --nnodes and --rdzv-endpoint?)")
     if "RendezvousConnectionError" in log or "DistNetworkError" in log or "RendezvousClosedError" in log:
@@ -131,7 +137,7 @@ def _run_node(spec: NodeSpec, cmd: list[str], verbose: bool, prog: str) -> int:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt("SIGTERM")          # the CLI exits 143 for it (sim/cli.py), 130 for Ctrl-C
 
 
 def _main_thread() -> bool:
@@ -166,6 +172,8 @@ def run_plan_on_node(args) -> int:
     if args.node_rank is None or args.rdzv_endpoint is None:
         raise ConfigError("--nnodes needs --node-rank and --rdzv-endpoint", "--nnodes")
     NodeSpec(args.nnodes, args.node_rank, args.rdzv_endpoint, 1, timeout_s=args.timeout).check()
+    from distlab.runtime.secret import run_secret
+    run_secret()                       # every node's ranks must present the same secret (runtime/rendezvous.py)
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size // args.nnodes
     if nproc < 1 or nproc * args.nnodes != plan.world_size:

@@ -56,7 +56,7 @@ def _data_task(ctx, p):
     if rank == 0:
         torch.save(ddp.module.state_dict(), p["checkpoint"])
     dist.barrier()
-    loaded = torch.load(p["checkpoint"])
+    loaded = torch.load(p["checkpoint"], weights_only=True)      # tensors only: never unpickle code
     same = all(torch.equal(loaded[k], v) for k, v in ddp.module.state_dict().items())
     return {"rank": rank, "naive": naive, "no_set_epoch": fixed, "set_epoch": moving, "odd_len": len(odd),
             "ddp_keys": list(ddp.state_dict()), "module_keys": list(ddp.module.state_dict()),
@@ -69,7 +69,7 @@ def skipped_all_reduce(nproc: int = 4, skip: int = 3, timeout: float = 3.0, dump
     """Run the buggy program (below) with a short timeout; returns (RunFailed, the diagnosis of its flight
     records: runtime.commands.diagnose.diagnose), or (None, None) if it did not hang."""
     from distlab.runtime.commands.diagnose import diagnose
-    from distlab.runtime.flight import load_dir
+    from distlab.runtime.flight_read import load_dir
     from distlab.runtime.launch import RunFailed, launch
     try:
         launch("distlab.runtime.pitfalls:_skip_task", {"skip": skip}, nproc, backend="gloo", timeout=timeout,

@@ -118,3 +118,11 @@ def warning(what: str, spread_value: float, advice: str = "re-run on a quieter m
         return None
     return (f"warning: {what}: timings scatter by {spread_value:.0%} (robust CV, limit {SPREAD_WARN:.0%}), "
             f"so this fit is uncertain; {advice}")
+
+
+def median_noise(samples) -> float:
+    """How far the median of ``samples`` moves by chance, relative to it: its standard error, 1.2533 sigma /
+    sqrt(n) for normal noise (the median's asymptotic variance, pi sigma^2 / (2 n); Kenney & Keeping,
+    "Mathematics of Statistics", 1962), with sigma the robust 1.4826 MAD (``spread``), so a
+    few slow repeats count as what they are, a tail."""
+    return 1.2533 * spread(samples) / len(samples) ** 0.5

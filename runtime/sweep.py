@@ -94,6 +94,7 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     import torch.distributed as dist
 
     from distlab.runtime.clock import clock_offset
+    from distlab.runtime.wire import all_gather_json
     n, cuda = ctx.world_size, ctx.device.type == "cuda"
     todo = cases(ops, sizes)
     views = _views(todo, dtype, n, ctx.device)
@@ -107,8 +108,7 @@ def sweep(ctx, ops, sizes, dtype="float32", warmup=2, iters=10, on_round=None, o
     launches = [[] for _ in todo]
 
     def gather(cs, mine):
-        every = [None] * n
-        dist.all_gather_object(every, mine)
+        every = all_gather_json(mine)
         for j, c in enumerate(cs):
             spans[c].append(max(e[j][1] - e[j][0] for e in every))
             launches[c].append(max(e[j][1] for e in every) - max(e[j][0] for e in every))
@@ -160,11 +160,10 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
 
     from distlab.runtime.clock import clock_offset
     from distlab.runtime.compute import Matmuls
+    from distlab.runtime.wire import all_gather_json, broadcast_json
     offset = clock_offset(ctx)          # first start and last end are compared across ranks: one timeline
     mm = Matmuls(ctx.device)
-    probe = [mm.measure(0.05)]
-    dist.broadcast_object_list(probe, src=0)
-    k = max(1, int(seconds / rounds / probe[0]))
+    k = max(1, int(seconds / rounds / broadcast_json(mm.measure(0.05), src=0)))
     mm.measure_copy()
     copies = max(1, int(seconds / rounds / (2 * mm._src.numel() * 4 / mm.copy_Bps)))
     flops, copy = [], []
@@ -178,12 +177,21 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
             if ctx.device.type == "cuda":
                 import torch
                 torch.cuda.synchronize()
-            every = [None] * ctx.world_size
-            dist.all_gather_object(every, (t0 - offset, time.perf_counter() - offset))
+            every = all_gather_json((t0 - offset, time.perf_counter() - offset))
             out.append(work / (max(b for _, b in every) - min(a for a, _ in every)))
-    return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""),
+    return {"matmul_n": mm.n, "matmul_dtype": str(mm.dtype).replace("torch.", ""), "arch": device_arch(ctx.device),
             "flops_per_s": robust.center(flops), "copy_Bps": robust.center(copy),
             "flops_spread": robust.spread(flops), "copy_spread": robust.spread(copy)}
+
+
+def device_arch(device) -> str:
+    """NCCL's tuning row for this device (sim/cluster.py GPUSpec.arch): cpu, or the CUDA compute capability's
+    generation (8.x ampere, 9.x hopper, 10.x and later blackwell)."""
+    if device.type != "cuda":
+        return "cpu"
+    import torch
+    major = torch.cuda.get_device_capability(device)[0]
+    return "ampere" if major <= 8 else "hopper" if major == 9 else "blackwell"
 
 
 def sweep_task(ctx, payload: dict):
@@ -191,7 +199,10 @@ def sweep_task(ctx, payload: dict):
     case's last round ends: partial = {"rounds", "rows", "final"}), then optionally compute rates (with the
     interference of an all_reduce in flight) and a plan (runtime.executor.plan_task payload) in the same ranks;
     with both, compute["during_plan"] = the matmul rate and interference of probe rounds run between the plan's
-    runs (runtime/compute_probe.py), so they see the load the runs saw."""
+    runs (runtime/compute_probe.py), so they see the load the runs saw. ``plan_first``: compute and the plan
+    before the sweep, on ranks that have run nothing else yet (`distlab validate`: its default sweep, 5 ops up to
+    128 MiB, takes minutes, and the plan timed after it is not the plan timed alone, which is what
+    benchmarks/overlap_accuracy.py and a user's own run measure)."""
     dtype = payload.get("dtype", "float32")
     check_backend_dtype(dtype, ctx.backend, "--dtype")
 
@@ -201,10 +212,19 @@ def sweep_task(ctx, payload: dict):
         if ctx.rank == 0:
             state.update(kw)
             ctx.save_partial(state)
-    rows = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2), payload.get("iters", 10),
-                 lambda k, rows: keep(rounds=k, rows=rows), lambda final: keep(final=final),
-                 payload.get("short_s")) if payload["ops"] else []
-    result = {"rows": rows, "backend": ctx.backend}
+    result = {"backend": ctx.backend}
+    if payload.get("plan_first"):
+        _compute_and_plan(ctx, payload, result)
+    result["rows"] = sweep(ctx, payload["ops"], payload["sizes"], dtype, payload.get("warmup", 2),
+                           payload.get("iters", 10), lambda k, rows: keep(rounds=k, rows=rows),
+                           lambda final: keep(final=final), payload.get("short_s")) if payload["ops"] else []
+    if not payload.get("plan_first"):
+        _compute_and_plan(ctx, payload, result)
+    return result
+
+
+def _compute_and_plan(ctx, payload: dict, result: dict) -> None:
+    """result["compute"] (payload "compute") and result["plan"] (payload "plan"; probe rounds between its runs)."""
     probe = None
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
@@ -219,4 +239,3 @@ def sweep_task(ctx, payload: dict):
         result["plan"] = plan_task(ctx, payload["plan"], between=probe.round if probe else None)
         if probe:                          # rounds interleaved with the plan's runs: the same load as they had
             result["compute"]["during_plan"] = probe.result()
-    return result

@@ -120,17 +120,15 @@ class TorchrunRank:
 
     def polls(self):
         """Run the task on this rank, gather every rank's result on rank 0; one yield when done."""
-        import torch.distributed as dist
-
         from distlab.runtime.launch import RunFailed
+        from distlab.runtime.wire import gather_json
         from distlab.runtime.worker import load_target
         try:
             result = load_target(self.target)(self.ctx, self.payload)
         except Exception as e:      # noqa: BLE001 - one line; torchrun then ends the other ranks
             message = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500]
             raise RunFailed(self.ctx.rank, f"rank {self.ctx.rank} failed: {message}", {}, {}) from e
-        gathered = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        gathered = gather_json(result, dst=0)
         self._gathered, self._done = gathered, True
         yield
 

@@ -7,9 +7,9 @@ measured at each world size, since CPU ranks share cores; the communication of e
 A collective's measured time is from its launch (last rank's arrival) to the last rank's end, which is what
 the simulator's one-collective makespan means (runtime/sweep.py).
 error = (predicted - measured) / measured, with measured the median over the repeats; next to it, where
-the repeats are known, ``worst_error`` (the repeat farthest from the prediction) and ``spread``
-((slowest - fastest) / median of the repeats), so a case whose repeats scatter or whose median hides a slow
-tail says so. The summary gives the median and the worst |error| per kind and world size. The workloads' scenario cases
+the repeats are known, ``worst_error`` (the repeat farthest from the prediction), ``spread``
+((slowest - fastest) / median of the repeats) and ``noise`` (the median's standard error, relative; what
+runtime/trust.py judges a case by; runtime/robust.py median_noise), so a case whose repeats scatter or whose median hides a slow tail says so. The summary gives the median and the worst |error| per kind and world size. The workloads' scenario cases
 (runtime/<name>/validate.py) build their rows with ``case``; runtime/workloads.py picks the workload of a scenario.
 """
 from __future__ import annotations
@@ -111,7 +111,11 @@ def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: 
         errors = [(predicted - t) / t for t in repeats]
         c.update(repeats=len(repeats), measured_min_s=min(repeats), measured_max_s=max(repeats),
                  spread=(max(repeats) - min(repeats)) / measured, worst_error=max(errors, key=abs))
+        if len(repeats) >= 3:
+            from distlab.runtime.robust import median_noise
+            c["noise"] = median_noise(repeats)
     return c
+
 
 
 NOISE_RESAMPLES = 20         # bootstrap resamples behind a held-out figure's noise (~0.05 s each on a CPU)
@@ -199,18 +203,26 @@ def workload_section(spec: dict, name: str) -> dict | None:
 
 
 def plot(cases: list[dict], path: str) -> None:
-    """Predicted against measured (log-log), the y = x line and a +-20% band."""
+    """Write ``figure(cases)`` to ``path``."""
+    from distlab.sim.io import save_figure
+    save_figure(figure(cases), path)
+
+
+def figure(cases: list[dict]):
+    """Predicted against measured (log-log), the y = x line and a +-20% band; an untrusted case
+    (runtime/trust.py) hollow."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from distlab.sim.io import save_figure
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = plt.subplots(figsize=(6.5, 5))
     markers = {"held-out size": "o", "held-out world size": "s", "overlap plan": "*"}
     colors = {2: "#1f77b4", 3: "#2ca02c", 4: "#d62728"}
     for c in cases:
+        color = colors.get(c["world_size"], "#555555")
         ax.scatter(c["measured_s"] * 1e3, c["predicted_s"] * 1e3, marker=markers.get(c["kind"], "x"),
-                   color=colors.get(c["world_size"], "#555555"), s=40 if c["kind"] != "overlap plan" else 120)
+                   color=color, facecolors=color if c.get("trusted", True) else "none",
+                   s=40 if c["kind"] != "overlap plan" else 120)
     lo = min(min(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 / 1.5
     hi = max(max(c["measured_s"], c["predicted_s"]) for c in cases) * 1e3 * 1.5
     xs = [lo, hi]
@@ -225,9 +237,12 @@ def plot(cases: list[dict], path: str) -> None:
     for n, col in colors.items():
         if any(c["world_size"] == n for c in cases):
             ax.scatter([], [], marker="o", color=col, label=f"{n} ranks")
-    ax.legend(fontsize=8)
+    if any(not c.get("trusted", True) for c in cases):
+        ax.scatter([], [], marker="o", color="grey", facecolors="none", label="not trustworthy (spread)")
+    ax.plot([], [], color="black", lw=1, label="predicted = measured")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title("distlab validate: simulated against measured")
     ax.grid(True, alpha=0.3, which="both")
-    save_figure(fig, path)
-    plt.close(fig)
+    fig.tight_layout()
+    return fig
 

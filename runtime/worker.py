@@ -35,6 +35,7 @@ class Context:
         self.backend, self.device, self.timeout, self.run_dir = backend, device, timeout, run_dir
         self.on_failure = None      # a task may set a function that saves its partial results
         self.flight = None          # this rank's flight recorder (runtime/flight.py), when there is one
+        self.watchdog = None        # ends the rank when a plan's op runs past timeout (runtime/watchdog.py)
 
     def shielded(self):
         """A block that SIGTERM does not interrupt (it is raised when the block ends): for saving results."""
@@ -78,24 +79,62 @@ def choose_backend(requested: str, local_world_size: int) -> str:
 
 
 def init(backend: str = "auto", threads: int = 1, timeout: float = 60.0, run_dir: str | None = None) -> Context:
+    """Join the run's process group through its authenticated store (runtime/rendezvous.py)."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
+
+    from distlab.runtime.rendezvous import run_store
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     local_rank = env_int("LOCAL_RANK", rank)
     local_world = env_int("LOCAL_WORLD_SIZE", world)
     backend = choose_backend(backend, local_world)
+    store = run_store(rank, world, timeout, on_refused=stop_on_refusal(rank, run_dir))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
                                 device_id=device)
     else:
         torch.set_num_threads(threads)
         device = torch.device("cpu")
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
     return Context(rank, world, local_rank, local_world, backend, device, timeout, run_dir)
+
+
+REFUSED_EXIT = 3                 # a rank that stopped the run because a stranger tried to join it
+WATCHDOG_EXIT = 4                # a rank its watchdog ended: an op ran past --timeout
+
+
+def _end_rank(rank: int, run_dir: str | None, message: str, code: int, flight=None, **extra) -> None:
+    """End this rank now, from any thread: its flight record, its error (error.R.json for the launcher; one line on
+    stderr, as torchrun's ranks report errors), then os._exit."""
+    try:
+        if flight is not None:
+            flight.dump(message)
+        if run_dir:
+            _write_json(os.path.join(run_dir, f"error.{rank}.json"), {"time": time.time(), "error": message, **extra})
+        sys.stderr.write(f"distlab.runtime.worker: error: {message}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def stop_on_refusal(rank: int, run_dir: str | None):
+    """What rank 0 does when a process without the run's secret connects to the store: end the run at once, with
+    one line naming the address."""
+    def stop(address: str, reason: str) -> None:
+        _end_rank(rank, run_dir, f"refused a connection to the run's store from {address}: {reason}; the run was "
+                  f"stopped", REFUSED_EXIT, refused=address)
+    return stop
+
+
+def start_watchdog(ctx) -> None:
+    """Give ``ctx`` a watchdog (runtime/watchdog.py): an op running past ctx.timeout ends the rank, naming it."""
+    from distlab.runtime.watchdog import Watchdog
+    ctx.watchdog = Watchdog(ctx.rank, ctx.timeout, lambda message: _end_rank(
+        ctx.rank, ctx.run_dir, message, WATCHDOG_EXIT, getattr(ctx, "flight", None)))
 
 
 def load_target(spec: str):
@@ -155,6 +194,7 @@ def run_task(run_dir: str) -> int:
     try:
         ctx = init(task["backend"], task["threads"], task["timeout"], run_dir)
         ctx.flight = flight
+        start_watchdog(ctx)
         open(os.path.join(run_dir, f"ready.{rank}"), "w").close()
         result = load_target(task["target"])(ctx, task["payload"])
         _write_json(os.path.join(run_dir, f"result.{rank}.json"), result)
@@ -217,10 +257,9 @@ def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
     p.add_argument("--json", action="store_true", help="rank 0 prints the summary as one line of JSON "
                    "(distlab.run/1, as `distlab run --json`)")
     args = p.parse_args(argv)
-    import torch.distributed as dist
-
     from distlab.runtime.clock import describe
     from distlab.runtime.executor import merge_results, plan_task
+    from distlab.runtime.wire import gather_json
     from distlab.sim.check import assert_consistent
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
@@ -239,10 +278,11 @@ def run_torchrun(argv: list[str], ctx: Context | None = None) -> int:
     own_group = ctx is None
     ctx = init(args.backend, args.threads, args.timeout) if own_group else ctx
     ctx.flight = flight
+    if ctx.watchdog is None:
+        start_watchdog(ctx)
     try:
         result = plan_task(ctx, {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat})
-        gathered = [None] * ctx.world_size if ctx.rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        gathered = gather_json(result, dst=0)
         if ctx.rank == 0:
             trace = merge_results(plan, gathered)
             trace.save(args.out)

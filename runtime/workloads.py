@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from distlab.runtime.composed import run as composed_run
+from distlab.runtime.composed import validate as composed_validate
 from distlab.runtime.cp import run as cp_run
 from distlab.runtime.cp import validate as cp_validate
 from distlab.runtime.ddp import run as ddp_run
@@ -51,6 +53,9 @@ WORKLOADS: dict[str, RuntimeWorkload] = {w.name: w for w in (
                     cp_run.run, cp_validate.validate_cp, cp_validate.cp_cases),
     RuntimeWorkload("ep", "expert parallelism: all_to_all_single dispatch and combine with split sizes, step time",
                     ep_run.run, ep_validate.validate_ep, ep_validate.ep_cases),
+    RuntimeWorkload("composed", "compositions as torchtitan builds them (pp, FSDP2/HSDP, tp): the collectives per "
+                                "mesh dimension and the step time", composed_run.run,
+                    composed_validate.validate_composed, composed_validate.composed_cases),
 )}
 
 
@@ -68,7 +73,12 @@ def scenario_workload(spec, where: str) -> str:
         if kind not in WORKLOADS:
             raise ConfigError(f"scenario kind {kind!r} not supported yet; allowed: {allowed}", where)
         return kind
-    from distlab.sim.workloads.registry import names as simulated
+    from distlab.sim.workloads import composed
+    from distlab.sim.workloads.registry import get, names as simulated
+    sections = [name for name in spec if name in simulated()]
+    implied = {composed.OWNER.get(k) for k in spec.get("mesh") or {}} - {None}
+    if composed.is_composed(spec, sections, lambda name: get(name).dims) and (sections or len(implied) > 1):
+        return "composed"                       # several sections, or a mesh of several parallelisms
     sections = [name for name in spec if name in WORKLOADS or name in simulated()]
     if len(sections) == 1 and sections[0] not in WORKLOADS:
         raise ConfigError(f"workload {sections[0]!r} is simulated but has no real run yet; allowed: {allowed}", where)

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from distlab.sim.errors import ConfigError
+
 
 def line_for(entry: dict, nbytes: float | None) -> tuple[float, float]:
     """(latency_us, bandwidth_GBps) of one group size's entry for a message of ``nbytes``."""
@@ -48,3 +50,47 @@ def calibrated(calibration: dict | None, op: str, n: int, nbytes: float | None =
     lat = float(np.interp(n, ns, [v[0] for _, v in points])) * 1e-6
     bw = float(np.interp(n, ns, [v[1] for _, v in points])) * 1e9
     return lat, bw
+
+
+def check_calibration(calibration: dict, where: str) -> None:
+    """The ``collectives`` table as the lookup above reads it: group sizes as whole numbers, finite latency_us >= 0
+    and bandwidth_GBps > 0, bands in size order (an op name distlab does not know is never looked up). Other keys
+    are the calibration's notes."""
+    table = calibration.get("collectives", {})
+    if not isinstance(table, dict):
+        raise ConfigError("must map each collective to its fitted lines (written by distlab calibrate)",
+                          f"{where}.collectives")
+    for op, sizes in table.items():
+        at = f"{where}.collectives.{op}"
+        if not isinstance(sizes, dict) or not sizes:
+            raise ConfigError("must map group sizes (e.g. '8') to {latency_us, bandwidth_GBps}", at)
+        for n, entry in sizes.items():
+            if not str(n).isdigit() or not 1 <= int(n) <= 1 << 20:
+                raise ConfigError(f"group size {n!r} must be a whole number from 1 to {1 << 20}", at)
+            _check_line(entry, f"{at}.{n}")
+            bands = entry.get("bands")
+            if bands is None:
+                continue
+            if not isinstance(bands, list) or not bands:
+                raise ConfigError("bands must be a non-empty list", f"{at}.{n}.bands")
+            last = -1.0
+            for i, b in enumerate(bands):
+                _check_line(b, f"{at}.{n}.bands[{i}]")
+                lo, hi = b.get("min_bytes"), b.get("max_bytes")
+                if not (_finite(lo) and _finite(hi) and 0 < lo <= hi and lo > last):
+                    raise ConfigError("min_bytes and max_bytes must be sizes > 0, min <= max, bands in size order",
+                                      f"{at}.{n}.bands[{i}]")
+                last = hi
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_line(entry, where: str) -> None:
+    if not isinstance(entry, dict):
+        raise ConfigError("must be {latency_us, bandwidth_GBps}", where)
+    lat, bw = entry.get("latency_us"), entry.get("bandwidth_GBps")
+    if not (_finite(lat) and 0 <= lat <= 1e9 and _finite(bw) and 0 < bw <= 1e9):
+        raise ConfigError(f"latency_us ({lat!r}) must be a number >= 0 and bandwidth_GBps ({bw!r}) a number > 0",
+                          where)

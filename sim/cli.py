@@ -1,19 +1,76 @@
-"""What every `distlab` subcommand shares: a parser that reports bad flags in one line, tables, JSON."""
+"""What every `distlab` subcommand shares: a parser that reports bad flags in one line in distlab's words, JSON
+with a schema, progress, nccl-tests' columns; and, from sim/output.py, tables that fit 100 columns and notes
+(``print_table``, ``say``, ``note``: --verbose and --wide)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import textwrap
 
-from distlab.sim.errors import ConfigError
+from distlab.sim.errors import ConfigError, OutputError
+from distlab.sim.output import (LONG_TABLE, STYLE, WIDTH, OutputStyle, add_output_arguments,  # noqa: F401
+                                elide, note, print_table, say)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit code 2 (no usage dump)."""
+    """argparse, but a bad flag is one line on stderr in distlab's words and exit code 2 (no usage dump), and a
+    value that starts with '-' (``--size -1MiB``) reaches the flag's own check instead of being taken for a
+    flag."""
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{self.prog}: error: {argparse_message(message)} (see {self.prog} --help)\n")
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(attach_dash_values(self, args), namespace)
+
+
+def attach_dash_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``['--size', '-1MiB']`` -> ``['--size=-1MiB']`` for a flag that takes one value when the next word
+    starts with '-' and is not one of the parser's flags (argparse would say "expected one argument")."""
+    one_value = {s for a in parser._actions if a.nargs is None for s in a.option_strings}
+    known = {s for a in parser._actions for s in a.option_strings}
+    out, i = [], 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            return out + args[i:]
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if word in one_value and nxt is not None and nxt.startswith("-") and nxt != "--" \
+                and nxt.split("=")[0] not in known:
+            out.append(f"{word}={nxt}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def argparse_message(message: str) -> str:
+    """argparse's error in distlab's form, ``FLAG: what is wrong; what is allowed``:
+    "argument --nodes: invalid int value: 'x'" -> "--nodes: 'x' is not a whole number"."""
+    import re
+    flag, text = None, message
+    m = re.match(r"argument (\S+?): (.*)$", message, re.S)
+    if m:
+        flag, text = m.group(1).split("/")[-1], m.group(2)
+    rules = [(r"invalid int value: (.*)$", r"\1 is not a whole number"),
+             (r"invalid float value: (.*)$", r"\1 is not a number"),
+             (r"invalid \w+ value: (.*)$", r"\1 is not allowed"),
+             (r"invalid choice: (.*?) \(choose from (.*)\)$", lambda m: f"{m.group(1)} is not allowed; allowed: "
+              + m.group(2).replace("'", "")),
+             (r"expected one argument$", "needs a value"),
+             (r"expected at least one argument$", "needs at least one value"),
+             (r"unrecognized arguments: (.*)$", r"unknown argument \1"),
+             (r"the following arguments are required: (.*)$", r"\1 is required"),
+             (r"ambiguous option: (\S+) could match (.*)$", r"\1 is ambiguous: it could be \2")]
+    for pattern, repl in rules:
+        if re.match(pattern, text, re.S):
+            text = re.sub(pattern, repl, text, flags=re.S)
+            break
+    return f"{flag}: {text}" if flag else text
 
 
 def fail(message: str, code: int = 2):
@@ -42,18 +99,6 @@ def with_schema(obj, command: str | None = None) -> dict:
 def print_json(obj, command: str | None = None) -> None:
     """Print ``with_schema(obj, command)`` as indented JSON on stdout."""
     sys.stdout.write(json.dumps(with_schema(obj, command), indent=2, sort_keys=False) + "\n")
-
-
-def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1) -> None:
-    """A plain table through rich (no colours when stdout is not a terminal)."""
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
-    for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i < justify_left else "right", no_wrap=True)
-    for r in rows:
-        table.add_row(*[str(x) for x in r])
-    Console(width=200, soft_wrap=True).print(table)
 
 
 def progress(iterable, total: int, description: str, enabled: bool = True, delay_s: float = 2.0):
@@ -114,19 +159,28 @@ class working:
 
 def run_command(module, args) -> int:
     _running.append(module.NAME)
+    saved = OutputStyle(STYLE.verbose, STYLE.wide)
+    STYLE.verbose, STYLE.wide = bool(getattr(args, "verbose", False)), bool(getattr(args, "wide", False))
     try:
         rc = module.run(args)
         return 0 if rc is None else int(rc)
     except ConfigError as e:
         sys.stderr.write(f"distlab {module.NAME}: error: {e}\n")
         return 2
-    except KeyboardInterrupt:
+    except OutputError as e:            # a disk fault at the end: one line, and where the result was kept
+        sys.stderr.write(f"distlab {module.NAME}: error: {e}\n")
+        return 1
+    except KeyboardInterrupt as e:      # SIGTERM arrives as KeyboardInterrupt("SIGTERM") (runtime/launch.py)
+        if e.args and e.args[0] == "SIGTERM":
+            sys.stderr.write(f"distlab {module.NAME}: terminated\n")
+            return 143                  # 128 + SIGTERM, as shells report a process SIGTERM ended
         sys.stderr.write(f"distlab {module.NAME}: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0
     finally:
         _running.pop()
+        STYLE.verbose, STYLE.wide = saved.verbose, saved.wide
 
 
 class RowPrinter:
@@ -138,7 +192,10 @@ class RowPrinter:
         self.columns, self.out = columns, out or sys.stdout
 
     def comment(self, text: str) -> None:
-        self.out.write(f"# {text}\n")
+        """'# text', wrapped at words to WIDTH columns (each line a '#' comment, as nccl-tests')."""
+        lines = [f"# {text}"] if STYLE.wide else textwrap.wrap(text, WIDTH, initial_indent="# ",
+                                                               subsequent_indent="#   ", break_on_hyphens=False)
+        self.out.write("".join(line + "\n" for line in lines))
 
     def header(self) -> None:
         for part in (0, 1):
@@ -151,9 +208,11 @@ class RowPrinter:
         self.out.flush()
 
 
-NCCL_COLUMNS = [("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 8), ("redop", "", 6),
-                ("root", "", 6)]
-BW_COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8)]
+# nccl-tests' columns (src/util.cu), a little narrower than its own so that a row with the algorithm and protocol
+# (`collective`) or the op and spread (`bench`) fits 100 columns
+NCCL_COLUMNS = [("size", "(B)", 11), ("count", "(elements)", 11), ("type", "", 8), ("redop", "", 5),
+                ("root", "", 4)]
+BW_COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7)]
 
 
 def nccl_fields(op: str, nbytes: int, dtype: str, root: int | None = None) -> dict:

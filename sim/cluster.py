@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from distlab.sim.errors import ConfigError
 
 MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (8192 ranks simulate in seconds)
+# GPUs in one node's fabric: the presets' largest is 72 (gb200-nvl72). A typo such as 65536 made one node's ring so
+# long that a single all_reduce simulated for minutes; 1024 leaves room for any NVLink or PCIe node.
+MAX_GPUS_PER_NODE = 1024
 INTRA_KINDS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
 INTER_KINDS = ("infiniband", "ethernet")
 FABRICS = ("rail-optimized", "fat-tree")
@@ -27,10 +30,14 @@ class GPUSpec:
     memory_GiB: float
     mfu: float = 1.0              # fraction of ``tflops`` a matmul reaches (roofline ceiling)
     arch: str = "hopper"          # NCCL's tuning row: ampere, hopper, blackwell; cpu = Gloo (no NCCL protocols)
-    # The per-op compute model (sim/compute.py); the defaults keep the flat roofline above:
+    # The per-op compute model (sim/compute/); the defaults keep the flat roofline above:
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None   # (FLOPs of one GEMM, fraction of tflops)
     attention_efficiency: float | None = None   # fraction of tflops FlashAttention reaches
-    launch_s: float = 0.0                       # per op the host dispatches or kernel it launches (sim/compute.py)
+    launch_s: float = 0.0                       # per op the host dispatches or kernel it launches (sim/compute/)
+    compute: str | None = None      # the measured kernel model (sim/compute/gpus.py KERNEL_MODELS) of a GPU preset
+    fp8_tflops: float | None = None     # dense FP8 tensor-core peak (None: no FP8 tensor cores)
+    fp32_tflops: float | None = None    # FP32 on the CUDA cores (torch's matmul default: no TF32)
+    sustained: float | None = None      # overrides the generation's fitted sustained fraction (sim/compute/fitted.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class IntraNode:
     latency_us: float = 0.6
     efficiency: float = 1.0
     nvls: bool = False             # NVSwitch with in-switch reduction (NVLink SHARP, Hopper and later)
+    nvls_busbw_GBps: float | None = None   # measured ceiling of NVLS all-reduce bus bandwidth (None: no ceiling)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class InterNode:
     fabric: str = "rail-optimized"
     oversubscription: float = 1.0  # fat-tree: node uplink capacity = nics x bandwidth / oversubscription
     efficiency: float = 1.0
+    nodes_per_leaf: int = 0        # leaf switches of this many nodes under one spine layer (sim/kernel/network.py):
+    #                                oversubscription then applies to each leaf's uplink; 0 = no leaf tier
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ class Cluster:
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
              "gpu": gpu_to_dict(self.gpu), "intra_node": asdict(self.intra_node),
-             "inter_node": asdict(self.inter_node) if self.inter_node else None}
+             "inter_node": inter_to_dict(self.inter_node) if self.inter_node else None}
         if self.cpu_cores is not None:
             d["cpu_cores"] = self.cpu_cores
         if self.interference != 1.0:
@@ -119,11 +129,20 @@ class Cluster:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+def inter_to_dict(inter: InterNode) -> dict:
+    """The inter_node section of a cluster file; nodes_per_leaf only where there are leaf switches."""
+    d = asdict(inter)
+    if not d["nodes_per_leaf"]:
+        del d["nodes_per_leaf"]
+    return d
+
+
 def gpu_to_dict(gpu: GPUSpec) -> dict:
     """The gpu section of a cluster file; the compute-model fields only where they differ from the defaults
     (older files and outputs stay as they were), the curve as a list of [flops, fraction] pairs."""
     d = asdict(gpu)
-    for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0)):
+    for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0),
+                         ("compute", None), ("fp8_tflops", None), ("fp32_tflops", None), ("sustained", None)):
         if d[key] == default:
             del d[key]
     if "gemm_efficiency" in d:
@@ -133,21 +152,31 @@ def gpu_to_dict(gpu: GPUSpec) -> dict:
 
 # --- presets ------------------------------------------------------------------------------------------------
 GPUS = {
-    # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, 80 GB.
-    "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0, arch="ampere"),
-    # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB.
-    "h100": GPUSpec("h100", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0),
+    # Peaks are datasheet dense figures (half the "with sparsity" ones); ``compute`` names the measured kernel model
+    # (sim/compute/gpus.py: best GEMM, attention, HBM, SMs, per-kernel cost), which applies while the spec keeps
+    # the preset's peak and bandwidth (a spec with other numbers is another GPU: the flat roofline at mfu).
+    # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 19.5 FP32, no FP8, 2,039 GB/s HBM2e, 80 GB.
+    "a100": GPUSpec("a100", tflops=312.0, hbm_GBps=2039.0, memory_GiB=80.0, arch="ampere", compute="a100",
+                    fp32_tflops=19.5),
+    # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 1,979 FP8, 67 FP32, 3.35 TB/s HBM3, 80 GB.
+    "h100": GPUSpec("h100", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0, compute="h100", fp8_tflops=1979.0,
+                    fp32_tflops=67.0),
     # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e (nvidia-smi: 143,771 MiB) at 4.8 TB/s.
-    "h200": GPUSpec("h200", tflops=989.0, hbm_GBps=4800.0, memory_GiB=140.4),
-    # NVIDIA HGX B200 / DGX B200 datasheets: 2.25 PFLOP/s dense bf16 per GPU (4.5 with sparsity), HBM3e 8 TB/s,
-    # 180 GB (DGX B200: 1,440 GB for 8 GPUs).
-    "b200": GPUSpec("b200", tflops=2250.0, hbm_GBps=8000.0, memory_GiB=180.0, arch="blackwell"),
-    # NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s bf16 with sparsity for 72 GPUs = 2.5 PFLOP/s dense per GPU;
-    # HBM3e 13.4 TB at 576 TB/s for 72 GPUs = 186 GB at 8 TB/s per GPU.
-    "gb200": GPUSpec("gb200", tflops=2500.0, hbm_GBps=8000.0, memory_GiB=186.0, arch="blackwell"),
-    # NVIDIA L40S datasheet: 362 TFLOP/s dense bf16 (733 with sparsity), 864 GB/s GDDR6, 48 GB; PCIe only.
-    # NCCL tunes sm89 with the Ampere row (tuning.cc:263-266).
-    "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0, arch="ampere"),
+    "h200": GPUSpec("h200", tflops=989.0, hbm_GBps=4800.0, memory_GiB=140.4, compute="h200", fp8_tflops=1979.0,
+                    fp32_tflops=67.0),
+    # NVIDIA HGX B200 / DGX B200 datasheets: 2.25 PFLOP/s dense bf16 per GPU (4.5 with sparsity), 4.5 dense FP8,
+    # FP32 600 TFLOP/s for 8 GPUs (HGX B200), HBM3e 8 TB/s, 180 GB (DGX B200: 1,440 GB for 8 GPUs).
+    "b200": GPUSpec("b200", tflops=2250.0, hbm_GBps=8000.0, memory_GiB=180.0, arch="blackwell", compute="b200",
+                    fp8_tflops=4500.0, fp32_tflops=75.0),
+    # NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s bf16 with sparsity for 72 GPUs = 2.5 PFLOP/s dense per GPU, 720
+    # PFLOP/s FP8 with sparsity = 5 dense, FP32 5,760 TFLOP/s = 80 per GPU; HBM3e 13.4 TB at 576 TB/s for 72 GPUs
+    # = 186 GB at 8 TB/s per GPU.
+    "gb200": GPUSpec("gb200", tflops=2500.0, hbm_GBps=8000.0, memory_GiB=186.0, arch="blackwell", compute="gb200",
+                     fp8_tflops=5000.0, fp32_tflops=80.0),
+    # NVIDIA L40S datasheet: 362 TFLOP/s dense bf16 (733 with sparsity), 733 dense FP8, 91.6 FP32, 864 GB/s GDDR6,
+    # 48 GB; PCIe only. NCCL tunes sm89 with the Ampere row (tuning.cc:263-266).
+    "l40s": GPUSpec("l40s", tflops=362.0, hbm_GBps=864.0, memory_GiB=48.0, arch="ampere", compute="l40s",
+                    fp8_tflops=733.0, fp32_tflops=91.6),
     # A CPU rank on a laptop-class core; `distlab calibrate` replaces it with measured numbers. Gloo: no NCCL.
     "cpu": GPUSpec("cpu", tflops=0.05, hbm_GBps=10.0, memory_GiB=8.0, arch="cpu"),
 }
@@ -158,6 +187,13 @@ NDR_IB = InterNode("infiniband", 8, 50.0, 5.0, "rail-optimized")
 # datasheets). Efficiency 0.802 = NCCL's 18 links x 40.1 GB/s = 721.8 GB/s (topo.h:24 SM100_NVLINK_BW, NCCL
 # 2.30.7). NVLink Switch with SHARP (NVLS).
 NVLINK5 = IntraNode("nvswitch", 900.0, 0.6, efficiency=0.802, nvls=True)
+# The NVL72 rack's NVLink Switch fabric: NVLS all-reduce tops out at 834.6 GB/s bus bandwidth across the whole rack
+# (nccl-tests all_reduce_perf, 72 GB200, 8 GiB float sum, out-of-place: coreweave/nccl-tests PR #43, "Example output
+# for a full nvl72 rack run"; in-place 846.8, 4 GiB 839.2), where NCCL's model (tuning.cc:307-316, Blackwell
+# nvlsEfficiency 0.74) gives about 1,000: the switch's reduction throughput, not the links, bounds it at 72 GPUs.
+# 8 GPUs of a rack stay below the ceiling (NCCL's model: ~830; measured 811 GB/s on 2 trays x 4 GB200 over
+# MNNVL: lixueduan.com, "GB200 MNNVL" nccl-tests, 2 nodes, 8 GPUs).
+NVLINK5_NVL72 = replace(NVLINK5, nvls_busbw_GBps=834.6)
 
 PRESETS = {
     # DGX A100: 8 x A100 SXM, NVSwitch gen 2 = NVLink 3, 12 links, 600 GB/s bidirectional = 300 GB/s per
@@ -185,18 +221,19 @@ PRESETS = {
     # HGX H800 (DeepSeek-V3's cluster, arXiv 2412.19437 sec. 3.1): H100 compute with NVLink cut to 400 GB/s
     # bidirectional = 200 GB/s per direction (NVIDIA H800 SXM5 datasheet); efficiency 0.8 = the 160 GB/s the
     # paper reports NVLink reaching (sec. 3.2.2), beside 50 GB/s InfiniBand per GPU (8 x 400 Gb/s NICs).
-    "hgx-h800": Cluster("hgx-h800", 1, 8, GPUSpec("h800", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0),
+    "hgx-h800": Cluster("hgx-h800", 1, 8, GPUSpec("h800", tflops=989.0, hbm_GBps=3350.0, memory_GiB=80.0,
+                                                  compute="h800", fp8_tflops=1979.0, fp32_tflops=67.0),
                         IntraNode("nvswitch", 200.0, 0.6, efficiency=0.8), NDR_IB),   # NVLS: not documented for H800
     # DGX B200: 8 x B200 on NVLink 5 (2 NVLink Switch chips), 8 x ConnectX-7 400 Gb/s (DGX B200 datasheet).
     # Measured nccl-tests busbw: no published figure found.
     "dgx-b200": Cluster("dgx-b200", 1, 8, GPUS["b200"], NVLINK5, NDR_IB),
     # GB200 NVL72: 72 GPUs in one NVLink 5 domain (18 compute trays, 9 NVLink Switch trays), one ConnectX-7
     # 400 Gb/s per GPU (NVIDIA GB200 NVL72 datasheet); a "node" here is the rack. `--nodes N` = N racks over
-    # InfiniBand. Measured nccl-tests busbw: no published figure found.
-    "gb200-nvl72": Cluster("gb200-nvl72", 1, 72, GPUS["gb200"], NVLINK5,
+    # InfiniBand. NVLS at 72 GPUs: the measured ceiling above.
+    "gb200-nvl72": Cluster("gb200-nvl72", 1, 72, GPUS["gb200"], NVLINK5_NVL72,
                            InterNode("infiniband", 72, 50.0, 5.0, "rail-optimized")),
     # Racks of GB200 NVL72 on 400 GbE RoCE (Spectrum-X); latency and efficiency: no published figure found.
-    "gb200-nvl72-roce": Cluster("gb200-nvl72-roce", 1, 72, GPUS["gb200"], NVLINK5,
+    "gb200-nvl72-roce": Cluster("gb200-nvl72-roce", 1, 72, GPUS["gb200"], NVLINK5_NVL72,
                                 InterNode("ethernet", 72, 50.0, 5.0, "rail-optimized")),
     # 8 x L40S on PCIe 4 x16 (~32 GB/s per direction, PCI-SIG), no NVLink; NCCL tuning.cc PCIe per-hop
     # latency ~1 us (LL). One 200 GbE NIC per 4 GPUs (25 GB/s), fat-tree.
@@ -273,6 +310,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     calibration = d.get("calibration") or {}
     if not isinstance(calibration, dict):
         raise ConfigError("must be a mapping (written by distlab calibrate)", f"{where}: calibration")
+    from distlab.sim.calibration import check_calibration
+    check_calibration(calibration, f"{where}: calibration")
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
                       d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0),
                       d.get("compute_jitter", 0.0),
@@ -317,6 +356,9 @@ def _check_comm_cpu(c: Cluster, where: str) -> None:
 def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.nodes, f"{where}: nodes", integer=True)
     _positive(c.gpus_per_node, f"{where}: gpus_per_node", integer=True)
+    if c.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{c.gpus_per_node} GPUs in one node is more than the simulator takes (at most "
+                          f"{MAX_GPUS_PER_NODE}; more GPUs: more nodes)", f"{where}: gpus_per_node")
     if c.nodes * c.gpus_per_node > MAX_RANKS:
         raise ConfigError(f"{c.nodes} nodes x {c.gpus_per_node} GPUs is more than the simulator takes "
                           f"(at most {MAX_RANKS} ranks)", where)
@@ -342,6 +384,8 @@ def _validated(c: Cluster, where: str) -> Cluster:
     _positive(c.intra_node.efficiency, f"{where}: intra_node.efficiency")
     if c.intra_node.efficiency > 1:
         raise ConfigError("efficiency must be in (0, 1]", f"{where}: intra_node.efficiency")
+    if c.intra_node.nvls_busbw_GBps is not None:
+        _positive(c.intra_node.nvls_busbw_GBps, f"{where}: intra_node.nvls_busbw_GBps")
     inter = c.inter_node
     if inter is None:
         if c.nodes > 1:
@@ -359,15 +403,20 @@ def _validated(c: Cluster, where: str) -> Cluster:
     _positive(inter.efficiency, f"{where}: inter_node.efficiency")
     if inter.efficiency > 1:
         raise ConfigError("efficiency must be in (0, 1]", f"{where}: inter_node.efficiency")
-    if not isinstance(inter.oversubscription, (int, float)) or inter.oversubscription < 1:
-        raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking)",
+    if not _is_number(inter.oversubscription) or not 1 <= inter.oversubscription <= 1e6:
+        raise ConfigError(f"{inter.oversubscription!r} must be a number >= 1 (1 = non-blocking) and at most 1e6",
                           f"{where}: inter_node.oversubscription")
+    leaf = inter.nodes_per_leaf
+    if isinstance(leaf, bool) or not isinstance(leaf, int) or not 0 <= leaf <= MAX_RANKS:
+        raise ConfigError(f"{leaf!r} must be a whole number of nodes >= 0 (0 = no leaf switches)",
+                          f"{where}: inter_node.nodes_per_leaf")
     return c
 
 
 def _check_compute_model(gpu: GPUSpec, where: str) -> None:
     """gemm_efficiency: (flops, fraction) pairs, flops > 0 strictly increasing, fraction in (0, 1];
-    attention_efficiency in (0, 1]; launch_s >= 0 (sim/compute.py)."""
+    attention_efficiency in (0, 1]; launch_s >= 0; compute a kernel model of sim/compute/gpus.py; fp8_tflops and
+    fp32_tflops > 0; sustained in (0, 1]."""
     curve = gpu.gemm_efficiency
     if curve is not None:
         ok = isinstance(curve, tuple) and len(curve) >= 1 and all(
@@ -381,6 +430,18 @@ def _check_compute_model(gpu: GPUSpec, where: str) -> None:
         raise ConfigError(f"{a!r} must be a number in (0, 1]", f"{where}.attention_efficiency")
     if not _is_number(gpu.launch_s) or not 0 <= gpu.launch_s < 1:
         raise ConfigError(f"{gpu.launch_s!r} must be a number of seconds in [0, 1)", f"{where}.launch_s")
+    from distlab.sim.compute.gpus import KERNEL_MODELS
+    if gpu.compute is not None and gpu.compute not in KERNEL_MODELS:
+        raise ConfigError(f"unknown kernel model {gpu.compute!r}; allowed: {', '.join(KERNEL_MODELS)} (or leave it "
+                          "out: a flat roofline at mfu)", f"{where}.compute")
+    for key in ("fp8_tflops", "fp32_tflops"):
+        v = getattr(gpu, key)
+        if v is not None:
+            _positive(v, f"{where}.{key}")
+    s = gpu.sustained
+    if s is not None and (not _is_number(s) or not 0 < s <= 1):
+        raise ConfigError(f"{s!r} must be a number in (0, 1] (the fraction of the kernel rates a job sustains)",
+                          f"{where}.sustained")
 
 
 def _is_number(x) -> bool:

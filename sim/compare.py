@@ -13,7 +13,6 @@ sibling threads, "predicted <stream>" above "measured <stream>".
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -32,18 +31,22 @@ def load_trace(path: str, cluster: str | None = None) -> Trace:
     `distlab calibrate` writes), a plan file (distlab-plan/1) is accepted too and simulated here on that cluster
     sized to the plan's world size. Bad input is a one-line ConfigError naming the file."""
     from distlab.sim.plan import FORMAT as PLAN_FORMAT
+    from distlab.sim.io import load_json
     if not os.path.isfile(path):
         raise ConfigError("no such trace file", path)
     allowed = ALLOWED + (f", or a {PLAN_FORMAT} plan" if cluster else "")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"not a trace: {e.__class__.__name__}: {str(e).splitlines()[0]}; {allowed}", path) from None
-    if isinstance(data, dict) and data.get("format") == FORMAT:
-        return Trace.from_dict(data)
-    if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
-        return from_chrome(data, path)
+        data = load_json(path, "trace")
+    except ConfigError as e:
+        raise ConfigError(f"not a trace: {str(e).removeprefix(f'{path}: ')}; {allowed}", path) from None
+    try:
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            return checked(Trace.from_dict(data), path)
+        if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):
+            return checked(from_chrome(data, path), path)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        detail = str(e).splitlines()[0][:120] if str(e) else "malformed"
+        raise ConfigError(f"not a trace distlab wrote ({type(e).__name__}: {detail}); {allowed}", path) from None
     if cluster and isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
         from distlab.sim.cluster import load_cluster
         from distlab.sim.kernel.engine import simulate
@@ -51,6 +54,33 @@ def load_trace(path: str, cluster: str | None = None) -> Trace:
         plan = Plan.from_dict(data, path)
         return simulate(plan, load_cluster(cluster).with_world_size(plan.world_size), record_transfers=False)
     raise ConfigError(f"not a trace; {allowed}", path)
+
+
+MAX_TRACE_RANK = 1 << 20
+
+
+def checked(trace: Trace, where: str) -> Trace:
+    """A loaded trace whose records have the types and ranges compare reads (a hand-edited or truncated trace is a
+    ConfigError naming the first bad record, not a TypeError deep in the comparison)."""
+    import math
+
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def whole(x, lo=0, hi=MAX_TRACE_RANK):
+        return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
+    for i, o in enumerate(trace.ops):
+        ok = (whole(o.rank) and whole(o.index, 0, 1 << 40) and all(isinstance(x, str) for x in
+              (o.stream, o.kind, o.name, o.op, o.algorithm)) and number(o.start) and number(o.end)
+              and whole(o.bytes, 0, 1 << 60) and (o.launch is None or number(o.launch))
+              and (o.group is None or (isinstance(o.group, tuple) and all(whole(g) for g in o.group)))
+              and (o.peer is None or whole(o.peer)))
+        if not ok:
+            raise ConfigError(f"op record {i} (rank {o.rank!r}, index {o.index!r}) has a field of the wrong type or "
+                              f"out of range; {ALLOWED}", where)
+    if not isinstance(trace.meta, dict):
+        raise ConfigError(f"'meta' must be an object; {ALLOWED}", where)
+    return trace
 
 
 def from_chrome(data: dict, where: str = "trace") -> Trace:

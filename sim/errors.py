@@ -9,6 +9,17 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class OutputError(RuntimeError):
+    """A result could not be written (a full or read-only disk, a device that refuses it): the path, the error,
+    and where the result was kept instead. The CLI prints it as one line and exits 1."""
+
+    def __init__(self, path: str, error: str, kept: str | None = None, kept_error: str | None = None):
+        self.path, self.error, self.kept = path, error, kept
+        where = (f"the result is kept in {kept}" if kept else
+                 f"it could not be kept elsewhere either ({kept_error})" if kept_error else "nothing was kept")
+        super().__init__(f"cannot write {path}: {error}; {where}")
+
+
 class SimulationDeadlock(RuntimeError):
     """A plan that cannot finish: some rank waits forever. `stuck` lists (rank, stream, op description)."""
 

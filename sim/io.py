@@ -1,6 +1,9 @@
-"""Small input/output helpers shared by the CLI: sizes, YAML, atomic writes."""
+"""Small input/output helpers shared by the CLI: sizes, bounded reads of files, JSON and YAML, output paths
+(writing: sim/files.py)."""
 from __future__ import annotations
 
+import errno
+import json
 import math
 import os
 import re
@@ -78,13 +81,47 @@ def parse_size_range(text: str, where: str = "--sizes", dtype: str | None = None
 
 
 # -- reading ---------------------------------------------------------------------------------------------------
-def read_text(path: str, what: str = "file") -> str:
-    """The UTF-8 text of ``path``; a missing, unreadable, binary or non-UTF-8 file is a ConfigError."""
+# Every file distlab reads is bounded, so a malformed or hostile input ends in one line, fast, within 1 GB
+# (tests/test_fuzz_inputs.py runs such inputs under a 1 GB address-space limit). Parsed JSON costs up to ~25x its
+# text in Python objects (each [] or {} is an object of 56-64 bytes), so JSON is also capped in containers.
+MAX_TEXT_BYTES = 4 << 20             # a hand-written file: scenario, cluster, runs, question, flight record
+MAX_JSON_BYTES = 64 << 20            # a plan or a trace (a 64-rank FSDP plan is ~10 MB)
+MAX_JSON_CONTAINERS = 2_000_000      # [ and { in one JSON file (an op is one or two)
+MAX_YAML_VALUES = 200_000            # values of a YAML file once its aliases are expanded (hand-written: < 10,000)
+
+
+def _human(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+
+
+def read_bytes(path: str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; a missing or unreadable file, a folder,
+    a device or pipe (/dev/zero would never end), or a larger file is a ConfigError naming the limit."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"cannot read {what}: {e.strerror}", path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"this is a folder; a {what} is a file", path)
+        raise ConfigError(f"not a regular file (a device or a pipe); a {what} is a file", path)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise ConfigError(f"{st.st_size} bytes is larger than a {what} may be (at most {_human(limit)})", path)
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ConfigError(f"cannot read {what}: {e.strerror}", path) from None
+    if len(data) > limit:
+        raise ConfigError(f"larger than a {what} may be (at most {_human(limit)})", path)
+    return data
+
+
+def read_text(path: str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of ``path`` (``read_bytes``); a binary or non-UTF-8 file is a ConfigError."""
+    data = read_bytes(path, what, limit)
     if b"\0" in data:
         raise ConfigError(f"this is a binary file, not a {what} (text, UTF-8)", path)
     try:
@@ -93,14 +130,85 @@ def read_text(path: str, what: str = "file") -> str:
         raise ConfigError(f"not UTF-8 text (byte {e.start}); a {what} must be UTF-8", path) from None
 
 
-def load_yaml(path: str):
-    text = read_text(path, "YAML file")
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads_json(text: str, where: str, what: str = "JSON file", containers: int = MAX_JSON_CONTAINERS):
+    """Parse JSON text: not valid JSON, NaN/Infinity, an integer over 4,300 digits (Python's limit), nesting
+    deeper than the parser's recursion or more than ``containers`` objects and lists are one ConfigError."""
+    n = text.count("[") + text.count("{")          # over-counts brackets inside strings: a safe bound
+    if n > containers:
+        raise ConfigError(f"{n} JSON objects and lists is more than a {what} may hold (at most {containers})", where)
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml when built
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", where) from None
+    except RecursionError:
+        raise ConfigError(f"JSON nested too deep for a {what}", where) from None
+    except ValueError as e:                        # NaN, Infinity, integers past 4,300 digits
+        raise ConfigError(f"not valid JSON: {_value_error(e)}", where) from None
+
+
+def _value_error(e: ValueError) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "integer string conversion" in text:
+        return "an integer with more than 4300 digits (Python's limit)"
+    return text[:120]
+
+
+def load_json(path: str, what: str = "JSON file", limit: int = MAX_JSON_BYTES):
+    """A bounded JSON file (``read_text`` then ``loads_json``)."""
+    return loads_json(read_text(path, what, limit), path, what)
+
+
+def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_TEXT_BYTES):
+    """A bounded YAML file (safe loader): at most ``limit`` bytes and ``MAX_YAML_VALUES`` values once its aliases
+    are expanded (the "billion laughs" file is a few hundred bytes of aliases that expand to 10^9 values: later
+    code that walks or prints it would run for minutes and exhaust memory); an alias cycle is refused too."""
+    text = read_text(path, what, limit)
+    try:
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml when built
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"not valid YAML{at}", path) from None
+    except RecursionError:
+        raise ConfigError(f"YAML nested too deep for a {what}", path) from None
+    except ValueError as e:                        # e.g. an integer past 4,300 digits
+        raise ConfigError(f"not valid YAML: {_value_error(e)}", path) from None
+    _check_expansion(data, path)
+    return data
+
+
+def _check_expansion(data, where: str, limit: int = MAX_YAML_VALUES) -> None:
+    """Values ``data`` holds with shared (aliased) parts counted every time they appear: at most ``limit``."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(obj) -> int:
+        if not isinstance(obj, (list, dict)):
+            return 1
+        key = id(obj)
+        if key in sizes:
+            return sizes[key]
+        if key in open_ids:
+            raise ConfigError("a YAML alias refers to a value that contains it (a cycle)", where)
+        open_ids.add(key)
+        items = list(obj.items()) if isinstance(obj, dict) else obj
+        n = 1
+        for item in items:
+            n += sum(size(x) for x in item) if isinstance(obj, dict) else size(item)
+            if n > limit:
+                raise ConfigError(f"its YAML aliases expand to more than {limit} values (at most {limit} allowed)",
+                                  where)
+        open_ids.discard(key)
+        sizes[key] = n
+        return n
+    try:
+        size(data)
+    except RecursionError:
+        raise ConfigError("YAML nested too deep", where) from None
 
 
 # -- output paths ------------------------------------------------------------------------------------------------
@@ -187,46 +295,11 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"cannot write in folder {folder}: {e.strerror}", flag) from None
+    except OSError as e:          # /proc/sys answers ENOENT, a read-only mount EROFS: the folder is there
+        why = "" if e.errno == errno.ENOENT else f" ({e.strerror})"
+        raise ConfigError(f"folder {folder} exists but files cannot be created in it{why}; give a folder you can "
+                          "write", flag) from None
 
 
-# -- writing -----------------------------------------------------------------------------------------------------
-def write_atomic(path: str, data: str | bytes) -> None:
-    """Write to a temporary file beside ``path`` then rename: a reader never sees half a file. The file gets
-    the permissions the umask gives (0666 & ~umask, as open() does; an existing file keeps its mode). Creates
-    no folders. A path that is not a regular file (/dev/null, a pipe) is written directly."""
-    full = os.path.abspath(path)
-    data = data.encode("utf-8") if isinstance(data, str) else data
-    if os.path.exists(full) and not os.path.isfile(full):
-        with open(full, "wb") as f:
-            f.write(data)
-        return
-    tmp = os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.tmp-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)     # mode & ~umask, like open(path, "w")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if os.path.isfile(full):
-            os.chmod(tmp, stat.S_IMODE(os.stat(full).st_mode))
-        os.replace(tmp, full)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def save_figure(fig, path: str) -> None:
-    """Save a matplotlib figure atomically (format from the file name) and close it. A figure marked
-    ``fig.distlab_fast = True`` laid itself out: it is saved in one draw (no tight bounding box) and, as a
-    PNG, with light compression (zlib level 1), which matters for figures of thousands of bars."""
-    import io
-    import sys
-    buf = io.BytesIO()
-    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    fast = getattr(fig, "distlab_fast", False)
-    extra = {"bbox_inches": "tight"} if not fast else ({"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {})
-    fig.savefig(buf, format=fmt, dpi=120, **extra)
-    if "matplotlib.pyplot" in sys.modules:
-        sys.modules["matplotlib.pyplot"].close(fig)
-    write_atomic(path, buf.getvalue())
+# writing lives in sim/files.py; these names stay importable from here (most of distlab imports them from sim.io)
+from distlab.sim.files import OutputLock, fsync_folder, keep, save_figure, write_atomic  # noqa: E402,F401

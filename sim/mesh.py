@@ -148,11 +148,20 @@ class Mesh:
             out.append(DimPlacement(n, s, worst, worst == 1))
         return out
 
-    def placement_warnings(self, gpus_per_node: int, intra_node: tuple[str, ...] = ("tp", "ep", "cp")) -> list[str]:
-        """One line per dimension in ``intra_node`` whose groups cross nodes (they usually should not)."""
-        return [f"mesh dimension {p.dim!r} (size {p.size}) spans {p.nodes_per_group} nodes per group: its "
-                f"collectives cross the network; put it last in the mesh or make it <= {gpus_per_node}"
-                for p in self.placement(gpus_per_node) if p.dim in intra_node and not p.intra_node and p.size > 1]
+    def placement_warnings(self, gpus_per_node: int, intra_node: tuple[str, ...] = ("tp", "cp")) -> list[str]:
+        """One line per dimension in ``intra_node`` whose groups cross nodes (they usually should not): put it
+        last in the mesh (its groups then take consecutive ranks) unless it is already the innermost dimension
+        of size > 1, and make it <= the GPUs of a node. ep is not among them by default: expert parallelism
+        across nodes is a published layout (DeepSeek-V3: ep 64 over 8 nodes, arXiv 2412.19437 sec. 3.2)."""
+        inner = [n for n, s in zip(self.names, self.shape) if s > 1][-1:]
+        out = []
+        for p in self.placement(gpus_per_node):
+            if p.dim in intra_node and not p.intra_node and p.size > 1:
+                fix = (f"make it <= {gpus_per_node}" if [p.dim] == inner
+                       else f"put it last in the mesh or make it <= {gpus_per_node}")
+                out.append(f"mesh dimension {p.dim!r} (size {p.size}) spans {p.nodes_per_group} nodes per group: "
+                           f"its collectives cross the network; {fix}")
+        return out
 
     def _dims(self, dim) -> tuple[str, ...]:
         dims = (dim,) if isinstance(dim, str) else tuple(dim)

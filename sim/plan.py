@@ -259,16 +259,14 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> "Plan":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", where) from None
-        return cls.from_dict(d, where)
+        from distlab.sim.io import loads_json
+        return cls.from_dict(loads_json(text, where, "plan"), where)
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        from distlab.sim.io import read_text
-        return cls.from_json(read_text(path, "plan"), where=path)
+        """A plan file, bounded (sim/io.py: at most 64 MiB and 2,000,000 JSON objects and lists)."""
+        from distlab.sim.io import MAX_JSON_BYTES, read_text
+        return cls.from_json(read_text(path, "plan", MAX_JSON_BYTES), where=path)
 
     def save(self, path: str) -> None:
         from distlab.sim.io import write_atomic
@@ -353,6 +351,8 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
     stream = getattr(op, "stream")
     if not isinstance(stream, str) or not stream:
         raise ConfigError("'stream' must be a non-empty string", where)
+    if not isinstance(getattr(op, "name", ""), str):
+        raise ConfigError(f"'name' must be a string, got {type(op.name).__name__}", where)
     if isinstance(op, Compute):
         if op.seconds is not None and (not _is_num(op.seconds) or op.seconds < 0):
             raise ConfigError(f"seconds must be a number >= 0, got {op.seconds!r}", where)
@@ -390,7 +390,10 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
     group = op.group
     if not isinstance(group, tuple):
         raise ConfigError("group must be a non-empty list of ranks", where)
-    members = checked_groups.get(group)
+    try:
+        members = checked_groups.get(group)
+    except TypeError:                    # a member that is not a rank number (a list, a mapping)
+        raise ConfigError("group must be a non-empty list of ranks", where) from None
     if members is None:
         if not group or not all(_is_int(g) for g in group):
             raise ConfigError("group must be a non-empty list of ranks", where)

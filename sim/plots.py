@@ -57,7 +57,7 @@ def timeline(trace, ranks: list[int] | None = None, streams: list[str] | None = 
     t0 = min((o.start for o in ops), default=0.0)
     span = max(trace.makespan, 1e-12) * scale
     fig, ax = _figure(figsize=(12, 0.6 * len(rows) + 1.8))
-    shown, waited = set(), False
+    shown, waited, labels = set(), False, []
     for y, key in enumerate(rows):
         bars, colors, waits = [], [], []
         for o in by_row[key]:
@@ -71,11 +71,9 @@ def timeline(trace, ranks: list[int] | None = None, streams: list[str] | None = 
             text = highlight(o) if highlight else (o.name if o.kind == "collective" or
                                                    (x1 - xb) > label_min_frac * span else None)
             if text and (x1 - xb) > 0.025 * span:
-                ax.text((xb + x1) / 2, y, text.replace("bucket ", "b"), ha="center", va="center", fontsize=7,
-                        clip_on=True)
+                labels.append((x1 - xb, y, (xb + x1) / 2, text.replace("bucket ", "b"), "center"))
             elif text and o.kind == "collective":     # narrow: label above the bar
-                ax.text((xb + x1) / 2, y - 0.38, text.replace("bucket ", "b"), ha="center", va="bottom",
-                        fontsize=6, clip_on=True)
+                labels.append((x1 - xb, y, (xb + x1) / 2, text.replace("bucket ", "b"), "above"))
         if waits:
             waited = True
             ax.broken_barh(waits, (y - 0.35, 0.7), facecolors="none", edgecolors="#bbbbbb", hatch="///",
@@ -96,7 +94,31 @@ def timeline(trace, ranks: list[int] | None = None, streams: list[str] | None = 
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.35 / max(len(rows), 1)),
                   ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout()
+    if labels:                 # widest ops first; a label that would overlap another or leave the axes goes
+        from distlab.sim.figure_text import keep_fitting
+        texts = [ax.text(x, y if where == "center" else y - 0.38, text, ha="center", clip_on=True,
+                         va="center" if where == "center" else "bottom", fontsize=7 if where == "center" else 6)
+                 for _, y, x, text, where in _spaced_labels(labels, span, fig.get_size_inches()[0])]
+        keep_fitting(fig, texts, within=ax)
     return fig
+
+
+def _spaced_labels(labels: list[tuple], span: float, width_in: float) -> list[tuple]:
+    """The candidate labels (op width, row, x centre, text, 'center' or 'above'), widest op first, without those
+    whose estimated box (0.6 x font size per character, on an axes ~85% of the figure's width, 1.3x margin)
+    would overlap a wider op's label in the same row: so a trace of thousands of ops creates a few hundred Text
+    artists, and figure_text.keep_fitting checks those exactly."""
+    kept, taken = [], {}
+    for label in sorted(labels, key=lambda x: -x[0]):
+        _, y, x, text, where = label
+        points = 0.6 * (7 if where == "center" else 6) * len(text) * 1.3
+        half = points / (0.85 * width_in * 72) * span / 2
+        row = taken.setdefault((y, where), [])
+        if any(x - half < b and a < x + half for a, b in row):
+            continue
+        row.append((x - half, x + half))
+        kept.append(label)
+    return kept
 
 
 def sweep(xs, series: dict[str, list[float]], xlabel: str, ylabel: str, title: str | None = None,
@@ -164,6 +186,8 @@ def transfers_timeline(trace, max_ranks: int = 16, title: str | None = None, uni
     ax.legend(handles=handles, title="to rank" + (" (first 20)" if len(dsts) > 20 else ""), fontsize=7,
               title_fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False,
               ncol=1 if len(handles) <= 12 else 2)
+    from distlab.sim.timeline_png import NOTE
+    fig.text(0.08, 0.12 / height, NOTE, fontsize=7, va="bottom")       # what a bar is, under the time axis
     fig.distlab_fast = True            # laid out above: sim.io.save_figure saves it in one draw
     return fig
 
@@ -203,7 +227,7 @@ def busbw_figure(rows: list[dict], title: str, auto: bool = False):
                     markersize=6, zorder=4)
     ax.set_xscale("log", base=2)
     sizes = sorted({r["bytes"] for r in rows if r["bytes"] > 0})
-    step = max(1, len(sizes) // 10)
+    step = max(1, -(-len(sizes) // 8))            # at most 8 size labels: rotated, they still fit side by side
     ticks = sizes[::step]
     ax.set_xticks(ticks)
     ax.set_xticklabels([size_label(s) for s in ticks], rotation=30 if len(ticks) > 6 else 0, fontsize=8)

@@ -25,6 +25,62 @@ def step_summary(trace, rank: int = 0) -> dict:
             "overlap_pct": 100.0 * hidden / t_comm if t_comm > 0 else 0.0}
 
 
+BATCH_DIMS = ("dp", "dp_shard", "dp_replicate", "ep")      # mesh dims whose ranks hold different sequences
+
+
+def sequences_per_step(result) -> int:
+    """Sequences (an MLP: samples) one step trains: the micro-batch, times the micro-batches per step (DDP's
+    grad_accum, a pipeline's microbatches), times the ranks of the batch dimensions (dp, dp_shard, dp_replicate,
+    ep; tp, cp and pp ranks share their sequences)."""
+    cfg, opts, mesh = result.model.config or {}, result.options, result.mesh
+    micro = cfg.get("micro_batch", cfg.get("batch", 1))
+    if getattr(opts, "grad_accum", None):
+        steps = opts.grad_accum
+    elif "pp" in mesh and getattr(opts, "microbatches", None):
+        steps = opts.microbatches
+    else:
+        steps = 1
+    replicas = 1
+    for dim in BATCH_DIMS:
+        if dim in mesh:
+            replicas *= mesh.size(dim)
+    return micro * steps * replicas
+
+
+def throughput(result) -> dict:
+    """The step summary's throughput fields (sim/compute/flops.py): model FLOPs per token and their convention,
+    MFU and HFU against the bf16 dense peak, TFLOP/s and tokens/s per GPU; plus ``compute_notes``: what bounds
+    the numbers (compute priced without kernel shapes, a generation without fitted constants, an MFU above the
+    best published one for the generation)."""
+    from distlab.sim.compute.flops import mfu_summary, plausibility
+    from distlab.sim.compute.fitted import constants
+    from distlab.sim.compute.kernels import kernel_model
+    from distlab.sim.plan import Compute
+    opts = result.options
+    recompute = getattr(opts, "recompute", None) or ("full" if getattr(opts, "activation_checkpointing", False)
+                                                     else "none")
+    out = mfu_summary(result.model, sequences_per_step(result), result.summary["step_s"], result.plan.world_size,
+                      result.cluster.gpu, recompute)
+    notes, gpu = [], result.cluster.gpu
+    km = kernel_model(gpu)
+    if km is not None:
+        ops = [o for o in result.plan.ranks[0] if isinstance(o, Compute) and o.seconds is None]
+        bare = sum(o.flops for o in ops if o.flops and not o.gemms and o.attention is None)
+        total = sum(o.flops for o in ops)
+        if total and bare / total > 0.5:
+            notes.append(f"{100 * bare / total:.0f}% of the FLOPs are in ops without kernel shapes "
+                         f"({result.workload.name} builder), priced at the best GEMM's rate: an upper bound (no "
+                         "attention kernel, no small-GEMM losses)")
+        if not constants(km.generation).fitted_on and getattr(gpu, "sustained", None) is None:
+            notes.append(f"{km.generation} has no published row fitted (sim/compute/fitted.py): kernel rates are "
+                         "micro-benchmarks', an upper bound")
+        line = plausibility(out["mfu"], gpu)
+        if line and (line.startswith("MFU") or not notes):
+            notes.append(line)
+    out["compute_notes"] = notes
+    return out
+
+
 @dataclass
 class Result:
     """Everything one simulation of a scenario produced. ``workload`` is the registry record
@@ -52,7 +108,10 @@ class Result:
         """``llama-70b fsdp on 16 x dgx-h100 (128 ranks)``: what was simulated, from the resolved objects."""
         c = self.cluster
         where = f"{c.nodes} x {c.name}" if c.nodes > 1 else c.name
-        return f"{self.model.name} {self.workload.name} on {where} ({self.plan.world_size} ranks)"
+        what = self.workload.name
+        if what == "composed":          # a composition: its mesh (sim/workloads/composed.py)
+            what = " x ".join(f"{d} {n}" for d, n in self.mesh.as_dict().items())
+        return f"{self.model.name} {what} on {where} ({self.plan.world_size} ranks)"
 
     @property
     def report(self) -> dict:

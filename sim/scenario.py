@@ -1,4 +1,4 @@
-"""Scenarios: a model, a device mesh, one parallelism section and a cluster, as one YAML file or dict.
+"""Scenarios: a model, a device mesh, a section per parallelism and a cluster, as one YAML file or dict.
 
     name: llama-7b HSDP              # optional
     model: {preset: llama-7b, micro_batch: 1}   # a preset, or {preset: ..., micro_batch: 8}, or {kind: mlp, ...}
@@ -13,6 +13,13 @@
 The section's key names the workload (sim/workloads/registry.py); its keys are the workload's options. The
 mesh may leave out the workload's fill dimension (dp, dp_replicate): it takes the ranks the others leave; with
 no mesh every rank is on the workload's default dimension (ddp: dp, fsdp: dp_shard; pipeline needs pp).
+Several sections together, or a mesh naming several parallelisms, compose (sim/workloads/composed.py: each mesh
+dimension chooses its parallelism, sim/parallel/parallelize.py builds them in torchtitan's order):
+
+    mesh: {pp: 16, dp_shard: 128, tp: 8}
+    pipeline: {microbatches: 16}
+    tp: {recompute: selective}
+
 The old format ``parallelism: {kind: ddp, ...}`` still loads: it is translated (``shard_size`` -> mesh
 dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
 """
@@ -24,8 +31,8 @@ import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
-from distlab.sim.result import Result, step_summary
-from distlab.sim.workloads import registry
+from distlab.sim.result import Result, step_summary, throughput
+from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
 KEYS = SCENARIO_KEYS
@@ -33,7 +40,8 @@ DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "clus
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
-    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file made absolute."""
+    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file and model config.json
+    made absolute (relative to the scenario's folder)."""
     if isinstance(path_or_dict, dict):
         d, where = copy.deepcopy(path_or_dict), where or "scenario"
     else:
@@ -42,6 +50,10 @@ def load(path_or_dict, where: str | None = None) -> dict:
         d = load_yaml(path_or_dict)
         if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
             d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
+        model = d.get("model") if isinstance(d, dict) else None      # a config.json beside the scenario
+        if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+            d["model"] = {**model, "hf_config": os.path.join(os.path.dirname(os.path.abspath(path_or_dict)),
+                                                             model["hf_config"])}
     return validate(d, where)
 
 
@@ -61,15 +73,15 @@ def validate(d, where: str = "scenario") -> dict:
     if "parallelism" in d:
         translate_legacy(d, where)
     sections = [k for k in d if k in registry.names()]
-    if not sections:
+    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
+        composed.validate(d, sections, _parse, where)
+    elif not sections:
         raise ConfigError(f"missing a parallelism section: one of {', '.join(registry.names())} "
-                          "(e.g. ddp: {})", where)
-    if len(sections) > 1:
-        raise ConfigError(f"one parallelism section per scenario (got {', '.join(sections)}); composing them is "
-                          "not supported yet", where)
-    workload = registry.get(sections[0])
-    workload.parse(d[sections[0]], f"{where}: {workload.name}")
-    _check_mesh(d, workload, where)
+                          "(e.g. ddp: {}), or a mesh naming the parallelisms (e.g. mesh: {pp: 2, dp_shard: 4})", where)
+    else:
+        workload = registry.get(sections[0])
+        workload.parse(d[sections[0]], f"{where}: {workload.name}")
+        _check_mesh(d, workload, where)
     d.setdefault("cluster", "dgx-h100")
     if not isinstance(d["cluster"], str):
         raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
@@ -145,14 +157,25 @@ def _check_mesh(d: dict, workload, where: str) -> None:
     Mesh(mesh, f"{where}: mesh")          # sizes
 
 
+def _parse(name: str, section, where: str):
+    """The options dataclass of one section (sim/workloads/base.py Workload.parse)."""
+    return registry.get(name).parse(section, where)
+
+
 def workload_of(d: dict):
-    """The registry record of a validated scenario's parallelism section."""
-    return registry.get(next(k for k in d if k in registry.names()))
+    """The record of a validated scenario: its one section's workload, or the composition's
+    (sim/workloads/composed.py) when it has several sections or a mesh of several parallelisms."""
+    sections = [k for k in d if k in registry.names()]
+    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
+        return composed.WORKLOAD
+    return registry.get(sections[0])
 
 
 def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mesh:
     """The scenario's mesh on ``world`` ranks: as written, with the workload's fill dimension added (outermost)
     when the written dims leave ranks over, or every rank on its default dimension when there is no mesh."""
+    if workload is composed.WORKLOAD:
+        return composed.complete_mesh(d, world, where)
     given = d.get("mesh")
     if given is None:
         return Mesh({workload.default_dim: world})
@@ -180,6 +203,8 @@ def set_value(d: dict, key: str, value) -> None:
         d[key] = value
         return
     w = workload_of(d)
+    if w is composed.WORKLOAD:
+        return _set_composed(d, key, value)
     dim = w.legacy_keys.get(key, key)
     if dim in w.dims:
         mesh = dict(d.get("mesh") or {})
@@ -194,11 +219,58 @@ def set_value(d: dict, key: str, value) -> None:
     d[w.name][key] = value
 
 
+def _set_composed(d: dict, key: str, value) -> None:
+    """A mesh dimension (the fill dimension then takes what is left) or the option of the one section that has
+    it (a section the mesh implies is added)."""
+    if key in composed.MESH_ORDER:
+        mesh = dict(d["mesh"])
+        mesh[key] = value
+        fill = composed.fill_dim(d)
+        if key != fill:
+            mesh.pop(fill, None)
+        d["mesh"] = mesh
+        return
+    section, dot, option = key.partition(".")
+    if dot and section in composed_sections(d) and option in registry.get(section).keys():
+        d.setdefault(section, {})[option] = value
+        return
+    owners = [name for name in composed_sections(d) if key in registry.get(name).keys()]
+    if "pipeline" in owners:            # TP's pipeline fields are for a tp section alone: the pipeline's win
+        owners = ["pipeline"]
+    if len(owners) != 1:
+        owned = " and ".join(owners) or "none of this scenario's sections"
+        raise ConfigError(f"{key!r} is an option of {owned}; allowed: {', '.join(composed_sweep_keys(d))}",
+                          "--sweep")
+    d.setdefault(owners[0], {})[key] = value
+
+
+def composed_sections(d: dict) -> list[str]:
+    """The sections a composed scenario has or its mesh implies, in torchtitan's order."""
+    mesh = d.get("mesh") or {}
+    implied = {composed.OWNER[k] for k in mesh if k in composed.OWNER} | ({"fsdp"} if "cp" in mesh else set())
+    return [name for name in composed.COMPOSABLE if name in d or name in implied]
+
+
+def composed_sweep_keys(d: dict) -> tuple[str, ...]:
+    """A composition's sweep keys: the mesh dimensions and its sections' options (``section.key`` for an option
+    two sections have, e.g. tp.recompute and cp.recompute)."""
+    keys = ("nodes", "world_size", "micro_batch") + composed.MESH_ORDER
+    sections = composed_sections(d)
+    for name in sections:
+        for k in registry.get(name).keys():
+            owners = [o for o in sections if k in registry.get(o).keys()]
+            shared = len(owners) > 1 and "pipeline" not in owners
+            keys += (f"{name}.{k}",) if shared else (k,) if k not in keys else ()
+    return keys
+
+
 def parallelism(d: dict) -> dict:
     """The scenario's parallelism as the old flat dict {kind, options..., shard_size/stages/data_parallel from
     the mesh as written}: for callers written against the old format."""
     w = workload_of(d)
     mesh = d.get("mesh") or {}
+    if w is composed.WORKLOAD:          # no flat form: the kind and the mesh
+        return {"kind": w.name, "mesh": dict(mesh)}
     return {"kind": w.name, **d[w.name], **{k: mesh[dim] for k, dim in w.legacy_keys.items() if dim in mesh}}
 
 
@@ -213,14 +285,20 @@ def resolve(d: dict, where: str = "scenario"):
     return model, cluster
 
 
-def build(d: dict, where: str = "scenario") -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace."""
+def build(d: dict, where: str = "scenario", cluster=None) -> Result:
+    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
+    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
     d = validate(copy.deepcopy(d), where)
     w = workload_of(d)
-    model, cluster = resolve(d, where)
+    if cluster is None:
+        model, cluster = resolve(d, where)
+    else:
+        from distlab.sim.models import model_from_spec
+        model = model_from_spec(d["model"], f"{where}: model")
     try:
-        opts = w.parse(d[w.name], f"{where}: {w.name}")
         mesh = complete_mesh(d, w, cluster.world_size, where)
+        opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
+            w.parse(d[w.name], f"{where}: {w.name}")
         plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
         if e.where and not e.where.startswith(where):
@@ -240,6 +318,7 @@ def simulate(d: dict, where: str = "scenario") -> Result:
     result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
                        link_factors=d.get("degraded_links"))
     result.summary = step_summary(result.trace)
+    result.summary.update(throughput(result))
     if result.workload.report is not None:
         result.reports[result.workload.name] = result.workload.report(result)
     return result

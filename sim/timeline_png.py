@@ -94,21 +94,46 @@ def layout(trace, max_ranks: int = 16) -> tuple[Layout, list]:
                   bottom=height - AXIS_H, sources=sources, lanes=lanes, time_max_s=end * 1.01), placed
 
 
-def timeline_png(trace, title: str | None = None, max_ranks: int = 16, unit: str = "us") -> bytes:
-    """The PNG bytes of the transfers timeline of ``trace`` (a Trace recorded with record_transfers=True)."""
-    from PIL import Image, ImageDraw
+NOTE = ("each bar: one transfer (a step of the collective) from its row's rank, in its destination's colour; "
+        "bars stacked in a row: transfers at the same time (NCCL's channels)")
+
+
+class _Canvas:
+    """Pillow's ImageDraw, keeping the box of every text drawn (``boxes``: (text, (x0, y0, x1, y1)) in pixels,
+    y down), so a test can check that no two overlap (sim/figure_text.py ``overlaps``)."""
+
+    def __init__(self, image, boxes: list | None):
+        from PIL import ImageDraw
+        self.draw, self.boxes = ImageDraw.Draw(image), boxes
+
+    def text(self, xy, text: str, **kw) -> None:
+        self.draw.text(xy, text, **kw)
+        if self.boxes is not None:
+            x0, y0, x1, y1 = self.draw.textbbox(xy, text, font=kw.get("font"), anchor=kw.get("anchor"))
+            self.boxes.append((text, (x0, -y1, x1, -y0)))        # y up, as matplotlib's display boxes
+
+    def __getattr__(self, name):
+        return getattr(self.draw, name)
+
+
+def timeline_png(trace, title: str | None = None, max_ranks: int = 16, unit: str = "us",
+                 boxes: list | None = None) -> bytes:
+    """The PNG bytes of the transfers timeline of ``trace`` (a Trace recorded with record_transfers=True);
+    ``boxes``, if given, receives every text's box (``_Canvas``)."""
+    from PIL import Image
     scale = UNITS[unit]
     lay, placed = layout(trace, max_ranks)
     image = Image.new("RGB", (lay.width, lay.height), BACKGROUND)
-    draw = ImageDraw.Draw(image)
+    draw = _Canvas(image, boxes)
     small, normal, big = _font(12), _font(13), _font(16)
     for tick in nice_ticks(lay.time_max_s * scale):                      # grid and x axis
         x = round(lay.x(tick / scale))
         draw.line((x, lay.top, x, lay.bottom), fill=GRID)
         draw.line((x, lay.bottom, x, lay.bottom + 5), fill=INK)
         draw.text((x, lay.bottom + 8), f"{tick:g}", fill=INK, font=small, anchor="mt")
-    draw.text(((lay.left + lay.right) / 2, lay.bottom + 30), f"time ({unit})", fill=INK, font=normal,
+    draw.text(((lay.left + lay.right) / 2, lay.bottom + 28), f"time ({unit})", fill=INK, font=normal,
               anchor="mt")
+    draw.text((lay.left, lay.bottom + 46), NOTE, fill=INK, font=small, anchor="lt")
     for t, lane in placed:                                                # one bar per transfer
         draw.rectangle(lay.bar(t, lane), fill=TAB20[t.dst % 20])
     for row, src in enumerate(lay.sources):                               # rank labels

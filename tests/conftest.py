@@ -46,6 +46,8 @@ def pytest_configure(config):
     import tempfile
     if os.environ.get("DISTLAB_TEST_TMPDIR_CHECK", "1") == "0":
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return       # a pytest-xdist worker: TMPDIR is already the controller's folder, checked there at the end
     path = tempfile.mkdtemp(prefix="distlab-tests-")
     _SESSION_TMP.update(path=path, environ=os.environ.get("TMPDIR"), tempdir=tempfile.tempdir)
     os.environ["TMPDIR"] = path

@@ -97,7 +97,9 @@ def test_transfer_timeline_is_one_collection_with_a_legend():
     fig = transfers_timeline(trace, title="t")
     ax, = fig.axes
     assert len(ax.collections) == 1 and len(ax.collections[0].get_paths()) == len(trace.transfers)
-    assert ax.get_legend() is not None and ax.get_title(loc="left") == "t" and not fig.texts
+    from distlab.sim.timeline_png import NOTE
+    assert ax.get_legend() is not None and ax.get_title(loc="left") == "t"
+    assert [t.get_text() for t in fig.texts] == [NOTE]          # what a bar is (issue 33), no second title
 
 
 def test_plan_timeline_has_a_legend_and_one_title():

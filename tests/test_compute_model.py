@@ -16,7 +16,7 @@ from distlab.sim.plan import Compute, Plan
 from distlab.sim.parallel.tp.plan import TPOptions, tp_plan
 
 # 100 TFLOP/s, 1000 GB/s; 25% of peak at 1 GFLOP, 75% at 100 GFLOP; 2 us per kernel.
-GPU = replace(GPUS["h100"], tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),
+GPU = replace(GPUS["h100"], compute=None, tflops=100.0, hbm_GBps=1000.0, gemm_efficiency=((1e9, 0.25), (1e11, 0.75)),
               launch_s=2e-6)
 
 
@@ -40,7 +40,7 @@ def test_skinny_gemm_is_memory_bound():
 
 
 def test_without_a_curve_the_old_flat_roofline():
-    gpu = replace(GPUS["a100"], mfu=0.5)
+    gpu = replace(GPUS["a100"], mfu=0.5, compute=None, launch_s=0.0)     # a custom GPU: no kernel model
     assert gemm_efficiency(1e6, gpu) == 0.5
     assert gemm_time(4096, 4096, 4096, 2, gpu) == pytest.approx(2 * 4096**3 / (312e12 * 0.5), rel=1e-12)
     old = Compute("x", flops=1e12, bytes=1e9)
@@ -123,7 +123,7 @@ def test_plan_json_round_trip_and_old_plans_unchanged():
 
 def test_cluster_file_carries_the_curve():
     d = PRESETS["dgx-a100"].to_dict()
-    assert "gemm_efficiency" not in d["gpu"] and "launch_s" not in d["gpu"]      # old files stay as they were
+    assert "gemm_efficiency" not in d["gpu"] and d["gpu"]["compute"] == "a100"   # the preset's kernel model
     d["gpu"].update(gemm_efficiency=[[1e9, 0.3], [1e12, 0.7]], attention_efficiency=0.5, launch_s=3e-6)
     c = cluster_from_dict(d)
     assert c.gpu.gemm_efficiency == ((1e9, 0.3), (1e12, 0.7)) and c.gpu.launch_s == 3e-6
@@ -154,7 +154,7 @@ def test_counted_launches_replace_the_per_kernel_overhead():
     from distlab.sim.cluster import PRESETS
     from distlab.sim.compute import op_seconds
     from distlab.sim.plan import Compute
-    gpu = replace(PRESETS["dgx-h100"].gpu, launch_s=1e-5)
+    gpu = replace(PRESETS["dgx-h100"].gpu, compute=None, launch_s=1e-5)    # launch_s alone, no kernel model
     bare = replace(gpu, launch_s=0.0)
     op = Compute("mlp", gemms=((512, 1024, 256), (512, 256, 1024)))
     assert op_seconds(op, gpu) == pytest.approx(op_seconds(op, bare) + 2e-5)
@@ -162,3 +162,47 @@ def test_counted_launches_replace_the_per_kernel_overhead():
     flat = Compute("norm", bytes=1e6)
     assert op_seconds(replace(flat, launches=0), gpu) == pytest.approx(op_seconds(flat, bare))
     assert op_seconds(flat, gpu) == pytest.approx(op_seconds(flat, bare) + 1e-5)
+
+
+def test_presets_reproduce_the_measurements_they_cite():
+    """The H100 preset's GEMMs (sustained 1: micro-benchmark rates) against the measured ones: MAMF exactly at its
+    best shape (794.5 TFLOP/s, ml-engineering's MAMF table) and the square GEMMs of zzc0721 issue #79 (176.6,
+    676.6, 788.7, 797.5 TFLOP/s at 1024..8192) within 10%; the attention table's own points exactly."""
+    from distlab.sim.compute.gpus import FA3_H100
+    from distlab.sim.compute.kernels import launch_s
+    h100 = replace(GPUS["h100"], sustained=1.0)
+    M, N, K = 2048, 2048, 13312
+    work = gemm_time(M, N, K, 2, h100) - launch_s(h100)
+    assert 2.0 * M * N * K / work / 1e12 == pytest.approx(794.5, rel=1e-3)
+    for n, measured in ((1024, 176.6), (2048, 676.6), (4096, 788.7), (8192, 797.5)):
+        assert 2.0 * n ** 3 / gemm_time(n, n, n, 2, h100) / 1e12 == pytest.approx(measured, rel=0.10)
+    t = attention_time(1, 16, 8192, 128, h100, causal=False) - launch_s(h100)
+    assert 4.0 * 16 * 8192 ** 2 * 128 / t / 1e12 == pytest.approx(dict(FA3_H100.forward_tflops)[8192], rel=1e-9)
+    causal = attention_time(1, 16, 8192, 128, h100) - launch_s(h100)
+    assert causal / (t / 2) == pytest.approx((8192 + 350) / 8192, rel=1e-9)       # s / (s + s0) of the rate
+    bwd = attention_time(1, 16, 8192, 128, h100, attention_pass="backward") - launch_s(h100)
+    assert bwd == pytest.approx(2.5 * causal / 0.911, rel=1e-9)
+
+
+def test_dtypes_float32_and_float8():
+    """float32 GEMMs run on the CUDA cores' FP32 peak; float8 ones at the FP8 peak plus torchao's casts of both bf16
+    operands (5 bytes an element, two kernels); a GPU without FP8 refuses them."""
+    from distlab.sim.compute.kernels import hbm_Bps, launch_s
+    h100 = replace(GPUS["h100"], sustained=1.0)
+    n = 8192
+    assert gemm_time(n, n, n, 4, h100) / gemm_time(n, n, n, 2, h100) == pytest.approx(
+        (989 * 0.803) / (67 * 0.775), rel=0.01)
+    fp8, bf16 = gemm_time(n, n, n, 1, h100, "float8_e4m3fn"), gemm_time(n, n, n, 2, h100)
+    casts = 2 * n * n * 5 / hbm_Bps(h100) + 2 * launch_s(h100)
+    assert fp8 - casts == pytest.approx(2.0 * n ** 3 / (1979e12 * 0.709) + launch_s(h100), rel=1e-6)
+    assert fp8 < bf16
+    with pytest.raises(ConfigError, match="no FP8 tensor cores"):
+        gemm_time(n, n, n, 1, GPUS["a100"], "float8_e4m3fn")
+
+
+def test_wave_quantization():
+    """A GEMM of fewer output tiles than SMs leaves SMs idle; one tile more than a wave starts a second wave."""
+    from distlab.sim.compute.kernels import wave_efficiency
+    assert wave_efficiency(128, 256, 132) == pytest.approx(1 / 132)
+    assert wave_efficiency(128 * 12, 256 * 11, 132) == pytest.approx(1.0)                # 132 tiles: one wave
+    assert wave_efficiency(128 * 133, 256, 132) == pytest.approx(133 / 264)              # two waves, one tile in the second

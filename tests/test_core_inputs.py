@@ -105,7 +105,7 @@ def test_sizes():
     (["collective", "all_reduce", "--cluster", "dgx-h900"], "unknown cluster 'dgx-h900'"),
     (["collective", "all_reduce", "--size", "12XB"], "'12XB' is not a size"),
     (["collective", "all_reduce", "--nodes", "0"], "--nodes"),
-    (["collective", "all_reduce", "--algo", "magic"], "invalid choice: 'magic'"),
+    (["collective", "all_reduce", "--algo", "magic"], "--algo: 'magic' is not allowed; allowed: auto"),
     (["collective", "all_to_all", "--algo", "tree"], "does not implement all_to_all"),
     (["collective", "all_reduce", "--cluster", "CLUSTER"], "bandwidth_GBps: 0"),
     (["collective", "all_reduce", "--cluster", "CLUSTER2"], "unknown key 'colour'"),

@@ -57,3 +57,44 @@ def test_the_resumed_run_ends_with_the_parameters_of_an_uninterrupted_one(runs):
     expected = reference(TrainSpec(), world=2)                  # the same maths in one process
     assert all(torch.equal(whole[k], expected[k]) for k in whole)
     assert not all(torch.equal(whole[k], reference(TrainSpec(steps=9))[k]) for k in whole)   # steps matter
+
+
+def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs, tmp_path):
+    """Issue 32 items 2 and 7: resume only from checkpoints this run family signed. A copy of the uninterrupted run's
+    folder with step 10's shard truncated and a planted step 12 whose .metadata is a pickle that would create a
+    marker file (DCP reads .metadata with pickle.load): each is one line naming the file and the fallback, the run
+    resumes from step 8 and ends with the parameters of an uninterrupted 11-step run; the pickle never runs."""
+    import json
+    import pickle
+    import shutil
+
+    import torch
+    d, _ = runs
+    root, marker = tmp_path / "tampered", tmp_path / "marker"
+    shutil.copytree(d / "whole", root, symlinks=True)
+    (root / "final.pt").unlink()
+    with open(root / "step_000010" / "__1_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    (root / "step_000012").mkdir()
+    (root / "step_000012" / ".metadata").write_bytes(pickle.dumps(_Payload(str(marker))))
+    (root / "step_000012" / "MANIFEST.json").write_text(json.dumps(
+        {"manifest": {"format": "distlab-checkpoint/1", "step": 12, "files": {".metadata": {}}}, "hmac": "0" * 64}))
+    out = run_local(str(root), TrainSpec(steps=11), nproc=2, max_restarts=0, timeout=150)
+    assert out["returncode"] == 0, out["output"][-2000:]
+    lines = [ln for ln in out["output"].splitlines() if ln.startswith("elastic: checkpoint not used")]
+    assert len(lines) == 2, out["output"][-3000:]
+    assert "step_000012/MANIFEST.json is not signed with this run family's secret" in lines[0]
+    assert "step_000010/__1_0.distcp is truncated" in lines[1]
+    assert all(ln.endswith("step_000008 (the previous good checkpoint)") for ln in lines)
+    assert "Traceback" not in out["output"]
+    assert not marker.exists()
+    expected = reference(TrainSpec(steps=11), world=2)
+    assert all(torch.equal(out["final"][k], expected[k]) for k in expected)
+
+
+class _Payload:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))

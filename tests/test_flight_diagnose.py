@@ -10,7 +10,8 @@ import time
 import pytest
 
 from distlab.runtime.diagnose import diagnose
-from distlab.runtime.flight import HEADER, SLOT, Recorder, decode, load_dir
+from distlab.runtime.flight import HEADER, SLOT, Recorder, decode
+from distlab.runtime.flight_read import load_dir
 from distlab.runtime.launch import Launch, RunFailed
 from distlab.sim.check import PlanMismatch, check_plan
 from distlab.sim.plan import Collective, Plan
@@ -65,8 +66,28 @@ def test_diagnosis_lines_up_truncated_rings_by_sequence_number():
                                          2: {"source": "dump", "records": recs(2, range(93, 101))}}}
     d = diagnose(flight)
     message = "group [0..2], collective #100: rank 1 calls barrier(0 B); ranks 0, 2 call all_reduce(8 B)"
-    assert d["problems"] == [{"rank": 1, "op_index": 100, "kind": "mismatch", "message": message}]
-    assert str(d["problems"][0]) == d["verdict"] == message and d["status"] == "mismatch"
+    assert d["problems"] == [{"rank": 1, "op_index": 100, "kind": "mismatched_collective", "message": message}]
+    assert str(d["problems"][0]) == d["verdict"] == message and d["status"] == "mismatched_collective"
+
+
+def test_check_and_diagnose_name_a_problem_alike():
+    """Issue 33: one name for one thing. The same divergence, as a plan (`distlab check`) and as the flight records
+    a run of it leaves (`distlab diagnose`), gets the same kind and message."""
+    from distlab.runtime.diagnose import KINDS
+    from distlab.sim.check import KINDS as CHECK_KINDS, plan_problems
+    for odd in (Collective("broadcast", 4 * MiB), None):           # a different collective; none at all
+        plan = plan_with(3, 2, odd)
+        checked = plan_problems(plan)[0]
+
+        def records(r):
+            return [{"gen": i, "seq": i, "op": op.op, "group": [0, 1, 2], "stream": "comm", "bytes": op.bytes,
+                     "dtype": op.dtype, "root": op.root, "index": i, "state": "completed" if i < 5 else "started",
+                     "t_issued": 1.0, "t_started": 1.0, "t_completed": None} for i, op in enumerate(plan.ranks[r])]
+        flight = {"world_size": 3, "ranks": {r: {"source": "dump", "records": records(r)} for r in range(3)}}
+        diagnosed = diagnose(flight)["problems"][0]
+        assert diagnosed["kind"] == checked.kind in CHECK_KINDS and diagnosed["message"] == checked.message
+        assert diagnosed["rank"] == checked.rank == 2
+    assert set(CHECK_KINDS) >= set(KINDS) - {"died", "no_record"}
 
 
 def _interrupted_flight(waited: float, completed_s: float = 0.01) -> dict:
@@ -93,13 +114,13 @@ def test_an_interrupted_healthy_run_is_not_called_a_hang():
     assert "rank 0 in all_reduce(8 B) #10 on group [0,1]" in d["verdict"]
     # the same records, but rank 0 had waited 30 s (10 x its longest collective is 0.1 s): a hang, then Ctrl-C
     d = diagnose(_interrupted_flight(waited=30.0))
-    assert d["status"] == "hang" and exit_code(d) == 1
-    assert d["problems"] == [{"rank": 1, "op_index": None, "kind": "hang", "message": "would hang: rank 0 waits in "
+    assert d["status"] == "missing_collective" and exit_code(d) == 1
+    assert d["problems"] == [{"rank": 1, "op_index": None, "kind": "missing_collective", "message": "would hang: rank 0 waits in "
                               "all_reduce #10 on group [0,1]; rank 1 never calls it"}]
     # a failure before the interruption is never excused
     f = _interrupted_flight(waited=0.05)
     f["run"]["failures"] = [{"rank": 1, "message": "rank 1 failed: RuntimeError: boom"}]
-    assert diagnose(f)["status"] == "hang"
+    assert diagnose(f)["status"] == "missing_collective"
 
 
 def test_diagnose_bad_input_is_one_line_exit_2(tmp_path, cli):
@@ -145,7 +166,7 @@ def test_a_real_mismatch_times_out_and_diagnose_names_rank_3(tmp_path, cli):
     assert "rank 3: last completed all_reduce(4 MiB) #4 on group [0..3]; waits in broadcast(4 MiB, root 0) #5" in out
     rc, out, _ = cli("diagnose", str(dump), "--json")
     d = json.loads(out)
-    assert d["problems"] == [{"rank": 3, "op_index": 5, "kind": "mismatch", "message": lines[0]}]
+    assert d["problems"] == [{"rank": 3, "op_index": 5, "kind": "mismatched_collective", "message": lines[0]}]
     assert {r["record"] for r in d["ranks"]} == {"dump"} and not any(r["died"] for r in d["ranks"])
     assert [r["last_completed"]["seq"] for r in d["ranks"]] == [4, 4, 4, 4]
 
@@ -160,7 +181,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
                timeout=TIMEOUT, check=False).start().wait()
     assert e.value.flight is not None and e.value.dump_dir is None        # read back before the run dir went
     d = diagnose(e.value.flight)
-    assert d["problems"] == [{"rank": 2, "op_index": None, "kind": "hang", "message": expected}]
+    assert d["problems"] == [{"rank": 2, "op_index": None, "kind": "missing_collective", "message": expected}]
     assert [len(r["pending"]) for r in d["ranks"]] == [1, 1, 0]
     assert d["ranks"][2]["last_completed"]["seq"] == 4
 

@@ -57,7 +57,8 @@ def test_estimate_adds_unsharded_units_and_activations():
     e = estimate(m, 8, 3)
     assert e["unsharded params"] == 2 * (root + block)
     assert estimate(m, 8, 3, reshard_after_forward=False)["unsharded params"] == 2 * (root + 32 * block)
-    assert e["activations"] == sum(layer.activation_bytes for layer in m.layers)
+    saved = sum(layer.activation_bytes for layer in m.layers)       # all layers' stash, and the head's logits
+    assert e["activations"] == int(saved + m.layers[-1].transient_bytes)
     assert estimate(m, 8, 2)["unsharded params"] == 0
 
 

@@ -1,7 +1,14 @@
-"""Fuzzing: malformed cluster files, scenario files, plans and CLI flags. The CLI never shows a traceback:
-it succeeds, or exits 2 with one line on stderr (``distlab check`` exits 1 when it finds problems), and it
-never leaves a half-written output file. 300 examples per input kind."""
+"""Fuzzing every command and input kind (issue 32, item 8): clusters, scenarios, plans, runs files, traces, flight
+records, `distlab plan` questions and every command's flags, 1,100 generated inputs in all (QUOTAS), the same ones
+on every run (hypothesis, derandomized). The CLI, run in this process, never shows a traceback: it succeeds, or
+exits 2 with one line on stderr (check and diagnose exit 1 when they find problems), and a refused input writes
+nothing. Runtime commands never start ranks here: a launch the input would start stops at Launch.start.
+Inputs that could blow up time or memory are tests/test_bounded_inputs.py's, under a 1 GB limit."""
+from __future__ import annotations
+
 import contextlib
+import copy
+import functools
 import io
 import json
 import os
@@ -12,17 +19,56 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distlab.runtime.cli import main
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+QUOTAS = {"cluster": 150, "scenario": 150, "plan": 180, "runs": 90, "trace": 130, "flight": 130, "question": 70,
+          "flags": 200}
+COUNT: dict[str, int] = {}
 TMP = ""                     # this module's folder under pytest's tmp_path (fuzz_dir below)
+
+
+class WouldLaunch(Exception):
+    """A runtime command got valid input: it would start ranks now."""
 
 
 @pytest.fixture(scope="module", autouse=True)
 def fuzz_dir(tmp_path_factory):
-    """One folder for every example's files, removed with pytest's other tmp_path folders (no mkdtemp at import,
-    which would leave a folder in the temp folder after every run)."""
+    """One folder for every example's files, removed with pytest's other tmp_path folders."""
     global TMP
     TMP = str(tmp_path_factory.mktemp("fuzz"))
     yield TMP
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    """Runtime commands stop where they would start ranks or JupyterLab."""
+    from distlab.runtime import launch
+    from distlab.sim.commands import lessons
+
+    def refuse(*args, **kwargs):
+        raise WouldLaunch
+    monkeypatch.setattr(launch.Launch, "start", refuse)
+    monkeypatch.setattr(lessons, "command", refuse)          # JupyterLab's command line: built just before Popen
+
+
+def fuzz(kind: str, *strategies):
+    """A hypothesis test of ``QUOTAS[kind]`` derandomized examples that counts them (see run_quota)."""
+    def wrap(body):
+        @functools.wraps(body)
+        def counted(*args, **kwargs):
+            COUNT[kind] = COUNT.get(kind, 0) + 1
+            body(*args, **kwargs)
+        return settings(max_examples=QUOTAS[kind], deadline=None, suppress_health_check=list(HealthCheck),
+                        database=None, derandomize=True)(given(*strategies)(counted))
+    return wrap
+
+
+def run_quota(kind: str, test) -> None:
+    COUNT[kind] = 0
+    test()
+    assert COUNT[kind] >= QUOTAS[kind], (kind, COUNT[kind])
+
+
+def test_the_quotas_add_up_to_1000_inputs():
+    assert sum(QUOTAS.values()) >= 1000
 
 
 def run(argv, ok_codes=(0,)):
@@ -30,9 +76,11 @@ def run(argv, ok_codes=(0,)):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(argv)
+            code = main([str(a) for a in argv])
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 2
+        except WouldLaunch:
+            code = 0
     stderr = err.getvalue()
     assert "Traceback" not in stderr, stderr
     assert code in (*ok_codes, 2), (argv, code, stderr)
@@ -54,21 +102,14 @@ def outputs_ok(code, paths):
             os.unlink(p)
 
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 20), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(max_size=8), st.lists(st.integers(0, 3), max_size=3))
-BASE_CLUSTER = {"name": "fz", "nodes": 2, "gpus_per_node": 4, "gpu": "h100",
-                "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 450, "latency_us": 0.6},
-                "inter_node": {"kind": "infiniband", "nics_per_node": 4, "bandwidth_GBps": 50, "latency_us": 5,
-                               "fabric": "fat-tree", "oversubscription": 2}}
-CLUSTER_PATHS = [("name",), ("nodes",), ("gpus_per_node",), ("gpu",), ("gpu", "tflops"), ("intra_node",),
-                 ("intra_node", "kind"), ("intra_node", "bandwidth_GBps"), ("intra_node", "latency_us"),
-                 ("intra_node", "efficiency"), ("inter_node",), ("inter_node", "kind"), ("inter_node", "fabric"),
-                 ("inter_node", "nics_per_node"), ("inter_node", "bandwidth_GBps"),
-                 ("inter_node", "oversubscription"), ("extra_key",), ("intra_node", "extra"), ("calibration",)]
+def write(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def mutate(base, edits):
-    import copy
     d = copy.deepcopy(base)
     for path, value, delete in edits:
         target = d
@@ -83,59 +124,81 @@ def mutate(base, edits):
     return d
 
 
-edits = st.lists(st.tuples(st.sampled_from(CLUSTER_PATHS), scalars, st.booleans()), max_size=3)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 20), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=8), st.lists(st.integers(0, 3), max_size=3),
+                    st.sampled_from([10**40, -1, 0.0, 1e300, {"a": 1}, [[0]], "all", ""]))
 
 
-def write(name, text):
-    path = os.path.join(TMP, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+def as_yaml(d, form):
+    text = yaml.safe_dump(d)
+    return text if form == "yaml" else text[: len(text) // 2] + ": [\n"
 
 
-@SETTINGS
-@given(edits, st.sampled_from(["yaml", "garbage"]), st.sampled_from([True, False, False, False, False]))
-def test_fuzz_cluster_files(changes, form, with_plot):
-    """Every example checks the cluster and writes the trace; one in five also draws the plot (0.2 s each, most
-    of this test's time when every example drew it; what can go wrong there does not depend on the cluster)."""
+# --- clusters (collective --cluster) ----------------------------------------------------------------------------
+BASE_CLUSTER = {"name": "fz", "nodes": 2, "gpus_per_node": 4, "gpu": "h100",
+                "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 450, "latency_us": 0.6},
+                "inter_node": {"kind": "infiniband", "nics_per_node": 4, "bandwidth_GBps": 50, "latency_us": 5,
+                               "fabric": "fat-tree", "oversubscription": 2}}
+CLUSTER_PATHS = [("name",), ("nodes",), ("gpus_per_node",), ("gpu",), ("gpu", "tflops"), ("intra_node",),
+                 ("intra_node", "kind"), ("intra_node", "bandwidth_GBps"), ("intra_node", "latency_us"),
+                 ("intra_node", "efficiency"), ("inter_node",), ("inter_node", "kind"), ("inter_node", "fabric"),
+                 ("inter_node", "nics_per_node"), ("inter_node", "bandwidth_GBps"),
+                 ("inter_node", "oversubscription"), ("extra_key",), ("intra_node", "extra"), ("calibration",),
+                 ("calibration", "collectives"), ("calibration", "collectives", "all_reduce"),
+                 ("calibration", "collectives", "all_reduce", "4"),
+                 ("calibration", "collectives", "all_reduce", "4", "bandwidth_GBps"), ("cpu_cores",),
+                 ("interference",), ("compute_jitter",)]
+
+
+@fuzz("cluster", st.lists(st.tuples(st.sampled_from(CLUSTER_PATHS), scalars, st.booleans()), max_size=3),
+      st.sampled_from(["yaml", "yaml", "yaml", "garbage"]))
+def _clusters(changes, form):
     d = mutate(BASE_CLUSTER, changes)
     if isinstance(d.get("nodes"), int) and d["nodes"] > 8 or isinstance(d.get("gpus_per_node"), int) and \
             d["gpus_per_node"] > 8:
         d["nodes"], d["gpus_per_node"] = 2, 4                   # keep valid runs small
-    text = yaml.safe_dump(d) if form == "yaml" else yaml.safe_dump(d)[: len(str(changes)) % 40] + ": [\n"
-    path = write("cluster.yaml", text)
-    plot, trace = os.path.join(TMP, "c.png"), os.path.join(TMP, "c.json")
-    code, _ = run(["collective", "all_reduce", "--size", "4KiB", "--cluster", path, "--trace", trace, "--json"]
-                  + (["--plot", plot] if with_plot else []))
-    outputs_ok(code, [plot, trace])
+    trace = os.path.join(TMP, "c.json")
+    code, _ = run(["collective", "all_reduce", "--size", "4KiB", "--cluster", write("cluster.yaml", as_yaml(d, form)),
+                   "--trace", trace, "--json"])
+    outputs_ok(code, [trace])
 
 
+def test_fuzz_cluster_files():
+    run_quota("cluster", _clusters)
+
+
+# --- scenarios (simulate) ---------------------------------------------------------------------------------------
 BASE_SCENARIO = {"model": {"kind": "mlp", "widths": [64, 64, 64], "batch": 4},
-                 "parallelism": {"kind": "ddp", "bucket_cap_mb": 1}, "cluster": "dgx-h100", "nodes": 1}
-SCENARIO_PATHS = [("model",), ("model", "kind"), ("model", "widths"), ("model", "preset"), ("parallelism",),
-                  ("parallelism", "kind"), ("parallelism", "bucket_cap_mb"), ("parallelism", "grad_accum"),
-                  ("parallelism", "iteration"), ("parallelism", "stages"), ("parallelism", "microbatches"),
-                  ("parallelism", "schedule"), ("parallelism", "zero"), ("parallelism", "reshard_after_forward"),
-                  ("cluster",), ("nodes",), ("world_size",), ("colour",), ("parallelism", "speed")]
-scenario_edits = st.lists(st.tuples(st.sampled_from(SCENARIO_PATHS), scalars, st.booleans()), max_size=3)
-KINDS = st.sampled_from([{}, {"kind": "fsdp"}, {"kind": "pipeline", "stages": 2, "microbatches": 4}])
+                 "ddp": {"bucket_cap_mb": 1}, "cluster": "dgx-h100", "nodes": 1}
+SCENARIO_PATHS = [("model",), ("model", "kind"), ("model", "widths"), ("model", "preset"), ("model", "batch"),
+                  ("ddp",), ("ddp", "bucket_cap_mb"), ("ddp", "grad_accum"), ("fsdp",), ("fsdp", "zero"),
+                  ("pipeline",), ("pipeline", "microbatches"), ("pipeline", "schedule"), ("mesh",), ("mesh", "dp"),
+                  ("mesh", "pp"), ("cluster",), ("nodes",), ("world_size",), ("colour",), ("stragglers",),
+                  ("stragglers", 0), ("degraded_links",), ("name",)]
 
 
-@SETTINGS
-@given(scenario_edits, KINDS)
-def test_fuzz_scenario_files(changes, kind):
-    base = mutate(BASE_SCENARIO, [(("parallelism",), {**BASE_SCENARIO["parallelism"], **kind}, False)]) \
-        if kind else BASE_SCENARIO
-    if kind.get("kind") == "pipeline":
-        base["parallelism"].pop("bucket_cap_mb", None)
+@fuzz("scenario", st.lists(st.tuples(st.sampled_from(SCENARIO_PATHS), scalars, st.booleans()), max_size=3),
+      st.sampled_from([None, "fsdp", "pipeline"]))
+def _scenarios(changes, section):
+    base = copy.deepcopy(BASE_SCENARIO)
+    if section == "fsdp":
+        del base["ddp"]
+        base["fsdp"] = {"zero": 3}
+    elif section == "pipeline":
+        base.pop("ddp")
+        base.update(pipeline={"microbatches": 4}, mesh={"pp": 2})
     d = mutate(base, changes)
     for k in ("nodes", "world_size"):
         if isinstance(d.get(k), int) and d[k] > 2:
             d[k] = 1
-    path = write("scenario.yaml", yaml.safe_dump(d))
-    run(["simulate", path, "--no-files", "--json"])
+    run(["simulate", write("scenario.yaml", yaml.safe_dump(d)), "--no-files", "--json"])
 
 
+def test_fuzz_scenario_files():
+    run_quota("scenario", _scenarios)
+
+
+# --- plans (check, simulate, run) -------------------------------------------------------------------------------
 def plan_dict():
     return {"format": "distlab-plan/1", "name": "fz", "world_size": 2, "meta": {},
             "ranks": [[{"kind": "compute", "seconds": 0.001, "stream": "compute"},
@@ -148,14 +211,14 @@ def plan_dict():
 
 
 PLAN_FIELDS = ["kind", "op", "bytes", "group", "peer", "seconds", "stream", "event", "dtype", "root", "algorithm",
-               "flops", "bogus"]
+               "flops", "name", "splits", "gemms", "bogus"]
 
 
-@SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 4), st.sampled_from(PLAN_FIELDS), scalars,
-                          st.booleans()), max_size=3),
-       st.sampled_from([None, "world_size", "ranks", "format", "truncate", "meta"]))
-def test_fuzz_plans(changes, top):
+@fuzz("plan", st.lists(st.tuples(st.integers(0, 1), st.integers(0, 4), st.sampled_from(PLAN_FIELDS), scalars,
+                                 st.booleans()), max_size=3),
+      st.sampled_from([None, "world_size", "ranks", "format", "truncate", "meta", "deep", "bigint"]),
+      st.sampled_from(["check", "check", "simulate", "run"]))
+def _plans(changes, top, command):
     d = plan_dict()
     for rank, i, key, value, delete in changes:
         ops = d["ranks"][rank]
@@ -167,26 +230,213 @@ def test_fuzz_plans(changes, top):
     text = json.dumps(d)
     if top == "truncate":
         text = text[: len(text) // 2]
+    elif top == "deep":
+        text = text[:-1] + ', "x": ' + "[" * 3000 + "]" * 3000 + "}"
+    elif top == "bigint":
+        text = text.replace('"bytes": 8', '"bytes": ' + "9" * 5000, 1)
     elif top:
         d[top] = changes[0][3] if changes else None
         text = json.dumps(d)
     path = write("plan.json", text)
-    run(["check", path], ok_codes=(0, 1))
+    out = os.path.join(TMP, "p.trace")
+    argv = {"check": ["check", path], "simulate": ["simulate", path, "--no-files", "--json"],
+            "run": ["run", path, "--out", out, "--backend", "gloo"]}[command]
+    code, _ = run(argv, ok_codes=(0, 1))
+    outputs_ok(code, [out])
 
 
-WORDS = ["collective", "simulate", "memory", "check", "all_reduce", "broadcast", "all_to_all", "--size", "--sizes",
+def test_fuzz_plans():
+    run_quota("plan", _plans)
+
+
+# --- runs files (reproduce) -------------------------------------------------------------------------------------
+BASE_RUN = {"name": "tiny", "source": "fuzz", "model": {"arch": "gpt2", "layers": 2, "hidden": 256, "heads": 4,
+                                                         "seq_len": 128, "vocab": 1024},
+            "gpu": "a100", "cluster": "dgx-a100", "gpus": 8, "layout": {"tp": 1, "pp": 1, "dp": 8},
+            "global_batch": 16, "micro_batch": 1, "precision": "float16", "reported": {"tflops_per_gpu": 100}}
+RUN_PATHS = [("name",), ("model",), ("model", "layers"), ("model", "hidden"), ("gpu",), ("cluster",), ("gpus",),
+             ("layout",), ("layout", "tp"), ("layout", "dp"), ("layout", "zero"), ("global_batch",), ("micro_batch",),
+             ("reported",), ("reported", "tflops_per_gpu"), ("precision",), ("recompute",), ("bogus",)]
+
+
+@fuzz("runs", st.lists(st.tuples(st.sampled_from(RUN_PATHS), scalars, st.booleans()), max_size=3),
+      st.sampled_from(["run", "run", "generations", "runs-not-a-list", "garbage"]))
+def _runs(changes, form):
+    r = mutate(BASE_RUN, changes)
+    if isinstance(r.get("gpus"), int) and r["gpus"] > 8:
+        r["gpus"] = 8
+    d = {"runs": [r]}
+    if form == "generations":
+        d["generations"] = {"ampere": {"peak_fraction": changes[0][1] if changes else 0.5, "half_flops": 1e10}}
+    elif form == "runs-not-a-list":
+        d["runs"] = r
+    run(["reproduce", write("runs.yaml", as_yaml(d, "garbage" if form == "garbage" else "yaml")), "--json"])
+
+
+def test_fuzz_runs_files():
+    run_quota("runs", _runs)
+
+
+# --- traces (compare) -------------------------------------------------------------------------------------------
+def trace_texts():
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.kernel.engine import simulate
+    from distlab.sim.plan import Plan
+    plan = Plan.from_dict(plan_dict())
+    t = simulate(plan, load_cluster("localhost-cpu").with_world_size(2))
+    return plan, t.to_dict(), json.loads(t.to_chrome())
+
+
+TRACE_FIELDS = ["rank", "stream", "index", "kind", "name", "start", "end", "bytes", "op", "launch", "group",
+                "algorithm", "peer", "bogus"]
+CHROME_FIELDS = ["ph", "pid", "tid", "ts", "dur", "cat", "name", "args"]
+
+
+@fuzz("trace", st.lists(st.tuples(st.integers(0, 7), st.sampled_from(TRACE_FIELDS + CHROME_FIELDS), scalars,
+                                  st.booleans()), max_size=3),
+      st.sampled_from(["native", "chrome", "truncate", "list", "meta"]), st.booleans())
+def _traces(changes, form, measured_side):
+    plan, native, chrome = trace_texts_cached()
+    d = copy.deepcopy(chrome if form == "chrome" else native)
+    items = d["traceEvents"] if form == "chrome" else d["ops"]
+    for i, key, value, delete in changes:
+        if i < len(items) and isinstance(items[i], dict):
+            if delete:
+                items[i].pop(key, None)
+            else:
+                items[i][key] = value
+    text = json.dumps(d)
+    if form == "truncate":
+        text = text[: len(text) // 2]
+    elif form == "list":
+        text = json.dumps(items)
+    elif form == "meta":
+        d["meta" if "meta" in d else "otherData"] = changes[0][2] if changes else None
+        text = json.dumps(d)
+    bad = write("t.json" if form == "chrome" else "t.trace", text)
+    good = write("g.trace", json.dumps(native))
+    both = os.path.join(TMP, "both.json")
+    argv = ["compare", good, bad] if measured_side else ["compare", bad, good]
+    code, _ = run(argv + ["--out", both])
+    outputs_ok(code, [both])
+
+
+_TRACES: list = []
+
+
+def trace_texts_cached():
+    if not _TRACES:
+        _TRACES.append(trace_texts())
+    return _TRACES[0]
+
+
+def test_fuzz_traces():
+    run_quota("trace", _traces)
+
+
+# --- flight records (diagnose) ----------------------------------------------------------------------------------
+def flight_dump(rank):
+    rec = {"gen": 0, "seq": 0, "op": "all_reduce", "group": [0, 1], "stream": "comm", "bytes": 1024,
+           "dtype": "float32", "root": 0, "index": 3, "state": "completed", "t_issued": 1.0, "t_started": 1.1,
+           "t_completed": 1.2}
+    return {"format": "distlab-flight/1", "rank": rank, "world_size": 2, "pid": 100 + rank, "capacity": 1024,
+            "records": [rec, dict(rec, gen=1, seq=1, state="started", t_completed=None)], "reason": "SIGTERM"}
+
+
+FLIGHT_FIELDS = ["gen", "seq", "op", "group", "stream", "bytes", "dtype", "root", "index", "state", "t_issued",
+                 "t_started", "t_completed"]
+
+
+@fuzz("flight", st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1), st.sampled_from(FLIGHT_FIELDS), scalars,
+                                   st.booleans()), max_size=3),
+      st.sampled_from([None, "world_size", "records", "run-list", "run-dict", "truncate", "ring"]), scalars)
+def _flights(changes, top, value):
+    folder = os.path.join(TMP, "flight")
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+    dumps = [flight_dump(0), flight_dump(1)]
+    for rank, i, key, v, delete in changes:
+        rec = dumps[rank]["records"][i]
+        if delete:
+            rec.pop(key, None)
+        else:
+            rec[key] = v
+    if top in ("world_size", "records"):
+        dumps[0][top] = value
+    for r, d in enumerate(dumps):
+        text = json.dumps(d)
+        write(f"flight/flight.{r}.json", text[: len(text) // 2] if top == "truncate" and r else text)
+    if top == "run-list":
+        write("flight/run.json", json.dumps([value]))
+    elif top == "run-dict":
+        write("flight/run.json", json.dumps({"world_size": value, "exit_codes": {"0": value}, "failures": value}))
+    elif top == "ring":
+        with open(os.path.join(folder, "flight.1.ring"), "wb") as f:
+            f.write(json.dumps({"format": "distlab-flight/1", "capacity": value, "world_size": 2,
+                                "keys": [[[[0, value]], "comm"]]}).encode().ljust(1 << 16) + b"\1" * 640)
+    run(["diagnose", folder, "--json"], ok_codes=(0, 1))
+
+
+def test_fuzz_flight_records():
+    run_quota("flight", _flights)
+
+
+# --- `distlab plan` questions -----------------------------------------------------------------------------------
+BASE_QUESTION = {"model": "gpt2-small", "cluster": "dgx-h100", "nodes": 1, "global_batch": 16}
+QUESTION_PATHS = [("model",), ("cluster",), ("nodes",), ("global_batch",), ("seq_len",), ("bogus",), ("tp",)]
+
+
+@fuzz("question", st.lists(st.tuples(st.sampled_from(QUESTION_PATHS), scalars, st.booleans()), max_size=2),
+      st.sampled_from(["yaml", "yaml", "garbage"]))
+def _questions(changes, form):
+    d = mutate(BASE_QUESTION, changes)
+    run(["plan", write("q.yaml", as_yaml(d, form)), "--confirm", "0", "--json"])
+
+
+def no_search(monkeypatch):
+    """`distlab plan` reads and checks its question; a valid one stops where the search (seconds) would begin, and
+    `distlab reproduce` (flags) where it would simulate the shipped runs (32 to 3072 GPUs)."""
+    from distlab.sim.planner import search
+    from distlab.sim.reproduce import predict
+
+    def searched(model, cluster, *args, **kwargs):
+        from distlab.sim.cluster import load_cluster
+        load_cluster(cluster)
+        raise WouldLaunch
+
+    def predicted(*args, **kwargs):
+        raise WouldLaunch
+    monkeypatch.setattr(search, "search", searched)
+    monkeypatch.setattr(predict, "predict", predicted)
+
+
+def test_fuzz_plan_questions(monkeypatch):
+    no_search(monkeypatch)
+    run_quota("question", _questions)
+
+
+# --- every command's flags --------------------------------------------------------------------------------------
+WORDS = ["collective", "simulate", "memory", "check", "plan", "reproduce", "lessons", "run", "bench", "calibrate",
+         "validate", "diagnose", "compare", "all_reduce", "broadcast", "all_to_all", "--size", "--sizes",
          "--cluster", "--nodes", "--algo", "--root", "--json", "--model", "--world", "--zero", "--bucket-cap-mb",
-         "--sweep", "--no-files", "--gpus-per-node", "1KiB", "12XB", "8B:64KiB", "0", "-3", "2", "ring", "tree",
-         "nvls", "dgx-h100", "pcie-8gpu", "nope", "llama-7b", "gpt2-small", "bucket_cap_mb=1,25", "=", "3",
-         "--help-me", "1e3", "1.5"]
+         "--sweep", "--no-files", "--gpus-per-node", "--nproc", "--ops", "--iters", "--timeout", "--threads",
+         "--backend", "--dtype", "--port", "--only", "--max-gpus", "--global-batch", "--confirm", "1KiB", "12XB",
+         "8B:64KiB", "0", "-3", "2", "ring", "tree", "nvls", "dgx-h100", "pcie-8gpu", "nope", "llama-7b",
+         "gpt2-small", "bucket_cap_mb=1,25", "bucket_cap_mb=1,inf", "=", "3", "nan", "inf", "1e400", "-1e-9",
+         "9" * 5000, "--help-me", "1e3", "1.5", "gloo", "nccl", "all"]
 
 
-@SETTINGS
-@given(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
-def test_fuzz_cli_flags(argv):
+@fuzz("flags", st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+def _flags(argv):
     if argv[0] == "simulate":
         argv = argv + ["--no-files"]
-    run(argv)
+    run(argv, ok_codes=(0, 1))
+
+
+def test_fuzz_cli_flags(monkeypatch):
+    no_search(monkeypatch)
+    run_quota("flags", _flags)
 
 
 def test_fuzz_bases_are_valid():
@@ -195,3 +445,11 @@ def test_fuzz_bases_are_valid():
                 write("ok.yaml", yaml.safe_dump(BASE_CLUSTER)), "--json"])[0] == 0
     assert run(["simulate", write("ok-s.yaml", yaml.safe_dump(BASE_SCENARIO)), "--no-files", "--json"])[0] == 0
     assert run(["check", write("ok-p.json", json.dumps(plan_dict()))])[0] == 0
+    assert run(["reproduce", write("ok-r.yaml", yaml.safe_dump({"runs": [BASE_RUN]})), "--json"])[0] == 0
+    _, native, chrome = trace_texts_cached()
+    assert run(["compare", write("ok.trace", json.dumps(native)), write("ok-c.json", json.dumps(chrome))])[0] == 0
+    folder = os.path.join(TMP, "ok-flight")
+    os.makedirs(folder, exist_ok=True)
+    for r in (0, 1):
+        write(f"ok-flight/flight.{r}.json", json.dumps(flight_dump(r)))
+    assert run(["diagnose", folder, "--json"], ok_codes=(0, 1))[0] in (0, 1)

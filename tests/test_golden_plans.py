@@ -5,8 +5,15 @@ Changed on purpose since (issue 21, fact 21): pipeline-gpt2, pipeline-gpt2-1f1b-
 pipeline-gpt2-zbh1 now all-reduce GPT-2's tied embedding gradient between the first and last stage's ranks
 (sim/parallel/pipeline/tied.py); pipeline-gpt2-zbv is unchanged (its V puts both stages on rank 0). Issue 29:
 fsdp-llama-7b-reshard8's backward all-gathers name their process group ("post_forward h.N": FSDP2 makes a
-DeviceMesh per fully_shard call with an int reshard_after_forward); with the names cleared the plan is the
-golden one."""
+DeviceMesh per fully_shard call with an int reshard_after_forward): its digest was saved again (only the
+names differ).
+Changed on purpose since (issue 29.4, the activation memory of the models people train, sim/models/activations.py;
+tests/test_activations.py, tests/test_activations_torch.py): every plan of a transformer (ddp-gpt2-small,
+default, ddp-llama-70b, fsdp-cpu, the fsdp-llama-7b family, the gpt2 pipelines) differs from before only in the
+activation bytes: the ``bytes`` of each layer's forward and backward compute op, the FSDP plans' activation memory
+events (plus one event: the head's logits held during its backward) and the pipelines' per-stage
+``activation_bytes``; the collectives, the ops and their order are unchanged. The MLP plans (ddp-cpu,
+pipeline-cpu) are unchanged."""
 import hashlib
 import json
 import pathlib

@@ -20,7 +20,10 @@ def test_model_state_is_16_bytes_a_parameter_under_ddp_and_a_64th_under_fsdp():
     assert check("11-ddp-state", f"{16 * n / 2**30:.0f} GiB").ok
     assert not check("11-ddp-state", f"{16 * n / 1e9:.0f} GiB").ok                         # GB, not GiB
     table = {r[0]: r[-1] for r in B.memory_table().rows}
-    assert table["DDP"].startswith("does not fit: optimizer") and table["FSDP"] == "fits"
+    assert table["DDP"].startswith("does not fit: optimizer")
+    # 4 sequences of 8192 per GPU: full recomputation keeps 80 block inputs (40 GiB), but the loss holds the
+    # 128256-wide logits in bf16 and fp32 and their fp32 log-softmax (sim/models/activations.py): 39 GiB more
+    assert table["FSDP"].startswith("does not fit: activations")
 
 
 def test_best_layout_answers_are_the_planners_first_and_it_fits():
@@ -34,7 +37,8 @@ def test_best_layout_answers_are_the_planners_first_and_it_fits():
 def test_bubble_exercise_is_the_formula_for_the_best_pipeline():
     s = B.plan_70b()
     c = B.best_pipeline(s)
-    assert c.layout.pp > 1 and all(x.layout.pp == 1 for x in s.ranked[:s.ranked.index(c)])
+    assert c.layout.pp > 1 and c.layout.virtual_stages == 1
+    assert all(x.layout.pp == 1 or x.layout.virtual_stages > 1 for x in s.ranked[:s.ranked.index(c)])
     p, m = c.layout.pp, c.layout.microbatches
     assert check("11-bubble", f"{100 * (p - 1) / (m + p - 1):.3g}%").ok
     assert B.bubble_formula(4, 4) == 3 / 7

@@ -21,7 +21,7 @@ QUICK = "DISTLAB_LESSONS_QUICK"
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
         "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb",
         "08_pitfalls.ipynb", "09_device_mesh_and_dtensor.ipynb", "11_plan_a_run.ipynb",
-        "12_failures_at_scale.ipynb"}
+        "12_failures_at_scale.ipynb", "14_shared_cluster.ipynb"}
 
 
 def _ids():
@@ -62,12 +62,18 @@ def test_conventions(path):
 PARALLEL = 2                    # notebooks executed at once: a kernel is serial and its ranks often wait
 
 
+# ipykernel logs "Kernel is running over TCP without encryption" as a warning at every start (ipykernel/kernelapp.py
+# init_sockets), and the kernels' stderr landed between pytest's dots (issue 33): their log shows errors only
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def _execute(path, workdir):
     """Run the notebook in a fresh kernel with DISTLAB_LESSONS_QUICK=1 (the kernel's environment only):
     (executed notebook, seconds)."""
     from nbclient import NotebookClient
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}})
+    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", resources={"metadata": {"path": workdir}},
+                            extra_arguments=KERNEL_ARGUMENTS)
     t0 = time.monotonic()
     client.execute(env={**os.environ, QUICK: "1"})      # smaller real runs, same cells
     return nb, time.monotonic() - t0

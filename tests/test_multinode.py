@@ -47,9 +47,13 @@ def small_plan(world: int = 4) -> Plan:
     return Plan([list(ops) for _ in range(world)], name="small")
 
 
+SECRET = "test-run-secret-0123456789"     # every node's ranks present it to rank 0's store (runtime/rendezvous.py)
+
+
 def cli(*args, env=None, timeout=90):
     return subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, DISTLAB_RUN_SECRET=SECRET, **(env or {})))
 
 
 def node(plan_path, out, k, port, nproc=2, nnodes=2, timeout=20, host="127.0.0.1"):
@@ -83,7 +87,7 @@ def two_nodes(tmp_path_factory):
     port, procs = free_port(), []
     for k in (0, 1):
         (d / f"node{k}").mkdir()
-        env = dict(os.environ, DISTLAB_TEST_CLOCK_SHIFT_S=str(SHIFT_S if k == 1 else 0.0))
+        env = dict(os.environ, DISTLAB_TEST_CLOCK_SHIFT_S=str(SHIFT_S if k == 1 else 0.0), DISTLAB_RUN_SECRET=SECRET)
         with open(d / f"stdout{k}", "w") as out, open(d / f"stderr{k}", "w") as err:     # files: never full
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",

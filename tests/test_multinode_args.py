@@ -7,13 +7,14 @@ from distlab.runtime.multinode import NodeSpec, explain, torchrun_command
 from distlab.sim.errors import ConfigError
 
 
-def test_the_command_is_torchrun_with_c10d_rendezvous_and_the_timeout():
+def test_the_command_is_torchrun_with_static_rendezvous_and_the_timeout():
+    """Static, not c10d: c10d's rendezvous unpickles what it reads from its store (anyone reaching it runs code)."""
     spec = NodeSpec(2, 1, "node0:29500", 8, max_restarts=1, timeout_s=30)
     cmd = torchrun_command(spec, "distlab.runtime.worker", ["plan.json"])
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     text = " ".join(cmd[3:])
-    assert ("--nnodes 2 --nproc-per-node 8 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint node0:29500 "
-            "--rdzv-conf join_timeout=30,read_timeout=30 --max-restarts 1 -m distlab.runtime.worker plan.json") == text
+    assert ("--nnodes 2 --nproc-per-node 8 --node-rank 1 --rdzv-backend static --rdzv-endpoint node0:29500 "
+            "--rdzv-conf timeout=30 --max-restarts 1 -m distlab.runtime.worker plan.json") == text
 
 
 @pytest.mark.parametrize("spec, where", [
@@ -37,6 +38,12 @@ def test_torchrun_failures_become_one_line():
     assert (code, line) == (2, "WORLD_SIZE: the plan has 4 ranks")
     code, line = explain("[rank1]: RuntimeError: boom\n", spec)
     assert code == 1 and "RuntimeError: boom" in line
+    code, line = explain("torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 "
+                         "clients joined.\n", spec)          # the static rendezvous: node 0 waited in vain
+    assert code == 2 and line.startswith("--rdzv-endpoint: not all 2 nodes joined")
+    code, line = explain("distlab.runtime.worker: error: refused a connection to the run's store from 10.0.0.9:4242: "
+                         "it did not present this run's secret; the run was stopped\n", spec)
+    assert code == 1 and line.startswith("refused a connection to the run's store from 10.0.0.9:4242")
 
 
 def test_under_torchrun_the_world_size_is_torchruns(monkeypatch):

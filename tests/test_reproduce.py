@@ -1,6 +1,7 @@
-"""`distlab reproduce` (sim/reproduce/): the shipped runs (Megatron-LM Table 1), FLOPs as eq. 3 counts them, the
-one-replica / one-TP-rank reduction equal to the full simulation, the CLI table, JSON and plot, and bad runs
-files as one line naming the run and the key, exit code 2."""
+"""`distlab reproduce` (sim/reproduce/): the shipped runs (Megatron-LM Table 1 with its script's micro-batches and
+virtual stages, Megatron-Core's H100 table, Llama 3's and torchtitan's rows), FLOPs as each source counts them, the
+one-replica / one-TP-rank reduction equal to the full simulation, the CLI table, JSON and plot, rows listed as not
+expressible with their reason, and bad runs files as one line naming the run and the key, exit code 2."""
 import json
 
 import pytest
@@ -17,11 +18,9 @@ TINY = {"name": "tiny", "source": "a test", "model": {"arch": "gpt2", "layers": 
         "attention": "unfused", "reported": {"tflops_per_gpu": 1.0}}
 
 
-def runs_file(tmp_path, *runs, generations=None):
+def runs_file(tmp_path, *runs):
     path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump({"generations": generations or {"ampere": {"peak_fraction": 0.6,
-                                                                             "half_flops": 1e9}},
-                                    "runs": list(runs)}))
+    path.write_text(yaml.safe_dump({"runs": list(runs)}))
     return str(path)
 
 
@@ -30,7 +29,12 @@ def test_shipped_runs_are_table_1_with_eq3_flops():
     table = [r for r in runs if r.source.startswith("Narayanan et al. 2021")]
     assert len(table) == 10 and all(r.gpus == r.layout["tp"] * r.layout["pp"] * r.layout["dp"] for r in table)
     assert [r.figure[1] for r in table] == [137, 138, 142, 135, 138, 140, 148, 155, 163, 163]
+    # Megatron's examples/academic_paper_scripts/sc21/run_table_1.sh: MBS and layers per virtual stage
+    assert [r.micro_batch for r in table] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    assert [r.layout["virtual_stages"] for r in table] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
     assert all(len(g.fitted_on) <= 2 for g in gens.values())
+    names = {r.name for r in runs}
+    assert all(set(g.fitted_on) <= names for g in gens.values())
     top = table[-1]                       # 1T: B 3072, s 2048, l 128, h 25600, V 51200
     B, s, l, h, V = 3072, 2048, 128, 25600, 51200
     assert model_flops(top) == pytest.approx(96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)))
@@ -51,7 +55,7 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     png = tmp_path / "r.png"
     assert main(["reproduce", path, "--plot", str(png), "--max-gpus", "64"]) == 0
     out = capsys.readouterr().out
-    assert "tiny" in out and "predicted" in out and "skipped big (4096 GPUs)" in out
+    assert "tiny" in out and "predicted" in out and "skipped: big" in out and "more than --max-gpus 64" in out
     assert png.stat().st_size > 1000
     assert main(["reproduce", path, "--json", "--only", "tiny"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -60,12 +64,33 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
     r = d["results"][0]
     assert r["predicted"] == pytest.approx(model_flops(load_runs(path)[0][0]) / (r["step_time_s"] * 8) / 1e12)
     assert r["error"] == pytest.approx(r["predicted"] / r["reported"] - 1)
+    assert d["by_generation"][0]["generation"] == "ampere" and d["by_generation"][0]["rows"] == 1
+
+
+def test_rows_not_expressible_are_listed_with_their_reason(tmp_path, capsys):
+    path = runs_file(tmp_path, {**TINY, "gpus": 8, "layout": {"tp": 2, "pp": 1, "dp": 4}},
+                     {**TINY, "name": "overlapped", "tp_comm_overlap": True},
+                     {**TINY, "name": "fsdp-pp", "layout": {"tp": 8, "pp": 2, "dp": 2, "zero": 3}},
+                     {**TINY, "name": "elsewhere", "not_expressible": "a GPU no preset has"})
+    assert main(["reproduce", path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    reasons = {x["name"]: x["reason"] for x in d["not_expressible"]}
+    assert [x["name"] for x in d["results"]] == ["tiny"]
+    assert "--tp-comm-overlap" in reasons["overlapped"] and "FSDP2 (ZeRO 2/3) x PP" in reasons["fsdp-pp"]
+    assert reasons["elsewhere"] == "a GPU no preset has"
+    assert main(["reproduce", path]) == 0
+    out = capsys.readouterr().out
+    assert "not expressible yet: overlapped\n  because Megatron's --tp-comm-overlap" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
 
 
 @pytest.mark.parametrize("change,words", [
     ({"layout": {"tp": 8, "pp": 2, "dp": 3}}, ["run 'tiny'.layout", "48", "32 GPUs"]),
     ({"gpu": "a200"}, ["run 'tiny'.gpu", "unknown gpu 'a200'"]),
     ({"reported": {}}, ["run 'tiny'.reported", "no reported figure"]),
+    ({"precision": "float8"}, ["run 'tiny'.precision", "float8 needs FP8", "a100 has none", "bfloat16"]),
+    ({"layout": {"tp": 8, "pp": 2, "dp": 2, "split": [1, 2]}}, ["run 'tiny'.layout.split", "2 in all"]),
+    ({"compile": "yes"}, ["run 'tiny'.compile", "true or false"]),
 ])
 def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
     assert main(["reproduce", runs_file(tmp_path, {**TINY, **change})]) == 2

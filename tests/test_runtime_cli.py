@@ -67,7 +67,7 @@ def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
     assert {o.kind for o in trace.ops} == {"compute", "record", "wait", "collective"}
     # a healthy run: every rank left a final dump, and diagnose says the run completed (not "died")
     from distlab.runtime.diagnose import diagnose
-    from distlab.runtime.flight import load_dir
+    from distlab.runtime.flight_read import load_dir
     d = diagnose(load_dir(str(tmp_path / "flight")))
     assert d["status"] == "completed" and not d["problems"], d["verdict"]
     assert d["verdict"].startswith("completed: all 2 ranks finished")
@@ -151,3 +151,8 @@ def test_validate_prints_cases_and_medians(cli, tmp_path):
     assert held and all(s["median_abs_error_noise"] >= 0 for s in held)
     assert result["summary"][-1]["kind"] == "held-out size"
     assert (tmp_path / "v.png").stat().st_size > 0
+    # issue 33: the load before and during, and a verdict with reasons (runtime/trust.py)
+    trust = result["trust"]
+    assert set(trust) >= {"trustworthy", "reasons", "load_during"} and trust["trustworthy"] == (not trust["reasons"])
+    assert result["load"]["during"]["cores"] >= 1 and result["load"]["during"]["window_s"] > 0
+    assert all("trusted" in c for c in result["cases"])

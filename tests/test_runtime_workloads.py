@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_each_workload_is_its_own_folder():
-    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp", "cp", "ep"]
+    assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp", "cp", "ep", "composed"]
     for name, w in WORKLOADS.items():
         assert w.name == name and (ROOT / "runtime" / name / "run.py").is_file()
         assert w.run.__module__ == f"distlab.runtime.{name}.run"
@@ -32,12 +32,14 @@ def test_shipped_scenarios_name_their_workload(path):
     from distlab.sim.workloads.registry import names as simulated
     spec = load_yaml(str(path))
     kind = spec["parallelism"]["kind"] if "parallelism" in spec else next(k for k in spec if k in simulated())
+    if len([k for k in spec if k in simulated()]) > 1:          # a composition (runtime/composed/)
+        kind = "composed"
     if kind not in WORKLOADS:            # simulated only (tp): refused in one line that says so
         with pytest.raises(ConfigError, match=f"workload '{kind}' is simulated but has no real run yet"):
             scenario_workload(spec, str(path))
         return
     assert scenario_workload(spec, str(path)) == kind
-    assert workload_section(spec, kind) is not None
+    assert kind == "composed" or workload_section(spec, kind) is not None
 
 
 def test_mesh_format_takes_the_section_named_after_a_workload():
@@ -49,12 +51,19 @@ def test_mesh_format_takes_the_section_named_after_a_workload():
     assert workload_section(flat, "ddp") == {"bucket_cap_mb": 5} and workload_section(flat, "fsdp") is None
 
 
+def test_several_sections_or_a_mesh_of_several_parallelisms_are_the_composed_run():
+    assert scenario_workload({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}}, "s.yaml") == "composed"
+    assert scenario_workload({"mesh": {"pp": 2, "dp_shard": 2, "tp": 2}}, "s.yaml") == "composed"
+    assert scenario_workload({"mesh": {"dp_shard": 2, "tp": 2}, "tp": {}}, "s.yaml") == "tp"     # tp's own dims
+
+
+ALLOWED = "allowed: ddp, fsdp, pipeline, tp, cp, ep, composed"
+
+
 @pytest.mark.parametrize("spec, message", [
-    ({"parallelism": {"kind": "xp"}}, "scenario kind 'xp' not supported yet; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
-    ({"mesh": {"pp": 2, "dp": 2}, "pipeline": {}, "ddp": {}},
-     "exactly one workload section, found sections pipeline, ddp; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
-    ({"mesh": {"dp": 2}, "bogus": {}}, "found no workload section; allowed: ddp, fsdp, pipeline, tp, cp, ep"),
-    (["not", "a", "mapping"], "allowed workloads: ddp, fsdp, pipeline, tp, cp, ep"),
+    ({"parallelism": {"kind": "xp"}}, f"scenario kind 'xp' not supported yet; {ALLOWED}"),
+    ({"mesh": {"dp": 2}, "bogus": {}}, f"found no workload section; {ALLOWED}"),
+    (["not", "a", "mapping"], f"allowed workloads: {ALLOWED.removeprefix('allowed: ')}"),
 ])
 def test_unknown_workloads_are_one_line_errors(spec, message):
     with pytest.raises(ConfigError) as e:
@@ -62,13 +71,13 @@ def test_unknown_workloads_are_one_line_errors(spec, message):
     assert str(e.value).startswith("s.yaml: ") and message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_validate_cli_refuses_two_workload_sections_before_starting_ranks(tmp_path, capsys):
+def test_validate_cli_refuses_a_composition_the_real_run_does_not_build_before_starting_ranks(tmp_path, capsys):
+    """Two sections compose (runtime/compose/validate.py); PP x DDP replicas is not a real run: one line."""
     path = tmp_path / "s.yaml"
-    path.write_text("model: gpt2-small\nmesh: {pp: 2, dp: 2}\npipeline: {}\nddp: {}\ncluster: localhost-cpu\n")
-    assert main(["validate", "--scenario", str(path), "--nproc", "2"]) == 2
+    path.write_text("model: gpt2-small\nmesh: {pp: 2}\npipeline: {}\nddp: {}\ncluster: localhost-cpu\n")
+    assert main(["validate", "--scenario", str(path), "--nproc", "2", "--holdout-nproc", "none"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "pipeline" in err and "ddp" in err
-    assert "exactly one workload section" in err or "one parallelism section per scenario" in err
+    assert out == "" and err.count("\n") == 1 and "real composed run builds meshes of pp" in err and "dp" in err
 
 
 def test_every_launch_target_in_runtime_resolves():

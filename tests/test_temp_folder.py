@@ -18,8 +18,16 @@ def run_inner(tmp_path, body: str):
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(tmp_path / "test_inner.py")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
+                       env=inner_env(tmp_path))
     return p, sorted(os.listdir(tmp_path / "tmp"))
+
+
+def inner_env(tmp_path) -> dict:
+    """The environment of the inner session: its own TMPDIR, and not a pytest-xdist worker even when this test
+    runs in one (conftest.py leaves a worker's temp folder to the controller)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    return env
 
 
 def test_a_leftover_in_the_temp_folder_fails_the_session(tmp_path):

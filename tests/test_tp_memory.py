@@ -1,5 +1,6 @@
 """Activation memory per Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, for the paper's own model shapes
-(its Table 3: 22B, 175B, 530B, 1T; s = 2048, t = 8), and the per-rank memory of a TP plan on local shards."""
+(its Table 3: 22B, 175B, 530B, 1T; s = 2048, t = 8); the GPT family reproduces it for Megatron's GPT; and the
+per-rank memory of a TP plan on local shards."""
 import pytest
 
 from distlab.sim.models import gpt, preset
@@ -34,18 +35,37 @@ def test_sequence_parallel_with_selective_recompute_cuts_about_5x(name):
     assert 4.5 < ratio < 6.5
 
 
-def test_model_activation_bytes_equal_the_no_parallelism_row():
-    m = gpt(layers=2, hidden=4096, heads=32, seq_len=2048, vocab=1000, micro_batch=2, dtype="bfloat16",
-            arch="llama")
-    assert m.layers[1].activation_bytes == pytest.approx(act(2048, 2, 4096, 32))
+def test_the_gpt_family_reproduces_table2_for_megatrons_gpt():
+    """A GPT with dropout and unfused attention (Megatron-LM 2021) keeps Table 2's bytes per block, plus the
+    LayerNorms' fp32 mean and rstd (2 x 2 x 4 bytes a token), for no parallelism, TP and selective recompute; TP
+    + SP differs only by the gathered norm outputs torch keeps whole (4·s·b·h of the 34 at 16 bits)."""
+    from distlab.sim.models.activations import activations
+    s, b, h, a = 2048, 2, 4096, 32
+    m = gpt(layers=2, hidden=h, heads=a, seq_len=s, vocab=1000, micro_batch=b, dtype="bfloat16", arch="gpt2",
+            dropout=0.1, attention="unfused")
+    stats = lambda t, sp: 16 * s * b / (t if sp else 1)  # noqa: E731
+    lse = 0                                                 # unfused: no logsumexp
+    for t, sp, rc in ((1, False, "none"), (1, False, "selective"), (8, False, "none"), (8, False, "selective")):
+        got = activations(m, rc, tp=t, sequence_parallel=sp).layers[1].saved
+        assert got == pytest.approx(act(s, b, h, a, t, sp, rc) + stats(t, sp) + lse), (t, sp, rc)
+    got = activations(m, "none", tp=8, sequence_parallel=True).layers[1].saved
+    assert got == pytest.approx(act(s, b, h, a, 8, True) + 4 * s * b * h * (1 - 1 / 8) + stats(8, True))
+    assert m.layers[1].activation_bytes == pytest.approx(act(s, b, h, a) + stats(1, False))
     assert act(2048, 2, 4096, 32, elem_bytes=4) == 2 * act(2048, 2, 4096, 32)
 
 
 def test_tp_memory_divides_shards_and_activations():
+    """Llama 3 70B at tp 8 + SP: shards divide by 8; a block keeps its norms' inputs / 8, their gathered outputs
+    whole, the heads' and the FFN's tensors / 8 (sim/models/activations.py)."""
+    from distlab.sim.models.activations import activations
     m = preset("llama3-70b", micro_batch=1)
-    one, eight = tp_memory(m, 1, False), tp_memory(m, 8, True)
+    eight = tp_memory(m, 8, True)
     norms = sum(p.numel for p in m.params if "norm" in p.name)          # replicated on every rank
     assert eight["params"] == ((m.num_params - norms) // 8 + norms) * 2
     assert eight["optimizer"] == eight["params"] // 2 * 12
-    assert eight["activations"] == pytest.approx(one["activations"] / 8)    # 34/t + 5as/(ht) = (34 + 5as/h)/t
-    assert tp_memory(m, 8, True, "selective")["activations"] == pytest.approx(80 * act(8192, 1, 8192, 64, 8, True, "selective"))
+    T, h, kv, f, e = 8192, 8192, 1024, 28672, 2
+    block = T * e * (2 * h / 8 + 2 * h + 2 * h / 8 + 2 * kv / 8 + 4 * f / 8) + T * 4 * (2 / 8 + 64 / 8)
+    acts = activations(m, tp=8, sequence_parallel=True)
+    assert acts.layers[1].saved == pytest.approx(block)
+    assert eight["activations"] == acts.peak_bytes
+    assert tp_memory(m, 8, True, "full")["activations"] < eight["activations"] / 4

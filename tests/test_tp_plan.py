@@ -114,13 +114,19 @@ def test_cli_simulate_tp_scenarios(cli):
     assert rc == 0 and "warning: does not fit" in out and "GB = " in out and "GiB" in out
 
 
-def test_selective_recompute_and_sequence_parallel_shrink_memory_in_the_report():
-    def total(opts):
+def test_recompute_and_sequence_parallel_shrink_memory_in_the_report():
+    """SP and full recompute shrink the activations; selective recompute does nothing with SDPA (no s x s
+    tensors to drop: FlashAttention already recomputes the scores), only with unfused attention."""
+    def total(opts, model=None):
         d = sc.load("scenarios/tp-llama3-8b.yaml")
         d["tp"].update(opts)
-        return sc.simulate(d).report["json"]["memory"]["breakdown_bytes"]["activations"]
-    plain, sp, sel = total({"sequence_parallel": False}), total({}), total({"recompute": "selective"})
-    assert plain > sp > sel
+        d["model"].update(model or {})
+        from distlab.sim.workloads.tp import memory
+        return memory(sc.build(d))["json"]["breakdown_bytes"]["activations"]
+    plain, sp, sel, full = (total({"sequence_parallel": False}), total({}), total({"recompute": "selective"}),
+                            total({"recompute": "full"}))
+    assert plain > sp == sel > full
+    assert total({"recompute": "selective"}, {"attention": "unfused"}) < total({}, {"attention": "unfused"})
     assert preset("llama3-8b").num_params > 8e9
 
 

@@ -1,5 +1,6 @@
 """The workload registry (sim/workloads): a toy workload registered in one place gets YAML keys, CLI flags, a
 sweep key, help text and validation errors; the scenario format (mesh + one section) and its bad input."""
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -101,22 +102,30 @@ def test_toy_workload_flags_help_and_sweep(toy, tmp_path, capsys):
     assert rc == 2 and "toy_dp, chunks, mode, chunk_mib" in err
 
 
-def test_toy_flags_on_another_parallelism_are_refused(toy, capsys):
-    rc, _, err = run_cli(capsys, "--chunks", "3", "--no-files")
-    assert rc == 2 and "--chunks: is a toy option but this scenario's parallelism is ddp" in err
+def test_toy_flags_choose_the_toy_without_a_file_and_are_refused_beside_another(toy, capsys, tmp_path):
+    """Without a scenario file a workload's flag chooses that workload (issue 30: every listed flag works without
+    a YAML file); beside a file's other parallelism a workload that does not compose is one line."""
+    rc, out, err = run_cli(capsys, "--chunks", "3", "--no-files", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["results"][0]["workload"] == "toy"
+    p = tmp_path / "ddp.yaml"
+    p.write_text("model: {kind: mlp, widths: [64, 64], batch: 4}\nddp: {}\ncluster: localhost-cpu\n")
+    rc, _, err = run_cli(capsys, str(p), "--chunks", "3", "--no-files")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "the toy section does not compose" in err
 
 
 @pytest.mark.parametrize("text, words", [
     ("mesh: {dp: 3}\nddp: {}\n", ["mesh", "dp 3 = 3 ranks, but the world has 8"]),
     ("mesh: {dp_replicate: 3, dp_shard: 2}\nfsdp: {}\n", ["mesh", "= 6 ranks, but the world has 8"]),
     ("mesh: {dp_shard: 3}\nfsdp: {}\n", ["shard group size 3 must divide the world size 8"]),
-    ("mesh: {tp: 2}\nddp: {}\n", ["mesh dimension 'tp' belongs to tp or cp, not to ddp; allowed with ddp: dp"]),
-    ("mesh: {pp: 2}\nddp: {}\n", ["mesh dimension 'pp' belongs to pipeline or tp", "not to ddp"]),
+    ("mesh: {tp: 2}\nddp: {}\n", ["tensor parallelism needs a transformer model"]),       # DDP x TP
+    ("mesh: {ep: 2}\nddp: {}\n", ["unknown mesh dimension 'ep' for a composition; allowed: pp, dp_replicate"]),
     ("pipeline: {microbatches: 4}\n", ["pipeline section needs mesh dimension pp"]),
     ("mesh: {dp: 8}\npipeline: {}\n", ["needs mesh dimension 'pp' (pipeline stages)"]),
     ("ddp: {bucket_size: 5}\n", ["unknown key 'bucket_size' for ddp; allowed: bucket_cap_mb"]),
     ("fsdp: {zero: 3, shard_size: 4}\n", ["unknown key 'shard_size' for fsdp"]),
-    ("ddp: {}\nfsdp: {}\n", ["one parallelism section per scenario (got ddp, fsdp)"]),
+    ("ddp: {}\nfsdp: {}\n", ["give fsdp (dp_shard, dp_replicate) or ddp (dp), not both"]),
+    ("mesh: {pp: 2, dp_shard: 4}\nep: {}\n", ["the ep section does not compose with others"]),
     ("cluster: dgx-h100\n", ["missing a parallelism section: one of ddp, fsdp, pipeline"]),
     ("parallelism: {kind: ddp}\nddp: {}\n", ["either the old parallelism"]),
     ("mesh: {dp: two}\nddp: {}\n", ["mesh.dp", "whole number"]),
@@ -133,7 +142,8 @@ def test_bad_scenarios_are_one_line_exit_2(tmp_path, capsys, text, words):
 
 
 @pytest.mark.parametrize("args, words", [(["--mesh", "pp2"], ["--mesh", "DIM=N"]),
-                                         (["--zero", "2"], ["--zero", "fsdp option", "ddp"]),
+                                         (["--zero", "5"], ["--zero", "unknown ZeRO stage 5"]),
+                                         (["--mesh", "pp=2,dp=2,dp_shard=2"], ["dp (DDP) composes with pp and tp"]),
                                          (["--sweep", "stages=2,4"], ["--sweep", "bucket_cap_mb"]),
                                          (["--algo", "carrier-pigeon"], ["unknown algorithm"])])
 def test_bad_flags_are_one_line_exit_2(capsys, args, words):

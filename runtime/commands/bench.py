@@ -31,6 +31,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", metavar="RESULTS.json", help="also write the --json object here (kept if the run fails)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size, error bars from the repeats")
+    p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
+                   "processes took cores, or a size's median moves over 25%% by chance; runtime/trust.py)")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=False)
 
 
 def result_row(row: dict) -> dict:
@@ -73,12 +77,15 @@ def run(args) -> int:
     if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
         from distlab.runtime.preflight import check_nccl
         check_nccl(local_ranks(nproc))
-    printer = None if args.json else RowPrinter([("op", "", 14)] + NCCL_COLUMNS + BW_COLUMNS +
-                                                [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)])
+    from distlab.sim.cli import STYLE
+    extra = [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)] if STYLE.wide else []
+    printer = None if args.json else RowPrinter([("op", "", 14)] + NCCL_COLUMNS + BW_COLUMNS + [("spread", "", 6)]
+                                                + extra)
     if printer:
-        printer.comment(f"bench: {nproc} ranks, {args.dtype}, warmup {args.warmup}, iters {args.iters}; "
-                        "time = slowest rank, median of the iters; min/max = fastest/slowest iter; "
-                        "launch = from the last rank's arrival")
+        printer.comment(f"bench: {nproc} ranks, {args.dtype}, warmup {args.warmup}, iters {args.iters}; time = "
+                        "slowest rank,")
+        printer.comment("median of the iters; spread = (slowest - fastest iter) / median"
+                        + ("; launch = from the last rank's arrival" if STYLE.wide else " (--wide: min, max, launch)"))
         printer.header()
     shown = []
 
@@ -87,10 +94,15 @@ def run(args) -> int:
             shown.append(result_row(row))
             if printer:
                 r = shown[-1]
-                printer.row([r["op"]] + nccl_cells(r) + [f"{r[k] * 1e6:.2f}" for k in
-                                                         ("time_min_s", "time_max_s", "launch_time_s")])
+                spread = (r["time_max_s"] - r["time_min_s"]) / r["time_s"] if r["time_s"] else 0.0
+                printer.row([r["op"]] + nccl_cells(r) + [f"{spread:.0%}"] + [
+                    f"{r[k] * 1e6:.2f}" for k in ("time_min_s", "time_max_s", "launch_time_s")][:len(extra)])
 
     payload = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters}
+    from distlab.runtime import load as machine_load
+    from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
+    before = machine_load.sample()        # before the ranks start, then during the whole sweep (runtime/trust.py)
+    watch = Watch()
     launch = new_launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
 
     def rounds():                     # one tick per finished round, printing each final row as it comes
@@ -114,7 +126,12 @@ def run(args) -> int:
     except BaseException:
         launch.abort()
         raise
-    obj = report(shown, args, nproc, sizes, backend, failed)
+    from distlab.runtime.robust import median_noise
+    cases = [{"kind": "bench", "case": f"{r['op']} {r['bytes']} B", "world_size": nproc,
+              "spread": (r["time_max_s"] - r["time_min_s"]) / r["time_s"],
+              "noise": median_noise(r["times_s"])} for r in shown if r["time_s"] and len(r.get("times_s", [])) >= 3]
+    verdict = judge(before, watch.stop(), cases)
+    obj = {**report(shown, args, nproc, sizes, backend, failed), "trust": verdict}
     if args.out:
         write_atomic(args.out, json.dumps(with_schema(obj, NAME), indent=1))
     if args.plot and shown:
@@ -127,10 +144,13 @@ def run(args) -> int:
     elif shown:
         if obj["average_busbw_GBps"] is not None:
             printer.comment(f"Avg bus bandwidth    : {obj['average_busbw_GBps']:.3f} GB/s")
+        from distlab.sim.cli import say
+        for line in verdict_lines(verdict, "benchmark"):
+            say(line, indent="    ")
         for path in (args.out, args.plot):
             if path:
                 print(f"wrote {path}")
     if failed is not None:
         sys.stderr.write(f"distlab bench: error: {failed}" + (f" ({len(shown)} rows kept)\n" if shown else "\n"))
         return 1
-    return 0
+    return exit_code(verdict, args.strict)

@@ -37,6 +37,11 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", metavar="OUT.png", default="calibrate-compute.png",
                    help="figure of the GEMM efficiency curve, with --compute (default calibrate-compute.png)")
     p.add_argument("--json", action="store_true", help="print the fits and compute as JSON")
+    p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
+                   "processes took cores, or a fit's medians move over 15%% by chance; runtime/trust.py); the cluster "
+                   "file is written either way and says so in its header")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=False)
 
 
 def check(args):
@@ -70,7 +75,7 @@ def _lines(entry: dict) -> list[tuple[str, dict]]:
 def run(args) -> int:
     from distlab.runtime.calibration import backend_of, measure, write_cluster
     from distlab.runtime.launch import RunFailed
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import LONG_TABLE, print_json, print_table
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
@@ -84,9 +89,12 @@ def run(args) -> int:
         warn_cores(max(nprocs), args.threads, "distlab calibrate")
     from distlab.runtime import load as machine_load
     from distlab.runtime.fit import fit_warnings
+    from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
+    from distlab.sim.cli import say
     load = machine_load.sample()          # before the ranks start: the other processes' share
+    watch = Watch()                       # and during the whole measurement (runtime/trust.py)
     if load and not args.json:
-        print(load.line())
+        say(load.line(), indent="  ")
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
@@ -111,8 +119,15 @@ def run(args) -> int:
             from distlab.runtime.compute_probe import plot_curve
             plot_curve(probe, args.plot)
     table = cluster.calibration["collectives"]
+    during = watch.stop()
     after = machine_load.sample()
-    loads = {"at_calibration": load.to_dict() if load else None, "after": after.to_dict() if after else None}
+    loads = {"at_calibration": load.to_dict() if load else None, "after": after.to_dict() if after else None,
+             "during": during}
+    verdict = judge(load, during, [{"kind": "calibration fit", "case": f"{op} fit", "world_size": n,
+                                    "spread": entry["spread"], "noise": entry["noise"]} for op, per_n in table.items()
+                                   for n, entry in per_n.items() if "noise" in entry])
+    if not verdict["trustworthy"]:          # the cluster file says so too, where it is read later
+        mark_untrustworthy(args.out, verdict)
     for w in fit_warnings(cluster.calibration):
         sys.stderr.write(f"distlab calibrate: {w}\n")
     if args.json:
@@ -122,13 +137,13 @@ def run(args) -> int:
         if probe:
             out["compute"] = {k: v for k, v in probe.items() if k != "fit"}
             out["files"] = [args.plot] if args.plot else []
-        print_json(out)
-        return 0
+        print_json({**out, "trust": verdict})
+        return exit_code(verdict, args.strict)
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
                 ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)", "spread"],
                 [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
                  for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
-                justify_left=3)
+                justify_left=3, max_rows=LONG_TABLE)
     if probe:
         print_table(f"GEMMs ({probe['dtype']} on {probe['device']}; time = the fastest of the rounds; model = "
                     "launch_s + max(FLOPs / (peak x curve), bytes / copy bandwidth))",
@@ -136,15 +151,27 @@ def run(args) -> int:
                     [[r["m"], r["n"], r["k"], r["kind"], f"{r['time_s'] * 1e3:.3f}", f"{r['flops_per_s'] / 1e9:.1f}",
                       f"{r['efficiency']:.2f}", f"{r['curve_efficiency']:.2f}", f"{r['model_error'] * 100:+.0f}%"]
                      for r in probe["gemms"]], justify_left=4)
-        print(f"compute (one rank alone, --compute): peak {cluster.gpu.tflops * 1e3:.1f} GFLOP/s, copy "
-              f"{cluster.gpu.hbm_GBps:.1f} GB/s, per-op overhead {cluster.gpu.launch_s * 1e6:.1f} us")
+        say(f"compute (one rank alone, --compute): peak {cluster.gpu.tflops * 1e3:.1f} GFLOP/s, copy "
+            f"{cluster.gpu.hbm_GBps:.1f} GB/s, per-op overhead {cluster.gpu.launch_s * 1e6:.1f} us")
         if args.plot:
-            print(f"wrote {args.plot}")
+            say(f"wrote {args.plot}")
     else:
-        print(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
-    print(f"interference: compute x {cluster.interference:.3f} while an all_reduce is in flight")
-    print(f"comm_interference: all_reduce x {cluster.comm_interference:.3f} while every rank computes")
+        say(f"compute: {cluster.gpu.tflops * 1e3:.1f} GFLOP/s matmul, {cluster.gpu.hbm_GBps:.1f} GB/s copy per rank")
+    say(f"interference: compute x {cluster.interference:.3f} while an all_reduce is in flight")
+    say(f"comm_interference: all_reduce x {cluster.comm_interference:.3f} while every rank computes")
     if after:
-        print(f"after: {after.line()}")
-    print(f"wrote {args.out} (cpu_cores {cluster.cpu_cores}: the cores left to the ranks)")
-    return 0
+        say(f"after: {after.line()}", indent="  ")
+    for line in verdict_lines(verdict, "calibration"):
+        say(line, indent="    ")
+    say(f"wrote {args.out} (cpu_cores {cluster.cpu_cores}: the cores left to the ranks)")
+    return exit_code(verdict, args.strict)
+
+
+def mark_untrustworthy(path: str, verdict: dict) -> None:
+    """Put the verdict's reasons at the top of the cluster file (YAML comments; the file still loads)."""
+    from distlab.sim.io import write_atomic
+    with open(path) as f:
+        text = f.read()
+    head = "".join(f"# {line.strip()}\n" for line in verdict_lines(verdict, "calibration")
+                   if not line.strip().startswith("re-run"))
+    write_atomic(path, head + text)

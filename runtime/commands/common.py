@@ -12,7 +12,8 @@ def add_launch_arguments(p, nproc_help: str = "number of local ranks", nproc_def
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per CPU rank (default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank waits for a peer before the run fails (default 60)")
-    p.add_argument("-v", "--verbose", action="store_true", help="print each rank's pid")
+    p.add_argument("-v", "--verbose", action="store_true", help="more detail: every row of long tables, and "
+                   "each rank's pid")
 
 
 def launch_kwargs(args) -> dict:
@@ -33,6 +34,13 @@ def parse_nprocs(text, where: str = "--nproc") -> list[int]:
             raise ConfigError(f"{part!r} is not a whole number of ranks >= 1", where)
         out.append(n)
     return out
+
+
+def scenario_nproc(args, default: int) -> int:
+    """`distlab validate --scenario`'s world size: the first of --nproc, or ``default`` when it is left out (None);
+    at least 2."""
+    text = getattr(args, "nproc", None)
+    return max(parse_nprocs(text)[0] if text is not None else default, 2)
 
 
 def parse_nproc(text, where: str = "--nproc") -> int:

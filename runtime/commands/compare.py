@@ -8,6 +8,8 @@ busy time) and the worst ops; ``--out both.json`` writes both into one Perfetto/
 from __future__ import annotations
 
 NAME = "compare"
+CALIBRATE_HINT = ("calibrate this machine first, then predict on its cluster file: distlab calibrate --out "
+                  "my.yaml && distlab compare {predicted} {measured} --cluster my.yaml")
 HELP = ("Compare a predicted (simulated) and a measured trace of the same plan op by op: start, duration, error "
         "per rank, totals, worst ops; --out writes both into one Perfetto trace.")
 
@@ -22,13 +24,15 @@ def add_arguments(p) -> None:
                    "cluster YAML, e.g. distlab calibrate's (default localhost-cpu)")
     p.add_argument("--worst", type=int, default=5, help="how many of the worst ops to list (default 5)")
     p.add_argument("--json", action="store_true", help="print every op, the totals and the worst ops as JSON")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=True)
 
 
 def run(args) -> int:
     import json
 
     from distlab.runtime.commands.common import positive_int
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import LONG_TABLE, STYLE, note, print_json, print_table, say
     from distlab.sim.compare import combined_chrome, compare, load_trace
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import write_atomic
@@ -36,36 +40,56 @@ def run(args) -> int:
     positive_int(args.worst, "--worst")
     if args.out is not None and not args.out.endswith(".json"):
         raise ConfigError(f"{args.out!r}: the combined trace is Chrome trace JSON; allowed: a *.json path", "--out")
-    c = compare(load_trace(args.predicted, args.cluster), load_trace(args.measured), args.measured)
+    predicted = load_trace(args.predicted, args.cluster)
+    c = compare(predicted, load_trace(args.measured), args.measured)
     if args.out:
         write_atomic(args.out, json.dumps(combined_chrome(c), separators=(",", ":")))
     result = c.to_dict(args.worst)
+    uncalibrated = uncalibrated_preset(predicted)
+    hint = (f"predicted on the {uncalibrated} preset, never calibrated on this machine: its numbers are a "
+            "generic machine's, so the error measures the preset, not the model; "
+            + CALIBRATE_HINT.format(predicted=args.predicted, measured=args.measured)) if uncalibrated else None
     if args.json:
-        print_json({**result, "predicted": args.predicted, "measured": args.measured, "out": args.out})
+        print_json({**result, "predicted": args.predicted, "measured": args.measured, "out": args.out,
+                    "cluster": predicted.meta.get("cluster"), "calibrated": uncalibrated is None, "hint": hint})
         return 0
     ms = _ms
-    for rank in sorted({p.measured.rank for p in c.pairs}):
-        print_table(f"rank {rank}: predicted ({args.predicted}) against measured ({args.measured})",
-                    ["op", "name", "stream", "start pred (ms)", "start meas (ms)", "dur pred (ms)", "dur meas (ms)",
-                     "error"],
-                    [[p.measured.index, p.measured.name, p.measured.stream, ms(p.predicted.start),
-                      ms(p.measured.start), ms(p.predicted.duration), ms(p.measured.duration), _pct(p.error)]
-                     for p in c.pairs if p.measured.rank == rank], justify_left=3)
+    if STYLE.verbose:                     # every op of every rank: grows with the plan and the world
+        for rank in sorted({p.measured.rank for p in c.pairs}):
+            print_table(f"rank {rank}: predicted ({args.predicted}) against measured ({args.measured})",
+                        ["op", "name", "stream", "start pred (ms)", "start meas (ms)", "dur pred (ms)",
+                         "dur meas (ms)", "error"],
+                        [[p.measured.index, p.measured.name, p.measured.stream, ms(p.predicted.start),
+                          ms(p.measured.start), ms(p.predicted.duration), ms(p.measured.duration), _pct(p.error)]
+                         for p in c.pairs if p.measured.rank == rank], justify_left=3)
     totals = result["totals"]
     rows = [["makespan", "", ms(totals["makespan"]["predicted_s"]), ms(totals["makespan"]["measured_s"]),
              _pct(totals["makespan"]["error"])]]
     rows += [[f"rank {s['rank']}", f"{s['stream']} busy", ms(s["predicted_busy_s"]), ms(s["measured_busy_s"]),
               _pct(s["error"])] for s in totals["streams"]]
-    print_table("totals", ["", "", "predicted (ms)", "measured (ms)", "error"], rows, justify_left=2)
+    print_table(f"totals: predicted ({args.predicted}) against measured ({args.measured})",
+                ["", "", "predicted (ms)", "measured (ms)", "error"], rows, justify_left=2, max_rows=LONG_TABLE)
     print_table(f"worst {len(result['worst'])} ops (largest |predicted - measured| duration)",
                 ["rank", "op", "name", "dur pred (ms)", "dur meas (ms)", "diff (ms)", "error"],
                 [[w["rank"], w["index"], w["name"], ms(w["predicted_duration_s"]), ms(w["measured_duration_s"]),
                   f"{w['duration_diff_s'] * 1e3:+.3f}", _pct(w["error"])] for w in result["worst"]], justify_left=3)
+    if not STYLE.verbose:
+        note(f"{len(c.pairs)} ops compared; --verbose prints each, rank by rank")
     if c.missing:
-        print(f"{len(c.missing)} predicted ops are not in the measured trace (a partial run?)")
+        say(f"{len(c.missing)} predicted ops are not in the measured trace (a partial run?)")
+    if hint:
+        say(f"warning: {hint}", indent="  ")
     if args.out:
-        print(f"wrote {args.out}")
+        say(f"wrote {args.out}")
     return 0
+
+
+def uncalibrated_preset(trace) -> str | None:
+    """The preset a predicted trace was simulated on, when it is a preset (sim/cluster.py PRESETS: numbers of
+    a generic machine, never calibrated here); None for a calibrated cluster file or an unknown one."""
+    from distlab.sim.cluster import PRESETS
+    name = trace.meta.get("cluster")
+    return name if name in PRESETS else None
 
 
 def _ms(seconds: float) -> str:

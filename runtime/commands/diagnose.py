@@ -13,10 +13,12 @@ HELP = ("Read the flight records a failed, hung or interrupted run left (distlab
 def add_arguments(p) -> None:
     p.add_argument("dir", help="folder with flight.RANK.json / flight.RANK.ring files")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p)
 
 
 def run(args) -> int:
-    from distlab.runtime.flight import load_dir
+    from distlab.runtime.flight_read import load_dir
     from distlab.sim.cli import print_json
     d = diagnose(load_dir(args.dir))
     if args.json:
@@ -24,10 +26,16 @@ def run(args) -> int:
         return exit_code(d)
     dumps = sum(r["record"] == "dump" for r in d["ranks"])
     live = sum(r["record"] == "live" for r in d["ranks"])
-    print(d["verdict"])
-    print(f"{args.dir}: {d['world_size']} ranks, {dumps} final dumps, {live} live records only")
-    for p in d["problems"][1:]:
-        print(p["message"])
-    for row in d["ranks"]:
-        print("  " + rank_line(row))
+    from distlab.sim.cli import LONG_TABLE, STYLE, note, say
+    say(d["verdict"], indent="  ")
+    say(f"{args.dir}: {d['world_size']} ranks, {dumps} final dumps, {live} live records only", indent="  ")
+    for p in d["problems"][1:LONG_TABLE] if not STYLE.verbose else d["problems"][1:]:
+        say(p["message"], indent="  ")
+    rows = d["ranks"]                  # the ranks with something to say first, then the others
+    rows = sorted(rows, key=lambda r: not (r["died"] or r["pending"])) if not STYLE.verbose else rows
+    for row in rows if STYLE.verbose else rows[:LONG_TABLE]:
+        say(rank_line(row), indent="      ", first="  ")
+    hidden = len(d["problems"][1:]) - len(d["problems"][1:LONG_TABLE]) + max(0, len(rows) - LONG_TABLE)
+    if hidden and not STYLE.verbose:
+        note(f"{hidden} more lines (problems or ranks); --verbose prints them all")
     return exit_code(d)

@@ -15,30 +15,27 @@ def add_arguments(p) -> None:
     add_launch_arguments(p, "number of local ranks (default: the plan's world size)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of the whole plan first (default 1)")
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the trace keeps the median one (default 1)")
-    p.add_argument("--out", help="trace file: *.trace native, *.json Chrome/Perfetto (default PLAN.measured.trace)")
-    p.add_argument("--perfetto", metavar="FILE.json", help="Perfetto (Chrome JSON) trace, written besides --out "
-                   "(default OUT.perfetto.json; 'none': no Perfetto trace); open it in ui.perfetto.dev")
+    p.add_argument("--out", help="trace file: *.trace native, *.json Chrome/Perfetto (default: the plan's path "
+                   "with .measured.trace for .json: plan.json -> plan.measured.trace)")
+    p.add_argument("--perfetto", metavar="FILE.json", help="Perfetto (Chrome JSON) trace, written beside --out "
+                   "(default: --out with .perfetto.json for its extension: m.trace -> m.perfetto.json; 'none': no "
+                   "Perfetto trace); open it in ui.perfetto.dev")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--dump-dir", help="every rank's flight record goes here, kept after the run (default "
-                   "OUT.flight/, kept only if the run fails); read it with distlab diagnose")
+    p.add_argument("--dump-dir", help="every rank's flight record goes here, kept after the run (default: --out "
+                   "with .flight for its extension, m.trace -> m.flight/, kept only if the run fails); read it "
+                   "with distlab diagnose")
     p.add_argument("--no-check", action="store_true", help="start the ranks even if the static check (distlab "
                    "check) finds mismatched collectives: to see a real hang")
     p.add_argument("--nnodes", type=int, help="run across nodes under torchrun (same command on every node; "
                    "--nproc is then per node; see runtime/multinode.py)")
     p.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (with --nnodes)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes)")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=False)
 
 
 def run(args) -> int:
-    from distlab.runtime.executor import merge_results
-    import contextlib
-
-    from distlab.runtime.run_summary import summary
-
-    from distlab.runtime.flight import clear
-    from distlab.runtime.launch import Launch, RunFailed
     from distlab.sim.check import PlanMismatch, assert_consistent
-    from distlab.sim.cli import print_json, print_table
     from distlab.sim.errors import ConfigError
     from distlab.sim.plan import Plan
 
@@ -73,7 +70,22 @@ def run(args) -> int:
         check_output(perfetto, "--perfetto", "trace")
     if args.dump_dir:
         check_output(args.dump_dir, "--dump-dir", "dir")
-    dump_dir = args.dump_dir or os.path.splitext(out)[0] + ".flight"
+    dump_dir = args.dump_dir or flight_path(out)
+    from distlab.sim.io import OutputLock
+    if os.path.exists(out) and not os.path.isfile(out):     # a device or pipe (/dev/stdout): nothing to lock
+        return _run(args, plan, nproc, out, perfetto, dump_dir)
+    with OutputLock(out, "--out"):          # a second run on the same --out refuses (and --dump-dir: Launch)
+        return _run(args, plan, nproc, out, perfetto, dump_dir)
+
+
+def _run(args, plan, nproc: int, out: str, perfetto: str | None, dump_dir: str) -> int:
+    import contextlib
+
+    from distlab.runtime.executor import merge_results
+    from distlab.runtime.flight import clear
+    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.runtime.run_summary import summary
+    from distlab.sim.cli import print_json, print_table
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
     launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
                     **launch_kwargs(args)).start()
@@ -87,6 +99,9 @@ def run(args) -> int:
                              f"distlab diagnose {dump_dir}\n")
         raise
     except RunFailed as e:
+        if e.refused:                       # a stranger tried to join: nothing of the run is worth keeping
+            sys.stderr.write(f"distlab run: error: {e}\n")
+            return 1
         keep_partial(plan, e.partial, out, {"complete": False, "failed_rank": e.rank, "error": str(e)})
         if args.verbose and e.logs.get(e.rank):
             sys.stderr.write(f"--- rank {e.rank}'s output ---\n{e.logs[e.rank]}\n---\n")
@@ -107,13 +122,19 @@ def run(args) -> int:
         print_json({"trace": out, "perfetto": perfetto, "world_size": nproc, "makespan_s": trace.makespan,
                     "backend": trace.meta.get("backend"), "streams": rows})
         return 0
+    from distlab.sim.cli import LONG_TABLE
     print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
                 f"{trace.makespan * 1e3:.3f} ms", ["rank", "stream", "ops", "busy (ms)", "first start (ms)",
                                                    "last end (ms)"],
                 [[r["rank"], r["stream"], r["ops"], f"{r['busy_s'] * 1e3:.3f}", f"{r['start_s'] * 1e3:.3f}",
-                  f"{r['end_s'] * 1e3:.3f}"] for r in rows], justify_left=2)
+                  f"{r['end_s'] * 1e3:.3f}"] for r in rows], justify_left=2, max_rows=LONG_TABLE)
     print(f"wrote {out}" + (f" and {perfetto} (open in ui.perfetto.dev)" if perfetto else ""))
     return 0
+
+
+def flight_path(out: str) -> str:
+    """The default flight-record folder: --out with ``.flight`` for its extension (m.trace -> m.flight)."""
+    return os.path.splitext(out)[0] + ".flight"
 
 
 def perfetto_path(out: str, flag: str | None) -> str | None:

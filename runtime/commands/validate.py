@@ -9,6 +9,7 @@ from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs,
 NAME = "validate"
 HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
 DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+OVERLAP_REPEATS = 9            # timed runs of the overlap plan; its error is that of their median
 
 
 def add_arguments(p) -> None:
@@ -28,6 +29,11 @@ def add_arguments(p) -> None:
                                                                              "validate.png)")
     p.add_argument("--out", metavar="RESULTS.json", help="write every case here (kept if a run fails)")
     p.add_argument("--json", action="store_true", help="print cases and summary as JSON")
+    p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
+                   "processes took cores, or a case's repeats spread more than its error and tolerance; "
+                   "runtime/trust.py)")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=False)
 
 
 def run(args) -> int:
@@ -36,7 +42,7 @@ def run(args) -> int:
     from distlab.runtime.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
                                             summary_noise)
     from distlab.runtime.workloads import scenario_cases
-    from distlab.sim.cli import print_json, print_table
+    from distlab.sim.cli import print_json
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import parse_size_range, write_atomic
     from distlab.sim.plan import format_bytes
@@ -69,7 +75,9 @@ def run(args) -> int:
     if not under_torchrun():               # under torchrun each node warns for its own ranks
         warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
     from distlab.runtime import load as machine_load
+    from distlab.runtime.trust import Watch
     load = machine_load.sample()          # before the ranks start: the other processes' share
+    watch = Watch()                       # and during the whole measurement (runtime/trust.py)
     cores = {n: round(load.effective_cores(n), 2) if load else None for n in set(nprocs) | set(holdout)}
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
@@ -78,9 +86,11 @@ def run(args) -> int:
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
-        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1, "repeat": 5}
-        try:
-            measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", **launch_kwargs(args))
+        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1,
+                                             "repeat": OVERLAP_REPEATS}
+        try:                          # the plan first, on fresh ranks (runtime/sweep.py sweep_task)
+            measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", plan_first=True,
+                                  **launch_kwargs(args))
         except RunFailed as e:
             failed = e
             break
@@ -99,9 +109,13 @@ def run(args) -> int:
             cases.append(overlap_case(plan, [r["plan"] for r in results], calibration, results[0]["compute"],
                                       backend, cores[n]))
     cases += scenario_rows
+    during = watch.stop()
     after = machine_load.sample()
     loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None,
-             "cpu_cores": {str(n): c for n, c in sorted(cores.items())}}      # what the simulator was given
+             "during": during, "cpu_cores": {str(n): c for n, c in sorted(cores.items())}}   # what the simulator was given
+    from distlab.runtime.trust import exit_code, judge
+    from distlab.runtime.preflight import cpu_cores
+    verdict = judge(load, during, cases, cores=cpu_cores() if backend == "gloo" else None)
     from distlab.runtime.fit import fit_warnings
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")
@@ -112,32 +126,20 @@ def run(args) -> int:
             s["median_abs_error_noise"] = noise[s["kind"], s["world_size"]]
     if args.out:
         write_atomic(args.out, json.dumps({"complete": failed is None, "calibration": calibration, "cases": cases,
-                                           "summary": summary, "load": loads, "measured": measured}, indent=1))
+                                           "summary": summary, "load": loads, "trust": verdict,
+                                           "measured": measured}, indent=1))
     if args.plot and cases:
         plot(cases, args.plot)
     if args.json:
-        print_json({"calibration": calibration, "cases": cases, "summary": summary, "load": loads})
+        print_json({"calibration": calibration, "cases": cases, "summary": summary, "load": loads,
+                    "trust": verdict})
     else:
-        print_table("simulated (calibrated) against measured (median of the repeats; worst: the repeat farthest "
-                    "from the prediction; spread: (slowest - fastest) / median)",
-                    ["case", "kind", "ranks", "size", "predicted (ms)", "measured (ms)", "error", "worst", "spread"],
-                    [[c["case"], c["kind"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
-                      f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%",
-                      f"{c['worst_error'] * 100:+.1f}%" if "worst_error" in c else "-",
-                      f"{c['spread'] * 100:.0f}%" if "spread" in c else "-"] for c in cases], justify_left=2)
-        print_table("|error| per kind and world size (noise: how far the median |error| moves when the repeats "
-                    "are drawn again)",
-                    ["kind", "ranks", "cases", "median |error|", "noise", "worst |error|", "worst case"],
-                    [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
-                      f"±{s['median_abs_error_noise'] * 100:.1f}%" if "median_abs_error_noise" in s else "-",
-                      f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"]] for s in summary])
-        for when, reading in (("at calibration", load), ("after measurement", after)):
-            if reading:
-                print(f"{when}: {reading.line(max(nprocs + holdout))}")
+        from distlab.runtime.validate_output import print_validation
+        print_validation(cases, summary, load, after, verdict, max(nprocs + holdout), nprocs, calib, held)
         for path in (args.plot, args.out):
             if path:
                 print(f"wrote {path}")
     if failed is not None:
         sys.stderr.write(f"distlab validate: error: {failed}\n")
         return 1
-    return 0
+    return exit_code(verdict, args.strict)

@@ -76,7 +76,8 @@ def compare(model, plan, results: list[dict]) -> dict:
 def cp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario cp.yaml` rows (runtime.validation.case format): the step predicted
     (calibrated in the same launch) against measured, with whether the collective sequences match."""
-    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    from distlab.runtime.commands.common import scenario_nproc
+    nproc = scenario_nproc(args, 2)
     r = validate_cp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     out = []

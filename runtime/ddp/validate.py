@@ -141,8 +141,8 @@ def _row(what: str, predicted: float, measured: float) -> dict:
 def ddp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario ddp.yaml` rows (runtime.validation.case format): step, forward, backward
     and per-bucket launch/end, predicted (calibrated here) against measured real DDP."""
-    nproc = int(str(getattr(args, "nproc", 2)).split(",")[0])
-    r = validate_ddp(path, nproc=max(nproc, 2), steps=max(getattr(args, "iters", 5), 2),
+    from distlab.runtime.commands.common import scenario_nproc
+    r = validate_ddp(path, nproc=scenario_nproc(args, 2), steps=max(getattr(args, "iters", 5), 2),
                      warmup=max(getattr(args, "warmup", 2), 2))
     out = []
     sizes = dict(zip(range(len(r["measured_buckets"])), r["measured_buckets"]))

@@ -113,7 +113,8 @@ def validate_ep(scenario, nproc: int = 4, steps: int = 5, warmup: int = 1, timeo
 def ep_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario ep.yaml` rows (runtime.validation.case format): the step, predicted vs
     measured."""
-    nproc = max(int(str(getattr(args, "nproc", 4)).split(",")[0]), 2)
+    from distlab.runtime.commands.common import scenario_nproc
+    nproc = scenario_nproc(args, 4)
     r = validate_ep(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     return [case("ep scenario", row["what"], nproc, 0, row["predicted_s"], row["measured_s"], row["repeats"])

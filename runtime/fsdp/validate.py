@@ -140,7 +140,8 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
 def fsdp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario fsdp.yaml` rows (runtime.validation.case format): the step, predicted
     (calibrated here) against measured real FSDP2; each row also says whether the collective sequences match."""
-    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    from distlab.runtime.commands.common import scenario_nproc
+    nproc = scenario_nproc(args, 2)
     r = validate_fsdp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                       warmup=max(getattr(args, "warmup", 2), 1))
     nbytes = sum(b for _, b, _ in r["measured_sequence"])

@@ -21,10 +21,15 @@ def _loss(logits, target):
 
 
 def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | None = None) -> dict:
-    """One PP x TP variant on this rank: {model, sequence_parallel, mesh [[pp, n], [tp, n]], schedule,
-    microbatches}; ``tp``: the runtime/tp/run.py module (its capture, plan and shapes). With ``calibrate``
-    (runtime/tp/calibrate.py sizes), one calibration round on the tp group before each captured step and one
-    uncaptured step after it (``plain_time``), as runtime/tp/run.py does for the other compositions."""
+    """One pipelined variant on this rank: {model, sequence_parallel, mesh [[pp, n], ...], schedule, microbatches,
+    split (blocks per stage; none: even), reshard_after_forward}; ``tp``: the runtime/tp/run.py module (its
+    capture, plan and shapes). As torchtitan builds it (pipeline_llama, then parallelize_llama per stage): each
+    stage module parallelized on the tp sub-mesh (when the mesh has tp), then, with dp_shard in the mesh,
+    ``fully_shard`` on every block and on the stage (over (dp_replicate, dp_shard) for HSDP), not resharded after
+    forward by default (torchtitan with pp), and AdamW after the schedule's step. With ``calibrate``
+    (runtime/tp/calibrate.py sizes), one calibration round on the tp group (without tp: the dp_shard group)
+    before each captured step and one uncaptured step after it (``plain_time``), as runtime/tp/run.py does for
+    the other compositions."""
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining as pp
@@ -37,9 +42,19 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     dims = v["mesh"]
     mesh = init_device_mesh("cpu", tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
     n_stages, s = mesh["pp"].size(), mesh["pp"].get_local_rank()
-    names = [model.layers[i].name for i in stage_ranges(model, n_stages)[s]]
+    names = [model.layers[i].name for i in stage_ranges(model, n_stages, v.get("split"))[s]]
     torch.manual_seed(0)
-    module = tp.parallelize(Stage(build_llama(model), names), mesh["tp"], v.get("sequence_parallel", True))
+    module = Stage(build_llama(model), names)
+    if "tp" in mesh.mesh_dim_names:
+        module = tp.parallelize(module, mesh["tp"], v.get("sequence_parallel", True))
+    fsdp = "dp_shard" in mesh.mesh_dim_names
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if "dp_replicate" in mesh.mesh_dim_names else mesh["dp_shard"]
+        raf = v.get("reshard_after_forward", False)
+        for block in module.h.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=raf)
+        fully_shard(module, mesh=dp_mesh)
     stage = pp.PipelineStage(module, s, n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
     m = v.get("microbatches", 2)
     cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B}[v.get("schedule", "1f1b")]
@@ -59,12 +74,18 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
         cap.t0 = t0
         with cap if capture else contextlib.nullcontext():
             sched.step(*args, **kwargs)
+            if opt is not None:
+                cap.phase = "optimizer"
+                opt.step()
         return time.perf_counter() - t0
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4) if fsdp else None
     from distlab.runtime.tp.calibrate import Calibrator
     sp = v.get("sequence_parallel", True)
-    cal = Calibrator(calibrate, model, mesh["tp"].get_group(), tp.block_plan(sp), tp.CollectiveCapture,
+    group = mesh["tp" if "tp" in mesh.mesh_dim_names else "dp_shard"].get_group()
+    cal = Calibrator(calibrate, model, group, tp.block_plan(sp), tp.CollectiveCapture,
                      root=tp.root_plan(sp)) if calibrate else None
-    seq = c["seq_len"] // mesh["tp"].size() if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
+    tp_size = mesh["tp"].size() if "tp" in mesh.mesh_dim_names else 1
+    seq = c["seq_len"] // tp_size if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
     probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None
     out = []
     for i in range(warmup + steps):

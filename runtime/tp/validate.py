@@ -22,7 +22,8 @@ from distlab.sim.errors import ConfigError
 def _sequence(plan, rank: int) -> list[tuple]:
     from distlab.sim.parallel.tp import compose
     from distlab.sim.parallel.tp import plan as tp_plan
-    fn = compose.collective_sequence if plan.meta.get("builder") == "fsdp_tp" else tp_plan.collective_sequence
+    fsdp = plan.meta.get("builder") == "fsdp_tp" or "fsdp" in plan.meta.get("builder", "").split("_")
+    fn = compose.collective_sequence if fsdp else tp_plan.collective_sequence
     return fn(plan, rank)
 
 
@@ -106,6 +107,14 @@ def with_optimizer_host(plan, per_param: float):
 
 
 def _timed_plan(built, overhead: float, fsdp_host: tuple[float, float]):
+    if built.workload.name == "composed":      # sim/workloads/composed.py: FSDP2 on one stream (gloo blocks)
+        from dataclasses import replace
+
+        from distlab.sim.parallel.parallelize import parallelize
+        par = replace(built.options, fsdp=replace(built.options.fsdp, overlap=False)) if built.options.fsdp \
+            else built.options
+        plan = parallelize(built.model, built.mesh, par, overhead=overhead)
+        return with_fsdp_host(plan, *fsdp_host) if any(fsdp_host) else plan
     if built.plan.meta.get("builder") == "pp_tp" and overhead:
         from distlab.sim.parallel.pipeline.plan import PipelineSpec
         from distlab.sim.parallel.tp.pipeline import pp_tp_plan
@@ -151,7 +160,9 @@ def compare(built, results: list[dict], cores: float | None = None) -> dict:
     from distlab.runtime.tp.run import measured_sequence
     from distlab.sim.kernel.engine import simulate
     mesh, model, nproc = built.mesh, built.model, built.mesh.world_size
-    cluster = fit_cluster(results, model, mesh.size("tp"), nproc, built.options.sequence_parallel, cores)
+    tp_opts = built.options.tp if built.workload.name == "composed" else built.options
+    group = mesh.size("tp") if "tp" in mesh else mesh.size("dp_shard")       # the calibration's group
+    cluster = fit_cluster(results, model, group, nproc, tp_opts is None or tp_opts.sequence_parallel, cores)
     from distlab.runtime.tp.ends import ends_host
     from distlab.runtime.tp.fit import fsdp_host, optimizer_host, pipeline_overhead
     overhead, ends = pipeline_overhead(results), ends_host(results, cluster.gpu.launch_s)
@@ -263,7 +274,8 @@ def tp_cases(path: str, args) -> list[dict]:
     """`distlab validate --scenario tp.yaml` rows (runtime.validation.case format): the step and one row per
     collective kind and size, predicted (calibrated in the same launch) against measured real DTensor TP; each
     row also says whether the collective sequences match."""
-    nproc = max(int(str(getattr(args, "nproc", 2)).split(",")[0]), 2)
+    from distlab.runtime.commands.common import scenario_nproc
+    nproc = scenario_nproc(args, 2)
     r = validate_tp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     return rows_as_cases(r, nproc)

@@ -12,7 +12,8 @@ terms and turns its bandwidth factors into bytes on the wire, so contention stil
   tuning.cc:327), LL128 120 data bytes per 128-byte line (NCCL uses 0.92, tuning.cc:329), Simple moves the data
   as is (1.0). LL is also capped at llMaxBws of bus bandwidth (tuning.cc:178-183, :327): e <= cap / B, with B the
   GPU's share of the fabric. Trees: x 0.92, LL / 3.8, LL128 x 7/9 on one node (tuning.cc:330-335); PAT x 0.75
-  (:337); NVLS x nvlsEfficiency of the GPU generation (Hopper 0.85, Blackwell 0.74; tuning.cc:139-144).
+  (:337); NVLS x nvlsEfficiency of the GPU generation (Hopper 0.85, Blackwell 0.74; tuning.cc:139-144), capped
+  where a fabric's measured NVLS bus bandwidth is lower (IntraNode.nvls_busbw_GBps: GB200 NVL72 at 72 GPUs).
 Left out: per-channel caps (perChMax*Bws, they need NCCL's channel search), the tree correction factors for
 medium sizes (tuning.cc:623-627) and the ring's multi-node plateau factor (tuning.cc:647-650).
 CPU clusters (gpu arch "cpu": Gloo) have no protocols: one "Simple" with no base latency and e = 1.
@@ -70,7 +71,18 @@ def cost(name: str, proto: str, cluster, n: int, nodes: int) -> ProtocolCost:
     row = HOP_ROW[name]
     extra = tuple(0.0 if row is None or (name == "nvls_tree" and hw != NET)
                   else max(0.0, HW_US[hw][row][p] - HW_US[hw]["Ring"][0]) * 1e-6 for hw in (NVLINK, PCI, NET))
-    return ProtocolCost(base_latency_us(name, p, n) * 1e-6, extra, 1.0 / efficiency(name, p, cluster, nodes))
+    e = efficiency(name, p, cluster, nodes)
+    if name == "nvls" and getattr(cluster.intra_node, "nvls_busbw_GBps", None) and n > 1:
+        e = min(e, nvls_ceiling(cluster, n))
+    return ProtocolCost(base_latency_us(name, p, n) * 1e-6, extra, 1.0 / e)
+
+
+def nvls_ceiling(cluster, n: int) -> float:
+    """The efficiency at which NVLS's bus bandwidth on ``n`` GPUs equals the fabric's measured ceiling
+    (IntraNode.nvls_busbw_GBps): sim/collectives/nvls.py moves (n+1)/n·S per GPU, nccl-tests' busbw is
+    2(n-1)/n·S / t, so busbw = 2(n-1)/(n+1) · B · e with B the GPU's NVLink bandwidth."""
+    intra = cluster.intra_node
+    return intra.nvls_busbw_GBps * (n + 1) / (2 * (n - 1) * intra.bandwidth_GBps * intra.efficiency)
 
 
 def base_latency_us(name: str, p: int, n: int) -> float:

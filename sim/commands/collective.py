@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size")
     p.add_argument("--timeline", metavar="OUT.png", help="save a figure of every transfer (one --size only)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    from distlab.sim.cli import add_output_arguments
+    add_output_arguments(p, verbose=False)
 
 
 def run(args) -> int:
@@ -74,7 +76,7 @@ def run(args) -> int:
                      "protocol": protocol, **metrics(args.op, n, size, trace.makespan)})
         if printer and len(rows) == 1:      # after the first size: a refused algorithm prints only its error
             printer.comment(f"{args.op} on {cluster.name}: {n} ranks ({cluster.nodes} x {cluster.gpus_per_node}), "
-                            f"algorithm {args.algo}; simulated (time = from launch to the last rank's end)")
+                            f"algorithm {args.algo}; simulated, from launch to the last end")
             printer.header()
         if printer:
             cells = nccl_cells(rows[-1])
@@ -107,7 +109,8 @@ def run(args) -> int:
         return 0
     if args.algo == "auto" and len({(r["algorithm"], r["protocol"]) for r in rows}) > 1:
         changes = [r for i, r in enumerate(rows) if i == 0 or (r["algorithm"], r["protocol"]) != (rows[i - 1]["algorithm"], rows[i - 1]["protocol"])]
-        print("# auto chose: " + ", ".join(f"{r['algorithm']} ({r['protocol']}) from {format_bytes(r['bytes'])}" for r in changes))
+        printer.comment("auto chose: " + ", ".join(f"{r['algorithm']} ({r['protocol']}) from "
+                                                   f"{format_bytes(r['bytes'])}" for r in changes))
     for path in (args.trace, args.plot, args.timeline):
         if path:
             print(f"wrote {path}")

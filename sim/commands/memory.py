@@ -1,18 +1,21 @@
 """`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage."""
 from __future__ import annotations
 
-from distlab.sim.cli import print_json, print_table
+from distlab.sim.cli import add_output_arguments, print_json, print_table, say
 from distlab.sim.errors import ConfigError
 
 NAME = "memory"
 HELP = ("Per-GPU memory of data-parallel training: params, grads, Adam state (ZeRO 1910.02054) for DDP and "
         "ZeRO 1/2/3 (FSDP), plus unsharded units and activations; flags what does not fit.")
 LABELS = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3 / FSDP"}
+MAX_RANKS = 2**20          # more ranks than any cluster built (the largest announced: a few 10^5 GPUs)
+ABSURD_BYTES = 2**50       # 1 PiB per GPU: ~3,600x the largest GPU memory (288 GB); an input mistake, not a plan
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="llama-7b", help="a model preset (gpt2-small, gpt2-medium, llama-7b, "
-                                                        "llama-70b; default llama-7b)")
+    p.add_argument("--model", default="llama-7b", help="a preset (e.g. llama3.1-8b, qwen2.5-7b, mixtral-8x7b; "
+                                                        "docs/models.md lists them), a Hugging Face config.json "
+                                                        "(or its folder), or pkg.module:factory (default llama-7b)")
     p.add_argument("--world-size", "--world", dest="world", type=int, default=8,
                    help="data-parallel ranks (default 8)")
     p.add_argument("--zero", default="3", help="stage: 0 or ddp, 1, 2, 3 (default 3 = FSDP)")
@@ -21,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
     p.add_argument("--dtype", help="parameter dtype: bfloat16 = mixed-precision Adam 2+2+12 bytes/param, "
                                    "float32 = 4+4+8 (default: the preset's)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"),
+                   help="activation recomputation of the transformer blocks (default: the model's, none)")
+    p.add_argument("--offload", action="store_true", help="keep the blocks' saved activations in host memory")
     p.add_argument("--no-reshard", action="store_true", help="ZeRO-3: reshard_after_forward=False")
     p.add_argument("--gpu", default="h100", help="GPU whose memory to check against (a preset name or GiB; "
                                                  "default h100, 80 GiB)")
@@ -28,6 +34,7 @@ def add_arguments(p) -> None:
                                       "per-GPU memory of that layout (TP, SP, FSDP2/HSDP x TP, DDP x TP, PP x TP; "
                                       "sim/workloads/tp.py); the other options are then ignored")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    add_output_arguments(p, verbose=False)
 
 
 def _stage(text: str) -> int:
@@ -53,41 +60,75 @@ def _gpu_GiB(text: str) -> tuple[str, float]:
 def run(args) -> int:
     if getattr(args, "scenario", None):
         return _scenario(args)
+    from distlab.sim.models import model_from_spec, spec_from_text
+    from distlab.sim.models.activations import activations
     from distlab.sim.parallel.fsdp.memory import estimate, fits
-    from distlab.sim.models import model_from_spec
     zero = _stage(args.zero)
-    if args.world < 1:
-        raise ConfigError(f"{args.world} must be a whole number >= 1", "--world-size")
+    if not 1 <= args.world <= MAX_RANKS:
+        raise ConfigError(f"{args.world} must be a whole number from 1 to {MAX_RANKS} (2^20)", "--world-size")
     gpu, gib = _gpu_GiB(args.gpu)
-    spec = {"preset": args.model}
-    for key in ("micro_batch", "seq_len", "dtype"):
+    spec = spec_from_text(args.model, "--model")
+    for key in ("micro_batch", "seq_len", "dtype", "recompute"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
+    if args.offload:
+        spec["offload"] = True
     model = model_from_spec(spec, "--model")
+    acts = activations(model)
     kw = dict(shard_size=args.shard_size, reshard_after_forward=not args.no_reshard)
     stages = {z: estimate(model, args.world, z, **kw) for z in (0, 1, 2, 3)}
     for z, parts in stages.items():
         parts["total"] = sum(parts.values())
         parts["fits"] = fits(parts["total"], gib)
+    refuse_absurd(stages, args)
     sel = stages[zero]
     if args.json:
         print_json({"model": model.summary(), "num_params": model.num_params, "world_size": args.world,
                     "shard_size": args.shard_size or args.world, "zero": zero, "gpu": gpu, "gpu_memory_GiB": gib,
-                    "stages": [stage_json(z, v, z == zero) for z, v in stages.items()]})
+                    "stages": [stage_json(z, v, z == zero) for z, v in stages.items()],
+                    "activations": acts.as_json()})
         return 0
     G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
-    print(f"model: {model.summary()}")
-    print(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
-          + f"; GPU: {gpu} ({gib:g} GiB)")
+    say(f"model: {model.summary()}", indent="  ")
+    say(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
+        + f"; GPU: {gpu} ({gib:g} GiB)", indent="  ")
     cols = ["stage", "params", "grads", "optimizer", "unsharded", "activations", "total GiB", "fits"]
     rows = [[LABELS[z] + (" <" if z == zero else ""), G(v["params"]), G(v["grads"]), G(v["optimizer"]),
              G(v["unsharded params"]), G(v["activations"]), G(v["total"]), "yes" if v["fits"] else "NO"]
             for z, v in stages.items()]
     print_table("per-GPU memory (GiB): static ZeRO terms + unsharded units in flight + activations", cols, rows)
+    print_activations(acts)
     if not sel["fits"]:
-        print(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
-            f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v))
+        say(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
+            f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v), indent="  ")
     return 0
+
+
+def print_activations(acts) -> None:
+    """The activations' peak and what one transformer block keeps, largest first (sim/models/activations.py)."""
+    G = lambda n: f"{n / 2**30:.2f}"  # noqa: E731
+    print(f"activations of one micro-batch: peak {G(acts.peak_bytes)} GiB (recompute {acts.recompute}"
+          + (f"; {G(acts.host_bytes)} GiB offloaded to host" if acts.offload else "") + ")")
+    block = next((x for x in acts.layers if x.name not in ("embed", "head")), None)
+    if block is not None and block.terms:
+        where = "on the host" if acts.offload else "on the GPU"
+        rows = [[k, f"{v / 2**20:.1f}"] for k, v in sorted(block.terms.items(), key=lambda kv: -kv[1])[:6]]
+        print_table(f"one block keeps {G(block.saved + block.host)} GiB {where} (largest terms)", ["term", "MiB"],
+                    rows)
+
+
+def refuse_absurd(stages: dict, args) -> None:
+    """A per-GPU total over ABSURD_BYTES is an input mistake: refused in one line, naming the term and the
+    inputs behind it, rather than printed as a 20-digit number of GiB."""
+    for z, parts in stages.items():
+        if parts["total"] > ABSURD_BYTES:
+            term = max((k for k in parts if k not in ("total", "fits")), key=lambda k: parts[k])
+            flags = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "world": "--world-size"}
+            given = ", ".join(f"{flag} {getattr(args, k)}" for k, flag in flags.items()
+                              if getattr(args, k, None) is not None)
+            raise ConfigError(f"{LABELS[z]} would need {parts['total'] / 2**50:.3g} PiB per GPU ({term}: "
+                              f"{parts[term] / 2**50:.3g} PiB), over 1 PiB: no GPU holds a thousandth of that; "
+                              f"check {given or 'the model'}", "--micro-batch" if term == "activations" else "--model")
 
 
 def stage_json(zero: int, parts: dict, selected: bool) -> dict:
@@ -110,9 +151,10 @@ def _scenario(args) -> int:
         print_json({"model": result.model.summary(), "world_size": result.mesh.world_size,
                     "mesh": result.mesh.as_dict(), **mem["json"]})
         return 0
-    print(f"model: {result.model.summary()}")
-    print(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}")
+    say(f"model: {result.model.summary()}", indent="  ")
+    say(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
+        indent="  ")
     print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:
-        print(f"warning: {w}")
+        say(f"warning: {w}", indent="  ")
     return 0

@@ -1,7 +1,7 @@
 """`distlab plan`: the best layout for a model on a cluster, searched, simulated and explained."""
 from __future__ import annotations
 
-from distlab.sim.cli import print_json, print_table, progress
+from distlab.sim.cli import STYLE, add_output_arguments, print_json, print_table, progress, say
 from distlab.sim.errors import ConfigError
 
 NAME = "plan"
@@ -14,7 +14,8 @@ KEYS = ("model", "cluster", "nodes", "global_batch", "seq_len", "confirm")
 def add_arguments(p) -> None:
     p.add_argument("question", nargs="?", help="a YAML file with keys model, cluster, nodes, global_batch "
                                                "[, seq_len, confirm]; flags override it")
-    p.add_argument("--model", help="a model preset (e.g. llama3-70b); default llama3-8b")
+    p.add_argument("--model", help="a preset (e.g. llama3-70b), a Hugging Face config.json or pkg.module:factory "
+                                    "(docs/models.md); default llama3-8b")
     p.add_argument("--cluster", help="a cluster preset or file (default dgx-h100)")
     p.add_argument("--nodes", type=int, help="nodes (default 2)")
     p.add_argument("--global-batch", type=int, help="sequences per step (default 64)")
@@ -24,7 +25,17 @@ def add_arguments(p) -> None:
     p.add_argument("--save", help="write the chosen layout (#1) as a scenario file (.yaml) that `distlab simulate` "
                                   "and `distlab validate` take")
     p.add_argument("--plot", help="write a Pareto figure (step time against memory per GPU), e.g. plan.png")
+    p.add_argument("--workers", type=int, help="local processes for the estimate and the confirmation (default: the "
+                                               "CPUs, at most 2)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="confirm on a Dask cluster instead: its scheduler's "
+                                                          "address, e.g. tcp://10.0.0.1:8786 (sim/workers.py)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    add_output_arguments(p)
+
+
+# Bounds, so that a typo cannot keep the search running for minutes (it simulates micro-batches of the global batch:
+# 2,048 sequences took 17 s on one node, 1,048,576 over 2 minutes); published global batches are a few thousand.
+LIMITS = {"nodes": 65536, "global_batch": 16384, "confirm": 1000, "seq_len": 1 << 20}
 
 
 def question(args) -> dict:
@@ -43,11 +54,13 @@ def question(args) -> dict:
         v = getattr(args, k, None)
         if v is not None:
             q[k] = v
-    for k in ("nodes", "global_batch", "confirm"):
-        if not isinstance(q[k], int) or isinstance(q[k], bool) or q[k] < (0 if k == "confirm" else 1):
-            raise ConfigError(f"{q[k]!r} must be a whole number >= {0 if k == 'confirm' else 1}",
-                              "--" + k.replace("_", "-"))
-    model = q["model"] if isinstance(q["model"], dict) else {"preset": q["model"]}
+    for k, most in LIMITS.items():          # bounded: the search enumerates divisors and layouts of these
+        least = 0 if k == "confirm" else 1
+        if (q[k] is not None or k != "seq_len") and (not isinstance(q[k], int) or isinstance(q[k], bool)
+                                                     or not least <= q[k] <= most):
+            raise ConfigError(f"{q[k]!r} must be a whole number from {least} to {most}", "--" + k.replace("_", "-"))
+    from distlab.sim.models import spec_from_text
+    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model")
     if q["seq_len"] is not None:
         model = {**model, "seq_len": q["seq_len"]}
     q["model"] = model
@@ -61,9 +74,14 @@ def run(args) -> int:
     from distlab.sim.planner.search import search
     q = question(args)
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
-    model_from_spec({**q["model"], "micro_batch": 1}, "--model")
+    from distlab.sim.models.activations import require_structure
+    require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "
+                      "layouts)", ("gpt", "moe"))
     bar = _Bar(not args.json)
-    s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"{args.workers} must be a whole number >= 1", "--workers")
+    s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
+               workers=args.workers, scheduler=args.scheduler)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
     fams = explain.families(s)
@@ -81,16 +99,16 @@ def run(args) -> int:
                                 **explain.breakdown(s, c)} for i, c in enumerate(top)],
                     "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
         return 0
-    print(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
-          f"{len(s.ranked)} fit, best {s.confirmed} simulated")
+    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
+        f"{len(s.ranked)} fit, best {s.confirmed} simulated")
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
-        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("" if c.simulated_s is not None else " ~"),
+        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
     print_table("layouts, fastest first (~ = estimate; others simulated)",
-                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows)
+                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
@@ -101,13 +119,17 @@ def run(args) -> int:
         if "change" in why:
             line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
                      f"ms ({'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
-        print(line)
-    print("the best of each family:")
-    for f in fams:
+        say(line)
+    shown = [f for f in fams if f["best"] or STYLE.verbose]
+    say("the best of each family:" if len(shown) == len(fams) else
+        f"the best of each family that fits ({len(fams) - len(shown)} do not fit: --verbose says why):")
+    for f in shown:
         best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms: " if f["best"] else ""
-        print(f"  {f['family']}: {best}{f['why']}")
+        say(f"{f['family']}: {best}{f['why']}", indent="    ", first="  ")
     if args.save:
-        print(f"saved #1 as {args.save} (distlab simulate {args.save})")
+        say(f"saved #1 as {args.save} (distlab simulate {args.save})")
+    if args.plot:
+        say(f"wrote {args.plot}")
     return 0
 
 

@@ -1,9 +1,12 @@
 """`distlab reproduce [RUNS.yaml]`: simulate published training runs and compare with what they reported."""
 from __future__ import annotations
 
+import os
+
 NAME = "reproduce"
-HELP = ("Simulate published training runs (default: the shipped file, Megatron-LM's Table 1, 2104.04473) on "
-        "their cluster presets and print predicted vs reported figure and the error.")
+HELP = ("Simulate published training runs (default: the shipped file: Megatron-LM's SC21 Table 1 on A100s, "
+        "Megatron-Core's H100 weak scaling, Llama 3's 405B table, torchtitan's H100/H200 benchmarks) on their cluster "
+        "presets and print predicted vs reported figure, the error, and the rows not expressible yet.")
 
 
 def add_arguments(p) -> None:
@@ -17,7 +20,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.sim.cli import print_json, print_table, progress
+    from distlab.sim.cli import print_json, progress
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import check_output
     from distlab.sim.reproduce.predict import predict
@@ -27,7 +30,7 @@ def run(args) -> int:
     if args.max_gpus is not None and args.max_gpus < 1:
         raise ConfigError(f"{args.max_gpus} must be a whole number >= 1", "--max-gpus")
     path = args.runs or DEFAULT_PATH
-    runs, generations = load_runs(path)
+    runs, fitted = load_runs(path)
     names = [r.name for r in runs]
     for n in args.only or []:
         if n not in names:
@@ -39,58 +42,105 @@ def run(args) -> int:
             skipped.append({"name": r.name, "world_size": r.gpus,
                             "reason": f"more than --max-gpus {args.max_gpus}"})
             continue
-        results.append(predict(r, generations))
-    fitted = {arch: {"peak_fraction": g.peak_fraction, "half_flops": g.half_flops, "fitted_on": g.fitted_on}
-              for arch, g in generations.items()}
+        results.append(predict(r))
+    simulated = [x for x in results if x["expressible"]]
+    missing = [x for x in results if not x["expressible"]]
+    constants = {g: {"sustained": f.sustained, "kernel_gap_s": f.kernel_gap_s, "fitted_on": list(f.fitted_on)}
+                 for g, f in fitted.items()}
     if args.json:
-        print_json({"runs_file": path, "results": results, "skipped": skipped, "fitted": fitted,
-                    "summary": summary(results)}, NAME)
+        print_json({"runs_file": path, "results": simulated, "not_expressible": missing, "skipped": skipped,
+                    "fitted": constants, "summary": summary(simulated),
+                    "by_generation": by_key(simulated, "generation"), "by_source": by_key(simulated, "table")},
+                   NAME)
     else:
-        rows = [[x["name"], x["world_size"], x["figure"], f"{x['reported']:.4g}", f"{x['predicted']:.4g}",
-                 f"{100 * x['error']:+.1f}%", f"{x['step_time_s']:.4g}", "yes" if x["fitted"] else "",
-                 f"{x['wall_s']:.1f}"] for x in results]
-        print_table(f"distlab reproduce {path}", ["run", "GPUs", "figure", "reported", "predicted", "error",
-                                                  "step s", "fitted", "sim wall s"], rows)
-        s = summary(results)
-        if s["rows"]:
-            print(f"not fitted rows: {s['rows']}, median |error| {100 * s['median_abs_error']:.1f}%, "
-                  f"max |error| {100 * s['max_abs_error']:.1f}%")
-        for x in skipped:
-            print(f"skipped {x['name']} ({x['world_size']} GPUs): {x['reason']}")
+        print_text(path, simulated, missing, skipped)
     if args.plot:
         from distlab.sim.io import save_figure
-        save_figure(draw(results), args.plot)
+        save_figure(draw(simulated), args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
     return 0
 
 
+FIGURE_LABELS = {"tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "tokens_per_s": "tok/s",
+                 "tokens_per_s_per_gpu": "tok/s/GPU", "iteration_s": "step s"}
+
+
+def print_text(path: str, simulated: list[dict], missing: list[dict], skipped: list[dict]) -> None:
+    """The table (fitted rows marked), the accuracy per GPU generation and per source, then the rows not
+    expressible yet grouped by reason and the skipped ones, within 100 columns."""
+    import re
+    import textwrap
+    from distlab.sim.cli import print_table
+
+    def num(v):
+        return f"{v:,.0f}" if v >= 1000 else f"{v:.4g}"
+    rows = [[x["name"], x["world_size"], FIGURE_LABELS[x["figure"]], num(x["reported"]), num(x["predicted"]),
+             f"{100 * x['error']:+.1f}%", f"{100 * x['mfu']:.1f}%", f"{x['step_time_s']:.3g}",
+             "yes" if x["fitted"] else ""] for x in simulated]
+    print_table(f"distlab reproduce {os.path.basename(path)}", ["run", "GPUs", "figure", "reported", "predicted",
+                                                               "error", "MFU", "step s", "fitted"], rows)
+    print("rows not fitted on: median |error|, largest |error|, bias (median error)")
+    for key in ("generation", "table"):
+        for s in by_key(simulated, key):
+            if s["rows"]:
+                name = re.sub(r"\S+/", "", re.sub(r" \([^)]*\)", "", s[key]))     # no parentheses, no folders
+                print(f"  {100 * s['median_abs_error']:.1f}% {100 * s['max_abs_error']:.1f}% "
+                      f"{100 * s['bias']:+.1f}% ({s['rows']} rows) {name}")
+    for what, group in (("not expressible yet", missing), ("skipped", skipped)):
+        for reason in dict.fromkeys(x["reason"] for x in group):
+            names = ", ".join(x["name"] for x in group if x["reason"] == reason)
+            print(textwrap.fill(f"{what}: {names}", 100, subsequent_indent="  ", break_on_hyphens=False))
+            print(textwrap.fill(f"because {reason}", 100, initial_indent="  ", subsequent_indent="  ",
+                                break_on_hyphens=False))
+
+
 def summary(results: list[dict]) -> dict:
-    """Median and max |error| over the rows that were not fitted on."""
-    errs = sorted(abs(x["error"]) for x in results if not x["fitted"])
-    if not errs:
-        return {"rows": 0, "median_abs_error": None, "max_abs_error": None}
-    mid = len(errs) // 2
-    median = errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
-    return {"rows": len(errs), "median_abs_error": median, "max_abs_error": errs[-1]}
+    """Median and largest |error| and the bias (median signed error) over the rows that were not fitted on."""
+    return by_key([{**x, "all": "all"} for x in results], "all")[0] if results else \
+        {"rows": 0, "median_abs_error": None, "max_abs_error": None, "bias": None}
+
+
+def by_key(results: list[dict], key: str) -> list[dict]:
+    """summary() per value of ``key`` (generation, table) among the simulated rows."""
+    import statistics
+    out = []
+    for value in dict.fromkeys(x[key] for x in results):
+        errs = [x["error"] for x in results if x[key] == value and not x["fitted"]]
+        row = {key: value, "rows": len(errs), "median_abs_error": None, "max_abs_error": None, "bias": None}
+        if errs:
+            row.update(median_abs_error=statistics.median(abs(e) for e in errs),
+                       max_abs_error=max(abs(e) for e in errs), bias=statistics.median(errs))
+        out.append(row)
+    return out
 
 
 def draw(results: list[dict]):
-    """Predicted vs reported, one point per run (fitted rows hollow), the y = x line and a ±10% band."""
+    """Predicted over reported, one point per run (fitted rows hollow), the y = 1 line and a ±10% band; each
+    point named where its name fits (sim/figure_text.py place_labels: no two names overlap, none leaves the axes)."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(6, 5))
+    from matplotlib.lines import Line2D
+
+    from distlab.sim.figure_text import place_labels
+    fig = Figure(figsize=(6.5, 5))
     ax = fig.add_subplot()
-    values = [x["reported"] for x in results] + [x["predicted"] for x in results] or [1.0]
-    lo, hi = 0.8 * min(values), 1.2 * max(values)
-    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
-    ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="grey", alpha=0.15,
-                    label="±10%")
-    for x in results:
-        ax.scatter([x["reported"]], [x["predicted"]], facecolors="none" if x["fitted"] else "C0",
-                   edgecolors="C0")
-        ax.annotate(x["name"], (x["reported"], x["predicted"]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
-    figure = results[0]["figure"] if results else "figure"
-    ax.set_xlabel(f"reported {figure}")
-    ax.set_ylabel(f"simulated {figure}")
-    ax.set_title("distlab reproduce (hollow: fitted rows)")
-    ax.legend(loc="upper left")
+    ratios = [x["predicted"] / x["reported"] for x in results] or [1.0]
+    lo, hi = min(0.85, 0.95 * min(ratios)), max(1.15, 1.05 * max(ratios))
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.axhspan(0.9, 1.1, color="grey", alpha=0.15)
+    for i, (x, ratio) in enumerate(zip(results, ratios)):
+        ax.scatter([i], [ratio], facecolors="none" if x["fitted"] else "C0", edgecolors="C0", zorder=3)
+    ax.set_xlim(-0.5, max(len(results) - 0.5, 0.5))
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("run")
+    ax.set_ylabel("simulated / reported")
+    ax.set_title("distlab reproduce: simulated over reported")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Line2D([], [], marker="o", linestyle="none", color="C0", label="a run (named if room)"),
+                       Line2D([], [], marker="o", linestyle="none", markerfacecolor="none", color="C0",
+                              label="a run the curve was fitted on"),
+                       Line2D([], [], color="grey", linewidth=1, label="simulated = reported"),
+                       Patch(color="grey", alpha=0.15, label="±10%")], loc="upper left", fontsize=7)
+    fig.tight_layout()
+    place_labels(fig, ax, [(i, r, x["name"]) for i, (x, r) in enumerate(zip(results, ratios))])
     return fig

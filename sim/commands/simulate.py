@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
-from distlab.sim.cli import print_json, progress
+from distlab.sim.cli import add_output_arguments, print_json, progress
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -18,12 +19,18 @@ def add_arguments(p) -> None:
     from distlab.sim.workloads import registry
     p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; see README "
                                                "'Plans'); default: gpt2-small DDP on one DGX H100")
-    p.add_argument("--model", help="a model preset (gpt2-small, gpt2-medium, llama-7b, llama-70b)")
+    p.add_argument("--model", help="a preset (e.g. gpt2-small, llama3.1-8b; docs/models.md), a Hugging Face "
+                                    "config.json (or its folder), or pkg.module:factory")
+    p.add_argument("--offload", action="store_true", help="keep the transformer blocks' saved activations in host "
+                                                          "memory (sim/models/activations.py; memory only)")
     p.add_argument("--micro-batch", type=int, help="sequences per rank per micro-batch")
     p.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100)")
     p.add_argument("--nodes", type=int, help="number of nodes")
     p.add_argument("--world-size", type=int, help="number of ranks (default: every GPU)")
-    p.add_argument("--mesh", metavar="DIM=N,...", help="device mesh, outermost first, e.g. dp_replicate=2,dp_shard=8 "
+    p.add_argument("--mesh", metavar="DIM=N,...", help="device mesh, outermost first; its dimensions choose the "
+                                                       "parallelisms (pp pipeline, dp_shard/dp_replicate FSDP2/HSDP, "
+                                                       "dp DDP, cp, tp, ep), composed in torchtitan's order, e.g. "
+                                                       "pp=16,dp_shard=128,tp=8 "
                                                        f"(dims: {', '.join(registry.mesh_dims())})")
     for w in registry.REGISTRY.values():
         g = p.add_argument_group(f"{w.name} (scenario section '{w.name}:'; {w.help})")
@@ -38,6 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="distlab-out", help="folder for trace.json and PNGs (default ./distlab-out)")
     p.add_argument("--no-files", action="store_true", help="write no trace or figures")
     p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.simulate/1)")
+    add_output_arguments(p)
 
 
 def flag_dest(w, f) -> str:
@@ -53,11 +61,19 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     from distlab.sim import scenario as sc
     from distlab.sim.workloads import registry
     d = sc.load(args.scenario) if args.scenario else copy.deepcopy(sc.DEFAULT)
-    w = sc.workload_of(d)
     changed = []
     if args.model:
-        d["model"] = {"preset": args.model}
+        from distlab.sim.models import spec_from_text
+        d["model"] = spec_from_text(args.model, "--model")
         changed.append(f"--model {args.model}")
+    if args.offload:
+        d["model"] = {**_spec(d["model"]), "offload": True}
+        changed.append("--offload")
+    rc = getattr(args, "opt__tp__recompute", None)
+    if rc is not None and w.name != "tp":       # --recompute without a tp section: the model's recompute
+        d["model"] = {**_spec(d["model"]), "recompute": rc}
+        changed.append(f"--recompute {rc}")
+        args.opt__tp__recompute = None
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
@@ -70,18 +86,33 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     if args.mesh:
         d["mesh"] = parse_mesh(args.mesh)
         changed.append(f"--mesh {args.mesh}")
-    for other in registry.REGISTRY.values():
-        for f in other.fields():
-            text = getattr(args, flag_dest(other, f), None)
-            if text is None:
-                continue
-            flag = other.flag(f)
-            if other is not w:
-                raise ConfigError(f"is a {other.name} option but this scenario's parallelism is {w.name} "
-                                  f"(its flags: {', '.join(w.flag(x) for x in w.fields())})", flag)
-            d[w.name][f.name] = w.parse_text(f, text, flag)
-            changed.append(f"{flag} {text}")
+    flagged = [w for w in registry.REGISTRY.values()
+               if any(getattr(args, flag_dest(w, f), None) is not None for f in w.fields())]
+    if not args.scenario:
+        choose_sections(d, flagged)
+    for w in flagged:
+        d.setdefault(w.name, {})
+        for f in w.fields():
+            text = getattr(args, flag_dest(w, f), None)
+            if text is not None:
+                d[w.name][f.name] = w.parse_text(f, text, w.flag(f))
+                changed.append(f"{w.flag(f)} {text}")
     return sc.validate(d, args.scenario or "scenario"), changed
+
+
+def choose_sections(d: dict, flagged: list) -> None:
+    """Without a scenario file: the parallelisms come from the flags given and the mesh's dimensions (each
+    names its parallelism, sim/workloads/composed.py); the default DDP only when neither names another."""
+    from distlab.sim.workloads.composed import OWNER
+    names = {w.name for w in flagged} | {OWNER[k] for k in d.get("mesh") or {} if k in OWNER}
+    if names and names != {"ddp"}:
+        d.pop("ddp", None)
+    if "ep" in names and "mesh" not in d:
+        raise ConfigError("expert parallelism needs a mesh with ep, e.g. --mesh ep=8", "--mesh")
+
+
+def _spec(model) -> dict:
+    return {"preset": model} if isinstance(model, str) else dict(model)
 
 
 def parse_mesh(text: str) -> dict:
@@ -96,8 +127,10 @@ def parse_mesh(text: str) -> dict:
 
 def parse_sweep(text: str, d: dict) -> tuple[str, list]:
     from distlab.sim import scenario as sc
+    from distlab.sim.workloads import composed
     from distlab.sim.workloads.registry import sweep_keys
-    keys = sweep_keys(sc.workload_of(d))
+    w = sc.workload_of(d)
+    keys = sc.composed_sweep_keys(d) if w is composed.WORKLOAD else sweep_keys(w)
     key, eq, values = text.partition("=")
     key = key.strip().replace("-", "_")
     if not eq or key not in keys:
@@ -137,7 +170,11 @@ def run(args) -> int:
         from distlab.sim.io import save_figure
         os.makedirs(args.out, exist_ok=True)
         files["trace"] = os.path.join(args.out, "trace.json")
-        result.trace.save(files["trace"])
+        ranks = out.shown_ranks(result)
+        out.sub_trace(result.trace, ranks).save(files["trace"])
+        if ranks is not None:
+            print(f"trace.json: {len(ranks)} of {result.plan.world_size} ranks (rank 0's group on every mesh "
+                  "dimension, first 4 of each)", file=sys.stderr)
         files["timeline"] = os.path.join(args.out, "timeline.png")
         save_figure(result.figure(out.title(result)), files["timeline"])
     if args.json:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 
-from distlab.sim.cli import print_json, print_table
+from distlab.sim.cli import LONG_TABLE, note, print_json, print_table, say
 
 SUMMARY_NOTE = ("communication: time rank 0 has data moving (collectives, send/recv); exposed: communication "
                 "during which rank 0 computes nothing; overlap = hidden / communication")
@@ -34,14 +34,42 @@ def assumptions(result) -> dict:
         out["sharded_param_dtype"] = "float32" if result.plan.meta["zero"] == 3 else dtype
     elif result.workload.name == "ddp":
         out["grad_dtype"] = "float16" if opts["compress"] == "fp16" else dtype
-    out["activation_checkpointing"] = False          # not modelled: every activation is kept until backward
+    elif result.workload.name == "composed" and opts.get("fsdp"):
+        out["param_dtype"] = opts["fsdp"]["param_dtype"] or dtype
+        out["reduce_dtype"] = opts["fsdp"]["reduce_dtype"] or out["param_dtype"]
+        if opts.get("pipeline"):
+            out["fsdp_reshard_after_forward"] = opts["fsdp"]["reshard_after_forward"]
+    if result.workload.name == "composed":
+        tp, cp = opts.get("tp") or {}, opts.get("cp") or {}
+        recompute = tp.get("recompute", cp.get("recompute", "none"))
+        out["activation_checkpointing"] = recompute if recompute != "none" else False
+        return out
+    recompute = opts.get("recompute")                # the workloads that model it say which (tp, cp)
+    out["activation_checkpointing"] = recompute if recompute not in (None, "none", False) else False
     return out
 
 
+def options_lines(result) -> list[tuple[str, dict]]:
+    """(section, its options) to print: the workload's; a composition's per parallelism, without TP's pipeline
+    fields (the pipeline section has them)."""
+    opts = asdict(result.options)
+    if result.workload.name != "composed":
+        return [(result.workload.name, opts)]
+    hidden = {"tp": ("schedule", "microbatches", "virtual_stages", "split")}
+    return [(name, {k: v for k, v in opts[name].items() if k not in hidden.get(name, ())})
+            for name in result.options.names()]
+
+
 def summary_rows(s: dict) -> list[list]:
-    return [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
+    rows = [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
             ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
             ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"], ["overlap", f"{s['overlap_pct']:.1f} %"]]
+    if "mfu" in s:
+        rows += [["MFU (HFU)", f"{100 * s['mfu']:.1f} % ({100 * s['hfu']:.1f} %)"],
+                 ["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
+                 ["tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"],
+                 ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12·l·h·s)"]]
+    return rows
 
 
 def mesh_json(result) -> dict:
@@ -52,10 +80,35 @@ def mesh_json(result) -> dict:
             "warnings": result.workload.placement_warnings(result.mesh, gpn)}
 
 
+MAX_SHOWN_RANKS = 64      # beyond: trace.json and the per-rank JSON keep rank 0's groups (:func:`shown_ranks`)
+
+
+def shown_ranks(result) -> list[int] | None:
+    """The ranks the trace file and the per-rank JSON keep: every rank up to MAX_SHOWN_RANKS, else (a world of
+    thousands: 16,384 ranks x their ops would not fit a file or a minute) rank 0's group on every mesh dimension,
+    each cut to its first 4 ranks, and the last rank; None for all."""
+    world = result.plan.world_size
+    if world <= MAX_SHOWN_RANKS:
+        return None
+    ranks = {0, world - 1}
+    for d in result.mesh.names:
+        ranks.update(result.mesh.group_of(0, d)[:4])
+    return sorted(ranks)
+
+
+def sub_trace(trace, ranks: list[int] | None):
+    """``trace`` with only ``ranks``' op records (no transfers), or itself for None."""
+    if ranks is None:
+        return trace
+    from distlab.sim.trace import Trace
+    return Trace([o for r in ranks for o in trace.for_rank(r)], [], {**trace.meta, "ranks_shown": ranks})
+
+
 def result_json(result, changed: list[str]) -> dict:
     from distlab.sim.analysis import straggler_report, time_breakdown
     rep = result.report
     c = result.cluster
+    shown = sub_trace(result.trace, shown_ranks(result))
     return {"scenario": result.scenario, "name": result.name, "label": result.label, "overrides": changed,
             "workload": result.workload.name, "options": asdict(result.options), "mesh": mesh_json(result),
             "model": {"name": result.model.name, "summary": result.model.summary(),
@@ -63,8 +116,8 @@ def result_json(result, changed: list[str]) -> dict:
             "cluster": {"name": c.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
                         "gpu_memory_GiB": c.gpu.memory_GiB},
             "world_size": result.plan.world_size, "assumptions": assumptions(result), **result.summary,
-            **rep.get("json", {}), "time_by_rank": [vars(b) for b in time_breakdown(result.trace)],
-            "stragglers": straggler_report(result.trace), "warnings": warnings(result)}
+            **rep.get("json", {}), "time_by_rank": [vars(b) for b in time_breakdown(shown)],
+            "stragglers": straggler_report(shown), "warnings": warnings(result)}
 
 
 def warnings(result) -> list[str]:
@@ -73,37 +126,42 @@ def warnings(result) -> list[str]:
 
 
 def print_result(result, changed: list[str]) -> None:
+    """The summary first (what ran, the step's times, the workload's key figures), then the workload's tables,
+    each cut to its first and last rows without --verbose; every line within 100 columns unless --wide."""
     from distlab.sim.analysis import straggler_report, time_breakdown
     c = result.cluster
     name = result.scenario.get("name")
     if name and changed:
-        print(f"scenario: {result.label} (from {name!r}, with {' '.join(changed)})")
+        say(f"scenario: {result.label} (from {name!r}, with {' '.join(changed)})", indent="          ")
     else:
-        print(f"scenario: {name or result.label}")
-    print(f"model:    {result.model.summary()}")
-    print(f"cluster:  {c.name}, {result.plan.world_size} ranks ({c.nodes} node(s) x {c.gpus_per_node}, "
-          f"{c.gpu.memory_GiB:g} GiB per GPU)")
+        say(f"scenario: {name or result.label}", indent="          ")
+    say(f"model:    {result.model.summary()}", indent="          ")
+    say(f"cluster:  {c.name}, {result.plan.world_size} ranks ({c.nodes} node(s) x {c.gpus_per_node}, "
+        f"{c.gpu.memory_GiB:g} GiB per GPU)", indent="          ")
     place = ", ".join(f"{p.dim}={p.size} ({'inside a node' if p.intra_node else f'across {p.nodes_per_group} nodes'})"
                       for p in result.mesh.placement(c.gpus_per_node))
-    print(f"mesh:     {place}")
-    opts = asdict(result.options)
-    print(f"{result.workload.name}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
-    print("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()))
+    say(f"mesh:     {place}", indent="          ")
+    for name, opts in options_lines(result):
+        say(f"{name}: {', '.join(f'{k}={v}' for k, v in opts.items())}", indent="          ")
+    say("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()), indent="          ")
     rep = result.report
     print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
-    print(f"  ({SUMMARY_NOTE})")
+    note(SUMMARY_NOTE)
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
+        shown = sub_trace(result.trace, shown_ranks(result))
         print_table("where the time went (per rank, ms)", ["rank", "compute", "waiting for peers", "moving data"],
                     [[b.rank, f"{b.compute_s * 1e3:.3f}", f"{b.waiting_s * 1e3:.3f}", f"{b.transfer_s * 1e3:.3f}"]
-                     for b in time_breakdown(result.trace)[:16]])
-        for line in straggler_report(result.trace):
-            print(line)
+                     for b in time_breakdown(shown)], max_rows=LONG_TABLE)
+        for line in straggler_report(shown):
+            say(line, indent="  ")
     for table in rep.get("tables", []):
-        print_table(table["title"], table["columns"], table["rows"], justify_left=1)
-        for note in table.get("notes", []):
-            print(f"  ({note})")
+        print_table(table["title"], table["columns"], table["rows"], justify_left=1, max_rows=LONG_TABLE)
+        for text in table.get("notes", []):
+            note(text)
     for line in warnings(result):
-        print(f"warning: {line}")
+        say(f"warning: {line}", indent="  ")
+    for line in result.summary.get("compute_notes", []):
+        say(f"note: {line}", indent="  ")
 
 
 def sweep_figure(workload, rows: list[dict], key: str, title: str):
@@ -126,14 +184,14 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
     head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
             "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks",
             "step_change_pct": "step vs first (%)"}
-    cols = base + extra
+    cols = base[:3] + extra + base[3:]       # the workload's own columns before the generic ones (kept if narrow)
     header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
                                          k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
                                          + (" (MiB)" if k.endswith("_bytes") else "")))
     print_table(title, [header(k) for k in cols],
                 [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
     best = min(rows, key=lambda r: r["step_s"])
-    print(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
+    say(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
 
 
 def run_plan_file(args) -> int:
@@ -175,10 +233,10 @@ def run_plan_file(args) -> int:
                                                            "gpus_per_node": cluster.gpus_per_node},
             "world_size": plan.world_size, **summary}], "files": files})
         return 0
-    print(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)")
-    print(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}")
+    say(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)", indent="  ")
+    say(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}", indent="  ")
     print_table(None, ["", "value"], summary_rows(summary))
-    print(f"  ({SUMMARY_NOTE})")
+    note(SUMMARY_NOTE)
     for path in files.values():
         print(f"wrote {path}")
     return 0

@@ -35,11 +35,9 @@ from distlab.sim.kernel.communicators import Turns, slots_for
 from distlab.sim.kernel.hosts import Hosts
 from distlab.sim.kernel.network import Network, Topology
 from distlab.sim.plan import Collective, Compute, Plan, Record, Send, Wait, describe
-from distlab.sim.kernel.equivariance import check_classes
 from distlab.sim.kernel.inline import fuse
 from distlab.sim.kernel.solo import run_steps
-from distlab.sim.kernel.subgroups import find_classes, subgroups_apply
-from distlab.sim.kernel.symmetry import find_symmetry, representative_plan
+from distlab.sim.kernel.symmetry import reductions
 from distlab.sim.trace import OpRecord, RankCopies, Trace, TransferRecord
 
 
@@ -57,18 +55,8 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
     ``protocol``: NCCL's protocol for every collective (LL, LL128, Simple) or "auto" (the fastest; NCCL_PROTO
     and NCCL_ALGO, if set, limit the choice as they limit NCCL's tuner). ``symmetric``: where all ranks are
     provably symmetric (sim/kernel/symmetry.py), simulate one and copy its records (the same trace, much faster)."""
-    sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
-    classes = None
-    if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
-        try:
-            classes = find_classes(plan, Context(Topology(cluster), protocol))
-        except ConfigError:              # a plan the simulation refuses: the full path says why, in its order
-            classes = None
-    if check and classes:
-        check_classes(plan, classes)
-    elif check:
-        from distlab.sim.check import assert_consistent
-        assert_consistent(representative_plan(plan) if sym else plan)
+    sym, classes = reductions(plan, cluster, None, slowdown=slowdown, record_transfers=record_transfers,
+                              link_factors=link_factors, protocol=protocol, symmetric=symmetric, check=check)
     for rank, factor in (slowdown or {}).items():
         if not isinstance(rank, int) or not 0 <= rank < plan.world_size or not factor > 0:
             raise ConfigError(f"slowdown {{{rank!r}: {factor!r}}}: needs a rank in 0..{plan.world_size - 1} "
@@ -81,15 +69,25 @@ def simulate(plan: Plan, cluster: Cluster, *, record_transfers: bool = True,
 
 
 class _Simulation:
-    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None):
+    """One plan's simulation. Several may share one simpy environment and network (``shared``: (env, network,
+    the plan's view of the topology, its Context), sim/jobs/): each starts its streams at ``start_s``
+    (``start``), the environment runs once, each collects its own records (``finish``). ``watch(pairs, sizes)``,
+    if given, sees every step this plan puts on the network (the bytes it moves on shared links)."""
+
+    def __init__(self, plan, cluster, record, slowdown, link_factors, protocol="auto", sym=None, classes=None,
+                 shared=None, start_s: float = 0.0, watch=None):
         self.plan, self.cluster, self.slowdown, self.sym, self.classes = plan, cluster, slowdown, sym, classes
         self.simulated = [sym.representative] if sym else classes.reps if classes else range(plan.world_size)
         self.durations: dict = {}        # reused collective durations: key -> (s, algorithm, flows)
         self.clock: dict = {}            # (rank, stream) -> end of its last op run inline (sim/kernel/inline.py)
-        self.env = simpy.Environment()
-        self.topo = Topology(cluster, link_factors)
-        self.net = Network(self.env, self.topo, record=record)
-        self.ctx = Context(self.topo, protocol)
+        self.start_s, self.watch = start_s, watch
+        if shared is None:
+            self.env = simpy.Environment()
+            self.topo = Topology(cluster, link_factors)
+            self.net = Network(self.env, self.topo, record=record)
+            self.ctx = Context(self.topo, protocol)
+        else:
+            self.env, self.net, self.topo, self.ctx = shared
         self.protocols_used: set[str] = set()
         self.hosts = Hosts(self.env, cluster, self.simulated)
         self.records: list[OpRecord] = []
@@ -122,6 +120,12 @@ class _Simulation:
         return seq
 
     def run(self) -> Trace:
+        self.start()
+        self.env.run()
+        return self.finish()
+
+    def start(self) -> None:
+        """Every simulated (rank, stream) as a simpy process."""
         for r in self.simulated:
             per_stream: dict = {}
             for i, op in enumerate(self.plan.ranks[r]):
@@ -131,7 +135,9 @@ class _Simulation:
             for s, ops in per_stream.items():
                 self.waiting[r, s] = "start"
                 self.env.process(self._stream(r, s, ops))
-        self.env.run()
+
+    def finish(self) -> Trace:
+        """The trace, once the environment has run (SimulationDeadlock if a stream is stuck)."""
         stuck = [(r, s, self._waiting_text(r, what)) for (r, s), what in sorted(self.waiting.items())
                  if what is not None]
         if stuck:
@@ -163,6 +169,8 @@ class _Simulation:
     def _stream(self, rank, stream, ops):
         env, waiting, key = self.env, self.waiting, (rank, stream)
         events = self.events[rank]
+        if self.start_s:
+            yield env.timeout(self.start_s)
         for index, op in ops:
             start = env.now
             if index is None:                   # a collective handed over and waited for at once (sim/kernel/inline.py)
@@ -276,6 +284,8 @@ class _Simulation:
             algorithm, protocol, step_iter = self.ctx.expand(op.op, group, op.bytes, op.algorithm, op.root, op.splits)
         rv["algorithm"] = algorithm
         self.protocols_used.add(protocol)
+        if self.watch is not None:
+            step_iter = [self.watch(*step) or step for step in step_iter]
         yield from run_steps(self.net, step_iter)      # in the network's step loop (sim/kernel/solo.py, sim/kernel/netloop.py)
         if key is not None:
             flows = count if self.classes else self.net.flows_done - flows
@@ -310,10 +320,15 @@ class _Simulation:
         else:
             pairs = self.ctx.pairs(("p2p", pair), lambda: [pair])
         cpu_jobs = self.hosts.cpu_jobs(nbytes, pair)        # the sender's and the receiver's gloo threads
+        if self.watch is not None:
+            self.watch(pairs, float(nbytes), None)
         yield self.net.transfer(pairs, float(nbytes))
         if cpu_jobs:
             yield self.env.all_of(cpu_jobs)
         slot["done"].succeed()
+
+
+Simulation = _Simulation      # sim/jobs/ runs several on one network (``shared``)
 
 
 def _fmt(group) -> str:

@@ -2,6 +2,7 @@
 And the consistency check (sim.check) of such a plan from its representatives' programs alone."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -141,15 +142,94 @@ def find_shifts(plan: Plan, cluster) -> Shifts | None:
     if plan.world_size != n * g:
         return None
     made = getattr(plan.ranks, "shifts", None)       # sim/kernel/relabel.py: equivariant by construction
-    if made is not None:
-        return made if (made.nodes, made.gpus) == (n, g) else None
-    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0, 0))), n)
     inter = cluster.inter_node
     rails_ok = inter is None or n == 1 or g % inter.nics_per_node == 0
+    if made is not None:
+        if (made.nodes, made.gpus) != (n, g):
+            return None
+        return _with_rotations(plan, made) if rails_ok and made.local_step > 1 else made
+    k = next((k for k in _divisors(n)[:-1] if _plan_maps(plan, Shifts(n, g, k, g), (k, 0, 0))), n)
     t = next((t for t in _divisors(g)[:-1] if rails_ok and _plan_maps(plan, Shifts(n, g, n, t), (0, 0, t))), g)
     return None if (k, t) == (n, g) else Shifts(n, g, k, t)
 
 
+
+
+def _with_rotations(plan: Plan, made: Shifts) -> Shifts:
+    """``made`` (the Γ a builder declared) with the smallest local rotation step t the plan is invariant under
+    too. Local rotations commute with every element of Γ, so it is enough that each representative's image
+    under the rotation runs the rotated program: for r = γ(q), program(ρ r) = γ(program(ρ q)) = γ(ρ(program q))
+    = ρ(program r). The representatives' programs are all that is read."""
+    reps = sorted({made.rep(r) for r in range(made.nodes * made.gpus)})
+    for t in (d for d in _divisors(made.gpus) if made.local_step % d == 0 and d < made.local_step):
+        s = replace(made, local_step=t)
+        f = lambda r, e=(0, 0, t): s.apply(e, r)      # noqa: E731
+        groups, streams = {}, {}
+        if all(_program_maps(plan.ranks[q], plan.ranks[f(q)], f, groups, streams) for q in reps):
+            return s
+    return made
+
+
+def largest_kept(shifts: Shifts, keeps) -> Shifts | None:
+    """The subgroup of ``shifts``' Γ with the fewest classes whose generators the fabric keeps (``keeps(Shifts)``,
+    Topology.keeps: leaf switches, or the links another job shares, sim/jobs/); None when only the identity is
+    left. A subgroup keeps the plan's invariance: its steps are multiples of Γ's."""
+    if keeps(shifts):
+        return shifts
+    options = []
+    for i in (d for d in _divisors(shifts.width) if d % shifts.node_step == 0):
+        for j in (d for d in _divisors(shifts.blocks) if d % shifts.block_step == 0):
+            for t in (d for d in _divisors(shifts.gpus) if d % shifts.local_step == 0):
+                options.append((i * j * t, (i, j, t)))
+    for _, (i, j, t) in sorted(options):
+        s = Shifts(shifts.nodes, shifts.gpus, i, t, shifts.block, j)
+        if not s.trivial() and keeps(s):
+            return s
+    return None
+
+
+def leaf_blocks(nodes: int, leaf_of) -> int | None:
+    """The largest B such that every run of B consecutive nodes (0..B-1, B..2B-1, ...) lies under one leaf switch
+    (``leaf_of(node)``), None when the nodes are all under one leaf or there are no leaves."""
+    runs, start = [], 0
+    for n in range(1, nodes + 1):
+        if n == nodes or leaf_of(n) != leaf_of(start):
+            runs.append(n - start)
+            start = n
+    if len(runs) < 2 or leaf_of(0) is None:
+        return None
+    return math.gcd(*runs)
+
+
+def block_kept(plan: Plan, shifts: Shifts, block: int | None, keeps) -> Shifts | None:
+    """Γ cut to the fabric's blocks (``block`` consecutive nodes under one leaf, leaf_blocks): rotations of the
+    nodes inside every block and shifts of whole blocks, with ``shifts``' local rotations; the one with the
+    fewest classes that ``keeps`` (the fabric) keeps and the plan is invariant under (check 1: rotations inside
+    blocks are not in ``shifts``' Γ, so they are checked here; block shifts and local rotations are multiples
+    of its steps). None when none does."""
+    n, g = shifts.nodes, shifts.gpus
+    if not block or block >= n or shifts.block or n % block:
+        return None
+    options = []
+    for i in _divisors(block):
+        for j in (d for d in _divisors(n // block) if (d * block) % shifts.node_step == 0):
+            for t in (d for d in _divisors(g) if d % shifts.local_step == 0):
+                options.append((i * j * t, (i, j, t)))
+    rotations: dict = {}
+    for _, (i, j, t) in sorted(options):
+        s = Shifts(n, g, i, t, block, j)
+        if s.trivial() or not keeps(s):
+            continue
+        if i < block and i not in rotations:
+            rotations[i] = _plan_maps(plan, s, (i, 0, 0))
+        if i == block or rotations[i]:
+            return s
+    return None
+
+
+def classes_count(shifts: Shifts) -> int:
+    """Classes of ranks per block position under Γ: one representative each."""
+    return shifts.node_step * shifts.block_step * shifts.local_step
 
 
 def check_classes(plan: Plan, classes) -> None:

@@ -62,21 +62,25 @@ class Topology:
                         if a != b:
                             self._mesh[a, b] = add(f"nvlink{a}->{b}", bw / max(g - 1, 1), lat)
         self._nic_up, self._nic_down, self._node_up, self._node_down = {}, {}, {}, {}
+        self._leaf_up, self._leaf_down = {}, {}
         inter = c.inter_node
+        self.nodes_per_leaf = inter.nodes_per_leaf if inter is not None and inter.oversubscription > 1 else 0
         if inter is not None and c.nodes > 1:
             nbw = inter.bandwidth_GBps * inter.efficiency
             for node in range(c.nodes):
                 for k in range(inter.nics_per_node):
                     self._nic_up[node, k] = add(f"node{node}.nic{k}.up", nbw, inter.latency_us * 1e-6)
                     self._nic_down[node, k] = add(f"node{node}.nic{k}.down", nbw, 0.0)
-                if inter.fabric == "fat-tree" and inter.oversubscription > 1:
+                if inter.fabric == "fat-tree" and inter.oversubscription > 1 and not self.nodes_per_leaf:
                     agg = inter.nics_per_node * nbw / inter.oversubscription
                     self._node_up[node] = add(f"node{node}.uplink", agg, 0.0)
                     self._node_down[node] = add(f"node{node}.downlink", agg, 0.0)
+            if self.nodes_per_leaf:
+                self._add_leaves(add, inter, nbw)
         unknown = set(link_factors or {}) - set(self.names)
         if unknown:
             raise ConfigError(f"no link named {sorted(unknown)[0]!r}; links look like gpu0.up, gpu0.down, "
-                              "node0.nic0.up, node0.uplink", "degraded_links")
+                              "node0.nic0.up, node0.uplink, leaf0.up, leaf0.rail0.up", "degraded_links")
         for name, f in (link_factors or {}).items():
             if not isinstance(f, (int, float)) or not 0 < f <= 1:
                 raise ConfigError(f"factor {f!r} for link {name!r} must be in (0, 1]", "degraded_links")
@@ -84,6 +88,34 @@ class Topology:
         self.latency = np.array(lats, dtype=float)
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._route_info: dict[tuple[int, int], tuple] = {}
+
+    def _add_leaves(self, add, inter, nbw: float) -> None:
+        """Leaf switches of ``nodes_per_leaf`` nodes under one spine layer. A leaf's uplink (to the spine layer)
+        and downlink carry what its nodes' NICs can send over the oversubscription ratio: fat-tree, one leaf per
+        group of nodes takes all their NICs; rail-optimized, one leaf per group and rail takes NIC k of each
+        node (NVIDIA's DGX SuperPOD reference architectures build both ways). The spine layer itself is one
+        non-blocking switch: traffic spreads evenly over the spines (ECMP collisions are left out)."""
+        per_leaf, leaves = self.nodes_per_leaf, -(-self.cluster.nodes // self.nodes_per_leaf)
+        rails = range(inter.nics_per_node) if inter.fabric == "rail-optimized" else (None,)
+        for leaf in range(leaves):
+            for k in rails:
+                name = f"leaf{leaf}" if k is None else f"leaf{leaf}.rail{k}"
+                agg = per_leaf * (nbw if k is not None else inter.nics_per_node * nbw) / inter.oversubscription
+                self._leaf_up[leaf, k] = add(f"{name}.up", agg, 0.0)
+                self._leaf_down[leaf, k] = add(f"{name}.down", agg, 0.0)
+
+    def leaf_of(self, node: int) -> int | None:
+        """The leaf switch of ``node`` (None without a leaf tier)."""
+        return node // self.nodes_per_leaf if self.nodes_per_leaf else None
+
+    def keeps(self, shifts) -> bool:
+        """Does every renaming of ``shifts`` (sim/kernel/equivariance.Shifts) map this fabric onto itself? All
+        nodes are built alike, so any permutation of whole nodes does, unless leaf switches group them: then it
+        must map the nodes of a leaf onto the nodes of one leaf (local rotations map rail k's leaves onto rail
+        k + t's, alike)."""
+        if not self.nodes_per_leaf:
+            return True
+        return all(maps_blocks(node_map(shifts, e), self.leaf_of) for e in shifts.generators())
 
     def route_info(self, src: int, dst: int) -> tuple[tuple[int, ...], float, bool]:
         """(route, the sum of its link latencies, whether it crosses nodes), cached: large collectives ask for
@@ -122,9 +154,27 @@ class Topology:
             r = (self._nic_up[na, ka],)
             if na in self._node_up:
                 r += (self._node_up[na], self._node_down[nb])
+            elif self._leaf_up and na // self.nodes_per_leaf != nb // self.nodes_per_leaf:
+                k = kb if c.inter_node.fabric == "rail-optimized" else None
+                r += (self._leaf_up[na // self.nodes_per_leaf, k], self._leaf_down[nb // self.nodes_per_leaf, k])
             r += (self._nic_down[nb, kb],)
         self._routes[key] = r
         return r
+
+
+def node_map(shifts, e) -> list[int]:
+    """Where element ``e`` of ``shifts`` takes each node (its ranks move together)."""
+    return [shifts.apply(e, n * shifts.gpus) // shifts.gpus for n in range(shifts.nodes)]
+
+
+def maps_blocks(image: list[int], block_of) -> bool:
+    """Does the node permutation ``image`` map every block (``block_of(node)``: a leaf) onto one block?"""
+    to: dict = {}
+    for n, m in enumerate(image):
+        a, b = block_of(n), block_of(m)
+        if to.setdefault(a, b) != b:
+            return False
+    return len(set(to.values())) == len(to)
 
 
 @dataclass(eq=False)

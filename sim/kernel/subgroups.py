@@ -8,7 +8,9 @@ block, o -> o + k mod B, and β shifts whole blocks: sim/equivariance.Shifts) an
 every node by t (local l -> l + t mod G, the same node). All are automorphisms of the simulated fabric (sim.network.Topology): all nodes are built alike (GPU links,
 NICs, fat-tree uplinks), every GPU of a node has the same links (NVSwitch up/down, a full NVLink mesh, PCIe),
 and ρ maps rail l mod C to rail l + t mod C consistently when C (NICs per node) divides G; route(γ(a), γ(b)) is
-then γ applied link by link to route(a, b), with equal capacities and latencies. Left out: degraded links,
+then γ applied link by link to route(a, b), with equal capacities and latencies. With leaf switches (and for
+another plan's links on a shared network, sim/jobs/) only renamings that map the fabric onto itself count
+(Topology.keeps): the largest such subgroup of Γ is taken (equivariance.largest_kept). Left out: degraded links,
 shared CPU cores, stragglers, recorded transfers (the engine then simulates every rank).
 
 Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local rotations alone, else none):
@@ -45,7 +47,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distlab.sim.kernel.equivariance import Shifts, find_shifts
+from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
+                                             leaf_blocks)
 from distlab.sim.kernel.network import Pairs
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
@@ -63,6 +66,7 @@ class Classes:
     steps: dict = field(default_factory=dict)     # (group, name, op, bytes, alg., root) -> (algo, proto, steps, extra)
     p2p: dict = field(default_factory=dict)             # pair orbit id -> (Pairs of its simulated pairs, extra flows)
     exclusive: set = field(default_factory=set)         # orbits whose collectives' durations may be reused
+    links: frozenset = frozenset()                      # every link the plan's traffic uses (all units)
 
     def rep_of(self, rank: int) -> int:
         return self.shifts.rep(rank)
@@ -103,7 +107,7 @@ def _links(steps: list) -> set:
     return set(np.concatenate([p.entry_link for p, _, _ in steps] or [np.zeros(0, dtype=np.int64)]).tolist())
 
 
-def find_classes(plan: Plan, ctx) -> Classes | None:
+def find_classes(plan: Plan, ctx, busy: frozenset = frozenset()) -> Classes | None:
     """The rank classes of ``plan`` on ``ctx``'s fabric (module docstring), or None when a check fails: the
     largest Γ the plan is invariant under first, then node shifts alone, then local rotations alone. A plan with
     all_to_alls of per-peer sizes (expert parallelism: every member of an ep group issues them, so rank 0 and the
@@ -111,6 +115,11 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
     if any(getattr(op, "splits", None) is not None for r in (0, plan.world_size - 1) for op in plan.ranks[r]):
         return None
     best = find_shifts(plan, ctx.cluster)
+    keeps = ctx.topo.keeps
+    if best is not None and not keeps(best):      # leaf switches, or links another job uses (Topology.keeps)
+        block = leaf_blocks(best.nodes, ctx.topo.leaf_of)
+        options = [s for s in (block_kept(plan, best, block, keeps), largest_kept(best, keeps)) if s is not None]
+        best = min(options, key=classes_count) if options else None
     if best is None:
         return None
     n, g = best.nodes, best.gpus
@@ -119,15 +128,16 @@ def find_classes(plan: Plan, ctx) -> Classes | None:
                Shifts(n, g, best.node_step, g, best.block, best.block_step),
                Shifts(n, g, w, g, best.block, best.block_step),
                Shifts(n, g, n, best.local_step))
-    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]]
+    tries = [best] + [s for i, s in enumerate(smaller) if s != best and not s.trivial() and s not in smaller[:i]
+                      and keeps(s)]
     for shifts in tries:
-        classes = _classes_under(plan, ctx, shifts)
+        classes = _classes_under(plan, ctx, shifts, busy)
         if classes is not None:
             return classes
     return None
 
 
-def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
+def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset()) -> Classes | None:
     elements = shifts.elements()
     reps = sorted({shifts.rep(r) for r in range(plan.world_size)})
     cls = Classes(shifts, reps)
@@ -218,21 +228,23 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts) -> Classes | None:
         members = [p for p in pair_images[oid] if (oid, p) in simulated]
         pairs = ctx.pairs(("p2p-orbit", tuple(members)), lambda: members)
         cls.p2p[oid] = (pairs, len(pair_images[oid]) - len(members))
-    cls.exclusive = _exclusive(unit_links, simulated, streams)
+    cls.exclusive = _exclusive(unit_links, simulated, streams, busy)
+    cls.links = frozenset().union(*unit_links.values())
     return cls
 
 
-def _exclusive(unit_links: dict, simulated: set, streams: dict) -> set:
-    """Collective orbits whose simulated flows use links no other simulated unit uses, issued by every
-    representative on one stream: one collective of the orbit at a time (the next cannot start before the
-    previous has ended for every member) on links nothing else touches, so its duration is a function of
-    (group, op, bytes, algorithm, root) alone and the engine reuses it."""
+def _exclusive(unit_links: dict, simulated: set, streams: dict, busy: frozenset = frozenset()) -> set:
+    """Collective orbits whose simulated flows use links no other simulated unit uses (nor another plan on the
+    same network: ``busy``, sim/jobs/), issued by every representative on one stream: one collective of the
+    orbit at a time (the next cannot start before the previous has ended for every member) on links nothing
+    else touches, so its duration is a function of (group, op, bytes, algorithm, root) alone and the engine
+    reuses it."""
     owner: dict = {}
     for unit in simulated:
         for link in unit_links[unit]:
             owner.setdefault(link, set()).add(unit[0])
     one_stream = {oid for oid in {o for _, o in streams}} - {o for (_, o), s in streams.items() if len(s) > 1}
-    return {oid for oid in one_stream if all(owner[l] == {oid} for u in simulated if u[0] == oid
+    return {oid for oid in one_stream if all(owner[l] == {oid} and l not in busy for u in simulated if u[0] == oid
                                              for l in unit_links[u])}
 
 

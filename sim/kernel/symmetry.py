@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from distlab.sim.kernel.equivariance import RANK_STREAM
+from distlab.sim.check import assert_consistent
+from distlab.sim.collectives.context import Context
+from distlab.sim.errors import ConfigError
+from distlab.sim.kernel.equivariance import RANK_STREAM, check_classes
+from distlab.sim.kernel.network import Topology
+from distlab.sim.kernel.subgroups import find_classes, subgroups_apply
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
 
@@ -73,3 +78,26 @@ def representative_plan(plan: Plan) -> Plan:
     ops = [replace(op, group=None) if isinstance(op, Collective) and op.group is not None else op
            for op in plan.ranks[0]]
     return Plan([ops], name=plan.name, meta=plan.meta)
+
+
+def reductions(plan: Plan, cluster, topo=None, *, slowdown=None, record_transfers: bool = False,
+               link_factors=None, protocol: str = "auto", symmetric: bool = True, check: bool = True,
+               busy: frozenset = frozenset(), ctx=None):
+    """(Symmetry or None, Classes or None) of ``plan`` on ``topo`` (default: the cluster's own fabric), the plan
+    checked first (sim.check; ``check``). ``busy``: the links this plan shares with another plan on the same
+    network (sim/jobs/): no collective reuses a duration there (the network is not otherwise idle); which
+    renamings keep the shared links is ``topo.keeps``' to say. ``ctx``: the Context to expand collectives in."""
+    sym = find_symmetry(plan, cluster, slowdown, record_transfers) if symmetric else None
+    classes = None
+    if symmetric and sym is None and subgroups_apply(plan, cluster, slowdown, record_transfers, link_factors):
+        try:
+            classes = find_classes(plan, ctx or Context(topo or Topology(cluster), protocol), busy)
+        except ConfigError:              # a plan the simulation refuses: the full path says why, in its order
+            classes = None
+    if sym is not None and busy:
+        sym = replace(sym, repeat_collectives=False)
+    if check and classes:
+        check_classes(plan, classes)
+    elif check:
+        assert_consistent(representative_plan(plan) if sym else plan)
+    return sym, classes

@@ -61,11 +61,13 @@ def flops_table(name: str = ROW) -> Table:
 
 
 def block_gemms(name: str, tp: int) -> list[tuple[str, tuple]]:
-    """(name, (M, N, K)) of the forward GEMMs of one block per rank, as sim/parallel/tp/plan.py's builders emit them."""
+    """(name, (M, N, K)) of the forward GEMMs of one block per rank at micro-batch 1 (M = one sequence's tokens),
+    as sim/parallel/tp/plan.py's builders emit them."""
+    from dataclasses import replace as with_
     from distlab.sim.reproduce.predict import build_model
     from distlab.sim.parallel.tp.plan import gemm_shapes
     run, _ = row(name)
-    k = gemm_shapes(build_model(run), tp)
+    k = gemm_shapes(build_model(with_(run, micro_batch=1)), tp)
     names = ["qkv", "attn proj"] if len(k["attn_gemms"]) == 2 else ["q", "k", "v", "attn proj"]
     names += ["mlp fc1", "mlp fc2"] if len(k["mlp_gemms"]) == 2 else ["mlp gate", "mlp up", "mlp down"]
     return list(zip(names, k["attn_gemms"] + k["mlp_gemms"]))
@@ -84,7 +86,7 @@ def gemm_table(name: str = TP_ROW, tps: tuple[int, ...] = (1, 2, 4, 8)) -> Table
         for g, (M, N, K) in block_gemms(name, tp):
             t = gemm_time(M, N, K, 2, gpu)
             rows.append([tp, g, f"{M} x {N} x {K}", f"{2 * M * N * K / 1e9:.1f}",
-                         f"{100 * gemm_efficiency(2.0 * M * N * K, gpu):.1f}%", f"{t * 1e6:.1f}"])
+                         f"{100 * gemm_efficiency(2.0 * M * N * K, gpu, M, N):.1f}%", f"{t * 1e6:.1f}"])
     return Table(["tp", "GEMM", "M x N x K", "GFLOP", "of peak", "time us"], rows,
                  f"{name}: one block's forward GEMMs per rank (A100, fitted curve, fp16)")
 
@@ -114,8 +116,10 @@ def plot_gemm_efficiency(measured: list[dict], name: str = TP_ROW) -> Figure:
     xs = np.logspace(6, 13, 120)
     f.axes[0].plot(xs, [gemm_efficiency(x, gpu) for x in xs], color="#3182bd", label="A100 (fitted, runs.yaml)")
     for tp, colour in ((1, "#31a354"), (8, "#e6550d")):
-        pts = [2.0 * M * N * K for _, (M, N, K) in block_gemms(name, tp)]
-        f.axes[0].scatter(pts, [gemm_efficiency(p, gpu) for p in pts], color=colour, zorder=3,
+        shapes = [g for _, g in block_gemms(name, tp)]
+        pts = [2.0 * M * N * K for M, N, K in shapes]
+        f.axes[0].scatter(pts, [gemm_efficiency(2.0 * M * N * K, gpu, M, N) for M, N, K in shapes], color=colour,
+                          zorder=3,
                           label=f"{name} block GEMMs, tp {tp}")
     peak, half = fit_saturating(measured)
     best = max(r["flops_per_s"] for r in measured)
@@ -151,7 +155,7 @@ def attention_ratio(name: str = ROW, attention_pass: str = "forward") -> float:
 def _attention_times(name: str, attention_pass: str) -> tuple[float, float]:
     run, gpu = row(name)[0], fitted_gpu(name)
     m = run.model
-    shape = (run.micro_batch, m["heads"], m["seq_len"], m["hidden"] // m["heads"])
+    shape = (1, m["heads"], m["seq_len"], m["hidden"] // m["heads"])          # micro-batch 1
     return (unfused_attention_time(*shape, gpu, 2, attention_pass),
             attention_time(*shape, gpu, causal=True, attention_pass=attention_pass))
 
@@ -198,15 +202,13 @@ def reproduce_table(results: list[dict]) -> Table:
 
 
 def constants_table() -> Table:
-    """The fitted constants per GPU generation (runs.yaml ``generations``) and the fixed time per GEMM they imply:
-    eff(F) = p·F / (F + h) is t = F / (p·peak) + h / (p·peak), a cost of h / (p·peak) seconds on every GEMM."""
+    """The compute model's fitted constants per GPU generation (sim/compute/fitted.py) and the rows they were
+    fitted on: everything else in the model is measured (sim/compute/gpus.py)."""
     _, generations = row()
-    peak = fitted_gpu().tflops * 1e12
-    return Table(["generation", "peak_fraction p", "half_flops h", "h / (p·peak), us", "fitted on"],
-                 [[a, f"{g.peak_fraction:g}", f"{g.half_flops:.3g}",
-                   f"{g.half_flops / (g.peak_fraction * peak) * 1e6:.0f}", ", ".join(g.fitted_on)]
+    return Table(["generation", "sustained (fitted)", "kernel gap us (fitted)", "fitted on"],
+                 [[a, f"{g.sustained:g}", f"{g.kernel_gap_s * 1e6:g}", ", ".join(g.fitted_on) or "(none)"]
                   for a, g in generations.items()],
-                 f"eff(F) = p · F / (F + h), F = 2·M·N·K; peak {peak / 1e12:g} TFLOP/s ({ROW}'s GPU)")
+                 "the compute model's fitted constants (sim/compute/fitted.py)")
 
 
 def plot_reproduced(results: list[dict]) -> Figure:

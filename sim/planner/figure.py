@@ -15,27 +15,39 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto(search):
+    """The figure: one colour and marker per family (legend outside the axes, with the Pareto front, the simulated
+    layouts and the GPU's memory), '#1' at the best layout and its full label under the title, wrapped; no text
+    overlaps another or leaves the axes (sim/figure_text.py)."""
+    import textwrap
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from distlab.sim.figure_text import place_labels
     cands = search.ranked
     pts = [(c.memory_bytes / 2**30, c.step_s * 1e3) for c in cands]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5.5))
     families = sorted({c.layout.family for c in cands})
-    for fam in families:
+    colors, markers = plt.get_cmap("tab10").colors, "osD^vP"
+    for i, fam in enumerate(families):
         xs = [p for p, c in zip(pts, cands) if c.layout.family == fam]
-        ax.scatter([x for x, _ in xs], [y for _, y in xs], s=12, alpha=0.6, label=fam)
+        ax.scatter([x for x, _ in xs], [y for _, y in xs], s=12, alpha=0.6, label=fam, color=colors[i % 10],
+                   marker=markers[i // 10 % len(markers)])
     front = pareto_front(pts)
     ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="black", lw=1, label="Pareto front")
     sim = [p for p, c in zip(pts, cands) if c.simulated_s is not None]
     ax.scatter([x for x, _ in sim], [y for _, y in sim], s=60, facecolors="none", edgecolors="red",
                label="simulated")
-    ax.annotate("#1 " + cands[0].layout.label(), pts[0], fontsize=7, xytext=(5, 5), textcoords="offset points")
-    ax.axvline(search.gpu_GiB, color="grey", ls="--", lw=1)
+    ax.axvline(search.gpu_GiB, color="grey", ls="--", lw=1, label=f"GPU memory ({search.gpu_GiB:g} GiB)")
     ax.set_xlabel("memory per GPU (GiB)")
     ax.set_ylabel("step (ms)")
     q = search.question
-    ax.set_title(f"{len(cands)} layouts that fit: {q['world_size']} x {search.cluster.gpu.name}, "
-                 f"global batch {q['global_batch']}")
-    ax.legend(fontsize=7)
+    best = "#1: " + cands[0].layout.label() if cands else ""
+    ax.set_title(f"{len(cands)} layouts that fit: {q['world_size']} x {search.cluster.gpu.name}, global batch "
+                 f"{q['global_batch']}\n" + "\n".join(textwrap.wrap(best, 110)), fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    if cands:
+        place_labels(fig, ax, [(pts[0][0], pts[0][1], "#1")], fontsize=8)
     return fig

@@ -7,8 +7,6 @@ counted, as in Narayanan et al. 2021 sec. 5.1 "model FLOPs", and Chowdhery et al
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from dataclasses import dataclass, field
 
 from distlab.sim.cluster import Cluster, load_cluster
@@ -16,6 +14,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.fsdp.memory import fits
 from distlab.sim.planner.layouts import Layout, batch_suggestions, enumerate_layouts, tp_degrees
 from distlab.sim.planner.step import Estimator
+from distlab.sim.workers import can_fork, run_many, worker_count
 
 
 @dataclass
@@ -57,13 +56,15 @@ class Search:
 
 
 def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
-           micro_batches=(1, 2, 4, 8, 16, 32, 64), progress=None, allow=None, workers: int | None = None) -> Search:
+           micro_batches=(1, 2, 4, 8, 16, 32, 64), progress=None, allow=None, workers: int | None = None,
+           scheduler: str | None = None) -> Search:
     """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
     nodes of ``cluster`` (a preset name, a file, or a Cluster, e.g. with a fitted GEMM curve; then ``confirm``
     must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step.
     ``progress(done, total)`` is called as the estimate goes; ``allow(layout)`` restricts the search (e.g. to
     what a published run could use); ``workers`` processes share the estimate and the confirmation (default:
-    the CPUs, at most 2; 1 runs in this process). Raises ConfigError when no layout divides the batch or none
+    the CPUs, at most 2; 1 runs in this process; sim/workers.py), and ``scheduler`` (a Dask scheduler's
+    address) runs the confirmation on that cluster instead. Raises ConfigError when no layout divides the batch or none
     fits."""
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
     est = Estimator(model, c)
@@ -95,24 +96,19 @@ def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: in
     out = Search({"model": model, "cluster": cluster, "nodes": nodes, "global_batch": global_batch,
                   "seq_len": config["seq_len"], "world_size": world}, c, feasible, cands, 0,
                  3.0 * est.model(1).fwd_flops * global_batch, gib, est)
-    confirm_top(out, confirm, workers)
+    confirm_top(out, confirm, workers, scheduler=scheduler)
     return out
 
 
-def worker_count(workers: int | None) -> int:
-    return max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
-
-
 PARALLEL_FROM = 256          # layouts from which the estimate is shared out between processes
-_JOB: dict = {}              # what forked workers read (set by the parent before the fork)
 
 
 def estimate_all(est, layouts: list, progress=None, workers: int | None = None) -> list:
-    """Estimates of ``layouts`` in order. With more than one worker and many layouts: forked processes, each
-    given whole chunks of layouts that share a (tp, pp) shape (so their caches of collective times overlap
-    little), chunks in turn; the progress bar advances per chunk."""
+    """Estimates of ``layouts`` in order. With more than one worker and many layouts: local processes
+    (sim/workers.py, the estimator shared with each once), each given whole chunks of layouts that share a
+    (tp, pp) shape (so their caches of collective times overlap little); the progress bar advances per chunk."""
     n = worker_count(workers)
-    if n == 1 or len(layouts) < PARALLEL_FROM or "fork" not in mp.get_all_start_methods():
+    if n == 1 or len(layouts) < PARALLEL_FROM or not can_fork():      # the estimator is inherited, not pickled
         out = []
         for i, L in enumerate(layouts):
             out.append(est.estimate(L))
@@ -121,45 +117,36 @@ def estimate_all(est, layouts: list, progress=None, workers: int | None = None) 
         return out
     order = sorted(range(len(layouts)), key=lambda i: (layouts[i].tp, layouts[i].pp, layouts[i].cp, i))
     size = max(16, len(layouts) // (n * 16))
-    chunks = [order[k:k + size] for k in range(0, len(order), size)]
-    _JOB.update(est=est, layouts=layouts)
+    chunks = [[(i, layouts[i]) for i in order[k:k + size]] for k in range(0, len(order), size)]
     out: list = [None] * len(layouts)
-    done = 0
-    try:
-        with mp.get_context("fork").Pool(n) as pool:
-            for idx, results in pool.imap_unordered(_estimate_chunk, chunks):
-                for i, e in zip(idx, results):
-                    out[i] = e
-                done += len(idx)
-                if progress:
-                    progress(done, len(layouts))
-    finally:
-        _JOB.clear()
+    sizes = [0]
+    for chunk in chunks:
+        sizes.append(sizes[-1] + len(chunk))
+    report = (lambda done, total: progress(sizes[done], len(layouts))) if progress else None
+    for chunk, results in zip(chunks, run_many(_estimate_chunk, chunks, workers=n, shared=est, progress=report)):
+        for (i, _), e in zip(chunk, results):
+            out[i] = e
     return out
 
 
-def _estimate_chunk(idx: list) -> tuple[list, list]:
-    est, layouts = _JOB["est"], _JOB["layouts"]
-    return idx, [est.estimate(layouts[i]) for i in idx]
+def _estimate_chunk(est, chunk: list) -> list:
+    return [est.estimate(layout) for _, layout in chunk]
 
 
-def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0) -> None:
-    """Simulate the best ``k`` estimates with the discrete-event simulator (in ``workers`` processes) and re-rank
-    them by its step; ``start``: the ``k`` after the best ``start`` instead (simulated, not re-ranked)."""
+def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0, scheduler: str | None = None) -> None:
+    """Simulate the best ``k`` estimates with the discrete-event simulator (in ``workers`` local processes, or on
+    the Dask cluster at ``scheduler``: sim/workers.py) and re-rank them by its step; ``start``: the ``k`` after
+    the best ``start`` instead (simulated, not re-ranked)."""
     q = s.question
     top = s.ranked[start:start + k]
     scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
-    n = min(worker_count(workers), len(top))
-    if n > 1 and "fork" in mp.get_all_start_methods():
-        # longest first (the simulator's work grows with the largest ring: the shard group's steps), so no
-        # worker is left with a long one at the end
-        order = sorted(range(len(top)), key=lambda i: -_ring_size(top[i].layout))
-        summaries = [None] * len(top)
-        with mp.get_context("fork").Pool(n) as pool:
-            for i, summary in zip(order, pool.imap(_simulate, [scenarios[i] for i in order], chunksize=1)):
-                summaries[i] = summary
-    else:
-        summaries = [_simulate(d) for d in scenarios]
+    # longest first (the simulator's work grows with the largest ring: the shard group's steps), so no worker is
+    # left with a long one at the end
+    order = sorted(range(len(top)), key=lambda i: -_ring_size(top[i].layout))
+    summaries = [None] * len(top)
+    for i, summary in zip(order, run_many(_simulate, [scenarios[i] for i in order], workers=workers,
+                                          scheduler=scheduler)):
+        summaries[i] = summary
     for x, summary in zip(top, summaries):
         x.simulated_s, x.simulated = summary["step_s"], summary
     if start:

@@ -1,7 +1,7 @@
 """The fast estimate of one layout (sim/planner/estimate.py says how terms combine) and its memory per GPU.
 
-Memory per GPU is the simulator's own report (sim/parallel/tp/memory.py: local shards, Korthikanti et al. 2022 Table 2
-activations; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/parallel/cp/memory.py), checked
+Memory per GPU is the simulator's own report (sim/parallel/tp/memory.py: local shards, the model family's activations,
+sim/models/activations.py; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/parallel/cp/memory.py), checked
 against the GPU's memory with the same headroom rule as `distlab simulate` (sim/parallel/fsdp/memory.py ``fits``).
 Activations (and CP's ring buffers) are linear in the micro-batch: computed at micro-batch 1 and scaled.
 """
@@ -50,10 +50,10 @@ class Estimator:
                 self._layers[key] = cp_memory(self.model(1), L.cp, L.cp * L.tp * L.shard, "allgather", L.recompute,
                                               L.tp)
             return self._scaled(self._layers[key], L.micro_batch)
-        key = ("memory", L.tp, sp, L.recompute, L.shard)
+        key = ("memory", L.tp, sp, L.recompute, L.shard, L.loss_parallel)
         if key not in self._layers:
             from distlab.sim.parallel.tp.memory import tp_memory
-            self._layers[key] = tp_memory(self.model(1), L.tp, sp, L.recompute, L.shard)
+            self._layers[key] = tp_memory(self.model(1), L.tp, sp, L.recompute, L.shard, L.loss_parallel)
         whole = self._scaled(self._layers[key], L.micro_batch)
         if not L.pipelined or L.pp == 1:
             return whole

@@ -1,8 +1,16 @@
 """The runs file of `distlab reproduce`: published training runs as data (sim/reproduce/runs.yaml is shipped).
 
-Every run names its source and the figure it reports; loading checks each run and raises ConfigError naming
-the run and the key (a layout whose product is not the GPU count, an unknown GPU or cluster, a missing reported
-figure, ...). ``generations`` holds the compute model's fitted constants per GPU generation (sim/compute.py).
+    >>> from distlab.sim.reproduce.runs import load_runs
+    >>> runs, fitted = load_runs()
+    >>> runs[0].name, runs[0].figure
+    ('megatron-1.7b', ('tflops_per_gpu', 137.0))
+
+Every run names its source (paper or file, table, row) and the figure it reports; keys the source leaves unsaid
+are listed in ``assumed``. Loading checks each run and raises ConfigError naming the run and the key: a layout
+whose product is not the GPU count, an unknown GPU or cluster, float8 on a GPU without FP8 tensor cores, a split
+that does not add up, a missing figure. What a run used that the simulator cannot express yet is not an error:
+``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
+constants live in sim/compute/fitted.py (one model for every command); ``load_runs`` returns them beside the runs.
 """
 from __future__ import annotations
 
@@ -12,12 +20,16 @@ from dataclasses import dataclass, field
 from distlab.sim.errors import ConfigError
 
 DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "runs.yaml")
-FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "iteration_s")
-LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero")
+FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "tokens_per_s_per_gpu", "iteration_s")
+LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
-            "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed")
-FLOPS_FORMULAS = ("megatron-eq3", "6nd")
+            "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed", "sequence_parallel",
+            "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible")
+FLOPS_FORMULAS = ("megatron-eq3", "megatron-core-0.8", "6nd", "palm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/parallel/pipeline/schedules.py names
+PRECISIONS = ("bfloat16", "float16", "float8")  # float8: bf16 with float8 linears (torchao / Transformer Engine)
+CHOICES = (("recompute", ("none", "selective", "full")), ("attention", ("flash", "unfused")),
+           ("schedule", SCHEDULES), ("flops", FLOPS_FORMULAS), ("precision", PRECISIONS))
 
 
 @dataclass
@@ -38,55 +50,61 @@ class Run:
     flops: str = "megatron-eq3"
     reported: dict = field(default_factory=dict)
     assumed: list = field(default_factory=list)
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False  # dp gradient reduction overlapped with the backward (torch DDP, Megatron's flag)
+    tp_comm_overlap: bool = False      # Megatron's --tp-comm-overlap
+    compile: bool = False              # torch.compile
+    not_expressible: str | None = None  # what the source ran that no key here expresses
 
     @property
     def figure(self) -> tuple[str, float]:
-        """(name, value) of the reported figure."""
+        """(name, value) of the reported figure compared with the prediction (the first of FIGURES given)."""
         key = next(k for k in FIGURES if k in self.reported)
         return key, float(self.reported[key])
 
     @property
     def microbatches(self) -> int:
-        """Micro-batches per pipeline and step: global batch / (dp x micro-batch)."""
+        """Micro-batches per pipeline (or per step: gradient accumulation) = global batch / (dp x micro-batch)."""
         return self.global_batch // (self.layout["dp"] * self.micro_batch)
 
-
-@dataclass
-class Generation:
-    """Fitted constants of the GEMM efficiency curve of one GPU generation (sim/compute.py saturating_curve)."""
-    peak_fraction: float
-    half_flops: float
-    fitted_on: list
+    @property
+    def table(self) -> str:
+        """The source without its row: what the accuracy summary groups by."""
+        return self.source.split(", row")[0]
 
 
-def load_runs(path: str | None = None) -> tuple[list[Run], dict[str, Generation]]:
-    """The runs and generations of ``path`` (default: the shipped runs.yaml), checked."""
+def not_expressible(run: Run) -> str | None:
+    """Why the simulator cannot run what ``run`` ran yet, or None."""
+    L = run.layout
+    if run.not_expressible:
+        return run.not_expressible
+    if run.tp_comm_overlap and L["tp"] > 1:
+        return "Megatron's --tp-comm-overlap (TP collectives hidden behind the GEMMs) is not modelled yet"
+    if L["cp"] > 1:
+        return "context parallelism composed with pipeline or data-parallel sharding of a published layout"
+    if L["zero"] >= 2 and L["pp"] > 1:
+        return "FSDP2 (ZeRO 2/3) x PP is not built yet"
+    if L["zero"] >= 2 and run.microbatches > 1:
+        return "FSDP2 with gradient accumulation is not built yet"
+    return None
+
+
+def load_runs(path: str | None = None):
+    """The runs of ``path`` (default: the shipped runs.yaml), checked, and the compute model's fitted constants
+    per generation (sim/compute/fitted.py)."""
+    from distlab.sim.compute.fitted import FITTED
     from distlab.sim.io import load_yaml
     path = path or DEFAULT_PATH
     d = load_yaml(path)
-    if not isinstance(d, dict) or not isinstance(d.get("runs"), list):
-        raise ConfigError("a runs file is a mapping with a list 'runs' (and optional 'generations')", path)
-    gens = {}
-    for arch, g in (d.get("generations") or {}).items():
-        where = f"{path}: generations.{arch}"
-        if not isinstance(g, dict) or not {"peak_fraction", "half_flops"} <= set(g):
-            raise ConfigError("needs peak_fraction and half_flops", where)
-        pf, hf = g["peak_fraction"], g["half_flops"]
-        if not _num(pf) or not 0 < pf <= 1 or not _num(hf) or hf <= 0:
-            raise ConfigError(f"peak_fraction {pf!r} must be in (0, 1] and half_flops {hf!r} > 0", where)
-        gens[str(arch)] = Generation(float(pf), float(hf), list(g.get("fitted_on") or []))
+    if not isinstance(d, dict) or not isinstance(d.get("runs"), list) or set(d) - {"runs"}:
+        raise ConfigError("a runs file is a mapping with one key, a list 'runs' (the compute model's fitted "
+                          "constants live in sim/compute/fitted.py)", path)
     runs = [_run(r, i, path) for i, r in enumerate(d["runs"])]
     names = [r.name for r in runs]
     for n in names:
         if names.count(n) > 1:
             raise ConfigError(f"run name {n!r} appears twice", f"{path}: runs")
-    for arch, g in gens.items():
-        for n in g.fitted_on:
-            if n not in names:
-                raise ConfigError(f"fitted_on names {n!r}, not a run of this file", f"{path}: generations.{arch}")
-        if len(g.fitted_on) > 2:
-            raise ConfigError("at most two rows may be fitted on", f"{path}: generations.{arch}.fitted_on")
-    return runs, gens
+    return runs, dict(FITTED)
 
 
 def _num(x) -> bool:
@@ -113,45 +131,78 @@ def _run(r, i: int, path: str) -> Run:
         raise ConfigError(f"unknown gpu {r['gpu']!r}; allowed: {', '.join(GPUS)}", f"{label}.gpu")
     if r["cluster"] not in PRESETS:
         raise ConfigError(f"unknown cluster {r['cluster']!r}; allowed: {', '.join(PRESETS)}", f"{label}.cluster")
-    if PRESETS[r["cluster"]].gpu.name != r["gpu"]:
-        raise ConfigError(f"cluster {r['cluster']!r} has {PRESETS[r['cluster']].gpu.name} GPUs, not {r['gpu']}",
-                          f"{label}.gpu")
+    gpu = PRESETS[r["cluster"]].gpu
+    if gpu.name != r["gpu"]:
+        raise ConfigError(f"cluster {r['cluster']!r} has {gpu.name} GPUs, not {r['gpu']}", f"{label}.gpu")
     for k in ("gpus", "global_batch", "micro_batch"):
         if not _whole(r[k]):
             raise ConfigError(f"{r[k]!r} must be a whole number >= 1", f"{label}.{k}")
+    for k, allowed in CHOICES:
+        if k in r and r[k] not in allowed:
+            raise ConfigError(f"unknown {k} {r[k]!r}; allowed: {', '.join(allowed)}", f"{label}.{k}")
+    if r.get("precision") == "float8" and not gpu.fp8_tflops:
+        raise ConfigError(f"float8 needs FP8 tensor cores and {gpu.name} has none; allowed on {gpu.name}: bfloat16, "
+                          "float16", f"{label}.precision")
+    for k in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "compile"):
+        if k in r and not isinstance(r[k], bool):
+            raise ConfigError(f"{r[k]!r} must be true or false", f"{label}.{k}")
+    if "not_expressible" in r and not isinstance(r["not_expressible"], str):
+        raise ConfigError("must be the reason, a sentence", f"{label}.not_expressible")
+    layout = _layout(r, label)
+    if r["global_batch"] % (layout["dp"] * r["micro_batch"]):
+        raise ConfigError(f"global_batch {r['global_batch']} is not a multiple of dp {layout['dp']} x micro_batch "
+                          f"{r['micro_batch']}", f"{label}.global_batch")
+    _check_reported(r["reported"], label)
+    if isinstance(r["model"], str):
+        from distlab.sim.models import spec_from_text
+        r = {**r, "model": spec_from_text(r["model"], f"{label}.model")}
+    if not isinstance(r["model"], dict):
+        raise ConfigError("must be a model spec (docs/models.md): a preset, a config.json path or a mapping of "
+                          "builder arguments (arch, layers, hidden, ...)", f"{label}.model")
+    spec = dict(r["model"])                                     # checked here, as a scenario's model is
+    if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
+        spec["kind"] = "gpt"
+    from distlab.sim.models import model_from_spec
+    model = model_from_spec({**spec, "micro_batch": r["micro_batch"]}, f"{label}.model")
+    _check_split(layout, {"layers": (model.config or {}).get("layers")}, label)
+    return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
+                  "assumed": list(r.get("assumed") or [])})
+
+
+def _layout(r: dict, label: str) -> dict:
     layout = r["layout"]
     if not isinstance(layout, dict):
         raise ConfigError(f"must be a mapping with keys {', '.join(LAYOUT_KEYS)}", f"{label}.layout")
-    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, **layout}
+    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, "split": None, **layout}
     for k, v in layout.items():
         if k not in LAYOUT_KEYS:
             raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(LAYOUT_KEYS)}", f"{label}.layout.{k}")
-        if not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3))):
-            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{label}.layout.{k}")
+        if k == "split":
+            if v is not None and not (isinstance(v, list) and v and all(_whole(x) for x in v)):
+                raise ConfigError(f"{v!r} must be a list of transformer blocks per stage", f"{label}.layout.split")
+        elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3))):
+            raise ConfigError(f"{v!r} must be a whole number >= 1" + (" (zero: 0 to 3)" if k == "zero" else ""),
+                              f"{label}.layout.{k}")
     product = layout["tp"] * layout["pp"] * layout["dp"] * layout["cp"]
     if product != r["gpus"]:
         raise ConfigError(f"tp {layout['tp']} x pp {layout['pp']} x dp {layout['dp']} x cp {layout['cp']} = "
                           f"{product}, not the {r['gpus']} GPUs of the run", f"{label}.layout")
-    if layout["cp"] != 1 or layout["zero"] != 0:
-        raise ConfigError("context parallelism and ZeRO/FSDP runs are not simulated yet; allowed: cp 1, zero 0",
-                          f"{label}.layout")
-    if r["global_batch"] % (layout["dp"] * r["micro_batch"]):
-        raise ConfigError(f"global_batch {r['global_batch']} is not a multiple of dp {layout['dp']} x micro_batch "
-                          f"{r['micro_batch']}", f"{label}.global_batch")
-    reported = r["reported"]
+    return layout
+
+
+def _check_split(layout: dict, model: dict, label: str) -> None:
+    split, stages = layout["split"], layout["pp"] * layout["virtual_stages"]
+    if split is None:
+        return
+    if len(split) != stages or sum(split) != model.get("layers"):
+        raise ConfigError(f"split {split} must give each of the {stages} stages its blocks, {model.get('layers')} "
+                          "in all", f"{label}.layout.split")
+
+
+def _check_reported(reported, label: str) -> None:
     if not isinstance(reported, dict) or not any(k in reported for k in FIGURES):
         raise ConfigError(f"no reported figure; allowed: one of {', '.join(FIGURES)}", f"{label}.reported")
     for k, v in reported.items():
         if k not in FIGURES or not _num(v) or v <= 0:
             raise ConfigError(f"{k}: {v!r} must be a number > 0; allowed keys: {', '.join(FIGURES)}",
                               f"{label}.reported.{k}")
-    for k, allowed in (("recompute", ("none", "selective", "full")), ("attention", ("flash", "unfused")),
-                       ("schedule", SCHEDULES), ("flops", FLOPS_FORMULAS),
-                       ("precision", ("bfloat16", "float16"))):
-        if k in r and r[k] not in allowed:
-            raise ConfigError(f"unknown {k} {r[k]!r}; allowed: {', '.join(allowed)}", f"{label}.{k}")
-    if not isinstance(r["model"], dict):
-        raise ConfigError("must be a mapping of sim.models.gpt arguments (arch, layers, hidden, ...)",
-                          f"{label}.model")
-    return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
-                  "assumed": list(r.get("assumed") or [])})

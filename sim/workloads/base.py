@@ -10,6 +10,7 @@ Options are a dataclass; each field has a type (int, float, bool, str, ``X | Non
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -71,10 +72,11 @@ class Workload:
         return self.options()
 
     def placement_warnings(self, mesh, gpus_per_node: int) -> list[str]:
-        """Mesh.placement_warnings for tp/ep/cp and, when the mesh composes two or more dims, this workload's
-        intra_node_dims (e.g. HSDP's dp_shard: shard inside a node, replicate across nodes)."""
+        """Mesh.placement_warnings for tp/cp and, when the mesh composes two or more dims, this workload's
+        intra_node_dims (e.g. HSDP's dp_shard: shard inside a node, replicate across nodes). Not ep: experts
+        across nodes is a published layout (DeepSeek-V3's ep 64 over 8 nodes; sim/mesh.py)."""
         composed = sum(1 for s in mesh.shape if s > 1) > 1
-        return mesh.placement_warnings(gpus_per_node, ("tp", "ep", "cp") + (self.intra_node_dims if composed else ()))
+        return mesh.placement_warnings(gpus_per_node, ("tp", "cp") + (self.intra_node_dims if composed else ()))
 
     def parse(self, section, where: str):
         """The options dataclass of a scenario section (a mapping): unknown keys, types and choices checked
@@ -148,6 +150,8 @@ def check_value(v, hint, f: dataclasses.Field, where: str) -> None:
                                                              for x in v)))
     if not ok:
         raise ConfigError(f"{v!r} must be {describe_type(hint)}", where)
+    if isinstance(v, float) and not math.isfinite(v):        # .inf / .nan in YAML, inf in --sweep
+        raise ConfigError(f"{v!r} must be a finite number", where)
     choices = f.metadata.get("choices")
     if choices is not None and v is not None and v not in choices:
         what = f.metadata.get("what") or f.name

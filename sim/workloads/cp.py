@@ -13,6 +13,10 @@ from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: CPOptions, cluster):
+    from dataclasses import replace
+    from distlab.sim.models.activations import effective_recompute, require_structure
+    require_structure(model, "context parallelism")
+    opts = replace(opts, recompute=effective_recompute(model, opts.recompute, "cp.recompute"))
     plan = cp_plan(model, mesh, opts, cluster=cluster)
     return plan, {"cp": plan.meta}
 
@@ -40,12 +44,14 @@ def report(result) -> dict:
     m = result.mesh
     tp = m.size("tp") if "tp" in m else 1
     shard = cp * tp * (m.size("dp_shard") if "dp_shard" in m else 1)
-    parts = cp_memory(result.model, cp, shard, o.rotate_method, o.recompute, tp)
+    from distlab.sim.models.activations import effective_recompute
+    rc = effective_recompute(result.model, o.recompute)
+    parts = cp_memory(result.model, cp, shard, o.rotate_method, rc, tp)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [["cp group size", cp], ["tokens per rank", f"{result.model.config['seq_len'] // cp} of "
                                                        f"{result.model.config['seq_len']}"],
-            ["rotate method", o.rotate_method], ["load balanced", o.load_balance], ["recompute", o.recompute],
+            ["rotate method", o.rotate_method], ["load balanced", o.load_balance], ["recompute", rc],
             [f"ring steps of rank {cp - 1}", ", ".join(kinds)]]
     rows += [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
     rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],

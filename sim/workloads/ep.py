@@ -29,7 +29,10 @@ def memory(result) -> dict:
     """Per-GPU static memory of pipeline rank 0 (all layers without pp): dense parameters whole, routed experts
     E/ep of them; mixed-precision Adam (sim/parallel/fsdp/memory.py precision: 2 + 2 + 12 bytes per element for 16-bit
     params), the optimizer state sharded over the data-parallel ranks with ZeRO-1 (dense: dp x ep, experts: dp;
-    Rajbhandari et al. 2019, arXiv 1910.02054). Activations are left out."""
+    Rajbhandari et al. 2019, arXiv 1910.02054), and the activations of its layers (sim/models/activations.py, the
+    model's recompute and offload): one micro-batch's peak without pp; with pp, each block's stash times the
+    most blocks' micro-batches it holds walking its schedule (F keeps, B or W frees: an upper bound for the
+    zero-bubble schedules, whose I already frees part), plus the largest transient of its layers."""
     from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, precision
     mesh, model, o = result.mesh, result.model, result.options
     ep = mesh.size("ep")
@@ -42,18 +45,38 @@ def memory(result) -> dict:
         pp = mesh.size("pp")
         placement = stage_to_rank(o.schedule, pp, v)
         layers = [i for s, r in enumerate(stage_ranges(model, pp * v, o.split)) if placement[s] == 0 for i in r]
+    acts = _activations(model, mesh, o, layers)
     params = [q for i in layers for q in model.layers[i].params]
     dense = sum(q.numel for q in params if ".moe.experts." not in q.name)
     expert = sum(q.numel for q in params if ".moe.experts." in q.name) // ep
     p, g, k = precision(model.config["dtype"])
     shard = (dense / (dp * ep) + expert / dp) if o.zero1 else dense + expert
-    parts = {"params": int((dense + expert) * p), "grads": int((dense + expert) * g), "optimizer": int(shard * k)}
+    parts = {"params": int((dense + expert) * p), "grads": int((dense + expert) * g), "optimizer": int(shard * k),
+             "activations": int(acts)}
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
-    rows = [["memory per GPU (params, grads, Adam; no activations)", f"{total / 2**30:.3f} GiB"],
+    rows = [["memory per GPU (params, grads, Adam, activations)", f"{total / 2**30:.3f} GiB"],
             ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}
+
+
+def _activations(model, mesh, o, layers) -> float:
+    """Activation bytes of pipeline rank 0 (``memory``'s docstring)."""
+    from distlab.sim.models.activations import activations
+    acts = activations(model).layers
+    if not ("pp" in mesh and mesh.size("pp") > 1):
+        return activations(model).peak_bytes
+    from distlab.sim.parallel.pipeline.plan import stage_ranges
+    from distlab.sim.parallel.pipeline.schedules import build
+    pp, v = mesh.size("pp"), virtual_stages(o.schedule)
+    ranges = stage_ranges(model, pp * v, o.split)
+    live = peak = 0.0
+    for a in build(o.schedule, pp, o.microbatches, v)[0]:
+        stash = sum(acts[i].saved for i in ranges[a.stage])
+        live += stash if a.kind == "F" else -stash if a.kind in ("B", "W") else 0.0
+        peak = max(peak, live)
+    return peak + max((acts[i].transient for i in layers), default=0.0)
 
 
 def report(result) -> dict:

@@ -13,7 +13,7 @@ from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: PipelineOptions, cluster):
-    plan = pipeline_plan(model, mesh, opts.spec(mesh))
+    plan = pipeline_plan(model, mesh, opts.spec(mesh, model))
     return plan, {"pipeline": plan.meta["pipeline"]}
 
 

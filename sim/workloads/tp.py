@@ -4,8 +4,9 @@ dimension ``dp_shard`` (outermost; it takes the ranks tp leaves) FSDP2 x TP as t
 (sim/parallel/tp/compose.py, FSDP2's defaults; with dp_replicate too, HSDP x TP on 3-D); with a mesh dimension ``dp`` DDP x TP (sim/parallel/tp/ddp.py, DDP's defaults);
 with ``pp`` PP x TP (sim/parallel/tp/pipeline.py; dp then replicates the pipeline; ``pp: 1`` in the mesh with
 microbatches > 1 is gradient accumulation: one stage, the dp all-reduce after the last micro-batch, as
-Megatron-LM without overlap).
-Reports the per-rank memory (local shards, Korthikanti et al. 2022 Table 2 activations; sim/parallel/tp/memory.py) in GB and GiB,
+Megatron-LM without overlap); with ``pp`` and ``dp_shard`` PP x FSDP2 x TP (FSDP2 inside each stage). All are
+sim/parallel/parallelize.py; a scenario with a section per parallelism composes any of them (docs/parallelisms.md).
+Reports the per-rank memory (local shards, the model family's activations; sim/parallel/tp/memory.py) in GB and GiB,
 the tp collectives per step, and flags what does not fit.
 Process groups (sim/kernel/communicators.py): the tp group (its all-gathers, reduce-scatters and all-reduces run
 one at a time, in issue order); composed, the dp_shard (FSDP2), dp_replicate (HSDP) or dp (DDP) group beside it:
@@ -26,30 +27,46 @@ from distlab.sim.workloads.base import Workload
 
 def build(model, mesh, opts: TPOptions, cluster):
     """TP alone, FSDP2 x TP (torchtitan's 2-D layout) when the mesh has dp_shard > 1, DDP x TP when dp > 1,
-    PP x TP (x dp replicas of the pipeline) when pp > 1."""
-    dp, dp_shard, pp, rep = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp", "dp_replicate"))
-    if dp > 1 and dp_shard > 1 or pp > 1 and dp_shard > 1 or "dp_replicate" in mesh and (dp > 1 or pp > 1):
-        raise ConfigError(f"dp_shard {dp_shard} (FSDP2) or dp_replicate {rep} (HSDP) with dp {dp} (DDP) or pp {pp} "
-                          "is not built yet; allowed: dp_shard (and dp_replicate) with tp alone", "tp: mesh")
+    PP x TP (x dp replicas of the pipeline) when pp > 1, PP x FSDP2 x TP with pp and dp_shard (FSDP2 inside each
+    stage, not resharded after forward, as torchtitan does with pp): all sim/parallel/parallelize.py."""
+    from dataclasses import replace
+    from distlab.sim.models.activations import effective_recompute, require_structure
+    require_structure(model, "tensor parallelism")
+    opts = replace(opts, recompute=effective_recompute(model, opts.recompute, "tp.recompute"))
+    dp, dp_shard, pp = (mesh.size(d) if d in mesh else 1 for d in ("dp", "dp_shard", "pp"))
+    sharded = "dp_shard" in mesh or "dp_replicate" in mesh
+    if dp > 1 and sharded:
+        raise ConfigError(f"dp {dp} (DDP) with dp_shard or dp_replicate (FSDP2, HSDP) is not a layout torch "
+                          "composes; allowed: dp_shard (and dp_replicate) with tp and pp, or dp with tp and pp",
+                          "tp: mesh")
     if pp > 1 or "pp" in mesh and opts.microbatches > 1:    # pp 1 with m > 1: gradient accumulation
         spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, data_parallel=dp,
                             virtual_stages=opts.virtual_stages, split=opts.split)
-        plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
+        if sharded:
+            from distlab.sim.parallel.fsdp.plan import FSDPOptions
+            from distlab.sim.parallel.parallelize import Parallelisms, parallelize
+            par = Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=False))
+            plan = parallelize(model, mesh, par, cluster, where="tp")
+        else:
+            plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
     elif dp > 1:
         plan = ddp_tp_plan(model, mesh, tp_opts=opts)
-    elif dp_shard > 1 or "dp_replicate" in mesh:
+    elif sharded:
         plan = fsdp_tp_plan(model, mesh, tp_opts=opts, cluster=cluster)
     else:
-        plan = tp_plan(model, mesh, opts)
+        from distlab.sim.parallel.layers import segments
+        plan = tp_plan(model, mesh, opts, make_segments=segments)
     return plan, {"tp": plan.meta}
 
 
 def memory(result) -> dict:
+    from distlab.sim.models.activations import effective_recompute
     from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
     from distlab.sim.parallel.tp.memory import tp_memory
     o = result.options
+    rc = effective_recompute(result.model, o.recompute, "tp.recompute")
     dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
-    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, o.recompute, dp)
+    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, rc, dp, o.loss_parallel)
     if "pp" in result.mesh and result.mesh.size("pp") > 1:
         parts = first_stage_memory(result, parts)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
@@ -59,8 +76,7 @@ def memory(result) -> dict:
              ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu,
-                     "activations": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, recompute "
-                                    f"{o.recompute}"}}
+                     "activations": f"sim/models/activations.py, recompute {rc}"}}
 
 
 def first_stage_memory(result, whole: dict) -> dict:

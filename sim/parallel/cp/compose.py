@@ -8,7 +8,6 @@ with TP-local shapes and cp-local tokens (as sim/parallel/tp/compose.py splices 
 from __future__ import annotations
 
 from distlab.sim.parallel.cp.ring import Ring
-from distlab.sim.plan import DTYPE_BYTES, Compute
 from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
 
 
@@ -57,26 +56,3 @@ class CPSegments(Segments):
             for _ in range(1 if self.sp else k[f"col_{part}"]):
                 p.coll("reduce_scatter" if self.sp else "all_reduce", X, f"{name}.{part} input bwd")
             p.compute(f"bwd {name}.{norm}", nbytes=self.norm)
-
-
-def splice_tp(base_ops: list, model, mesh, rank: int, opts, tp_opts: TPOptions, units: dict) -> list:
-    """Rank ``rank``'s FSDP2 program ``base_ops`` with every layer's compute replaced by its CP x TP segment;
-    the SP norms' Partial gradients all-reduced over tp before their unit's reduce-scatter (sim/parallel/tp/compose.py)."""
-    c = model.config
-    tp, cp = mesh.size("tp"), mesh.size("cp")
-    p = _Program(mesh.group_of(rank, "tp"), c["dtype"])
-    ring = Ring(p.ops, rank, mesh.group_of(rank, "cp"), c["micro_batch"], c["seq_len"], c["hidden"] // tp,
-                c["dtype"], DTYPE_BYTES[c["dtype"]], opts.rotate_method, opts.load_balance, opts.overlap)
-    seg = CPSegments(model, tp_opts, p, ring, opts.recompute == "full")
-    for op in base_ops:
-        kind, _, rest = getattr(op, "name", "").partition(" ")
-        if isinstance(op, Compute) and kind == "fwd":
-            seg.forward(rest)
-        elif isinstance(op, Compute) and kind == "bwd":
-            seg.backward(rest)
-        else:
-            if isinstance(op, Compute) and op.name.startswith("copy-in grads "):
-                seg.partial_grads(units[op.name.removeprefix("copy-in grads ")], 1, "backward")
-            p.ops.append(op)
-    assert cp == len(ring.group)
-    return p.ops

@@ -91,12 +91,13 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
         last = micro == opts.grad_accum - 1
         tag = f" (micro {micro})" if opts.grad_accum > 1 else ""
         for layer in model.layers:
-            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops,
-                               bytes=layer.param_bytes + layer.activation_bytes))
+            act = layer.activation_bytes + layer.transient_bytes    # written and read whether kept or recomputed
+            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops, bytes=layer.param_bytes + act))
         for li in range(len(model.layers) - 1, -1, -1):
             layer = model.layers[li]
-            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops,
-                               bytes=2 * layer.param_bytes + layer.activation_bytes))
+            act = layer.activation_bytes + layer.transient_bytes
+            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops + layer.recompute_flops,
+                               bytes=2 * layer.param_bytes + act))
             if last:
                 for k, d in enumerate(done_after):
                     if d == li:

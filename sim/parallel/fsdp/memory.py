@@ -7,8 +7,9 @@ Static bytes (ZeRO, Rajbhandari et al. 2019, arXiv 1910.02054, sec. 3 and fig. 1
   (Paper, 7.5B params on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.) Sharded terms use FSDP2's padded sizes:
   each parameter's dim 0 is padded to a multiple of N. HSDP shards over the shard group only.
 Dynamic bytes from the plan's memory events (sim/parallel/fsdp/plan.py): unsharded units between their all-gather and
-their reshard, unsharded gradients between backward and reduce-scatter, activations (model's activation_bytes)
-from a layer's forward until its backward. FSDP2 keeps sharded fp32 params and grads instead of ZeRO's 16-bit
+their reshard, unsharded gradients between backward and reduce-scatter, activations (model's activation_bytes,
+sim/models/activations.py) from a layer's forward until its backward, and a layer's transient bytes (its
+recomputed forward, its offloaded tensors brought back) while its backward runs. FSDP2 keeps sharded fp32 params and grads instead of ZeRO's 16-bit
 copies plus fp32 master; the total per element (16 bytes) is the same.
 """
 from __future__ import annotations
@@ -58,7 +59,8 @@ def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype:
         unsharded = units[0].numel(S) * pb + (sum(sizes) if not reshard_after_forward else sum(sizes[:prefetch]))
     out["unsharded params"] = unsharded
     out["unsharded grads"] = 0
-    out["activations"] = int(sum(layer.activation_bytes for layer in model.layers))
+    from distlab.sim.models.activations import activations
+    out["activations"] = int(activations(model).peak_bytes)
     return out
 
 

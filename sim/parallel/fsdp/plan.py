@@ -259,8 +259,10 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
         for i in reversed(layers):
             L = model.layers[i]
             grads = [(_numel(L) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 and L.params else []
-            last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops, bytes=2 * L.activation_bytes + L.param_bytes),
-                         start=grads, end=[(-L.activation_bytes, "activations")])
+            redo = [(L.transient_bytes, "activations")] if L.transient_bytes else []  # recomputed/offloaded
+            last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
+                                 bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes),
+                         start=grads + redo, end=[(-L.activation_bytes - L.transient_bytes, "activations")])
         unit_done = u is not root or s == len(back) - 1
         reclaimed = []         # FSDP2 keeps K RS input buffers in flight: reclaim the oldest before the copy-in
         while z >= 2 and unit_done and u.params and len(held) >= cfg.reduce_scatter_max_input_buffers:
@@ -305,7 +307,8 @@ def _forward(p: _Program, model, layers):
     last = None
     for i in layers:
         L = model.layers[i]
-        last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops, bytes=L.activation_bytes + L.param_bytes),
+        last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops,   # traffic: what it writes, kept or not
+                             bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
                      start=[(L.activation_bytes, "activations")])
     return last
 

@@ -86,17 +86,27 @@ class PipelineOptions:
     microbatches: int = option(PipelineSpec.microbatches, "microbatches per step (m)")
     virtual_stages: int = option(PipelineSpec.virtual_stages, "model chunks per rank (v; 2 for zbv, dualpipev)")
     split: list[int] | None = option(PipelineSpec.split, "layers (transformer blocks) per stage, p x v numbers in "
-                                                         "stage order (none = even)")
+                                                         "stage order (none = even, or see stage_less_layers)")
+    stage_less_layers: list[int] | None = option(None, "[first, last]: the first and last stage hold that many "
+                                                       "blocks fewer, torchtitan's pipeline_parallel_first/last_stage_"
+                                                       "less_layers (sim/parallel/pipeline/split.py); none = even "
+                                                       "when p x v divides a transformer's blocks, else [1, 1]")
     weight_grad_fraction: float = option(PipelineSpec.weight_grad_fraction,
                                          "W = min(B, 2 x fraction x F) per layer for I/W schedules")
     recv: str = option(PipelineSpec.recv, "when receives are posted", choices=("auto", "on-demand", "early"),
                        what="recv mode")
 
-    def spec(self, mesh: Mesh) -> PipelineSpec:
-        """The PipelineSpec on ``mesh``: stages = its pp size, data_parallel = its dp size (1 without dp)."""
+    def spec(self, mesh: Mesh, model=None) -> PipelineSpec:
+        """The PipelineSpec on ``mesh``: stages = its pp size, data_parallel = its dp size (1 without dp); with a
+        transformer ``model``, blocks per stage by sim/parallel/pipeline/split.py."""
         dp = mesh.size("dp") if "dp" in mesh else 1
+        split = self.split
+        if model is not None and ((model.config or {}).get("kind") == "gpt" or self.stage_less_layers is not None):
+            from distlab.sim.parallel.pipeline.split import stage_split
+            blocks = model.config["layers"] if model.config.get("kind") == "gpt" else len(model.layers)
+            split = stage_split(blocks, mesh.size("pp") * self.virtual_stages, self.split, self.stage_less_layers)
         return PipelineSpec(self.schedule, mesh.size("pp"), self.microbatches, self.virtual_stages, dp,
-                            self.split, self.weight_grad_fraction, self.recv)
+                            split, self.weight_grad_fraction, self.recv)
 
 
 def split_layers(n_layers: int, n_stages: int, split: list[int] | None = None, what: str = "layers") -> list[range]:
@@ -131,11 +141,13 @@ def stage_ranges(model, n_stages: int, split: list[int] | None = None) -> list[r
 
 
 def boundary_bytes(model, layer: int) -> int:
-    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a GPT,
-    the layer's activation (its output) for an MLP."""
+    """Bytes of one microbatch's output of ``layer`` (the tensor sent to the next stage): b·s·h for a transformer
+    (gpt, moe), the traced output of a model from an nn.Module, the layer's activation (its output) for an MLP."""
     cfg = model.config or {}
-    if cfg.get("kind") == "gpt":
+    if cfg.get("kind") in ("gpt", "moe"):
         return int(cfg["micro_batch"] * cfg["seq_len"] * cfg["hidden"] * DTYPE_BYTES[cfg.get("dtype", "float32")])
+    if cfg.get("kind") == "extracted":                  # traced from an nn.Module (runtime/factory.py)
+        return int(cfg["output_bytes"][layer])
     return int(model.layers[layer].activation_bytes)
 
 
@@ -171,7 +183,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
     out_bytes = [boundary_bytes(model, r[-1]) if p2p_bytes is None else int(p2p_bytes) for r in ranges]
     L, wf = model.layers, spec.weight_grad_fraction
     fwd = [sum(L[i].fwd_flops for i in r) for r in ranges]
-    bwd = [sum(L[i].bwd_flops for i in r) for r in ranges]
+    bwd = [sum(L[i].bwd_flops + L[i].recompute_flops for i in r) for r in ranges]
     wgt = [sum(min(L[i].bwd_flops, 2 * wf * L[i].fwd_flops) for i in r) for r in ranges]
     flops = {"F": fwd, "B": bwd, "I": [b - w for b, w in zip(bwd, wgt)], "W": wgt}
 

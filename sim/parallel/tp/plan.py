@@ -78,7 +78,8 @@ class TPOptions:
                                         "(PrepareModuleInput, use_local_output=False, as torchtitan wraps them): "
                                         "one backward all-reduce per part instead of one per column-parallel linear",
                                  flag="--tp-prepare-input")
-    recompute: str = option("none", "activation recomputation for the memory report and backward compute",
+    recompute: str = option("none", "activation recomputation for the memory report and backward compute "
+                                    "(without a tp section: the model's, for every parallelism)",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/parallel/tp/pipeline.py)",
                            choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
@@ -86,6 +87,9 @@ class TPOptions:
     virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)", flag="--tp-virtual-stages")
     split: list[int] | None = option(None, "transformer blocks per pipeline stage, pp x virtual_stages numbers "
                                            "(none = even)", flag="--tp-split")
+    comm_overlap: bool = option(False, "Megatron-LM's TP communication overlap (async TP): all-gathers and "
+                                       "reduce-scatters as P2P ring steps pipelined with the GEMMs (sequence "
+                                       "parallel only; sim/parallel/tp/overlap.py)", flag="--tp-comm-overlap")
 
     def validate(self, where: str = "tp") -> "TPOptions":
         for key in ("microbatches", "virtual_stages"):
@@ -164,15 +168,19 @@ def backward_gemms(gemms: tuple) -> tuple:
     return tuple(g for M, N, K in gemms for g in ((M, K, N), (K, N, M)))
 
 
-def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp") -> Plan:
+def tp_plan(model, mesh, opts: TPOptions, name: str | None = None, where: str = "tp", make_segments=None) -> Plan:
     """The plan of one step (forward, backward, AdamW) on ``mesh`` (dimension ``tp``; other dimensions hold
-    replicas that this builder does not synchronize)."""
+    replicas that this builder does not synchronize). ``make_segments(model, opts, program, rank)``: each rank's
+    segments (sim/parallel/layers.py ``segments``: Megatron's overlap with ``comm_overlap``); default Segments."""
+    if opts.comm_overlap and make_segments is None:
+        raise ConfigError("comm_overlap: build it with sim/parallel/parallelize.py (it chooses the overlapped "
+                          "segments)", f"{where}.comm_overlap")
     if "tp" not in mesh:
         raise ConfigError(f"the tp section needs mesh dimension 'tp'; this mesh has {', '.join(mesh.names)}",
                           f"{where}: mesh")
     tp = mesh.size("tp")
     check_divides(model, tp, "mesh.tp", opts.sequence_parallel)
-    progs = [_program(model, mesh.group_of(r, "tp"), opts) for r in range(mesh.world_size)]
+    progs = [_program(model, mesh.group_of(r, "tp"), opts, r, make_segments) for r in range(mesh.world_size)]
     local = sum(_numel(local_shape(p, tp)) for p in model.params)
     meta = {"builder": "tp", "model": model.name, "tp": tp, "sequence_parallel": opts.sequence_parallel,
             "loss_parallel": opts.loss_parallel, "recompute": opts.recompute, "local_params": local}
@@ -187,9 +195,9 @@ def _numel(shape) -> int:
     return n
 
 
-def _program(model, group: tuple, o: TPOptions) -> _Program:
+def _program(model, group: tuple, o: TPOptions, rank: int | None = None, make_segments=None) -> _Program:
     p = _Program(group, model.config["dtype"])
-    seg = Segments(model, o, p)
+    seg = (make_segments or (lambda m, o, p, r: Segments(m, o, p)))(model, o, p, group[0] if rank is None else rank)
     for layer in model.layers:
         seg.forward(layer.name)
     for layer in reversed(model.layers):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from distlab.sim.errors import ConfigError
+from distlab.sim.models import Layer, Model, Param
 
 COLWISE = ("attn.q", "attn.k", "attn.v", "attn.qkv", "mlp.gate", "mlp.up", "mlp.fc", "lm_head")
 ROWWISE = ("attn.o", "mlp.down", "mlp.proj")
@@ -73,3 +74,17 @@ def check_divides(model, tp: int, where: str = "mesh.tp", sequence_parallel: boo
         if n % tp:
             raise ConfigError(f"tp {tp} does not divide {key} {n} (tensor parallelism splits it across the tp "
                               f"ranks); allowed tp for this model: {allowed}", where)
+
+
+def tp_local_model(model, tp: int, opts=None) -> Model:
+    """``model`` with every parameter at its TP-local shape and compute divided by tp (what FSDP2 shards), and
+    the activations one rank keeps (sim/models/activations.py) under ``opts``' (TPOptions) sequence and loss
+    parallelism and recompute (without ``opts``: plain TP, the model's own recompute)."""
+    from distlab.sim.models.activations import local_layers
+    layers = [Layer(L.name, [Param(q.name, local_shape(q, tp), q.dtype) for q in L.params],
+                    fwd_flops=L.fwd_flops / tp, bwd_flops=L.bwd_flops / tp, ready=L.ready) for L in model.layers]
+    if (model.config or {}).get("kind") in ("gpt", "moe"):
+        layers = local_layers(model, layers, tp=tp, sequence_parallel=bool(opts and opts.sequence_parallel),
+                              loss_parallel=bool(opts and opts.loss_parallel),
+                              recompute=opts.recompute if opts else None)
+    return Model(model.name, layers, dict(model.config))

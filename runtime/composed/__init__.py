@@ -1,0 +1,1 @@
+"""Real runs of compositions (sim/parallel/parallelize.py): torchtitan's layout on gloo ranks, checked and timed."""

@@ -1,0 +1,125 @@
+"""How distlab prints: every line within WIDTH = 100 columns, a summary first and detail on request.
+
+    print_table("buckets", ["bucket", "MiB"], rows, max_rows=LONG_TABLE)   # 20 of 400 rows; --verbose: all
+    note("ready: the bucket's last gradient is computed")                   # '  (ready: ...)', wrapped
+
+Output reads at a glance (issue 33): tables wrap their text columns and never their numbers, leave out the
+columns that still do not fit and name them (``--wide``: as wide as they need); a table that grows with the
+model or the world shows its first and last rows and says how many it left out (``--verbose``: all); notes and
+long lines wrap at words. The flags are each command's (``add_output_arguments``); sim/cli.py's
+``run_command`` puts them in ``STYLE`` for these printers.
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+from dataclasses import dataclass
+
+WIDTH = 100             # columns of every printed line unless --wide
+LONG_TABLE = 20         # rows a growing table shows without --verbose: the first 16 and the last 4
+
+
+@dataclass
+class OutputStyle:
+    """What the command's --verbose and --wide asked for (set by run_command)."""
+    verbose: bool = False
+    wide: bool = False
+
+
+STYLE = OutputStyle()
+
+
+def add_output_arguments(p, verbose: bool = True) -> None:
+    """``--verbose`` (every row of long tables; skip it where the command already has one) and ``--wide``."""
+    if verbose:
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help=f"print every row of long tables (default: the first and last of {LONG_TABLE})")
+    p.add_argument("--wide", action="store_true", help=f"let tables be as wide as they need (default: wrap to "
+                                                       f"{WIDTH} columns)")
+
+
+def say(text: str = "", indent: str = "", first: str = "") -> None:
+    """Print ``text`` wrapped at words to WIDTH columns (unless --wide): ``first`` before its first line,
+    ``indent`` before the others."""
+    if STYLE.wide or len(first) + len(text) <= WIDTH:
+        print(first + text)
+        return
+    print("\n".join(textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent,
+                                   break_on_hyphens=False, break_long_words=False)))
+
+
+def note(text: str) -> None:
+    """An explanation under a table: ``  (text)``, wrapped."""
+    say(f"({text})", indent="   ", first="  ")
+
+
+def elide(rows: list, max_rows: int | None) -> tuple[list, int]:
+    """(rows to show, how many were left out): without --verbose, a table of more than ``max_rows`` rows keeps
+    its first ``max_rows - 4`` and last 4, with a row of '...' between them."""
+    if max_rows is None or STYLE.verbose or len(rows) <= max_rows:
+        return list(rows), 0
+    head, tail = max_rows - 4, 4
+    width = len(rows[0]) if rows else 1
+    return list(rows[:head]) + [["..."] * width] + list(rows[-tail:]), len(rows) - head - tail
+
+
+MIN_WRAPPED = 16        # a wrapped text column keeps at least this many columns
+
+
+def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], width: int | None = WIDTH
+                ) -> tuple[list[int | None], list[int]]:
+    """(each column's width cap, None = its natural width; the indices of the columns left out) so that the
+    table fits ``width`` columns (two spaces between columns): the widest wrappable column is narrowed first
+    (water-filling, none below MIN_WRAPPED); if that is not enough, columns are left out from the right (never
+    the first). ``width`` None: no limit."""
+    natural = [max([len(c)] + [len(str(r[i])) for r in rows]) for i, c in enumerate(columns)]
+    caps: list[int | None] = [None] * len(columns)
+    if width is None:
+        return caps, []
+    kept = list(range(len(columns)))
+
+    def total():
+        return sum(caps[i] or natural[i] for i in kept) + 2 * (len(kept) - 1)
+    while total() > width:
+        shrink = [i for i in kept if wrappable[i] and (caps[i] or natural[i]) > MIN_WRAPPED]
+        if shrink:
+            widest = max(shrink, key=lambda i: caps[i] or natural[i])
+            caps[widest] = max(MIN_WRAPPED, (caps[widest] or natural[widest]) - (total() - width))
+            continue
+        if len(kept) == 1:
+            break
+        kept.pop()
+    return caps, [i for i in range(len(columns)) if i not in kept]
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1,
+                max_rows: int | None = None) -> None:
+    """A plain table through rich (no colours when stdout is not a terminal): the first ``justify_left``
+    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``:
+    columns of text wrap, numbers never; what still does not fit is left out and named). ``max_rows``: a table
+    that grows with the model or the world shows that many rows without --verbose (``elide``), and says how
+    many it left out."""
+    from rich.console import Console
+    from rich.table import Table
+    if title:
+        say(title)
+    shown, left_out = elide([[str(x) for x in r] for r in rows], max_rows)
+    wrappable = [i < justify_left or any(" " in r[i] for r in shown) for i in range(len(columns))]
+    caps, dropped = fit_columns(columns, shown, wrappable, None if STYLE.wide else WIDTH)
+    kept = [i for i in range(len(columns)) if i not in dropped]
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for i in kept:
+        table.add_column(columns[i], justify="left" if i < justify_left else "right", no_wrap=caps[i] is None,
+                         overflow="fold", max_width=caps[i])
+    for r in shown:
+        table.add_row(*[r[i] for i in kept])
+    import io
+    buffer = io.StringIO()
+    Console(file=buffer, width=100_000 if STYLE.wide else WIDTH, soft_wrap=False, force_terminal=False,
+            color_system=None).print(table)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
+    if left_out:
+        note(f"{left_out} of {len(rows)} rows left out; --verbose prints them all")
+    if dropped:
+        note(f"left out to fit {WIDTH} columns: {', '.join(columns[i] or '(unnamed)' for i in dropped)}; --wide "
+             "shows them")

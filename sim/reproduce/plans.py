@@ -1,0 +1,135 @@
+"""One training step of a published run (sim/reproduce/runs.py) as a plan: the run as a scenario, built by the TP
+builders, with what Megatron-LM adds around them.
+
+    >>> from distlab.sim.reproduce.runs import load_runs
+    >>> from distlab.sim.reproduce.scenario import scenario_of
+    >>> scenario_of(load_runs()[0][0])["mesh"]
+    {'dp': 32, 'pp': 1, 'tp': 1}
+
+The scenario (sim/scenario.py) is the run's model, a mesh dp x pp x tp and a ``tp:`` section (sequence
+parallelism, recompute, schedule, micro-batches, virtual stages, split); it is validated as any scenario is, and
+its options drive the builders (sim/parallel/tp/): the compositions the scenario machinery gains make more rows
+expressible. Around them:
+- pp = 1: every rank runs its micro-batches (gradient accumulation) of TP segments, then the dp gradient
+  reduction in buckets: with ``overlap_grad_reduce`` (torch DDP; Megatron's --overlap-grad-reduce) each bucket is
+  reduced as soon as the last micro-batch's backward has produced it, buckets of max(40M, 1M x dp) elements
+  (megatron/core/distributed/distributed_data_parallel.py, core_r0.8.0, lines 47-57), else one reduction after
+  the backward. Gradients are reduced in float32 for bf16 training (megatron/training/arguments.py, core_r0.8.0,
+  lines 299-305), else in the model's dtype. ZeRO 1 (Megatron's distributed optimizer) reduce-scatters them and
+  steps 1/dp of the optimizer state; its parameter all-gather runs behind the next forward
+  (--overlap-param-gather) and is not in the step.
+- pp > 1: the pipeline of sim/parallel/tp/pipeline.py, each stage's gradients all-reduced over dp after its last
+  backward (Megatron's local DDP of 2021); simulated on data-parallel replica 0 only (``replicas``), each such
+  all-reduce a fixed-duration op of the time it takes on the whole cluster beside the other stages' (every
+  replica runs the same program at the same times, so replica 0's timeline is every replica's;
+  tests/test_reproduce.py compares it with the full simulation), then AdamW.
+- AdamW: a memory-bound pass over the rank's parameters (ADAM_BYTES per element, sim/parallel/tp/plan.py).
+- ZeRO 2/3 (FSDP2, pp = 1): the scenario's own plan (mesh dp_shard x tp: sim/parallel/tp/compose.py); with
+  float8, the blocks' all-gathers carry float8 weights (torchao's enable_fsdp_float8_all_gather: 1 byte for the
+  linears, whose norms' few bf16 parameters are neglected; the root unit, with the output layer torchtitan's
+  float8 converter skips, stays bf16).
+- ``attention: unfused`` (Megatron 2021): attention kernels as batched GEMMs plus softmax and dropout passes;
+  ``precision: float8``: every GEMM op's dtype float8_e4m3fn (torchao's Float8Linear; sim/compute/kernels.py);
+  ``compile``: every compute op at TORCH_COMPILE_SPEEDUP (sim/compute/kernels.py) of its eager time.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.reproduce.scenario import grad_dtype, model_dtype, parts, scenario_of  # noqa: F401
+
+MEGATRON_BUCKET_ELEMENTS = 40_000_000      # max(40M, 1M x dp) elements per bucket (module docstring)
+
+
+def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -> Plan:
+    """One training step of ``run`` on ``cluster`` (module docstring)."""
+    cache = cache if cache is not None else {}
+    cache.setdefault("cluster", cluster)
+    if run.layout["zero"] >= 2:
+        from distlab.sim import scenario as sc
+        plan = sc.build(scenario_of(run), f"run {run.name}").plan
+    elif run.layout["pp"] == 1:
+        plan = _data_parallel_plan(run)
+    else:
+        from distlab.sim.reproduce.pipeline import pipeline_plan
+        plan = pipeline_plan(run, replicas, cache)
+    shared: dict = {}
+    ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in plan.ranks]
+    return Plan(ranks, name=plan.name, meta=plan.meta)
+
+
+def _as_run(op, run, cluster, shared: dict):
+    """The op as the run ran it: unfused attention, float8 GEMMs, FSDP2's float8 all-gather of the blocks,
+    torch.compile's documented speed-up of the compute (the op objects shared across ranks)."""
+    if isinstance(op, Collective) and run.precision == "float8" and op.op == "all_gather" \
+            and op.name.startswith("all_gather h."):
+        return replace(op, bytes=op.bytes // 2)
+    if not isinstance(op, Compute) or op.seconds is not None:
+        return op
+    key = id(op)
+    if key not in shared:
+        new = op
+        if run.attention == "unfused" and op.attention is not None:
+            new = replace(new, attention_kernel="unfused")
+        if run.precision == "float8" and op.gemms:
+            new = replace(new, dtype="float8_e4m3fn")
+        if run.compile:
+            from distlab.sim.compute.kernels import TORCH_COMPILE_SPEEDUP, op_seconds
+            new = replace(new, seconds=op_seconds(new, cluster.gpu) / TORCH_COMPILE_SPEEDUP)
+        shared[key] = (op, new)
+    return shared[key][1]
+
+
+def _data_parallel_plan(run) -> Plan:
+    """pp = 1: micro-batches of TP segments, bucketed dp gradient reduction, AdamW (module docstring)."""
+    from distlab.sim.dtypes import DTYPE_BYTES
+    from distlab.sim.parallel.tp.compose import tp_local_model
+    from distlab.sim.parallel.tp.plan import ADAM_BYTES, ADAM_FLOPS, Segments, _Program
+    from distlab.sim.parallel.tp.rules import local_numel, partial_grad_params
+    model, mesh, opts = parts(run)
+    L, tp = run.layout, run.layout["tp"]
+    local = tp_local_model(model, tp)
+    gbytes, zero1 = DTYPE_BYTES[grad_dtype(run)], L["zero"] == 1
+    buckets = _buckets(local, L["dp"] if run.overlap_grad_reduce else None)
+    partial = [q.name for q in partial_grad_params(model, opts.sequence_parallel)][::-1]
+    n_local = local_numel(model, tp)
+    ranks = []
+    for r in range(mesh.world_size):
+        p = _Program(mesh.group_of(r, "tp"), model.config["dtype"])
+        seg = Segments(model, opts, p)
+        for m in range(run.microbatches):
+            for layer in model.layers:
+                seg.forward(layer.name)
+            for layer in reversed(model.layers):
+                seg.backward(layer.name)
+                if m == run.microbatches - 1:
+                    p.ops.append(Record(f"grads {layer.name}", "compute"))
+        seg.partial_grads(partial, 1, "backward")
+        group = mesh.group_of(r, "dp")
+        if len(group) > 1:
+            for k, (last, numel) in enumerate(buckets):
+                op = "reduce_scatter" if zero1 else "all_reduce"
+                p.ops += [Wait(f"grads {last}", "dp"),
+                          Collective(op, numel * gbytes, grad_dtype(run), group, name=f"dp {op} bucket {k}",
+                                     stream="dp")]
+            p.ops += [Record("reduced", "dp"), Wait("reduced", "compute")]
+        n = n_local // (L["dp"] if zero1 else 1)
+        p.ops.append(Compute("optimizer", flops=ADAM_FLOPS * n, bytes=ADAM_BYTES * n, dtype=model.config["dtype"]))
+        ranks.append(p.ops)
+    return Plan(ranks, name=run.name, meta={"builder": "reproduce dp x tp", "buckets": len(buckets)}).validate()
+
+
+def _buckets(local, dp: int | None) -> list[tuple[str, int]]:
+    """(last layer to finish its backward, elements) per gradient bucket, in reduction order: the layers from the
+    last to the first, cut every max(40M, 1M x dp) elements; ``dp`` None = one bucket (no overlap)."""
+    cap = max(MEGATRON_BUCKET_ELEMENTS, 1_000_000 * dp) if dp is not None else float("inf")
+    out, size = [], 0
+    for layer in reversed(local.layers):
+        size += sum(q.numel for q in layer.params)
+        if size >= cap:
+            out.append((layer.name, size))
+            size = 0
+    if size:
+        out.append((local.layers[0].name, size))
+    return out

@@ -1,0 +1,48 @@
+"""A published run (sim/reproduce/runs.py) as a scenario: its model, mesh and parallelism section (sim/scenario.py).
+
+    >>> from distlab.sim.reproduce.runs import load_runs
+    >>> from distlab.sim.reproduce.scenario import scenario_of
+    >>> scenario_of(load_runs()[0][0])["tp"]["microbatches"]         # SC21's 1.7B: global 512 / (dp 32 x 16)
+    1
+
+pp x tp x dp runs become the ``tp`` workload on mesh {dp, pp, tp} with the run's sequence parallelism, recompute,
+schedule, micro-batches, virtual stages and split; ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp}.
+The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
+"""
+from __future__ import annotations
+
+from distlab.sim.mesh import Mesh
+
+
+def model_dtype(run) -> str:
+    return "float16" if run.precision == "float16" else "bfloat16"
+
+
+def grad_dtype(run) -> str:
+    """float32 for bf16 training (Megatron accumulates and reduces in fp32), else the model's dtype."""
+    return "float16" if run.precision == "float16" else "float32"
+
+
+def scenario_of(run) -> dict:
+    """The run as a scenario dict (validated by sim/scenario.py)."""
+    from distlab.sim import scenario as sc
+    L = run.layout
+    tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
+          "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
+          "split": L["split"]}
+    mesh = {"dp_shard": L["dp"], "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
+    if L["zero"] >= 2:
+        tp = {k: tp[k] for k in ("sequence_parallel", "recompute")}
+    d = {"name": run.name, "model": {**run.model, "micro_batch": run.micro_batch, "dtype": model_dtype(run)},
+         "mesh": mesh, "tp": tp, "cluster": run.cluster, "world_size": run.gpus}
+    return sc.validate(d, f"run {run.name}")
+
+
+def parts(run):
+    """(model, mesh, TPOptions) of the run's scenario."""
+    from distlab.sim.scenario import workload_of
+    from distlab.sim.models import model_from_spec
+    d = scenario_of(run)
+    w = workload_of(d)
+    return (model_from_spec(d["model"], f"run {run.name}: model"), Mesh(d["mesh"], f"run {run.name}: mesh"),
+            w.parse(d["tp"], f"run {run.name}: tp"))

@@ -1,0 +1,110 @@
+"""Many independent simulations at once: on local processes by default, or on a Dask distributed cluster given
+its scheduler's address.
+
+    results = run_many(simulate_case, cases)                               # local processes, in case order
+    results = run_many(simulate_case, cases, scheduler="tcp://host:8786")  # an existing Dask cluster
+
+``fn`` is a module-level function (the workers import it by name) and every case is picklable (a dict, a
+scenario); with ``shared`` every call is ``fn(shared, case)`` and ``shared`` goes to each worker once (forked
+processes inherit it; Dask scatters it to every worker). The simulator is deterministic, so the results are
+the same on one process, on local processes or on a cluster (tests/test_jobs_many.py compares them).
+
+- Local: ``workers`` processes (default: the CPUs, at most 2: a laptop stays usable), forked where the system
+  forks (Linux: nothing is pickled on the way in), else spawned; one process when there is one worker or one
+  case.
+- Dask distributed (``pip install 'distlab[dask]'``): the cases are submitted to the scheduler at ``scheduler``
+  (a cluster you started: ``dask scheduler`` and ``dask worker`` on each machine, or any Dask deployment) and
+  gathered in order. Dask, not Ray: pure Python (a small pip install, no binary runtime), a LocalCluster starts
+  in seconds for a test, and its client maps a function over picklable cases, which is all this needs.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+from distlab.sim.errors import ConfigError
+
+CONNECT_S = 10.0       # how long to wait for a Dask scheduler before giving up
+
+_SHARED: dict = {}     # what forked workers read (set by the parent before the fork)
+
+
+def can_fork() -> bool:
+    """Local workers are forked here (they inherit ``shared`` without pickling it)."""
+    return "fork" in mp.get_all_start_methods()
+
+
+def worker_count(workers: int | None) -> int:
+    """Local processes: ``workers`` if given, else the CPUs, at most 2."""
+    return max(1, workers if workers is not None else min(2, os.cpu_count() or 1))
+
+
+def run_many(fn, cases: list, *, workers: int | None = None, scheduler: str | None = None, shared=None,
+             progress=None) -> list:
+    """``[fn(case) for case in cases]`` (or ``fn(shared, case)``), run at once (module docstring);
+    ``progress(done, total)`` is called as results arrive."""
+    cases = list(cases)
+    if scheduler:
+        return _dask(fn, cases, scheduler, shared, progress)
+    n = min(worker_count(workers), len(cases))
+    if n <= 1:
+        out = []
+        for i, case in enumerate(cases):
+            out.append(fn(case) if shared is None else fn(shared, case))
+            if progress:
+                progress(i + 1, len(cases))
+        return out
+    method = "fork" if can_fork() else "spawn"
+    out: list = [None] * len(cases)
+    _SHARED["value"] = shared
+    try:
+        with mp.get_context(method).Pool(n, initializer=_receive, initargs=(shared if method == "spawn" else None,
+                                                                          method)) as pool:
+            for done, (i, result) in enumerate(pool.imap_unordered(_local, [(fn, i, c) for i, c in
+                                                                             enumerate(cases)])):
+                out[i] = result
+                if progress:
+                    progress(done + 1, len(cases))
+    finally:
+        _SHARED.clear()
+    return out
+
+
+def _receive(shared, method: str) -> None:
+    """A pool worker leaves Ctrl-C to the parent (the terminal sends SIGINT to the whole process group): the
+    parent ends the pool and exits 130 in one line, instead of every worker printing a KeyboardInterrupt
+    traceback."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if method == "spawn":
+        _SHARED["value"] = shared
+
+
+def _local(task):
+    fn, i, case = task
+    shared = _SHARED.get("value")
+    return i, (fn(case) if shared is None else fn(shared, case))
+
+
+def _call(fn, shared, case):
+    return fn(case) if shared is None else fn(shared, case)
+
+
+def _dask(fn, cases: list, scheduler: str, shared, progress) -> list:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError("running on a Dask cluster needs Dask distributed: pip install 'distlab[dask]'",
+                          "--scheduler") from None
+    try:
+        client = Client(scheduler, timeout=CONNECT_S, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise ConfigError(f"cannot reach a Dask scheduler at {scheduler!r} ({type(e).__name__}: {e}); allowed: "
+                          "the address `dask scheduler` prints, e.g. tcp://10.0.0.1:8786", "--scheduler") from None
+    with client:
+        held = client.scatter(shared, broadcast=True) if shared is not None else None
+        futures = client.map(_call, [fn] * len(cases), [held] * len(cases), cases, pure=False)
+        if progress:
+            for done, _ in enumerate(as_completed(futures)):
+                progress(done + 1, len(cases))
+        return client.gather(futures)

@@ -1,0 +1,42 @@
+"""Golden plans of the compositions built before the parallelisms became transforms (tests/golden_compose_cases.py):
+every plan is byte-identical to the one saved before the change (tests/data/golden_compose.json), but for one
+fix, explained and tested here: CP x TP's AdamW now runs on DTensors, as FSDP2 x TP's always did (every
+parameter is a DTensor under ``fully_shard``: sim/parallel/fsdp/step.py), so its optimizer op carries
+ADAMW_DTENSOR_OPS x parameters ``launches``; before, the CP x TP builder kept FSDP2's plain op. Nothing else of
+those plans changed. The digests were saved again when issue 29 (process groups: CP's ring and the int-reshard
+all-gathers name their group) and issue 29.4 (the model family's activation bytes: compute ops' ``bytes``, the
+memory events, the pipelines' per-stage ``activation_bytes``) met these transforms at the merge: with those fields
+removed, every plan was equal to the one saved before (checked op by op over all cases)."""
+import json
+import pathlib
+from dataclasses import replace
+
+import pytest
+
+from golden_compose_cases import CASES, CP_MODEL, digest
+
+from distlab.sim.plan import Compute, Plan
+
+GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "golden_compose.json").read_text())
+FIXED = {"cp2-tp2", "fsdp2-cp2-tp2-full", "hsdp2x2-cp2-tp2-relabelled"}    # the optimizer's launches (docstring)
+
+
+def test_every_case_has_a_golden_digest():
+    assert set(GOLDEN) == set(CASES) and FIXED <= set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - FIXED))
+def test_composed_plan_is_byte_identical_to_before(name):
+    assert digest(CASES[name]()) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(FIXED))
+def test_cp_x_tp_differs_only_by_adamw_on_dtensors(name):
+    from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
+    plan = CASES[name]()
+    opt = [o for ops in plan.ranks for o in ops if isinstance(o, Compute) and o.name == "optimizer"]
+    n_params = len(CP_MODEL.params)
+    assert opt and all(o.launches == ADAMW_DTENSOR_OPS * n_params for o in opt)
+    before = [[replace(o, launches=None) if isinstance(o, Compute) and o.name == "optimizer" else o for o in ops]
+              for ops in plan.ranks]
+    assert digest(Plan(before, plan.name, plan.meta)) == GOLDEN[name]

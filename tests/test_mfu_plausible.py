@@ -1,0 +1,52 @@
+"""Simulated MFU on every shipped GPU preset x every shipped dense model stays within 15% of the best MFU published
+for the GPU's generation, or the output says why (sim/compute/flops.py ``plausibility``, sim/result.py
+``throughput``): one GPU, the TP builder (the ops carry their GEMM shapes and attention calls), so no
+communication hides anything: the compute model alone. The FLOPs-only builders (DDP) are flagged instead."""
+import pytest
+
+from distlab.sim import scenario as sc
+from distlab.sim.cluster import PRESETS
+from distlab.sim.compute.flops import BEST_PUBLISHED_MFU, PLAUSIBLE_MARGIN
+from distlab.sim.compute.kernels import kernel_model
+from distlab.sim.models import PRESETS as MODELS
+
+GPU_CLUSTERS = sorted({c.gpu.name: name for name, c in sorted(PRESETS.items(), reverse=True)
+                       if c.gpu.arch != "cpu"}.values())          # one cluster preset per GPU preset
+
+
+@pytest.mark.parametrize("cluster", GPU_CLUSTERS)
+def test_mfu_of_every_model_is_plausible_or_explained(cluster):
+    generation = kernel_model(PRESETS[cluster].gpu).generation
+    for model in sorted(MODELS):
+        d = {"model": {"preset": model, "micro_batch": 1, "dtype": "bfloat16"}, "mesh": {"tp": 1}, "tp": {},
+             "cluster": cluster, "world_size": 1}
+        s = sc.simulate(d, f"{cluster} x {model}").summary
+        assert 0 < s["mfu"] < 1 and s["hfu"] >= s["mfu"]
+        best = BEST_PUBLISHED_MFU.get(generation)
+        if best is not None and s["mfu"] > best[0] * PLAUSIBLE_MARGIN:
+            assert any("above the best published" in n for n in s["compute_notes"]), (cluster, model, s["mfu"])
+        if best is None:                                  # nothing published to hold it to: the output says so
+            assert s["compute_notes"], (cluster, model)
+        if generation in ("ampere", "hopper"):
+            assert s["mfu"] <= best[0] * PLAUSIBLE_MARGIN, (cluster, model, s["mfu"])
+
+
+def test_flops_only_builders_say_their_mfu_is_an_upper_bound():
+    s = sc.simulate({"model": {"preset": "llama3-8b", "micro_batch": 1}, "ddp": {}, "cluster": "dgx-h100",
+                     "world_size": 8}).summary
+    assert any("without kernel shapes" in n and "upper bound" in n for n in s["compute_notes"])
+    assert s["tokens_per_step"] == 8 * 8192 and s["tflops_per_gpu"] == pytest.approx(
+        s["mfu"] * PRESETS["dgx-h100"].gpu.tflops)
+
+
+def test_simulate_prints_the_throughput_and_json_carries_it(capsys):
+    from distlab.runtime.cli import main
+    args = ["simulate", "--model", "llama3-8b", "--micro-batch", "1", "--world-size", "8", "--no-files"]
+    assert main(args + ["--json"]) == 0
+    r = __import__("json").loads(capsys.readouterr().out)["results"][0]
+    for key in ("model_flops_per_token", "hardware_flops_per_token", "flops_convention", "mfu", "hfu",
+                "tflops_per_gpu", "tokens_per_s_per_gpu", "tokens_per_step", "compute_notes"):
+        assert key in r, key
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{100 * r['mfu']:.1f} %" in out and "tokens/s per GPU" in out and "note: " in out

@@ -1,0 +1,219 @@
+"""Issue 32, items 3-7: a run's files on a shared machine and a full disk. A planted symbolic link is refused and
+nothing outside the folder changes; a second run on the same --out refuses; a full or read-only disk is one line
+that says where the result was kept; a stuck compute op ends within --timeout; the fork server's death is named;
+validate --scenario works without --nproc. (SIGTERM's exit code 143: tests/test_runtime_launch.py.)"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from distlab.runtime.cli import main
+from distlab.sim.plan import Collective, Compute, Plan
+
+
+def cli(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_rank(seconds: float, path) -> str:
+    Plan([[Compute(seconds=seconds, name="forever" if seconds > 1e6 else "work"), Collective("all_reduce", 64)]],
+         name="one").save(str(path))
+    return str(path)
+
+
+@pytest.fixture
+def kept_here(tmp_path, monkeypatch):
+    """Results kept after a disk fault go to tmp_path (pytest removes it), not the session's temp folder."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def kept_file(err: str) -> str:
+    return err.split("the result is kept in ")[1].strip()
+
+
+def test_a_planted_link_in_the_dump_dir_is_refused_and_nothing_outside_changes(tmp_path, monkeypatch):
+    """Before: open(flight.R.ring, "wb") followed a link planted in a shared --dump-dir and overwrote its target."""
+    from distlab.runtime import forkserver
+    victim, shared = tmp_path / "victim", tmp_path / "shared"
+    victim.write_text("precious\n")
+    shared.mkdir()
+    (shared / "flight.0.ring").symlink_to(victim)
+    monkeypatch.setattr(forkserver, "spawn", lambda *a: pytest.fail("a rank was started"))
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--dump-dir", shared, "--out", tmp_path / "m.trace"])
+    assert code == 2 and err.count("\n") == 1 and "flight.0.ring is a symbolic link" in err, err
+    assert victim.read_text() == "precious\n" and os.path.islink(shared / "flight.0.ring")
+    assert sorted(os.listdir(shared)) == ["flight.0.ring"] and not (tmp_path / "m.trace").exists()
+    from distlab.runtime.flight import open_ring                # a rank under torchrun opens its ring the same way
+    with pytest.raises(Exception, match="never through a symbolic link"):
+        open_ring(str(shared / "flight.0.ring"), 1 << 17)
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_full_disk_for_the_flight_ring_is_one_line_before_any_rank_starts(tmp_path, monkeypatch):
+    """Before: the ring was a sparse file written through mmap; on a full disk every rank died of SIGBUS."""
+    from distlab.runtime import forkserver
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(forkserver, "spawn", lambda *a: pytest.fail("a rank was started"))
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--out", tmp_path / "m.trace"])
+    assert code == 1 and err.count("\n") == 1, err
+    assert "flight.0.ring: cannot allocate the 128 KiB flight ring (No space left on device)" in err, err
+
+
+@pytest.mark.parametrize("fault", [errno.ENOSPC, errno.EROFS])
+def test_a_disk_fault_at_the_final_write_keeps_the_result_and_says_where(fault, tmp_path, kept_here, monkeypatch):
+    """Before: an OSError traceback after the whole run, the result lost. Injected at the rename of the final write
+    (a read-only remount mid-run fails there; a full disk at the write or the fsync)."""
+    from distlab.sim import files
+    out = tmp_path / "c.json"
+
+    def refuse(src, dst):
+        raise OSError(fault, os.strerror(fault))
+    monkeypatch.setattr(files.os, "replace", refuse)
+    code, _, err = cli(["collective", "all_reduce", "--size", "4KiB", "--trace", out])
+    assert code == 1 and err.count("\n") == 1 and f"cannot write {out}: {os.strerror(fault)}" in err, err
+    kept = kept_file(err)
+    assert os.path.dirname(kept).startswith(str(kept_here / "distlab-kept-"))
+    assert json.loads(open(kept).read())["traceEvents"] and oct(os.stat(kept).st_mode & 0o777) == "0o600"
+    assert not out.exists() and [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
+
+
+def test_write_atomic_replaces_a_planted_link_and_fsyncs(tmp_path, monkeypatch):
+    from distlab.sim import files
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "out.json").symlink_to(victim)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(files.os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    files.write_atomic(str(tmp_path / "out.json"), "{}")
+    assert victim.read_text() == "precious\n" and not os.path.islink(tmp_path / "out.json")
+    assert (tmp_path / "out.json").read_text() == "{}" and len(synced) == 2          # the file, then its folder
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measurement(tmp_path):
+    """Two runs with the same --out: the second refuses in one line (before: it cleared and removed the first's live
+    flight records). The first's Perfetto trace goes to a link to /dev/full: that result is kept and the one line
+    says where (before: an OSError traceback after the whole run)."""
+    plan = one_rank(3.0, tmp_path / "p.json")
+    out, full = tmp_path / "m.trace", tmp_path / "m.json"
+    full.symlink_to("/dev/full")
+    first = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", plan, "--out", out, "--perfetto",
+                              full, "--backend", "gloo", "-v"], stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TMPDIR=str(tmp_path)))
+    lines = []
+    for line in first.stderr:                        # wait until its rank runs
+        lines.append(line)
+        if "ranks running" in line:
+            break
+    code, _, err = cli(["run", plan, "--out", out, "--backend", "gloo"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--out: another distlab run (pid {first.pid}) is writing {out}" in err
+    rest = first.stderr.read()
+    first.wait(timeout=120)
+    assert first.returncode == 1, rest
+    (line,) = [ln for ln in rest.splitlines() if "error" in ln]
+    assert f"cannot write {full}: No space left on device; the result is kept in {tmp_path}" in line, rest
+    from distlab.sim.compare import from_chrome
+    from distlab.sim.trace import Trace
+    kept = from_chrome(json.loads(open(kept_file(line)).read()))
+    assert {o.name for o in kept.ops} == {"work", "all_reduce"} == {o.name for o in Trace.from_json(out.read_text()).ops}
+    assert os.path.islink(full) and not os.path.exists(tmp_path / ".m.trace.lock")
+
+
+class Stamped(io.StringIO):
+    """stderr that notes when each piece was written."""
+
+    def __init__(self):
+        super().__init__()
+        self.stamps: list[tuple[float, str]] = []
+
+    def write(self, text):
+        self.stamps.append((time.monotonic(), text))
+        return super().write(text)
+
+
+@pytest.mark.slow
+def test_a_stuck_compute_op_ends_within_the_timeout_naming_the_rank_and_the_op(tmp_path):
+    """Before: a Compute op of seconds: 1e12 under --timeout 10 still ran after 45 s (only collectives had one).
+    Timed from the moment the rank began its work (-v: "ranks running"), not from the fork server's start."""
+    timeout = 2.0
+    err = Stamped()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(["run", one_rank(1e12, tmp_path / "p.json"), "--out", str(tmp_path / "m.trace"), "--backend",
+                   "gloo", "--timeout", str(timeout), "-v"])
+    end = time.monotonic()
+    (running,) = [t for t, text in err.stamps if "ranks running" in text]
+    err = err.getvalue()
+    assert rc == 1 and end - running < timeout + 10, (end - running, err)
+    assert ("error: watchdog: rank 0 spent more than 2 s (--timeout) in op 0, compute 'forever' on stream "
+            "'compute'; the rank was ended") in err
+    flight = json.loads((tmp_path / "m.flight" / "flight.0.json").read_text())
+    assert flight["reason"].startswith("watchdog: rank 0")
+
+
+@pytest.mark.slow
+def test_the_fork_servers_death_is_named_as_such(tmp_path):
+    """Before: a killed fork server was reported as "rank 0 died" (its ranks die with it)."""
+    from distlab.runtime import forkserver
+    from distlab.runtime.launch import Launch, RunFailed
+    plan = Plan([[Compute(seconds=60.0)]], name="long")
+    launch = Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 1,
+                    backend="gloo").start()
+
+    def kill():
+        while launch.ready("running") < 1:
+            time.sleep(0.05)
+        os.kill(forkserver.server_pid(), signal.SIGKILL)
+    threading.Thread(target=kill, daemon=True).start()
+    with pytest.raises(RunFailed) as e:
+        launch.wait()
+    assert str(e.value).startswith("the fork server (pid ") and "died (killed by SIGKILL)" in str(e.value)
+    assert "rank 0 died" not in str(e.value)
+
+
+def test_validate_a_scenario_without_nproc_does_not_crash(monkeypatch):
+    """Before: ValueError: int('None') (getattr(args, "nproc", 2) when --nproc is left out)."""
+    from distlab.runtime import launch
+
+    class Started(Exception):
+        pass
+
+    def start(self):
+        assert self.nproc == 2
+        raise Started
+    monkeypatch.setattr(launch.Launch, "start", start)
+    scenario = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scenarios", "ddp-cpu.yaml")
+    with pytest.raises(Started):
+        main(["validate", "--scenario", scenario])
+
+
+
+def test_the_elastic_tool_says_in_one_line_that_its_dir_cannot_be_made(tmp_path, capsys):
+    """Before: a --dir whose parent is missing was a FileNotFoundError traceback."""
+    from distlab.runtime.elastic import main as elastic
+    assert elastic(["--dir", str(tmp_path / "missing" / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m distlab.runtime.elastic: error: --dir: folder ") and \
+        "does not exist" in err, err
