@@ -81,8 +81,11 @@ class StageTerms:
             dims = {"pp": L.pp, **({"dp_replicate": 2} if L.dp_kind == "hsdp" else {}), "dp_shard": shard,
                     "tp": L.tp}
             mesh = Mesh(dims)
-            pipe = PipelineOptions(schedule=L.schedule, microbatches=L.microbatches, virtual_stages=L.virtual_stages,
-                                   split=list(L.split) if L.split else None)
+            # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
+            # their number): GPipe with one, or interleaved with one per stage
+            v = L.virtual_stages
+            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=1 if v == 1 else L.pp,
+                                   virtual_stages=v, split=list(L.split) if L.split else None)
             tp = TPOptions(sequence_parallel=L.sequence_parallel and L.tp > 1, loss_parallel=L.loss_parallel)
             par = choose(mesh, {"pipeline": pipe, "tp": tp, "fsdp": FSDPOptions(reshard_after_forward=False)})
             per = mesh.world_size // L.pp
