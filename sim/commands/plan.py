@@ -29,6 +29,10 @@ def add_arguments(p) -> None:
                                                "CPUs, at most 2)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="confirm on a Dask cluster instead: its scheduler's "
                                                           "address, e.g. tcp://10.0.0.1:8786 (sim/workers.py)")
+    from distlab.sim.planner.eras import ERAS
+    p.add_argument("--as-published", choices=sorted(ERAS), metavar="ERA",
+                   help="search only what that era's software ran (sim/planner/eras.py, docs/planner.md): "
+                        + "; ".join(f"{k}: {e.source}" for k, e in ERAS.items()))
     p.add_argument("--json", action="store_true", help="print results as JSON")
     add_output_arguments(p)
 
@@ -80,10 +84,15 @@ def run(args) -> int:
     bar = _Bar(not args.json)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"{args.workers} must be a whole number >= 1", "--workers")
+    era = None
+    if getattr(args, "as_published", None):
+        from distlab.sim.planner.eras import ERAS
+        era = ERAS[args.as_published]
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
-               workers=args.workers, scheduler=args.scheduler)
+               workers=args.workers, scheduler=args.scheduler, allow=era.allows if era else None)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
+    notes = explain.notes(s, args.top)
     fams = explain.families(s)
     top = s.ranked[:max(args.top, 1)]
     if args.save:
@@ -94,13 +103,16 @@ def run(args) -> int:
         save_figure(pareto(s), args.plot)
     if args.json:
         print_json({"question": {k: v for k, v in s.question.items()}, "gpu_memory_GiB": s.gpu_GiB,
+                    "as_published": {"era": era.name, "source": era.source} if era else None,
+                    "notes": notes,
                     "candidates": len(s.all), "fit": len(s.ranked), "confirmed": s.confirmed,
                     "ranked": [{"rank": i + 1, "layout": c.layout.to_dict(), "label": c.layout.label(),
                                 **explain.breakdown(s, c)} for i, c in enumerate(top)],
                     "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
         return 0
-    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
-        f"{len(s.ranked)} fit, best {s.confirmed} simulated")
+    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts"
+        + (f" that {era.name} ran ({era.source})" if era else "")
+        + f", {len(s.ranked)} fit, {s.confirmed} simulated")
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
@@ -110,6 +122,8 @@ def run(args) -> int:
     print_table(f"layouts, fastest first (~ = estimate, within ±{ESTIMATE_BOUND:.0%} of the simulator's step; "
                 "others simulated; #1 is the fastest simulated)",
                 ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
+    for line in notes:
+        say("note: " + line)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()

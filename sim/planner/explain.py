@@ -155,3 +155,19 @@ def families(search) -> list[dict]:
 
 def _key(name: str) -> str:
     return next(k for k, v in TERMS.items() if v == name)
+
+
+def notes(search, top: int) -> list[str]:
+    """What bounds the table's numbers: #1's compute notes from `distlab simulate` (sim/result.py ``throughput``:
+    an MFU above the best published one for the GPU's generation by more than 15%, a generation without a fitted
+    row), and any shown row whose MFU is above that bound (sim/compute/flops.py ``plausibility``)."""
+    from distlab.sim.compute.flops import plausibility
+    first = search.ranked[0]
+    out = list((first.simulated or {}).get("compute_notes", []))
+    worst = max(search.ranked[:max(top, 1)], key=search.mfu)
+    line = plausibility(search.mfu(worst), search.cluster.gpu)
+    if line and line.startswith("MFU") and not any(n.startswith("MFU") for n in out):
+        out.append(line + (" (#1)" if worst is first else f" (row {search.ranked.index(worst) + 1}, an estimate)"))
+    elif line and line not in out:           # no published MFU for the generation to hold the table to
+        out.append(line)
+    return out

@@ -211,7 +211,7 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                 if global_batch % (dp * mb):
                     continue
                 m = global_batch // (dp * mb)
-                kinds = [("ddp", 0)] + (_sharded(dp) if dp > 1 else [])
+                kinds = [("ddp", 0)] + (_sharded(dp, tp, gpus_per_node) if dp > 1 else [])
                 for sp in ((True, False) if tp > 1 else (False,)):
                     for rc in RECOMPUTE:
                         if pp == 1 and m > 1:       # gradient accumulation: a one-stage pipeline
@@ -256,9 +256,12 @@ def pipeline_shapes(layers: int, pp: int, m: int) -> list[tuple]:
     return out
 
 
-def _sharded(dp: int) -> list[tuple[str, int]]:
-    """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp."""
-    return [("fsdp", dp)] + [("hsdp", s) for s in divisors(dp) if 1 < s < dp]
+def _sharded(dp: int, tp: int = 0, gpus_per_node: int = 0) -> list[tuple[str, int]]:
+    """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp; with ``tp`` and
+    ``gpus_per_node`` (inside pipelines) only shard groups of whole nodes (s x tp a multiple of the node), as
+    HSDP is run: sharded over the node's or a few nodes' fast links, replicated across them."""
+    whole = [s for s in divisors(dp) if 1 < s < dp and (not gpus_per_node or s * tp % gpus_per_node == 0)]
+    return [("fsdp", dp)] + [("hsdp", s) for s in whole]
 
 
 def _dedupe(layouts: list) -> list:

@@ -5,8 +5,8 @@ reduce-scatters, HSDP all-reduces and AdamW cost, read off the builder's own pro
     first, gather, reduce, optimizer = terms.terms(layout, pipeline_rank)     # seconds
 
 The ops are the composition's (sim/parallel/parallelize.py, FSDP2 in each stage: sim/parallel/fsdp/stage.py),
-built for the pipeline ranks only (``only``) on a small mesh: the same pp, tp and schedule, FSDP2's shard group
-of 2 and 4 ranks (HSDP with 2 replicas). Each op's bytes and FLOPs are a + b / n in the shard group size n, so the
+built for the pipeline ranks only (``only``) on a small mesh: the same pp, tp and stages, FSDP2's shard group
+of 2 and 4 ranks, as HSDP with 2 replicas (FSDP2 is the same less the replicas' all-reduces). Each op's bytes and FLOPs are a + b / n in the shard group size n, so the
 two give them at the real size (sim/planner/flat.py ``_at_size``); a collective is then timed on the real
 group of its mesh dimension (dp_shard, or dp_replicate for HSDP's all-reduce) with the simulator's costs
 (sim/planner/estimate.py ``CostCache``), a compute op with ``engine.compute_seconds``. What does not depend on
@@ -37,7 +37,12 @@ class StageTerms:
         real = L.shard
         sizes = [real] if real in (2, 4) else [2, 4]
         progs = [self._program(L, n)[r] for n in sizes]
-        ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
+        try:
+            if len(progs) > 1 and len(progs[0]) != len(progs[1]):
+                raise ValueError("programs at two shard sizes differ in length")
+            ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
+        except ValueError:                # not affine (e.g. a unit's padding changes its ops): build it as it is
+            ops = self._program(L, real)[r]
         mesh = Mesh(L.mesh())
         rank = r * (L.world_size // L.pp)
         shard = mesh.group_of(rank, "dp_shard")
@@ -60,6 +65,8 @@ class StageTerms:
                         copies += 1
                         first += t if copies == 1 else 0.0
             elif isinstance(op, Collective) and op.stream in ("ag", "rs", "ar"):
+                if op.stream == "ar" and L.dp_kind != "hsdp":
+                    continue
                 group = replicas if op.stream == "ar" else shard
                 t = costs.collective(op.op, int(op.bytes), tuple(group), op.algorithm)
                 if op.op == "all_gather":
@@ -72,14 +79,13 @@ class StageTerms:
 
     def _program(self, L, shard: int) -> list:
         """The pipeline ranks' ops (one list per pp rank) with FSDP2 over ``shard`` ranks (HSDP: 2 replicas)."""
-        key = (L.tp, L.pp, L.virtual_stages, L.split, L.dp_kind, shard)   # what FSDP2's units and groups follow
+        key = (L.tp, L.pp, L.virtual_stages, L.split, shard)      # what FSDP2's units and groups follow
         if key not in self._ops:
             from distlab.sim.parallel.fsdp.plan import FSDPOptions
             from distlab.sim.parallel.parallelize import choose, parallelize
             from distlab.sim.parallel.pipeline.plan import PipelineOptions
             from distlab.sim.parallel.tp.plan import TPOptions
-            dims = {"pp": L.pp, **({"dp_replicate": 2} if L.dp_kind == "hsdp" else {}), "dp_shard": shard,
-                    "tp": L.tp}
+            dims = {"pp": L.pp, "dp_replicate": 2, "dp_shard": shard, "tp": L.tp}   # FSDP2: HSDP less its all-reduces
             mesh = Mesh(dims)
             # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
             # their number): GPipe with one, or interleaved with one per stage
