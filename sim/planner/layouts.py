@@ -8,11 +8,13 @@ the last micro-batch), sequence parallelism, activation recomputation, the pipel
 stages (interleaved 1F1B) and its split of the blocks (even, or one block moved off the last stage, which also
 holds the head). Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
 
-Families the builders compose: DDP x TP, FSDP2 x TP, HSDP x TP (sim/parallel/tp/compose.py), PP x TP x DDP with gpipe,
-1f1b or interleaved 1F1B (sim/parallel/tp/pipeline.py), CP x TP x FSDP2 / HSDP (sim/parallel/cp/compose.py: ring attention,
-allgather rotation, torchtitan's layout; recompute none or full). Not searched: expert parallelism (only MoE
-models have it; the dense presets have none), ZeRO-1/2 and FSDP2 without resharding after forward (the TP
-compositions build ZeRO-3 with resharding only), CP with a pipeline (no builder).
+Families (docs/planner.md): DDP x TP, FSDP2 x TP, HSDP x TP, each with or without gradient accumulation (a
+one-stage pipeline: FSDP2 / HSDP ones composed by sim/parallel/parallelize.py), PP x TP x DDP with gpipe, 1f1b or
+interleaved 1F1B, PP x FSDP2 and PP x HSDP (x TP) built by parallelize with FSDP2 inside the stages, CP x TP x
+FSDP2 / HSDP (ring attention, allgather rotation, torchtitan's layout; recompute none or full). Stages that do
+not divide the blocks take torchtitan's split (first and last stage one block fewer). Not searched: expert
+parallelism (only MoE models have it), ZeRO-1/2, CP inside a pipeline (the estimate does not time a ring inside
+a stage).
 """
 from __future__ import annotations
 
@@ -258,9 +260,10 @@ def pipeline_shapes(layers: int, pp: int, m: int) -> list[tuple]:
 
 def _sharded(dp: int, tp: int = 0, gpus_per_node: int = 0) -> list[tuple[str, int]]:
     """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp; with ``tp`` and
-    ``gpus_per_node`` (inside pipelines) only shard groups of whole nodes (s x tp a multiple of the node), as
-    HSDP is run: sharded over the node's or a few nodes' fast links, replicated across them."""
-    whole = [s for s in divisors(dp) if 1 < s < dp and (not gpus_per_node or s * tp % gpus_per_node == 0)]
+    ``gpus_per_node`` (inside pipelines) only shard groups that tile nodes (s x tp divides the node or is a
+    multiple of it), as HSDP is run: sharded over a node's or a few nodes' fast links, replicated across them."""
+    whole = [s for s in divisors(dp) if 1 < s < dp and (not gpus_per_node or s * tp % gpus_per_node == 0
+                                                         or gpus_per_node % (s * tp) == 0)]
     return [("fsdp", dp)] + [("hsdp", s) for s in whole]
 
 
