@@ -2,8 +2,9 @@
 search ends with a table in at most 10 minutes and 8 GB on 2 cores.
 
 Runs the command as a user would (``distlab plan --model llama3-405b --nodes 2048 ...``) in a child process and
-prints its wall time, the peak memory of its whole process tree (the planner and its worker processes, RSS summed,
-sampled every 0.2 s from /proc), the load average, and the last lines of its output (the table and the families,
+prints its wall time, the CPU seconds of the child and its workers (what the wall time is on idle cores at
+best, over 2 of them), the peak memory of its whole process tree (the planner and its worker processes, RSS
+summed, sampled every 0.2 s from /proc), the load average, and the last lines of its output (the table and the families,
 which must list PP x TP x FSDP layouts).
 
     python benchmarks/plan_scale.py                       # the target case
@@ -71,10 +72,14 @@ def main() -> int:
         time.sleep(0.2)
     reader.join()
     wall = time.perf_counter() - t0
+    import resource
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = used.ru_utime + used.ru_stime           # the child and its workers (waited for): the load-free work
     print("".join(out[-args.tail:]).rstrip())
     ok = child.returncode == 0 and wall <= TARGET_S and peak / 1e9 <= TARGET_GB
     print(f"exit {child.returncode}; wall {wall:.1f} s (target <= {TARGET_S} s); peak memory {peak / 1e9:.2f} GB "
-          f"(process tree; target <= {TARGET_GB:g} GB); load average {os.getloadavg()[0]:.1f} at the end; "
+          f"(process tree; target <= {TARGET_GB:g} GB); CPU {cpu:.0f} s (over 2 cores: >= {cpu / 2:.0f} s of wall "
+          f"when idle); load average {os.getloadavg()[0]:.1f} at the end; "
           f"{'within' if ok else 'OUTSIDE'} the targets")
     return 0 if ok else 1
 
