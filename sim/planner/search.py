@@ -127,7 +127,7 @@ def is_estimate_below(s: Search, step_s: float, confirmed: bool) -> bool:
 # The fast estimate's error bound against the discrete-event simulator: tests/test_planner.py holds it on random
 # layouts of every family (5% without FSDP2 inside pipeline stages; up to 8% with it: sim/planner/stage_fsdp.py).
 ESTIMATE_BOUND = 0.08
-MORE_ROUNDS = 3               # further confirmations while an estimate is shorter than the confirmed #1
+MORE_ROUNDS = 1               # further confirmations (k more) while an estimate is shorter than the confirmed #1
 
 
 PARALLEL_FROM = 256          # layouts from which the estimate is shared out between processes
