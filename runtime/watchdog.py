@@ -40,8 +40,8 @@ class Watchdog:
         now = time.monotonic() if now is None else now
         for stream, (index, what, start) in list(self.active.items()):
             if now - start > self.timeout_s:
-                return (f"watchdog: rank {self.rank} spent more than {self.timeout_s:g} s (--timeout) in op {index}, "
-                        f"{what} on stream {stream!r}; the rank was ended")
+                return (f"watchdog: rank {self.rank} timed out: more than {self.timeout_s:g} s (--timeout) in op "
+                        f"{index}, {what} on stream {stream!r}; the rank was ended")
         return None
 
     def _watch(self) -> None:

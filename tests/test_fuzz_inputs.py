@@ -431,8 +431,9 @@ def test_fuzz_plan_questions(monkeypatch):
 
 
 # --- every command's flags --------------------------------------------------------------------------------------
-WORDS = ["collective", "simulate", "memory", "check", "plan", "reproduce", "lessons", "run", "bench", "calibrate",
-         "validate", "diagnose", "compare", "all_reduce", "broadcast", "all_to_all", "--size", "--sizes",
+WORDS = ["collective", "simulate", "memory", "check", "plan", "reproduce", "lessons", "cluster", "run", "bench",
+         "calibrate", "validate", "diagnose", "compare", "--matrix", "--capacity", "--top", "all_reduce", "broadcast",
+         "all_to_all", "--size", "--sizes",
          "--cluster", "--nodes", "--algo", "--root", "--json", "--model", "--world", "--zero", "--bucket-cap-mb",
          "--sweep", "--no-files", "--gpus-per-node", "--nproc", "--ops", "--iters", "--timeout", "--threads",
          "--backend", "--dtype", "--port", "--only", "--max-gpus", "--global-batch", "--confirm", "1KiB", "12XB",

@@ -187,7 +187,7 @@ def test_a_stuck_compute_op_ends_within_the_timeout_naming_the_rank_and_the_op(t
     (running,) = [t for t, text in err.stamps if "ranks running" in text]
     err = err.getvalue()
     assert rc == 1 and end - running < timeout + 10, (end - running, err)
-    assert ("error: watchdog: rank 0 spent more than 2 s (--timeout) in op 0, compute 'forever' on stream "
+    assert ("error: watchdog: rank 0 timed out: more than 2 s (--timeout) in op 0, compute 'forever' on stream "
             "'compute'; the rank was ended") in err
     flight = json.loads((tmp_path / "m.flight" / "flight.0.json").read_text())
     assert flight["reason"].startswith("watchdog: rank 0")
