@@ -83,11 +83,13 @@ SPEC = {"preset": "llama3-8b", "layers": 4, "seq_len": 2048, "micro_batch": 2}
 
 @pytest.mark.parametrize("options", [{"recompute": "full"}, {"offload": True}, {}])
 def test_memory_ddp_fsdp_tp_cp_report_the_same_activations(cli, options):
-    """One model and options, six reports: `distlab memory --json`, the DDP, TP (tp 1) and CP (cp 1) workloads'
-    memory reports, FSDP's estimate, and the peak of the activation events of FSDP's plan replayed in order."""
+    """One model and options, seven reports: `distlab memory --json`, the DDP, TP (tp 1) and CP (cp 1) workloads'
+    memory reports, a composed scenario's (fsdp + tp sections), FSDP's estimate, and the peak of the activation
+    events of FSDP's plan replayed in order."""
     from distlab.sim.workloads import cp as cp_workload
     from distlab.sim.workloads import ddp as ddp_workload
     from distlab.sim.workloads import tp as tp_workload
+    from distlab.sim.workloads.composed_report import memory as composed_memory
     spec = {"preset": "llama3-8b", "seq_len": 1024, "micro_batch": 2, **options}
     if options.get("recompute"):                  # the command once (a subprocess): full recompute
         rc, out, err = cli("memory", "--model", "llama3-8b", "--seq-len", "1024", "--micro-batch", "2", "--json",
@@ -104,6 +106,8 @@ def test_memory_ddp_fsdp_tp_cp_report_the_same_activations(cli, options):
     cp = cp_workload.report(sc.build({**base, "mesh": {"dp_shard": 8, "cp": 1}, "cp": {}}))["json"]["memory"]
     assert ddp == int(want) and estimate(model_from_spec(spec), 8, 3)["activations"] == int(want)
     assert tp["breakdown_bytes"]["activations"] == want and cp["breakdown_bytes"]["activations"] == want
+    composed = composed_memory(sc.build({**base, "mesh": {"dp_shard": 8, "tp": 1}, "tp": {}, "fsdp": {}}))
+    assert composed["breakdown_bytes"]["activations"] == want     # simulate's composed report (fsdp + tp)
     fsdp = sc.build({**base, "fsdp": {}}).plan
     live, peak = 0.0, 0.0
     for _, _, delta, cat in sorted(fsdp.meta["memory"]["events"], key=lambda e: (e[0], e[1] == "end")):

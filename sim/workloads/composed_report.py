@@ -6,7 +6,9 @@ Memory per GPU (the rank with the most bytes among the pipeline ranks): its stag
 (sim/parallel/fsdp/memory.py: ZeRO-3 all three sharded, ZeRO-2 gradients and optimizer, ZeRO-1 the optimizer;
 DDP none), mixed-precision AdamW's bytes per element (``precision``); activations of one block as the model's
 family keeps them (sim/models/activations.py: tp, sequence parallelism, cp, recompute; the same function as
-`distlab memory` and every workload) times the most blocks the rank holds at once walking its schedule (sim/workloads/tp.py ``peak_blocks``: each F adds its stage's blocks, each B frees them).
+`distlab memory` and every workload): without a pipeline its peak (the same bytes as `distlab memory`), with one
+a block's bytes times the most blocks the rank holds at once walking its schedule (sim/workloads/tp.py
+``peak_blocks``: each F adds its stage's blocks, each B frees them).
 FSDP2's transient unsharded units are not counted.
 """
 from __future__ import annotations
@@ -94,8 +96,9 @@ def memory_of(model, mesh, par) -> dict:
     own = par.tp.recompute if par.tp is not None else (par.cp.recompute if par.cp is not None else "none")
     transformer = c.get("kind") in ("gpt", "moe")
     if transformer:          # the model family's activations (sim/models/activations.py), as every command counts
-        per_block = activations(model, effective_recompute(model, own), None, tp, sp, cp,
-                                par.tp is not None and par.tp.loss_parallel).per_block()
+        whole = activations(model, effective_recompute(model, own), None, tp, sp, cp,
+                            par.tp is not None and par.tp.loss_parallel)
+        per_block = whole.per_block()
     else:                    # an MLP: each layer's activation is one "block"
         per_block = max(L.activation_bytes for L in model.layers)
     numel = [sum(padded_numel(local_shape(q, tp), S) for q in L.params) for L in model.layers]
@@ -118,8 +121,11 @@ def memory_of(model, mesh, par) -> dict:
     for q, peak in peaks.items():
         full = sum(numel[i] for s in stages_of_rank[q] for i in ranges[s])
         shard = full // S
+        # one stage: the whole model's peak (embedding, head and loss, a recomputed block's forward), as
+        # `distlab memory` and the DDP/FSDP/TP/CP reports count it; a pipeline rank: its blocks at once
+        acts = whole.peak_bytes if transformer and par.pipeline is None else per_block * peak
         parts = {"params": (shard if zero == 3 else full) * p, "grads": (shard if zero >= 2 else full) * g,
-                 "optimizer": (shard if zero >= 1 else full) * k, "activations": per_block * peak}
+                 "optimizer": (shard if zero >= 1 else full) * k, "activations": acts}
         if best is None or sum(parts.values()) > sum(best[1].values()):
             best = (q, parts)
     return {"pipeline_rank": best[0], "breakdown_bytes": best[1]}
