@@ -119,3 +119,21 @@ def test_sweep_keys_of_a_composition():
     sc.set_value(d, "tp.recompute", "selective")
     assert d["pipeline"] == {"microbatches": 8} and d["tp"] == {"recompute": "selective"}
     assert sc.build(d).plan.meta["pipeline"]["microbatches"] == 8
+
+
+def test_recompute_goes_to_tp_with_tp_else_to_the_model(capsys):
+    """--recompute is TP's option where TP is on (a tp mesh dimension or another TP flag), else the model's
+    activation recomputation (sim/models/activations.py)."""
+    rc, out, err = simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1", "--zero",
+                                "3", "--recompute", "full", "--json")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    assert res["workload"] == "fsdp"
+    plain = json.loads(simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1",
+                                    "--zero", "3", "--json")[1])["results"][0]
+    assert res["step_s"] > plain["step_s"]          # the recomputed forward costs time
+    rc, out, err = simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1", "--mesh",
+                                "tp=2", "--recompute", "selective", "--json")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    assert res["workload"] == "tp" and res["options"]["recompute"] == "selective"

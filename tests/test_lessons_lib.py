@@ -387,3 +387,31 @@ def test_profile_summary_and_merge_on_a_made_up_trace(tmp_path):
     assert first_predicted == pytest.approx(1000)
     with pytest.raises(ValueError, match="not a profile of DDP"):
         summary([x("aten::mm", 0, 1)])
+
+
+def test_a_real_run_outside_its_lessons_tolerance_says_so():
+    """sim/lessons/verdicts.py: the worst row's error against the tolerance, in the title the notebook test reads."""
+    from distlab.sim.lessons.verdicts import OUTSIDE, TOLERANCE, verdict
+    rows = [{"cap": 2, "predicted_s": 0.09, "measured_s": 0.1}, {"cap": 4, "predicted_s": 0.13, "measured_s": 0.1}]
+    t = verdict(rows, "cap", label="DDP")
+    assert t.title == f"DDP: worst error +30%: within the lesson's tolerance ({TOLERANCE:.0%})" and OUTSIDE not in t.title
+    assert t.rows == [["2", "90.00", "100.00", "-10%"], ["4", "130.00", "100.00", "+30%"]]
+    assert OUTSIDE in verdict(rows, "cap", tolerance=0.2).title
+
+
+def test_lesson_06_communicator_section_says_what_the_simulator_shows():
+    """sim/lessons/bank_fsdp.py group_table: on the shard group FSDP2's backward all-gathers and reduce-scatters
+    never move data at once (06-one-group: 0 ms); on a group of their own they do, each slower; llama-7b's blocks
+    gain nothing ('same', the prose's claim), small blocks on 8 nodes gain (the prose's latency-bound case)."""
+    from distlab.sim.lessons import bank_fsdp as F
+    from distlab.sim.lessons import check, solution
+    cases = list(F.GROUP_CASES)
+    for case in cases:
+        one, own = F.group_what_if(case)
+        assert not one["separate_reduce_scatter_group"] and own["separate_reduce_scatter_group"]
+        assert one["ag_rs_overlap_s"] == 0 and own["ag_rs_overlap_s"] > 0
+        assert own["reduce_scatter_s"] > one["reduce_scatter_s"]            # sharing the links
+    assert F.separate_group_verdict(cases[0]) == "same" and F.separate_group_verdict(cases[1]) == "faster"
+    assert solution("06-one-group") == "0 ms" and check("06-one-group", "0 ms").ok
+    assert not check("06-one-group", "3 ms").ok and check("06-separate-rs", "same").ok
+    assert len(F.group_table().rows) == 4

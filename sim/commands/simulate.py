@@ -6,7 +6,7 @@ import copy
 import os
 import sys
 
-from distlab.sim.cli import add_output_arguments, print_json, progress
+from distlab.sim.cli import add_file_arguments, add_output_arguments, print_json, progress, read_sweep
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -42,9 +42,7 @@ def add_arguments(p) -> None:
                         "parallelism)")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan that was simulated (a plan file "
                                                             "`distlab simulate` and `distlab run` take)")
-    p.add_argument("--out", default="distlab-out", help="folder for trace.json and PNGs (default ./distlab-out)")
-    p.add_argument("--no-files", action="store_true", help="write no trace or figures")
-    p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.simulate/1)")
+    add_file_arguments(p, "trace.json and PNGs", NAME)
     add_output_arguments(p)
 
 
@@ -134,20 +132,7 @@ def parse_sweep(text: str, d: dict) -> tuple[str, list]:
     from distlab.sim.workloads.registry import sweep_keys
     w = sc.workload_of(d)
     keys = sc.composed_sweep_keys(d) if w is composed.WORKLOAD else sweep_keys(w)
-    key, eq, values = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not eq or key not in keys:
-        raise ConfigError(f"{text!r}: write KEY=V1,V2,... with KEY one of {', '.join(keys)}", "--sweep")
-    out = []
-    for v in values.split(","):
-        v = v.strip()
-        try:
-            out.append(int(v) if v.lstrip("-").isdigit() else float(v))
-        except ValueError:
-            out.append({"none": None, "default": None, "true": True, "false": False}.get(v.lower(), v))
-    if not out or out == [""]:
-        raise ConfigError("no values given", "--sweep")
-    return key, out
+    return read_sweep(text, keys)
 
 
 def run(args) -> int:

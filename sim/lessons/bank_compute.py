@@ -1,5 +1,5 @@
 """Lesson 13 (from FLOPs to a real step): FLOP counts, the GEMM efficiency curve, attention kernels, interference
-and a reproduced published row; tables, figures and the exercises, computed by the simulator (sim/compute.py,
+and a reproduced published row; tables, figures and the exercises, computed by the simulator (sim/compute/,
 sim/reproduce/, sim/parallel/tp/plan.py), never typed in. No torch here: the real GEMM sweep is runtime/lessons/compute.py.
 
 Model FLOPs of one step (Narayanan et al. 2021, arXiv 2104.04473, sec. 5.1, eq. 3): a transformer layer's
@@ -80,7 +80,7 @@ def tp_slice_cost(name: str = TP_ROW, gemm: str = "mlp fc1", tp: int = 8) -> flo
 
 
 def gemm_table(name: str = TP_ROW, tps: tuple[int, ...] = (1, 2, 4, 8)) -> Table:
-    """Each forward GEMM of one block per rank at each tp: shape, efficiency on the fitted curve, time."""
+    """Each forward GEMM of one block per rank at each tp: shape, share of peak in the compute model, time."""
     gpu, rows = fitted_gpu(name), []
     for tp in tps:
         for g, (M, N, K) in block_gemms(name, tp):
@@ -88,7 +88,7 @@ def gemm_table(name: str = TP_ROW, tps: tuple[int, ...] = (1, 2, 4, 8)) -> Table
             rows.append([tp, g, f"{M} x {N} x {K}", f"{2 * M * N * K / 1e9:.1f}",
                          f"{100 * gemm_efficiency(2.0 * M * N * K, gpu, M, N):.1f}%", f"{t * 1e6:.1f}"])
     return Table(["tp", "GEMM", "M x N x K", "GFLOP", "of peak", "time us"], rows,
-                 f"{name}: one block's forward GEMMs per rank (A100, fitted curve, fp16)")
+                 f"{name}: one block's forward GEMMs per rank (A100 compute model, fp16)")
 
 
 def fit_saturating(rows: list[dict]) -> tuple[float, float]:
@@ -108,19 +108,25 @@ def fit_saturating(rows: list[dict]) -> tuple[float, float]:
     return best[1], best[2]
 
 
+def achieved(M: int, N: int, K: int, gpu) -> float:
+    """Fraction of the datasheet peak one fp16 GEMM reaches in the compute model, launch and HBM included."""
+    from distlab.sim.compute import peak_tflops
+    return 2.0 * M * N * K / (gemm_time(M, N, K, 2, gpu) * peak_tflops(gpu, "float16") * 1e12)
+
+
 def plot_gemm_efficiency(measured: list[dict], name: str = TP_ROW) -> Figure:
-    """Left: the fitted A100 curve of sim/compute.py with one block's GEMMs at tp 1 and 8. Right: GEMMs measured
-    here (fraction of the best measured rate) and the same two-constant curve fitted to them."""
+    """Left: square GEMMs in the A100's compute model (sim/compute/: measured best GEMM, tile and wave
+    quantization, launch, Ampere's fitted sustained fraction) with one block's GEMMs at tp 1 and 8. Right: GEMMs
+    measured here (fraction of the best measured rate) and a two-constant curve fitted to them."""
     import numpy as np
     gpu, f = fitted_gpu(name), Figure(11, 4.2, ncols=2)
-    xs = np.logspace(6, 13, 120)
-    f.axes[0].plot(xs, [gemm_efficiency(x, gpu) for x in xs], color="#3182bd", label="A100 (fitted, runs.yaml)")
+    sizes = np.unique(np.logspace(np.log10(64), np.log10(16384), 120).astype(int))
+    f.axes[0].plot([2.0 * n ** 3 for n in sizes], [achieved(n, n, n, gpu) for n in sizes], color="#3182bd",
+                   label="A100 model, square GEMMs (n x n x n)")
     for tp, colour in ((1, "#31a354"), (8, "#e6550d")):
         shapes = [g for _, g in block_gemms(name, tp)]
-        pts = [2.0 * M * N * K for M, N, K in shapes]
-        f.axes[0].scatter(pts, [gemm_efficiency(2.0 * M * N * K, gpu, M, N) for M, N, K in shapes], color=colour,
-                          zorder=3,
-                          label=f"{name} block GEMMs, tp {tp}")
+        f.axes[0].scatter([2.0 * M * N * K for M, N, K in shapes], [achieved(M, N, K, gpu) for M, N, K in shapes],
+                          color=colour, zorder=3, label=f"{name} block GEMMs, tp {tp}")
     peak, half = fit_saturating(measured)
     best = max(r["flops_per_s"] for r in measured)
     f.axes[1].scatter([r["flops"] for r in measured], [r["flops_per_s"] / best for r in measured],
@@ -128,7 +134,7 @@ def plot_gemm_efficiency(measured: list[dict], name: str = TP_ROW) -> Figure:
     here = np.logspace(3, 11, 90)
     f.axes[1].plot(here, [peak / best * x / (x + half) for x in here], color="#756bb1", alpha=0.6,
                    label=f"fit: peak {peak / 1e9:.3g} GFLOP/s, half_flops {half:.2g}")
-    for ax, title in ((f.axes[0], "sim/compute.py: A100 GEMM efficiency"),
+    for ax, title in ((f.axes[0], "sim/compute/: A100 GEMMs (fp16)"),
                       (f.axes[1], f"this machine ({measured[0]['device']}, {measured[0]['dtype']})")):
         ax.set_xscale("log")
         ax.set_xlabel("FLOPs of one GEMM (2·M·N·K)")
@@ -167,7 +173,7 @@ def attention_table(name: str = ROW) -> Table:
         unfused, flash = _attention_times(name, p)
         rows.append([p, f"{unfused * 1e3:.3f}", f"{flash * 1e3:.3f}", f"{unfused / flash:.2f}x"])
     return Table(["pass", "unfused ms", "FlashAttention ms", "ratio"], rows,
-                 f"{name}: one layer's attention, micro-batch 1 (A100, fitted curve)")
+                 f"{name}: one layer's attention, micro-batch 1 (A100 compute model)")
 
 
 def overlapped_compute_s(compute_s: float, comm_s: float, factor: float) -> float:
@@ -239,16 +245,19 @@ EXERCISES = (
     Exercise("13-mfu", "The same step counted as MFU: the model's FLOPs only (no recomputed forward: "
              "72·B·s·l·h²·(1 + s/6h) + 6·B·s·h·V) per second, over 32 x 312 TFLOP/s peak. In %?", "%",
              lambda: 100 * step_flops(row()[0], recompute=False) * 137 / step_flops(row()[0]) / A100_PEAK_TFLOPS,
-             abs_tolerance=0.5, hint="the same time as before; the recomputed forward (a quarter of the layers' "
-                                     "work) is not counted",
+             abs_tolerance=0.5, hint="the same time as before; the recomputed forward (a third of a layer's "
+                                     "training FLOPs, a quarter of what eq. 3 counts) is not counted",
              why="eq. 3 counts recomputation (hardware FLOPs): MFU drops by about a quarter for the same run."),
-    Exercise("13-tp-slice", f"On the fitted A100 curve: the {TP_ROW} row's first MLP GEMM (M 2048 tokens, N 16384, "
+    Exercise("13-tp-slice", f"In the A100's compute model: the {TP_ROW} row's first MLP GEMM (M 2048 tokens, N 16384, "
              "K 4096, fp16) at tp 8: each rank multiplies 2048 x 2048 x 4096. How many times longer does that take "
              "than 1/8 of the whole GEMM at tp 1?", "x", tp_slice_cost,
-             hint="8 x gemm_time(2048, 2048, 4096) / gemm_time(2048, 16384, 4096): efficiency falls with FLOPs",
-             why="TP divides N (column-parallel) or K (row-parallel): smaller GEMMs, lower on the curve."),
-    Exercise("13-flash", f"The {ROW} row's attention, one layer, micro-batch 1, forward on the fitted A100: how many "
-             "times longer does unfused attention (2021 Megatron: the whole score matrix, plus softmax and dropout "
+             hint="count the 128 x 256 output tiles of each GEMM and the waves they take on the A100's 108 SMs: "
+                  "a last wave that is not full leaves SMs idle",
+             why="a column-parallel slice has tp times fewer output tiles, and its last wave may leave many SMs "
+                 "idle; a row-parallel slice (K / tp) keeps its tiles and shortens each, which the model charges "
+                 "only through launch and memory time."),
+    Exercise("13-flash", f"The {ROW} row's attention, one layer, micro-batch 1, forward in the A100 compute "
+             "model: how many times longer does unfused attention (2021 Megatron: the whole score matrix, plus softmax and dropout "
              "passes through HBM) take than FlashAttention (the causal half skipped)?", "x", attention_ratio,
              tolerance=0.03, hint="twice the GEMM FLOPs, plus 24·2048² scores read and written several times",
              why="the score matrix never reaches HBM in FlashAttention, and the masked half is skipped."),

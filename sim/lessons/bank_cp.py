@@ -106,7 +106,7 @@ EXERCISES = (
              "x", ring_margin, tolerance=0.25,
              hint="the permute: one rank's K/V buffer (the previous exercise) over NVLink's 450 GB/s; a balanced "
                   "step: half of a block of s = 16384 local tokens, 2·b·s²·h FLOPs forward, at the H100's dense "
-                  "bf16 rate (989 TFLOP/s at peak; how much of it attention reaches is sim/compute.py's model)",
+                  "bf16 rate (989 TFLOP/s at peak; how much of it attention reaches is sim/compute/'s model)",
              why="the compute grows with s², the bytes with s: at long context the ring hides; at short context "
                  "or across nodes (50 GB/s per GPU) it may not, which is why CP groups stay inside a node when "
                  "they can."),

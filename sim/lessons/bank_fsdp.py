@@ -18,6 +18,12 @@ Megatron TP, per layer and token: 3 x 2·12·h²/t FLOPs (forward and backward) 
 (2 forward, 2 backward), each sending 2(t-1)/t of it: the ratio does not depend on T, and the communication
 could hide only if h >= 2·(t-1)·F / (9·W) and only if overlapped (async TP's collective matmuls); torch's plans,
 and the simulator's, run TP's collectives in the critical path (``tp_hiding_hidden``).
+
+One process group, one collective at a time (docs/communicators.md, sim/kernel/communicators.py): FSDP2 issues
+all-gathers and reduce-scatters on separate CUDA streams but on one process group, one NCCL communicator, which
+runs its collectives one after another; torch 2.13's ``FSDPModule.set_separate_reduce_scatter_group()``
+(torch/distributed/fsdp/_fully_shard/_fully_shard.py) gives the reduce-scatters a group of their own. The
+step both ways comes from sim/parallel/fsdp/what_if.py.
 """
 from __future__ import annotations
 
@@ -161,6 +167,52 @@ def plot_hiding(clusters=CLUSTERS, nodes: int = 1) -> Figure:
     return f
 
 
+# -- one process group, one collective at a time ----------------------------------------------------------------
+GROUP_CASES = {   # FSDP2 as scenarios/fsdp-llama-7b.yaml (bf16 all-gathers, fp32 reduce-scatters), 4 of its blocks
+    "llama-7b, 4 blocks, 2 nodes": {"model": SIM_MODEL, "cluster": "dgx-h100", "nodes": 2},
+    "hidden 1024, 128 tokens, 8 nodes": {"model": {**SIM_MODEL, "hidden": 1024, "heads": 8, "seq_len": 128},
+                                         "cluster": "dgx-h100", "nodes": 8},
+}
+FIRST_CASE = next(iter(GROUP_CASES))
+
+
+def _group_scenario(case: str) -> dict:
+    c = GROUP_CASES[case]
+    return {"model": dict(c["model"]), "cluster": c["cluster"], "nodes": c["nodes"],
+            "fsdp": {"zero": 3, "param_dtype": "bfloat16", "reduce_dtype": "float32"}}
+
+
+@lru_cache(maxsize=4)
+def group_what_if(case: str = FIRST_CASE) -> tuple:
+    """The step of ``case`` with the reduce-scatters on the shard group and on their own (what_if.py's rows)."""
+    from distlab.sim.parallel.fsdp.what_if import reduce_scatter_group_what_if
+    return tuple(reduce_scatter_group_what_if(_group_scenario(case)))
+
+
+def separate_group_change_pct(case: str = FIRST_CASE) -> float:
+    one, own = group_what_if(case)
+    return 100 * (own["step_s"] / one["step_s"] - 1)
+
+
+def separate_group_verdict(case: str = FIRST_CASE) -> str:
+    """faster / same / slower: the step with the reduce-scatters on their own group, 1% either way."""
+    change = separate_group_change_pct(case)
+    return "faster" if change < -1 else "slower" if change > 1 else "same"
+
+
+def group_table() -> Table:
+    rows = []
+    for case in GROUP_CASES:
+        one = group_what_if(case)[0]
+        for r in group_what_if(case):
+            rows.append([case, "own group" if r["separate_reduce_scatter_group"] else "shard group (default)",
+                         f"{r['step_s'] * 1e3:.2f}", f"{100 * (r['step_s'] / one['step_s'] - 1):+.1f}%",
+                         f"{r['ag_rs_overlap_s'] * 1e3:.2f}", f"{r['reduce_scatter_s'] * 1e3:.2f}"])
+    return Table(["FSDP2 on dgx-h100", "reduce-scatters on", "step ms", "step change", "AG/RS overlap ms",
+                  "reduce-scatters ms"], rows, "rank 0's backward all-gathers and reduce-scatters, simulated "
+                 "(sim/parallel/fsdp/what_if.py)")
+
+
 EXERCISES = (
     Exercise("06-mp-bytes", f"{MODEL} on {WORLD} GPUs, FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
              "reduce_dtype=torch.float32), resharding after forward: how many GiB does one GPU send per step "
@@ -187,4 +239,24 @@ EXERCISES = (
              why="T = F / W, whatever the model: seven 2048-token sequences per GPU per step here. On DGX H100s "
                  "the ring runs one channel per rail, 8 NICs per node, and the same threshold is a few thousand "
                  "tokens: one sequence already hides most of it."),
+    Exercise("06-one-group", "FSDP2 issues a block's reduce-scatter on one CUDA stream and the next block's "
+             "all-gather on another, both on the shard group (llama-7b, 4 blocks, 2 DGX H100 nodes, NCCL). For how "
+             "many ms per step do rank 0's backward all-gathers and reduce-scatters move data at the same time?",
+             "ms", lambda: group_what_if()[0]["ag_rs_overlap_s"] * 1e3, tolerance=0, abs_tolerance=0.005,
+             hint="a process group is an NCCL communicator; ProcessGroupNCCL enqueues every collective of a "
+                  "communicator on that communicator's own internal stream, whatever stream issued it",
+             why="none: the streams only order the host's work; the communicator's internal stream runs its "
+                 "collectives in issue order, so the reduce-scatter waits for the all-gather before it "
+                 "(ProcessGroupNCCL's ncclStreams_ and syncStream; set_separate_reduce_scatter_group's docstring: "
+                 "'one NCCL communicator, which processes one collective at a time')."),
+    Exercise("06-separate-rs", "The same step with set_separate_reduce_scatter_group() (torch 2.13): the "
+             "reduce-scatters get a process group of their own and may overlap the backward all-gathers. Is the "
+             "simulated step faster (by more than 1%), the same (within 1%) or slower (by more than 1%)?",
+             "choice", lambda: separate_group_verdict(), choices=("faster", "same", "slower"),
+             hint="the overlap is not free: two collectives at once share the same links; and how much of the "
+                  "communication was exposed to begin with?",
+             why="the reduce-scatters overlap the all-gathers but take longer, sharing the links, and the next "
+                 "block's all-gather arrives no earlier, while the communication hid behind the compute already: "
+                 "the second communicator pays where the collectives are latency-bound, as with small blocks on "
+                 "many nodes."),
 )

@@ -148,7 +148,7 @@ def _faster(attribute: str) -> str:
 EXERCISES = (
     Exercise("14-leaf-uplink", "A leaf switch holds 2 DGX H100 nodes (8 NICs of 50 GB/s each) and is 2:1 "
              "oversubscribed. What bandwidth does its uplink to the spine carry?", "GB/s", leaf_uplink_GBps,
-             hint="the NICs under the leaf, over the oversubscription", why="2 x 8 x 50 / 2."),
+             hint="the NICs under the leaf, over the oversubscription", why="16 NICs of 50 GB/s, over the 2:1 oversubscription."),
     Exercise("14-two-jobs", "Jobs a and b each send 1 GB from every GPU of a node under leaf 0 to the same GPU of a "
              "node under leaf 1. Alone, a's 8 flows run at its NICs' 50 GB/s. Both at once: how many times longer "
              "does a take?", "x", lambda: two_jobs(2.0).runs[0].slowdown,

@@ -121,8 +121,11 @@ def units_of(dimension: str) -> list[str]:
 
 
 def fmt(value: float, unit: str | None) -> str:
-    """``fmt(0.0032, 's')`` -> ``'0.0032 s'``: 4 significant digits."""
+    """``fmt(0.0032, 's')`` -> ``'0.0032 s'``: 4 significant digits (``fmt(14159, None)`` -> ``'14160'``, not
+    ``'1.416e+04'``)."""
     text = f"{value:.4g}"
+    if "e+" in text and abs(value) < 1e15:
+        text = f"{float(text):.0f}"
     if unit is None:
         return text
     return f"{text}{unit}" if unit in ("%", "x") else f"{text} {unit}"

@@ -73,11 +73,17 @@ def collectives(result) -> dict:
 
 def memory(result) -> dict:
     """Bytes per GPU of the fullest pipeline rank (module docstring)."""
+    return memory_of(result.model, result.mesh, result.options)
+
+
+def memory_of(model, mesh, par) -> dict:
+    """Bytes per GPU of the fullest pipeline rank of ``model`` on ``mesh`` with ``par`` (a Parallelisms), without
+    building the plan: {"pipeline_rank": its pp index, "breakdown_bytes": {params, grads, optimizer,
+    activations}} (module docstring)."""
     from distlab.sim.parallel.fsdp.memory import precision
     from distlab.sim.parallel.fsdp.units import padded_numel
     from distlab.sim.models.activations import activations, effective_recompute
     from distlab.sim.parallel.tp.rules import local_shape
-    par, mesh, model = result.options, result.mesh, result.model
     c = model.config
     size = {d: mesh.size(d) if d in mesh else 1 for d in ("pp", "dp_shard", "cp", "tp")}
     tp, cp = size["tp"], size["cp"]
@@ -98,14 +104,16 @@ def memory(result) -> dict:
         stages_of_rank, ranges, peaks = [[0]], [range(len(model.layers))], {0: blocks}
     else:
         from distlab.sim.parallel.pipeline import schedules as Sch
-        from distlab.sim.workloads.tp import peak_blocks
-        pipe = result.plan.meta["pipeline"]
-        pp, v = size["pp"], pipe["virtual_stages"]
         from distlab.sim.parallel.pipeline.plan import stage_ranges
-        ranges = stage_ranges(model, pp * v, pipe["split"])
+        from distlab.sim.parallel.pipeline.stages import pipeline_spec
+        from distlab.sim.workloads.tp import peak_blocks
+        spec = pipeline_spec(par.pipeline, model, mesh)
+        pp, v = size["pp"], spec.virtual_stages
+        ranges = stage_ranges(model, pp * v, spec.split)
         blocks = tuple(sum(1 for i in r if model.layers[i].name.startswith("h.") or not transformer) for r in ranges)
-        peaks = peak_blocks(Sch.build(pipe["schedule"], pp, pipe["microbatches"], v), blocks, range(pp))
-        stages_of_rank = [[s for s, r in enumerate(pipe["stage_to_rank"]) if r == q] for q in range(pp)]
+        peaks = peak_blocks(Sch.build(spec.schedule, pp, spec.microbatches, v), blocks, range(pp))
+        placement = Sch.stage_to_rank(spec.schedule, pp, v)
+        stages_of_rank = [[s for s, r in enumerate(placement) if r == q] for q in range(pp)]
     best = None
     for q, peak in peaks.items():
         full = sum(numel[i] for s in stages_of_rank[q] for i in ranges[s])
