@@ -31,9 +31,13 @@ def usage() -> dict:
 
 
 def run_child(script: str, *args: str) -> dict:
-    """``python SCRIPT ARGS`` in a fresh process: the JSON object it printed on its last line."""
+    """``python SCRIPT ARGS`` in a fresh process: the last JSON object it printed on a line of its own (lines
+    after it, such as the load verdict accuracy_doc.py's ``run_main`` prints at the end, are passed over)."""
     out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    objects = [line for line in out.splitlines() if line.startswith("{")]
+    if not objects:
+        raise RuntimeError(f"{script} {' '.join(args)} printed no JSON object: {out[-500:]!r}")
+    return json.loads(objects[-1])
 
 
 def finish(rows: list[dict]) -> int:
