@@ -99,9 +99,21 @@ def test_rank_copies_read_like_a_list():
     full = simulate(r.plan, r.cluster, record_transfers=False, symmetric=False)
     n = len(full.ops)
     for i in (0, 1, n // 2, n - 1, -1):
-        assert (once.ops[i].rank, once.ops[i].index, once.ops[i].end) == (full.ops[i].rank, full.ops[i].index,
-                                                                          full.ops[i].end)
-    assert once.to_dict() == full.to_dict()
+        assert (once.ops[i].rank, once.ops[i].index) == (full.ops[i].rank, full.ops[i].index)
+        assert once.ops[i].end == pytest.approx(full.ops[i].end, rel=1e-12, abs=0)
+    assert _same(once.to_dict(), full.to_dict())
+
+
+def _same(a, b) -> bool:
+    """Equal, floats to 1e-12 relative: a compute op that a collective's interference slows is advanced at every
+    event, and the full simulation has more events (every rank's), so its sums round in other places."""
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-18)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _classes(plan, cluster):
