@@ -93,7 +93,7 @@ def report(name: str, enabled: bool, argv: list[str] | None = None, path: str = 
     exception)."""
     from distlab.runtime import load as machine_load
     from distlab.runtime.trust import Watch
-    before, watch = machine_load.sample(), Watch()
+    before, watch = machine_load.sample(), Watch(adopt_orphans=True)     # validate's fork servers outlive it
     buffer, real = io.StringIO(), sys.stdout
 
     class Tee(io.TextIOBase):

@@ -4,7 +4,7 @@ of 4 nodes, 2:1 to the spine; each case in its own process pinned to one core. P
 simulate every job alone and every group of sharing jobs together), CPU seconds (user + system: what the wall time
 is on an idle core), peak memory (the process's peak resident set) and the machine's load average when it ran.
 
-    python benchmarks/cluster_scale.py [--json] [--only NAME] [--random]
+    python benchmarks/cluster_scale.py [--json] [--only NAME] [--random] [--markdown]
 
 Cases and targets:
 - packed: the file as written (each job on contiguous nodes under the fewest leaves; its sizes are not
@@ -17,10 +17,10 @@ The targets are checked on CPU seconds (the machine is shared; the wall time of 
 """
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
+
+from one_core import finish, pin_to_one_core, run_child, usage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILE = os.path.join(HERE, "..", "scenarios", "multi-job", "cluster-1024-h100.yaml")
@@ -28,8 +28,7 @@ CASES = {"packed": 60.0, "packed-4to1": 60.0, "random": None}     # name -> targ
 
 
 def one(name: str) -> dict:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    pin_to_one_core()
     from distlab.sim.jobs import spec
     from distlab.sim.jobs.together import simulate_jobs
     t0 = time.perf_counter()
@@ -39,15 +38,13 @@ def one(name: str) -> dict:
         d["fabric"]["oversubscription"] = 4
     outcome = simulate_jobs(spec.resolve(d, FILE))
     wall = time.perf_counter() - t0
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     runs = outcome.runs
     return {"case": name, "gpus": outcome.spec.cluster.world_size, "jobs": len(runs), "wall_s": round(wall, 2),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_MiB": round(usage.ru_maxrss / 1024, 1),
-            "groups": [len(g) for g in outcome.groups], "worst_slowdown": round(max(r.slowdown for r in runs), 4),
+            **usage(), "groups": [len(g) for g in outcome.groups],
+            "worst_slowdown": round(max(r.slowdown for r in runs), 4),
             "ranks": sum(r.job.world_size for r in runs),
             "ranks_simulated_alone": sum(r.simulated_alone for r in runs),
-            "ranks_simulated_shared": sum(r.simulated_shared for r in runs),
-            "load_1min": round(os.getloadavg()[0], 2)}
+            "ranks_simulated_shared": sum(r.simulated_shared for r in runs)}
 
 
 def main() -> int:
@@ -58,8 +55,7 @@ def main() -> int:
         [n for n in CASES if n != "random" or "--random" in sys.argv]
     rows = []
     for name in names:
-        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, check=True)
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = run_child(__file__, "--one", name)
         row["target_s"] = CASES[name]
         row["ok"] = CASES[name] is None or row["cpu_s"] <= CASES[name]
         rows.append(row)
@@ -70,10 +66,9 @@ def main() -> int:
                   f"{row['groups']}, ranks simulated {row['ranks_simulated_alone']} alone / "
                   f"{row['ranks_simulated_shared']} shared of {row['ranks']}; worst slowdown "
                   f"{row['worst_slowdown']}x; load {row['load_1min']}", flush=True)
-    if "--json" in sys.argv:
-        print(json.dumps(rows, indent=2))
-    return 0 if all(r["ok"] for r in rows) else 1
+    return finish(rows)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("cluster_scale", main))

@@ -10,6 +10,9 @@ would get them) and prints its wall time, its CPU seconds (user + system: the wa
 peak memory (the child's peak resident set, resource.getrusage(RUSAGE_CHILDREN)) and the machine's load average
 before and after (other processes slow a shared core down: compare cpu_s with the target then).
 
+Then the planner's estimate of the same step (sim/planner/composed.py, built from one rank per stage) and its
+wall time, in this process.
+
     python benchmarks/compose_scale.py [--json] [--repeat N]
 """
 import json
@@ -46,19 +49,39 @@ def one() -> dict:
             "target_s": TARGET_S, "target_MiB": TARGET_MIB}
 
 
+def estimate() -> dict:
+    """The planner's estimate of the same step (sim/planner/composed.py), in this process after the child: its
+    step and wall time (what a search pays per candidate of this size)."""
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.models import preset
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.parallelize import choose
+    from distlab.sim.parallel.pipeline.plan import PipelineOptions
+    from distlab.sim.planner.composed import estimate_composed
+    t0 = time.perf_counter()
+    mesh = Mesh({"pp": 16, "dp_shard": 128, "tp": 8})
+    par = choose(mesh, {"pipeline": PipelineOptions(microbatches=16), "fsdp": FSDPOptions(reshard_after_forward=False)})
+    step = estimate_composed(preset("llama3-405b"), mesh, par, load_cluster("dgx-h100", nodes=2048))
+    return {"estimate_step_ms": round(step * 1e3, 3), "estimate_wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def describe(r: dict) -> str:
+    """One run in two lines: the command, then its time, memory, step and the load around it."""
+    verdict = "ok" if r["ok"] else "OVER"
+    return (f"{r['command']}\n  {r['wall_s']:.2f} s wall ({r['cpu_s']:.2f} s CPU), peak {r['peak_MiB']:.1f} MiB "
+            f"(target {TARGET_S:.0f} s, {TARGET_MIB:.0f} MiB): {verdict}; step {r['step_ms']} ms; files "
+            f"{', '.join(r['files'])}; load {r['load_1min_before']} -> {r['load_1min_after']}\n  the planner's "
+            f"estimate (sim/planner/composed.py): step {r['estimate_step_ms']} ms in {r['estimate_wall_s']} s")
+
+
 def main() -> int:
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
     rows = [one() for _ in range(repeat)]
     for r in rows:
         r["ok"] = r["wall_s"] <= TARGET_S and r["peak_MiB"] <= TARGET_MIB
-    if "--json" in sys.argv:
-        print(json.dumps(rows, indent=2))
-    else:
-        for r in rows:
-            print(f"{r['command']}\n  {r['wall_s']:.2f} s wall ({r['cpu_s']:.2f} s CPU), peak {r['peak_MiB']:.1f} MiB "
-                  f"(target {TARGET_S:.0f} s, {TARGET_MIB:.0f} MiB): {'ok' if r['ok'] else 'OVER'}; step "
-                  f"{r['step_ms']} ms; files {', '.join(r['files'])}; load {r['load_1min_before']} -> "
-                  f"{r['load_1min_after']}", flush=True)
+        r.update(estimate())
+    print(json.dumps(rows, indent=2) if "--json" in sys.argv else "\n".join(map(describe, rows)), flush=True)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -18,10 +18,10 @@ Cases and targets:
 """
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
+
+from one_core import finish, pin_to_one_core, run_child, usage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DDP_70B = os.path.join(HERE, "..", "scenarios", "ddp-llama-70b.yaml")
@@ -67,8 +67,7 @@ def build(name: str):
 
 def one(name: str, symmetric: bool) -> dict:
     """Build and simulate one case in this process; return its figures."""
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    pin_to_one_core()
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.result import step_summary
     t0 = time.perf_counter()
@@ -77,13 +76,10 @@ def one(name: str, symmetric: bool) -> dict:
     trace = simulate(plan, cluster, record_transfers=False, symmetric=symmetric)
     summary = step_summary(trace)
     wall = time.perf_counter() - t0
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     simulated = len({o.rank for o in getattr(trace.ops, "records", trace.ops)})
     return {"case": name, "world_size": plan.world_size, "symmetric": symmetric, "wall_s": round(wall, 3),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "build_s": round(t1 - t0, 3),
-            "peak_MiB": round(usage.ru_maxrss / 1024, 1),
-            "ranks_simulated": simulated, "step_s": summary["step_s"], "ops": len(trace.ops),
-            "load_1min": round(os.getloadavg()[0], 2)}
+            **usage(), "build_s": round(t1 - t0, 3),
+            "ranks_simulated": simulated, "step_s": summary["step_s"], "ops": len(trace.ops)}
 
 
 def main() -> int:
@@ -96,9 +92,7 @@ def main() -> int:
     for name in names:
         target_s, target_mib = CASES[name]
         for symmetric in (True, False) if "--full" in sys.argv and name == "ddp-70b-256" else (True,):
-            out = subprocess.run([sys.executable, __file__, "--one", name, "1" if symmetric else "0"],
-                                 capture_output=True, text=True, check=True).stdout
-            row = json.loads(out.strip().splitlines()[-1])
+            row = run_child(__file__, "--one", name, "1" if symmetric else "0")
             row["target_s"], row["target_MiB"] = target_s, target_mib
             row["ok"] = not symmetric or ((target_s is None or row["wall_s"] <= target_s)
                                           and (target_mib is None or row["peak_MiB"] <= target_mib))
@@ -111,9 +105,7 @@ def main() -> int:
                       f"peak {row['peak_MiB']:7.1f} MiB"
                       f"{target}, {row['ranks_simulated']} ranks simulated, {row['ops']:,} op records, step "
                       f"{row['step_s']:.6f} s, load {row['load_1min']}", flush=True)
-    if "--json" in sys.argv:
-        print(json.dumps(rows, indent=2))
-    return 0 if all(r["ok"] for r in rows) else 1
+    return finish(rows)
 
 
 if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md

@@ -28,6 +28,13 @@ import re
 import stat
 import time
 
+# Imported with this module, so before any process group exists (runtime/elastic.py imports this module first):
+# torch.distributed.checkpoint imports torch/distributed/nn/functional.py and fsdp/sharded_grad_scaler.py, whose
+# default arguments (``group=group.WORLD``) capture the default group when imported after init_process_group.
+# That reference kept ProcessGroupGloo, its worker threads and its socket loop alive past
+# destroy_process_group until the interpreter's exit, where a rank could abort (SIGABRT, "terminate called
+# without an active exception") at the end of a finished elastic run (tests/test_elastic.py).
+import torch.distributed.checkpoint.state_dict  # noqa: F401  (imports DCP and FSDP's scaler too)
 from torch.distributed.checkpoint import FileSystemReader
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")

@@ -102,7 +102,7 @@ def train(spec: TrainSpec, root: str) -> dict:
 
     from datetime import timedelta
 
-    from distlab.runtime import checkpoint
+    from distlab.runtime import checkpoint     # before the group exists: runtime/checkpoint.py says why
     from distlab.runtime.rendezvous import run_store
     from distlab.runtime.secret import run_secret
     from distlab.runtime.wire import all_gather_json, broadcast_json

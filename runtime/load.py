@@ -136,17 +136,25 @@ def effective_cores(cores: float, k: int, background=(), alone: int = 1, groups=
     return min(float(k), k * rank_share(cores, k, background, groups) / rank_share(cores, alone, background, groups))
 
 
-def _total_jiffies(proc: str) -> tuple[int, int]:
-    """(sum of the aggregate cpu line's jiffies, number of cpuN lines) of /proc/stat."""
+def cpu_jiffies(proc: str) -> tuple[list[int], int]:
+    """(the aggregate cpu line's jiffies: user, nice, system, idle, iowait, irq, softirq, steal, ...; the number
+    of cpuN lines) of /proc/stat (proc(5))."""
     with open(os.path.join(proc, "stat")) as f:
         lines = f.read().splitlines()
-    total = sum(int(v) for v in lines[0].split()[1:])
     cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
-    return total, max(cpus, 1)
+    return [int(v) for v in lines[0].split()[1:]], max(cpus, 1)
 
 
-def _processes(proc: str) -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, utime + stime ticks) of every readable /proc/<pid>/stat."""
+def _total_jiffies(proc: str) -> tuple[int, int]:
+    """(sum of the aggregate cpu line's jiffies, number of cpuN lines) of /proc/stat."""
+    values, cpus = cpu_jiffies(proc)
+    return sum(values), cpus
+
+
+def _processes(proc: str, children: bool = False) -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, utime + stime ticks) of every readable /proc/<pid>/stat; ``children``: plus cutime +
+    cstime, the time of its children that already ended (proc(5))."""
+    last = 15 if children else 13
     out = {}
     for name in os.listdir(proc):
         if not name.isdigit():
@@ -157,7 +165,7 @@ def _processes(proc: str) -> dict[int, tuple[int, int]]:
         except OSError:                        # ended meanwhile
             continue
         fields = text[text.rindex(")") + 2:].split()      # fields from 3 (state) on
-        out[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:last]))
     return out
 
 

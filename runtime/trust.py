@@ -39,49 +39,71 @@ COMPUTING_KINDS = ("overlap plan",)               # cases whose ranks compute on
 
 def _busy_and_total(proc: str) -> tuple[int, int, int]:
     """(busy jiffies, all jiffies, CPUs) of /proc/stat: busy = user + nice + system + irq + softirq + steal."""
-    with open(os.path.join(proc, "stat")) as f:
-        lines = f.read().splitlines()
-    v = [int(x) for x in lines[0].split()[1:]]
-    busy = v[0] + v[1] + v[2] + sum(v[5:8])
-    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
-    return busy, sum(v[:8]), max(cpus, 1)
+    from distlab.runtime.load import cpu_jiffies
+    v, cpus = cpu_jiffies(proc)
+    return v[0] + v[1] + v[2] + sum(v[5:8]), sum(v[:8]), cpus
 
 
 def _tree_ticks(proc: str, root: int) -> int:
     """utime + stime + cutime + cstime of ``root`` and every live descendant: the CPU this process tree has
     used, children that already ended included (their time is in their parent's cutime, cstime)."""
-    parents, ticks = {}, {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, name, "stat")) as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()      # fields from 3 (state) on
-        parents[int(name)] = int(fields[1])
-        ticks[int(name)] = sum(int(x) for x in fields[11:15])
-    mine, grew = {root}, True
-    while grew:
-        new = {pid for pid, ppid in parents.items() if ppid in mine and pid not in mine}
-        mine |= new
-        grew = bool(new)
-    return sum(ticks.get(pid, 0) for pid in mine)
+    from distlab.runtime.load import _descendants, _processes
+    procs = _processes(proc, children=True)
+    return sum(procs[pid][1] for pid in _descendants(procs, root) if pid in procs)
+
+
+PR_SET_CHILD_SUBREAPER = 36       # prctl(2)
+
+
+def _adopt_orphans(on: bool) -> bool:
+    """Make this process (``on``) the reaper of the descendants its children leave behind (prctl(2)
+    PR_SET_CHILD_SUBREAPER, Linux): they stay in this process tree, and their CPU counts as ours."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans(proc: str) -> None:
+    """Wait for the ended processes adopted by _adopt_orphans (zombies whose parent is this process), which no
+    subprocess.Popen of ours waits for."""
+    from distlab.runtime.load import _processes
+    for pid, (ppid, _) in _processes(proc).items():
+        if ppid == os.getpid():
+            try:
+                with open(os.path.join(proc, str(pid), "stat")) as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                if zombie:
+                    os.waitpid(pid, os.WNOHANG)
+            except (OSError, IndexError):
+                pass
 
 
 class Watch:
     """The other processes' CPU over a measurement: ``Watch()`` at its start, ``stop()`` at its end returns
-    {"background_cores", "cores", "window_s", "loadavg_1m"} (None where /proc cannot be read)."""
+    {"background_cores", "cores", "window_s", "loadavg_1m"} (None where /proc cannot be read).
+    ``adopt_orphans``: for a script whose children start processes that outlive them (a `distlab validate`
+    subprocess's fork server ends a moment after it, and so does the CPU of the ranks it forked): this process
+    adopts them until ``stop`` (_adopt_orphans), else their CPU would count as the other processes'."""
 
-    def __init__(self, proc: str = "/proc"):
+    def __init__(self, proc: str = "/proc", adopt_orphans: bool = False):
         self.proc, self.start = proc, None
+        self.adopted = adopt_orphans and _adopt_orphans(True)
         try:
             self.start = (_busy_and_total(proc), _tree_ticks(proc, os.getpid()), time.monotonic())
         except (OSError, ValueError, IndexError):
             pass
 
     def stop(self) -> dict | None:
+        try:
+            return self._stop()
+        finally:
+            if self.adopted:
+                _adopt_orphans(False)
+                _reap_orphans(self.proc)
+
+    def _stop(self) -> dict | None:
         if self.start is None:
             return None
         try:

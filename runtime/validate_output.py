@@ -27,6 +27,12 @@ def case_rows(cases: list[dict]) -> list[list]:
              "yes" if c.get("trusted", True) else "NO"] for c in cases]
 
 
+def _repeats_a_row(s: dict, summary: list[dict]) -> bool:
+    """The row over all world sizes of a kind measured at one world size only: the same figures again."""
+    return s["world_size"] == "all" and sum(t["kind"] == s["kind"] and t["world_size"] != "all"
+                                            for t in summary) == 1
+
+
 CASE_COLUMNS = ["case", "ranks", "size", "predicted ms", "measured ms", "error", "noise", "spread", "trusted"]
 
 
@@ -40,7 +46,7 @@ def print_validation(cases, summary, before, after, verdict, ranks: int, nprocs,
                 [[s["kind"], s["world_size"], s["cases"], f"{s['median_abs_error'] * 100:.1f}%",
                   f"±{s['median_abs_error_noise'] * 100:.1f}%" if "median_abs_error_noise" in s else "-",
                   f"{s['worst_abs_error'] * 100:.1f}%", s["worst_case"].removesuffix(f" on {s['world_size']} ranks")]
-                 for s in summary])
+                 for s in summary if not _repeats_a_row(s, summary)])
     kinds = list(dict.fromkeys(c["kind"] for c in cases))
     for kind in kinds:
         rows = [c for c in cases if c["kind"] == kind]

@@ -101,6 +101,33 @@ def print_json(obj, command: str | None = None) -> None:
     sys.stdout.write(json.dumps(with_schema(obj, command), indent=2, sort_keys=False) + "\n")
 
 
+def read_sweep(text: str, keys) -> tuple[str, list]:
+    """``--sweep KEY=V1,V2,...`` as (key, values): KEY one of ``keys`` (dashes read as underscores), each value a
+    whole number, a number, none or default (None), true or false, else the text itself."""
+    key, eq, values = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not eq or key not in keys:
+        raise ConfigError(f"{text!r}: write KEY=V1,V2,... with KEY one of {', '.join(keys)}", "--sweep")
+    out = []
+    for v in values.split(","):
+        v = v.strip()
+        try:
+            out.append(int(v) if v.lstrip("-").isdigit() else float(v))
+        except ValueError:
+            out.append({"none": None, "default": None, "true": True, "false": False}.get(v.lower(), v))
+    if not out or out == [""]:
+        raise ConfigError("no values given", "--sweep")
+    return key, out
+
+
+def add_file_arguments(p, files: str, command: str) -> None:
+    """The flags of a command that writes ``files`` and prints results: ``--out`` (their folder, default
+    ./distlab-out), ``--no-files`` and ``--json`` (schema ``distlab.COMMAND/N``)."""
+    p.add_argument("--out", default="distlab-out", help=f"folder for {files} (default ./distlab-out)")
+    p.add_argument("--no-files", action="store_true", help=f"write no files ({files})")
+    p.add_argument("--json", action="store_true", help=f"print results as JSON (schema {schema(command)})")
+
+
 def progress(iterable, total: int, description: str, enabled: bool = True, delay_s: float = 2.0):
     """A rich progress bar on stderr for long loops, shown once the loop has run ``delay_s`` seconds (a short
     loop shows nothing); silent when disabled or stderr is not a terminal."""

@@ -38,6 +38,7 @@ class GPUSpec:
     fp8_tflops: float | None = None     # dense FP8 tensor-core peak (None: no FP8 tensor cores)
     fp32_tflops: float | None = None    # FP32 on the CUDA cores (torch's matmul default: no TF32)
     sustained: float | None = None      # overrides the generation's fitted sustained fraction (sim/compute/fitted.py)
+    elementwise_passes: float | None = None   # overrides its fitted elementwise passes (with sustained set: 0)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def gpu_to_dict(gpu: GPUSpec) -> dict:
     (older files and outputs stay as they were), the curve as a list of [flops, fraction] pairs."""
     d = asdict(gpu)
     for key, default in (("gemm_efficiency", None), ("attention_efficiency", None), ("launch_s", 0.0),
-                         ("compute", None), ("fp8_tflops", None), ("fp32_tflops", None), ("sustained", None)):
+                         ("compute", None), ("fp8_tflops", None), ("fp32_tflops", None), ("sustained", None),
+                         ("elementwise_passes", None)):
         if d[key] == default:
             del d[key]
     if "gemm_efficiency" in d:
@@ -416,7 +418,7 @@ def _validated(c: Cluster, where: str) -> Cluster:
 def _check_compute_model(gpu: GPUSpec, where: str) -> None:
     """gemm_efficiency: (flops, fraction) pairs, flops > 0 strictly increasing, fraction in (0, 1];
     attention_efficiency in (0, 1]; launch_s >= 0; compute a kernel model of sim/compute/gpus.py; fp8_tflops and
-    fp32_tflops > 0; sustained in (0, 1]."""
+    fp32_tflops > 0; sustained in (0, 1]; elementwise_passes in [0, 1000)."""
     curve = gpu.gemm_efficiency
     if curve is not None:
         ok = isinstance(curve, tuple) and len(curve) >= 1 and all(
@@ -442,6 +444,10 @@ def _check_compute_model(gpu: GPUSpec, where: str) -> None:
     if s is not None and (not _is_number(s) or not 0 < s <= 1):
         raise ConfigError(f"{s!r} must be a number in (0, 1] (the fraction of the kernel rates a job sustains)",
                           f"{where}.sustained")
+    e = gpu.elementwise_passes
+    if e is not None and (not _is_number(e) or not 0 <= e < 1000):
+        raise ConfigError(f"{e!r} must be a number in [0, 1000) (HBM passes over a block's activations)",
+                          f"{where}.elementwise_passes")
 
 
 def _is_number(x) -> bool:

@@ -285,9 +285,11 @@ def resolve(d: dict, where: str = "scenario"):
     return model, cluster
 
 
-def build(d: dict, where: str = "scenario", cluster=None) -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
-    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+def parts(d: dict, where: str = "scenario", cluster=None) -> tuple:
+    """(validated scenario, workload, model, cluster, completed mesh, options) of a scenario, without building
+    its plan: for a composition the options are a Parallelisms (sim/parallel/parallelize.py), what
+    ``parallelize`` and the planner's estimate (sim/planner/composed.py) take. ``cluster``: a Cluster to use
+    instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
     d = validate(copy.deepcopy(d), where)
     w = workload_of(d)
     if cluster is None:
@@ -299,11 +301,25 @@ def build(d: dict, where: str = "scenario", cluster=None) -> Result:
         mesh = complete_mesh(d, w, cluster.world_size, where)
         opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
             w.parse(d[w.name], f"{where}: {w.name}")
+    except ConfigError as e:
+        raise _under(e, where) from None
+    return d, w, model, cluster, mesh, opts
+
+
+def _under(e: ConfigError, where: str) -> ConfigError:
+    if e.where and not e.where.startswith(where):
+        return ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}")
+    return e
+
+
+def build(d: dict, where: str = "scenario", cluster=None) -> Result:
+    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
+    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+    d, w, model, cluster, mesh, opts = parts(d, where, cluster)
+    try:
         plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
-        if e.where and not e.where.startswith(where):
-            raise ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}") from None
-        raise
+        raise _under(e, where) from None
     return Result(d, w, opts, mesh, model, cluster, plan, info or {}, None)
 
 

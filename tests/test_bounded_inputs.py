@@ -121,7 +121,7 @@ def two_ranks(op) -> str:
     ("calibration not a table", "calibration.collectives: must map each collective"),
     ("a malformed native trace", "not a trace distlab wrote"),
     ("a malformed Chrome trace", "not a trace distlab wrote"),
-    ("plan question: model a list", "unknown model preset []"),
+    ("plan question: model a list", "unknown model preset '[]'"),
     ("runs file: a model without layers", "missing 1 required positional argument: 'layers'"),
 ])
 def test_malformed_inputs_that_gave_tracebacks_or_passed_silently_are_one_line(case, expected, tmp_path):

@@ -11,17 +11,19 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.pipeline.split import stage_split, torchtitan_split
 
 FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
-    "ddp": "--bucket-cap-mb 5 --iteration 1 --grad-accum 2 --compress bf16 --algo ring --optimizer sgd",
+    "ddp": "--bucket-cap-mb 5 --iteration 1 --grad-accum 2 --compress bf16 --algo ring --optimizer sgd --offload",
     "fsdp": "--zero 2 --reshard-after-forward false --prefetch 1 --backward-prefetch 1 --param-dtype bfloat16 "
-            "--reduce-dtype float32 --overlap true",
+            "--reduce-dtype float32 --overlap true --root-reshard-after-forward true --separate-reduce-scatter-group "
+            "true --reduce-scatter-max-input-buffers 2",
     "pipeline": "--mesh pp=2 --schedule interleaved --microbatches 4 --virtual-stages 2 --split 3,3,3,3 "
                 "--weight-grad-fraction 0.5 --recv early --stage-less-layers none",
     "tp": "--model llama3-8b --mesh tp=2 --sequence-parallel true --loss-parallel true --recompute selective "
           "--tp-schedule gpipe --tp-microbatches 2 --tp-virtual-stages 1 --tp-split none --tp-comm-overlap true",
+    "tp ": "--model llama3-8b --mesh tp=2 --sequence-parallel false --tp-prepare-input true",   # plain TP
     "cp": "--model llama3-8b --mesh cp=2 --rotate-method alltoall --load-balance true --cp-recompute full "
           "--cp-overlap false",
     "ep": "--model deepseek-v3 --mesh ep=2 --ep-skew 0.5 --ep-node-limit 1 --ep-zero1 true --ep-schedule 1f1b "
-          "--ep-microbatches 1 --ep-overlap true --ep-split none",
+          "--ep-microbatches 1 --ep-overlap true --ep-split none --ep-fp8-dispatch true",
 }
 
 
@@ -40,12 +42,13 @@ def test_every_listed_flag_works_without_a_scenario_file(capsys):
     listed = {w for w in out.split() if w.startswith("--") and w[2:3].isalpha()}
     given = {w for text in FLAG_SETS.values() for w in text.split() if w.startswith("--")} | {
         "--model", "--micro-batch", "--world-size", "--mesh", "--no-files", "--json"}
-    assert listed - given <= {"--help", "--cluster", "--nodes", "--sweep", "--save-plan", "--out"}
+    assert listed - given <= {"--help", "--cluster", "--nodes", "--sweep", "--save-plan", "--out", "--verbose",
+                              "--wide"}
     for name, text in FLAG_SETS.items():
         rc, out, err = simulate_cli(capsys, "--world-size", "2", "--micro-batch", "1", "--json", *text.split())
         assert rc == 0, (name, err)
         res = json.loads(out)["results"][0]
-        assert res["workload"] == name and res["step_s"] > 0
+        assert res["workload"] == name.strip() and res["step_s"] > 0
 
 
 def test_a_mesh_of_several_parallelisms_composes_them_with_the_fill_at_torchtitans_place(capsys):
@@ -116,3 +119,21 @@ def test_sweep_keys_of_a_composition():
     sc.set_value(d, "tp.recompute", "selective")
     assert d["pipeline"] == {"microbatches": 8} and d["tp"] == {"recompute": "selective"}
     assert sc.build(d).plan.meta["pipeline"]["microbatches"] == 8
+
+
+def test_recompute_goes_to_tp_with_tp_else_to_the_model(capsys):
+    """--recompute is TP's option where TP is on (a tp mesh dimension or another TP flag), else the model's
+    activation recomputation (sim/models/activations.py)."""
+    rc, out, err = simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1", "--zero",
+                                "3", "--recompute", "full", "--json")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    assert res["workload"] == "fsdp"
+    plain = json.loads(simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1",
+                                    "--zero", "3", "--json")[1])["results"][0]
+    assert res["step_s"] > plain["step_s"]          # the recomputed forward costs time
+    rc, out, err = simulate_cli(capsys, "--model", "llama3-8b", "--world-size", "2", "--micro-batch", "1", "--mesh",
+                                "tp=2", "--recompute", "selective", "--json")
+    assert rc == 0, err
+    res = json.loads(out)["results"][0]
+    assert res["workload"] == "tp" and res["options"]["recompute"] == "selective"

@@ -206,3 +206,42 @@ def test_wave_quantization():
     assert wave_efficiency(128, 256, 132) == pytest.approx(1 / 132)
     assert wave_efficiency(128 * 12, 256 * 11, 132) == pytest.approx(1.0)                # 132 tiles: one wave
     assert wave_efficiency(128 * 133, 256, 132) == pytest.approx(133 / 264)              # two waves, one tile in the second
+
+
+def test_elementwise_passes_ride_on_each_block_attention_op():
+    """The fitted elementwise kernels of a block: passes x b·s·heads·d x bytes over HBM on its attention op, twice
+    in the backward; a spec carrying its own sustained fraction keeps 0 unless it sets them; the H100 preset takes
+    its generation's fitted value."""
+    from distlab.sim.compute.fitted import FITTED
+    from distlab.sim.compute.kernels import elementwise_passes, hbm_Bps
+    h100 = replace(GPUS["h100"], sustained=1.0)
+    assert elementwise_passes(h100) == 0 and elementwise_passes(GPUS["h100"]) == FITTED["hopper"].elementwise_passes
+    three = replace(h100, elementwise_passes=3.0)
+    b, heads, s, d = 2, 8, 4096, 128
+    for attention_pass, factor in (("forward", 1), ("backward", 2)):
+        op = Compute("blk", attention=(b, heads, s, d), attention_pass=attention_pass, dtype="bfloat16")
+        assert op_seconds(op, three) - op_seconds(op, h100) == pytest.approx(
+            3.0 * factor * b * s * heads * d * 2 / hbm_Bps(h100), rel=1e-9)
+    gemm = Compute("gemm", gemms=((4096, 4096, 4096),), dtype="bfloat16")
+    assert op_seconds(gemm, three) == op_seconds(gemm, h100)
+
+
+def test_cluster_file_carries_elementwise_passes_and_refuses_bad_ones():
+    from distlab.sim.cluster import gpu_to_dict
+    g = gpu_to_dict(GPUS["h100"])
+    d = {"name": "x", "nodes": 1, "gpus_per_node": 8, "gpu": {**g, "elementwise_passes": 3}, "intra_node": {}}
+    assert cluster_from_dict(d).gpu.elementwise_passes == 3
+    assert gpu_to_dict(cluster_from_dict(d).gpu)["elementwise_passes"] == 3 and "elementwise_passes" not in g
+    with pytest.raises(ConfigError, match="elementwise_passes.*must be a number in"):
+        cluster_from_dict({**d, "gpu": {**g, "elementwise_passes": -1}})
+
+
+def test_split_k_fills_the_sms_for_few_tiles_and_a_deep_k():
+    """Fewer output tiles than SMs and a deep K: the K loop is cut (each slice >= SPLIT_K_MIN_DEPTH) when that
+    beats the fp32 partials' traffic; the measured 1024³ GEMM and GEMMs of a wave or more stay unsplit."""
+    from distlab.sim.compute.kernels import SPLIT_K_MIN_DEPTH, tiling
+    assert tiling(1024, 1024, 132, 1024, 265) == (pytest.approx(32 / 132), 1)
+    assert tiling(8192, 8192, 132, 8192, 265)[1] == 1
+    eff, splits = tiling(512, 2688, 132, 7168, 265)          # a tp-8 overlap chunk: 44 tiles of 128 x 256
+    assert splits == 3 and eff == pytest.approx(512 * 2688 / (128 * 256) * 3 / 132) and 7168 // 3 >= SPLIT_K_MIN_DEPTH
+    assert tiling(512, 2688, 132, 7168, 1e9)[1] == 1           # partials too costly: no split

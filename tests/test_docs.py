@@ -8,13 +8,12 @@ import subprocess
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
-# pages the other helpers of this round write (compute, safe, comm, models, compose, jobs): linked from the front
-# page before they are merged in; the lead drops a name here once its page is on main
-OTHER_PAGES = {"compute.md", "security.md", "communicators.md", "models.md", "parallelisms.md", "multi-job.md"}
+# pages the other helpers of a round write, linked from the front page before they are merged in (none now)
+OTHER_PAGES: set[str] = set()
 
 
 def test_readme_is_a_front_page_whose_quickstart_ci_runs():
-    assert len(README.splitlines()) < 220
+    assert len(README.splitlines()) <= 200          # the lead adds the other helpers' pointers at merge: room kept
     first = re.search(r"```bash\n(.*?)```", README, re.S).group(1).splitlines()
     ci = (ROOT / ".ci" / "run").read_text()
     quickstart = ci[ci.index("# --- the README's Quickstart"):ci.index("echo \"ci: quickstart")].splitlines()[1:]
@@ -40,6 +39,39 @@ def test_readme_examples_are_what_the_commands_print():
     shown = list(examples.blocks(README))
     assert len(shown) >= 2
     assert examples.main(["--check"]) == 0
+
+
+def test_readme_measured_example_is_what_validate_printed():
+    """Every console block is a command with its output (no placeholder left); the measured one, `distlab
+    validate --nproc 2`, is what print_validation writes: the summary, the overlap plan's rows and factors at 2 and
+    3 ranks, the load, and the verdict."""
+    blocks = re.findall(r"```console\n(.*?)```", README, re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        lines = block.splitlines()
+        assert lines[0].startswith("$ distlab ") and [x for x in lines if not x.startswith("$ ")], lines[0]
+        assert not re.search(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", block), "a placeholder in the README"
+    validate = next(b for b in blocks if b.startswith("$ distlab validate --nproc 2"))
+    assert validate.splitlines()[1].startswith("calibrated on 2 ranks with ")
+    assert "|error| per kind and world size" in validate
+    flat = " ".join(validate.split())
+    for ranks in (2, 3):
+        assert re.search(rf"^overlap plan +{ranks} +1 +\d+\.\d%", validate, re.M), ranks
+        assert re.search(rf"^compute\+all_reduce +{ranks} +4 MiB +[\d.]+ +[\d.]+ +[-+][\d.]+% ", validate, re.M)
+        assert re.search(rf"overlap plan on {ranks} ranks: interference [\d.]+, comm_interference [\d.]+ \(error "
+                         r"without them [-+][\d.]+%\); repeats( \d+,){8} \d+ ms", flat), ranks
+    assert re.search(r"load before: average [\d.]+ on \d+ cores, other processes [\d.]+ cores", flat)
+    assert re.search(r"^ *(trustworthy|NOT TRUSTWORTHY)", validate, re.M)
+
+
+def test_readme_prose_agrees_with_the_outputs_and_files_it_describes():
+    """The 70B example's 'X GiB of 80 fit' is its block's total, and the notebook count is lessons/'s."""
+    fit = re.search(r"so ([\d.]+) GiB of 80 fit", README).group(1)
+    total = re.search(r"^memory per GPU \(total\) +[\d.]+ GB = ([\d.]+) GiB$", README, re.M).group(1)
+    assert f"{float(total):.1f}" == fit, (fit, total)
+    notebooks = len(list((ROOT / "lessons").glob("*.ipynb")))
+    counts = re.findall(r"(\d+) notebooks", README)
+    assert counts and all(int(n) == notebooks for n in counts), (counts, notebooks)
 
 
 def test_readme_quotes_figures_only_from_commands_users_run():

@@ -98,3 +98,33 @@ class _Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.path}",))
+
+
+GLOO_THREADS = """
+import json, os, sys
+from distlab.runtime.elastic import TrainSpec, train
+train(TrainSpec(steps=2, checkpoint_every=1, width=8, layers=2, batch=4), sys.argv[1])   # saves, then resumes nothing
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(json.dumps(names), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_finished_rank_has_no_gloo_threads_left_at_exit(tmp_path):
+    """The SIGABRT at shutdown (lesson 12's "torchrun exit code: 1"): torch.distributed.checkpoint, imported after
+    init_process_group, captured the default group in default arguments (torch/distributed/nn/functional.py), so
+    ProcessGroupGloo and its threads outlived destroy_process_group and were torn down with the interpreter.
+    A rank's train() (one rank, two checkpoints) must end with Gloo's threads joined."""
+    import json
+    import subprocess
+    import sys
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "DISTLAB_RUN_SECRET": "s" * 32,
+           "OMP_NUM_THREADS": "1"}
+    for k in ("MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "DISTLAB_RUN_SECRET_FILE"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", GLOO_THREADS, str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    names = json.loads(p.stdout.splitlines()[-1])
+    assert "elastic: 2 steps in 1 attempt(s), 2 checkpoints" in p.stdout
+    assert not [n for n in names if "gloo" in n], names          # pt_gloo_runloop (x2), gloo_tcp_loop

@@ -62,7 +62,8 @@ def test_a_killed_rank_reports_its_signal_and_the_others_die_with_the_server(tmp
     (tmp_path / "task.json").write_text('{"target": "x:y", "payload": {}, "backend": "gloo", "threads": 1, '
                                         '"timeout": 60}')
     env = dict(os.environ, DISTLAB_RUN_DIR=str(tmp_path), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), DISTLAB_FLIGHT="0")
+               MASTER_PORT=str(free_port()), DISTLAB_FLIGHT="0",
+               DISTLAB_RUN_SECRET="forkserver-test-secret-0123456789")   # as the launcher gives every rank
     server = forkserver.Server()
     try:
         killed = server.spawn(dict(env, RANK="0"), str(tmp_path), str(tmp_path / "log0"), 0)
@@ -86,7 +87,8 @@ def test_ranks_of_a_killed_server_die_and_are_reported_killed(tmp_path):
     (tmp_path / "task.json").write_text('{"target": "x:y", "payload": {}, "backend": "gloo", "threads": 1, '
                                         '"timeout": 60}')
     env = dict(os.environ, DISTLAB_RUN_DIR=str(tmp_path), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), DISTLAB_FLIGHT="0")
+               MASTER_PORT=str(free_port()), DISTLAB_FLIGHT="0",
+               DISTLAB_RUN_SECRET="forkserver-test-secret-0123456789")   # as the launcher gives every rank
     server = forkserver.Server()
     try:
         waiting = server.spawn(env, str(tmp_path), str(tmp_path / "log0"), 0)

@@ -1,9 +1,10 @@
 """Fuzzing every command and input kind (issue 32, item 8): clusters, scenarios, plans, runs files, traces, flight
-records, `distlab plan` questions and every command's flags, 1,100 generated inputs in all (QUOTAS), the same ones
+records, `distlab plan` questions and every command's flags, 1,020 generated inputs in all (QUOTAS), the same ones
 on every run (hypothesis, derandomized). The CLI, run in this process, never shows a traceback: it succeeds, or
 exits 2 with one line on stderr (check and diagnose exit 1 when they find problems), and a refused input writes
-nothing. Runtime commands never start ranks here: a launch the input would start stops at Launch.start.
-Inputs that could blow up time or memory are tests/test_bounded_inputs.py's, under a 1 GB limit."""
+nothing: neither its named outputs nor anything in the folder it runs in. Runtime commands never start ranks here:
+a launch the input would start stops at Launch.start. Inputs that could blow up time or memory are
+tests/test_bounded_inputs.py's, under a 1 GB limit."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ import functools
 import io
 import json
 import os
+import shutil
 
 import pytest
 import yaml
@@ -19,8 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distlab.runtime.cli import main
 
-QUOTAS = {"cluster": 150, "scenario": 150, "plan": 180, "runs": 90, "trace": 130, "flight": 130, "question": 70,
-          "flags": 200}
+QUOTAS = {"cluster": 140, "scenario": 150, "plan": 170, "runs": 90, "trace": 130, "flight": 130, "question": 70,
+          "flags": 140}
 COUNT: dict[str, int] = {}
 TMP = ""                     # this module's folder under pytest's tmp_path (fuzz_dir below)
 
@@ -35,6 +37,14 @@ def fuzz_dir(tmp_path_factory):
     global TMP
     TMP = str(tmp_path_factory.mktemp("fuzz"))
     yield TMP
+
+
+@pytest.fixture(autouse=True)
+def empty_cwd(fuzz_dir, monkeypatch):
+    """Commands run in an empty folder: a refused input must leave it empty (outputs with default names too)."""
+    cwd = os.path.join(fuzz_dir, "cwd")
+    os.makedirs(cwd, exist_ok=True)
+    monkeypatch.chdir(cwd)
 
 
 @pytest.fixture(autouse=True)
@@ -84,9 +94,13 @@ def run(argv, ok_codes=(0,)):
     stderr = err.getvalue()
     assert "Traceback" not in stderr, stderr
     assert code in (*ok_codes, 2), (argv, code, stderr)
+    left = os.listdir(".")                     # the empty folder the command ran in (empty_cwd)
     if code == 2:
         assert len(stderr.strip().splitlines()) == 1, stderr
         assert stderr.strip(), "exit 2 needs a message"
+        assert not left, (argv, left)
+    for name in left:                          # a valid run's default outputs: gone before the next example
+        shutil.rmtree(name) if os.path.isdir(name) and not os.path.islink(name) else os.unlink(name)
     return code, out.getvalue()
 
 

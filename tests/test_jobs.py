@@ -193,3 +193,45 @@ def test_link_bytes_count_each_step():
     count(pairs, np.array([3.0, 4.0]), None)
     count(pairs, 2.0, None)
     assert count.bytes() == {5: 3.0 + 4.0 + 4.0, 8: 4.0 + 2.0}
+
+
+def test_cluster_command_what_ifs(tmp_path, capsys):
+    """`distlab cluster --sweep/--matrix/--capacity` on two jobs spread over leaves of two nodes (two GPUs and two
+    10 GB/s NICs per node, 2:1): each job sends from GPU 0 of its first node to GPU 0 of its second. Fat-tree: a
+    leaf's uplink carries 2 x 2 x 10 / 2 = 20 GB/s, both flows run at their NICs' 10 GB/s: no slowdown.
+    Rail-optimized: rail 0's leaf uplink carries 2 x 10 / 2 = 10 GB/s, shared 5 + 5 until b's 20 MB are through,
+    then a alone at 10. Packed: nothing crosses the spine."""
+    import json
+    cluster = {"name": "railed", "nodes": 4, "gpus_per_node": 2, "gpu": "h100", "intra_node": {},
+               "inter_node": {"nics_per_node": 2, "bandwidth_GBps": 10, "fabric": "fat-tree", "oversubscription": 2,
+                              "nodes_per_leaf": 2}}
+    write(tmp_path / "railed.yaml", cluster)
+    jobs = []
+    for name, nbytes in (("a", 40_000_000), ("b", 20_000_000)):
+        Plan([[Send(2, nbytes)], [], [Recv(0, nbytes)], []], name=name).save(str(tmp_path / f"{name}.json"))
+        jobs.append({"name": name, "plan": f"{name}.json", "nodes": 2})
+    path = write(tmp_path / "mix.yaml", {"cluster": "railed.yaml", "placement": "spread", "jobs": jobs})
+    assert main(["cluster", path, "--sweep", "placement=packed,spread", "--sweep", "layout=fat-tree,rail-optimized",
+                 "--workers", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sweep"] == {"placement": ["packed", "spread"], "layout": ["fat-tree", "rail-optimized"]}
+    by = {(r["placement"], r["layout"]): r for r in out["results"]}
+    assert len(by) == 4 and all(by[k]["worst_slowdown"] == 1.0 for k in by if k != ("spread", "rail-optimized"))
+    a, b = by["spread", "rail-optimized"]["jobs"]
+    alpha = a["step_alone_s"] - 40e6 / 10e9                       # the NIC's latency
+    assert b["step_alone_s"] == pytest.approx(alpha + 20e6 / 10e9, rel=1e-12)
+    assert b["step_shared_s"] == pytest.approx(alpha + 20e6 / 5e9, rel=1e-12)
+    assert a["step_shared_s"] == pytest.approx(alpha + 20e6 / 5e9 + 20e6 / 10e9, rel=1e-12)
+    assert by["spread", "rail-optimized"]["contended_links"][0]["link"] == "leaf0.rail0.up"
+    assert main(["cluster", path, "--sweep", "oversubscription=1,2", "--sweep", "layout=rail-optimized"]) == 0
+    assert "1.998x" in capsys.readouterr().out                   # text: b's slowdown at 2:1 (alpha in both)
+    assert main(["cluster", path, "--matrix", "--workers", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["matrix"] == {"jobs": ["a", "b"], "slowdown": [[1.0, 1.0], [1.0, 1.0]]}
+    assert main(["cluster", path, "--capacity", "1.5", "--workers", "1"]) == 0
+    assert "8 of its 8 GPUs (2 jobs)" in capsys.readouterr().out
+    for argv, message in ((["--sweep", "colour=1,2"], "KEY one of placement"),
+                          (["--sweep", "layout=fat-tree", "--matrix"], "one what-if at a time"),
+                          (["--capacity", "0.9"], "must be a slowdown >= 1")):
+        assert main(["cluster", path, "--no-files", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (argv, err)

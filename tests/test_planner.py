@@ -14,6 +14,7 @@ from distlab.sim.parallel.pipeline import schedules as S
 from distlab.sim.planner import explain
 from distlab.sim.planner.estimate import pipeline_makespan, streams_makespan
 from distlab.sim.planner.layouts import Layout, enumerate_layouts
+from distlab.sim.planner.search import ESTIMATE_BOUND
 from distlab.sim.planner.search import search
 from distlab.sim.planner.step import Estimator
 from distlab.sim.plan import Compute, Record, Wait
@@ -42,13 +43,16 @@ def test_estimate_agrees_with_the_simulator_on_50_random_layouts(small_cluster):
     assert len(sample) == 50
     assert {L.family for L in sample} >= {"TP x DDP", "TP x FSDP", "PP x TP x DDP", "PP x TP", "FSDP", "DDP",
                                           "TP x HSDP", "CP x FSDP", "CP x TP x FSDP", "CP x HSDP",
-                                          "PP (interleaved) x TP x DDP"}
+                                          "PP (interleaved) x TP x DDP", "PP x TP x FSDP", "PP x HSDP",
+                                          "PP (interleaved) x TP x FSDP"}
     assert any(L.split for L in sample) and any(L.loss_parallel for L in sample)
-    worst = 0.0
+    assert any(L.composed and L.pp == 1 and L.microbatches > 1 for L in sample)     # FSDP2 grad accumulation
+    worst = {False: 0.0, True: 0.0}
     for L in sample:
         des = simulate(L.scenario(TINY, small_cluster, 2)).summary["step_s"]
-        worst = max(worst, abs(est.estimate(L).step_s / des - 1))
-    assert worst <= 0.05, f"worst estimate error {worst:.1%}"
+        worst[L.composed] = max(worst[L.composed], abs(est.estimate(L).step_s / des - 1))
+    # FSDP2 inside pipeline stages (sim/planner/stage_fsdp.py) is estimated to within ESTIMATE_BOUND
+    assert worst[False] <= 0.05 and worst[True] <= ESTIMATE_BOUND, f"worst estimate errors {worst}"
 
 
 def stratified(layouts: list, n: int, rng) -> list:

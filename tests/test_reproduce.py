@@ -40,12 +40,21 @@ def test_shipped_runs_are_table_1_with_eq3_flops():
     assert model_flops(top) == pytest.approx(96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)))
 
 
-@pytest.mark.parametrize("layout,gpus,batch", [({"tp": 8, "pp": 2, "dp": 2}, 32, 8),
-                                               ({"tp": 2, "pp": 1, "dp": 4}, 8, 8)])
-def test_one_replica_one_tp_rank_equals_the_full_simulation(tmp_path, layout, gpus, batch):
-    runs, gens = load_runs(runs_file(tmp_path, {**TINY, "layout": layout, "gpus": gpus, "global_batch": batch}))
+@pytest.mark.parametrize("layout,gpus,overlap", [({"tp": 8, "pp": 2, "dp": 2}, 32, False),
+                                                 ({"tp": 8, "pp": 2, "dp": 2}, 32, True),
+                                                 ({"tp": 2, "pp": 1, "dp": 4}, 8, True)])
+def test_one_replica_one_tp_rank_equals_the_full_simulation(tmp_path, layout, gpus, overlap):
+    """Replica 0 alone (its dp collectives timed on the whole cluster), one TP rank per stage when tp fills
+    nodes (all of them with --tp-comm-overlap, whose ring exchanges need every TP rank): the full simulation's
+    step, with pipelines and without (pp 1: Megatron-Core's H100 rows), overlapped and not."""
+    run = {**TINY, "layout": layout, "gpus": gpus, "global_batch": 8, "tp_comm_overlap": overlap,
+           "sequence_parallel": True}
+    runs, gens = load_runs(runs_file(tmp_path, run))
     reduced, full = step_seconds(runs[0], gens), step_seconds(runs[0], gens, replicas=False)
     assert reduced == pytest.approx(full, rel=1e-9)
+    if overlap:                           # the overlapped plan is another plan: its ring exchanges, not collectives
+        plain, _ = load_runs(runs_file(tmp_path, {**run, "tp_comm_overlap": False}))
+        assert step_seconds(plain[0], gens) != pytest.approx(reduced, rel=1e-3)
 
 
 def test_cli_table_json_and_plot(tmp_path, capsys):
@@ -69,18 +78,18 @@ def test_cli_table_json_and_plot(tmp_path, capsys):
 
 def test_rows_not_expressible_are_listed_with_their_reason(tmp_path, capsys):
     path = runs_file(tmp_path, {**TINY, "gpus": 8, "layout": {"tp": 2, "pp": 1, "dp": 4}},
-                     {**TINY, "name": "overlapped", "tp_comm_overlap": True},
+                     {**TINY, "name": "cp", "gpus": 64, "layout": {"tp": 8, "pp": 2, "dp": 2, "cp": 2}},
                      {**TINY, "name": "fsdp-pp", "layout": {"tp": 8, "pp": 2, "dp": 2, "zero": 3}},
                      {**TINY, "name": "elsewhere", "not_expressible": "a GPU no preset has"})
     assert main(["reproduce", path, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     reasons = {x["name"]: x["reason"] for x in d["not_expressible"]}
     assert [x["name"] for x in d["results"]] == ["tiny"]
-    assert "--tp-comm-overlap" in reasons["overlapped"] and "FSDP2 (ZeRO 2/3) x PP" in reasons["fsdp-pp"]
+    assert "context parallelism" in reasons["cp"] and "FSDP2 (ZeRO 2/3) x PP" in reasons["fsdp-pp"]
     assert reasons["elsewhere"] == "a GPU no preset has"
     assert main(["reproduce", path]) == 0
     out = capsys.readouterr().out
-    assert "not expressible yet: overlapped\n  because Megatron's --tp-comm-overlap" in out
+    assert "not expressible yet: cp\n  because context parallelism" in out
     assert max(len(line) for line in out.splitlines()) <= 100
 
 

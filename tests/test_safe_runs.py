@@ -67,6 +67,26 @@ def test_a_planted_link_in_the_dump_dir_is_refused_and_nothing_outside_changes(t
     assert victim.read_text() == "precious\n"
 
 
+def test_a_second_run_on_the_same_dump_dir_refuses_and_leaves_the_first_ones_records(tmp_path, monkeypatch):
+    """Before: a second run with the same --dump-dir cleared the first's live flight records. Here the first run's
+    lock is held (as its launcher holds it) and its record is there: the second refuses in one line, starts no
+    rank, and leaves the folder as it was."""
+    from distlab.runtime import forkserver
+    from distlab.sim.io import OutputLock
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "flight.0.json").write_text("{}")
+    monkeypatch.setattr(forkserver, "spawn", lambda *a: pytest.fail("a rank was started"))
+    with OutputLock(str(shared), "--dump-dir", folder=True):
+        before = sorted(os.listdir(shared))
+        code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--dump-dir", shared, "--out",
+                            tmp_path / "m.trace"])
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--dump-dir: another distlab run (pid {os.getpid()}) is writing {shared}" in err
+        assert sorted(os.listdir(shared)) == before and (shared / "flight.0.json").read_text() == "{}"
+    assert not (tmp_path / "m.trace").exists() and os.listdir(shared) == ["flight.0.json"]
+
+
 def test_a_full_disk_for_the_flight_ring_is_one_line_before_any_rank_starts(tmp_path, monkeypatch):
     """Before: the ring was a sparse file written through mmap; on a full disk every rank died of SIGBUS."""
     from distlab.runtime import forkserver

@@ -118,7 +118,7 @@ def test_toy_flags_choose_the_toy_without_a_file_and_are_refused_beside_another(
     ("mesh: {dp: 3}\nddp: {}\n", ["mesh", "dp 3 = 3 ranks, but the world has 8"]),
     ("mesh: {dp_replicate: 3, dp_shard: 2}\nfsdp: {}\n", ["mesh", "= 6 ranks, but the world has 8"]),
     ("mesh: {dp_shard: 3}\nfsdp: {}\n", ["shard group size 3 must divide the world size 8"]),
-    ("mesh: {tp: 2}\nddp: {}\n", ["tensor parallelism needs a transformer model"]),       # DDP x TP
+    ("mesh: {tp: 2}\nddp: {}\n", ["tensor parallelism needs a transformer described by its structure"]),       # DDP x TP
     ("mesh: {ep: 2}\nddp: {}\n", ["unknown mesh dimension 'ep' for a composition; allowed: pp, dp_replicate"]),
     ("pipeline: {microbatches: 4}\n", ["pipeline section needs mesh dimension pp"]),
     ("mesh: {dp: 8}\npipeline: {}\n", ["needs mesh dimension 'pp' (pipeline stages)"]),

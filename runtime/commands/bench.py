@@ -144,9 +144,8 @@ def run(args) -> int:
     elif shown:
         if obj["average_busbw_GBps"] is not None:
             printer.comment(f"Avg bus bandwidth    : {obj['average_busbw_GBps']:.3f} GB/s")
-        from distlab.sim.cli import say
-        for line in verdict_lines(verdict, "benchmark"):
-            say(line, indent="    ")
+        for line in verdict_lines(verdict, "benchmark"):      # comments, as every line but a row in nccl-tests
+            printer.comment(line.strip())
         for path in (args.out, args.plot):
             if path:
                 print(f"wrote {path}")

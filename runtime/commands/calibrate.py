@@ -169,6 +169,7 @@ def run(args) -> int:
 
 def mark_untrustworthy(path: str, verdict: dict) -> None:
     """Put the verdict's reasons at the top of the cluster file (YAML comments; the file still loads)."""
+    from distlab.runtime.trust import verdict_lines
     from distlab.sim.io import write_atomic
     with open(path) as f:
         text = f.read()

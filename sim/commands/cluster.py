@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from distlab.sim.cli import print_json, print_table
+from distlab.sim.cli import add_file_arguments, add_output_arguments, print_json, print_table, read_sweep
 from distlab.sim.errors import ConfigError
 
 NAME = "cluster"
@@ -32,35 +32,18 @@ def add_arguments(p) -> None:
                                                "CPUs, at most 2)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run them on a Dask cluster instead: its scheduler's "
                                                           "address, e.g. tcp://10.0.0.1:8786")
-    p.add_argument("--out", default="distlab-out", help="folder for cluster-timeline.png (default ./distlab-out)")
-    p.add_argument("--no-files", action="store_true", help="write no figure")
-    p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.cluster/1)")
-
-
-def _values(text: str) -> list:
-    out = []
-    for v in text.split(","):
-        v = v.strip()
-        try:
-            out.append(int(v) if v.lstrip("-").isdigit() else float(v))
-        except ValueError:
-            out.append(v)
-    if not out or out == [""]:
-        raise ConfigError("no values given", "--sweep")
-    return out
+    add_file_arguments(p, "cluster-timeline.png", NAME)
+    add_output_arguments(p)
 
 
 def parse_sweeps(texts: list[str]) -> dict:
     from distlab.sim.jobs.whatif import SWEEP_KEYS
     keys: dict = {}
     for text in texts:
-        key, eq, values = text.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in SWEEP_KEYS:
-            raise ConfigError(f"{text!r}: write KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}", "--sweep")
+        key, values = read_sweep(text, SWEEP_KEYS)
         if key in keys:
             raise ConfigError(f"{key} is swept twice; give its values once", "--sweep")
-        keys[key] = _values(values)
+        keys[key] = values
     return keys
 
 

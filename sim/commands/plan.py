@@ -29,6 +29,10 @@ def add_arguments(p) -> None:
                                                "CPUs, at most 2)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="confirm on a Dask cluster instead: its scheduler's "
                                                           "address, e.g. tcp://10.0.0.1:8786 (sim/workers.py)")
+    from distlab.sim.planner.eras import ERAS
+    p.add_argument("--as-published", choices=sorted(ERAS), metavar="ERA",
+                   help="search only what that era's software ran (sim/planner/eras.py, docs/planner.md): "
+                        + "; ".join(f"{k}: {e.source}" for k, e in ERAS.items()))
     p.add_argument("--json", action="store_true", help="print results as JSON")
     add_output_arguments(p)
 
@@ -71,7 +75,7 @@ def run(args) -> int:
     from distlab.sim.io import check_outputs
     from distlab.sim.models import model_from_spec
     from distlab.sim.planner import explain
-    from distlab.sim.planner.search import search
+    from distlab.sim.planner.search import ESTIMATE_BOUND, search
     q = question(args)
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
     from distlab.sim.models.activations import require_structure
@@ -80,10 +84,15 @@ def run(args) -> int:
     bar = _Bar(not args.json)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"{args.workers} must be a whole number >= 1", "--workers")
+    era = None
+    if getattr(args, "as_published", None):
+        from distlab.sim.planner.eras import ERAS
+        era = ERAS[args.as_published]
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
-               workers=args.workers, scheduler=args.scheduler)
+               workers=args.workers, scheduler=args.scheduler, allow=era.allows if era else None)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
+    notes = explain.notes(s, args.top)
     fams = explain.families(s)
     top = s.ranked[:max(args.top, 1)]
     if args.save:
@@ -94,21 +103,27 @@ def run(args) -> int:
         save_figure(pareto(s), args.plot)
     if args.json:
         print_json({"question": {k: v for k, v in s.question.items()}, "gpu_memory_GiB": s.gpu_GiB,
+                    "as_published": {"era": era.name, "source": era.source} if era else None,
+                    "notes": notes,
                     "candidates": len(s.all), "fit": len(s.ranked), "confirmed": s.confirmed,
                     "ranked": [{"rank": i + 1, "layout": c.layout.to_dict(), "label": c.layout.label(),
                                 **explain.breakdown(s, c)} for i, c in enumerate(top)],
                     "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
         return 0
-    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts, "
-        f"{len(s.ranked)} fit, best {s.confirmed} simulated")
+    say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts"
+        + (f" that {era.name} ran ({era.source})" if era else "")
+        + f", {len(s.ranked)} fit, {s.confirmed} simulated")
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
         rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
-    print_table("layouts, fastest first (~ = estimate; others simulated)",
+    print_table(f"layouts, fastest first (~ = estimate, within ±{ESTIMATE_BOUND:.0%} of the simulator's step; "
+                "others simulated; #1 is the fastest simulated)",
                 ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
+    for line in notes:
+        say("note: " + line)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
@@ -118,13 +133,15 @@ def run(args) -> int:
                 f"(+{why['term_gap_s'] * 1e3:.1f} ms in #2).")
         if "change" in why:
             line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
-                     f"ms ({'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
+                     f"ms ~ (estimate ±{ESTIMATE_BOUND:.0%}; "
+                     f"{'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
         say(line)
     shown = [f for f in fams if f["best"] or STYLE.verbose]
     say("the best of each family:" if len(shown) == len(fams) else
         f"the best of each family that fits ({len(fams) - len(shown)} do not fit: --verbose says why):")
     for f in shown:
-        best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms: " if f["best"] else ""
+        mark = "" if f.get("confirmed") else f" ~ (estimate ±{ESTIMATE_BOUND:.0%})"
+        best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms{mark}: " if f["best"] else ""
         say(f"{f['family']}: {best}{f['why']}", indent="    ", first="  ")
     if args.save:
         say(f"saved #1 as {args.save} (distlab simulate {args.save})")

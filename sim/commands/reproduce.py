@@ -45,8 +45,8 @@ def run(args) -> int:
         results.append(predict(r))
     simulated = [x for x in results if x["expressible"]]
     missing = [x for x in results if not x["expressible"]]
-    constants = {g: {"sustained": f.sustained, "kernel_gap_s": f.kernel_gap_s, "fitted_on": list(f.fitted_on)}
-                 for g, f in fitted.items()}
+    constants = {g: {"sustained": f.sustained, "elementwise_passes": f.elementwise_passes,
+                     "fitted_on": list(f.fitted_on)} for g, f in fitted.items()}
     if args.json:
         print_json({"runs_file": path, "results": simulated, "not_expressible": missing, "skipped": skipped,
                     "fitted": constants, "summary": summary(simulated),

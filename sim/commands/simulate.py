@@ -6,7 +6,7 @@ import copy
 import os
 import sys
 
-from distlab.sim.cli import add_output_arguments, print_json, progress
+from distlab.sim.cli import add_file_arguments, add_output_arguments, print_json, progress, read_sweep
 from distlab.sim.errors import ConfigError
 
 NAME = "simulate"
@@ -42,9 +42,7 @@ def add_arguments(p) -> None:
                         "parallelism)")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan that was simulated (a plan file "
                                                             "`distlab simulate` and `distlab run` take)")
-    p.add_argument("--out", default="distlab-out", help="folder for trace.json and PNGs (default ./distlab-out)")
-    p.add_argument("--no-files", action="store_true", help="write no trace or figures")
-    p.add_argument("--json", action="store_true", help="print results as JSON (schema distlab.simulate/1)")
+    add_file_arguments(p, "trace.json and PNGs", NAME)
     add_output_arguments(p)
 
 
@@ -69,11 +67,6 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     if args.offload:
         d["model"] = {**_spec(d["model"]), "offload": True}
         changed.append("--offload")
-    rc = getattr(args, "opt__tp__recompute", None)
-    if rc is not None and w.name != "tp":       # --recompute without a tp section: the model's recompute
-        d["model"] = {**_spec(d["model"]), "recompute": rc}
-        changed.append(f"--recompute {rc}")
-        args.opt__tp__recompute = None
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
@@ -86,6 +79,14 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     if args.mesh:
         d["mesh"] = parse_mesh(args.mesh)
         changed.append(f"--mesh {args.mesh}")
+    rc = getattr(args, "opt__tp__recompute", None)
+    tp = registry.REGISTRY["tp"]
+    tp_given = "tp" in d or "tp" in (d.get("mesh") or {}) or any(
+        getattr(args, flag_dest(tp, f), None) is not None for f in tp.fields() if f.name != "recompute")
+    if rc is not None and not tp_given:        # --recompute without tensor parallelism: the model's recompute
+        d["model"] = {**_spec(d["model"]), "recompute": rc}
+        changed.append(f"--recompute {rc}")
+        args.opt__tp__recompute = None
     flagged = [w for w in registry.REGISTRY.values()
                if any(getattr(args, flag_dest(w, f), None) is not None for f in w.fields())]
     if not args.scenario:
@@ -131,20 +132,7 @@ def parse_sweep(text: str, d: dict) -> tuple[str, list]:
     from distlab.sim.workloads.registry import sweep_keys
     w = sc.workload_of(d)
     keys = sc.composed_sweep_keys(d) if w is composed.WORKLOAD else sweep_keys(w)
-    key, eq, values = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not eq or key not in keys:
-        raise ConfigError(f"{text!r}: write KEY=V1,V2,... with KEY one of {', '.join(keys)}", "--sweep")
-    out = []
-    for v in values.split(","):
-        v = v.strip()
-        try:
-            out.append(int(v) if v.lstrip("-").isdigit() else float(v))
-        except ValueError:
-            out.append({"none": None, "default": None, "true": True, "false": False}.get(v.lower(), v))
-    if not out or out == [""]:
-        raise ConfigError("no values given", "--sweep")
-    return key, out
+    return read_sweep(text, keys)
 
 
 def run(args) -> int:

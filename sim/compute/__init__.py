@@ -16,7 +16,8 @@ The engine (sim/kernel/engine.py) times every Compute op with ``op_seconds``; `d
   tokens/s per GPU: the step summary's throughput fields.
 docs/compute.md explains the model and lists its sources.
 """
-from distlab.sim.compute.flops import mfu_summary, model_flops_per_token  # noqa: F401
+from distlab.sim.compute.flops import (BEST_PUBLISHED_MFU, LEFT_OUT, mfu_summary, model_flops_per_token,  # noqa: F401
+                                       plausibility, published_mfu)
 from distlab.sim.compute.kernels import (FLASH_BACKWARD_FACTOR, PASS_FACTOR, attention_flops,  # noqa: F401
                                          attention_time, batched_gemm_time, gemm_efficiency, gemm_time,
                                          kernel_model, memory_time, op_seconds, peak_tflops,

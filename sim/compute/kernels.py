@@ -31,7 +31,8 @@ element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
 An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
 GEMM rate (an upper bound: no shapes, no attention kernel) or its bytes, the larger; plus a launch.
-``launch`` = the spec's launch_s plus the model's measured launch_s and the fitted kernel_gap_s, per kernel.
+``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
+(sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """
 from __future__ import annotations
 
@@ -71,14 +72,33 @@ def sustained(gpu) -> float:
     return constants(model.generation).sustained if model else 1.0
 
 
-def launch_s(gpu) -> float:
-    """Seconds each kernel costs beyond its work: the spec's launch_s, plus the kernel model's measured launch and
-    the generation's fitted gap (unless the spec carries its own constants: ``sustained`` set)."""
+def elementwise_passes(gpu) -> float:
+    """HBM passes over a block's activations for its elementwise kernels (sim/compute/fitted.py): the spec's own,
+    else its generation's fitted value unless the spec carries its own constants (``sustained`` set: then 0); 0
+    without a kernel model."""
+    if getattr(gpu, "elementwise_passes", None) is not None:
+        return gpu.elementwise_passes
     model = kernel_model(gpu)
-    if model is None:
-        return gpu.launch_s
-    gap = constants(model.generation).kernel_gap_s if getattr(gpu, "sustained", None) is None else 0.0
-    return gpu.launch_s + model.launch_s + gap
+    if model is None or getattr(gpu, "sustained", None) is not None:
+        return 0.0
+    return constants(model.generation).elementwise_passes
+
+
+def elementwise_time(batch: int, heads: int, seq: int, head_dim: int, gpu, dtype_bytes: float = 2,
+                     attention_pass: str = "forward") -> float:
+    """Seconds of the elementwise kernels of the block whose attention call this is (no launches: the fitted
+    passes stand for them): passes x b·s·heads·d x bytes over HBM, x2 backward, x3 recompute+backward."""
+    passes = elementwise_passes(gpu)
+    if not passes:
+        return 0.0
+    factor = {"forward": 1.0, "backward": 2.0, "recompute+backward": 3.0}[attention_pass]
+    return passes * factor * batch * seq * heads * head_dim * dtype_bytes / hbm_Bps(gpu)
+
+
+def launch_s(gpu) -> float:
+    """Seconds each kernel costs beyond its work: the spec's launch_s plus the kernel model's measured launch."""
+    model = kernel_model(gpu)
+    return gpu.launch_s if model is None else gpu.launch_s + model.launch_s
 
 
 def peak_tflops(gpu, dtype: str) -> float:
@@ -100,16 +120,42 @@ def hbm_Bps(gpu) -> float:
     return gpu.hbm_GBps * 1e9 * (model.hbm_fraction if model else 1.0)
 
 
-def wave_efficiency(M: int, N: int, sms: int) -> float:
-    """Fraction of the SMs' time an M x N output keeps busy (module docstring), the better tile orientation."""
-    best = 0.0
+SPLIT_K_MIN_DEPTH = 1024   # assumed: a split-K slice is at least this deep, so the measured 1024³ H100 GEMM
+#                            (zzc0721 issue #79) stays unsplit, as the wave model that reproduces it says
+
+
+def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0) -> tuple[float, int]:
+    """(fraction of the SMs' time an M x N output keeps busy, K splits) over the two tile orientations and, given
+    K, split-K (module docstring): a GEMM of fewer tiles than SMs cuts its K loop into s slices, each at least
+    SPLIT_K_MIN_DEPTH deep, making tiles x s work units of 1/s a tile each, so few tiles and a deep K still fill
+    the SMs. The split chosen minimizes the time: the waves' plus the fp32 partials' extra HBM traffic,
+    (s - 1)·M·N·8 bytes, at ``balance`` FLOPs per HBM byte (priced in ``_gemm_work``)."""
+    best, best_cost = (0.0, 1), float("inf")
     for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
         tiles = math.ceil(M / tm) * math.ceil(N / tn)
-        best = max(best, (M * N / (tm * tn)) / (math.ceil(tiles / sms) * sms))
-    return min(best, 1.0)
+        depth = (K or 0) // SPLIT_K_MIN_DEPTH if tiles < sms else 1     # split-K only under one wave of tiles
+        for s in range(1, max(1, depth) + 1):
+            eff = (M * N / (tm * tn)) / (math.ceil(tiles * s / sms) * sms / s)
+            cost = 1.0 / eff + (s - 1) * 8 * balance / (2.0 * K) if s > 1 else 1.0 / eff
+            if cost < best_cost:
+                best, best_cost = (eff, s), cost
+    return min(best[0], 1.0), best[1]
 
 
-def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = None, dtype: str = "bfloat16") -> float:
+def wave_efficiency(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0) -> float:
+    """Fraction of the SMs' time an M x N output keeps busy (module docstring), the better tile orientation and,
+    given K, the better split of the K loop."""
+    return tiling(M, N, sms, K, balance)[0]
+
+
+def _balance(gpu, model, dtype: str) -> float:
+    """FLOPs per HBM byte of the GPU's best GEMM (for the split-K choice)."""
+    fraction = model.gemm_fraction.get(dtype, model.gemm_fraction["bfloat16"])
+    return peak_tflops(gpu, dtype) * 1e12 * fraction / hbm_Bps(gpu)
+
+
+def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = None, dtype: str = "bfloat16",
+                    K: int | None = None) -> float:
     """Fraction of ``peak_tflops(gpu, dtype)`` a GEMM reaches (module docstring): a measured curve at ``flops``;
     else the kernel model at its (M, N) output (a large GEMM's rate when not given); else ``gpu.mfu``."""
     curve = gpu.gemm_efficiency
@@ -128,8 +174,10 @@ def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = Non
     if model is None:
         return gpu.mfu
     fraction = model.gemm_fraction.get(dtype, model.gemm_fraction["bfloat16"])
-    bm, bn, _ = model.best_shape
-    shape = 1.0 if M is None or N is None else wave_efficiency(M, N, model.sms) / wave_efficiency(bm, bn, model.sms)
+    bm, bn, bk = model.best_shape
+    b = _balance(gpu, model, dtype)
+    shape = 1.0 if M is None or N is None else (wave_efficiency(M, N, model.sms, K, b)
+                                                / wave_efficiency(bm, bn, model.sms, bk, b))
     return fraction * min(shape, 1.0) * sustained(gpu)
 
 
@@ -144,9 +192,13 @@ def _gemm_work(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | Non
     """(seconds without launches, kernels) of one GEMM."""
     dtype = dtype or ("float32" if dtype_bytes == 4 else "bfloat16")
     flops = 2.0 * M * N * K
-    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * gemm_efficiency(flops, gpu, M, N, dtype))
+    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * gemm_efficiency(flops, gpu, M, N, dtype, K))
     operand = 1 if dtype == FLOAT8 else dtype_bytes
     memory_s = (M * K + K * N + M * N) * operand / hbm_Bps(gpu)
+    model = kernel_model(gpu)
+    if model is not None and not gpu.gemm_efficiency:          # split-K: fp32 partials written and read back
+        splits = tiling(M, N, model.sms, K, _balance(gpu, model, dtype))[1]
+        memory_s += (splits - 1) * M * N * 4 * 2 / hbm_Bps(gpu) if splits > 1 else 0.0
     if dtype == FLOAT8:
         return max(math_s, memory_s) + (M * K + K * N) * FLOAT8_CAST_BYTES / hbm_Bps(gpu), 3
     return max(math_s, memory_s), 1
@@ -254,4 +306,6 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
         w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass)
     else:
         w, k = 0.0, 0
+    if op.attention is not None:
+        w += elementwise_time(*op.attention, gpu, operand, op.attention_pass)
     return work + w, kernels + k

@@ -220,8 +220,8 @@ def constants_table() -> Table:
     """The compute model's fitted constants per GPU generation (sim/compute/fitted.py) and the rows they were
     fitted on: everything else in the model is measured (sim/compute/gpus.py)."""
     _, generations = row()
-    return Table(["generation", "sustained (fitted)", "kernel gap us (fitted)", "fitted on"],
-                 [[a, f"{g.sustained:g}", f"{g.kernel_gap_s * 1e6:g}", ", ".join(g.fitted_on) or "(none)"]
+    return Table(["generation", "sustained (fitted)", "elementwise passes (fitted)", "fitted on"],
+                 [[a, f"{g.sustained:g}", f"{g.elementwise_passes:g}", ", ".join(g.fitted_on) or "(none)"]
                   for a, g in generations.items()],
                  "the compute model's fitted constants (sim/compute/fitted.py)")
 

@@ -151,6 +151,8 @@ def mlp(*widths: int, batch: int = 32, dtype: str = "float32", bias: bool = True
     if len(widths) > MAX_LAYERS + 1:
         raise ConfigError(f"{len(widths) - 1} layers is more than the simulator takes (at most {MAX_LAYERS})",
                           "model.widths")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ConfigError(f"{batch!r} must be a whole number >= 1", "model.batch")
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "model.dtype")
     layers = []

@@ -126,3 +126,30 @@ def parallelize(model, mesh: Mesh, par: Parallelisms, cluster=None, only: list[i
         raise ConfigError("nothing to parallelize: the mesh names none of pp, dp_replicate, dp_shard, dp, cp, tp",
                           where)
     return plan if only is not None else plan.validate()
+
+
+def action_programs(model, mesh: Mesh, par, ranks: list[int], where: str = "mesh") -> tuple[dict, dict]:
+    """What some ranks of a pipelined composition run, piece by piece, for an estimate that times the pieces
+    and schedules them (sim/planner/estimate.py ``streams_makespan``) instead of simulating every rank.
+    Returns ({rank: {piece: ops}}, the plan's pipeline metadata: ``boundary_bytes`` per rank and stage,
+    ``stage_to_rank``, ``layers_per_stage``, ...). Pieces: ("F" or "B", stage, micro-batch): the action's ops (TP
+    segments, ring attention, FSDP2's all-gathers); ("reduce", stage): the gradient synchronisation after the
+    stage's last backward (FSDP2's reduce-scatters, HSDP's all-reduces); ("optimizer",): AdamW (ZeRO-1/2: and
+    its all-gathers). A rank's plan (``parallelize(..., only=[rank])``) is its pieces in schedule order with the
+    pipeline's sends, receives and events between; a Wait in a piece may name an event an earlier piece
+    recorded (FSDP2's prefetch). Needs a pipeline with tp, cp or fsdp inside its stages (a bare pipeline's
+    action is one Compute of its stage's FLOPs; PP x DDP's all-reduce: sim/parallel/pipeline/plan.py)."""
+    from distlab.sim.parallel.pipeline.plan import PipelineSpec
+    from distlab.sim.parallel.pipeline.stages import pipeline_program, pipeline_spec
+    check(model, mesh, par, where)
+    if par.pipeline is None or par.tp is None and par.cp is None and par.fsdp is None:
+        raise ConfigError("action_programs needs a pipeline with tp, cp or fsdp inside its stages; got "
+                          f"{', '.join(par.names()) or 'nothing'}", where)
+    o = par.pipeline
+    spec = o if isinstance(o, PipelineSpec) else pipeline_spec(o, model, mesh, f"{where}: pipeline")
+    pieces: dict = {}
+    plan = pipeline_program(model, mesh, par, spec, only=list(ranks), where=where, pieces=pieces)
+    out: dict = {r: {} for r in ranks}
+    for key, ops in pieces.items():
+        out[key[0]][key[1:]] = ops
+    return out, plan.meta["pipeline"]

@@ -8,11 +8,13 @@ the last micro-batch), sequence parallelism, activation recomputation, the pipel
 stages (interleaved 1F1B) and its split of the blocks (even, or one block moved off the last stage, which also
 holds the head). Global batch B (sequences) = data-parallel degree x micro-batch x micro-batches.
 
-Families the builders compose: DDP x TP, FSDP2 x TP, HSDP x TP (sim/parallel/tp/compose.py), PP x TP x DDP with gpipe,
-1f1b or interleaved 1F1B (sim/parallel/tp/pipeline.py), CP x TP x FSDP2 / HSDP (sim/parallel/cp/compose.py: ring attention,
-allgather rotation, torchtitan's layout; recompute none or full). Not searched: expert parallelism (only MoE
-models have it; the dense presets have none), ZeRO-1/2 and FSDP2 without resharding after forward (the TP
-compositions build ZeRO-3 with resharding only), CP with a pipeline (no builder).
+Families (docs/planner.md): DDP x TP, FSDP2 x TP, HSDP x TP, each with or without gradient accumulation (a
+one-stage pipeline: FSDP2 / HSDP ones composed by sim/parallel/parallelize.py), PP x TP x DDP with gpipe, 1f1b or
+interleaved 1F1B, PP x FSDP2 and PP x HSDP (x TP) built by parallelize with FSDP2 inside the stages, CP x TP x
+FSDP2 / HSDP (ring attention, allgather rotation, torchtitan's layout; recompute none or full). Stages that do
+not divide the blocks take torchtitan's split (first and last stage one block fewer). Not searched: expert
+parallelism (only MoE models have it), ZeRO-1/2, CP inside a pipeline (the estimate does not time a ring inside
+a stage).
 """
 from __future__ import annotations
 
@@ -66,10 +68,20 @@ class Layout:
             parts.append(self.dp_kind.upper())
         return " x ".join(parts) or "one GPU"
 
+    @property
+    def composed(self) -> bool:
+        """Built by sim/parallel/parallelize.py from a scenario with a section per parallelism: FSDP2 / HSDP
+        inside pipeline stages (pp > 1, or one stage with gradient accumulation)."""
+        return self.pipelined and self.dp_kind != "ddp"
+
     def mesh(self) -> dict:
         """The scenario's mesh. A data-parallel dimension of size 1 is left out: the runtime would wrap the model
         in DDP (or FSDP2) over one rank, which torch runs differently from no wrapper (the simulator builds both
         alike); ``pp: 1`` stays for gradient accumulation (it selects the one-stage pipeline)."""
+        if self.composed:          # torchtitan's order: pp, dp_replicate, dp_shard, cp, tp
+            mesh = {"pp": self.pp, "dp_replicate": self.dp // self.shard, "dp_shard": self.shard, "cp": self.cp,
+                    "tp": self.tp}
+            return {k: v for k, v in mesh.items() if v > 1 or k in ("pp", "tp", "dp_shard")}
         if self.pipelined:
             mesh = {"dp": self.dp, "pp": self.pp, "tp": self.tp}
         elif self.dp_kind == "hsdp":
@@ -103,6 +115,20 @@ class Layout:
         """The scenario `distlab simulate` and `distlab validate` take as is."""
         head = {"name": f"{model.get('preset', model.get('name', 'model'))} · {self.label()}",
                 "model": {**model, "micro_batch": self.micro_batch}, "mesh": self.mesh()}
+        if self.composed:          # a section per parallelism (docs/parallelisms.md)
+            pipe = {"schedule": self.schedule, "microbatches": self.microbatches}
+            if self.virtual_stages > 1:
+                pipe["virtual_stages"] = self.virtual_stages
+            if self.split:
+                pipe["split"] = list(self.split)
+            out = {**head, "pipeline": pipe, "fsdp": {"reshard_after_forward": False}}
+            if self.cp > 1:
+                out["cp"] = {"recompute": self.recompute}
+                out["tp"] = {"sequence_parallel": self.sequence_parallel and self.tp > 1}
+            else:
+                out["tp"] = {"sequence_parallel": self.sequence_parallel and self.tp > 1,
+                             "loss_parallel": self.loss_parallel, "recompute": self.recompute}
+            return {**out, "cluster": cluster, "nodes": nodes}
         if self.cp > 1:
             return {**head, "cp": {"recompute": self.recompute}, "cluster": cluster, "nodes": nodes}
         tp = {"sequence_parallel": self.sequence_parallel and self.tp > 1, "loss_parallel": self.loss_parallel,
@@ -166,8 +192,6 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
     ``config`` is the model's config (layers, heads, kv_heads, ffn_hidden, vocab, seq_len). A CP group stays
     inside a node with its TP groups (cp x tp <= GPUs per node: its ring then runs on NVLink, as torchtitan
     places cp next to tp)."""
-    from distlab.sim.parallel.pipeline import schedules as S
-    from distlab.sim.errors import ConfigError
     layers = config["layers"]
     out = []
     for tp in tp_degrees(config, gpus_per_node):
@@ -182,38 +206,65 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                     out.append(Layout(tp, 1, dp, kind, global_batch // dp, 1, tp > 1, rc, cp=cp, dp_shard=shard))
         lps = (False, True) if tp > 1 else (False,)     # logits sharded on the vocabulary (torch's loss_parallel)
         for pp in divisors(world // tp):
-            if layers % pp or pp > (max_pp or layers):
-                continue                      # stages split the blocks evenly (or nearly: uneven_split)
+            if pp > (max_pp or layers) or pp > 1 and layers < 2 * pp:
+                continue
             dp = world // (tp * pp)
             for mb in micro_batches:
                 if global_batch % (dp * mb):
                     continue
                 m = global_batch // (dp * mb)
+                kinds = [("ddp", 0)] + (_sharded(dp, tp, gpus_per_node) if dp > 1 else [])
                 for sp in ((True, False) if tp > 1 else (False,)):
                     for rc in RECOMPUTE:
-                        if pp == 1 and m > 1:       # gradient accumulation (DDP; one stage)
-                            out += [Layout(tp, 1, dp, "ddp", mb, m, sp, rc, "1f1b", loss_parallel=lp) for lp in lps]
+                        if pp == 1 and m > 1:       # gradient accumulation: a one-stage pipeline
+                            out += [Layout(tp, 1, dp, kind, mb, m, sp, rc, "1f1b", dp_shard=shard, loss_parallel=lp)
+                                    for kind, shard in kinds for lp in lps]
                         elif pp > 1:
-                            for sched, v in [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in
-                                                                           divisors(layers // pp) if v > 1]:
-                                try:
-                                    S.check(sched, pp, m, v)
-                                except ConfigError:
-                                    continue      # e.g. torch's Schedule1F1B refuses fewer micro-batches than stages
-                                for split in [None] + uneven_splits(layers, pp * v):
-                                    for lp in lps:
-                                        out.append(Layout(tp, pp, dp, "ddp", mb, m, sp, rc, sched, v, split,
-                                                          loss_parallel=lp))
+                            for sched, v, split in pipeline_shapes(layers, pp, m):
+                                out += [Layout(tp, pp, dp, kind, mb, m, sp, rc, sched, v, split, dp_shard=shard,
+                                               loss_parallel=lp) for kind, shard in kinds for lp in lps]
                         else:
-                            for kind, shard in [("ddp", 0)] + (_sharded(dp) if dp > 1 else []):
-                                out += [Layout(tp, 1, dp, kind, mb, 1, sp, rc, dp_shard=shard, loss_parallel=lp)
-                                        for lp in lps]
+                            out += [Layout(tp, 1, dp, kind, mb, 1, sp, rc, dp_shard=shard, loss_parallel=lp)
+                                    for kind, shard in kinds for lp in lps]
     return _dedupe(out)
 
 
-def _sharded(dp: int) -> list[tuple[str, int]]:
-    """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp."""
-    return [("fsdp", dp)] + [("hsdp", s) for s in divisors(dp) if 1 < s < dp]
+def pipeline_shapes(layers: int, pp: int, m: int) -> list[tuple]:
+    """(schedule, virtual stages, split) of a pipeline of ``pp`` stages and ``m`` micro-batches over ``layers``
+    blocks: 1F1B, GPipe and interleaved 1F1B with every v dividing the blocks per stage, each with its even split
+    and the uneven ones (:func:`uneven_splits`); when the stages do not divide the blocks, torchtitan's split
+    (the first and last stage one block fewer, sim/parallel/pipeline/split.py; Llama 3 405B's 126 blocks on 16
+    stages: 7 + 14 x 8 + 7), v 1 and 2. Schedules torch refuses for (pp, m, v) are left out."""
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.pipeline import schedules as S
+    from distlab.sim.parallel.pipeline.split import stage_split
+    if layers % pp == 0:
+        shapes = [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in divisors(layers // pp) if v > 1]
+    else:
+        shapes = [("1f1b", 1), ("gpipe", 1)] + ([("interleaved", 2)] if layers >= 4 * pp else [])
+    out = []
+    for sched, v in shapes:
+        try:
+            S.check(sched, pp, m, v)
+        except ConfigError:
+            continue              # e.g. torch's Schedule1F1B refuses fewer micro-batches than stages
+        if layers % (pp * v) == 0:
+            out += [(sched, v, split) for split in [None] + uneven_splits(layers, pp * v)]
+        else:
+            try:
+                out.append((sched, v, tuple(stage_split(layers, pp * v))))
+            except ConfigError:
+                continue
+    return out
+
+
+def _sharded(dp: int, tp: int = 0, gpus_per_node: int = 0) -> list[tuple[str, int]]:
+    """FSDP2 over all dp ranks, and HSDP with every shard group size strictly between 1 and dp; with ``tp`` and
+    ``gpus_per_node`` (inside pipelines) only shard groups that tile nodes (s x tp divides the node or is a
+    multiple of it), as HSDP is run: sharded over a node's or a few nodes' fast links, replicated across them."""
+    whole = [s for s in divisors(dp) if 1 < s < dp and (not gpus_per_node or s * tp % gpus_per_node == 0
+                                                         or gpus_per_node % (s * tp) == 0)]
+    return [("fsdp", dp)] + [("hsdp", s) for s in whole]
 
 
 def _dedupe(layouts: list) -> list:
@@ -229,7 +280,7 @@ def batch_suggestions(world: int, global_batch: int, tps: list[int], layers: int
     """Global batches near ``global_batch`` that some layout divides (for the bad-input message)."""
     def ok(b: int) -> bool:
         return any(b % (world // (tp * pp)) == 0 for tp in tps if world % tp == 0
-                   for pp in divisors(world // tp) if layers % pp == 0)
+                   for pp in divisors(world // tp) if pp == 1 or layers >= 2 * pp)
     below = [b for b in range(global_batch - 1, 0, -1) if ok(b)][:count]
     above = [b for b in range(global_batch + 1, 4 * global_batch + world + 1) if ok(b)][:count]
     return sorted(below + above)

@@ -13,6 +13,7 @@ from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
 from distlab.sim.planner.estimate import CostCache, Estimate, compiled_schedule, op_seconds, run_schedule
 from distlab.sim.planner.flat import FlatEstimator
+from distlab.sim.planner.stage_fsdp import StageTerms
 from distlab.sim.planner.layouts import Layout
 from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
 
@@ -27,6 +28,7 @@ class Estimator:
         self._models: dict[int, object] = {}
         self._layers: dict[tuple, tuple] = {}
         self.flat = FlatEstimator(self)
+        self.fsdp = StageTerms(self)
 
     def model(self, micro_batch: int):
         if micro_batch not in self._models:
@@ -65,7 +67,12 @@ class Estimator:
             from distlab.sim.parallel.pipeline import schedules as S
             from distlab.sim.workloads.tp import peak_blocks
             self._layers[key] = peak_blocks(S.build(L.schedule, L.pp, L.microbatches, L.virtual_stages), blocks, ranks)
-        return fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
+        parts = fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
+        if L.composed and L.shard > 1:
+            # FSDP2 inside a pipeline keeps its stages unsharded for the whole step (reshard_after_forward false,
+            # torchtitan's default with pp; sim/parallel/fsdp/stage.py): the rank's share of the model, whole
+            parts["unsharded params"] = parts["params"] * L.shard
+        return parts
 
     def _stages(self, L: Layout) -> tuple:
         """(parameter share of each stage, blocks of each stage) as sim/workloads/tp.py computes them."""
@@ -122,7 +129,9 @@ class Estimator:
         durations = [d for s in stage for d in s[:2]]
         last_b, ends = run_schedule(comp, durations, messages)
         step, dp_exposed = max(ends), 0.0
-        if L.dp > 1:                      # per rank, its stages' all-reduces in turn on the comm stream
+        if L.composed:
+            step, dp_exposed = self._sharded_ends(L, ranges, stage, last_b, ends)
+        elif L.dp > 1:                    # per rank, its stages' all-reduces in turn on the comm stream
             for r in range(p):
                 free = 0.0
                 for s in sorted(range(r, p * v, p), key=lambda s: last_b[s]):
@@ -140,6 +149,29 @@ class Estimator:
         bubble = step - dp_exposed - compute - tp_comm
         return Estimate(step, {"compute_s": compute - recompute, "recompute_s": recompute, "tp_comm_s": tp_comm,
                                "dp_comm_exposed_s": dp_exposed, "bubble_and_p2p_s": max(bubble, 0.0)})
+
+    def _sharded_ends(self, L: Layout, ranges, stage, last_b, ends) -> tuple[float, float]:
+        """(step, exposed FSDP2 seconds) of FSDP2 / HSDP inside the stages (sim/parallel/fsdp/stage.py): per
+        rank, its first unit's all-gather before its first forward (the others prefetched behind the forward of
+        the first micro-batch, exposed only beyond it), each stage's reduce-scatters (and HSDP all-reduces) in
+        turn after its last backward, then AdamW on the shards."""
+        p, v = L.pp, L.virtual_stages
+        step = 0.0
+        for r in range(p):
+            first, gather, reduce, opt = self.fsdp.terms(L, r)
+            mine = list(range(r, p * v, p))
+            f0 = stage[mine[0]][0]
+            if v > 1:                     # torch's multi-stage runtime unshards the rank's stages up front
+                delay = gather
+            else:                         # compute slowed while the prefetched gathers run (the engine's rule)
+                hidden = min(gather - first, f0)
+                delay = first + max(0.0, gather - first - f0) + hidden * (self.cluster.interference - 1)
+            share = {s: len(ranges[s]) for s in mine}
+            free = 0.0
+            for s in sorted(mine, key=lambda s: last_b[s]):
+                free = max(free, last_b[s] + delay) + reduce * share[s] / sum(share.values())
+            step = max(step, max(free, ends[r] + delay) + opt)
+        return step, max(0.0, step - max(ends))
 
     def _stage_grad_bytes(self, r, tp: int) -> int:
         """Bytes of the TP-local gradients of the stage's layers ``r``: what the pipeline builder all-reduces over

@@ -10,7 +10,8 @@ layers, each stage's gradients all-reduced over its dp replicas after its last b
 rank's parameters (1/dp of them with ZeRO 1). With ``replicas``: only the ranks of replica 0 (dp 2 in the built
 mesh, so that the plan carries the dp all-reduces), each all-reduce replaced by a fixed-duration op of the time
 it takes on the whole cluster beside the concurrent all-reduces of the stage's other TP ranks; with tp a multiple
-of the node size, one TP rank per stage, its TP collectives timed alone (its group fills whole nodes).
+of the node size (and no TP communication overlap, whose ring exchanges need every TP rank), one TP rank per
+stage, its TP collectives timed alone (its group fills whole nodes).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def pipeline_plan(run, replicas: bool, cache: dict) -> Plan:
     spec = PipelineSpec(schedule=opts.schedule, stages=L["pp"], microbatches=opts.microbatches,
                         virtual_stages=opts.virtual_stages, data_parallel=dp, split=opts.split)
     cluster = cache["cluster"]
-    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cluster.gpus_per_node == 0
+    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cluster.gpus_per_node == 0 and not opts.comm_overlap
     keep = L["pp"] * L["tp"] if replicas else mesh.world_size
     needed = [g for g in range(keep) if not (one_tp_rank and g % L["tp"])]
     if replicas:
@@ -84,22 +85,23 @@ def _timed_tp_collective(op, cache: dict):
     return Compute(op.name, seconds=cache[key], stream=op.stream)
 
 
-def dp_allreduce_seconds(run, rank: int, nbytes: int, dtype: str, cache: dict) -> float:
-    """Seconds of the dp all-reduce of replica-0 rank ``rank``'s stage, simulated on the whole cluster together
-    with the concurrent all-reduces of the other TP ranks of that stage (each over its own dp group)."""
+def dp_allreduce_seconds(run, rank: int, nbytes: int, dtype: str, cache: dict, op: str = "all_reduce") -> float:
+    """Seconds of the dp collective ``op`` (all_reduce; reduce_scatter with ZeRO 1) of replica-0 rank ``rank``'s
+    stage, simulated on the whole cluster together with the concurrent ones of the other TP ranks of that stage
+    (each over its own dp group)."""
     from distlab.sim.kernel.engine import simulate
     L, cluster = run.layout, cache["cluster"]
     per_replica = L["pp"] * L["tp"]
     first = rank - rank % L["tp"]                       # the stage's TP ranks in replica 0: first .. first+tp-1
     whole_nodes = per_replica % cluster.gpus_per_node == 0 and L["tp"] % cluster.gpus_per_node == 0
-    key = ("dp", nbytes, dtype, None if whole_nodes else first)
+    key = ("dp", op, nbytes, dtype, None if whole_nodes else first)
     if key not in cache:
         ops: list = [[] for _ in range(run.gpus)]
         for t in range(L["tp"]):
             group = tuple(d * per_replica + first + t for d in range(L["dp"]))
             for g in group:
-                ops[g] = [Collective("all_reduce", nbytes, dtype, group, name="dp grad all_reduce")]
-        trace = simulate(Plan(ops, name="dp all_reduce").validate(), cluster, record_transfers=False, check=False)
+                ops[g] = [Collective(op, nbytes, dtype, group, name=f"dp grad {op}")]
+        trace = simulate(Plan(ops, name=f"dp {op}").validate(), cluster, record_transfers=False, check=False)
         cache[key] = trace.makespan
     return cache[key]
 

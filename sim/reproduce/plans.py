@@ -50,7 +50,7 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
         from distlab.sim import scenario as sc
         plan = sc.build(scenario_of(run), f"run {run.name}").plan
     elif run.layout["pp"] == 1:
-        plan = _data_parallel_plan(run)
+        plan = _data_parallel_plan(run, replicas, cache)
     else:
         from distlab.sim.reproduce.pipeline import pipeline_plan
         plan = pipeline_plan(run, replicas, cache)
@@ -81,11 +81,14 @@ def _as_run(op, run, cluster, shared: dict):
     return shared[key][1]
 
 
-def _data_parallel_plan(run) -> Plan:
-    """pp = 1: micro-batches of TP segments, bucketed dp gradient reduction, AdamW (module docstring)."""
+def _data_parallel_plan(run, replicas: bool = False, cache: dict | None = None) -> Plan:
+    """pp = 1: micro-batches of TP segments, bucketed dp gradient reduction, AdamW (module docstring); with
+    ``replicas`` only replica 0's TP ranks, each bucket's reduction a fixed-duration op on its stream."""
+    from distlab.sim.reproduce.pipeline import dp_allreduce_seconds
     from distlab.sim.dtypes import DTYPE_BYTES
     from distlab.sim.parallel.tp.compose import tp_local_model
-    from distlab.sim.parallel.tp.plan import ADAM_BYTES, ADAM_FLOPS, Segments, _Program
+    from distlab.sim.parallel.layers import segments
+    from distlab.sim.parallel.tp.plan import ADAM_BYTES, ADAM_FLOPS, _Program
     from distlab.sim.parallel.tp.rules import local_numel, partial_grad_params
     model, mesh, opts = parts(run)
     L, tp = run.layout, run.layout["tp"]
@@ -95,9 +98,9 @@ def _data_parallel_plan(run) -> Plan:
     partial = [q.name for q in partial_grad_params(model, opts.sequence_parallel)][::-1]
     n_local = local_numel(model, tp)
     ranks = []
-    for r in range(mesh.world_size):
+    for r in range(tp if replicas else mesh.world_size):
         p = _Program(mesh.group_of(r, "tp"), model.config["dtype"])
-        seg = Segments(model, opts, p)
+        seg = segments(model, opts, p, r)
         for m in range(run.microbatches):
             for layer in model.layers:
                 seg.forward(layer.name)
@@ -110,14 +113,17 @@ def _data_parallel_plan(run) -> Plan:
         if len(group) > 1:
             for k, (last, numel) in enumerate(buckets):
                 op = "reduce_scatter" if zero1 else "all_reduce"
-                p.ops += [Wait(f"grads {last}", "dp"),
-                          Collective(op, numel * gbytes, grad_dtype(run), group, name=f"dp {op} bucket {k}",
-                                     stream="dp")]
+                c = Collective(op, numel * gbytes, grad_dtype(run), group, name=f"dp {op} bucket {k}", stream="dp")
+                if replicas:
+                    c = Compute(c.name, seconds=dp_allreduce_seconds(run, r, c.bytes, c.dtype, cache, op),
+                                stream="dp")
+                p.ops += [Wait(f"grads {last}", "dp"), c]
             p.ops += [Record("reduced", "dp"), Wait("reduced", "compute")]
         n = n_local // (L["dp"] if zero1 else 1)
         p.ops.append(Compute("optimizer", flops=ADAM_FLOPS * n, bytes=ADAM_BYTES * n, dtype=model.config["dtype"]))
         ranks.append(p.ops)
-    return Plan(ranks, name=run.name, meta={"builder": "reproduce dp x tp", "buckets": len(buckets)}).validate()
+    plan = Plan(ranks, name=run.name, meta={"builder": "reproduce dp x tp", "buckets": len(buckets)})
+    return plan if replicas else plan.validate()
 
 
 def _buckets(local, dp: int | None) -> list[tuple[str, int]]:

@@ -57,7 +57,7 @@ def build_model(run):
 
 def cluster_for(run, overrides: dict | None = None):
     """The run's cluster preset at its GPU count; ``overrides`` {generation: Fitted} replaces the generation's fitted
-    constants (benchmarks/reproduce_accuracy.py --fit): sustained on the GPU spec, the kernel gap in its launch."""
+    constants (benchmarks/reproduce_accuracy.py --fit): sustained and elementwise passes on the GPU spec."""
     from distlab.sim.compute.fitted import constants
     from distlab.sim.compute.kernels import kernel_model
     cluster = PRESETS[run.cluster].with_world_size(run.gpus)
@@ -65,7 +65,7 @@ def cluster_for(run, overrides: dict | None = None):
     f = (overrides or {}).get(model.generation) if model else None
     if f is None or f == constants(model.generation):
         return cluster
-    gpu = replace(cluster.gpu, sustained=f.sustained, launch_s=cluster.gpu.launch_s + f.kernel_gap_s)
+    gpu = replace(cluster.gpu, sustained=f.sustained, elementwise_passes=f.elementwise_passes)
     return replace(cluster, gpu=gpu)
 
 

@@ -78,8 +78,6 @@ def not_expressible(run: Run) -> str | None:
     L = run.layout
     if run.not_expressible:
         return run.not_expressible
-    if run.tp_comm_overlap and L["tp"] > 1:
-        return "Megatron's --tp-comm-overlap (TP collectives hidden behind the GEMMs) is not modelled yet"
     if L["cp"] > 1:
         return "context parallelism composed with pipeline or data-parallel sharding of a published layout"
     if L["zero"] >= 2 and L["pp"] > 1:

@@ -6,7 +6,8 @@
     1
 
 pp x tp x dp runs become the ``tp`` workload on mesh {dp, pp, tp} with the run's sequence parallelism, recompute,
-schedule, micro-batches, virtual stages and split; ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp}.
+schedule, micro-batches, virtual stages, split and TP communication overlap (``tp_comm_overlap``: Megatron's
+--tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp}.
 The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
 """
 from __future__ import annotations
@@ -29,10 +30,10 @@ def scenario_of(run) -> dict:
     L = run.layout
     tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
-          "split": L["split"]}
+          "split": L["split"], "comm_overlap": bool(run.tp_comm_overlap and L["tp"] > 1)}
     mesh = {"dp_shard": L["dp"], "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
     if L["zero"] >= 2:
-        tp = {k: tp[k] for k in ("sequence_parallel", "recompute")}
+        tp = {k: tp[k] for k in ("sequence_parallel", "recompute", "comm_overlap")}
     d = {"name": run.name, "model": {**run.model, "micro_batch": run.micro_batch, "dtype": model_dtype(run)},
          "mesh": mesh, "tp": tp, "cluster": run.cluster, "world_size": run.gpus}
     return sc.validate(d, f"run {run.name}")

@@ -4,9 +4,9 @@ dimension and phase on rank 0, the pipeline's bubble, and the memory of the full
 Memory per GPU (the rank with the most bytes among the pipeline ranks): its stages' parameters as TP leaves them
 (sim/parallel/tp/rules.py local shapes), sharded over FSDP2's group (dp_shard x cp) as the ZeRO stage says
 (sim/parallel/fsdp/memory.py: ZeRO-3 all three sharded, ZeRO-2 gradients and optimizer, ZeRO-1 the optimizer;
-DDP none), mixed-precision AdamW's bytes per element (``precision``); activations of one block per Korthikanti et
-al. 2022 Table 2 (sim/parallel/tp/memory.py, on the cp-local sequence) times the most blocks the rank holds at
-once walking its schedule (sim/workloads/tp.py ``peak_blocks``: each F adds its stage's blocks, each B frees them).
+DDP none), mixed-precision AdamW's bytes per element (``precision``); activations of one block as the model's
+family keeps them (sim/models/activations.py: tp, sequence parallelism, cp, recompute; the same function as
+`distlab memory` and every workload) times the most blocks the rank holds at once walking its schedule (sim/workloads/tp.py ``peak_blocks``: each F adds its stage's blocks, each B frees them).
 FSDP2's transient unsharded units are not counted.
 """
 from __future__ import annotations
@@ -73,12 +73,17 @@ def collectives(result) -> dict:
 
 def memory(result) -> dict:
     """Bytes per GPU of the fullest pipeline rank (module docstring)."""
+    return memory_of(result.model, result.mesh, result.options)
+
+
+def memory_of(model, mesh, par) -> dict:
+    """Bytes per GPU of the fullest pipeline rank of ``model`` on ``mesh`` with ``par`` (a Parallelisms), without
+    building the plan: {"pipeline_rank": its pp index, "breakdown_bytes": {params, grads, optimizer,
+    activations}} (module docstring)."""
     from distlab.sim.parallel.fsdp.memory import precision
     from distlab.sim.parallel.fsdp.units import padded_numel
-    from distlab.sim.parallel.tp.memory import activation_bytes_per_layer
+    from distlab.sim.models.activations import activations, effective_recompute
     from distlab.sim.parallel.tp.rules import local_shape
-    from distlab.sim.plan import DTYPE_BYTES
-    par, mesh, model = result.options, result.mesh, result.model
     c = model.config
     size = {d: mesh.size(d) if d in mesh else 1 for d in ("pp", "dp_shard", "cp", "tp")}
     tp, cp = size["tp"], size["cp"]
@@ -86,22 +91,29 @@ def memory(result) -> dict:
     zero = par.fsdp.zero if par.fsdp is not None else 0
     p, g, k = precision(c["dtype"])
     sp = par.tp is not None and par.tp.sequence_parallel
-    recompute = par.tp.recompute if par.tp is not None else ("full" if par.cp and par.cp.recompute == "full" else "none")
-    per_block = activation_bytes_per_layer(c["seq_len"] // cp, c["micro_batch"], c["hidden"], c["heads"], tp, sp,
-                                           recompute, DTYPE_BYTES[c["dtype"]])
+    own = par.tp.recompute if par.tp is not None else (par.cp.recompute if par.cp is not None else "none")
+    transformer = c.get("kind") in ("gpt", "moe")
+    if transformer:          # the model family's activations (sim/models/activations.py), as every command counts
+        per_block = activations(model, effective_recompute(model, own), None, tp, sp, cp,
+                                par.tp is not None and par.tp.loss_parallel).per_block()
+    else:                    # an MLP: each layer's activation is one "block"
+        per_block = max(L.activation_bytes for L in model.layers)
     numel = [sum(padded_numel(local_shape(q, tp), S) for q in L.params) for L in model.layers]
     if par.pipeline is None:
-        stages_of_rank, ranges, peaks = [[0]], [range(len(model.layers))], {0: c["layers"]}
+        blocks = sum(1 for L in model.layers if L.name.startswith("h.")) if transformer else len(model.layers)
+        stages_of_rank, ranges, peaks = [[0]], [range(len(model.layers))], {0: blocks}
     else:
         from distlab.sim.parallel.pipeline import schedules as Sch
-        from distlab.sim.workloads.tp import peak_blocks
-        pipe = result.plan.meta["pipeline"]
-        pp, v = size["pp"], pipe["virtual_stages"]
         from distlab.sim.parallel.pipeline.plan import stage_ranges
-        ranges = stage_ranges(model, pp * v, pipe["split"])
-        blocks = tuple(sum(1 for i in r if model.layers[i].name.startswith("h.")) for r in ranges)
-        peaks = peak_blocks(Sch.build(pipe["schedule"], pp, pipe["microbatches"], v), blocks, range(pp))
-        stages_of_rank = [[s for s, r in enumerate(pipe["stage_to_rank"]) if r == q] for q in range(pp)]
+        from distlab.sim.parallel.pipeline.stages import pipeline_spec
+        from distlab.sim.workloads.tp import peak_blocks
+        spec = pipeline_spec(par.pipeline, model, mesh)
+        pp, v = size["pp"], spec.virtual_stages
+        ranges = stage_ranges(model, pp * v, spec.split)
+        blocks = tuple(sum(1 for i in r if model.layers[i].name.startswith("h.") or not transformer) for r in ranges)
+        peaks = peak_blocks(Sch.build(spec.schedule, pp, spec.microbatches, v), blocks, range(pp))
+        placement = Sch.stage_to_rank(spec.schedule, pp, v)
+        stages_of_rank = [[s for s, r in enumerate(placement) if r == q] for q in range(pp)]
     best = None
     for q, peak in peaks.items():
         full = sum(numel[i] for s in stages_of_rank[q] for i in ranges[s])

@@ -30,8 +30,12 @@ def pipeline_spec(opts, model, mesh, where: str = "pipeline"):
 
 
 def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, overhead: float = 0.0,
-                     where: str = "pipeline") -> Plan:
-    """One step on ``mesh`` (module docstring); ``spec`` from :func:`pipeline_spec` (or a PipelineSpec given)."""
+                     where: str = "pipeline", pieces: dict | None = None) -> Plan:
+    """One step on ``mesh`` (module docstring); ``spec`` from :func:`pipeline_spec` (or a PipelineSpec given).
+    ``pieces`` (a dict, filled for the ranks built): (rank, "F" or "B", stage, micro-batch) -> the ops of that
+    action, (rank, "reduce", stage) -> the gradient synchronisation after the stage's last backward, (rank,
+    "optimizer") -> the optimizer; the rank's program is these in schedule order with the pipeline's sends,
+    receives and their events between (the planner times the pieces: sim/parallel/parallelize.py ``action_programs``)."""
     from distlab.sim.parallel.pipeline.plan import boundary_bytes, pipeline_plan, stage_ranges
     from distlab.sim.parallel.fsdp.step import data_parallel_mesh
     from distlab.sim.parallel.layers import layers_factory, local_models, sizes
@@ -90,18 +94,33 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
         return out
 
     def action_ops(a, g: int, partner) -> list:
-        return one(a, g) + (one(partner, g) if partner is not None else [])
+        ops = one(a, g) + (one(partner, g) if partner is not None else [])
+        if pieces is not None:
+            pieces[g, a.kind, a.stage, a.mb] = ops
+        return ops
 
-    grad_ops = None if fsdp is None else (lambda stage, g: fsdp.reduce(layers(g), stage, g))
+    def grad_ops(stage: int, g: int) -> list:
+        ops = fsdp.reduce(layers(g), stage, g)
+        if pieces is not None:
+            pieces[g, "reduce", stage] = ops
+        return ops
+
     base = pipeline_plan(shard, mesh, spec, p2p_bytes=per_rank, only=only, overhead=overhead, action_ops=action_ops,
-                         grad_ops=grad_ops)
+                         grad_ops=None if fsdp is None else grad_ops)
     ranks = base.ranks
     if fsdp is not None:
         placement = base.meta["pipeline"]["stage_to_rank"]
         built = range(mesh.world_size) if only is None else only
-        ranks = [ops + fsdp.optimizer(layers(g), g, [s for s, r in enumerate(placement) if r == mesh.coords(g)["pp"]])
-                 for g, ops in zip(built, ranks)]
+        ranks = [ops + _optimizer(fsdp, layers(g), g, [s for s, r in enumerate(placement) if r == mesh.coords(g)["pp"]],
+                                  pieces) for g, ops in zip(built, ranks)]
     return Plan(ranks, name=_name(model, mesh, par, spec), meta=_meta(base.meta, mesh, par, fsdp))
+
+
+def _optimizer(fsdp, layers, g: int, stages: list[int], pieces) -> list:
+    ops = fsdp.optimizer(layers, g, stages)
+    if pieces is not None:
+        pieces[g, "optimizer"] = ops
+    return ops
 
 
 def _stage_fsdp(model, shard, mesh, par, ranges, dp_mesh, where):

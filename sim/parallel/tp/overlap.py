@@ -44,8 +44,15 @@ def _weights(gemms, e: int) -> float:
 
 
 def _chunk(gemms, t: int) -> tuple:
-    """The GEMMs on 1/t of the tokens (M)."""
-    return tuple((max(1, M // t), N, K) for M, N, K in gemms)
+    """The GEMMs on 1/t of the tokens (M), those sharing an operand fused into one as Megatron-LM's layers run
+    them (``linear_qkv``: q, k and v; ``linear_fc1``: gate and up): the same M and K (forward) sum their N, the
+    same M and N (their input gradients) their K."""
+    gemms = tuple((max(1, M // t), N, K) for M, N, K in gemms)
+    if len(gemms) > 1 and len({(M, K) for M, _, K in gemms}) == 1:
+        return ((gemms[0][0], sum(N for _, N, _ in gemms), gemms[0][2]),)
+    if len(gemms) > 1 and len({(M, N) for M, N, _ in gemms}) == 1:
+        return ((gemms[0][0], gemms[0][1], sum(K for _, _, K in gemms)),)
+    return gemms
 
 
 class OverlapSegments(Segments):

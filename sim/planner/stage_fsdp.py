@@ -1,0 +1,101 @@
+"""FSDP2 / HSDP inside pipeline stages in the planner's fast estimate: what each pipeline rank's all-gathers,
+reduce-scatters, HSDP all-reduces and AdamW cost, read off the builder's own program.
+
+    terms = StageTerms(estimator)
+    first, gather, reduce, optimizer = terms.terms(layout, pipeline_rank)     # seconds
+
+The ops are the composition's (sim/parallel/parallelize.py, FSDP2 in each stage: sim/parallel/fsdp/stage.py),
+built for the pipeline ranks only (``only``) on a small mesh: the same pp, tp and stages, FSDP2's shard group
+of 2 and 4 ranks, as HSDP with 2 replicas (FSDP2 is the same less the replicas' all-reduces). Each op's bytes and FLOPs are a + b / n in the shard group size n, so the
+two give them at the real size (sim/planner/flat.py ``_at_size``); a collective is then timed on the real
+group of its mesh dimension (dp_shard, or dp_replicate for HSDP's all-reduce) with the simulator's costs
+(sim/planner/estimate.py ``CostCache``), a compute op with ``engine.compute_seconds``. What does not depend on
+the micro-batches (FSDP2 gathers a stage once and reduces it once per step with reshard_after_forward false,
+torchtitan's default with pp) is cached per (tp, pp, schedule shape, split, data-parallel kind).
+"""
+from __future__ import annotations
+
+from distlab.sim.kernel.engine import compute_seconds
+from distlab.sim.mesh import Mesh
+from distlab.sim.plan import Collective, Compute
+
+
+class StageTerms:
+    """Per pipeline rank: (first unit's gather, all gathers, all reduces, optimizer) seconds of a layout."""
+
+    def __init__(self, est):
+        self.est, self._ops, self._terms = est, {}, {}
+
+    def terms(self, L, r: int) -> tuple[float, float, float, float]:
+        key = (L.tp, L.pp, L.virtual_stages, L.split, L.dp_kind, L.dp, L.dp_shard, r)
+        if key not in self._terms:
+            self._terms[key] = self._time(L, r)
+        return self._terms[key]
+
+    def _time(self, L, r: int) -> tuple:
+        from distlab.sim.planner.flat import _at_size
+        real = L.shard
+        sizes = [real] if real in (2, 4) else [2, 4]
+        progs = [self._program(L, n)[r] for n in sizes]
+        try:
+            if len(progs) > 1 and len(progs[0]) != len(progs[1]):
+                raise ValueError("programs at two shard sizes differ in length")
+            ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
+        except ValueError:                # not affine (e.g. a unit's padding changes its ops): build it as it is
+            ops = self._program(L, real)[r]
+        mesh = Mesh(L.mesh())
+        rank = r * (L.world_size // L.pp)
+        shard = mesh.group_of(rank, "dp_shard")
+        replicas = mesh.group_of(rank, "dp_replicate") if "dp_replicate" in mesh.names else (rank,)
+        costs, cluster = self.est.costs, self.est.cluster
+        first = gather = reduce = opt = 0.0
+        gathers = copies = 0                 # the first unit: its copy-in, all-gather and copy-out
+        for op in ops:
+            if isinstance(op, Compute):
+                t = compute_seconds(op, cluster)
+                if op.name == "optimizer":
+                    opt += t
+                elif op.name.startswith(("copy-in grads", "copy-out grads")):
+                    reduce += t
+                elif op.name.startswith(("copy-in", "copy-out")):
+                    gather += t
+                    if op.name.startswith("copy-in"):
+                        first += t if gathers == 0 else 0.0
+                    else:
+                        copies += 1
+                        first += t if copies == 1 else 0.0
+            elif isinstance(op, Collective) and op.stream in ("ag", "rs", "ar"):
+                if op.stream == "ar" and L.dp_kind != "hsdp":
+                    continue
+                group = replicas if op.stream == "ar" else shard
+                t = costs.collective(op.op, int(op.bytes), tuple(group), op.algorithm)
+                if op.op == "all_gather":
+                    gathers += 1
+                    first += t if gathers == 1 else 0.0
+                    gather += t
+                else:
+                    reduce += t
+        return first, gather, reduce, opt
+
+    def _program(self, L, shard: int) -> list:
+        """The pipeline ranks' ops (one list per pp rank) with FSDP2 over ``shard`` ranks (HSDP: 2 replicas)."""
+        key = (L.tp, L.pp, L.virtual_stages, L.split, shard)      # what FSDP2's units and groups follow
+        if key not in self._ops:
+            from distlab.sim.parallel.fsdp.plan import FSDPOptions
+            from distlab.sim.parallel.parallelize import choose, parallelize
+            from distlab.sim.parallel.pipeline.plan import PipelineOptions
+            from distlab.sim.parallel.tp.plan import TPOptions
+            dims = {"pp": L.pp, "dp_replicate": 2, "dp_shard": shard, "tp": L.tp}   # FSDP2: HSDP less its all-reduces
+            mesh = Mesh(dims)
+            # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
+            # their number): GPipe with one, or interleaved with one per stage
+            v = L.virtual_stages
+            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=1 if v == 1 else L.pp,
+                                   virtual_stages=v, split=list(L.split) if L.split else None)
+            tp = TPOptions(sequence_parallel=L.sequence_parallel and L.tp > 1, loss_parallel=L.loss_parallel)
+            par = choose(mesh, {"pipeline": pipe, "tp": tp, "fsdp": FSDPOptions(reshard_after_forward=False)})
+            per = mesh.world_size // L.pp
+            plan = parallelize(self.est.model(1), mesh, par, only=[q * per for q in range(L.pp)])
+            self._ops[key] = [list(ops) for ops in plan.ranks]
+        return self._ops[key]
+
