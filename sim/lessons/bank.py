@@ -1,6 +1,8 @@
 """The exercises of lessons 01-08. Expected values come from the library, so they match what the lessons run."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from distlab.sim.lessons.checker import Exercise
 
 MiB = 2**20
@@ -71,6 +73,7 @@ def _ddp_sim(**options):
 LESSON05_CAPS = (1, 5, 10, 25, 50, 100, 400)
 
 
+@lru_cache(maxsize=1)
 def _fastest_cap() -> str:
     from distlab.sim.lessons.training import fastest, scenario, sweep
     rows = sweep(scenario("gpt2-medium", "ddp", nodes=2, micro_batch=4), "bucket_cap_mb", LESSON05_CAPS)

@@ -92,7 +92,7 @@ def memory_layouts() -> list[tuple[str, Layout]]:
 
 def memory_label(name: str, L: Layout) -> str:
     if name == ACCUMULATED:
-        return "tp 8 · dp 8 (fsdp) · mb 1 x 32 · sp · recompute selective · grad accumulation (not searched)"
+        return "tp 8 · dp 8 (fsdp) · mb 1 x 32 · sp · recompute selective · grad accumulation"
     return L.label()
 
 
