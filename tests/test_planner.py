@@ -56,10 +56,11 @@ def test_estimate_agrees_with_the_simulator_on_50_random_layouts(small_cluster):
 
 
 def stratified(layouts: list, n: int, rng) -> list:
-    """n layouts drawn family by family in turn (each family shuffled), so every family is tested."""
+    """n layouts drawn family by family in turn (each family shuffled; split and gradient accumulation drawn
+    apart), so every family is tested."""
     by: dict = {}
     for L in layouts:
-        by.setdefault((L.family, L.split is not None), []).append(L)
+        by.setdefault((L.family, L.split is not None, L.pp == 1 and L.microbatches > 1), []).append(L)
     for v in by.values():
         rng.shuffle(v)
     out = []

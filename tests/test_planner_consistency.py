@@ -69,7 +69,9 @@ def test_random_plans_are_consistent_and_match_simulate(seed, tmp_path, capsys):
     assert sim["mfu"] == pytest.approx(first["mfu"], rel=1e-9)
     assert sim["tokens_per_s_per_gpu"] == pytest.approx(first["tokens_per_s_per_gpu"], rel=1e-9)
 
-    # the text: every step shorter than #1's carries the estimate's mark
+    # the text (one of the runs, for time): every step shorter than #1's carries the estimate's mark
+    if seed:
+        return
     assert main(["plan", path, "--top", "1000", "--workers", "1"]) == 0
     text = capsys.readouterr().out
     assert f"±{ESTIMATE_BOUND:.0%}" in text

@@ -221,8 +221,12 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                                     for kind, shard in kinds for lp in lps]
                         elif pp > 1:
                             for sched, v, split in pipeline_shapes(layers, pp, m):
+                                # FSDP2 inside stages with 1F1B and interleaved 1F1B of v <= 4 (torchtitan's
+                                # schedules for it; kept to these to bound the search: GPipe holds every
+                                # micro-batch's activations, and DDP pipelines keep GPipe and every v)
                                 out += [Layout(tp, pp, dp, kind, mb, m, sp, rc, sched, v, split, dp_shard=shard,
-                                               loss_parallel=lp) for kind, shard in kinds for lp in lps]
+                                               loss_parallel=lp) for kind, shard in kinds for lp in lps
+                                        if kind == "ddp" or sched != "gpipe" and v <= 4]
                         else:
                             out += [Layout(tp, 1, dp, kind, mb, 1, sp, rc, dp_shard=shard, loss_parallel=lp)
                                     for kind, shard in kinds for lp in lps]

@@ -36,13 +36,13 @@ class StageTerms:
         from distlab.sim.planner.flat import _at_size
         real = L.shard
         sizes = [real] if real in (2, 4) else [2, 4]
-        progs = [self._program(L, n)[r] for n in sizes]
+        progs = [[op for op in self._program(L, n)[r] if _fsdp_op(op)] for n in sizes]
         try:
             if len(progs) > 1 and len(progs[0]) != len(progs[1]):
                 raise ValueError("programs at two shard sizes differ in length")
             ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
         except ValueError:                # not affine (e.g. a unit's padding changes its ops): build it as it is
-            ops = self._program(L, real)[r]
+            ops = [op for op in self._program(L, real)[r] if _fsdp_op(op)]
         mesh = Mesh(L.mesh())
         rank = r * (L.world_size // L.pp)
         shard = mesh.group_of(rank, "dp_shard")
@@ -84,18 +84,35 @@ class StageTerms:
             from distlab.sim.parallel.fsdp.plan import FSDPOptions
             from distlab.sim.parallel.parallelize import choose, parallelize
             from distlab.sim.parallel.pipeline.plan import PipelineOptions
-            from distlab.sim.parallel.tp.plan import TPOptions
-            dims = {"pp": L.pp, "dp_replicate": 2, "dp_shard": shard, "tp": L.tp}   # FSDP2: HSDP less its all-reduces
-            mesh = Mesh(dims)
+            # FSDP2 is HSDP less its all-reduces. TP's segments are left out (they change no FSDP2 op): the stages
+            # shard the TP-local model (sim/parallel/tp/rules.py tp_local_model), as parallelize's FSDP2 step does
+            mesh = Mesh({"pp": L.pp, "dp_replicate": 2, "dp_shard": shard})
+            from distlab.sim.parallel.tp.rules import tp_local_model
+            model = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
             # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
             # their number): GPipe with one, or interleaved with one per stage
             v = L.virtual_stages
             pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=1 if v == 1 else L.pp,
                                    virtual_stages=v, split=list(L.split) if L.split else None)
-            tp = TPOptions(sequence_parallel=L.sequence_parallel and L.tp > 1, loss_parallel=L.loss_parallel)
-            par = choose(mesh, {"pipeline": pipe, "tp": tp, "fsdp": FSDPOptions(reshard_after_forward=False)})
+            par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)})
             per = mesh.world_size // L.pp
-            plan = parallelize(self.est.model(1), mesh, par, only=[q * per for q in range(L.pp)])
-            self._ops[key] = [list(ops) for ops in plan.ranks]
+            plan = parallelize(model, mesh, par, only=[q * per for q in range(L.pp)])
+            self._ops[key] = [[op for op in ops if _fsdp_op(op)] for ops in plan.ranks]
+            # AdamW on DTensors (the layout's scenario has a tp section, tp 1 included): torch's per-op launches
+            # per parameter, as sim/parallel/pipeline/stages.py charges them
+            from dataclasses import replace
+            from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
+            n = len(self.est.model(1).params)
+            for ops in self._ops[key]:
+                for i, op in enumerate(ops):
+                    if op.name == "optimizer":
+                        ops[i] = replace(op, launches=ADAMW_DTENSOR_OPS * n)
         return self._ops[key]
 
+
+
+def _fsdp_op(op) -> bool:
+    """FSDP2's own ops: its copies, all-gathers, reduce-scatters, HSDP all-reduces and AdamW."""
+    if isinstance(op, Compute):
+        return op.name == "optimizer" or op.name.startswith(("copy-in", "copy-out"))
+    return isinstance(op, Collective) and op.stream in ("ag", "rs", "ar")
