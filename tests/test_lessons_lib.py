@@ -415,3 +415,18 @@ def test_lesson_06_communicator_section_says_what_the_simulator_shows():
     assert solution("06-one-group") == "0 ms" and check("06-one-group", "0 ms").ok
     assert not check("06-one-group", "3 ms").ok and check("06-separate-rs", "same").ok
     assert len(F.group_table().rows) == 4
+
+
+def test_a_busy_machine_is_not_judged_and_an_idle_one_is():
+    """sim/lessons/verdicts.py: outside the tolerance with other processes using more than 10% of the cores during
+    the run is "not judged" (with why); on an idle machine it stays OUTSIDE, which fails the notebook test."""
+    from distlab.sim.lessons.verdicts import NOT_JUDGED, OUTSIDE, verdict
+    rows = [{"cap": 1, "predicted_s": 0.2, "measured_s": 0.1}]
+    busy = verdict(rows, "cap", 0.5, background={"background_cores": 0.9, "cores": 2}).title
+    idle = verdict(rows, "cap", 0.5, background={"background_cores": 0.05, "cores": 2}).title
+    assert NOT_JUDGED in busy and "0.90 of 2 cores" in busy and OUTSIDE not in busy
+    assert OUTSIDE in idle and NOT_JUDGED not in idle
+    assert OUTSIDE in verdict(rows, "cap", 0.5).title                    # no reading: judged
+    within = verdict([{"cap": 1, "predicted_s": 0.11, "measured_s": 0.1}], "cap", 0.5,
+                     background={"background_cores": 1.5, "cores": 2}).title
+    assert "within" in within

@@ -1,8 +1,11 @@
 """Real runs of lessons 05-07: DDP's bucket-size sweep, FSDP2 and pipeline schedules, each predicted by the
-simulator from a calibration made in the same launch, then measured."""
+simulator from a calibration made in the same launch, then measured; each result's "background" is the other
+processes' CPU during the launch (runtime/trust.py Watch), so a lesson can say when a busy machine makes its
+measurement unfit to judge the model (sim/lessons/verdicts.py)."""
 from __future__ import annotations
 
 from distlab.runtime.lessons.common import fewer, run_on_ranks
+from distlab.runtime.trust import Watch
 
 
 # --- DDP: the bucket-size sweep, measured (lesson 05) ----------------------------------------------------------
@@ -27,7 +30,9 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
                "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate],
                "profile": {"index": list(caps).index(profile["cap"]), "dir": profile["dir"]} if profile else None}
+    watch = Watch()
     out = run_on_ranks("distlab.runtime.lessons.training:_ddp_sweep_task", payload, nproc, "gloo", timeout)
+    background = watch.stop()
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])
     rows, traces = [], []
@@ -39,7 +44,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
                      "measured_buckets": len(results[0]["rebuilt_bucket_sizes"]), "predicted_s": trace.makespan,
                      "measured_s": measured, "error_pct": 100.0 * (trace.makespan - measured) / measured})
         traces.append(trace)
-    done = {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces}
+    done = {"rows": rows, "results": per_cap, "model": cal_model, "cluster": cluster, "predicted": traces,
+            "background": background}
     if profile:
         import os
         done["profiles"] = [os.path.join(profile["dir"], f"rank{r}.json") for r in range(nproc)]
@@ -83,8 +89,10 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
     model = model_from_spec(model)
     opts = list(variants.values())
     plans = [build_fsdp(model, nproc, o) for o in opts]
+    watch = Watch()
     results = run(model, nproc, opts, steps=fewer(steps, 1), warmup=fewer(warmup, 1),
                   calibrate=calibration_sizes(plans), local=True, timeout=timeout)
+    background = watch.stop()
     cluster = calibrated_cluster(results, model, nproc)
     rows = []
     for i, (label, o) in enumerate(variants.items()):
@@ -94,7 +102,7 @@ def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, 
                      "predicted_s": predicted, "measured_s": measured,
                      "error_pct": 100.0 * (predicted - measured) / measured})
     return {"rows": rows, "results": results, "cluster": cluster,
-            "traces": [to_trace(results, i) for i in range(len(opts))]}
+            "traces": [to_trace(results, i) for i in range(len(opts))], "background": background}
 
 
 # --- pipeline parallelism: predicted, then measured (lesson 07) ------------------------------------------------
@@ -121,9 +129,11 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
                  layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1) for s, v in schedules]
+    watch = Watch()
     results = measure_and_predict(cfgs, nproc, timeout=timeout)
+    background = watch.stop()
     r0 = results[0]
-    out = {"rows": [], "measured": [], "predicted": [],
+    out = {"rows": [], "measured": [], "predicted": [], "background": background,
            "calibration": {**r0["calibration"][0], "latency_s": r0["latency"], "overhead_s": r0["overhead"],
                            "p2p": r0["p2p"]}}
     for r in results:

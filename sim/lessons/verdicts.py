@@ -23,11 +23,38 @@ def error(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-def verdict(rows: list[dict], key: str, tolerance: float = TOLERANCE, label: str = "") -> Table:
-    """Each row's (``key``, predicted_s, measured_s) error, and the worst against ``tolerance`` in the title."""
+BUSY_SHARE = 0.10      # as runtime/trust.py BACKGROUND_LIMIT: other processes may use this share of the cores
+NOT_JUDGED = "not judged"
+
+
+def busy(background: dict | None) -> str | None:
+    """Why a measurement cannot judge the model: other processes used more than BUSY_SHARE of the cores during
+    it (``background``: runtime/trust.py Watch.stop()'s dict), else None."""
+    if not background or background.get("background_cores") is None:
+        return None
+    cores = background["cores"]
+    if background["background_cores"] <= BUSY_SHARE * cores:
+        return None
+    return (f"other processes used {background['background_cores']:.2f} of {cores} cores during the run "
+            f"(allowed {BUSY_SHARE * cores:.2f}): its times include waiting for them")
+
+
+def verdict(rows: list[dict], key: str, tolerance: float = TOLERANCE, label: str = "",
+            background: dict | None = None) -> Table:
+    """Each row's (``key``, predicted_s, measured_s) error, and the worst against ``tolerance`` in the title;
+    a run outside the tolerance on a busy machine (``background``, see ``busy``) is ``not judged``, with why.
+
+        >>> verdict([{"cap": 2, "predicted_s": 0.2, "measured_s": 0.1}], "cap", 0.5,
+        ...         background={"background_cores": 1.0, "cores": 2}).title.split(":")[1]
+        ' not judged'
+    """
     errors = [error(r["predicted_s"], r["measured_s"]) for r in rows]
     worst = max(errors, key=abs)
-    word = "within the lesson's tolerance" if abs(worst) <= tolerance else OUTSIDE
+    why = busy(background)
+    if abs(worst) <= tolerance:
+        word = "within the lesson's tolerance"
+    else:
+        word = f"{NOT_JUDGED}: {why}" if why else OUTSIDE
     table = [[r[key], f"{r['predicted_s'] * 1e3:.2f}", f"{r['measured_s'] * 1e3:.2f}", f"{e:+.0%}"]
              for r, e in zip(rows, errors)]
     return Table([key, "predicted ms", "measured ms", "error"], table,
