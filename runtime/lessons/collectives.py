@@ -8,6 +8,7 @@ import sys
 import time
 
 from distlab.runtime.lessons.common import fewer, run_on_ranks
+from distlab.runtime.wire import all_gather_json
 
 DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "all_to_all", "barrier")
 
@@ -42,8 +43,7 @@ def _demo_task(ctx, payload):
     env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                           "MASTER_PORT")}
     meta = dist.new_group(backend="gloo")               # CPU metadata beside the main backend (NCCL on GPUs)
-    shapes = [None] * n
-    dist.all_gather_object(shapes, {"rank": ctx.rank, "pid": os.getpid()}, group=meta)
+    shapes = all_gather_json({"rank": ctx.rank, "pid": os.getpid()}, group=meta)   # JSON bytes, never pickles
     groups = {"default": dist.get_backend(), "metadata group": dist.get_backend(meta), "pids": [s["pid"] for s
                                                                                                  in shapes]}
     results = {}
