@@ -10,147 +10,21 @@ Byte counts follow nccl-tests (doc/PERFORMANCE.md): ``bytes`` of an all_gather i
 reduce_scatter the full input, of an all_to_all what one rank sends in all; of the others the buffer itself.
 An all_to_all with per-peer sizes (``splits``, torch's ``all_to_all_single`` input/output split sizes) names the
 whole matrix on every member; its ``bytes`` is then the largest row sum (what the busiest sender sends).
+The ops themselves (Compute, Collective, Send, Recv, Record, Wait) are sim/ops.py; this module holds them per rank,
+reads and writes the format and checks it.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import ClassVar, NamedTuple, Union
 
-from distlab.sim.collectives.algorithms import NAMES
 from distlab.sim.dtypes import DTYPE_BYTES  # noqa: F401  (re-exported: plan.DTYPE_BYTES)
 from distlab.sim.errors import ConfigError
+from distlab.sim.ops import (ALGORITHMS, ATTENTION_KERNELS, ATTENTION_PASSES, COLLECTIVES,  # noqa: F401 (re-exported)
+                             COMPUTE_MODEL_FIELDS, OP_TYPES, Collective, Communicator, Compute, Op, Recv, Record,
+                             Send, Wait, describe, format_bytes)
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
-ALGORITHMS = ("auto", *NAMES)              # sim.collectives.algorithms declares them
 FORMAT = "distlab-plan/1"
-
-
-@dataclass(frozen=True)
-class Compute:
-    """Local work: ``seconds`` if given; else, where the op names its kernels (``gemms``: (M, N, K) of each
-    matmul; ``attention``: (batch, heads, seq, head_dim) of an attention call, ``causal``, its pass
-    ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash or unfused; ``dtype`` of
-    the operands), the per-kernel model of sim/compute.py; else a roofline of ``flops`` and HBM ``bytes`` on the
-    GPU spec. ``flops``/``bytes`` stay the op's totals. Each kernel pays the GPU spec's ``launch_s``; an op that
-    counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/parallel/tp/plan.py)
-    pays launches x launch_s instead."""
-    name: str = "compute"
-    seconds: float | None = None
-    flops: float = 0.0
-    bytes: float = 0.0
-    stream: str = "compute"
-    launches: int | None = None
-    gemms: tuple[tuple[int, int, int], ...] = ()
-    attention: tuple[int, int, int, int] | None = None
-    causal: bool = True
-    attention_pass: str = "forward"
-    attention_kernel: str = "flash"
-    dtype: str = "bfloat16"
-    kind: ClassVar[str] = "compute"
-
-
-COMPUTE_MODEL_FIELDS = {"launches": None, "gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
-                        "attention_kernel": "flash", "dtype": "bfloat16"}   # left out of JSON at these defaults
-ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
-ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A collective over ``group`` (global ranks; None = the whole world). ``root`` is a global rank.
-    ``splits`` (all_to_all only, optional): ``splits[i][j]`` bytes from the group's i-th rank to its j-th (group
-    order; the diagonal stays local), the same matrix on every member; ``bytes`` = max_i sum_j splits[i][j].
-    ``group_name``: the process group's name. A process group is its ranks and its name (``dist.new_group`` over
-    the same ranks makes a second one): the communicator whose collectives run one at a time in issue order
-    (sim/kernel/communicators.py). "" (plans without names) = the one group of these ranks."""
-    op: str
-    bytes: int
-    dtype: str = "float32"
-    group: tuple[int, ...] | None = None
-    algorithm: str = "auto"
-    root: int = 0
-    name: str = ""
-    stream: str = "comm"
-    splits: tuple[tuple[int, ...], ...] | None = None
-    group_name: str = ""
-    kind: ClassVar[str] = "collective"
-
-
-class Communicator(NamedTuple):
-    """A process group as NCCL and Gloo see it: its ranks (the group tuple) and its name."""
-    ranks: tuple[int, ...]
-    name: str = ""
-
-    def label(self) -> str:
-        """'[0..7]' or '[0..7] "rs"'."""
-        g = sorted(self.ranks)
-        text = f"[{g[0]}..{g[-1]}]" if len(g) > 2 and g == list(range(g[0], g[-1] + 1)) else \
-            "[" + ",".join(map(str, g)) + "]"
-        return f'{text} "{self.name}"' if self.name else text
-
-
-@dataclass(frozen=True)
-class Send:
-    """Point-to-point send of ``bytes`` to ``peer``; completes when the matching Recv has the data."""
-    peer: int
-    bytes: int
-    dtype: str = "float32"
-    name: str = ""
-    stream: str = "comm"
-    kind: ClassVar[str] = "send"
-
-
-@dataclass(frozen=True)
-class Recv:
-    """Point-to-point receive of ``bytes`` from ``peer``; sends and receives between a pair match in order."""
-    peer: int
-    bytes: int
-    dtype: str = "float32"
-    name: str = ""
-    stream: str = "comm"
-    kind: ClassVar[str] = "recv"
-
-
-@dataclass(frozen=True)
-class Record:
-    """Mark ``event`` once everything queued before it on ``stream`` has finished."""
-    event: str
-    stream: str = "compute"
-    kind: ClassVar[str] = "record"
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Hold ``stream`` until ``event`` (recorded on another stream of the same rank) has happened."""
-    event: str
-    stream: str = "comm"
-    kind: ClassVar[str] = "wait"
-
-
-Op = Union[Compute, Collective, Send, Recv, Record, Wait]
-OP_TYPES = {cls.kind: cls for cls in (Compute, Collective, Send, Recv, Record, Wait)}
-
-
-def describe(op: Op) -> str:
-    """A short human description, e.g. ``all_reduce(4.0 MiB)`` or ``send(1.0 KiB -> 3)``."""
-    if isinstance(op, Collective):
-        root = f", root {op.root}" if op.op in ("broadcast", "reduce") else ""
-        return f"{op.op}({format_bytes(op.bytes)}{root})"
-    if isinstance(op, Send):
-        return f"send({format_bytes(op.bytes)} -> {op.peer})"
-    if isinstance(op, Recv):
-        return f"recv({format_bytes(op.bytes)} <- {op.peer})"
-    if isinstance(op, Compute):
-        return f"compute {op.name!r}"
-    return f"{op.kind}({op.event!r})"
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass
