@@ -91,13 +91,22 @@ def test_a_rank_that_never_answers_ends_the_run_after_the_timeout():
     assert not any(alive(pid) for pid in launch.pids)
 
 
+def _as_from_a_terminal():
+    """Ctrl-C as a terminal delivers it: the child starts with SIGINT's default action (Python then raises
+    KeyboardInterrupt). A process started with SIGINT ignored keeps ignoring it (POSIX: background jobs of a
+    non-interactive shell), and the pytest worker may have inherited that: the launcher would then never see the
+    Ctrl-C and the run would complete."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_cli(tmp_path):
     plan = tmp_path / "long.json"
     long_plan().save(str(plan))
     p = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", str(plan), "--nproc", "2", "--warmup", "0", "-v",
                           "--out", str(tmp_path / "t.trace"), "--dump-dir", str(tmp_path / "dumps")], cwd=ROOT,
                          stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, TMPDIR=str(tmp_path)))     # a killed launcher leaves its run dir here
+                         env=dict(os.environ, TMPDIR=str(tmp_path)),     # a killed launcher leaves its run dir here
+                         preexec_fn=_as_from_a_terminal)
     pids = []
     while True:
         line = p.stderr.readline()
