@@ -34,10 +34,13 @@ def sequences_per_step(result) -> int:
     ep; tp, cp and pp ranks share their sequences)."""
     cfg, opts, mesh = result.model.config or {}, result.options, result.mesh
     micro = cfg.get("micro_batch", cfg.get("batch", 1))
+    pipeline = getattr(opts, "pipeline", None)          # a composition (sim/parallel/parallelize.py Parallelisms)
     if getattr(opts, "grad_accum", None):
         steps = opts.grad_accum
     elif "pp" in mesh and getattr(opts, "microbatches", None):
         steps = opts.microbatches
+    elif "pp" in mesh and getattr(pipeline, "microbatches", None):     # pp 1 included: gradient accumulation
+        steps = pipeline.microbatches
     else:
         steps = 1
     replicas = 1
@@ -58,7 +61,10 @@ def throughput(result) -> dict:
     from distlab.sim.plan import Compute
     opts = result.options
     recompute = getattr(opts, "recompute", None) or ("full" if getattr(opts, "activation_checkpointing", False)
-                                                     else "none")
+                                                     else None)
+    for part in ("tp", "cp"):                            # a composition: its TP or CP section's recompute
+        recompute = recompute or getattr(getattr(opts, part, None), "recompute", None)
+    recompute = recompute or "none"
     out = mfu_summary(result.model, sequences_per_step(result), result.summary["step_s"], result.plan.world_size,
                       result.cluster.gpu, recompute)
     notes, gpu = [], result.cluster.gpu

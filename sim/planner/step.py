@@ -11,7 +11,8 @@ from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
-from distlab.sim.planner.estimate import CostCache, Estimate, compiled_schedule, op_seconds, run_schedule
+from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds
+from distlab.sim.planner.schedule import compiled_schedule, run_schedule
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.stage_fsdp import StageTerms
 from distlab.sim.planner.layouts import Layout
@@ -125,9 +126,9 @@ class Estimator:
             stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
-        messages = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
-        durations = [d for s in stage for d in s[:2]]
-        last_b, ends = run_schedule(comp, durations, messages)
+        hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
+        last_b, ends = run_schedule(comp, [stage[s][kind == "B"] for kind, s, _ in comp.actions],
+                                    [hops[link] if link >= 0 else 0.0 for _, _, link in comp.order])
         step, dp_exposed = max(ends), 0.0
         if L.composed:
             step, dp_exposed = self._sharded_ends(L, ranges, stage, last_b, ends)
