@@ -90,7 +90,7 @@ def run(args) -> int:
         era = ERAS[args.as_published]
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
                workers=args.workers, scheduler=args.scheduler, allow=era.allows if era else None,
-               keep=max(args.top, 1))
+               keep=max(args.top, 1), phase=bar.phase)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
     notes = explain.notes(s, args.top)
@@ -166,15 +166,31 @@ def _save(path: str, s) -> None:
 
 
 class _Bar:
-    """The search's progress bar (rich, on stderr, after 2 s; nothing when not a terminal)."""
+    """The search's progress on stderr: a rich bar on a terminal (after 2 s), else a line per tenth of the layouts
+    considered and per phase (a log, a benchmark's pipe); nothing with ``enabled`` false (--json)."""
 
     def __init__(self, enabled: bool):
-        self.enabled, self.it, self.total = enabled, None, 0
+        import sys
+        self.enabled, self.it, self.done, self.tenth = enabled, None, 0, 0
+        self.lines = enabled and not sys.stderr.isatty()
+
+    def phase(self, text: str) -> None:
+        if self.lines:
+            import sys
+            print(f"plan: {text}", file=sys.stderr, flush=True)
 
     def update(self, done: int, total: int) -> None:
+        if self.lines:
+            tenth = 10 * done // max(total, 1)
+            if tenth > self.tenth:
+                self.tenth = tenth
+                self.phase(f"{done} of {total} layouts that fit considered")
+            return
         if self.it is None:
             self.it = progress(iter(range(total)), total, "estimating layouts", self.enabled)
-        next(self.it, None)
+        while self.done < done:
+            next(self.it, None)
+            self.done += 1
 
     def close(self) -> None:
         if self.it is not None:

@@ -61,7 +61,7 @@ class Search:
 
 def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
            micro_batches=(1, 2, 4, 8, 16, 32, 64), progress=None, allow=None, workers: int | None = None,
-           scheduler: str | None = None, keep: int | None = None) -> Search:
+           scheduler: str | None = None, keep: int | None = None, phase=None) -> Search:
     """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
     nodes of ``cluster`` (a preset name, a file, or a Cluster, e.g. with a fitted GEMM curve; then ``confirm``
     must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step.
@@ -69,7 +69,8 @@ def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: in
     what a published run could use); ``workers`` processes share the estimate and the confirmation (default:
     the CPUs, at most 2; 1 runs in this process; sim/workers.py), and ``scheduler`` (a Dask scheduler's
     address) runs the confirmation on that cluster instead; ``keep``: the table's rows: then only the layouts that could be among
-    the best ``keep`` or their family's best are estimated (:func:`estimate_pruned`; None: all). Raises
+    the best ``keep`` or their family's best are estimated (:func:`estimate_pruned`; None: all); ``phase(text)``
+    hears each phase begin. Raises
     ConfigError when no layout divides the batch or none fits."""
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
     est = Estimator(model, c)
@@ -95,7 +96,11 @@ def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: in
                           f"({gib:g} GiB each) in any layout; the smallest needs "
                           f"{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.layout.label()}); allowed: "
                           "more nodes, a GPU with more memory, or a smaller micro-batch / sequence", "--model")
+    say = phase or (lambda text: None)
+    say(f"{len(layouts)} layouts, {len(feasible)} fit; estimating")
     estimated = estimate_pruned(est, feasible, keep, progress, workers)
+    if confirm:
+        say(f"{len(estimated)} estimated; confirming the best {confirm}")
     estimated.sort(key=lambda x: x.estimate.step_s)
     out = Search({"model": model, "cluster": cluster, "nodes": nodes, "global_batch": global_batch,
                   "seq_len": config["seq_len"], "world_size": world}, c, estimated, cands, 0,
