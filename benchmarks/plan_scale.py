@@ -5,7 +5,7 @@ Runs the command as a user would (``distlab plan --model llama3-405b --nodes 204
 prints its wall time, the CPU seconds of the child and its workers (what the wall time is on idle cores at
 best, over 2 of them), the peak memory of its whole process tree (the planner and its worker processes, RSS
 summed, sampled every 0.2 s from /proc), the load average, and the last lines of its output (the table and the families,
-which must list PP x TP x FSDP layouts).
+which must list PP x TP x FSDP layouts: counted, and required for "within the targets").
 
     python benchmarks/plan_scale.py                       # the target case
     python benchmarks/plan_scale.py --nodes 256 --global-batch 1024
@@ -76,7 +76,11 @@ def main() -> int:
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = used.ru_utime + used.ru_stime           # the child and its workers (waited for): the load-free work
     print("".join(out[-args.tail:]).rstrip())
-    ok = child.returncode == 0 and wall <= TARGET_S and peak / 1e9 <= TARGET_GB
+    import re
+    text = "".join(out)
+    pp_fsdp_tp = re.findall(r"PP(?: \(interleaved\))? x TP x (?:FSDP|HSDP): (tp \d+ · pp \d+[^,]*)", text)
+    print(f"PP x FSDP2 x TP layouts listed (the best of each such family): {len(pp_fsdp_tp)}")
+    ok = child.returncode == 0 and wall <= TARGET_S and peak / 1e9 <= TARGET_GB and bool(pp_fsdp_tp)
     print(f"exit {child.returncode}; wall {wall:.1f} s (target <= {TARGET_S} s); peak memory {peak / 1e9:.2f} GB "
           f"(process tree; target <= {TARGET_GB:g} GB); CPU {cpu:.0f} s (over 2 cores: >= {cpu / 2:.0f} s of wall "
           f"when idle); load average {os.getloadavg()[0]:.1f} at the end; "
