@@ -9,6 +9,7 @@ which must list PP x TP x FSDP layouts: counted, and required for "within the ta
 
     python benchmarks/plan_scale.py                       # the target case
     python benchmarks/plan_scale.py --nodes 256 --global-batch 1024
+    python benchmarks/plan_scale.py --global-batch 128 --seq-len 131072   # Llama 3's long-context stage (CP)
 """
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ def main() -> int:
                                                                    "405B's 16M tokens of 8192, arXiv 2407.21783 "
                                                                    "Table 4)")
     p.add_argument("--confirm", type=int, default=3)
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
     p.add_argument("--tail", type=int, default=40, help="lines of the plan's output to print (default 40)")
     args = p.parse_args()
     cmd = [sys.executable, "-m", "distlab.runtime.cli", "plan", "--model", args.model, "--cluster", args.cluster,
            "--nodes", str(args.nodes), "--global-batch", str(args.global_batch), "--confirm", str(args.confirm)]
+    if args.seq_len:
+        cmd += ["--seq-len", str(args.seq_len)]
     print(" ".join(cmd[2:]))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
     t0 = time.perf_counter()

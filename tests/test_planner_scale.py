@@ -79,6 +79,10 @@ def test_cp_inside_pipelines_for_long_sequences():
     assert sum(est.memory(L).values()) == pytest.approx(r.reports["composed"]["json"]["memory"]["total_bytes"],
                                                         rel=1e-9)
     assert fits(sum(est.memory(L).values()), 80)
+    # CP x TP: the cp section's recompute keeps only each block's input, as the builder recomputes (it was
+    # reported as none: sim/workloads/composed_report.py)
+    none = next(M for M in ours if M == Layout(**{**L.to_dict(), "recompute": "none", "split": L.split}))
+    assert est.memory(L)["activations"] < est.memory(none)["activations"]
 
 
 def test_plan_mfu_and_compute_are_simulates():
