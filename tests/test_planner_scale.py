@@ -103,3 +103,19 @@ def test_plan_mfu_and_compute_are_simulates():
                          and not o.name.startswith(("copy-in", "copy-out", "optimizer")))
                      for g in r.mesh.group_of(0, "pp"))             # the busiest pipeline rank
         assert terms["compute_s"] + terms["recompute_s"] == pytest.approx(layers, rel=1e-6), L.label()
+
+
+def test_groups_of_the_same_gpus_of_every_node_run_on_smaller_nodes():
+    """A data-parallel group beside TP or CP (the same k GPUs of every node, a NIC each) costs what it costs on
+    nodes of k GPUs and k NICs (CostCache._cut; at 16,384 GPUs the whole nodes' simulation ran out of memory):
+    equal to the simulator on the whole nodes, for every op, small and large."""
+    from distlab.sim.kernel.engine import simulate_collective
+    from distlab.sim.planner.estimate import CostCache
+    cluster = load_cluster("dgx-h100", 4)
+    for group in (tuple(r for n in range(4) for r in (8 * n, 8 * n + 2, 8 * n + 4, 8 * n + 6)),
+                  tuple(r for n in range(4) for r in (8 * n + 1, 8 * n + 5))):
+        assert CostCache(cluster)._cut(group)[0].gpus_per_node == len(group) // 4
+        for op in ("all_gather", "reduce_scatter", "all_reduce"):
+            for nbytes in (1 << 16, 1 << 27):
+                simulated = simulate_collective(op, nbytes, cluster, group=group)[0].makespan
+                assert CostCache(cluster).collective(op, nbytes, group) == pytest.approx(simulated, rel=1e-9)

@@ -37,7 +37,6 @@ class Estimate:
 
 LINEAR_FROM = 1 << 20          # bytes from which a collective's time is read off a straight octave (CostCache)
 LINEAR_TOLERANCE = 1e-3
-RANKS_LINE = (512, 1024, 2048)  # ranks a collective of more ranks is simulated on (CostCache._in_ranks)
 
 
 class CostCache:
@@ -45,8 +44,7 @@ class CostCache:
     simulated time is a straight line in the bytes across an octave [2^k, 2^(k+1)] (checked: the time at
     1.5·2^k is within 0.1% of the mean of the ends), a size inside it is interpolated from the ends, so the
     thousands of gradient sizes of a search cost three simulations per octave and group; elsewhere (the
-    algorithm or protocol changes inside the octave) the size itself is simulated. Groups of more than 2,048
-    ranks are read off the alpha-beta form in the ranks where it holds (:meth:`_in_ranks`)."""
+    algorithm or protocol changes inside the octave) the size itself is simulated."""
 
     def __init__(self, cluster):
         self.cluster = cluster
@@ -74,41 +72,9 @@ class CostCache:
     def _simulated(self, op: str, nbytes: int, shape: tuple, algorithm: str, small, members) -> float:
         k = (op, nbytes, shape, algorithm)
         if k not in self._times:
-            line = self._in_ranks(op, nbytes, algorithm, small, members) if len(members) > RANKS_LINE[-1] else None
-            if line is None:
-                trace, _ = simulate_collective(op, nbytes, small, algorithm=algorithm, group=members)
-                line = trace.makespan
-            self._times[k] = line
+            trace, _ = simulate_collective(op, nbytes, small, algorithm=algorithm, group=members)
+            self._times[k] = trace.makespan
         return self._times[k]
-
-    def _in_ranks(self, op: str, nbytes: int, algorithm: str, small, members) -> float | None:
-        """A collective of more than 2,048 ranks from the same bytes on the first 512, 1,024 and 2,048 ranks of
-        the same pattern (the same GPUs of each node, nodes in order): t(n) = a·(n - 1) + b·(n - 1)/n, a ring's
-        n - 1 steps of hop latency and its (n - 1)/n of the bytes through each rank (the alpha-beta form,
-        Thakur et al. 2005), fitted on 1,024 and 2,048 ranks where it gives the 512-rank time within 0.1%.
-        Llama 3 405B's 64 MiB FSDP2 all-gather on 16,384 H100: 19.2544 ms read off, 19.2544 ms simulated. None
-        when the group has no such pattern or the form does not hold: then the group itself is simulated
-        (minutes and gigabytes at 16,384 ranks)."""
-        g = small.gpus_per_node
-        local = sorted({m % g for m in members})
-        nodes = len(members) // len(local)
-        if tuple(n * g + j for n in range(nodes) for j in local) != tuple(members) or RANKS_LINE[0] % len(local):
-            return None
-        times = []
-        for ranks in RANKS_LINE:
-            part = tuple(n * g + j for n in range(ranks // len(local)) for j in local)
-            times.append(self._simulated(op, nbytes, (ranks // len(local), g, part), algorithm,
-                                         small.with_nodes(ranks // len(local)), part))
-        (n0, n1, n2), (t0, t1, t2) = RANKS_LINE, times
-        u1, u2 = (n1 - 1) / n1, (n2 - 1) / n2           # t = a (n - 1) + b u, u = (n - 1) / n
-        b = (t2 * (n1 - 1) - t1 * (n2 - 1)) / (u2 * (n1 - 1) - u1 * (n2 - 1))
-        a = (t1 - b * u1) / (n1 - 1)
-
-        def at(n: int) -> float:
-            return a * (n - 1) + b * (n - 1) / n
-        if abs(at(n0) - t0) > LINEAR_TOLERANCE * t0:
-            return None
-        return at(len(members))
 
     @lru_cache(maxsize=None)
     def split(self, op: str, nbytes: int, group: tuple, algorithm: str = "auto") -> tuple[float, float]:
@@ -130,11 +96,20 @@ class CostCache:
     def _cut(self, group: tuple):
         """The cluster cut down to the nodes ``group`` spans (renumbered in order), and the group on it. A group
         with one rank per node on a fabric with a NIC per GPU runs as on nodes of one GPU and one NIC (what NCCL
-        sees too: one rank per node), so its cost does not grow with the GPUs left idle beside it."""
+        sees too: one rank per node), so its cost does not grow with the GPUs left idle beside it; likewise a
+        group with the same k GPUs of every node (a data-parallel group beside TP or CP: every tp-th GPU) runs
+        as on nodes of k GPUs and k NICs (tests/test_planner_scale.py checks both against the whole nodes)."""
         from dataclasses import replace
         nodes = sorted({r // self.gpn for r in group})
         index = {node: i for i, node in enumerate(nodes)}
         c = self.cluster
+        local = sorted({r % self.gpn for r in group})
+        k = len(local)
+        if 1 < k < self.gpn and len(nodes) > 1 and len(group) == k * len(nodes) \
+                and c.inter_node.nics_per_node == self.gpn:
+            position = {j: i for i, j in enumerate(local)}
+            small = replace(c, nodes=len(nodes), gpus_per_node=k, inter_node=replace(c.inter_node, nics_per_node=k))
+            return small, tuple(index[r // self.gpn] * k + position[r % self.gpn] for r in group)
         if len(nodes) == len(group) > 1 and c.inter_node.nics_per_node == self.gpn and self.gpn > 1:
             small = replace(c, nodes=len(nodes), gpus_per_node=1, inter_node=replace(c.inter_node, nics_per_node=1))
             return small, tuple(range(len(group)))
