@@ -88,7 +88,8 @@ def test_cp_inside_pipelines_for_long_sequences():
 def test_plan_mfu_and_compute_are_simulates():
     """For TP x FSDP2 with gradient accumulation and PP x TP x FSDP2 (8 micro-batches): simulate's MFU counts
     every micro-batch of the global batch as the planner does, and the estimate's compute (recompute included)
-    is what the simulator's plan of the busiest pipeline rank computes in its layers (FSDP2's copies and AdamW are other terms)."""
+    is what the simulator's plan of the busiest pipeline rank computes in its layers (FSDP2's copies and AdamW
+    are other terms)."""
     est = Estimator(TINY, load_cluster("dgx-h100", 2))
     gpu = est.cluster.gpu
     for L in (Layout(2, 1, 8, "fsdp", 1, 4, True, "selective", dp_shard=8),

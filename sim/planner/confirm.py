@@ -7,11 +7,12 @@ index (sim/planner/composed.py), for clusters too large to simulate rank by rank
 `distlab plan` confirms its best estimates with the discrete-event simulator up to ``SIMULATE_UP_TO`` GPUs
 (every rank simulated: contention between concurrent groups included). Beyond, a simulation of one layout takes
 minutes and gigabytes (Llama 3 405B on 16,384 H100 as TP 8 x HSDP did not finish in 10 minutes on a shared
-core), so the best estimates are confirmed by building the layout's program through sim/parallel/parallelize.py for the ranks of
-one pipeline (rank 0 without a pipeline) and timing it: every op the simulator would run on those ranks, every
-collective on its real group, the schedule walked with those durations. What it leaves out is contention between
-concurrent groups on shared links (tests/test_compose_estimate.py: within 0.1% of the simulator under 1F1B and
-GPipe, 3% with interleaved 1F1B and without a pipeline; tests/test_planner.py holds it to the estimate's bound).
+core), so the best estimates are confirmed by building the layout's program through
+sim/parallel/parallelize.py for the ranks of one pipeline (rank 0 without a pipeline) and timing it: every op
+the simulator would run on those ranks, every collective on its real group, the schedule walked with those
+durations. What it leaves out is contention between concurrent groups on shared links
+(tests/test_compose_estimate.py: within 0.1% of the simulator under 1F1B and GPipe, 3% with interleaved 1F1B
+and without a pipeline; tests/test_planner_scale.py holds it to the estimate's bound).
 """
 from __future__ import annotations
 

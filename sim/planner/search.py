@@ -149,7 +149,8 @@ def estimate_pruned(est, cands: list, keep: int | None, progress=None, workers: 
     (sim/planner/step.py ``Estimator.bound``); return those estimated. A candidate is left out when its bound is
     at least the ``keep``-th shortest estimate so far and at least its family's shortest: its estimate could
     then enter neither the table's ``keep`` rows nor "the best of each family" (each family's first candidate is
-    always estimated). ``keep`` None or fewer than ``least`` candidates: all estimated (in ``workers`` processes, :func:`estimate_all`)."""
+    always estimated). ``keep`` None or fewer than ``least`` candidates: all estimated (in ``workers``
+    processes, :func:`estimate_all`)."""
     if keep is None or len(cands) < least:
         for x, e in zip(cands, estimate_all(est, [x.layout for x in cands], progress, workers)):
             x.estimate = e
