@@ -5,10 +5,11 @@ Runs the command as a user would (``distlab plan --model llama3-405b --nodes 204
 prints its wall time, the CPU seconds of the child and its workers (what the wall time is on idle cores at
 best, over 2 of them), the peak memory of its whole process tree (the planner and its worker processes, RSS
 summed, sampled every 0.2 s from /proc), the load average, and the last lines of its output (the table and the families,
-which must list PP x TP x FSDP layouts).
+which must list PP x TP x FSDP layouts: counted, and required for "within the targets").
 
     python benchmarks/plan_scale.py                       # the target case
     python benchmarks/plan_scale.py --nodes 256 --global-batch 1024
+    python benchmarks/plan_scale.py --global-batch 128 --seq-len 131072   # Llama 3's long-context stage (CP)
 """
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ def main() -> int:
                                                                    "405B's 16M tokens of 8192, arXiv 2407.21783 "
                                                                    "Table 4)")
     p.add_argument("--confirm", type=int, default=3)
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
     p.add_argument("--tail", type=int, default=40, help="lines of the plan's output to print (default 40)")
     args = p.parse_args()
     cmd = [sys.executable, "-m", "distlab.runtime.cli", "plan", "--model", args.model, "--cluster", args.cluster,
            "--nodes", str(args.nodes), "--global-batch", str(args.global_batch), "--confirm", str(args.confirm)]
+    if args.seq_len:
+        cmd += ["--seq-len", str(args.seq_len)]
     print(" ".join(cmd[2:]))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
     t0 = time.perf_counter()
@@ -76,7 +80,11 @@ def main() -> int:
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = used.ru_utime + used.ru_stime           # the child and its workers (waited for): the load-free work
     print("".join(out[-args.tail:]).rstrip())
-    ok = child.returncode == 0 and wall <= TARGET_S and peak / 1e9 <= TARGET_GB
+    import re
+    text = "".join(out)
+    pp_fsdp_tp = re.findall(r"PP(?: \(interleaved\))? x TP x (?:FSDP|HSDP): (tp \d+ · pp \d+[^,]*)", text)
+    print(f"PP x FSDP2 x TP layouts listed (the best of each such family): {len(pp_fsdp_tp)}")
+    ok = child.returncode == 0 and wall <= TARGET_S and peak / 1e9 <= TARGET_GB and bool(pp_fsdp_tp)
     print(f"exit {child.returncode}; wall {wall:.1f} s (target <= {TARGET_S} s); peak memory {peak / 1e9:.2f} GB "
           f"(process tree; target <= {TARGET_GB:g} GB); CPU {cpu:.0f} s (over 2 cores: >= {cpu / 2:.0f} s of wall "
           f"when idle); load average {os.getloadavg()[0]:.1f} at the end; "

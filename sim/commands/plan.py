@@ -89,7 +89,8 @@ def run(args) -> int:
         from distlab.sim.planner.eras import ERAS
         era = ERAS[args.as_published]
     s = search(q["model"], q["cluster"], q["nodes"], q["global_batch"], q["confirm"], progress=bar.update,
-               workers=args.workers, scheduler=args.scheduler, allow=era.allows if era else None)
+               workers=args.workers, scheduler=args.scheduler, allow=era.allows if era else None,
+               keep=max(args.top, 1), phase=bar.phase)
     bar.close()
     why = explain.first_vs_second(s, s.estimator)
     notes = explain.notes(s, args.top)
@@ -105,14 +106,17 @@ def run(args) -> int:
         print_json({"question": {k: v for k, v in s.question.items()}, "gpu_memory_GiB": s.gpu_GiB,
                     "as_published": {"era": era.name, "source": era.source} if era else None,
                     "notes": notes,
-                    "candidates": len(s.all), "fit": len(s.ranked), "confirmed": s.confirmed,
+                    "candidates": len(s.all), "fit": s.fit, "estimated": len(s.ranked), "pruned": s.pruned,
+                    "confirmed": s.confirmed, "confirmed_by": s.confirmed_by,
                     "ranked": [{"rank": i + 1, "layout": c.layout.to_dict(), "label": c.layout.label(),
                                 **explain.breakdown(s, c)} for i, c in enumerate(top)],
                     "first_vs_second": why, "families": fams, "saved": args.save}, "plan")
         return 0
     say(f"{s.question['world_size']} x {s.cluster.gpu.name} ({s.gpu_GiB:g} GiB): {len(s.all)} layouts"
         + (f" that {era.name} ran ({era.source})" if era else "")
-        + f", {len(s.ranked)} fit, {s.confirmed} simulated")
+        + f", {s.fit} fit, {len(s.ranked)} estimated"
+        + (f" (the other {s.pruned}: a lower bound of their step rules them out of the table and their "
+           "family's best)" if s.pruned else "") + f", {s.confirmed} confirmed by {s.confirmed_by}")
     rows = []
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
@@ -120,14 +124,15 @@ def run(args) -> int:
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
     print_table(f"layouts, fastest first (~ = estimate, within ±{ESTIMATE_BOUND:.0%} of the simulator's step; "
-                "others simulated; #1 is the fastest simulated)",
+                f"others confirmed by {s.confirmed_by}; #1 is the fastest confirmed)",
                 ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
     for line in notes:
         say("note: " + line)
     b = explain.breakdown(s, s.ranked[0])
     print_table("#1 term by term (estimate)", ["term", "ms"],
                 [[name, f"{b[name] * 1e3:.1f}"] for key, name in explain.TERMS.items()
-                 if key != "cp_comm_exposed_s" or s.ranked[0].layout.cp > 1])
+                 if (key != "cp_comm_exposed_s" or s.ranked[0].layout.cp > 1)
+                 and (key != "composed_s" or key in s.ranked[0].estimate.terms)])
     if why:
         line = (f"#1 beats #2 by {why['gap_s'] * 1e3:.1f} ms; the term that differs most: {why['term']} "
                 f"(+{why['term_gap_s'] * 1e3:.1f} ms in #2).")
@@ -161,15 +166,31 @@ def _save(path: str, s) -> None:
 
 
 class _Bar:
-    """The search's progress bar (rich, on stderr, after 2 s; nothing when not a terminal)."""
+    """The search's progress on stderr: a rich bar on a terminal (after 2 s), else a line per tenth of the layouts
+    considered and per phase (a log, a benchmark's pipe); nothing with ``enabled`` false (--json)."""
 
     def __init__(self, enabled: bool):
-        self.enabled, self.it, self.total = enabled, None, 0
+        import sys
+        self.enabled, self.it, self.done, self.tenth = enabled, None, 0, 0
+        self.lines = enabled and not sys.stderr.isatty()
+
+    def phase(self, text: str) -> None:
+        if self.lines:
+            import sys
+            print(f"plan: {text}", file=sys.stderr, flush=True)
 
     def update(self, done: int, total: int) -> None:
+        if self.lines:
+            tenth = 10 * done // max(total, 1)
+            if tenth > self.tenth:
+                self.tenth = tenth
+                self.phase(f"{done} of {total} layouts that fit considered")
+            return
         if self.it is None:
             self.it = progress(iter(range(total)), total, "estimating layouts", self.enabled)
-        next(self.it, None)
+        while self.done < done:
+            next(self.it, None)
+            self.done += 1
 
     def close(self) -> None:
         if self.it is not None:

@@ -9,10 +9,10 @@ every rank.
 With a pipeline: one rank per pipeline index (its other coordinates 0) is built
 (sim/parallel/parallelize.py ``action_programs``), each piece of its program timed alone (sim/planner/estimate.py
 ``streams_makespan``: its streams, every collective on its real group, ring attention's sends at the time of
-their hop), then the schedule's actions list-scheduled with those durations: an action starts when its rank is
-free and its input has arrived (the boundary tensor sent when the producing action ends, each link's messages in order, under GPipe
-and 1F1B received when the receiver gets to the action, as sim/parallel/pipeline/plan.py posts them),
-each stage's gradient reduction (FSDP2's reduce-scatters) runs after its last backward, the optimizer after the
+their hop), then the schedule's actions list-scheduled with those durations (sim/planner/schedule.py, the walk the planner's
+fast estimate uses too: an action starts when its rank is free and its input has arrived, the boundary tensor
+sent when the producing action ends, each link's messages in order, under GPipe and 1F1B received when the
+receiver gets to the action, as sim/parallel/pipeline/plan.py posts them), each stage's gradient reduction (FSDP2's reduce-scatters) runs after its last backward, the optimizer after the
 rank's last action; the step is the last rank's end. Without a pipeline: rank 0's program timed the same way
 (symmetric ranks). What it leaves out is what simulating every rank adds: contention between concurrent groups
 on shared links, and overlap of a stage's gradient reduction with the actions after it (the estimate runs it in
@@ -27,6 +27,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.plan import Collective, Record, Send, Wait
 from distlab.sim.planner.estimate import CostCache, streams_makespan
+from distlab.sim.planner.schedule import compiled_schedule, run_schedule
 
 
 def piece_seconds(ops: list, rank: int, cluster, costs: CostCache) -> float:
@@ -69,41 +70,23 @@ def _pipelined(model, mesh, par, cluster, costs: CostCache) -> float:
                           "pipeline.schedule")
     pp_ranks = mesh.group_of(0, "pp")
     programs, meta = action_programs(model, mesh, par, pp_ranks)
-    seconds = [{k: piece_seconds(ops, g, cluster, costs) for k, ops in programs[g].items()} for g in pp_ranks]
+    pieces = [{k: piece_seconds(ops, g, cluster, costs) for k, ops in programs[g].items()} for g in pp_ranks]
     boundary, placement = meta["boundary_bytes"], meta["stage_to_rank"]
     if par.fsdp is None and "dp" in mesh:          # replicas of the pipeline: each stage's gradients all-reduced
         for r, g in enumerate(pp_ranks):
             for stage in (s for s, at in enumerate(placement) if at == r):
-                seconds[r]["reduce", stage] = costs.collective("all_reduce", meta["param_bytes"][stage],
+                pieces[r]["reduce", stage] = costs.collective("all_reduce", meta["param_bytes"][stage],
                                                                tuple(mesh.group_of(g, "dp")))
-    actions = S.build(spec.schedule, p, m, v)
-    last_backward = {a.stage: a for acts in actions for a in acts if a.kind == "B"}
-    on_demand = S.normalise(spec.schedule) in ("gpipe", "1f1b")     # receives posted when needed (plan.py)
-    done, link_free = {}, {}
-    ready, pos, left = [0.0] * p, [0] * p, sum(map(len, actions))
-    while left:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(actions[r]):
-                a = actions[r][pos[r]]
-                src = a.stage - 1 if a.kind == "F" else a.stage + 1
-                start = ready[r]
-                if 0 <= src < p * v:
-                    if (a.kind, src, a.mb) not in done:
-                        break
-                    if placement[src] != r:            # links carry their messages in order
-                        link = placement[src], r
-                        begin = max(done[a.kind, src, a.mb], link_free.get(link, 0.0), start if on_demand else 0.0)
-                        hop = costs.p2p(pp_ranks[link[0]], pp_ranks[r], boundary[min(src, a.stage)])
-                        link_free[link] = begin + hop
-                        start = max(start, begin + hop)
-                end = done[a.kind, a.stage, a.mb] = start + seconds[r][a.kind, a.stage, a.mb]
-                if last_backward.get(a.stage) == a:            # sent first, then the stage's gradients reduced
-                    end += seconds[r].get(("reduce", a.stage), 0.0)
-                ready[r] = end
-                pos[r] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise ValueError("pipeline schedule deadlocked in the estimate")
-    return max(ready[r] + seconds[r].get(("optimizer",), 0.0) for r in range(p))
+    c = compiled_schedule(spec.schedule, p, m, v)
+    if list(c.placement) != list(placement):
+        raise ValueError(f"the schedule places its stages on {c.placement}, the plan on {placement}")
+    seconds = [pieces[r][a] for (r, _, _), a in zip(c.order, c.actions)]
+    message_s = [0.0] * len(c.order)
+    for i, ((_, _, link), (kind, stage, _)) in enumerate(zip(c.order, c.actions)):
+        if link >= 0:                       # the boundary tensor between this stage and the one it comes from
+            src = stage - 1 if kind == "F" else stage + 1
+            sender, receiver = c.links[link]
+            message_s[i] = costs.p2p(pp_ranks[sender], pp_ranks[receiver], boundary[min(src, stage)])
+    after_s = {i: pieces[c.order[i][0]].get(("reduce", stage), 0.0) for stage, i in enumerate(c.last_b)}
+    _, ends = run_schedule(c, seconds, message_s, after_s)
+    return max(ends[r] + pieces[r].get(("optimizer",), 0.0) for r in range(p))

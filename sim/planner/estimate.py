@@ -10,13 +10,9 @@ How the terms combine (the builders' structure, sim/parallel/tp/*):
 - inside a layer, compute waits for each TP collective (stream ``tp``): a stage's forward F_s and backward B_s
   of one micro-batch are sums;
 - PP x TP x DDP (1F1B, GPipe, interleaved 1F1B with stage s on rank s % p): the pipeline's actions
-  (sim/parallel/pipeline/schedules.py) list-scheduled per rank with these durations: an action starts when its rank is
-  free and its input has arrived; a message starts when the sender's action has ended, the previous message
-  between those two ranks has been delivered and (receives posted on demand, as gpipe and 1f1b run; interleaved
-  posts them early) the receiver is ready for it; then, per rank, its stages' gradient all-reduces over dp in
-  turn, each after its stage's last backward. Step = the last end. The order the list schedule visits the
-  actions does not depend on their durations: it is recorded once per (schedule, p, m, v) and replayed
-  (:func:`compiled_schedule`, :func:`run_schedule`);
+  (sim/parallel/pipeline/schedules.py) list-scheduled per rank with these durations (sim/planner/schedule.py,
+  the one schedule walk sim/planner/composed.py uses too); then, per rank, its stages' gradient all-reduces over
+  dp in turn, each after its stage's last backward. Step = the last end;
 - DDP x TP, FSDP2 x TP, HSDP x TP and CP x TP x FSDP2/HSDP: rank 0's program, built small, run stream by stream
   (sim/planner/flat.py): ops in order per stream, Wait holds a stream until its Record, ring attention's
   permutes meet their receives by symmetry; collectives take their time on the real group of their mesh
@@ -100,11 +96,20 @@ class CostCache:
     def _cut(self, group: tuple):
         """The cluster cut down to the nodes ``group`` spans (renumbered in order), and the group on it. A group
         with one rank per node on a fabric with a NIC per GPU runs as on nodes of one GPU and one NIC (what NCCL
-        sees too: one rank per node), so its cost does not grow with the GPUs left idle beside it."""
+        sees too: one rank per node), so its cost does not grow with the GPUs left idle beside it; likewise a
+        group with the same k GPUs of every node (a data-parallel group beside TP or CP: every tp-th GPU) runs
+        as on nodes of k GPUs and k NICs (tests/test_planner_scale.py checks both against the whole nodes)."""
         from dataclasses import replace
         nodes = sorted({r // self.gpn for r in group})
         index = {node: i for i, node in enumerate(nodes)}
         c = self.cluster
+        local = sorted({r % self.gpn for r in group})
+        k = len(local)
+        if 1 < k < self.gpn and len(nodes) > 1 and len(group) == k * len(nodes) \
+                and c.inter_node.nics_per_node == self.gpn:
+            position = {j: i for i, j in enumerate(local)}
+            small = replace(c, nodes=len(nodes), gpus_per_node=k, inter_node=replace(c.inter_node, nics_per_node=k))
+            return small, tuple(index[r // self.gpn] * k + position[r % self.gpn] for r in group)
         if len(nodes) == len(group) > 1 and c.inter_node.nics_per_node == self.gpn and self.gpn > 1:
             small = replace(c, nodes=len(nodes), gpus_per_node=1, inter_node=replace(c.inter_node, nics_per_node=1))
             return small, tuple(range(len(group)))
@@ -218,122 +223,3 @@ def streams_makespan(ops: list, seconds, share=lambda op: None, interference: fl
     if any(pos[s] < len(q) for s, q in queues.items()):
         raise ValueError("a Wait never met its Record")
     return now
-
-
-def pipeline_makespan(actions: list[list], duration, message_s, on_demand: bool = True) -> tuple[list, list]:
-    """List-schedule the pipeline's per-rank ``actions`` (sim.pipeline.schedules.Action; stage s on rank
-    s % p): ``duration(a)`` seconds of action a, ``message_s(stage_from, stage_to)`` of one message. Returns per
-    stage the end of its last backward and per rank the end of its last action. F of stage s needs F of s-1; B of
-    s needs B of s+1 (and F of s, earlier on the same rank); messages between two ranks go in order (the plan's
-    send stream per peer). The reference for :func:`compiled_schedule` (the same loop, on indices)."""
-    p = len(actions)
-    n_stages = 1 + max(a.stage for acts in actions for a in acts)
-    done: dict[tuple, float] = {}
-    link_free: dict[tuple, float] = {}
-    ready_at = [0.0] * p
-    pos = [0] * p
-    last_b = [0.0] * n_stages
-    remaining = sum(len(a) for a in actions)
-    while remaining:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(actions[r]):
-                a = actions[r][pos[r]]
-                src = a.stage - 1 if a.kind == "F" else a.stage + 1
-                start = ready_at[r]
-                if 0 <= src < n_stages and src % p != r:
-                    key = ("F" if a.kind == "F" else "B", src, a.mb)
-                    if key not in done:
-                        break
-                    link = (src % p, r)
-                    begin = max(done[key], link_free.get(link, 0.0))
-                    if on_demand:
-                        begin = max(begin, ready_at[r])
-                    arrive = begin + message_s(src, a.stage)
-                    link_free[link] = arrive
-                    start = max(start, arrive)
-                elif 0 <= src < n_stages and ("F" if a.kind == "F" else "B", src, a.mb) not in done:
-                    break
-                end = start + duration(a)
-                done[("F" if a.kind == "F" else "B", a.stage, a.mb)] = end
-                ready_at[r] = end
-                if a.kind == "B":
-                    last_b[a.stage] = end
-                pos[r] += 1
-                remaining -= 1
-                moved = True
-        if not moved:
-            raise ValueError("pipeline schedule deadlocked in the estimate")
-    return last_b, ready_at
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """A schedule's list-scheduling order (:func:`pipeline_makespan`'s loop does not depend on durations, so it
-    is recorded once per (schedule, p, m, v)): per action (rank, duration index 2·stage + [0 F, 1 B], the index
-    of the action whose output it receives or -1, the index of its link or -1); ``links``: (src rank, dst
-    rank); ``last_b``: per stage the index of its last backward."""
-    order: tuple
-    links: tuple
-    last_b: tuple
-    ranks: int
-    on_demand: bool
-
-
-@lru_cache(maxsize=512)
-def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
-    """The order :func:`run_schedule` evaluates (receives on demand for gpipe and 1f1b, early otherwise, as
-    sim/parallel/pipeline/plan.py posts them with recv auto)."""
-    from distlab.sim.parallel.pipeline import schedules as S
-    actions = S.build(schedule, p, m, v)
-    n_stages, on_demand = p * v, S.normalise(schedule) in ("gpipe", "1f1b")
-    index: dict[tuple, int] = {}
-    links: dict[tuple, int] = {}
-    order, last_b = [], [0] * n_stages
-    pos = [0] * p
-    remaining = sum(len(a) for a in actions)
-    while remaining:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(actions[r]):
-                a = actions[r][pos[r]]
-                src = a.stage - 1 if a.kind == "F" else a.stage + 1
-                dep = link = -1
-                if 0 <= src < n_stages:
-                    key = (a.kind, src, a.mb)
-                    if key not in index:
-                        break
-                    if src % p != r:
-                        dep, link = index[key], links.setdefault((src % p, r), len(links))
-                index[(a.kind, a.stage, a.mb)] = len(order)
-                if a.kind == "B":
-                    last_b[a.stage] = len(order)
-                order.append((r, 2 * a.stage + (a.kind == "B"), dep, link))
-                pos[r] += 1
-                remaining -= 1
-                moved = True
-        if not moved:
-            raise ValueError("pipeline schedule deadlocked in the estimate")
-    return Compiled(tuple(order), tuple(sorted(links, key=links.get)), tuple(last_b), p, on_demand)
-
-
-def run_schedule(c: Compiled, durations: list, messages: list) -> tuple[list, list]:
-    """:func:`pipeline_makespan` on a compiled order: ``durations[2·stage + kind]`` (kind 0 F, 1 B),
-    ``messages[link]`` seconds. Returns (per stage the end of its last backward, per rank its last end)."""
-    done = [0.0] * len(c.order)
-    ready = [0.0] * c.ranks
-    link_free = [0.0] * len(c.links)
-    on_demand = c.on_demand
-    for i, (r, d, dep, link) in enumerate(c.order):
-        start = ready[r]
-        if dep >= 0:
-            begin = done[dep]
-            if link_free[link] > begin:
-                begin = link_free[link]
-            if on_demand and start > begin:
-                begin = start
-            arrive = link_free[link] = begin + messages[link]
-            if arrive > start:
-                start = arrive
-        done[i] = ready[r] = start + durations[d]
-    return [done[i] for i in c.last_b], ready

@@ -10,7 +10,8 @@ from distlab.sim.planner.search import ESTIMATE_BOUND
 
 TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP communication",
          "cp_comm_exposed_s": "exposed CP communication (ring attention)",
-         "dp_comm_exposed_s": "exposed DP/FSDP communication", "bubble_and_p2p_s": "pipeline bubble and p2p"}
+         "dp_comm_exposed_s": "exposed DP/FSDP communication", "bubble_and_p2p_s": "pipeline bubble and p2p",
+         "composed_s": "whole step (CP inside stages: the composition's program, not split by term)"}
 
 
 def breakdown(search, c) -> dict:

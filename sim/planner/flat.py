@@ -149,10 +149,10 @@ class FlatEstimator:
             model = model_from_spec({**self.est.spec, "micro_batch": L.micro_batch, "layers": blocks}, "model")
             mesh, _ = small_mesh(L, shard)
             o = self.est.options(L)
-            if L.cp > 1:
-                plan = cp_plan(model, Mesh(mesh), CPOptions(recompute=L.recompute))
+            if L.cp > 1:            # rank 0 only: its collectives name their groups
+                plan = cp_plan(model, Mesh(mesh), CPOptions(recompute=L.recompute), only=[0])
             elif "dp_shard" in mesh:
-                plan = fsdp_tp_plan(model, Mesh(mesh), tp_opts=o)
+                plan = fsdp_tp_plan(model, Mesh(mesh), tp_opts=o, only=[0])
             elif "dp" in mesh:
                 plan = ddp_tp_plan(model, Mesh(mesh), tp_opts=o)
             else:

@@ -11,10 +11,10 @@ holds the head). Global batch B (sequences) = data-parallel degree x micro-batch
 Families (docs/planner.md): DDP x TP, FSDP2 x TP, HSDP x TP, each with or without gradient accumulation (a
 one-stage pipeline: FSDP2 / HSDP ones composed by sim/parallel/parallelize.py), PP x TP x DDP with gpipe, 1f1b or
 interleaved 1F1B, PP x FSDP2 and PP x HSDP (x TP) built by parallelize with FSDP2 inside the stages, CP x TP x
-FSDP2 / HSDP (ring attention, allgather rotation, torchtitan's layout; recompute none or full). Stages that do
+FSDP2 / HSDP (ring attention, allgather rotation, torchtitan's layout; recompute none or full), and for long
+sequences PP x FSDP2 x TP x CP (:func:`cp_in_pipelines`, estimated by sim/planner/stage_cp.py). Stages that do
 not divide the blocks take torchtitan's split (first and last stage one block fewer). Not searched: expert
-parallelism (only MoE models have it), ZeRO-1/2, CP inside a pipeline (the estimate does not time a ring inside
-a stage).
+parallelism (only MoE models have it), ZeRO-1/2.
 """
 from __future__ import annotations
 
@@ -230,7 +230,40 @@ def enumerate_layouts(config: dict, world: int, gpus_per_node: int, global_batch
                         else:
                             out += [Layout(tp, 1, dp, kind, mb, 1, sp, rc, dp_shard=shard, loss_parallel=lp)
                                     for kind, shard in kinds for lp in lps]
+    if config["seq_len"] >= CP_IN_PIPELINE_FROM:
+        out += cp_in_pipelines(config, world, gpus_per_node, global_batch, micro_batches, max_pp)
     return _dedupe(out)
+
+
+CP_IN_PIPELINE_FROM = 32768    # tokens per sequence from which CP is searched inside pipelines (long context)
+MAX_CP_IN_PIPELINE = 16        # Llama 3 405B's long-context CP (arXiv 2407.21783 Table 4 row 3)
+
+
+def cp_in_pipelines(config: dict, world: int, gpus_per_node: int, global_batch: int,
+                    micro_batches=(1, 2, 4, 8, 16, 32, 64), max_pp: int | None = None) -> list[Layout]:
+    """PP x FSDP2 x TP x CP layouts (torchtitan's mesh pp, dp_shard, cp, tp; FSDP2 over dp_shard x cp) for long
+    sequences: Llama 3 ran CP only in its long-context stage (arXiv 2407.21783 sec. 3.3.2: 131,072 tokens, CP 16
+    across nodes with TP 8, PP 16, FSDP 8). CP up to 16, across nodes; sequence parallelism on; recompute none
+    or full (CP's); 1F1B and interleaved 1F1B v2 (torchtitan's schedules), FSDP2 over all data-parallel ranks."""
+    layers, out = config["layers"], []
+    for tp in tp_degrees(config, gpus_per_node):
+        if world % tp:
+            continue
+        for cp in cp_degrees(config, world // tp, MAX_CP_IN_PIPELINE):
+            for pp in divisors(world // (tp * cp)):
+                if pp < 2 or pp > (max_pp or layers) or layers < 2 * pp:
+                    continue
+                dp = world // (tp * cp * pp)
+                for mb in micro_batches:
+                    if global_batch % (dp * mb):
+                        continue
+                    m = global_batch // (dp * mb)
+                    for sched, v, split in pipeline_shapes(layers, pp, m):
+                        if sched == "gpipe" or v > 2:
+                            continue
+                        out += [Layout(tp, pp, dp, "fsdp", mb, m, tp > 1, rc, sched, v, split, cp=cp, dp_shard=dp)
+                                for rc in CP_RECOMPUTE]
+    return out
 
 
 def pipeline_shapes(layers: int, pp: int, m: int) -> list[tuple]:

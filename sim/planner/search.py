@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from distlab.sim.cluster import Cluster, load_cluster
 from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.fsdp.memory import fits
+from distlab.sim.planner.confirm import SIMULATE_UP_TO, composed_step as _composed_step
 from distlab.sim.planner.layouts import Layout, batch_suggestions, enumerate_layouts, tp_degrees
 from distlab.sim.planner.step import Estimator
 from distlab.sim.workers import can_fork, run_many, worker_count
@@ -46,6 +47,9 @@ class Search:
     model_flops: float = 0.0          # per step
     gpu_GiB: float = 0.0
     estimator: object = None          # the Estimator (explanations estimate neighbours with it)
+    fit: int = 0                      # layouts that fit the GPU's memory
+    pruned: int = 0                   # of those, not estimated: their lower bound rules them out (estimate_pruned)
+    confirmed_by: str = "the simulator"
 
     def mfu(self, c: Candidate) -> float:
         return self.model_flops / (self.cluster.world_size * self.cluster.gpu.tflops * 1e12 * c.step_s)
@@ -57,15 +61,17 @@ class Search:
 
 def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: int = 5,
            micro_batches=(1, 2, 4, 8, 16, 32, 64), progress=None, allow=None, workers: int | None = None,
-           scheduler: str | None = None) -> Search:
+           scheduler: str | None = None, keep: int | None = None, phase=None) -> Search:
     """Search every layout (sim/planner/layouts.py) of ``model`` (a scenario ``model:`` mapping) on ``nodes``
     nodes of ``cluster`` (a preset name, a file, or a Cluster, e.g. with a fitted GEMM curve; then ``confirm``
     must be 0: the simulator's scenarios name their cluster) for ``global_batch`` sequences per step.
     ``progress(done, total)`` is called as the estimate goes; ``allow(layout)`` restricts the search (e.g. to
     what a published run could use); ``workers`` processes share the estimate and the confirmation (default:
     the CPUs, at most 2; 1 runs in this process; sim/workers.py), and ``scheduler`` (a Dask scheduler's
-    address) runs the confirmation on that cluster instead. Raises ConfigError when no layout divides the batch or none
-    fits."""
+    address) runs the confirmation on that cluster instead; ``keep``: the table's rows: then only the layouts that could be among
+    the best ``keep`` or their family's best are estimated (:func:`estimate_pruned`; None: all); ``phase(text)``
+    hears each phase begin. Raises
+    ConfigError when no layout divides the batch or none fits."""
     c = cluster if isinstance(cluster, Cluster) else load_cluster(cluster, nodes)
     est = Estimator(model, c)
     config = est.model(1).config
@@ -90,12 +96,16 @@ def search(model: dict, cluster: str, nodes: int, global_batch: int, confirm: in
                           f"({gib:g} GiB each) in any layout; the smallest needs "
                           f"{least.memory_bytes / 2**30:.1f} GiB per GPU ({least.layout.label()}); allowed: "
                           "more nodes, a GPU with more memory, or a smaller micro-batch / sequence", "--model")
-    for x, e in zip(feasible, estimate_all(est, [x.layout for x in feasible], progress, workers)):
-        x.estimate = e
-    feasible.sort(key=lambda x: x.estimate.step_s)
+    say = phase or (lambda text: None)
+    say(f"{len(layouts)} layouts, {len(feasible)} fit; estimating")
+    estimated = estimate_pruned(est, feasible, keep, progress, workers)
+    if confirm:
+        say(f"{len(estimated)} estimated; confirming the best {confirm}")
+    estimated.sort(key=lambda x: x.estimate.step_s)
     out = Search({"model": model, "cluster": cluster, "nodes": nodes, "global_batch": global_batch,
-                  "seq_len": config["seq_len"], "world_size": world}, c, feasible, cands, 0,
-                 3.0 * est.model(1).fwd_flops * global_batch, gib, est)
+                  "seq_len": config["seq_len"], "world_size": world}, c, estimated, cands, 0,
+                 3.0 * est.model(1).fwd_flops * global_batch, gib, est, fit=len(feasible),
+                 pruned=len(feasible) - len(estimated))
     confirm_top(out, confirm, workers, scheduler=scheduler)
     if confirm:
         confirm_challengers(out, confirm, workers, scheduler)
@@ -131,6 +141,39 @@ MORE_ROUNDS = 1               # further confirmations (k more) while an estimate
 
 
 PARALLEL_FROM = 256          # layouts from which the estimate is shared out between processes
+
+
+def estimate_pruned(est, cands: list, keep: int | None, progress=None, workers: int | None = None,
+                    least: int = PARALLEL_FROM) -> list:
+    """Estimate the candidates that can matter, in order of a cheap lower bound of their estimate
+    (sim/planner/step.py ``Estimator.bound``); return those estimated. A candidate is left out when its bound is
+    at least the ``keep``-th shortest estimate so far and at least its family's shortest: its estimate could
+    then enter neither the table's ``keep`` rows nor "the best of each family" (each family's first candidate is
+    always estimated). ``keep`` None or fewer than ``least`` candidates: all estimated (in ``workers``
+    processes, :func:`estimate_all`)."""
+    if keep is None or len(cands) < least:
+        for x, e in zip(cands, estimate_all(est, [x.layout for x in cands], progress, workers)):
+            x.estimate = e
+        return list(cands)
+    bounds = {id(x): est.bound(x.layout) for x in cands}
+    order = sorted(cands, key=lambda x: bounds[id(x)])
+    best_of: dict = {}                  # family -> shortest estimate
+    steps: list = []                    # the shortest ``keep`` estimates, ascending
+    out = []
+    for i, x in enumerate(order):
+        fam, bound = x.layout.family, bounds[id(x)]
+        if fam in best_of and bound >= best_of[fam] and len(steps) >= keep and bound >= steps[-1]:
+            continue
+        x.estimate = est.estimate(x.layout)
+        out.append(x)
+        t = x.estimate.step_s
+        best_of[fam] = min(t, best_of.get(fam, t))
+        steps = sorted(steps + [t])[:keep]
+        if progress:
+            progress(i + 1, len(order))
+    if progress:
+        progress(len(order), len(order))
+    return out
 
 
 def estimate_all(est, layouts: list, progress=None, workers: int | None = None) -> list:
@@ -178,6 +221,13 @@ def confirm_top(s: Search, k: int, workers: int | None = None, start: int = 0, s
 def _simulate_all(s: Search, top: list, workers: int | None = None, scheduler: str | None = None) -> None:
     """Simulate the candidates ``top`` and record each one's simulated step and summary."""
     q = s.question
+    if q["world_size"] > SIMULATE_UP_TO and not scheduler:      # too large to simulate rank by rank
+        s.confirmed_by = (f"their program, one rank per pipeline index (sim/planner/confirm.py; over "
+                          f"{SIMULATE_UP_TO} GPUs, not every rank simulated)")
+        for x, step in zip(top, run_many(_composed_step, [x.layout for x in top], workers=workers,
+                                         shared=s.estimator)):
+            x.simulated_s, x.simulated = step, {"step_s": step, "confirmed_by": "program"}
+        return
     scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
     # longest first (the simulator's work grows with the largest ring: the shard group's steps), so no worker is
     # left with a long one at the end

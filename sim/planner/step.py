@@ -11,9 +11,11 @@ from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
-from distlab.sim.planner.estimate import CostCache, Estimate, compiled_schedule, op_seconds, run_schedule
+from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds
+from distlab.sim.planner.schedule import compiled_schedule, run_schedule
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.stage_fsdp import StageTerms
+from distlab.sim.planner.stage_cp import CPStages
 from distlab.sim.planner.layouts import Layout
 from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
 
@@ -29,6 +31,8 @@ class Estimator:
         self._layers: dict[tuple, tuple] = {}
         self.flat = FlatEstimator(self)
         self.fsdp = StageTerms(self)
+        self.cp_stages = CPStages(self)
+        self._walks: dict = {}            # layout -> its schedule walk, from bound() to estimate()
 
     def model(self, micro_batch: int):
         if micro_batch not in self._models:
@@ -45,6 +49,8 @@ class Estimator:
         """Bytes per GPU by part (params, grads, optimizer, activations[, ring buffers]), as `distlab simulate`
         reports them."""
         sp = L.sequence_parallel and L.tp > 1
+        if L.cp > 1 and L.pipelined:
+            return self.cp_stages.memory(L)
         if L.cp > 1:
             key = ("cp memory", L.tp, L.cp, L.shard, L.recompute)
             if key not in self._layers:
@@ -111,9 +117,33 @@ class Estimator:
         return self._layers[key]
 
     def estimate(self, L: Layout) -> Estimate:
+        if L.pipelined and L.cp > 1:          # a ring inside the stages: the composition's own program
+            return self.cp_stages.estimate(L)
         return self._pipeline(L) if L.pipelined else self._flat(L)
 
-    def _pipeline(self, L: Layout) -> Estimate:
+    def bound(self, L: Layout) -> float:
+        """A lower bound of ``estimate(L).step_s``, cheap: a pipeline's schedule walked with its stages' compute
+        and TP communication (what the estimate adds after it, FSDP2's and DDP's gradient traffic and AdamW,
+        only lengthens the step); without a pipeline, the layers' compute (the estimate runs the same ops, no
+        faster); with CP (the ring attention's compute is not a layer's), the blocks' weight GEMMs, 6 FLOPs per
+        parameter and token shared by the GPUs (Kaplan et al. 2020, sec. 2.1), at the GPU's datasheet peak
+        (no kernel runs faster); 0 for a mixture of experts (a token runs only some experts)."""
+        if L.cp > 1:
+            model = self.model(1)
+            if model.config.get("kind") != "gpt":
+                return 0.0
+            weights = sum(q.numel for layer in model.layers if layer.name.startswith("h.") for q in layer.params)
+            tokens = L.dp * L.micro_batch * L.microbatches * model.config["seq_len"]
+            return 6.0 * weights * tokens / (L.world_size * self.cluster.gpu.tflops * 1e12)
+        if L.pipelined:
+            walk = self._walks[L] = self._walk(L)
+            return max(walk[-1])
+        names = [layer.name for layer in self.model(L.micro_batch).layers]
+        return sum(t[0] + t[2] for t in (self.layer_times(L, n) for n in names))
+
+    def _walk(self, L: Layout) -> tuple:
+        """(stage ranges, per stage (F, B, compute, TP comm), last backward per stage, end per rank) of the
+        schedule walked with the stages' forward and backward (sim/planner/schedule.py)."""
         model = self.model(L.micro_batch)
         names = [layer.name for layer in model.layers]
         p, v = L.pp, L.virtual_stages
@@ -125,9 +155,15 @@ class Estimator:
             stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
-        messages = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
-        durations = [d for s in stage for d in s[:2]]
-        last_b, ends = run_schedule(comp, durations, messages)
+        hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
+        last_b, ends = run_schedule(comp, [stage[s][kind == "B"] for kind, s, _ in comp.actions],
+                                    [hops[link] if link >= 0 else 0.0 for _, _, link in comp.order])
+        return ranges, stage, last_b, ends
+
+    def _pipeline(self, L: Layout) -> Estimate:
+        names = [layer.name for layer in self.model(L.micro_batch).layers]
+        p, v = L.pp, L.virtual_stages
+        ranges, stage, last_b, ends = self._walks.pop(L, None) or self._walk(L)
         step, dp_exposed = max(ends), 0.0
         if L.composed:
             step, dp_exposed = self._sharded_ends(L, ranges, stage, last_b, ends)

@@ -93,7 +93,9 @@ def memory_of(model, mesh, par) -> dict:
     zero = par.fsdp.zero if par.fsdp is not None else 0
     p, g, k = precision(c["dtype"])
     sp = par.tp is not None and par.tp.sequence_parallel
-    own = par.tp.recompute if par.tp is not None else (par.cp.recompute if par.cp is not None else "none")
+    own = par.tp.recompute if par.tp is not None else "none"
+    if par.cp is not None and own == "none":      # CP x TP: the cp section's recompute (sim/parallel/layers.py)
+        own = par.cp.recompute
     transformer = c.get("kind") in ("gpt", "moe")
     if transformer:          # the model family's activations (sim/models/activations.py), as every command counts
         whole = activations(model, effective_recompute(model, own), None, tp, sp, cp,
