@@ -89,3 +89,19 @@ def test_the_banks_do_not_import_the_registry():
                 raise AssertionError(f"{module.__name__} loads a module by name")
     exercises_src = (Path(BANKS[0].__file__).parent / "exercises.py").read_text(encoding="utf-8")
     assert "import_module" not in exercises_src and "__import__" not in exercises_src
+
+
+def test_an_exercise_without_measurements_is_computed_once():
+    """sim/lessons/exercises.py: an expected value (and the usual wrong values) taking no measurement is computed
+    at its first check and kept; one given measurements is computed every time, from what it is given."""
+    from distlab.sim.lessons.exercises import _once, get
+    calls = []
+    value = _once(lambda **given: calls.append(given) or len(calls))
+    assert value() == 1 and value() == 1 and calls == [{}]
+    assert value(row=2) == 2 and value(row=3) == 3 and value() == 1          # with arguments: passed through
+    kept = get("05-no-sync")
+    assert kept.expected() == kept.expected() == int(solution("05-no-sync")) and get("05-no-sync") is kept
+    assert check("02-your-busbw", "1 GB/s", row={"op": "all_reduce", "world_size": 2, "bytes": 2**20,
+                                                  "time_s": 1e-3}).ok                        # 1.05 GB/s measured
+    assert not check("02-your-busbw", "1 GB/s", row={"op": "all_reduce", "world_size": 2, "bytes": 2**20,
+                                                      "time_s": 2e-3}).ok                    # 0.52 GB/s measured

@@ -14,9 +14,15 @@ Verdicts (sim/lessons/checker.py): ``correct``; ``wrong`` (with a hint: the clos
 
 The exercises live in the banks, one tuple ``EXERCISES`` per module (``BANKS``, in lesson order); this module
 gathers them. The dependency is one way: exercises -> banks -> checker; no bank imports this module.
+
+An exercise that takes no measurement (no ``needs``) has one expected value per session: the library computes it
+the first time it is asked for (a check, a solution) and keeps it, with the exercise's usual wrong values
+(``traps``), so a learner re-checking an answer, or a test checking many, does not simulate again (lesson 11's
+answers come from a planner search of 26,516 layouts). Exercises given measurements are computed every time.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import distlab.sim.lessons.bank as bank
@@ -44,8 +50,23 @@ def _registry() -> dict[str, Exercise]:
         for ex in module.EXERCISES:
             if ex.id in table:
                 raise ValueError(f"exercise {ex.id} is defined twice ({module.__name__})")
-            table[ex.id] = validate(ex)
+            table[ex.id] = validate(ex) if ex.needs else replace(validate(ex), expected=_once(ex.expected),
+                                                                 traps=ex.traps and _once(ex.traps))
     return dict(sorted(table.items()))
+
+
+def _once(compute):
+    """``compute`` computed at its first call without arguments and kept (see the module docstring); a call
+    with arguments is passed through."""
+    kept: list = []
+
+    def value(*args, **kwargs):
+        if args or kwargs:
+            return compute(*args, **kwargs)
+        if not kept:
+            kept.append(compute())
+        return kept[0]
+    return value
 
 
 def exercises(prefix: str = "") -> dict[str, Exercise]:
