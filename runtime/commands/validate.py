@@ -11,8 +11,10 @@ HELP = "Calibrate, then compare simulated and measured times on held-out sizes, 
 DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
 OVERLAP_REPEATS = 15           # timed runs of the overlap plan; its error is that of their median
 OVERLAP_WARMUP = 2             # untimed runs before them
-PROBE_ROUNDS = 2               # interference probe rounds before each run (runtime/compute_probe.py): I and K
-                               # are the robust centers of 2 x (OVERLAP_WARMUP + OVERLAP_REPEATS) = 34 rounds
+PROBE_ROUNDS = 1               # interference probe rounds before each run (runtime/compute_probe.py): I and K
+                               # are the robust centers of OVERLAP_WARMUP + OVERLAP_REPEATS = 17 rounds (their
+                               # chance error moves the prediction ~1.5% each; the median of 9 repeats moved
+                               # ±3-12% by chance in the runs of docs/calibration.md: more repeats first)
 
 
 def add_arguments(p) -> None:
