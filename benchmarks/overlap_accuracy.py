@@ -13,9 +13,9 @@ factors (interference I: compute's slowdown beside an all_reduce; comm_interfere
 compute, sim/kernel/cores.py) and the error without them. Targets (issue 33): at 2 ranks within 15% in at least
 4 of 5 runs; at 3 ranks (more ranks than the 2 cores) every run within 25% or reported untrustworthy by validate
 with the reason (runtime/trust.py). Exit 1 when a target is missed, or cannot be judged (more than one run in 5
-untrustworthy at 2 ranks). benchmarks/overlap_ops.py DIR compares the kept runs op by op. ``--keep DIR``: each run's `validate
---out` file (every op of every repeat) is kept there. ``--markdown``: also write this benchmark's section of
-docs/accuracy.md (benchmarks/accuracy_doc.py).
+untrustworthy at 2 ranks). ``--keep DIR``: each run's `validate --out` file (every op of every repeat, each probe
+round's figures) is kept there; benchmarks/overlap_ops.py DIR compares them op by op. ``--markdown``: also write
+this benchmark's section of docs/accuracy.md (benchmarks/accuracy_doc.py).
 """
 from __future__ import annotations
 
