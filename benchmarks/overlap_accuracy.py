@@ -4,17 +4,18 @@ on another) predicted vs measured, over several runs of the very command users r
     python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2] [--quick] [--json] [--keep DIR] [--markdown]
 
 Each run is one `distlab validate --nproc N` (its defaults: 5 collectives calibrated at N ranks, held-out sizes,
-the held-out world size 3, and the overlap plan at N and 3 ranks, timed first on fresh ranks, 9 times: the run's
+the held-out world size 3, and the overlap plan at N and 3 ranks, timed first on fresh ranks, 15 times: the run's
 error is that of the median makespan). ``--quick``: `validate --ops all_reduce --holdout-nproc none` with four
 calibration sizes (a minute instead of several). Prints per world size every run's error, whether validate
 trusted it and why not (runtime/trust.py: other processes' load, which holds for every case of its run, a
 median noisier than error and tolerance, more ranks than cores), the median error over all runs, the fitted
 factors (interference I: compute's slowdown beside an all_reduce; comm_interference K: the all_reduce's beside
 compute, sim/kernel/cores.py) and the error without them. Targets (issue 33): at 2 ranks within 15% in at least
-4 of 5 runs; at 3 ranks within 25%, or reported untrustworthy with the reason. Exit 1 when a target is missed,
-or cannot be judged (more than one run in 5 untrustworthy). ``--keep DIR``: each run's `validate
---out` file (every op of every repeat) is kept there. ``--markdown``: also write this benchmark's section of
-docs/accuracy.md (benchmarks/accuracy_doc.py).
+4 of 5 runs; at 3 ranks (more ranks than the 2 cores) every run within 25% or reported untrustworthy by validate
+with the reason (runtime/trust.py). Exit 1 when a target is missed, or cannot be judged (more than one run in 5
+untrustworthy at 2 ranks). ``--keep DIR``: each run's `validate --out` file (every op of every repeat, each probe
+round's figures) is kept there; benchmarks/overlap_ops.py DIR compares them op by op. ``--markdown``: also write
+this benchmark's section of docs/accuracy.md (benchmarks/accuracy_doc.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ import tempfile
 
 TARGET = {2: 0.15, 3: 0.25}           # |error| per world size; other world sizes: 15%
 NEEDED = 0.8                          # share of the runs within the target (4 of 5)
+OVERSUBSCRIBED = (3,)                 # more ranks than this machine's 2 cores: each run within its target or
+                                      # reported untrustworthy by validate with the reason (runtime/trust.py)
 
 
 def one_run(nproc: str, folder: str, k: int, quick: bool) -> dict:
@@ -70,9 +73,16 @@ def summarize(runs: list[dict]) -> list[dict]:
         trusted = [c for c in cs if c.get("trusted", True)]
         within = sum(abs(c["error"]) <= target for c in cs)
         doubts = [c["doubt"] for c in cs if c.get("doubt")]
-        ok = within >= NEEDED * len(cs) or (n != 2 and not trusted and bool(doubts))
-        status = "ok" if ok else (f"NOT JUDGED: {len(cs) - len(trusted)} of {len(cs)} runs untrustworthy"
-                                  if len(trusted) < NEEDED * len(cs) else "MISSED")
+        if n in OVERSUBSCRIBED:       # within its target, or reported untrustworthy with the reason, run by run
+            unexplained = [c for c in cs if abs(c["error"]) > target and not c.get("doubt")]
+            ok = not unexplained
+            status = (f"ok: {within} of {len(cs)} runs within {target:.0%}, {len(cs) - within} reported "
+                      "untrustworthy with the reason" if ok else
+                      f"MISSED: {len(unexplained)} of {len(cs)} runs beyond {target:.0%} and trusted")
+        else:
+            ok = within >= NEEDED * len(cs)
+            status = "ok" if ok else (f"NOT JUDGED: {len(cs) - len(trusted)} of {len(cs)} runs untrustworthy"
+                                      if len(trusted) < NEEDED * len(cs) else "MISSED")
         out.append({"world_size": n, "runs": len(cs), "target": target, "within_target": within,
                     "errors": errors, "median_error": statistics.median(errors),
                     "trusted_runs": len(trusted), "doubts": doubts,
@@ -105,7 +115,7 @@ def main(argv=None) -> int:
                              indent=1))
         else:
             print(f"`distlab validate --nproc {args.nproc}`{' (--quick)' if args.quick else ''}, {args.runs} runs; "
-                  "error = (predicted - measured) / measured of the median of 9 repeats")
+                  "error = (predicted - measured) / measured of the median of its repeats")
             for s in summary:
                 runs_text = ", ".join(
                     f"{e * 100:+.0f}% (spread {sp * 100:.0f}%, I {i:.2f}, K {k:.2f}, others {b} cores)"

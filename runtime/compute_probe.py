@@ -232,7 +232,8 @@ class InterferenceProbe:
     def result(self) -> dict:
         """{"flops_per_s": matmul rate alone, "interference" (>= 1), "interference_spread", ..._rounds, ..._bytes,
         "comm_interference" (>= 1), "comm_interference_spread"}: robust centers (runtime/robust.py) over every
-        rank's rounds."""
+        rank's rounds; "per_round": each round's three figures (the slowest rank's), in order, which validate
+        --out keeps beside the plan's runs (benchmarks/overlap_ops.py compares them op by op)."""
         from distlab.runtime import robust
         from distlab.runtime.wire import all_gather_json
         every = all_gather_json((self.alone, self.during, self.comm_alone, self.comm_during))
@@ -241,11 +242,15 @@ class InterferenceProbe:
         during = [min(e[1][j] for e in every) for j in rounds]
         ratios = [a / d for a, d in zip(alone, during)]
         comm = [max(e[3][j] for e in every) / max(e[2][j] for e in every) for j in rounds]
+        comm_alone = [max(e[2][j] for e in every) / self.count for j in rounds]      # one all_reduce, no compute
         return {"flops_per_s": robust.center(alone) * self.mm.flops_per_iter,
                 "interference": max(1.0, robust.center(ratios)),
                 "interference_spread": robust.spread(ratios), "interference_rounds": len(ratios),
                 "interference_bytes": self.nbytes, "comm_interference": max(1.0, robust.center(comm)),
-                "comm_interference_spread": robust.spread(comm)}
+                "comm_interference_spread": robust.spread(comm),
+                "comm_alone_s": robust.center(comm_alone),
+                "per_round": {"flops_per_s": [a * self.mm.flops_per_iter for a in alone],
+                              "interference": ratios, "comm_interference": comm, "comm_alone_s": comm_alone}}
 
 
 def compute_jitter(per_rank_rounds: list[list[float]]) -> float:
@@ -270,7 +275,7 @@ def measure_interference(ctx, nbytes: int = 4 * 2**20, window_s: float = 0.03, r
     for _ in range(rounds):
         probe.round()
     out = probe.result()
-    del out["flops_per_s"]
+    del out["flops_per_s"], out["per_round"], out["comm_alone_s"]
     return out
 
 

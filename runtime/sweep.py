@@ -224,7 +224,8 @@ def sweep_task(ctx, payload: dict):
 
 
 def _compute_and_plan(ctx, payload: dict, result: dict) -> None:
-    """result["compute"] (payload "compute") and result["plan"] (payload "plan"; probe rounds between its runs)."""
+    """result["compute"] (payload "compute") and result["plan"] (payload "plan"; its "probe_rounds" probe rounds,
+    default 1, before each of its runs)."""
     probe = None
     if payload.get("compute"):
         result["compute"] = measure_compute(ctx)
@@ -236,6 +237,11 @@ def _compute_and_plan(ctx, payload: dict, result: dict) -> None:
                 result["compute"].update(measure_interference(ctx))
     if payload.get("plan"):
         from distlab.runtime.executor import plan_task
-        result["plan"] = plan_task(ctx, payload["plan"], between=probe.round if probe else None)
+        rounds = int(payload["plan"].get("probe_rounds", 1))     # probe rounds before each of the plan's runs
+
+        def between():
+            for _ in range(rounds):
+                probe.round()
+        result["plan"] = plan_task(ctx, payload["plan"], between=between if probe else None)
         if probe:                          # rounds interleaved with the plan's runs: the same load as they had
             result["compute"]["during_plan"] = probe.result()

@@ -81,10 +81,7 @@ def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, ba
     from distlab.runtime.executor import merge_results
     from distlab.sim.kernel.engine import simulate
     n = plan.world_size
-    during = compute.get("during_plan")
-    if during:
-        compute = {**compute, "flops_per_s": during["flops_per_s"], "interference": during["interference"],
-                   "comm_interference": during.get("comm_interference", 1.0)}
+    compute = probe_compute(compute)
     spans = [merge_results(plan, results, run=k).makespan for k in range(len(results[0]["runs"]))]
     cluster = cluster_for(calibration, compute, n, backend, cpu_cores)
     predicted = simulate(plan, cluster, record_transfers=False).makespan
@@ -99,6 +96,16 @@ def overlap_case(plan: Plan, results: list, calibration: dict, compute: dict, ba
              error_without_interference=(without - c["measured_s"]) / c["measured_s"],
              error_without_comm_interference=(without_comm - c["measured_s"]) / c["measured_s"])
     return c
+
+
+def probe_compute(compute: dict) -> dict:
+    """The measured compute the overlap plan is predicted with: ``compute`` with the rate and both factors of
+    the probe rounds run between the plan's runs (``compute["during_plan"]``), where there are some."""
+    during = compute.get("during_plan")
+    if not during:
+        return compute
+    return {**compute, "flops_per_s": during["flops_per_s"], "interference": during["interference"],
+            "comm_interference": during.get("comm_interference", 1.0), "comm_alone_s": during.get("comm_alone_s")}
 
 
 def case(kind: str, what: str, n: int, nbytes: int, predicted: float, measured: float,

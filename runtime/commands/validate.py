@@ -9,7 +9,12 @@ from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs,
 NAME = "validate"
 HELP = "Calibrate, then compare simulated and measured times on held-out sizes, world sizes and an overlap plan."
 DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
-OVERLAP_REPEATS = 9            # timed runs of the overlap plan; its error is that of their median
+OVERLAP_REPEATS = 15           # timed runs of the overlap plan; its error is that of their median
+OVERLAP_WARMUP = 2             # untimed runs before them
+PROBE_ROUNDS = 1               # interference probe rounds before each run (runtime/compute_probe.py): I and K
+                               # are the robust centers of OVERLAP_WARMUP + OVERLAP_REPEATS = 17 rounds (their
+                               # chance error moves the prediction ~1.5% each; the median of 9 repeats moved
+                               # ±3-12% by chance in the runs of docs/calibration.md: more repeats first)
 
 
 def add_arguments(p) -> None:
@@ -86,8 +91,8 @@ def run(args) -> int:
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
-        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": 1,
-                                             "repeat": OVERLAP_REPEATS}
+        plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": OVERLAP_WARMUP,
+                                             "repeat": OVERLAP_REPEATS, "probe_rounds": PROBE_ROUNDS}
         try:                          # the plan first, on fresh ranks (runtime/sweep.py sweep_task)
             measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", plan_first=True,
                                   **launch_kwargs(args))
