@@ -30,7 +30,8 @@ element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
 An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
-GEMM rate (an upper bound: no shapes, no attention kernel) or its bytes, the larger; plus a launch.
+GEMM rate for the op's ``dtype`` (float32: the FP32 peak; an upper bound: no shapes, no attention kernel) or its
+bytes, the larger; plus a launch. Every builder sets the dtype its matmuls run in (sim/dtypes.py compute_dtype).
 ``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
 (sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """
@@ -267,11 +268,19 @@ def memory_time(nbytes: float, gpu) -> float:
     return launch_s(gpu) + nbytes / hbm_Bps(gpu)
 
 
-def flops_only_seconds(flops: float, nbytes: float, gpu) -> float:
-    """An op that gives only FLOPs and bytes: the larger of its FLOPs at the best GEMM rate (``gpu.mfu`` without a
-    kernel model: the flat roofline) and its HBM bytes."""
-    eff = gemm_efficiency(flops, replace(gpu, gemm_efficiency=None)) if kernel_model(gpu) else gpu.mfu
-    return max(flops / (gpu.tflops * 1e12 * eff), nbytes / hbm_Bps(gpu))
+def gemm_dtype(dtype: str) -> str:
+    """The GEMM rate an op of ``dtype`` runs at: float8, float32 and float16 their own, anything else bf16's."""
+    return dtype if dtype in (FLOAT8, "float32", "float16") else "bfloat16"
+
+
+def flops_only_seconds(flops: float, nbytes: float, gpu, dtype: str = "bfloat16") -> float:
+    """An op that gives only FLOPs and bytes: the larger of its FLOPs at the best GEMM rate of its ``dtype``
+    (float32: the FP32 peak, torch's default without TF32; ``gpu.mfu`` of that peak without a kernel model: the
+    flat roofline) and its HBM bytes."""
+    dtype = gemm_dtype(dtype)
+    eff = (gemm_efficiency(flops, replace(gpu, gemm_efficiency=None), dtype=dtype) if kernel_model(gpu)
+           else gpu.mfu)
+    return max(flops / (peak_tflops(gpu, dtype) * 1e12 * eff), nbytes / hbm_Bps(gpu))
 
 
 def op_seconds(op, gpu) -> float:
@@ -283,7 +292,7 @@ def op_seconds(op, gpu) -> float:
     if op.gemms or op.attention is not None:
         work, kernels = _kernel_work(op, gpu)
         return work + (kernels if op.launches is None else op.launches) * launch_s(gpu)
-    t = flops_only_seconds(op.flops, op.bytes, gpu)
+    t = flops_only_seconds(op.flops, op.bytes, gpu, op.dtype)
     if op.launches is not None:
         return t + op.launches * launch_s(gpu)
     return t + launch_s(gpu) if (op.flops or op.bytes) else t
@@ -294,10 +303,9 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
     """(seconds without launches, kernels) of the op's kernels (cached: a step repeats the same layer ops
     thousands of times)."""
     e = DTYPE_BYTES.get(op.dtype, 2)
-    gemm_dtype = op.dtype if op.dtype in (FLOAT8, "float32", "float16") else "bfloat16"
     work, kernels = 0.0, 0
     for M, N, K in op.gemms:
-        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype)
+        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype))
         work, kernels = work + w, kernels + k
     operand = 2 if op.dtype == FLOAT8 else e          # attention stays in bf16 beside float8 linears
     if op.attention is not None and op.attention_kernel == "unfused":
