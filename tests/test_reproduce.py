@@ -80,12 +80,14 @@ def test_rows_not_expressible_are_listed_with_their_reason(tmp_path, capsys):
     path = runs_file(tmp_path, {**TINY, "gpus": 8, "layout": {"tp": 2, "pp": 1, "dp": 4}},
                      {**TINY, "name": "cp", "gpus": 64, "layout": {"tp": 8, "pp": 2, "dp": 2, "cp": 2}},
                      {**TINY, "name": "fsdp-pp", "layout": {"tp": 8, "pp": 2, "dp": 2, "zero": 3}},
+                     {**TINY, "name": "fsdp-accum", "gpus": 16, "layout": {"tp": 8, "dp": 2, "zero": 3}},
                      {**TINY, "name": "elsewhere", "not_expressible": "a GPU no preset has"})
     assert main(["reproduce", path, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     reasons = {x["name"]: x["reason"] for x in d["not_expressible"]}
-    assert [x["name"] for x in d["results"]] == ["tiny"]
-    assert "context parallelism" in reasons["cp"] and "FSDP2 (ZeRO 2/3) x PP" in reasons["fsdp-pp"]
+    assert [x["name"] for x in d["results"]] == ["tiny", "fsdp-pp"]     # PP x FSDP2 x TP: parallelize.py
+    assert d["results"][1]["step_time_s"] > 0
+    assert "context parallelism" in reasons["cp"] and "gradient accumulation" in reasons["fsdp-accum"]
     assert reasons["elsewhere"] == "a GPU no preset has"
     assert main(["reproduce", path]) == 0
     out = capsys.readouterr().out
