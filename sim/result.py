@@ -34,10 +34,13 @@ def sequences_per_step(result) -> int:
     ep; tp, cp and pp ranks share their sequences)."""
     cfg, opts, mesh = result.model.config or {}, result.options, result.mesh
     micro = cfg.get("micro_batch", cfg.get("batch", 1))
+    pipeline = getattr(opts, "pipeline", None)           # a composition's Parallelisms (sim/parallel/parallelize.py)
     if getattr(opts, "grad_accum", None):
         steps = opts.grad_accum
     elif "pp" in mesh and getattr(opts, "microbatches", None):
         steps = opts.microbatches
+    elif "pp" in mesh and getattr(pipeline, "microbatches", None):
+        steps = pipeline.microbatches
     else:
         steps = 1
     replicas = 1
@@ -57,8 +60,8 @@ def throughput(result) -> dict:
     from distlab.sim.compute.kernels import kernel_model
     from distlab.sim.plan import Compute
     opts = result.options
-    recompute = getattr(opts, "recompute", None) or ("full" if getattr(opts, "activation_checkpointing", False)
-                                                     else "none")
+    recompute = (getattr(opts, "recompute", None) or getattr(getattr(opts, "tp", None), "recompute", None)
+                 or ("full" if getattr(opts, "activation_checkpointing", False) else "none"))
     ops = [o for o in result.plan.ranks[0] if isinstance(o, Compute) and o.seconds is None]
     dtype = compute_dtype_of(ops)
     out = mfu_summary(result.model, sequences_per_step(result), result.summary["step_s"], result.plan.world_size,

@@ -40,6 +40,19 @@ def test_flops_only_builders_say_their_mfu_is_an_upper_bound():
         s["mfu"] * PRESETS["dgx-h100"].gpu.tflops)
 
 
+def test_a_composed_pipeline_counts_every_micro_batch_and_replica():
+    """pp 2 x dp_shard 2 x tp 2 with 4 micro-batches of 2 sequences: 2 x 4 x 2 = 16 sequences per step (the tp and
+    pp ranks share theirs); tokens/s per GPU and MFU follow from them (a composition's options are
+    sim/parallel/parallelize.py's Parallelisms, whose pipeline section holds the micro-batches)."""
+    d = {"model": {"preset": "llama3-8b", "micro_batch": 2, "seq_len": 1024, "layers": 4}, "mesh": {"pp": 2,
+         "dp_shard": 2, "tp": 2}, "pipeline": {"microbatches": 4}, "tp": {"recompute": "full"}, "fsdp": {},
+         "cluster": "dgx-h100", "world_size": 8}
+    s = sc.simulate(d).summary
+    assert s["tokens_per_step"] == 16 * 1024
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(16 * 1024 / s["step_s"] / 8)
+    assert s["hfu"] > s["mfu"]                              # full recompute counted as hardware FLOPs
+
+
 def test_simulate_prints_the_throughput_and_json_carries_it(capsys):
     from distlab.runtime.cli import main
     args = ["simulate", "--model", "llama3-8b", "--micro-batch", "1", "--world-size", "8", "--no-files"]
