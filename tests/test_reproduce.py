@@ -108,3 +108,20 @@ def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert all(w in err for w in words), err
+
+
+def test_llama3_405b_rows_are_pp_x_fsdp2_x_tp_and_the_cp_row_says_why():
+    """arXiv 2407.21783 Table 4: the 8K rows build as PP x FSDP2 x TP (FSDP2 inside each stage, not resharded after
+    forward, the uneven 7 + 14 x 8 + 7 split); the CP 16 row names what is missing (benchmarks/reproduce_accuracy.py
+    simulates the others, about 17 s each)."""
+    from distlab.sim.reproduce.runs import not_expressible
+    from distlab.sim.reproduce.scenario import scenario_of
+    runs = {r.name: r for r in load_runs()[0]}
+    for name, dp in (("llama3-405b-8192", 64), ("llama3-405b-16384", 128)):
+        run = runs[name]
+        assert not_expressible(run) is None
+        d = scenario_of(run)
+        assert d["mesh"] == {"pp": 16, "dp_shard": dp, "tp": 8}
+        assert d["pipeline"]["split"] == [7] + [8] * 14 + [7] and d["pipeline"]["microbatches"] == 2048 // dp
+        assert d["fsdp"]["reshard_after_forward"] is False and d["tp"]["sequence_parallel"] is True
+    assert "context parallelism" in not_expressible(runs["llama3-405b-16384-cp"])
