@@ -2,9 +2,11 @@
 GPU generation and per GPU over the rows not fitted on: rows, median |error|, largest |error|, bias (the median
 signed error). Target: median <= 10% and largest <= 20% for each generation (and GPU) with held-out rows; the
 script says which meet it and exits 1 when one does not. Rows the simulator cannot express yet are listed with the
-reason.
+reason. Each row also says where rank 0's step goes: compute (its kernels), exposed communication (data moving
+while no kernel runs) and idle (pipeline bubble, waiting on a peer). --markdown writes its section of
+docs/accuracy.md (benchmarks/accuracy_doc.py).
 
-    python benchmarks/reproduce_accuracy.py [RUNS.yaml] [--max-gpus N] [--only NAME ...] [--json]
+    python benchmarks/reproduce_accuracy.py [RUNS.yaml] [--max-gpus N] [--only NAME ...] [--json] [--markdown]
     python benchmarks/reproduce_accuracy.py --fit [RUNS.yaml] [--only NAME ...]   (--only: the generations
                                                                                   fitted on those rows)
 
@@ -118,8 +120,8 @@ def main() -> int:
             continue
         print(f"{x['name']:38} {x['world_size']:6} GPUs  {x['figure']} reported {x['reported']:8.4g}  predicted "
               f"{x['predicted']:8.4g}  error {100 * x['error']:+6.1f}%  {'fitted' if x['fitted'] else '      '}"
-              f"  MFU {100 * x['mfu']:4.1f}%  step {x['step_time_s']:.3f} s  sim wall {x['wall_s']:.1f} s",
-              flush=True)
+              f"  MFU {100 * x['mfu']:4.1f}%  step {x['step_time_s']:.3f} s = compute {x['compute_s']:.3f} + exposed "
+              f"comm {x['exposed_comm_s']:.3f} + idle {x['idle_s']:.3f}  sim wall {x['wall_s']:.1f} s", flush=True)
     tables, generations, gpus = summary(results, "table"), summary(results, "generation"), summary(results, "gpu")
     missed = [s.get("generation", s.get("gpu")) for s in generations + gpus if s["rows"] and not meets_target(s)]
     if args.json:
@@ -148,5 +150,6 @@ def meets_target(s: dict) -> bool:
     return s["median_abs_error"] <= TARGET_MEDIAN and s["max_abs_error"] <= TARGET_MAX
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    from accuracy_doc import run_main
+    sys.exit(run_main("reproduce_accuracy", main))

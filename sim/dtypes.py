@@ -3,3 +3,11 @@
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
                "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
                "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def compute_dtype(model) -> str:
+    """The dtype a model's matmuls run in without mixed precision: its parameters' (torch computes a float32
+    module in float32, and ``torch.backends.cuda.matmul.allow_tf32`` is False by default, so on the FP32 peak).
+    Mixed precision (FSDP2's MixedPrecisionPolicy param_dtype) replaces it where a builder knows it."""
+    dtype = (model.config or {}).get("dtype")
+    return dtype or (model.params[0].dtype if model.params else "float32")

@@ -29,7 +29,9 @@ class Compute:
     the operands), the per-kernel model of sim/compute.py; else a roofline of ``flops`` and HBM ``bytes`` on the
     GPU spec. ``flops``/``bytes`` stay the op's totals. Each kernel pays the GPU spec's ``launch_s``; an op that
     counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/parallel/tp/plan.py)
-    pays launches x launch_s instead."""
+    pays launches x launch_s instead. ``chunks`` (default 1): the op's GEMMs are one of ``chunks`` equal GEMMs
+    issued round-robin over several streams (Transformer Engine's userbuffers spread the chunk GEMMs of a TP overlap
+    over up to 3 compute streams), so their tiles share the SMs' waves (sim/compute/kernels.py ``tiling``)."""
     name: str = "compute"
     seconds: float | None = None
     flops: float = 0.0
@@ -42,11 +44,12 @@ class Compute:
     attention_pass: str = "forward"
     attention_kernel: str = "flash"
     dtype: str = "bfloat16"
+    chunks: int = 1
     kind: ClassVar[str] = "compute"
 
 
 COMPUTE_MODEL_FIELDS = {"launches": None, "gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
-                        "attention_kernel": "flash", "dtype": "bfloat16"}   # left out of JSON at these defaults
+                        "attention_kernel": "flash", "dtype": "bfloat16", "chunks": 1}   # left out of JSON at these defaults
 ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
 ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
 

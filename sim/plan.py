@@ -217,6 +217,8 @@ def _check_kernels(op: Compute, where: str) -> None:
                           f"{', '.join(ATTENTION_KERNELS)}", where)
     if not isinstance(op.dtype, str) or op.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
+    if not (_is_int(op.chunks) and 1 <= op.chunks <= 64):
+        raise ConfigError(f"chunks must be a whole number from 1 to 64, got {op.chunks!r}", where)
 
 
 def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> None:

@@ -52,7 +52,7 @@ def sequences_per_step(result) -> int:
 
 def throughput(result) -> dict:
     """The step summary's throughput fields (sim/compute/flops.py): model FLOPs per token and their convention,
-    MFU and HFU against the bf16 dense peak, TFLOP/s and tokens/s per GPU; plus ``compute_notes``: what bounds
+    MFU and HFU against the bf16 dense peak (and MFU against the peak of the dtype the step computes in), TFLOP/s and tokens/s per GPU; plus ``compute_notes``: what bounds
     the numbers (compute priced without kernel shapes, a generation without fitted constants, an MFU above the
     best published one for the generation)."""
     from distlab.sim.compute.flops import mfu_summary, plausibility
@@ -62,18 +62,25 @@ def throughput(result) -> dict:
     opts = result.options
     recompute = (getattr(opts, "recompute", None) or getattr(getattr(opts, "tp", None), "recompute", None)
                  or ("full" if getattr(opts, "activation_checkpointing", False) else "none"))
+    ops = [o for o in result.plan.ranks[0] if isinstance(o, Compute) and o.seconds is None]
+    dtype = compute_dtype_of(ops)
     out = mfu_summary(result.model, sequences_per_step(result), result.summary["step_s"], result.plan.world_size,
-                      result.cluster.gpu, recompute)
+                      result.cluster.gpu, recompute, dtype)
     notes, gpu = [], result.cluster.gpu
     km = kernel_model(gpu)
     if km is not None:
-        ops = [o for o in result.plan.ranks[0] if isinstance(o, Compute) and o.seconds is None]
         bare = sum(o.flops for o in ops if o.flops and not o.gemms and o.attention is None)
         total = sum(o.flops for o in ops)
         if total and bare / total > 0.5:
             notes.append(f"{100 * bare / total:.0f}% of the FLOPs are in ops without kernel shapes "
-                         f"({result.workload.name} builder), priced at the best GEMM's rate: an upper bound (no "
-                         "attention kernel, no small-GEMM losses)")
+                         f"({result.workload.name} builder), priced at the best {dtype} GEMM's rate: an upper "
+                         "bound (no attention kernel, no small-GEMM losses)")
+        if dtype == "float32" and out["compute_peak_tflops"] != out["mfu_peak_tflops"]:
+            notes.append(f"the step computes in float32 (the parameters' dtype, no mixed precision; torch's "
+                         f"matmul has TF32 off by default): its GEMMs run on the {out['compute_peak_tflops']:g} "
+                         f"TFLOP/s FP32 peak, not the tensor cores' {gpu.tflops:g}; MFU is taken against the bf16 "
+                         "dense peak, as published figures are (model dtype bfloat16 or FSDP2's param_dtype for "
+                         "the tensor cores)")
         if not constants(km.generation).fitted_on and getattr(gpu, "sustained", None) is None:
             notes.append(f"{km.generation} has no published row fitted (sim/compute/fitted.py): kernel rates are "
                          "micro-benchmarks', an upper bound")
@@ -82,6 +89,14 @@ def throughput(result) -> dict:
             notes.append(line)
     out["compute_notes"] = notes
     return out
+
+
+def compute_dtype_of(ops) -> str:
+    """The dtype of the matmuls of a rank's Compute ops: the one that carries most of their FLOPs."""
+    flops: dict = {}
+    for o in ops:
+        flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+    return max(flops, key=flops.get) if flops and max(flops.values()) > 0 else "bfloat16"
 
 
 @dataclass

@@ -245,3 +245,26 @@ def test_split_k_fills_the_sms_for_few_tiles_and_a_deep_k():
     eff, splits = tiling(512, 2688, 132, 7168, 265)          # a tp-8 overlap chunk: 44 tiles of 128 x 256
     assert splits == 3 and eff == pytest.approx(512 * 2688 / (128 * 256) * 3 / 132) and 7168 // 3 >= SPLIT_K_MIN_DEPTH
     assert tiling(512, 2688, 132, 7168, 1e9)[1] == 1           # partials too costly: no split
+
+
+def test_tp_overlap_chunks_share_the_waves():
+    """Transformer Engine issues a TP overlap's t chunk GEMMs round-robin on 3 streams (comm_gemm_overlap.cpp):
+    their tiles form one pool over the SMs. H100 (132 SMs), a 1024 x 6144 chunk: 8 x 24 = 192 tiles of 128 x 256,
+    alone 2 waves (192 / 264 of the SMs' time); four such chunks: 768 tiles in 6 waves (768 / 792)."""
+    from distlab.sim.compute.kernels import tiling
+    from distlab.sim.plan import Plan
+    assert tiling(1024, 6144, 132)[0] == pytest.approx(192 / 264)
+    assert tiling(1024, 6144, 132, chunks=4)[0] == pytest.approx(768 / 792)
+    assert tiling(128, 256, 132, chunks=2)[0] == pytest.approx(2 / 132)       # few tiles: 3 streams cap the pool
+    h100 = GPUS["h100"]
+    alone, pooled = (op_seconds(Compute(gemms=((1024, 6144, 6144),), chunks=c), h100) for c in (1, 4))
+    assert pooled < alone
+    plan = Plan([[Compute("c", gemms=((1024, 6144, 6144),), chunks=4)], [Compute("d")]])
+    back = Plan.from_json(plan.to_json())
+    assert back.ranks[0][0].chunks == 4 and '"chunks"' not in Plan([[Compute("d")]]).to_json()
+    from distlab.sim import scenario as sc
+    d = {"model": {"arch": "llama", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 4, "ffn_hidden": 512,
+                   "seq_len": 128, "vocab": 512, "micro_batch": 1}, "mesh": {"tp": 4},
+         "tp": {"sequence_parallel": True, "comm_overlap": True}, "cluster": "dgx-h100", "world_size": 4}
+    ops = [o for o in sc.build(d).plan.ranks[0] if isinstance(o, Compute) and " step " in o.name and o.gemms]
+    assert ops and {o.chunks for o in ops} == {4}

@@ -14,7 +14,7 @@ MIB = 2**20
 
 
 def cluster(tflops=1.0, hbm=1e9, n=2):
-    gpu = replace(GPUS["h100"], tflops=tflops, hbm_GBps=hbm, mfu=1.0)
+    gpu = replace(GPUS["h100"], tflops=tflops, hbm_GBps=hbm, mfu=1.0, fp32_tflops=None)   # tflops in any dtype
     return replace(PRESETS["dgx-h100"], gpu=gpu, gpus_per_node=n, interference=1.0)   # (tests/test_interference.py)
 
 

@@ -6,7 +6,8 @@ ADAMW_DTENSOR_OPS x parameters ``launches``; before, the CP x TP builder kept FS
 those plans changed. The digests were saved again when issue 29 (process groups: CP's ring and the int-reshard
 all-gathers name their group) and issue 29.4 (the model family's activation bytes: compute ops' ``bytes``, the
 memory events, the pipelines' per-stage ``activation_bytes``) met these transforms at the merge: with those fields
-removed, every plan was equal to the one saved before (checked op by op over all cases)."""
+removed, every plan was equal to the one saved before (checked op by op over all cases). Issue 28 saved
+scenario-cp-cpu again: its float32 compute ops carry ``"dtype": "float32"`` (nothing else differs)."""
 import json
 import pathlib
 from dataclasses import replace

@@ -13,7 +13,11 @@ default, ddp-llama-70b, fsdp-cpu, the fsdp-llama-7b family, the gpt2 pipelines) 
 activation bytes: the ``bytes`` of each layer's forward and backward compute op, the FSDP plans' activation memory
 events (plus one event: the head's logits held during its backward) and the pipelines' per-stage
 ``activation_bytes``; the collectives, the ops and their order are unchanged. The MLP plans (ddp-cpu,
-pipeline-cpu) are unchanged."""
+pipeline-cpu) are unchanged.
+Changed on purpose since (issue 28, float32 priced as float32; tests/test_compute_dtype.py): the compute ops of
+float32 models (ddp-cpu, ddp-gpt2-small, default, fsdp-cpu, pipeline-cpu and the gpt2 pipelines) carry
+``"dtype": "float32"``, the dtype their matmuls run in; with that key removed every plan equals the one before
+(checked op by op over all plans and composed cases)."""
 import hashlib
 import json
 import pathlib

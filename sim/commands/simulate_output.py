@@ -65,8 +65,12 @@ def summary_rows(s: dict) -> list[list]:
             ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
             ["exposed communication", f"{s['exposed_comm_s'] * 1e3:.3f} ms"], ["overlap", f"{s['overlap_pct']:.1f} %"]]
     if "mfu" in s:
-        rows += [["MFU (HFU)", f"{100 * s['mfu']:.1f} % ({100 * s['hfu']:.1f} %)"],
-                 ["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
+        rows += [[f"MFU (HFU), bf16 peak {s['mfu_peak_tflops']:g} TFLOP/s",
+                  f"{100 * s['mfu']:.1f} % ({100 * s['hfu']:.1f} %)"]]
+        if s["compute_peak_tflops"] != s["mfu_peak_tflops"]:      # e.g. float32: the CUDA cores' peak
+            rows += [[f"MFU, {s['compute_dtype']} peak {s['compute_peak_tflops']:g} TFLOP/s",
+                      f"{100 * s['mfu_of_compute_peak']:.1f} %"]]
+        rows += [["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
                  ["tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"],
                  ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12·l·h·s)"]]
     return rows

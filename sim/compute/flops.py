@@ -15,8 +15,11 @@ attention scores and values (4·l·h·s per token; Korthikanti et al. 2022, arXi
 eq. 3 (Narayanan et al. 2021, arXiv 2104.04473) is the hardware count of full recompute for a GPT-2 shaped model:
 96·B·s·l·h²·(1 + s/6h + V/16lh) per step.
 
-MFU = model FLOPs per step / (GPUs x bf16 dense peak x step time); HFU the same with hardware FLOPs; TFLOP/s per
-GPU = model FLOPs / (GPUs x step); tokens/s per GPU = sequences x s / step / GPUs.
+MFU = model FLOPs per step / (GPUs x bf16 dense peak x step time), whatever dtype the step computes in (the
+published figures' convention: a float32 step shows how far below the tensor cores it runs); HFU the same with
+hardware FLOPs; beside them the MFU against the peak of the dtype the matmuls run in (float32: the CUDA cores'
+FP32 peak, torch's default ``allow_tf32 = False``); TFLOP/s per GPU = model FLOPs / (GPUs x step); tokens/s per
+GPU = sequences x s / step / GPUs.
 """
 from __future__ import annotations
 
@@ -64,17 +67,26 @@ def recompute_flops_per_token(model, recompute: str) -> float:
     return 0.0
 
 
-def mfu_summary(model, sequences: int, step_s: float, world_size: int, gpu, recompute: str = "none") -> dict:
+def mfu_summary(model, sequences: int, step_s: float, world_size: int, gpu, recompute: str = "none",
+                dtype: str = "bfloat16") -> dict:
     """The throughput fields of a step summary: FLOPs per token (model and hardware), MFU, HFU, TFLOP/s and
-    tokens/s per GPU, for ``sequences`` sequences of the model per step on ``world_size`` GPUs."""
+    tokens/s per GPU, for ``sequences`` sequences of the model per step on ``world_size`` GPUs. MFU and HFU are
+    taken against the bf16 dense peak (``mfu_peak_tflops``: the convention of the published figures, whatever
+    the step computes in); ``dtype`` is what its matmuls run in, and ``mfu_of_compute_peak`` the MFU against that
+    dtype's own dense peak (``compute_peak_tflops``: float32's is the CUDA cores' FP32 peak, TF32 being off)."""
+    from distlab.sim.compute.kernels import gemm_dtype, peak_tflops
     seq = (model.config or {}).get("seq_len", 1)
     tokens = sequences * seq
     per_token = model_flops_per_token(model)
     hardware = per_token + recompute_flops_per_token(model, recompute)
     peak = gpu.tflops * 1e12 * world_size * step_s if step_s > 0 else float("inf")
+    compute_peak = peak_tflops(gpu, gemm_dtype(dtype))
     return {"model_flops_per_token": per_token, "hardware_flops_per_token": hardware,
             "flops_convention": "6N + 12·l·h·s (PaLM app. B; recompute in hardware FLOPs only)",
             "tokens_per_step": tokens, "mfu": per_token * tokens / peak, "hfu": hardware * tokens / peak,
+            "mfu_peak_tflops": gpu.tflops, "mfu_peak": "bf16 dense", "compute_dtype": dtype,
+            "compute_peak_tflops": compute_peak,
+            "mfu_of_compute_peak": per_token * tokens / peak * gpu.tflops / compute_peak,
             "tflops_per_gpu": per_token * tokens / (world_size * step_s) / 1e12 if step_s > 0 else 0.0,
             "tokens_per_s_per_gpu": tokens / step_s / world_size if step_s > 0 else 0.0}
 

@@ -30,7 +30,8 @@ element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
 An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
-GEMM rate (an upper bound: no shapes, no attention kernel) or its bytes, the larger; plus a launch.
+GEMM rate for the op's ``dtype`` (float32: the FP32 peak; an upper bound: no shapes, no attention kernel) or its
+bytes, the larger; plus a launch. Every builder sets the dtype its matmuls run in (sim/dtypes.py compute_dtype).
 ``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
 (sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """
@@ -120,16 +121,21 @@ def hbm_Bps(gpu) -> float:
     return gpu.hbm_GBps * 1e9 * (model.hbm_fraction if model else 1.0)
 
 
+CHUNK_STREAMS = 3         # Transformer Engine spreads a TP overlap's chunk GEMMs over this many compute streams
+#                           (NVTE_COMM_OVERLAP_MAX_STREAMS, transformer_engine/common/comm_gemm_overlap)
 SPLIT_K_MIN_DEPTH = 1024   # assumed: a split-K slice is at least this deep, so the measured 1024³ H100 GEMM
 #                            (zzc0721 issue #79) stays unsplit, as the wave model that reproduces it says
 
 
-def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0) -> tuple[float, int]:
+def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0,
+           chunks: int = 1) -> tuple[float, int]:
     """(fraction of the SMs' time an M x N output keeps busy, K splits) over the two tile orientations and, given
     K, split-K (module docstring): a GEMM of fewer tiles than SMs cuts its K loop into s slices, each at least
     SPLIT_K_MIN_DEPTH deep, making tiles x s work units of 1/s a tile each, so few tiles and a deep K still fill
     the SMs. The split chosen minimizes the time: the waves' plus the fp32 partials' extra HBM traffic,
-    (s - 1)·M·N·8 bytes, at ``balance`` FLOPs per HBM byte (priced in ``_gemm_work``)."""
+    (s - 1)·M·N·8 bytes, at ``balance`` FLOPs per HBM byte (priced in ``_gemm_work``). A GEMM that is one of
+    ``chunks`` equal ones issued round-robin over CHUNK_STREAMS streams (a TP overlap's chunks) may instead share
+    the waves with them: their chunks x tiles form one pool, at most min(SMs, CHUNK_STREAMS x tiles) in flight."""
     best, best_cost = (0.0, 1), float("inf")
     for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
         tiles = math.ceil(M / tm) * math.ceil(N / tn)
@@ -139,6 +145,11 @@ def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0)
             cost = 1.0 / eff + (s - 1) * 8 * balance / (2.0 * K) if s > 1 else 1.0 / eff
             if cost < best_cost:
                 best, best_cost = (eff, s), cost
+        if chunks > 1:                       # the chunks' tiles pooled over the streams (no split)
+            in_flight = min(sms, CHUNK_STREAMS * tiles)
+            eff = (chunks * M * N / (tm * tn)) / (math.ceil(chunks * tiles / in_flight) * sms)
+            if 1.0 / eff < best_cost:
+                best, best_cost = (eff, 1), 1.0 / eff
     return min(best[0], 1.0), best[1]
 
 
@@ -155,7 +166,7 @@ def _balance(gpu, model, dtype: str) -> float:
 
 
 def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = None, dtype: str = "bfloat16",
-                    K: int | None = None) -> float:
+                    K: int | None = None, chunks: int = 1) -> float:
     """Fraction of ``peak_tflops(gpu, dtype)`` a GEMM reaches (module docstring): a measured curve at ``flops``;
     else the kernel model at its (M, N) output (a large GEMM's rate when not given); else ``gpu.mfu``."""
     curve = gpu.gemm_efficiency
@@ -176,7 +187,7 @@ def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = Non
     fraction = model.gemm_fraction.get(dtype, model.gemm_fraction["bfloat16"])
     bm, bn, bk = model.best_shape
     b = _balance(gpu, model, dtype)
-    shape = 1.0 if M is None or N is None else (wave_efficiency(M, N, model.sms, K, b)
+    shape = 1.0 if M is None or N is None else (tiling(M, N, model.sms, K, b, chunks)[0]
                                                 / wave_efficiency(bm, bn, model.sms, bk, b))
     return fraction * min(shape, 1.0) * sustained(gpu)
 
@@ -188,16 +199,17 @@ def gemm_time(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None
     return work + kernels * launch_s(gpu)
 
 
-def _gemm_work(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None = None) -> tuple[float, int]:
-    """(seconds without launches, kernels) of one GEMM."""
+def _gemm_work(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None = None,
+               chunks: int = 1) -> tuple[float, int]:
+    """(seconds without launches, kernels) of one GEMM (beside ``chunks`` - 1 equal ones on other streams)."""
     dtype = dtype or ("float32" if dtype_bytes == 4 else "bfloat16")
     flops = 2.0 * M * N * K
-    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * gemm_efficiency(flops, gpu, M, N, dtype, K))
+    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * gemm_efficiency(flops, gpu, M, N, dtype, K, chunks))
     operand = 1 if dtype == FLOAT8 else dtype_bytes
     memory_s = (M * K + K * N + M * N) * operand / hbm_Bps(gpu)
     model = kernel_model(gpu)
     if model is not None and not gpu.gemm_efficiency:          # split-K: fp32 partials written and read back
-        splits = tiling(M, N, model.sms, K, _balance(gpu, model, dtype))[1]
+        splits = tiling(M, N, model.sms, K, _balance(gpu, model, dtype), chunks)[1]
         memory_s += (splits - 1) * M * N * 4 * 2 / hbm_Bps(gpu) if splits > 1 else 0.0
     if dtype == FLOAT8:
         return max(math_s, memory_s) + (M * K + K * N) * FLOAT8_CAST_BYTES / hbm_Bps(gpu), 3
@@ -267,11 +279,19 @@ def memory_time(nbytes: float, gpu) -> float:
     return launch_s(gpu) + nbytes / hbm_Bps(gpu)
 
 
-def flops_only_seconds(flops: float, nbytes: float, gpu) -> float:
-    """An op that gives only FLOPs and bytes: the larger of its FLOPs at the best GEMM rate (``gpu.mfu`` without a
-    kernel model: the flat roofline) and its HBM bytes."""
-    eff = gemm_efficiency(flops, replace(gpu, gemm_efficiency=None)) if kernel_model(gpu) else gpu.mfu
-    return max(flops / (gpu.tflops * 1e12 * eff), nbytes / hbm_Bps(gpu))
+def gemm_dtype(dtype: str) -> str:
+    """The GEMM rate an op of ``dtype`` runs at: float8, float32 and float16 their own, anything else bf16's."""
+    return dtype if dtype in (FLOAT8, "float32", "float16") else "bfloat16"
+
+
+def flops_only_seconds(flops: float, nbytes: float, gpu, dtype: str = "bfloat16") -> float:
+    """An op that gives only FLOPs and bytes: the larger of its FLOPs at the best GEMM rate of its ``dtype``
+    (float32: the FP32 peak, torch's default without TF32; ``gpu.mfu`` of that peak without a kernel model: the
+    flat roofline) and its HBM bytes."""
+    dtype = gemm_dtype(dtype)
+    eff = (gemm_efficiency(flops, replace(gpu, gemm_efficiency=None), dtype=dtype) if kernel_model(gpu)
+           else gpu.mfu)
+    return max(flops / (peak_tflops(gpu, dtype) * 1e12 * eff), nbytes / hbm_Bps(gpu))
 
 
 def op_seconds(op, gpu) -> float:
@@ -283,7 +303,7 @@ def op_seconds(op, gpu) -> float:
     if op.gemms or op.attention is not None:
         work, kernels = _kernel_work(op, gpu)
         return work + (kernels if op.launches is None else op.launches) * launch_s(gpu)
-    t = flops_only_seconds(op.flops, op.bytes, gpu)
+    t = flops_only_seconds(op.flops, op.bytes, gpu, op.dtype)
     if op.launches is not None:
         return t + op.launches * launch_s(gpu)
     return t + launch_s(gpu) if (op.flops or op.bytes) else t
@@ -294,10 +314,9 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
     """(seconds without launches, kernels) of the op's kernels (cached: a step repeats the same layer ops
     thousands of times)."""
     e = DTYPE_BYTES.get(op.dtype, 2)
-    gemm_dtype = op.dtype if op.dtype in (FLOAT8, "float32", "float16") else "bfloat16"
     work, kernels = 0.0, 0
     for M, N, K in op.gemms:
-        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype)
+        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype), op.chunks)
         work, kernels = work + w, kernels + k
     operand = 2 if op.dtype == FLOAT8 else e          # attention stays in bf16 beside float8 linears
     if op.attention is not None and op.attention_kernel == "unfused":

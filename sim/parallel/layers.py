@@ -160,5 +160,9 @@ def local_models(model, mesh, par) -> tuple:
 
 
 def layers_factory(local, mesh, par):
-    """rank -> its layer program (:func:`layer_program`) on ``mesh`` with ``par``'s TP and CP."""
+    """rank -> its layer program (:func:`layer_program`) on ``mesh`` with ``par``'s TP and CP. Under FSDP2's
+    MixedPrecisionPolicy (``param_dtype``) the layers compute, and TP/CP move activations, in that dtype."""
+    dtype = getattr(par.fsdp, "param_dtype", None) if par.fsdp is not None else None
+    if dtype and local.config and dtype != local.config.get("dtype"):
+        local = replace(local, config={**local.config, "dtype": dtype})
     return lambda r: layer_program(local, mesh, r, par.tp, par.cp)

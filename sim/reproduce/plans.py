@@ -54,6 +54,8 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
     else:
         from distlab.sim.reproduce.pipeline import pipeline_plan
         plan = pipeline_plan(run, replicas, cache)
+    if run.attention != "unfused" and run.precision != "float8" and not run.compile:
+        return plan                     # as built (a composed plan may hold one rank per stage: shifts.py)
     shared: dict = {}
     ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in plan.ranks]
     return Plan(ranks, name=plan.name, meta=plan.meta)

@@ -71,11 +71,32 @@ def cluster_for(run, overrides: dict | None = None):
 
 def step_seconds(run, overrides: dict | None = None, replicas: bool = True) -> float:
     """Simulated seconds of one training step of ``run`` (``replicas``: sim/reproduce/pipeline.py)."""
+    return step_breakdown(run, overrides, replicas)["step_s"]
+
+
+def step_breakdown(run, overrides: dict | None = None, replicas: bool = True) -> dict:
+    """The simulated step of ``run`` and where rank 0 spends it: ``compute_s`` (its kernels: forward, backward,
+    optimizer), ``exposed_comm_s`` (communication it waits for: data moving, no kernel running, including the
+    fixed-duration dp reductions of sim/reproduce/pipeline.py) and ``idle_s`` (neither: pipeline bubble, waiting for
+    a peer stage)."""
     from distlab.sim.kernel.engine import simulate
+    from distlab.sim.kernel.spans import union
     from distlab.sim.reproduce.plans import build_plan
     cluster = cluster_for(run, overrides)
     plan = build_plan(run, cluster, replicas, {"cluster": cluster})
-    return simulate(plan, cluster, record_transfers=False, check=False).makespan
+    trace = simulate(plan, cluster, record_transfers=False, check=False)
+    ops = trace.for_rank(0)
+    comm_names = ("dp ", "grad all_reduce", "tp ")              # fixed-duration communication ops (Compute)
+    busy = union([(o.start, o.end) for o in ops if o.kind == "compute" and not o.name.startswith(comm_names)])
+    moving = union([(o.start if getattr(o, "launch", None) is None else o.launch, o.end) for o in ops
+                    if o.kind in ("collective", "send", "recv") or (o.kind == "compute" and
+                                                                    o.name.startswith(comm_names))])
+    compute = sum(e - s for s, e in busy)
+    exposed = union([(s, e) for s, e in moving])
+    from distlab.sim.kernel.spans import overlap
+    exposed_s = sum(e - s for s, e in exposed) - overlap(exposed, busy)
+    return {"step_s": trace.makespan, "compute_s": compute, "exposed_comm_s": exposed_s,
+            "idle_s": max(0.0, trace.makespan - compute - exposed_s)}
 
 
 def predicted_figure(name: str, step_s: float, run, peak_tflops: float) -> float:
@@ -102,11 +123,13 @@ def predict(run, overrides: dict | None = None, replicas: bool = True) -> dict:
     if reason is not None:
         return {**base, "expressible": False, "reason": reason}
     t0 = time.perf_counter()
-    step_s = step_seconds(run, overrides, replicas)
+    parts = step_breakdown(run, overrides, replicas)
+    step_s = parts["step_s"]
     predicted = predicted_figure(figure, step_s, run, cluster.gpu.tflops)
     from distlab.sim.compute.flops import model_flops_per_token
     tokens = run.global_batch * run.model["seq_len"]
     mfu = model_flops_per_token(build_model(run)) * tokens / (step_s * run.gpus * cluster.gpu.tflops * 1e12)
     return {**base, "expressible": True, "predicted": predicted, "error": (predicted - reported) / reported,
             "step_time_s": step_s, "mfu": mfu, "tokens_per_s_per_gpu": tokens / step_s / run.gpus,
+            "compute_s": parts["compute_s"], "exposed_comm_s": parts["exposed_comm_s"], "idle_s": parts["idle_s"],
             "wall_s": time.perf_counter() - t0}

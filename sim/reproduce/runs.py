@@ -79,10 +79,9 @@ def not_expressible(run: Run) -> str | None:
     if run.not_expressible:
         return run.not_expressible
     if L["cp"] > 1:
-        return "context parallelism composed with pipeline or data-parallel sharding of a published layout"
-    if L["zero"] >= 2 and L["pp"] > 1:
-        return "FSDP2 (ZeRO 2/3) x PP is not built yet"
-    if L["zero"] >= 2 and run.microbatches > 1:
+        return ("context parallelism inside a published PP x FSDP2 x TP layout: reproduce builds PP x FSDP2 x TP "
+                "(sim/reproduce/scenario.py) without a cp mesh dimension yet")
+    if L["zero"] >= 2 and L["pp"] == 1 and run.microbatches > 1:
         return "FSDP2 with gradient accumulation is not built yet"
     return None
 

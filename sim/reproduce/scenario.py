@@ -7,7 +7,10 @@
 
 pp x tp x dp runs become the ``tp`` workload on mesh {dp, pp, tp} with the run's sequence parallelism, recompute,
 schedule, micro-batches, virtual stages, split and TP communication overlap (``tp_comm_overlap``: Megatron's
---tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp}.
+--tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp},
+and with pipeline stages the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
+FSDP2 inside each stage, not resharded after forward as torch's multi-stage runtime needs; an interleaved
+schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py).
 The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
 """
 from __future__ import annotations
@@ -32,10 +35,19 @@ def scenario_of(run) -> dict:
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
           "split": L["split"], "comm_overlap": bool(run.tp_comm_overlap and L["tp"] > 1)}
     mesh = {"dp_shard": L["dp"], "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
+    extra = {}
     if L["zero"] >= 2:
         tp = {k: tp[k] for k in ("sequence_parallel", "recompute", "comm_overlap")}
+    if L["zero"] >= 2 and L["pp"] > 1:          # PP x FSDP2 x TP (sim/parallel/parallelize.py), FSDP2 inside stages
+        mesh = {"pp": L["pp"], "dp_shard": L["dp"], "tp": L["tp"]}
+        v = L["virtual_stages"]
+        schedule = "1f1b" if run.schedule == "interleaved" and v == 1 else run.schedule   # one stage per rank
+        extra = {"pipeline": {"schedule": schedule, "microbatches": run.microbatches, "virtual_stages": v,
+                              "split": L["split"]},
+                 "fsdp": {"reshard_after_forward": False, "param_dtype": model_dtype(run),
+                          "reduce_dtype": grad_dtype(run)}}
     d = {"name": run.name, "model": {**run.model, "micro_batch": run.micro_batch, "dtype": model_dtype(run)},
-         "mesh": mesh, "tp": tp, "cluster": run.cluster, "world_size": run.gpus}
+         "mesh": mesh, "tp": tp, **extra, "cluster": run.cluster, "world_size": run.gpus}
     return sc.validate(d, f"run {run.name}")
 
 

@@ -66,16 +66,17 @@ def ring_block(out: list, ring: Ring, op: Compute, kind: str, layer: str, recomp
     """A block's compute split around its ring attention: forward the first half of the block's linears
     and bytes (norm1, q/k/v), the ring, the rest (o, norm2, MLP); backward the reverse, after rerunning the
     forward (half the backward's FLOPs, ring included) when ``recompute``."""
-    half = Compute(f"{kind} {layer}", flops=op.flops / 2, bytes=op.bytes / 2, stream=op.stream)
+    half = Compute(f"{kind} {layer}", flops=op.flops / 2, bytes=op.bytes / 2, stream=op.stream, dtype=op.dtype)
     rest = Compute(f"{kind} {layer} (after attention)" if kind == "fwd" else f"{kind} {layer} (before attention)",
-                   flops=op.flops / 2, bytes=op.bytes / 2, stream=op.stream)
+                   flops=op.flops / 2, bytes=op.bytes / 2, stream=op.stream, dtype=op.dtype)
     if kind == "fwd":
         out.append(half)
         ring.forward(f"{layer}.attn")
         out.append(rest)
     else:
         if recompute:
-            redo = Compute(f"recompute {layer}", flops=op.flops / 4, bytes=op.bytes / 4, stream=op.stream)
+            redo = Compute(f"recompute {layer}", flops=op.flops / 4, bytes=op.bytes / 4, stream=op.stream,
+                           dtype=op.dtype)
             out.append(redo)
             ring.forward(f"{layer}.attn", "recompute")
             out.append(redo)

@@ -102,7 +102,8 @@ class Ring:
         kind = step_kind(self.j, self.n, i, self.load_balance)
         if kind != "skip":
             self.ops.append(Compute(f"{name} step {i} ({kind})", flops=factor * step_flops(kind, self.b, self.s,
-                                                                                               self.h)))
+                                                                                               self.h),
+                                    dtype=self.dtype))
 
     def forward(self, name: str, phase: str = "fwd"):
         """``_templated_ring_attention``: rotate K/V (before each step but the last), attend, merge."""

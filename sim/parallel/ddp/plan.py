@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from distlab.sim.parallel.ddp.buckets import bucket_launch_times, ddp_buckets
+from distlab.sim.dtypes import compute_dtype
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import Model
@@ -87,17 +88,19 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     # that finishes all its params, i.e. the lowest layer index among them
     done_after = [min(param_layer[i] for i in b.params) for b in buckets]
     ops, ready_index, coll_index = [], {}, {}
+    dtype = compute_dtype(model)            # no autocast in DDP: the parameters' dtype (TF32 off: FP32 peak)
     for micro in range(opts.grad_accum):
         last = micro == opts.grad_accum - 1
         tag = f" (micro {micro})" if opts.grad_accum > 1 else ""
         for layer in model.layers:
             act = layer.activation_bytes + layer.transient_bytes    # written and read whether kept or recomputed
-            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops, bytes=layer.param_bytes + act))
+            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops, bytes=layer.param_bytes + act,
+                               dtype=dtype))
         for li in range(len(model.layers) - 1, -1, -1):
             layer = model.layers[li]
             act = layer.activation_bytes + layer.transient_bytes
             ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops + layer.recompute_flops,
-                               bytes=2 * layer.param_bytes + act))
+                               bytes=2 * layer.param_bytes + act, dtype=dtype))
             if last:
                 for k, d in enumerate(done_after):
                     if d == li:

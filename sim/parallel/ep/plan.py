@@ -134,12 +134,15 @@ def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group
     routed = lay.expert_flops(j) if lay else parts["routed"]
     weights = lay.expert_weight_bytes() if lay else 3.0 * E * c.hidden * c.expert_ffn * e
     if "dense_ffn" in parts:
-        return [Compute(f"{ph} {name}", flops=mul * (parts["attention"] + parts["dense_ffn"]), bytes=x)]
+        return [Compute(f"{ph} {name}", flops=mul * (parts["attention"] + parts["dense_ffn"]), bytes=x, dtype=c.dtype)]
     if kind == "W":
-        return [Compute(f"{ph} {name}", flops=sum(parts.values()) - parts["routed"] + routed, bytes=x + weights)]
-    experts = Compute(f"{ph} {name}.experts", flops=mul * routed, bytes=weights)
-    front = Compute(f"{ph} {name}.attn+router", flops=mul * (parts["attention"] + parts["router"]), bytes=x)
-    shared = [Compute(f"{ph} {name}.shared", flops=mul * parts["shared"], bytes=x)] if c.shared_experts else []
+        return [Compute(f"{ph} {name}", flops=sum(parts.values()) - parts["routed"] + routed, bytes=x + weights,
+                        dtype=c.dtype)]
+    experts = Compute(f"{ph} {name}.experts", flops=mul * routed, bytes=weights, dtype=c.dtype)
+    front = Compute(f"{ph} {name}.attn+router", flops=mul * (parts["attention"] + parts["router"]), bytes=x,
+                    dtype=c.dtype)
+    shared = ([Compute(f"{ph} {name}.shared", flops=mul * parts["shared"], bytes=x, dtype=c.dtype)]
+              if c.shared_experts else [])
     if lay is None or len(group) == 1:
         middle = [experts]
     elif kind == "F":
@@ -158,7 +161,8 @@ def layer_ops(model, c: MoEConfig, index: int, kind: str, j: int, lay, group, ta
     if layer.name.startswith("h."):
         return block_ops(c, int(layer.name[2:]), kind, j, lay, group, tag)
     flops = layer.fwd_flops * (2.0 if kind == "B" else 1.0)
-    return [Compute(f"{kind} {tag}{layer.name}", flops=flops, bytes=c.tokens * c.hidden * DTYPE_BYTES[c.dtype])]
+    return [Compute(f"{kind} {tag}{layer.name}", flops=flops, bytes=c.tokens * c.hidden * DTYPE_BYTES[c.dtype],
+                    dtype=c.dtype)]
 
 
 def grad_sync(model, c: MoEConfig, layers, ep: int, data_group: tuple, expert_group: tuple, zero1: bool,

@@ -231,12 +231,12 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
             p.record(f"ag{k}", "ag")
             p.wait(f"ag{k}", "compute")
             copy_out(u)
-        last = _forward(p, model, layers)
+        last = _forward(p, model, layers, pdt)
         p.record(f"fwd{k}", "compute")
         if resharded(u) and u is not root and last is not None and S > 1:   # reshard; keep 1/raf if int
             keep = [] if post is None else [(size[u.name] // len(post), "unsharded params")]
             p.mem += [[last, "end", -size[u.name], "unsharded params"]] + [[last, "end", d, c] for d, c in keep]
-    tail = _forward(p, model, segs[-1][1])
+    tail = _forward(p, model, segs[-1][1], pdt)
     if resharded(root) and root.params and S > 1:        # the root's post-forward: after its whole forward
         p.mem.append([len(p.ops) - 1 if tail is None else tail, "end", -size[root.name], "unsharded params"])
     # backward: segments in reverse; a block's all-gather is issued backward_prefetch segments early
@@ -261,7 +261,7 @@ def _program(model, units, cfg: FSDPConfig, groups: tuple, pdt: str, rdt: str) -
             grads = [(_numel(L) * DTYPE_BYTES[pdt], "unsharded grads")] if z >= 2 and L.params else []
             redo = [(L.transient_bytes, "activations")] if L.transient_bytes else []  # recomputed/offloaded
             last = p.add(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
-                                 bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes),
+                                 bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes, dtype=pdt),
                          start=grads + redo, end=[(-L.activation_bytes - L.transient_bytes, "activations")])
         unit_done = u is not root or s == len(back) - 1
         reclaimed = []         # FSDP2 keeps K RS input buffers in flight: reclaim the oldest before the copy-in
@@ -303,12 +303,12 @@ def _numel(layer) -> int:
     return sum(q.numel for q in layer.params)
 
 
-def _forward(p: _Program, model, layers):
+def _forward(p: _Program, model, layers, dtype: str):
     last = None
     for i in layers:
         L = model.layers[i]
         last = p.add(Compute(f"fwd {L.name}", flops=L.fwd_flops,   # traffic: what it writes, kept or not
-                             bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
+                             bytes=L.activation_bytes + L.transient_bytes + L.param_bytes, dtype=dtype),
                      start=[(L.activation_bytes, "activations")])
     return last
 

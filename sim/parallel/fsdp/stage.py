@@ -134,7 +134,7 @@ class StageFSDP:
             if i in blocks:
                 self._ensure(layers, blocks[i], rank, stage, "forward")
             layers.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops,
-                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
+                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes, dtype=self.pdt),
                            L.name)
             if i in blocks and self.o.reshard_after_forward:
                 self.gathered[rank, stage].discard(blocks[i].name)
@@ -155,7 +155,8 @@ class StageFSDP:
             else:
                 self._ensure(layers, root, rank, stage, "backward")
             layers.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
-                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes), L.name)
+                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes,
+                                    dtype=self.pdt), L.name)
 
     def reduce(self, layers, stage: int, rank: int) -> list:
         """After the stage's last backward: per unit, TP's Partial gradients, the reduce-scatter, HSDP's

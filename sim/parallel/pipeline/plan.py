@@ -192,7 +192,7 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
             if (a.stage, a.kind) not in seconds:
                 raise ConfigError(f"no time given for stage {a.stage} kind {a.kind}", "seconds")
             return Compute(name=str(a), seconds=float(seconds[a.stage, a.kind]))
-        return Compute(name=str(a), flops=float(flops[a.kind][a.stage]))
+        return Compute(name=str(a), flops=float(flops[a.kind][a.stage]), dtype=dtype)
 
     def message(a: S.Action):
         """(peer stage, message name, bytes) that action ``a`` sends, or None."""

@@ -17,6 +17,7 @@ Schedules that split the backward (I and W actions: zbh1, zbv) are refused with 
 """
 from __future__ import annotations
 
+from distlab.sim.dtypes import compute_dtype
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Compute, Plan
 
@@ -47,6 +48,7 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
     per_rank = boundary_bytes(local, 0) // (n["tp"] if sp else 1)
     ranges = stage_ranges(model, spec.stages * spec.virtual_stages, spec.split)
     names = [L.name for L in model.layers]
+    dtype = compute_dtype(model)         # without FSDP2's MixedPrecisionPolicy: the parameters' dtype
     make, programs = layers_factory(local, mesh, par), {}
 
     def layers(g: int):
@@ -81,13 +83,13 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
             for i in ranges[a.stage]:
                 L = shard.layers[i]
                 lp.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops,
-                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes),
+                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes, dtype=dtype),
                            names[i])
         else:
             for i in reversed(ranges[a.stage]):
                 L = shard.layers[i]
                 lp.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
-                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes),
+                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes, dtype=dtype),
                             names[i])
         out = list(lp.ops)
         del lp.ops[:]

@@ -25,13 +25,19 @@ t = tp and X = b·s·h·e, rank j of the tp ring:
   gradient's share of the part's backward (half of the GEMMs' 2 x forward); the weight gradients, in bulk, run
   while the reduce-scatter's last exchange is in flight.
 The step time of a pipeline is then t·max(GEMM chunk, exchange) + the last step's other part, instead of
-GEMM + collective. Needs sequence parallelism (Megatron requires it); not built with CP.
+GEMM + collective. The chunk GEMMs are issued round-robin on min(3, t) compute streams (Transformer Engine,
+transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp ``split_overlap_ag`` / ``split_overlap_rs``:
+``_stream_compute[i % _stream_compute.size()]``, NVTE_COMM_OVERLAP_MAX_STREAMS = 3), so up to three run at once and
+the t chunks' tiles share the SMs' waves as one pool: each chunk op carries ``chunks`` = t (sim/compute/kernels.py
+``tiling``).
+Needs sequence parallelism (Megatron requires it); not built with CP.
 """
 from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Recv, Record, Send, Wait
 from distlab.sim.parallel.tp.plan import Segments
+
 
 
 def _flops(gemms) -> float:
@@ -84,7 +90,8 @@ class OverlapSegments(Segments):
             nxt = self._exchange(f"{name} all_gather step {i}", chunk_bytes) if i < t - 1 else None
             if arrived:
                 self.p.ops.append(Wait(arrived, "compute"))
-            self.p.compute(f"{name} step {i}", flops / t, weights / t, _chunk(gemms, t))
+            self.p.compute(f"{name} step {i}", flops / t, weights / t, _chunk(gemms, t),
+                           chunks=t)
             arrived = nxt
 
     def _scattered(self, name: str, gemms: tuple, chunk_bytes: float, bulk=None):
@@ -92,7 +99,8 @@ class OverlapSegments(Segments):
         partial sum received and passing it on; ``bulk()`` (the weight gradients) runs before the last arrives."""
         t, arrived, flops, weights = self.t, None, _flops(gemms), _weights(gemms, self.k["e"])
         for i in range(t):
-            self.p.compute(f"{name} step {i}", flops / t, weights / t, _chunk(gemms, t))
+            self.p.compute(f"{name} step {i}", flops / t, weights / t, _chunk(gemms, t),
+                           chunks=t)
             if i == t - 1 and bulk is not None:
                 bulk()
             if arrived:

@@ -105,12 +105,12 @@ class _Program:
         self.ops, self.group, self.dtype, self.n = [], group, dtype, 0
 
     def compute(self, name: str, flops: float = 0.0, nbytes: float = 0.0, gemms: tuple = (), attention=None,
-                attention_pass: str = "forward", launches: int = 0):
+                attention_pass: str = "forward", launches: int = 0, chunks: int = 1):
         """A compute op; ``gemms``/``attention`` name its kernels for sim/compute.py; ``launches`` the DTensor
         ops it dispatches (the op's whole overhead when the group shards, tp > 1; with tp = 1, None: one
         launch per kernel, sim/compute.py)."""
         self.ops.append(Compute(name, flops=flops, bytes=nbytes, gemms=gemms, attention=attention,
-                                attention_pass=attention_pass, dtype=self.dtype,
+                                attention_pass=attention_pass, dtype=self.dtype, chunks=chunks,
                                 launches=launches if len(self.group) > 1 else None))
 
     def coll(self, op: str, nbytes: int, name: str, dtype: str | None = None):
