@@ -112,8 +112,11 @@ def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
 
 def test_llama3_405b_rows_are_pp_x_fsdp2_x_tp_and_the_cp_row_says_why():
     """arXiv 2407.21783 Table 4: the 8K rows build as PP x FSDP2 x TP (FSDP2 inside each stage, not resharded after
-    forward, the uneven 7 + 14 x 8 + 7 split); the CP 16 row names what is missing (benchmarks/reproduce_accuracy.py
-    simulates the others, about 17 s each)."""
+    forward), interleaved with 8 one-layer chunks per rank, the first chunk the embedding alone and the last the
+    head alone (sec. 3.3.2): 7 layers on the first and last ranks, 8 on the others; the CP 16 row names what is
+    missing (benchmarks/reproduce_accuracy.py simulates the others, 1-2 minutes each)."""
+    from distlab.sim.parallel.pipeline.plan import stage_ranges
+    from distlab.sim.reproduce.predict import build_model
     from distlab.sim.reproduce.runs import not_expressible
     from distlab.sim.reproduce.scenario import scenario_of
     runs = {r.name: r for r in load_runs()[0]}
@@ -122,6 +125,17 @@ def test_llama3_405b_rows_are_pp_x_fsdp2_x_tp_and_the_cp_row_says_why():
         assert not_expressible(run) is None
         d = scenario_of(run)
         assert d["mesh"] == {"pp": 16, "dp_shard": dp, "tp": 8}
-        assert d["pipeline"]["split"] == [7] + [8] * 14 + [7] and d["pipeline"]["microbatches"] == 2048 // dp
+        assert d["pipeline"]["split"] == [0] + [1] * 126 + [0] and d["pipeline"]["microbatches"] == 2048 // dp
+        assert d["pipeline"]["virtual_stages"] == 8 and d["pipeline"]["schedule"] == "interleaved"
+        assert "layout.virtual_stages" in run.assumed
         assert d["fsdp"]["reshard_after_forward"] is False and d["tp"]["sequence_parallel"] is True
+    model = build_model(run)
+    ranges = stage_ranges(model, 128, [0] + [1] * 126 + [0])
+    names = [layer.name for layer in model.layers]
+    assert [names[i] for i in ranges[0]] == ["embed"] and [names[i] for i in ranges[-1]] == ["head"]
+    per_rank = [sum(len(ranges[c]) for c in range(r, 128, 16)) for r in range(16)]
+    assert per_rank == [8] * 16                                   # 7 layers + the embedding / the head at the ends
+    from distlab.sim.errors import ConfigError
+    with pytest.raises(ConfigError, match="the first and last may be 0"):            # an empty middle stage: no
+        stage_ranges(model, 128, [1, 0] + [1] * 125 + [1])
     assert "context parallelism" in not_expressible(runs["llama3-405b-16384-cp"])

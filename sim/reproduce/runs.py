@@ -175,8 +175,10 @@ def _layout(r: dict, label: str) -> dict:
         if k not in LAYOUT_KEYS:
             raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(LAYOUT_KEYS)}", f"{label}.layout.{k}")
         if k == "split":
-            if v is not None and not (isinstance(v, list) and v and all(_whole(x) for x in v)):
-                raise ConfigError(f"{v!r} must be a list of transformer blocks per stage", f"{label}.layout.split")
+            if v is not None and not (isinstance(v, list) and v and all(_whole(x) or x == 0 for x in v)):
+                raise ConfigError(f"{v!r} must be a list of transformer blocks per stage (whole numbers; 0 only "
+                                  "for a first or last stage holding just the embedding or the head)",
+                                  f"{label}.layout.split")
         elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3))):
             raise ConfigError(f"{v!r} must be a whole number >= 1" + (" (zero: 0 to 3)" if k == "zero" else ""),
                               f"{label}.layout.{k}")

@@ -109,16 +109,22 @@ class PipelineOptions:
                             split, self.weight_grad_fraction, self.recv)
 
 
-def split_layers(n_layers: int, n_stages: int, split: list[int] | None = None, what: str = "layers") -> list[range]:
-    """Layer index ranges of each stage: ``split`` if given, else n_layers / n_stages each."""
+def split_layers(n_layers: int, n_stages: int, split: list[int] | None = None, what: str = "layers",
+                 empty_ends: bool = False) -> list[range]:
+    """Layer index ranges of each stage: ``split`` if given, else n_layers / n_stages each. ``empty_ends``: the
+    first and last stage may hold no layer (they hold the embedding and the head: Llama 3's interleaved schedule,
+    arXiv 2407.21783 sec. 3.3.2, "the first model chunk on the first stage has only the embedding, and the last
+    model chunk on the last stage has only output projection and loss calculation")."""
     if split is None:
         if n_layers % n_stages:
             raise ConfigError(f"{n_layers} {what} do not split evenly into {n_stages} stages (stages x "
                               f"virtual_stages); give 'split' or use a divisor of {n_layers}", "split")
         split = [n_layers // n_stages] * n_stages
     if (not isinstance(split, list) or len(split) != n_stages
-            or any(not isinstance(k, int) or k < 1 for k in split) or sum(split) != n_layers):
-        raise ConfigError(f"split {split} must be {n_stages} whole numbers >= 1 summing to {n_layers} {what}",
+            or any(not isinstance(k, int) or k < (0 if empty_ends and i in (0, n_stages - 1) else 1)
+                   for i, k in enumerate(split)) or sum(split) != n_layers):
+        ends = " (the first and last may be 0: embedding or head only)" if empty_ends else ""
+        raise ConfigError(f"split {split} must be {n_stages} whole numbers >= 1{ends} summing to {n_layers} {what}",
                           "split")
     out, start = [], 0
     for k in split:
@@ -133,7 +139,8 @@ def stage_ranges(model, n_stages: int, split: list[int] | None = None) -> list[r
     names = [layer.name for layer in model.layers]
     lo = 1 if names and names[0] == "embed" else 0
     hi = 1 if len(names) > lo and names[-1] == "head" else 0
-    ranges = split_layers(len(names) - lo - hi, n_stages, split, "transformer layers" if lo or hi else "layers")
+    ranges = split_layers(len(names) - lo - hi, n_stages, split, "transformer layers" if lo or hi else "layers",
+                          empty_ends=bool(lo and hi and n_stages > 1))
     ranges = [range(r.start + lo, r.stop + lo) for r in ranges]
     ranges[0] = range(0, ranges[0].stop)
     ranges[-1] = range(ranges[-1].start, len(names))
