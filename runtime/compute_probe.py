@@ -5,7 +5,7 @@ and the interference of a collective in flight.
 blocks of back-to-back calls (CUDA-synchronised per block), plus the time of a 1 x 1 x 1 GEMM (the per-op
 overhead ``launch_s``) and a copy's bandwidth (read + write, as runtime/compute.py counts it).
 
-``fit_gemms``: what the shared compute schema asks for (sim/cluster.py GPUSpec; sim/compute.py's gemm_time =
+``fit_gemms``: what the shared compute schema asks for (sim/cluster/specs.py GPUSpec; sim/compute.py's gemm_time =
 launch_s + max(2MNK / (tflops x eff(2MNK)), (MK + KN + MN) x bytes / HBM)). A GEMM's rate = 2MNK / (t -
 launch_s) (the overhead taking at most half of t); ``tflops`` = the best rate of the GEMMs lasting at least
 LAUNCH_BOUND x launch_s (shorter ones are mostly overhead, too uncertain to set the peak); a shape's efficiency =

@@ -185,7 +185,7 @@ def measure_compute(ctx, seconds: float = 0.3, rounds: int = 5) -> dict:
 
 
 def device_arch(device) -> str:
-    """NCCL's tuning row for this device (sim/cluster.py GPUSpec.arch): cpu, or the CUDA compute capability's
+    """NCCL's tuning row for this device (sim/cluster/specs.py GPUSpec.arch): cpu, or the CUDA compute capability's
     generation (8.x ampere, 9.x hopper, 10.x and later blackwell)."""
     if device.type != "cuda":
         return "cpu"

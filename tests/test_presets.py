@@ -118,7 +118,7 @@ def test_blackwell_and_nvl72_presets():
 def test_gb200_nvl72_all_reduce_matches_published_nccl_tests():
     """72 GB200 of one NVL72 rack, all_reduce 8 GiB: 834.6 GB/s busbw (coreweave/nccl-tests PR #43, full-rack
     all_reduce_perf); 8 of its GPUs over MNNVL: 811 GB/s (lixueduan.com GB200 MNNVL nccl-tests). Within 5%: the
-    NVLS ceiling of the rack's switch fabric (sim/cluster.py NVLINK5_NVL72) against NCCL's own model (~1000)."""
+    NVLS ceiling of the rack's switch fabric (sim/cluster/presets.py NVLINK5_NVL72) against NCCL's own model (~1000)."""
     nvl72 = load_cluster("gb200-nvl72")
     t, algo = simulate_collective("all_reduce", 8 * GiB, nvl72, "auto")
     assert algo == "nvls" and 8 * GiB / t.makespan / 1e9 * 2 * 71 / 72 == pytest.approx(834.6, rel=0.05)

@@ -85,7 +85,7 @@ def run(args) -> int:
 
 
 def uncalibrated_preset(trace) -> str | None:
-    """The preset a predicted trace was simulated on, when it is a preset (sim/cluster.py PRESETS: numbers of
+    """The preset a predicted trace was simulated on, when it is a preset (sim/cluster/presets.py PRESETS: numbers of
     a generic machine, never calibrated here); None for a calibrated cluster file or an unknown one."""
     from distlab.sim.cluster import PRESETS
     name = trace.meta.get("cluster")

@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
-    from distlab.sim.cluster import _validated, load_cluster
+    from distlab.sim.cluster import load_cluster, validated
     from distlab.sim.collectives import metrics
     from distlab.sim.kernel.engine import simulate_collective
     from distlab.sim.io import check_outputs, parse_size, parse_size_range
@@ -57,7 +57,7 @@ def run(args) -> int:
         raise ConfigError(f"{args.nodes} must be a whole number >= 1", "--nodes")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
-        cluster = _validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")
+        cluster = validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")
     n = cluster.world_size
     root = args.root or 0
     if args.op in ROOTED and not 0 <= root < n:

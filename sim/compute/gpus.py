@@ -4,7 +4,7 @@
     >>> KERNEL_MODELS["h100"].gemm_fraction["bfloat16"]      # MAMF / datasheet peak, measured
     0.803
 
-Per GPU (GPUSpec.compute names its entry; sim/cluster.py GPUS): the fraction of the datasheet peak the best GEMM
+Per GPU (GPUSpec.compute names its entry; sim/cluster/presets.py GPUS): the fraction of the datasheet peak the best GEMM
 reaches per input dtype, the SM count (for wave quantization), the attention kernel users run on it with its
 measured throughput, the HBM fraction a streaming kernel reaches, and the GPU's generation (which names the two
 fitted constants, sim/compute/fitted.py). Every number is a measurement or a datasheet figure; the source is on
@@ -95,7 +95,7 @@ class KernelModel:
     name: str
     generation: str                               # the fitted constants' key (sim/compute/fitted.py)
     peak_tflops: float                            # the datasheet bf16 peak and HBM bandwidth of the GPU measured:
-    hbm_GBps: float                               # the model applies to a spec with these (sim/cluster.py GPUS)
+    hbm_GBps: float                               # the model applies to a spec with these (sim/cluster/presets.py GPUS)
     sms: int                                      # streaming multiprocessors (datasheet / whitepaper)
     gemm_fraction: dict = field(hash=False)       # input dtype -> best GEMM / datasheet peak (measured)
     best_shape: tuple[int, int, int] = (8192, 8192, 8192)   # (M, N, K) of the best GEMM (where MAMF names one)

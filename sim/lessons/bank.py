@@ -196,7 +196,7 @@ EXERCISES = (
                  "to every other, so rails do not help: all-to-all (MoE) is NIC-bound across nodes."),
     Exercise("03-oversubscription", "A fat-tree node has 8 NICs of 50 GB/s and 4:1 oversubscription. What "
              "uplink capacity does the node have?", "GB/s", lambda: 8 * 50 / 4,
-             hint="capacity = NICs x bandwidth / oversubscription (sim/cluster.py, InterNode)",
+             hint="capacity = NICs x bandwidth / oversubscription (sim/cluster/specs.py, InterNode)",
              why="when every node sends at once, each gets a quarter of its NICs' speed."),
     # --- 04 validate on your machine ----------------------------------------------------------------------
     Exercise("04-error", "The simulator predicts 12 ms and you measure 10 ms. What is the error?", "%",

@@ -1,6 +1,6 @@
 """Lesson 06's later sections: mixed precision and FP8 under FSDP2, and the batch above which each strategy's
 communication hides behind its compute. Tables, the figure and the exercises, from the simulator's FSDP plans
-(sim/parallel/fsdp/plan.py) and the cluster presets (sim/cluster.py); no torch.
+(sim/parallel/fsdp/plan.py) and the cluster presets (sim/cluster/presets.py); no torch.
 
 Mixed precision (torch 2.13, torch/distributed/fsdp/_fully_shard/_fsdp_api.py ``MixedPrecisionPolicy``): FSDP2
 all-gathers in ``param_dtype`` and reduce-scatters gradients in ``reduce_dtype`` (None: param_dtype); the sharded
@@ -105,7 +105,7 @@ def peak_TFLOPs(cluster: str = "dgx-h100") -> float:
 
 def hiding_tokens(cluster: str = "dgx-h100", nodes: int = 2) -> float:
     """Tokens per GPU per step above which DDP's and ZeRO-3's communication hides behind compute: F / W, F the
-    GPU's dense bf16 FLOP/s (sim/cluster.py, datasheet peak), W :func:`ring_busbw_GBps` (module docstring)."""
+    GPU's dense bf16 FLOP/s (sim/cluster/presets.py, datasheet peak), W :func:`ring_busbw_GBps` (module docstring)."""
     return peak_TFLOPs(cluster) * 1e12 / (ring_busbw_GBps(cluster, nodes) * 1e9)
 
 

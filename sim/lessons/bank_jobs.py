@@ -2,7 +2,7 @@
 and the exercises, computed by the multi-job simulator (sim/jobs/), never typed in. No torch here: the real run
 of two jobs on this machine is runtime/lessons/shared.py.
 
-The fabric: DGX H100 nodes (8 ConnectX-7 NICs of 400 Gb/s = 50 GB/s, sim/cluster.py) under leaf switches of two
+The fabric: DGX H100 nodes (8 ConnectX-7 NICs of 400 Gb/s = 50 GB/s, sim/cluster/presets.py) under leaf switches of two
 nodes; a leaf's uplink to the spine carries its NICs' bandwidth over the oversubscription (sim/kernel/network.py).
 """
 from __future__ import annotations
