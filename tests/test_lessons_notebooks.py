@@ -140,14 +140,16 @@ def _shown_answers(text: str, ex_id: str, ex, strong_only: bool) -> list[str]:
     """Tokens of ``text`` that give away exercise ``ex_id``'s answer: a number with a unit of the right kind that
     the checker accepts ("4.77 ms", "27.3%"), or a bare number within 0.5% of the answer. A small whole number or
     a word (a count, a choice) appears everywhere ("4 ranks"), so it counts only when ``strong_only`` is False
-    (outputs of the exercise's own section)."""
-    from distlab.sim.lessons import check, solution
+    (outputs of the exercise's own section). ``ex``: the exercise, with the answer the executed notebook showed
+    when it did (``_exercises``)."""
+    from distlab.sim.lessons.checker import check_answer, solution_text
     from distlab.sim.lessons.units import UnitError, parse
     if ex.unit == "choice":
         if strong_only:
             return []
-        return [w for w in set(re.findall(r"[\w.-]+", text)) if w.lower() in ex.choices and check(ex_id, w).ok]
-    want = parse(solution(ex_id)).value
+        return [w for w in set(re.findall(r"[\w.-]+", text)) if w.lower() in ex.choices and
+                check_answer(ex, w, {}).ok]
+    want = parse(solution_text(ex, {})).value
     hits = []
     for number, unit in set(_TOKEN.findall(text)):
         quantity = None
@@ -157,7 +159,7 @@ def _shown_answers(text: str, ex_id: str, ex, strong_only: bool) -> list[str]:
             except UnitError:
                 quantity = None                                      # "16 microbatches": a bare number
         if quantity is not None and quantity.unit is not None:
-            if ex.unit != "count" and quantity.dimension == ex.dimension and check(ex_id, str(quantity)).ok:
+            if ex.unit != "count" and quantity.dimension == ex.dimension and check_answer(ex, str(quantity), {}).ok:
                 scale = quantity.to(ex.unit) / quantity.value if quantity.value else 1.0
                 if not strong_only or _is_answer_as_printed(number, want / scale):
                     hits.append(f"{number} {unit}")
@@ -184,9 +186,46 @@ def _is_answer_as_printed(number: str, want: float) -> bool:
     return abs(abs(float(number)) - abs(want)) <= half_ulp * (1 + 1e-9)
 
 
-def _revealed(nb) -> list[str]:
+def _shown_expected(nb) -> dict:
+    """Exercise id -> the expected value its verdict carries in the executed notebook ``nb`` (data-expected: in
+    quick mode every verdict whose value the library computes carries it, sim/lessons/checker.py), as the
+    library computed it in the notebook's kernel: the scans read it there instead of computing it again here
+    (lesson 11's answers come from a planner search). A number is read back exactly (str of a float is its repr)."""
+    import ast
+    shown = {}
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            html = o.get("data", {}).get("text/html", "")
+            m = re.search(r'class="distlab-verdict[^"]*" data-expected="([^"]*)".*?\[(\d\d-[\w-]+)\]', html, re.S)
+            if m:
+                import html as html_module
+                text = html_module.unescape(m.group(1))
+                try:
+                    value = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    value = text
+                shown.setdefault(m.group(2), value)
+    return shown
+
+
+def _exercises(nb=None) -> dict:
+    """The exercises, each of those that take no measurement with the expected value the executed notebook ``nb``
+    shows (``_shown_expected``; traps dropped: they name a wrong answer, never change whether one is right);
+    the others as the library computes them."""
+    from dataclasses import replace
+
     from distlab.sim.lessons import exercises
     table = exercises()
+    shown = _shown_expected(nb) if nb is not None else {}
+    for ex_id, value in shown.items():
+        ex = table.get(ex_id)
+        if ex is not None and not ex.needs and (isinstance(value, str) == (ex.unit == "choice")):
+            table[ex_id] = replace(ex, expected=lambda value=value: value, traps=None)
+    return table
+
+
+def _revealed(nb) -> list[str]:
+    table = _exercises(nb)
     problems, earlier, tables, section = [], [], [], 0
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -338,13 +377,13 @@ def _readme() -> str:
         return f.read()
 
 
-def _prose_revealed(nb, readme: str) -> list[str]:
+def _prose_revealed(nb, readme: str, run=None) -> list[str]:
     """Exercise ids of ``nb`` whose accepted answer is in what a learner reads before answering: lessons/README.md,
     every markdown cell and code cell (its comments: the prompt) up to and including the check cell, the
     question and hint of every exercise of the lesson (a hint shows with any wrong answer, in any order), and
-    the 'why' of the exercises checked before (shown once they are right)."""
-    from distlab.sim.lessons import exercises
-    table = exercises()
+    the 'why' of the exercises checked before (shown once they are right). ``run``: ``nb`` executed, if this
+    session executed it: the answers are read from its verdicts (``_exercises``)."""
+    table = _exercises(run)
     ids = [i for c in nb.cells if c.cell_type == "code"
            for i in re.findall(r'^check\("(\d\d-[\w-]+)"', c.source, re.M)]
     always = [("lessons/README.md", readme)] + [(f"{i}'s question", table[i].question) for i in ids] + \
@@ -364,10 +403,22 @@ def _prose_revealed(nb, readme: str) -> list[str]:
     return problems
 
 
+def _run_of(path, request):
+    """The executed copy of ``path`` when this session executes it anyway (its test_runs_top_to_bottom is
+    selected) and it ran; else None (the answers are then computed here)."""
+    if not any(getattr(item, "originalname", "") == "test_runs_top_to_bottom" and
+               item.callspec.params.get("path") == path for item in request.session.items):
+        return None
+    try:
+        return request.getfixturevalue("executed")[path].result()[0]
+    except Exception:                       # the notebook failed: test_runs_top_to_bottom says why
+        return None
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids())
-def test_no_answer_in_the_prose_before_its_question(path):
+def test_no_answer_in_the_prose_before_its_question(path, request):
     nb = nbformat.read(path, as_version=4)
-    problems = _prose_revealed(nb, _readme())
+    problems = _prose_revealed(nb, _readme(), _run_of(path, request))
     assert not problems, "predict first: " + "; ".join(problems)
 
 
@@ -418,3 +469,32 @@ def test_a_measurement_near_a_fixed_answer_is_not_a_give_away():
     assert shown("all_reduce  8 MiB  5.705\n") == [] and shown("took 5.705 ms\n") == []
     assert "5.693" in shown("all_reduce  8 MiB  5.693\n")[0] and "5.693 ms" in shown("took 5.693 ms\n")[0]
     assert "5.69 ms" in shown("took 5.69 ms\n")[0]
+
+
+def test_the_scans_read_each_answer_from_the_executed_notebook(monkeypatch):
+    """In quick mode every verdict carries its expected value (data-expected), and the scans take the answer from
+    there: a made-up executed notebook whose 04-predict verdict says 7.125 ms is caught showing "7.125 ms" above
+    it and not the library's 5.693 ms; without the attribute the answer is computed (5.693 ms caught). The prose
+    scan reads the same values."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from distlab.sim.lessons import check
+    monkeypatch.setenv(QUICK, "1")
+    html = check("04-predict", None)._repr_html_()
+    assert 'data-expected="5.69' in html
+    monkeypatch.delenv(QUICK)
+    assert "data-expected" not in check("04-predict", None)._repr_html_()        # a learner's page: no answer
+
+    def notebook(shown, verdict_html):
+        out = new_code_cell("rows_table(rows)", outputs=[new_output("stream", name="stdout", text=shown)])
+        ask = new_code_cell('answer = None\ncheck("04-predict", answer)', outputs=[new_output(
+            "display_data", data={"text/html": verdict_html, "text/plain": ""})])
+        return new_notebook(cells=[new_markdown_cell("## 3. Predict"), out, ask])
+
+    other = re.sub(r'data-expected="[^"]*"', 'data-expected="7.125"', html)
+    assert "7.125 ms" in _revealed(notebook("took 7.125 ms\n", other))[0]
+    assert _revealed(notebook("took 5.693 ms\n", other)) == []
+    assert "5.693 ms" in _revealed(notebook("took 5.693 ms\n", html.replace("data-expected", "data-x")))[0]
+    prompt = new_code_cell('answer = None   # e.g. "7.125 ms"\ncheck("04-predict", answer)')
+    assert "7.125 ms" in _prose_revealed(new_notebook(cells=[prompt]), "", notebook("", other))[0]
+    assert _prose_revealed(new_notebook(cells=[prompt]), "") == []

@@ -156,7 +156,8 @@ def _ring_task(ctx, payload):
 def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: float = 120.0) -> str:
     """Run ``script`` under torchrun. ``nnodes`` > 1 starts one torchrun agent per 'node' on this machine
     (--nnodes, --node-rank, --master-addr 127.0.0.1), as you would on each machine of a cluster. Returns the
-    ranks' output lines (torchrun's own banner dropped), sorted."""
+    ranks' output lines (torchrun's own banner dropped), sorted. Quick mode (runtime/lessons/common.py): one
+    process per node (a torchrun worker is a new Python that imports torch, ~3 s of CPU on a small machine)."""
     import shutil
     import tempfile
     logs = tempfile.mkdtemp(prefix="distlab-torchrun-")       # torchrun's logs (else torchelastic_* stays in /tmp)
@@ -168,8 +169,7 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
 
 def _torchrun(script: str, nproc_per_node: int, nnodes: int, timeout: float, logs: str) -> str:
     from distlab.runtime.launch import free_port
-    if nnodes > 1:
-        nproc_per_node = fewer(nproc_per_node, 1)
+    nproc_per_node = fewer(nproc_per_node, 1)         # quick mode: one worker per node (each imports torch)
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
             "--log-dir", logs]
     if nnodes == 1:

@@ -8,7 +8,7 @@ QUICK_ENV = "DISTLAB_LESSONS_QUICK"
 
 def quick() -> bool:
     """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
-    repeat less (iterations, steps, warm-up; one process per node in a multi-node torchrun), so CI executes
+    repeat less (iterations, steps, warm-up, calibration rounds; one process per node in torchrun), so CI executes
     every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
     return os.environ.get(QUICK_ENV, "") not in ("", "0")
 

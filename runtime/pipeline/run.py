@@ -116,11 +116,12 @@ def run_interleaved(cfgs: list[dict], rank: int) -> list[dict]:
     (runtime/pipeline/validate.py fits a probe and predicts the configuration beside which it ran)."""
     runs = [_Schedule(cfg, rank) for cfg in cfgs]
     first = runs[0].cfg
-    timings = [calibrate_alone(first["width"], first["rows"])] if first.get("calibrate") else []
+    effort = (first.get("calibrate_repeat", 10), first.get("calibrate_rounds", 5))   # calibrate()'s repeat, rounds
+    timings = [calibrate_alone(first["width"], first["rows"], *effort)] if first.get("calibrate") else []
     while any(r.done < r.total for r in runs):
         min((r for r in runs if r.done < r.total), key=lambda r: r.done / r.total).step()
     if timings:
-        timings.append(calibrate_alone(first["width"], first["rows"]))
+        timings.append(calibrate_alone(first["width"], first["rows"], *effort))
     calibration = {k: sum(t[k] for t in timings) / len(timings) for k in timings[0]} if timings else None
     return [r.result(calibration) for r in runs]
 
@@ -153,14 +154,14 @@ def _instrument(stage, log: list) -> None:
     stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
-def calibrate_alone(width: int, rows: int) -> dict:
+def calibrate_alone(width: int, rows: int, repeat: int = 10, rounds: int = 5) -> dict:
     """``calibrate`` on each rank in turn while the others wait in a barrier (asleep, holding no core)."""
     import torch.distributed as dist
     mine = None
     for r in range(dist.get_world_size()):
         dist.barrier()
         if r == dist.get_rank():
-            mine = calibrate(width, rows)
+            mine = calibrate(width, rows, repeat, rounds)
     dist.barrier()
     return mine
 
@@ -234,7 +235,8 @@ def rank_main(ctx, payload: dict) -> dict:
     if payload.get("calibrate"):
         dist.barrier()
         shape = payload["calibrate"]
-        out["calibration"] = calibrate_alone(shape["width"], shape["rows"])
+        out["calibration"] = calibrate_alone(shape["width"], shape["rows"], shape.get("repeat", 10),
+                                             shape.get("rounds", 5))
         out["p2p"] = calibrate_p2p(ctx.rank, ctx.world_size, shape["width"] * shape["rows"] * 4)
     group = payload.get("interleave", 1)
     for i in range(0, len(payload["runs"]), group):

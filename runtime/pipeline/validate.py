@@ -185,8 +185,9 @@ def measure_runs(cfgs: list[dict], n: int, timeout: float = 600.0, count_pids=()
     load = machine_load.sample(count_pids=count_pids)
     cfgs = [{**DEFAULTS, **c, "calibrate": True} for c in cfgs]
     runs = [run for c in cfgs for run in (probe_config(c), c)]
-    res = measure(runs, n, calibrate_shape={"width": cfgs[0]["width"], "rows": cfgs[0]["rows"]}, timeout=timeout,
-                  interleave=2)
+    shape = {"width": cfgs[0]["width"], "rows": cfgs[0]["rows"], "repeat": cfgs[0].get("calibrate_repeat", 10),
+             "rounds": cfgs[0].get("calibrate_rounds", 5)}         # calibrate()'s effort, as the configs ask
+    res = measure(runs, n, calibrate_shape=shape, timeout=timeout, interleave=2)
     return {"cfgs": cfgs, "runs": runs, "res": res, "load": load, "n": n}
 
 
