@@ -25,7 +25,10 @@ from functools import lru_cache
 class Compiled:
     """A schedule's list-scheduling order: per action (rank, the index of the action whose output it receives or
     -1, the index of its link or -1) in ``order`` and its (kind, stage, micro-batch) in ``actions``; ``links``:
-    (src rank, dst rank); ``last_b``: per stage the index of its last backward; ``placement``: stage -> rank."""
+    (src rank, dst rank); ``last_b``: per stage the index of its last backward; ``placement``: stage -> rank;
+    ``slots``: per action 2 x stage + (kind is B), its index in a flat (F, B) per stage list of durations;
+    ``message_links``: per action the link of the message it receives, -1 for none (the last element of a list
+    of link durations with a 0 appended)."""
     order: tuple
     actions: tuple
     links: tuple
@@ -33,6 +36,16 @@ class Compiled:
     placement: tuple
     ranks: int
     on_demand: bool
+    slots: tuple = ()
+    message_links: tuple = ()
+
+
+@lru_cache(maxsize=512)
+def built_schedule(schedule: str, p: int, m: int, v: int = 1) -> tuple:
+    """sim/parallel/pipeline/schedules.py ``build`` as tuples (its actions are immutable), built once per shape:
+    a search asks for the same shapes for memory (the peak of live blocks) and for time."""
+    from distlab.sim.parallel.pipeline import schedules as S
+    return tuple(tuple(acts) for acts in S.build(schedule, p, m, v))
 
 
 @lru_cache(maxsize=512)
@@ -40,7 +53,7 @@ def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
     """The order :func:`run_schedule` evaluates (receives on demand for gpipe and 1f1b, early otherwise, as
     sim/parallel/pipeline/plan.py posts them with recv auto)."""
     from distlab.sim.parallel.pipeline import schedules as S
-    per_rank = S.build(schedule, p, m, v)
+    per_rank = built_schedule(schedule, p, m, v)
     n_stages, on_demand = p * v, S.normalise(schedule) in ("gpipe", "1f1b")
     placement = [0] * n_stages
     for r, acts in enumerate(per_rank):
@@ -75,7 +88,8 @@ def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
         if not moved:
             raise ValueError("pipeline schedule deadlocked in the estimate")
     return Compiled(tuple(order), tuple(actions), tuple(sorted(links, key=links.get)), tuple(last_b),
-                    tuple(placement), p, on_demand)
+                    tuple(placement), p, on_demand, tuple(2 * s + (kind == "B") for kind, s, _ in actions),
+                    tuple(link for _, _, link in order))
 
 
 def run_schedule(c: Compiled, seconds: list, message_s: list, after_s: dict | None = None) -> tuple[list, list]:

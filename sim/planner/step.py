@@ -12,7 +12,7 @@ from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
 from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds
-from distlab.sim.planner.schedule import compiled_schedule, run_schedule
+from distlab.sim.planner.schedule import built_schedule, compiled_schedule, run_schedule
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.stage_fsdp import StageTerms
 from distlab.sim.planner.stage_cp import CPStages
@@ -70,9 +70,9 @@ class Estimator:
         ranks = (0,) if L.virtual_stages == 1 and L.split is None else tuple(range(L.pp))
         key = ("peaks", L.schedule, L.pp, L.microbatches, L.virtual_stages, blocks, ranks)
         if key not in self._layers:
-            from distlab.sim.parallel.pipeline import schedules as S
             from distlab.sim.workloads.tp import peak_blocks
-            self._layers[key] = peak_blocks(S.build(L.schedule, L.pp, L.microbatches, L.virtual_stages), blocks, ranks)
+            self._layers[key] = peak_blocks(built_schedule(L.schedule, L.pp, L.microbatches, L.virtual_stages),
+                                            blocks, ranks)
         parts = fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
         if L.composed and L.shard > 1:
             # FSDP2 inside a pipeline keeps its stages unsharded for the whole step (reshard_after_forward false,
@@ -143,7 +143,15 @@ class Estimator:
 
     def _walk(self, L: Layout) -> tuple:
         """(stage ranges, per stage (F, B, compute, TP comm), last backward per stage, end per rank) of the
-        schedule walked with the stages' forward and backward (sim/planner/schedule.py)."""
+        schedule walked with the stages' forward and backward (sim/planner/schedule.py). Cached by what it reads
+        of the layout (layouts that differ only in their data parallelism share it); read-only."""
+        key = ("walk", L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.loss_parallel, L.recompute,
+               L.schedule, L.pp, L.microbatches, L.virtual_stages, L.split)
+        if key not in self._layers:
+            self._layers[key] = self._walked(L)
+        return self._layers[key]
+
+    def _walked(self, L: Layout) -> tuple:
         model = self.model(L.micro_batch)
         names = [layer.name for layer in model.layers]
         p, v = L.pp, L.virtual_stages
@@ -156,9 +164,10 @@ class Estimator:
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
         hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
-        last_b, ends = run_schedule(comp, [stage[s][kind == "B"] for kind, s, _ in comp.actions],
-                                    [hops[link] if link >= 0 else 0.0 for _, _, link in comp.order])
-        return ranges, stage, last_b, ends
+        durations = [t for f, b, _, _ in stage for t in (f, b)]          # per stage F, B: comp.slots index it
+        hops.append(0.0)                                                  # link -1: no message
+        last_b, ends = run_schedule(comp, [durations[k] for k in comp.slots], [hops[k] for k in comp.message_links])
+        return tuple(ranges), tuple(stage), tuple(last_b), tuple(ends)
 
     def _pipeline(self, L: Layout) -> Estimate:
         names = [layer.name for layer in self.model(L.micro_batch).layers]
