@@ -25,6 +25,7 @@ class StageTerms:
 
     def __init__(self, est):
         self.est, self._ops, self._terms = est, {}, {}
+        self._local: dict = {}            # tp -> the TP-local model FSDP2 shards
 
     def terms(self, L, r: int) -> tuple[float, float, float, float]:
         key = (L.tp, L.pp, L.virtual_stages, L.split, L.dp_kind, L.dp, L.dp_shard, r)
@@ -88,7 +89,9 @@ class StageTerms:
             # shard the TP-local model (sim/parallel/tp/rules.py tp_local_model), as parallelize's FSDP2 step does
             mesh = Mesh({"pp": L.pp, "dp_replicate": 2, "dp_shard": shard})
             from distlab.sim.parallel.tp.rules import tp_local_model
-            model = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
+            if L.tp not in self._local:
+                self._local[L.tp] = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
+            model = self._local[L.tp]
             # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
             # their number): GPipe with one, or interleaved with one per stage
             v = L.virtual_stages

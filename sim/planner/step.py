@@ -7,6 +7,8 @@ Activations (and CP's ring buffers) are linear in the micro-batch: computed at m
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
@@ -230,7 +232,7 @@ class Estimator:
         """Seconds of recomputed forward work in one micro-batch's backward of these layers."""
         if L.recompute == "none":
             return 0.0
-        plain = Layout(**{**L.to_dict(), "recompute": "none", "split": L.split})
+        plain = replace(L, recompute="none")
         return sum(self.layer_times(L, names[i])[2] - self.layer_times(plain, names[i])[2] for i in layers)
 
     def _flat(self, L: Layout) -> Estimate:
