@@ -37,13 +37,13 @@ class StageTerms:
         from distlab.sim.planner.flat import _at_size
         real = L.shard
         sizes = [real] if real in (2, 4) else [2, 4]
-        progs = [[op for op in self._program(L, n)[r] if _fsdp_op(op)] for n in sizes]
+        progs = [self._program(L, n)[r] for n in sizes]          # FSDP2's ops only (kept so by _program)
         try:
             if len(progs) > 1 and len(progs[0]) != len(progs[1]):
                 raise ValueError("programs at two shard sizes differ in length")
             ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
         except ValueError:                # not affine (e.g. a unit's padding changes its ops): build it as it is
-            ops = [op for op in self._program(L, real)[r] if _fsdp_op(op)]
+            ops = self._program(L, real)[r]
         mesh = Mesh(L.mesh())
         rank = r * (L.world_size // L.pp)
         shard = mesh.group_of(rank, "dp_shard")

@@ -14,7 +14,7 @@ from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
 from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds
-from distlab.sim.planner.schedule import built_schedule, compiled_schedule, run_schedule
+from distlab.sim.planner.schedule import built_schedule, compiled_schedule, run_stages
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.stage_fsdp import StageTerms
 from distlab.sim.planner.stage_cp import CPStages
@@ -166,9 +166,7 @@ class Estimator:
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
         hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
-        durations = [t for f, b, _, _ in stage for t in (f, b)]          # per stage F, B: comp.slots index it
-        hops.append(0.0)                                                  # link -1: no message
-        last_b, ends = run_schedule(comp, [durations[k] for k in comp.slots], [hops[k] for k in comp.message_links])
+        last_b, ends = run_stages(comp, [t for f, b, _, _ in stage for t in (f, b)], hops)
         return tuple(ranges), tuple(stage), tuple(last_b), tuple(ends)
 
     def _pipeline(self, L: Layout) -> Estimate:
