@@ -26,6 +26,7 @@ class StageTerms:
     def __init__(self, est):
         self.est, self._ops, self._terms = est, {}, {}
         self._local: dict = {}            # tp -> the TP-local model FSDP2 shards
+        self._seconds: dict = {}          # a Compute op's fields but its name and stream -> its seconds
 
     def terms(self, L, r: int) -> tuple[float, float, float, float]:
         key = (L.tp, L.pp, L.virtual_stages, L.split, L.dp_kind, L.dp, L.dp_shard, r)
@@ -48,12 +49,12 @@ class StageTerms:
         rank = r * (L.world_size // L.pp)
         shard = mesh.group_of(rank, "dp_shard")
         replicas = mesh.group_of(rank, "dp_replicate") if "dp_replicate" in mesh.names else (rank,)
-        costs, cluster = self.est.costs, self.est.cluster
+        costs = self.est.costs
         first = gather = reduce = opt = 0.0
         gathers = copies = 0                 # the first unit: its copy-in, all-gather and copy-out
         for op in ops:
             if isinstance(op, Compute):
-                t = compute_seconds(op, cluster)
+                t = self._compute_seconds(op)
                 if op.name == "optimizer":
                     opt += t
                 elif op.name.startswith(("copy-in grads", "copy-out grads")):
@@ -77,6 +78,15 @@ class StageTerms:
                 else:
                     reduce += t
         return first, gather, reduce, opt
+
+    def _compute_seconds(self, op) -> float:
+        """``engine.compute_seconds`` of a Compute op, once per op less its name and stream (which it does not
+        read): every block's copies are the same op under another name."""
+        key = tuple(v for k, v in op.__dict__.items() if k not in ("name", "stream"))
+        t = self._seconds.get(key)
+        if t is None:
+            t = self._seconds[key] = compute_seconds(op, self.est.cluster)
+        return t
 
     def _program(self, L, shard: int) -> list:
         """The pipeline ranks' ops (one list per pp rank) with FSDP2 over ``shard`` ranks (HSDP: 2 replicas)."""
