@@ -153,21 +153,31 @@ class Estimator:
             self._layers[key] = self._walked(L)
         return self._layers[key]
 
+    def _stage_times(self, L: Layout) -> tuple:
+        """(stage ranges, per stage (F, B, compute, TP comm)): the same for every schedule and micro-batch count."""
+        key = ("stage times", L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.loss_parallel, L.recompute,
+               L.pp * L.virtual_stages, L.split)
+        if key not in self._layers:
+            model = self.model(L.micro_batch)
+            names = [layer.name for layer in model.layers]
+            ranges = stage_ranges(model, L.pp * L.virtual_stages, list(L.split) if L.split else None)
+            stage = []                        # per stage: F, B, and their compute / TP parts
+            for r in ranges:
+                t = [self.layer_times(L, names[i]) for i in r]
+                fc, fm, bc, bm = (sum(x[k] for x in t) for k in range(4))
+                stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
+            self._layers[key] = tuple(ranges), tuple(stage)
+        return self._layers[key]
+
     def _walked(self, L: Layout) -> tuple:
         model = self.model(L.micro_batch)
-        names = [layer.name for layer in model.layers]
         p, v = L.pp, L.virtual_stages
-        ranges = stage_ranges(model, p * v, list(L.split) if L.split else None)
-        stage = []                        # per stage: F, B, and their compute / TP parts
-        for r in ranges:
-            t = [self.layer_times(L, names[i]) for i in r]
-            fc, fm, bc, bm = (sum(x[k] for x in t) for k in range(4))
-            stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
+        ranges, stage = self._stage_times(L)
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
         hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
         last_b, ends = run_stages(comp, [t for f, b, _, _ in stage for t in (f, b)], hops)
-        return tuple(ranges), tuple(stage), tuple(last_b), tuple(ends)
+        return ranges, stage, tuple(last_b), tuple(ends)
 
     def _pipeline(self, L: Layout) -> Estimate:
         names = [layer.name for layer in self.model(L.micro_batch).layers]
