@@ -20,6 +20,9 @@ from distlab.sim.mesh import Mesh
 from distlab.sim.plan import Collective, Compute
 
 
+STAGE_MICROBATCHES = 1      # micro-batches of the programs FSDP2's ops are read off
+
+
 class StageTerms:
     """Per pipeline rank: (first unit's gather, all gathers, all reduces, optimizer) seconds of a layout."""
 
@@ -102,10 +105,11 @@ class StageTerms:
             if L.tp not in self._local:
                 self._local[L.tp] = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
             model = self._local[L.tp]
-            # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
-            # their number): GPipe with one, or interleaved with one per stage
+            # the fewest micro-batches that build the stages: one, GPipe or interleaved (FSDP2 gathers and reduces a
+            # stage once whatever their number, in the same order: tests/test_planner.py checks the FSDP2 ops of
+            # one micro-batch against one per stage)
             v = L.virtual_stages
-            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=1 if v == 1 else L.pp,
+            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=STAGE_MICROBATCHES,
                                    virtual_stages=v, split=list(L.split) if L.split else None)
             par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)})
             per = mesh.world_size // L.pp
