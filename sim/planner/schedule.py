@@ -26,7 +26,8 @@ class Compiled:
     """A schedule's list-scheduling order: per action (rank, the index of the action whose output it receives or
     -1, the index of its link or -1) in ``order`` and its (kind, stage, micro-batch) in ``actions``; ``links``:
     (src rank, dst rank); ``last_b``: per stage the index of its last backward; ``placement``: stage -> rank;
-    ``slots``: per action 2 x stage + (kind is B), its index in a flat (F, B) per stage list of durations."""
+    ``rows``: per action in order (rank, dep, link, slot), slot = 2 x stage + (kind is B), its index in a flat
+    (F, B) per stage list of durations."""
     order: tuple
     actions: tuple
     links: tuple
@@ -34,7 +35,7 @@ class Compiled:
     placement: tuple
     ranks: int
     on_demand: bool
-    slots: tuple = ()
+    rows: tuple = ()
 
 
 @lru_cache(maxsize=512)
@@ -89,29 +90,33 @@ def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
         if not moved:
             raise ValueError("pipeline schedule deadlocked in the estimate")
     return Compiled(tuple(order), tuple(actions), tuple(sorted(links, key=links.get)), tuple(last_b),
-                    tuple(placement), p, on_demand, tuple(2 * s + (kind == "B") for kind, s, _ in actions))
+                    tuple(placement), p, on_demand,
+                    tuple((*o, 2 * s + (kind == "B")) for o, (kind, s, _) in zip(order, actions)))
 
 
 def run_stages(c: Compiled, durations: list, hops: list) -> tuple[list, list]:
-    """:func:`run_schedule` with one duration per stage and kind (``durations[c.slots[i]]``: F and B of each
-    stage in turn) and one per link (``hops[link]``), read in place instead of listed per action: the same sums
-    in the same order (sim/planner/step.py walks every pipeline layout so)."""
-    done = [0.0] * len(c.order)
+    """:func:`run_schedule` with one duration per stage and kind (``durations[slot]``: F and B of each stage in
+    turn) and one per link (``hops[link]``), read in place instead of listed per action: the same sums in the
+    same order (sim/planner/step.py walks every pipeline layout so)."""
+    done: list = []
+    finish = done.append
     ready = [0.0] * c.ranks
     link_free = [0.0] * len(c.links)
     on_demand = c.on_demand
-    for i, ((r, dep, link), slot) in enumerate(zip(c.order, c.slots)):
+    for r, dep, link, slot in c.rows:
         start = ready[r]
         if dep >= 0:
             begin = done[dep]
-            if link_free[link] > begin:
-                begin = link_free[link]
+            free = link_free[link]
+            if free > begin:
+                begin = free
             if on_demand and start > begin:
                 begin = start
             arrive = link_free[link] = begin + hops[link]
             if arrive > start:
                 start = arrive
-        done[i] = ready[r] = start + durations[slot]
+        end = ready[r] = start + durations[slot]
+        finish(end)
     return [done[i] for i in c.last_b], ready
 
 
