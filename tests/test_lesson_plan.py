@@ -1,6 +1,9 @@
 """Lesson 11's library (sim/lessons/bank_plan.py): its answers follow the planner and the model, its quote of the
 published layout is self-consistent, and the scenario it hands to the real run is the planner's layout."""
+import hashlib
+import json
 import math
+import pathlib
 
 import pytest
 
@@ -96,3 +99,42 @@ def test_the_mfu_story_the_lesson_tells():
     busy = first.estimate.terms["compute_s"] + first.estimate.terms.get("recompute_s", 0.0)
     assert math.isclose(compute_only_mfu(s70, first) * busy, s70.mfu(first) * first.estimate.step_s)
     assert [r[2] for r in mfu_table({"x": s70}).rows[1:]] == ["43%", "41%", "38%"]
+
+
+GOLDEN = pathlib.Path(__file__).parent / "data" / "golden_lesson_plans.json"
+
+
+def lesson_search_golden(s) -> dict:
+    """What one of lesson 11's searches found, bit-exact (floats as float.hex): the counts, the top 10 rows, each
+    family's best, and the sha256 of every ranked candidate (its layout, memory by part, estimate and terms)."""
+    def row(c):
+        return [repr(c.layout), {k: float(v).hex() for k, v in c.memory.items()}, c.estimate.step_s.hex(),
+                {k: float(v).hex() for k, v in c.estimate.terms.items()}]
+    best: dict = {}
+    for c in s.ranked:
+        best.setdefault(c.layout.family, [c.layout.label(), c.step_s.hex()])
+    every = json.dumps([row(c) for c in s.ranked], sort_keys=True).encode()
+    return {"layouts": len(s.all), "fit": s.fit, "estimated": len(s.ranked),
+            "top": [[c.layout.label(), c.step_s.hex(), float(c.memory_bytes).hex()] for c in s.ranked[:10]],
+            "families": best, "sha256": hashlib.sha256(every).hexdigest()}
+
+
+@pytest.mark.parametrize("name", ["70b", "405b-replica", "tiny"])
+def test_lesson_searches_find_what_they_found_before(name):
+    """The planner's speed-ups (sim/planner/) change no figure of lesson 11's searches: every candidate's memory,
+    estimate and terms bit for bit, the ranking and each family's best as saved before them (tests/data/
+    golden_lesson_plans.json, written by ``python tests/test_lesson_plan.py`` from the code before; rewrite it
+    the same way when a cost model changes the figures on purpose). The searches are the ones the other tests
+    of this file read (cached per process)."""
+    want = json.loads(GOLDEN.read_text())[name]
+    got = lesson_search_golden(B._search(name))
+    assert got["layouts"] == want["layouts"] and got["fit"] == want["fit"]
+    assert got["top"] == want["top"]
+    assert got["families"] == want["families"]
+    assert got["sha256"] == want["sha256"]
+
+
+if __name__ == "__main__":              # write the golden file from the code as it is
+    GOLDEN.write_text(json.dumps({name: lesson_search_golden(B._search(name))
+                                  for name in ("70b", "405b-replica", "tiny")}, indent=1) + "\n")
+    print(f"wrote {GOLDEN}")

@@ -204,3 +204,31 @@ def test_two_processes_estimate_what_one_does(small_cluster):
     assert len(layouts) == PARALLEL_FROM
     serial = [e.step_s for e in estimate_all(Estimator(TINY, cluster), layouts, workers=1)]
     assert [e.step_s for e in estimate_all(est, layouts, workers=2)] == serial
+
+
+def test_fsdp_in_stages_is_read_off_one_micro_batch():
+    """sim/planner/stage_fsdp.py reads FSDP2's ops inside pipeline stages off a program of STAGE_MICROBATCHES
+    micro-batches: they are the ops (and their order) of a program of one micro-batch per stage, or two, for
+    interleaved stages (unsharded up front, reduced after each stage's last backward) and GPipe, even or split."""
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.models import model_from_spec
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.parallelize import choose, parallelize
+    from distlab.sim.parallel.pipeline.plan import PipelineOptions
+    from distlab.sim.planner.stage_fsdp import STAGE_MICROBATCHES, _fsdp_op
+    model = model_from_spec({**TINY, "layers": 8}, "model")
+
+    def fsdp_ops(pp, v, m, shard, split):
+        mesh = Mesh({"pp": pp, "dp_replicate": 2, "dp_shard": shard})
+        pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=m, virtual_stages=v,
+                               split=split)
+        par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)})
+        plan = parallelize(model, mesh, par, only=[q * 2 * shard for q in range(pp)])
+        return [[op for op in ops if _fsdp_op(op)] for ops in plan.ranks]
+    for pp, v, split in ((2, 1, None), (2, 1, [5, 3]), (2, 2, None), (2, 4, None), (4, 2, None),
+                         (2, 2, [3, 2, 2, 1])):
+        for shard in (2, 4):
+            ops = fsdp_ops(pp, v, STAGE_MICROBATCHES, shard, split)
+            assert any(ops) and any(op.name == "optimizer" for op in ops[0])
+            for m in (pp, 2 * pp):
+                assert fsdp_ops(pp, v, m, shard, split) == ops, (pp, v, split, shard, m)

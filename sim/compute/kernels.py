@@ -289,8 +289,10 @@ def flops_only_seconds(flops: float, nbytes: float, gpu, dtype: str = "bfloat16"
     (float32: the FP32 peak, torch's default without TF32; ``gpu.mfu`` of that peak without a kernel model: the
     flat roofline) and its HBM bytes."""
     dtype = gemm_dtype(dtype)
-    eff = (gemm_efficiency(flops, replace(gpu, gemm_efficiency=None), dtype=dtype) if kernel_model(gpu)
-           else gpu.mfu)
+    if kernel_model(gpu):                  # the kernel model's rate, not a fitted curve's (copied only when it has one)
+        eff = gemm_efficiency(flops, replace(gpu, gemm_efficiency=None) if gpu.gemm_efficiency else gpu, dtype=dtype)
+    else:
+        eff = gpu.mfu
     return max(flops / (peak_tflops(gpu, dtype) * 1e12 * eff), nbytes / hbm_Bps(gpu))
 
 

@@ -37,7 +37,8 @@ LLAMA3_405B_TABLE4 = {
 # The lesson's searches run in the notebook's own process (workers=1): the planner's default shares the estimate
 # between 2 local processes, which each fill their own caches. Measured on a 2-core machine with other work on it
 # (load 2.5-3, 2026-12-02): the 70B question took 17.4 s of CPU and 19 s in one process, 27 s of CPU and 30 s with
-# 2 (the same ranking: tests/test_planner.py test_two_processes_estimate_what_one_does). The notebook tests run
+# 2 (the same ranking: tests/test_planner.py test_two_processes_estimate_what_one_does); since the planner's
+# speed-ups of that day about 8.5 s of CPU in one process (docs/planner.md "Every layout, estimated"). The notebook tests run
 # beside other tests, where a second process only takes a core from them.
 SEARCH_WORKERS = 1
 

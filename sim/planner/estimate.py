@@ -51,12 +51,20 @@ class CostCache:
         self.gpn = cluster.gpus_per_node
         self._cuts: dict = {}
         self._times: dict = {}
+        self._asked: dict = {}          # (op, bytes, group, algorithm) -> seconds: every block asks the same
 
     def collective(self, op: str, nbytes: int, group: tuple, algorithm: str = "auto") -> float:
         """Seconds of one collective on ``group``, simulated on the cluster cut to the nodes it spans (cached by
         that cut: groups the cut makes equal, e.g. every rank's dp group, are simulated once)."""
         if len(group) < 2 or nbytes <= 0 and op != "barrier":
             return 0.0
+        asked = (op, nbytes, group, algorithm)
+        t = self._asked.get(asked)
+        if t is None:
+            t = self._asked[asked] = self._collective(op, nbytes, group, algorithm)
+        return t
+
+    def _collective(self, op: str, nbytes: int, group: tuple, algorithm: str) -> float:
         key = self._cuts.get(group)
         if key is None:
             small, members = self._cut(group)

@@ -25,7 +25,9 @@ from functools import lru_cache
 class Compiled:
     """A schedule's list-scheduling order: per action (rank, the index of the action whose output it receives or
     -1, the index of its link or -1) in ``order`` and its (kind, stage, micro-batch) in ``actions``; ``links``:
-    (src rank, dst rank); ``last_b``: per stage the index of its last backward; ``placement``: stage -> rank."""
+    (src rank, dst rank); ``last_b``: per stage the index of its last backward; ``placement``: stage -> rank;
+    ``rows``: per action in order (rank, dep, link, slot), slot = 2 x stage + (kind is B), its index in a flat
+    (F, B) per stage list of durations."""
     order: tuple
     actions: tuple
     links: tuple
@@ -33,6 +35,15 @@ class Compiled:
     placement: tuple
     ranks: int
     on_demand: bool
+    rows: tuple = ()
+
+
+@lru_cache(maxsize=512)
+def built_schedule(schedule: str, p: int, m: int, v: int = 1) -> tuple:
+    """sim/parallel/pipeline/schedules.py ``build`` as tuples (its actions are immutable), built once per shape:
+    a search asks for the same shapes for memory (the peak of live blocks) and for time."""
+    from distlab.sim.parallel.pipeline import schedules as S
+    return tuple(tuple(acts) for acts in S.build(schedule, p, m, v))
 
 
 @lru_cache(maxsize=512)
@@ -40,13 +51,13 @@ def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
     """The order :func:`run_schedule` evaluates (receives on demand for gpipe and 1f1b, early otherwise, as
     sim/parallel/pipeline/plan.py posts them with recv auto)."""
     from distlab.sim.parallel.pipeline import schedules as S
-    per_rank = S.build(schedule, p, m, v)
+    per_rank = built_schedule(schedule, p, m, v)
     n_stages, on_demand = p * v, S.normalise(schedule) in ("gpipe", "1f1b")
     placement = [0] * n_stages
     for r, acts in enumerate(per_rank):
         for a in acts:
             placement[a.stage] = r
-    index: dict[tuple, int] = {}
+    index: dict[tuple, int] = {}           # action (stage, kind, mb) -> its place in the order
     links: dict[tuple, int] = {}
     order, actions, last_b = [], [], [0] * n_stages
     pos = [0] * p
@@ -54,28 +65,59 @@ def compiled_schedule(schedule: str, p: int, m: int, v: int = 1) -> Compiled:
     while remaining:
         moved = False
         for r in range(p):
-            while pos[r] < len(per_rank[r]):
-                a = per_rank[r][pos[r]]
-                src = a.stage - 1 if a.kind == "F" else a.stage + 1
+            acts, i, n = per_rank[r], pos[r], len(per_rank[r])
+            while i < n:
+                a = acts[i]
+                stage, kind, mb = a
+                src = stage - 1 if kind == "F" else stage + 1
                 dep = link = -1
                 if 0 <= src < n_stages:
-                    key = (a.kind, src, a.mb)
-                    if key not in index:
+                    d = index.get((src, kind, mb))
+                    if d is None:
                         break
                     if placement[src] != r:
-                        dep, link = index[key], links.setdefault((placement[src], r), len(links))
-                index[(a.kind, a.stage, a.mb)] = len(order)
-                if a.kind == "B":
-                    last_b[a.stage] = len(order)
+                        dep, link = d, links.setdefault((placement[src], r), len(links))
+                k = index[a] = len(order)
+                if kind == "B":
+                    last_b[stage] = k
                 order.append((r, dep, link))
-                actions.append((a.kind, a.stage, a.mb))
-                pos[r] += 1
-                remaining -= 1
+                actions.append((kind, stage, mb))
+                i += 1
+            if i > pos[r]:
+                remaining -= i - pos[r]
+                pos[r] = i
                 moved = True
         if not moved:
             raise ValueError("pipeline schedule deadlocked in the estimate")
     return Compiled(tuple(order), tuple(actions), tuple(sorted(links, key=links.get)), tuple(last_b),
-                    tuple(placement), p, on_demand)
+                    tuple(placement), p, on_demand,
+                    tuple((*o, 2 * s + (kind == "B")) for o, (kind, s, _) in zip(order, actions)))
+
+
+def run_stages(c: Compiled, durations: list, hops: list) -> tuple[list, list]:
+    """:func:`run_schedule` with one duration per stage and kind (``durations[slot]``: F and B of each stage in
+    turn) and one per link (``hops[link]``), read in place instead of listed per action: the same sums in the
+    same order (sim/planner/step.py walks every pipeline layout so)."""
+    done: list = []
+    finish = done.append
+    ready = [0.0] * c.ranks
+    link_free = [0.0] * len(c.links)
+    on_demand = c.on_demand
+    for r, dep, link, slot in c.rows:
+        start = ready[r]
+        if dep >= 0:
+            begin = done[dep]
+            free = link_free[link]
+            if free > begin:
+                begin = free
+            if on_demand and start > begin:
+                begin = start
+            arrive = link_free[link] = begin + hops[link]
+            if arrive > start:
+                start = arrive
+        end = ready[r] = start + durations[slot]
+        finish(end)
+    return [done[i] for i in c.last_b], ready
 
 
 def run_schedule(c: Compiled, seconds: list, message_s: list, after_s: dict | None = None) -> tuple[list, list]:

@@ -20,11 +20,16 @@ from distlab.sim.mesh import Mesh
 from distlab.sim.plan import Collective, Compute
 
 
+STAGE_MICROBATCHES = 1      # micro-batches of the programs FSDP2's ops are read off
+
+
 class StageTerms:
     """Per pipeline rank: (first unit's gather, all gathers, all reduces, optimizer) seconds of a layout."""
 
     def __init__(self, est):
         self.est, self._ops, self._terms = est, {}, {}
+        self._local: dict = {}            # tp -> the TP-local model FSDP2 shards
+        self._seconds: dict = {}          # a Compute op's fields but its name and stream -> its seconds
 
     def terms(self, L, r: int) -> tuple[float, float, float, float]:
         key = (L.tp, L.pp, L.virtual_stages, L.split, L.dp_kind, L.dp, L.dp_shard, r)
@@ -36,23 +41,23 @@ class StageTerms:
         from distlab.sim.planner.flat import _at_size
         real = L.shard
         sizes = [real] if real in (2, 4) else [2, 4]
-        progs = [[op for op in self._program(L, n)[r] if _fsdp_op(op)] for n in sizes]
+        progs = [self._program(L, n)[r] for n in sizes]          # FSDP2's ops only (kept so by _program)
         try:
             if len(progs) > 1 and len(progs[0]) != len(progs[1]):
                 raise ValueError("programs at two shard sizes differ in length")
             ops = progs[0] if len(sizes) == 1 else [_at_size(a, b, sizes, real) for a, b in zip(*progs)]
         except ValueError:                # not affine (e.g. a unit's padding changes its ops): build it as it is
-            ops = [op for op in self._program(L, real)[r] if _fsdp_op(op)]
+            ops = self._program(L, real)[r]
         mesh = Mesh(L.mesh())
         rank = r * (L.world_size // L.pp)
         shard = mesh.group_of(rank, "dp_shard")
         replicas = mesh.group_of(rank, "dp_replicate") if "dp_replicate" in mesh.names else (rank,)
-        costs, cluster = self.est.costs, self.est.cluster
+        costs = self.est.costs
         first = gather = reduce = opt = 0.0
         gathers = copies = 0                 # the first unit: its copy-in, all-gather and copy-out
         for op in ops:
             if isinstance(op, Compute):
-                t = compute_seconds(op, cluster)
+                t = self._compute_seconds(op)
                 if op.name == "optimizer":
                     opt += t
                 elif op.name.startswith(("copy-in grads", "copy-out grads")):
@@ -77,6 +82,15 @@ class StageTerms:
                     reduce += t
         return first, gather, reduce, opt
 
+    def _compute_seconds(self, op) -> float:
+        """``engine.compute_seconds`` of a Compute op, once per op less its name and stream (which it does not
+        read): every block's copies are the same op under another name."""
+        key = tuple(v for k, v in op.__dict__.items() if k not in ("name", "stream"))
+        t = self._seconds.get(key)
+        if t is None:
+            t = self._seconds[key] = compute_seconds(op, self.est.cluster)
+        return t
+
     def _program(self, L, shard: int) -> list:
         """The pipeline ranks' ops (one list per pp rank) with FSDP2 over ``shard`` ranks (HSDP: 2 replicas)."""
         key = (L.tp, L.pp, L.virtual_stages, L.split, shard)      # what FSDP2's units and groups follow
@@ -88,11 +102,14 @@ class StageTerms:
             # shard the TP-local model (sim/parallel/tp/rules.py tp_local_model), as parallelize's FSDP2 step does
             mesh = Mesh({"pp": L.pp, "dp_replicate": 2, "dp_shard": shard})
             from distlab.sim.parallel.tp.rules import tp_local_model
-            model = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
-            # the fewest micro-batches that build the stages (FSDP2 gathers and reduces a stage once whatever
-            # their number): GPipe with one, or interleaved with one per stage
+            if L.tp not in self._local:
+                self._local[L.tp] = tp_local_model(self.est.model(1), L.tp) if L.tp > 1 else self.est.model(1)
+            model = self._local[L.tp]
+            # the fewest micro-batches that build the stages: one, GPipe or interleaved (FSDP2 gathers and reduces a
+            # stage once whatever their number, in the same order: tests/test_planner.py checks the FSDP2 ops of
+            # one micro-batch against one per stage)
             v = L.virtual_stages
-            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=1 if v == 1 else L.pp,
+            pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=STAGE_MICROBATCHES,
                                    virtual_stages=v, split=list(L.split) if L.split else None)
             par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)})
             per = mesh.world_size // L.pp

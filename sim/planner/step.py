@@ -7,12 +7,14 @@ Activations (and CP's ring buffers) are linear in the micro-batch: computed at m
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distlab.sim.kernel.engine import compute_seconds
 from distlab.sim.models import model_from_spec
 from distlab.sim.parallel.pipeline.plan import boundary_bytes, stage_ranges
 from distlab.sim.plan import Collective, Compute
 from distlab.sim.planner.estimate import CostCache, Estimate, op_seconds
-from distlab.sim.planner.schedule import compiled_schedule, run_schedule
+from distlab.sim.planner.schedule import built_schedule, compiled_schedule, run_stages
 from distlab.sim.planner.flat import FlatEstimator
 from distlab.sim.planner.stage_fsdp import StageTerms
 from distlab.sim.planner.stage_cp import CPStages
@@ -70,9 +72,9 @@ class Estimator:
         ranks = (0,) if L.virtual_stages == 1 and L.split is None else tuple(range(L.pp))
         key = ("peaks", L.schedule, L.pp, L.microbatches, L.virtual_stages, blocks, ranks)
         if key not in self._layers:
-            from distlab.sim.parallel.pipeline import schedules as S
             from distlab.sim.workloads.tp import peak_blocks
-            self._layers[key] = peak_blocks(S.build(L.schedule, L.pp, L.microbatches, L.virtual_stages), blocks, ranks)
+            self._layers[key] = peak_blocks(built_schedule(L.schedule, L.pp, L.microbatches, L.virtual_stages),
+                                            blocks, ranks)
         parts = fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
         if L.composed and L.shard > 1:
             # FSDP2 inside a pipeline keeps its stages unsharded for the whole step (reshard_after_forward false,
@@ -143,22 +145,39 @@ class Estimator:
 
     def _walk(self, L: Layout) -> tuple:
         """(stage ranges, per stage (F, B, compute, TP comm), last backward per stage, end per rank) of the
-        schedule walked with the stages' forward and backward (sim/planner/schedule.py)."""
+        schedule walked with the stages' forward and backward (sim/planner/schedule.py). Cached by what it reads
+        of the layout (layouts that differ only in their data parallelism share it); read-only."""
+        key = ("walk", L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.loss_parallel, L.recompute,
+               L.schedule, L.pp, L.microbatches, L.virtual_stages, L.split)
+        if key not in self._layers:
+            self._layers[key] = self._walked(L)
+        return self._layers[key]
+
+    def _stage_times(self, L: Layout) -> tuple:
+        """(stage ranges, per stage (F, B, compute, TP comm)): the same for every schedule and micro-batch count."""
+        key = ("stage times", L.micro_batch, L.tp, L.sequence_parallel and L.tp > 1, L.loss_parallel, L.recompute,
+               L.pp * L.virtual_stages, L.split)
+        if key not in self._layers:
+            model = self.model(L.micro_batch)
+            names = [layer.name for layer in model.layers]
+            ranges = stage_ranges(model, L.pp * L.virtual_stages, list(L.split) if L.split else None)
+            stage = []                        # per stage: F, B, and their compute / TP parts
+            for r in ranges:
+                t = [self.layer_times(L, names[i]) for i in r]
+                fc, fm, bc, bm = (sum(x[k] for x in t) for k in range(4))
+                stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
+            self._layers[key] = tuple(ranges), tuple(stage)
+        return self._layers[key]
+
+    def _walked(self, L: Layout) -> tuple:
         model = self.model(L.micro_batch)
-        names = [layer.name for layer in model.layers]
         p, v = L.pp, L.virtual_stages
-        ranges = stage_ranges(model, p * v, list(L.split) if L.split else None)
-        stage = []                        # per stage: F, B, and their compute / TP parts
-        for r in ranges:
-            t = [self.layer_times(L, names[i]) for i in r]
-            fc, fm, bc, bm = (sum(x[k] for x in t) for k in range(4))
-            stage.append((fc + fm, bc + bm, fc + bc, fm + bm))
+        ranges, stage = self._stage_times(L)
         comp = compiled_schedule(L.schedule, p, L.microbatches, v)
         msg = boundary_bytes(model, 0) // (L.tp if L.sequence_parallel and L.tp > 1 else 1)
         hops = [self.costs.p2p(a * L.tp, b * L.tp, int(msg)) for a, b in comp.links]
-        last_b, ends = run_schedule(comp, [stage[s][kind == "B"] for kind, s, _ in comp.actions],
-                                    [hops[link] if link >= 0 else 0.0 for _, _, link in comp.order])
-        return ranges, stage, last_b, ends
+        last_b, ends = run_stages(comp, [t for f, b, _, _ in stage for t in (f, b)], hops)
+        return ranges, stage, tuple(last_b), tuple(ends)
 
     def _pipeline(self, L: Layout) -> Estimate:
         names = [layer.name for layer in self.model(L.micro_batch).layers]
@@ -221,7 +240,7 @@ class Estimator:
         """Seconds of recomputed forward work in one micro-batch's backward of these layers."""
         if L.recompute == "none":
             return 0.0
-        plain = Layout(**{**L.to_dict(), "recompute": "none", "split": L.split})
+        plain = replace(L, recompute="none")
         return sum(self.layer_times(L, names[i])[2] - self.layer_times(plain, names[i])[2] for i in layers)
 
     def _flat(self, L: Layout) -> Estimate:

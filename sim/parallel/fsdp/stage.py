@@ -76,9 +76,24 @@ class StageFSDP:
         self.tp_params = tp_params          # AdamW's DTensor parameters (TP on), else None
         self.gathered: dict = {}            # (rank, stage) -> unit names gathered now
         self.events: dict = {}              # rank -> events named so far (names are per rank)
+        self._numels: dict = {}             # id(unit) -> its padded elements (the units are fixed from here on)
+        self._param_bytes: dict = {}        # layer index -> its parameters' bytes (every action asks again)
+
+    def _numel(self, u: Unit) -> int:
+        """``u.numel(S)``, counted once per unit (every action and reduction asks again)."""
+        n = self._numels.get(id(u))
+        if n is None:
+            n = self._numels[id(u)] = u.numel(self.S)
+        return n
+
+    def _layer_param_bytes(self, i: int) -> int:
+        n = self._param_bytes.get(i)
+        if n is None:
+            n = self._param_bytes[i] = self.model.layers[i].param_bytes
+        return n
 
     def _size(self, u: Unit) -> int:
-        return u.numel(self.S) * DTYPE_BYTES[self.pdt]
+        return self._numel(u) * DTYPE_BYTES[self.pdt]
 
     def _event(self, rank: int, what: str) -> str:
         n = self.events[rank] = self.events.get(rank, 0) + 1
@@ -134,7 +149,8 @@ class StageFSDP:
             if i in blocks:
                 self._ensure(layers, blocks[i], rank, stage, "forward")
             layers.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops,
-                                   bytes=L.activation_bytes + L.transient_bytes + L.param_bytes, dtype=self.pdt),
+                                   bytes=L.activation_bytes + L.transient_bytes + self._layer_param_bytes(i),
+                                   dtype=self.pdt),
                            L.name)
             if i in blocks and self.o.reshard_after_forward:
                 self.gathered[rank, stage].discard(blocks[i].name)
@@ -155,7 +171,7 @@ class StageFSDP:
             else:
                 self._ensure(layers, root, rank, stage, "backward")
             layers.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
-                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + L.param_bytes,
+                                    bytes=2 * (L.activation_bytes + L.transient_bytes) + self._layer_param_bytes(i),
                                     dtype=self.pdt), L.name)
 
     def reduce(self, layers, stage: int, rank: int) -> list:
@@ -171,15 +187,15 @@ class StageFSDP:
             layers.partial_grads([q.name for q in u.params if q.name in partial], 1, "backward")
             if S > 1:
                 self._op(layers, Compute(f"copy-in grads {u.name}",
-                                         bytes=u.numel(S) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])), "compute")
+                                         bytes=self._numel(u) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])), "compute")
                 self._sync(layers, rank, "compute", "rs", f"grads {u.name}")
-                self._op(layers, Collective("reduce_scatter", u.numel(S) * DTYPE_BYTES[rdt], rdt, shard,
+                self._op(layers, Collective("reduce_scatter", self._numel(u) * DTYPE_BYTES[rdt], rdt, shard,
                                             name=f"reduce_scatter {u.name}"), "rs")
-                self._op(layers, Compute(f"copy-out grads {u.name}", bytes=2 * u.numel(S) // S * DTYPE_BYTES[rdt]),
-                         "rs")
+                self._op(layers, Compute(f"copy-out grads {u.name}",
+                                         bytes=2 * self._numel(u) // S * DTYPE_BYTES[rdt]), "rs")
             if replicas is not None:
                 self._sync(layers, rank, "rs", "ar", f"shard {u.name}")
-                self._op(layers, Collective("all_reduce", u.numel(S) // S * DTYPE_BYTES[rdt], rdt, replicas,
+                self._op(layers, Collective("all_reduce", self._numel(u) // S * DTYPE_BYTES[rdt], rdt, replicas,
                                             name=f"all_reduce {u.name} backward"), "ar")
         self.gathered.pop((rank, stage), None)
         out = list(layers.ops)
@@ -191,7 +207,7 @@ class StageFSDP:
         updated shards."""
         for src in ("rs", "ar"):
             self._sync(layers, rank, src, "compute", f"reduced on {src}")
-        n = sum(u.numel(self.S) for s in stages for u in self.units[s]) // self.S
+        n = sum(self._numel(u) for s in stages for u in self.units[s]) // self.S
         from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
         launches = None if self.tp_params is None else ADAMW_DTENSOR_OPS * self.tp_params
         layers.keep(Compute("optimizer", flops=ADAM_FLOPS * n, bytes=ADAM_BYTES * n, launches=launches))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 BLOCK = re.compile(r"^(.*\.)?\d+$")          # h.0, layers.3: one fully_shard unit each
 
@@ -21,7 +22,12 @@ class Unit:
 
 
 def padded_numel(shape, shard: int) -> int:
-    shape = tuple(shape) or (1,)
+    return _padded_numel(tuple(shape) or (1,), shard)
+
+
+@lru_cache(maxsize=1 << 14)
+def _padded_numel(shape: tuple, shard: int) -> int:
+    """Cached: a model has few distinct shapes, asked for again by every unit, stage and layout."""
     return math.ceil(shape[0] / shard) * shard * math.prod(shape[1:])
 
 

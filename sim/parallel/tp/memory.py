@@ -63,15 +63,15 @@ def tp_memory(model, tp: int, sequence_parallel: bool = True, recompute: str | N
     from distlab.sim.parallel.fsdp.units import padded_numel, units_of
     from distlab.sim.parallel.tp.rules import local_shape
     c = model.config
-    n = local_numel(model, tp) if dp_shard == 1 else \
-        sum(padded_numel(local_shape(q, tp), dp_shard) for q in model.params) // dp_shard
+    if dp_shard > 1:                      # each parameter's TP-local shard padded for FSDP2, by name
+        padded = {q.name: padded_numel(local_shape(q, tp), dp_shard) for q in model.params}
+    n = local_numel(model, tp) if dp_shard == 1 else sum(padded[q.name] for q in model.params) // dp_shard
     p, g, k = precision(c["dtype"])
     out = {"params": n * p, "grads": n * g, "optimizer": n * k}
     if dp_shard > 1:
         units = units_of(model)
-        sizes = sorted((sum(padded_numel(local_shape(q, tp), dp_shard) for q in u.params) for u in units[1:]),
-                       reverse=True)
-        root = sum(padded_numel(local_shape(q, tp), dp_shard) for q in units[0].params)
+        sizes = sorted((sum(padded[q.name] for q in u.params) for u in units[1:]), reverse=True)
+        root = sum(padded[q.name] for q in units[0].params)
         out["unsharded params"] = (root + sum(sizes[:2])) * DTYPE_BYTES[c["dtype"]]
     acts = activations(model, recompute, offload, tp, sequence_parallel, 1, loss_parallel)
     out["activations"] = acts.peak_bytes

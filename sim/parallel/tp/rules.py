@@ -12,6 +12,7 @@ width and the vocabulary), so every rank holds ``shape[d] / tp``.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.models import Layer, Model, Param
@@ -38,8 +39,10 @@ def placement(param_name: str) -> tuple:
     return ("replicate",)
 
 
+@lru_cache(maxsize=1 << 16)
 def local_shape(param, tp: int) -> tuple[int, ...]:
-    """The shape of ``param``'s shard on one of ``tp`` ranks (DTensor ``to_local().shape``)."""
+    """The shape of ``param``'s shard on one of ``tp`` ranks (DTensor ``to_local().shape``). Cached (a Param is
+    immutable): the planner asks for every parameter of every layout's tp."""
     pl = placement(param.name)
     if pl[0] == "replicate" or tp == 1:
         return tuple(param.shape)
