@@ -11,7 +11,9 @@ so a resumed run repeats exactly what the lost steps did and ends with the param
 run, bit for bit (CPU, Gloo, one thread: every operation is deterministic). When a rank dies, torchrun's agent
 stops the other ranks and, while restarts remain, starts the whole group again (TORCHELASTIC_RESTART_COUNT
 counts them). Test hook: ``--kill-rank r --kill-step s`` makes rank r SIGKILL itself as step s begins, in the
-first attempt only.
+first attempt only. Test hook: with DISTLAB_TEST_THREADS_FILE=F set, every rank that ends its loop appends one JSON
+line to F, {"dir", "rank", "attempt", "threads"}: the names of the process's threads once ``train`` has returned
+(tests/test_elastic.py checks that no Gloo thread outlives the process group).
 
 Rank 0 appends events to ``D/events.jsonl`` (wall clock, time.time(): one host) and at the end writes
 ``D/final.pt`` (the parameters) and ``D/summary.json``: attempts, the step resumed from, the lost work
@@ -246,6 +248,19 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
 
 
 PROG = "python -m distlab.runtime.elastic"
+THREADS_ENV = "DISTLAB_TEST_THREADS_FILE"
+
+
+def _note_threads(root: str, rank: int) -> None:
+    """The test hook (module docstring): this process's thread names, after ``train`` returned."""
+    path = os.environ.get(THREADS_ENV)
+    if path:
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        _event(path, dir=root, rank=rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+               threads=names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output(root, "--dir", "dir")
         os.makedirs(root, exist_ok=True)
-        train(TrainSpec(**args), root)
+        done = train(TrainSpec(**args), root)
+        _note_threads(root, done["rank"])
         return 0
     except ConfigError as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")

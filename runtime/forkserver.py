@@ -9,8 +9,11 @@ initialised before the fork (no process group, no thread pool, no CUDA), so the 
 torch's DataLoader starts its forked workers. Python's own ``multiprocessing`` forkserver is not used: its
 children re-import the launcher's ``__main__`` (a user's script or notebook), which a launcher must not do.
 
-Protocol: JSON lines. The launcher writes ``{"env", "cwd", "log", "pgid"}``; the server answers ``{"pid"}`` and,
-whenever a child ends, ``{"exit": pid, "code": c}`` (``c`` as ``Popen.returncode``: negative for a signal).
+Protocol: JSON lines. The launcher writes ``{"env", "cwd", "log", "pgid", "preload"}``; the server answers ``{"pid"}``
+and, whenever a child ends, ``{"exit": pid, "code": c}`` (``c`` as ``Popen.returncode``: negative for a signal).
+``preload``: modules the launch's ranks will import (runtime/launch.py TRAINING: torch._dynamo, ~0.6 s of CPU per
+rank at its first backward), imported by the server before it forks, once for this and every later launch; one
+that fails to import is left to the rank, which reports the error itself.
 
 Lifetime: the server leaves as soon as its launcher's end of the pipe closes (the launcher ended, or was killed:
 the kernel closes it; the server looks every 20 ms), and its ranks die with it (the worker's PR_SET_PDEATHSIG),
@@ -80,11 +83,12 @@ class Server:
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
 
-    def spawn(self, env: dict, cwd: str, log: str, pgid: int) -> Forked:
+    def spawn(self, env: dict, cwd: str, log: str, pgid: int, preload=()) -> Forked:
         """Fork one rank; raises OSError if the server is gone."""
         with self._lock:
             self._requests += 1
-            request = {"env": env, "cwd": cwd, "log": log, "pgid": pgid, "id": self._requests}
+            request = {"env": env, "cwd": cwd, "log": log, "pgid": pgid, "preload": list(preload),
+                       "id": self._requests}
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
             while True:
@@ -145,13 +149,14 @@ class Server:
 _SERVER: list = []
 
 
-def spawn(env: dict, cwd: str, log: str, pgid: int) -> Forked:
-    """Fork one rank from this process's fork server (started, or started again, as needed)."""
+def spawn(env: dict, cwd: str, log: str, pgid: int, preload=()) -> Forked:
+    """Fork one rank from this process's fork server (started, or started again, as needed); ``preload``: modules
+    the server imports first (module docstring)."""
     for attempt in range(2):
         if not _SERVER or not _SERVER[0].alive():
             _SERVER[:] = [Server()]
         try:
-            return _SERVER[0].spawn(env, cwd, log, pgid)
+            return _SERVER[0].spawn(env, cwd, log, pgid, preload)
         except OSError:
             _SERVER.clear()               # it left (idle) as we asked: start another, once
             if attempt:
@@ -209,6 +214,8 @@ def serve() -> None:
     import torch.distributed.fsdp       # noqa: F401 - with DTensor: ~0.6 s more, used by most of the workloads
     import torch.distributed.tensor     # noqa: F401
     import distlab.runtime.worker       # noqa: F401
+    import distlab.runtime.flight       # noqa: F401 - every rank's flight recorder (with sim.plan: ~0.1 s)
+    import distlab.runtime.rendezvous   # noqa: F401 - every rank's store
     children, buffer, idle_since = set(), b"", time.monotonic()
     while True:
         ready, _, _ = select.select([proto_in], [], [], 0.02)
@@ -220,6 +227,7 @@ def serve() -> None:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
+                _preload(request.get("preload", ()))
                 pid = os.fork()
                 if pid == 0:
                     os.close(proto_in)
@@ -244,6 +252,17 @@ def serve() -> None:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > IDLE_S:
             os._exit(0)
+
+
+def _preload(modules) -> None:
+    """Import what the ranks will (module docstring); a module that fails is left to the rank to import and report."""
+    import importlib
+    for name in modules:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:            # noqa: BLE001 - the rank imports it again and says what is wrong
+                pass
 
 
 def _write(fd: int, message: dict) -> None:

@@ -48,6 +48,12 @@ LOOPBACK = "lo"                 # Linux's loopback interface: a local run's Gloo
 # `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
 WORKER_COMMAND = [sys.executable, "-c",
                   "import sys; del sys.path[0]; from distlab.runtime.worker import main; main()"]
+# What the ranks of a training launch import after the fork, for the fork server to import once before it
+# (runtime/forkserver.py; ``Launch(preload=...)``): torch._dynamo, imported at a rank's first backward or optimizer
+# step (torch/_compile.py's _disable_dynamo imports it at the first call of a function it wraps: ~0.6 s of CPU per
+# rank), and torch.distributed.pipelining (~0.2 s more) for pipeline stages.
+TRAINING = ("torch._dynamo",)
+PIPELINING = TRAINING + ("torch.distributed.pipelining",)
 # Errors that are usually the echo of another rank's failure, not its cause.
 _ECHOES = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "sigterm",
            "terminated", "peer")
@@ -100,7 +106,7 @@ class Launch:
 
     def __init__(self, target: str, payload, nproc: int, backend: str = "auto", threads: int = 1,
                  timeout: float = 60.0, grace: float = 3.0, verbose: bool = False, dump_dir: str | None = None,
-                 check: bool = True, warn_cores: str | None = None):
+                 check: bool = True, warn_cores: str | None = None, preload: tuple = ()):
         check_options(nproc, backend, threads, timeout)
         if warn_cores:                         # the command's name: one warning line if ranks outnumber cores
             from distlab.runtime.preflight import warn_cores as warn
@@ -112,6 +118,7 @@ class Launch:
         self.target, self.payload, self.nproc = target, payload, nproc
         self.backend, self.threads, self.timeout = backend, threads, timeout
         self.grace, self.verbose = min(grace, timeout), verbose
+        self.preload = tuple(preload)          # modules the fork server imports before forking (runtime/forkserver.py)
         self.procs: list = []                  # subprocess.Popen or forkserver.Forked
         self.pgid: int | None = None
         self.run_dir: str | None = None
@@ -148,7 +155,7 @@ class Launch:
             log = open(log_path, "wb")
             try:
                 if forkserver.enabled():           # torch imported once, each rank forked (runtime/forkserver.py)
-                    p = forkserver.spawn(env, os.getcwd(), log_path, self.pgid or 0)
+                    p = forkserver.spawn(env, os.getcwd(), log_path, self.pgid or 0, self.preload)
                 else:
                     p = subprocess.Popen(WORKER_COMMAND, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          **_group_kwargs(0 if self.pgid is None else self.pgid))

@@ -99,10 +99,10 @@ def test_tensor_parallel_saved_bytes_on_two_gloo_ranks():
     rank saves the formula's bytes at tp 2 (within 5%, layer by layer), in particular the gathered norm outputs
     whole under SP (PrepareModuleInput's all-gather is what the column-parallel linears keep), plus CPU's
     decomposed RMSNorm's x·rstd (on the sequence shard with SP, whole without)."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     model = gpt(**TP_MODEL)
     results = launch("distlab.runtime.saved:tp_task", {"model": dict(model.config), "variants": TP_VARIANTS}, 2,
-                     timeout=120)
+                     timeout=120, preload=TRAINING)
     T, h = TP_MODEL["micro_batch"] * TP_MODEL["seq_len"], TP_MODEL["hidden"]
     for rank_result in results:
         for v, got in zip(TP_VARIANTS, rank_result):

@@ -4,30 +4,31 @@ uninterrupted run, bit for bit."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
-from distlab.runtime.elastic import TrainSpec, reference, run_local
+from distlab.runtime.elastic import THREADS_ENV, TrainSpec, reference, run_local
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The killed run; every rank that finishes notes its threads (THREADS_ENV). The parameters of an uninterrupted
+    run are ``reference``'s, computed in this process: bit for bit what real ranks compute (its docstring), as the
+    killed run ending with them shows; the corrupt-checkpoint test's run is the real run without a failure."""
     d = tmp_path_factory.mktemp("elastic")
-    out = {}
-    jobs = {"killed": (TrainSpec(kill_rank=1, kill_step=5), 1), "whole": (TrainSpec(), 0)}
-
-    def go(name):
-        spec, restarts = jobs[name]
-        out[name] = run_local(str(d / name), spec, nproc=2, max_restarts=restarts, timeout=150)
-    threads = [threading.Thread(target=go, args=(n,)) for n in jobs]      # both at once: half the wall time
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return d, out
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(d / "threads.jsonl")
+    try:
+        killed = run_local(str(d / "killed"), TrainSpec(kill_rank=1, kill_step=5), nproc=2, max_restarts=1,
+                           timeout=150)
+    finally:
+        if before is None:
+            os.environ.pop(THREADS_ENV)
+        else:
+            os.environ[THREADS_ENV] = before
+    return d, {"killed": killed}
 
 
 def test_a_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(runs):
@@ -50,20 +51,19 @@ def test_a_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint
 def test_the_resumed_run_ends_with_the_parameters_of_an_uninterrupted_one(runs):
     _, out = runs
     import torch
-    killed, whole = out["killed"]["final"], out["whole"]["final"]
-    assert out["whole"]["summary"]["attempts"] == 1
-    assert killed.keys() == whole.keys()
-    assert all(torch.equal(killed[k], whole[k]) for k in whole)
-    expected = reference(TrainSpec(), world=2)                  # the same maths in one process
-    assert all(torch.equal(whole[k], expected[k]) for k in whole)
-    assert not all(torch.equal(whole[k], reference(TrainSpec(steps=9))[k]) for k in whole)   # steps matter
+    killed = out["killed"]["final"]
+    expected = reference(TrainSpec(), world=2)                  # the same maths in one process, uninterrupted
+    assert killed.keys() == expected.keys()
+    assert all(torch.equal(killed[k], expected[k]) for k in expected)
+    assert not all(torch.equal(killed[k], reference(TrainSpec(steps=9))[k]) for k in expected)   # steps matter
 
 
 def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs, tmp_path):
-    """Issue 32 items 2 and 7: resume only from checkpoints this run family signed. A copy of the uninterrupted run's
-    folder with step 10's shard truncated and a planted step 12 whose .metadata is a pickle that would create a
-    marker file (DCP reads .metadata with pickle.load): each is one line naming the file and the fallback, the run
-    resumes from step 8 and ends with the parameters of an uninterrupted 11-step run; the pickle never runs."""
+    """Issue 32 items 2 and 7: resume only from checkpoints this run family signed. A copy of the killed run's
+    folder (checkpoints at steps 2 to 10: an uninterrupted run's parameters) with step 10's shard truncated and a
+    planted step 12 whose .metadata is a pickle that would create a marker file (DCP reads .metadata with
+    pickle.load): each is one line naming the file and the fallback, the run resumes from step 8 and ends with the
+    parameters of an uninterrupted 11-step run; the pickle never runs."""
     import json
     import pickle
     import shutil
@@ -71,8 +71,9 @@ def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs, tmp_pa
     import torch
     d, _ = runs
     root, marker = tmp_path / "tampered", tmp_path / "marker"
-    shutil.copytree(d / "whole", root, symlinks=True)
-    (root / "final.pt").unlink()
+    shutil.copytree(d / "killed", root, symlinks=True)
+    for name in ("final.pt", "summary.json", "events.jsonl"):    # the killed run's own: this run writes its own
+        (root / name).unlink()
     with open(root / "step_000010" / "__1_0.distcp", "r+b") as f:
         f.truncate(1000)
     (root / "step_000012").mkdir()
@@ -81,6 +82,7 @@ def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs, tmp_pa
         {"manifest": {"format": "distlab-checkpoint/1", "step": 12, "files": {".metadata": {}}}, "hmac": "0" * 64}))
     out = run_local(str(root), TrainSpec(steps=11), nproc=2, max_restarts=0, timeout=150)
     assert out["returncode"] == 0, out["output"][-2000:]
+    assert out["summary"]["attempts"] == 1 and out["summary"]["failures"] == []    # a run without a failure
     lines = [ln for ln in out["output"].splitlines() if ln.startswith("elastic: checkpoint not used")]
     assert len(lines) == 2, out["output"][-3000:]
     assert "step_000012/MANIFEST.json is not signed with this run family's secret" in lines[0]
@@ -100,31 +102,18 @@ class _Payload:
         return (os.system, (f"touch {self.path}",))
 
 
-GLOO_THREADS = """
-import json, os, sys
-from distlab.runtime.elastic import TrainSpec, train
-train(TrainSpec(steps=2, checkpoint_every=1, width=8, layers=2, batch=4), sys.argv[1])   # saves, then resumes nothing
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(json.dumps(names), flush=True)
-os._exit(0)
-"""
-
-
-def test_a_finished_rank_has_no_gloo_threads_left_at_exit(tmp_path):
+def test_a_finished_rank_has_no_gloo_threads_left_at_exit(runs):
     """The SIGABRT at shutdown (lesson 12's "torchrun exit code: 1"): torch.distributed.checkpoint, imported after
     init_process_group, captured the default group in default arguments (torch/distributed/nn/functional.py), so
     ProcessGroupGloo and its threads outlived destroy_process_group and were torn down with the interpreter.
-    A rank's train() (one rank, two checkpoints) must end with Gloo's threads joined."""
+    Every rank's train() under torchrun (the killed run's restarted attempt, saving checkpoints) must end with
+    Gloo's threads joined: the ranks' own list of their threads after train() returned (THREADS_ENV)."""
     import json
-    import subprocess
-    import sys
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "DISTLAB_RUN_SECRET": "s" * 32,
-           "OMP_NUM_THREADS": "1"}
-    for k in ("MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "DISTLAB_RUN_SECRET_FILE"):
-        env.pop(k, None)
-    p = subprocess.run([sys.executable, "-c", GLOO_THREADS, str(tmp_path)], capture_output=True, text=True, env=env,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    names = json.loads(p.stdout.splitlines()[-1])
-    assert "elastic: 2 steps in 1 attempt(s), 2 checkpoints" in p.stdout
-    assert not [n for n in names if "gloo" in n], names          # pt_gloo_runloop (x2), gloo_tcp_loop
+    d, _ = runs
+    with open(d / "threads.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    # rank 0 of the first attempt never got there (torchrun stopped it when rank 1 died), both of the second did
+    assert sorted((os.path.basename(n["dir"]), n["rank"], n["attempt"]) for n in lines) == [
+        ("killed", 0, 1), ("killed", 1, 1)], lines
+    for n in lines:
+        assert n["threads"] and not [t for t in n["threads"] if "gloo" in t], n    # pt_gloo_runloop (x2), gloo_tcp_loop

@@ -104,3 +104,21 @@ def test_without_the_server_each_rank_is_a_new_process(task_file, monkeypatch):
     results = launch(task_file, {}, 2, backend="gloo")
     assert [r["ppid"] for r in results] == [os.getpid()] * 2
     assert results[0]["pgid"] == results[1]["pgid"] == results[0]["pid"]
+
+
+PRELOAD_TASK = textwrap.dedent('''
+    import sys
+    def task(ctx, payload):
+        return {name: name in sys.modules for name in payload["names"]}
+''')
+
+
+def test_a_launch_has_the_server_import_its_preload_before_the_fork(tmp_path, monkeypatch):
+    """Launch(preload=...) (runtime/launch.py TRAINING): the rank finds the modules already imported; one the server
+    cannot import is left to the rank, the launch goes on; what was not asked for is not imported."""
+    monkeypatch.delenv("DISTLAB_FORKSERVER", raising=False)
+    path = tmp_path / "preload_task.py"
+    path.write_text(PRELOAD_TASK)
+    names = ["xml.dom.minidom", "distlab_no_such_module", "xml.sax.saxutils"]
+    (r,) = launch(f"{path}:task", {"names": names}, 1, backend="gloo", preload=names[:2])
+    assert r == {"xml.dom.minidom": True, "distlab_no_such_module": False, "xml.sax.saxutils": False}

@@ -178,8 +178,9 @@ def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, t
     cp over all ranks), rotate_method: allgather | alltoall, load_balance: bool}. ``calibrate``: {op: [bytes]}
     (runtime/cp/calibrate.py plan_sizes) to time before each captured step of the first variant; ``plain``
     false: no uncaptured step after each captured one (sequences only, no step time)."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
                "steps": steps, "warmup": warmup, "calibrate": calibrate, "plain": plain}
     kw = {"threads": threads} if threads else {}
-    return launch("distlab.runtime.cp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout, **kw)
+    return launch("distlab.runtime.cp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout,
+                  preload=TRAINING, **kw)

@@ -66,6 +66,6 @@ def _ints(text) -> list[int]:
 
 def real_buckets(cases: list[dict], world: int = 2, timeout: float = 120.0) -> list[dict]:
     """Rank 0's report for every case (one gloo launch of ``world`` ranks)."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     return launch("distlab.runtime.ddp.buckets:bucket_task", {"cases": cases}, nproc=world, backend="gloo",
-                  timeout=timeout)[0]
+                  timeout=timeout, preload=TRAINING)[0]

@@ -162,13 +162,14 @@ def measure(model, ddp_opts: dict | None = None, world: int = 2, steps: int = 5,
     probe's factors, result["interference"])."""
     import torch
 
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     if (ddp_opts or {}).get("compress") == "bf16" and (backend == "gloo" or not torch.cuda.is_available()):
         raise ConfigError("bf16 compression needs NCCL: torch's DDP takes bf16_compress_hook only with CUDA 11+ "
                           "and NCCL 2.10+ (DistributedDataParallel._check_comm_hook); with gloo use fp16", "compress")
     payload = {"model": {**model.config, "name": model.name}, "ddp": ddp_opts or {}, "steps": steps,
                "warmup": warmup, "local": local, "calibrate": calibrate, "interference": interference}
-    return launch("distlab.runtime.ddp.run:rank_task", payload, nproc=world, backend=backend, timeout=timeout)
+    return launch("distlab.runtime.ddp.run:rank_task", payload, nproc=world, backend=backend, timeout=timeout,
+                  preload=TRAINING)
 
 
 def to_trace(results: list[dict], step: int = -1):

@@ -190,7 +190,8 @@ def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, t
     """Launch ``world`` gloo ranks; a variant is {model: Model (kind moe), skew: float, ep: int (default world)}.
     ``calibrate``: sizes (bytes) of even all_to_alls to time first (runtime/ep/validate.py fits α and bandwidth
     on them)."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
                "steps": steps, "warmup": warmup, "calibrate": calibrate}
-    return launch("distlab.runtime.ep.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
+    return launch("distlab.runtime.ep.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout,
+                  preload=TRAINING)

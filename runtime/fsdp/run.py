@@ -203,11 +203,12 @@ def run(model, world: int = 2, variants: list | None = None, steps: int = 1, war
         calibrate: dict | None = None, local: bool = False, timeout: float = 120.0) -> list[dict]:
     """Launch ``world`` gloo ranks running :func:`rank_task`; the per-rank results. A variant is the plan's
     options, or ``(model, options)`` to run another model in the same launch."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import TRAINING, launch
     variants = [{**v[1], "model": spec(v[0])} if isinstance(v, tuple) else v for v in (variants or [{}])]
     payload = {"model": spec(model), "variants": variants, "steps": steps,
                "warmup": warmup, "calibrate": calibrate, "local": local}
-    return launch("distlab.runtime.fsdp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
+    return launch("distlab.runtime.fsdp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout,
+                  preload=TRAINING)
 
 
 def spec(model) -> dict:

@@ -273,10 +273,10 @@ def measure(runs: list[dict], nproc: int, calibrate_shape: dict | None = None, t
             interleave: int = 1) -> dict:
     """Launch ``nproc`` gloo ranks (runtime.launch) and run every configuration, the steps of each
     ``interleave`` consecutive ones alternating (run_interleaved); per-rank results."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import PIPELINING, launch
     payload = {"runs": runs, "calibrate": calibrate_shape, "interleave": interleave}
     results = launch("distlab.runtime.pipeline.run:rank_main", payload, nproc, backend="gloo", threads=1,
-                     timeout=timeout)
+                     timeout=timeout, preload=PIPELINING)
     return {"ranks": results,
             "traces": [to_trace(cfg, [r["runs"][i] for r in results]) for i, cfg in enumerate(runs)]}
 

@@ -266,7 +266,9 @@ def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, t
     prepare_input: bool (plain TP), mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
     the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py). ``comm_debug``:
     one more step per variant under torch's CommDebugMode, its counts per collective kept."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.launch import PIPELINING, TRAINING, launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
                "steps": steps, "warmup": warmup, "calibrate": calibrate, "comm_debug": comm_debug}
-    return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout)
+    pipelined = any("pp" in dict(v.get("mesh") or []) for v in variants)      # runtime/tp/pipeline.py's stages
+    return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout,
+                  preload=PIPELINING if pipelined else TRAINING)
