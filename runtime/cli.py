@@ -53,18 +53,6 @@ def build_parser() -> tuple[Parser, dict]:
     return parser, modules
 
 
-_BUILT: list = []                     # (parser, modules) of this process: see parser_and_commands
-
-
-def parser_and_commands() -> tuple[Parser, dict]:
-    """``build_parser()``, built once per process: building it (every command's flags) takes ~15 ms, which a
-    notebook, a lesson or a test calling ``main`` hundreds of times would pay each call. Parsing leaves a parser
-    as it was (argparse keeps no state between calls), and the flags are constants of the command modules."""
-    if not _BUILT:
-        _BUILT.append(build_parser())
-    return _BUILT[0]
-
-
 def _factory_model(spec: dict, where: str):
     """``--model pkg.module:factory``: traced with torch (runtime/factory.py), imported only when asked for."""
     from distlab.runtime.factory import load
@@ -76,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from distlab.sim.models.spec import set_factory_loader
     quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/torchrun_rank.py)
     set_factory_loader(_factory_model)
-    parser, modules = parser_and_commands()
+    parser, modules = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:                        # named by the command's own parser: 'distlab simulate: error: ...'
         parser.command_parsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")

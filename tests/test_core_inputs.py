@@ -173,17 +173,3 @@ def test_cli_timeline_figure(cli, tmp_path):
     rc, _, err = cli("collective", "all_reduce", "--sizes", "1KiB:4KiB", "--timeline", str(out) + "2")
     assert rc == 2 and "--timeline shows one collective" in err
 
-
-def test_the_parser_built_once_parses_each_command_afresh():
-    """runtime/cli.py builds its parser once per process (main called many times: notebooks, lessons, tests); a
-    flag given to one call is not there the next, repeatable flags included, and main sees the same parser."""
-    from distlab.runtime.cli import parser_and_commands
-    parser, modules = parser_and_commands()
-    assert parser_and_commands() == (parser, modules)
-    first, _ = parser.parse_known_args(["reproduce", "--only", "a", "--only", "b"])
-    again, _ = parser.parse_known_args(["reproduce"])
-    assert first.only == ["a", "b"] and again.only is None
-    sweep, _ = parser.parse_known_args(["cluster", "c.yaml", "--sweep", "seed=1,2"])
-    assert sweep.sweep == ["seed=1,2"] and parser.parse_known_args(["cluster", "c.yaml"])[0].sweep is None
-    assert parser.parse_known_args(["collective", "all_reduce", "--size", "4KiB"])[0].size == "4KiB"
-    assert parser.parse_known_args(["collective", "all_gather"])[0].size != "4KiB"
