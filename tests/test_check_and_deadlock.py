@@ -1,5 +1,6 @@
 """Mismatched collectives, missing calls and deadlocks are named, statically and in the simulator."""
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process
 
 from distlab.sim.analysis import straggler_report, time_breakdown, who_waited
 from distlab.sim.check import PlanMismatch, check_plan, rank_ranges

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process
 
 from distlab.sim.cluster import PRESETS, cluster_from_dict, load_cluster
 from distlab.sim.kernel.engine import simulate
@@ -134,10 +135,11 @@ def test_bad_input_writes_nothing(cli, tmp_path):
 
 
 def test_same_input_gives_byte_identical_trace(cli, tmp_path):
+    from tests.conftest import run_cli
     outs = []
-    for i in range(2):
+    for i, run in enumerate((run_cli, cli)):    # a new process (its own hash seed), then this one
         out = tmp_path / f"t{i}.json"
-        rc, _, err = cli("collective", "all_reduce", "--size", "3MiB", "--cluster", "dgx-h100", "--nodes", "2",
+        rc, _, err = run("collective", "all_reduce", "--size", "3MiB", "--cluster", "dgx-h100", "--nodes", "2",
                          "--algo", "ring", "--trace", str(out))
         assert rc == 0, err
         outs.append(out.read_bytes())
@@ -170,3 +172,4 @@ def test_cli_timeline_figure(cli, tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     rc, _, err = cli("collective", "all_reduce", "--sizes", "1KiB:4KiB", "--timeline", str(out) + "2")
     assert rc == 2 and "--timeline shows one collective" in err
+

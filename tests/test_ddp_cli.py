@@ -1,22 +1,30 @@
-"""`distlab simulate` end to end, in a subprocess: the default scenario, YAML scenarios, sweeps, bad input."""
+"""`distlab simulate` end to end, in this process (tests/cli_in_process.py: the output, exit code and files are
+the subprocess's): the default scenario, YAML scenarios, sweeps, bad input."""
 import json
-import subprocess
-import sys
+import os
 
 import pytest
+from cli_in_process import run_in_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def distlab(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "distlab.runtime.cli", "simulate", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+class Result:
+    def __init__(self, rc, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = rc, stdout, stderr
 
 
-def test_no_arguments_runs_the_default_scenario(tmp_path):
-    import os
-    env_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {env_root!r}); "
-                        "from runtime.cli import main; sys.exit(main(['simulate']))"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+@pytest.fixture
+def distlab(capsys, monkeypatch):
+    """``distlab(*args, cwd=None)``: `distlab simulate ARGS` run from ``cwd`` (default the repository root)."""
+    def run(*args, cwd=None):
+        monkeypatch.chdir(cwd or ROOT)
+        return Result(*run_in_process(capsys, "simulate", *args))
+    return run
+
+
+def test_no_arguments_runs_the_default_scenario(tmp_path, distlab):
+    r = distlab(cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     for word in ("step time", "compute", "communication", "exposed communication", "overlap", "bucket", "ready",
                  "launch", "end"):
@@ -27,7 +35,7 @@ def test_no_arguments_runs_the_default_scenario(tmp_path):
     assert any(e.get("name") == "bucket 0" for e in trace["traceEvents"])
 
 
-def test_json_and_sweep(tmp_path):
+def test_json_and_sweep(tmp_path, distlab):
     r = distlab("--json", "--out", str(tmp_path), "--bucket-cap-mb", "10")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)["results"][0]
@@ -41,7 +49,7 @@ def test_json_and_sweep(tmp_path):
     assert (tmp_path / "sweep-bucket_cap_mb.png").exists()
 
 
-def test_yaml_scenario(tmp_path):
+def test_yaml_scenario(tmp_path, distlab):
     p = tmp_path / "s.yaml"
     p.write_text("name: tiny\nmodel: {kind: mlp, widths: [512, 512, 512], batch: 64}\n"
                  "parallelism: {kind: ddp, bucket_cap_mb: 0.5, grad_accum: 2, compress: fp16}\n"
@@ -65,7 +73,7 @@ def test_yaml_scenario(tmp_path):
     ([], "model: {preset: gpt2-small, layerz: 3}\nparallelism: {kind: ddp}\n", ["layerz", "layers"]),
     ([], "model: gpt2-small\nparallelism: {kind: zero9}\n", ["zero9", "ddp"]),
 ])
-def test_bad_input_is_one_line_naming_the_key_exit_2(tmp_path, args, yaml_text, words):
+def test_bad_input_is_one_line_naming_the_key_exit_2(tmp_path, args, yaml_text, words, distlab):
     if yaml_text is not None:
         p = tmp_path / "bad.yaml"
         p.write_text(yaml_text)
@@ -78,9 +86,8 @@ def test_bad_input_is_one_line_naming_the_key_exit_2(tmp_path, args, yaml_text, 
 
 
 @pytest.mark.parametrize("name", ["ddp-gpt2-small.yaml", "ddp-cpu.yaml", "ddp-llama-70b.yaml"])
-def test_example_scenarios_run(name):
-    import os
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scenarios", name)
+def test_example_scenarios_run(name, distlab):
+    path = os.path.join(ROOT, "scenarios", name)
     r = distlab(path, "--no-files", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["results"][0]["step_s"] > 0

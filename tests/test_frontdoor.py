@@ -571,10 +571,14 @@ def test_a_plans_stream_threads_compute_with_the_ranks_intra_op_threads():
 def test_notebook_kernels_do_not_warn_between_the_dots():
     """`python -m pytest -q` printed ipykernel's "running over TCP without encryption" between the dots: it is a
     warning of the kernel app's log, and the notebook tests start their kernels with that log at ERROR."""
+    import ast
     import importlib.util
 
-    from tests.test_lessons_notebooks import KERNEL_ARGUMENTS
-    assert "--IPKernelApp.log_level=ERROR" in KERNEL_ARGUMENTS
+    # read from the notebook tests' source: importing that module imports nbformat (~3 s of CPU)
+    tree = ast.parse((ROOT / "tests" / "test_lessons_notebooks.py").read_text())
+    (kernel_arguments,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                           and [getattr(t, "id", None) for t in n.targets] == ["KERNEL_ARGUMENTS"]]
+    assert "--IPKernelApp.log_level=ERROR" in kernel_arguments
     folder = pathlib.Path(importlib.util.find_spec("ipykernel").origin).parent     # not imported: seconds
     source = (folder / "kernelapp.py").read_text()
     sockets = source[source.index("def init_sockets"):]

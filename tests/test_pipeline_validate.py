@@ -4,6 +4,7 @@ is benchmarks/pipeline_accuracy.py's job, not asserted here.)"""
 import json
 
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (its fork server's ranks)
 
 from distlab.sim.parallel.pipeline import schedules as S
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no torch import each)
 
 from distlab.runtime import preflight
 from distlab.sim.errors import ConfigError

@@ -27,7 +27,10 @@ def test_no_rank_code_sends_pickles():
               "send_object_list", "recv_object_list"}
     found = []
     for path in sorted([*ROOT.glob("runtime/**/*.py"), *ROOT.glob("sim/**/*.py"), *ROOT.glob("benchmarks/*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
+        text = path.read_text()
+        if not any(name in text for name in banned):      # an attribute named so has its name in the text
+            continue
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Attribute) and node.attr in banned:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.attr}")
     assert found == []

@@ -1,9 +1,13 @@
-"""The runtime commands: bad input is one line and exit 2; run, bench, calibrate and validate end to end."""
+"""The runtime commands: bad input is one line and exit 2; run, bench, calibrate and validate end to end.
+Each runs in this process (tests/cli_in_process.py): the ranks of every launch come from one fork server; the
+process-level behaviour (signals, a killed launcher) is tests/test_runtime_launch.py's."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process
 
 from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
 
@@ -39,6 +43,7 @@ def one_line_error(rc, out, err):
     ["calibrate", "--sizes", "1MiB", "--ops", "all_reduce"],
     ["calibrate", "--ops", "barrier"],
     ["validate", "--calib-sizes", "1MiB,2MiB", "--sizes", "1MiB"],
+    ["validate", "--overlap-repeats", "0"],
     ["validate", "--scenario", "SCENARIO"],
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, argv, plan_file, tmp_path):
@@ -113,16 +118,14 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     assert cluster.interference >= 1 and "interference: compute x" in stdout and "model error" in stdout
     assert cluster.comm_interference >= 1 and "comm_interference: all_reduce x" in stdout
     assert (tmp_path / "curve.png").stat().st_size > 0
-    scenario = tmp_path / "s.yaml"           # `distlab simulate` on it (in this process: no start-up time)
+    scenario = tmp_path / "s.yaml"           # `distlab simulate` on it
     scenario.write_text(f"model: {{kind: mlp, widths: [256, 256], batch: 8}}\nparallelism: {{kind: ddp}}\n"
                         f"cluster: {out}\n")
-    from distlab.runtime.cli import main
-    assert main(["simulate", str(scenario), "--no-files", "--json"]) == 0
+    assert cli("simulate", str(scenario), "--no-files", "--json")[0] == 0
     assert set(cluster.calibration["collectives"]) == {"all_reduce", "all_gather"}
     fit = cluster.calibration["collectives"]["all_reduce"]["2"]
     assert fit["bandwidth_GBps"] > 0 and fit["latency_us"] >= 0
     assert cluster.gpu.tflops > 0 and cluster.gpu.name == "cpu"
-    import os
     cores = len(os.sched_getaffinity(0))       # the cores the ranks shared, less what other processes used
     assert cores / 2 <= cluster.cpu_cores <= cores
     assert "# load: average" in out.read_text() and "load: average" in stdout     # recorded and printed
@@ -134,6 +137,7 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
 def test_validate_prints_cases_and_medians(cli, tmp_path):
     rc, out, err = cli("validate", "--ops", "all_reduce", "--nproc", "2", "--holdout-nproc", "none",
                        "--calib-sizes", "64KiB,512KiB", "--sizes", "128KiB,256KiB", "--iters", "2", "--json",
+                       "--overlap-repeats", "3",
                        "--plot", str(tmp_path / "v.png"), "--out", str(tmp_path / "v.json"))
     assert rc == 0, err
     result = json.loads(out)

@@ -37,6 +37,26 @@ def wait_running(launch: Launch, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def wait_completed(dumps, ops: int, nproc: int = 2, timeout: float = 60.0) -> None:
+    """Until every rank's live flight ring in ``dumps`` (runtime/flight.py) shows ``ops`` collectives completed:
+    the run is under way with that much measured (rather than a fixed sleep, long on an idle machine and maybe
+    short on a loaded one)."""
+    from distlab.runtime.flight_read import load_dir
+    from distlab.sim.errors import ConfigError
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            ranks = load_dir(str(dumps))["ranks"]
+        except ConfigError:                       # no ring written yet
+            ranks = {}
+        done = [sum(r["state"] == "completed" for r in ranks[k]["records"]) if k in ranks else 0
+                for k in range(nproc)]
+        if min(done) >= ops:
+            return
+        assert time.monotonic() < end, f"completed collectives per rank: {done}"
+        time.sleep(0.02)
+
+
 def raising_task(ctx, payload):
     """Rank 1 raises; the others wait in a barrier for it."""
     import torch.distributed as dist
@@ -118,16 +138,17 @@ def _start_cli(tmp_path):
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_reaps_every_rank(tmp_path, sig, cli):
+def test_ctrl_c_reaps_every_rank(tmp_path, sig, capsys):
     p, pids = _start_cli(tmp_path)
-    time.sleep(1.0)
+    wait_completed(tmp_path / "dumps", 12)                          # mid-run, with ops measured to keep
     p.send_signal(getattr(signal, sig))
     rc = p.wait(timeout=30)
     p.stderr.close()
     assert rc == {"SIGINT": 130, "SIGTERM": 143}[sig]                 # 128 + the signal, as shells report it
     assert not any(alive(pid) for pid in pids)
     assert not [n for n in os.listdir(tmp_path) if n.startswith("distlab-run-")]     # the run folder is gone
-    rc, out, err = cli("diagnose", str(tmp_path / "dumps"))                          # a healthy run, stopped
+    from cli_in_process import run_in_process     # not at the top: ranks load this file for its tasks
+    rc, out, err = run_in_process(capsys, "diagnose", tmp_path / "dumps")            # a healthy run, stopped
     assert rc == 0, out + err
     assert out.startswith(f"interrupted by {sig}: the run was stopped, it did not hang"), out
     from distlab.sim.trace import Trace                            # what was measured before Ctrl-C is kept
@@ -138,7 +159,7 @@ def test_ctrl_c_reaps_every_rank(tmp_path, sig, cli):
 
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     p, pids = _start_cli(tmp_path)
-    time.sleep(0.5)
+    wait_completed(tmp_path / "dumps", 1)                           # mid-run
     p.kill()
     p.wait(timeout=10)
     p.stderr.close()

@@ -136,7 +136,7 @@ def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measur
     """Two runs with the same --out: the second refuses in one line (before: it cleared and removed the first's live
     flight records). The first's Perfetto trace goes to a link to /dev/full: that result is kept and the one line
     says where (before: an OSError traceback after the whole run)."""
-    plan = one_rank(3.0, tmp_path / "p.json")
+    plan = one_rank(1.5, tmp_path / "p.json")        # long enough for the second, refused at once, to find it
     out, full = tmp_path / "m.trace", tmp_path / "m.json"
     full.symlink_to("/dev/full")
     first = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", plan, "--out", out, "--perfetto",

@@ -4,6 +4,7 @@ bad input as one line with exit code 2, and `distlab simulate` of the shipped tp
 import json
 
 import pytest
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process
 
 from distlab.sim import scenario as sc
 from distlab.sim.errors import ConfigError

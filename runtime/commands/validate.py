@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=9, help="timed calls per size, interleaved (default 9)")
     p.add_argument("--no-overlap", action="store_true", help="skip the compute/communication overlap plan")
+    p.add_argument("--overlap-repeats", type=int, default=OVERLAP_REPEATS, metavar="N",
+                   help=f"timed runs of the overlap plan, each after {PROBE_ROUNDS} interference probe round; its "
+                        f"error is that of their median (default {OVERLAP_REPEATS}; fewer: faster, but the median "
+                        "moves more by chance)")
     p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (a workload of "
                                                       "runtime/workloads.py: ddp, fsdp, pipeline, tp, ep)")
     p.add_argument("--plot", metavar="OUT.png", default="validate.png", help="predicted vs measured (default "
@@ -46,7 +50,6 @@ def run(args) -> int:
     from distlab.runtime.launch import RunFailed
     from distlab.runtime.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
                                             summary_noise)
-    from distlab.runtime.workloads import scenario_cases
     from distlab.sim.cli import print_json
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import parse_size_range, write_atomic
@@ -74,6 +77,7 @@ def run(args) -> int:
     if min(nprocs + holdout) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     positive_int(args.iters, "--iters")
+    positive_int(args.overlap_repeats, "--overlap-repeats")
     from distlab.runtime.preflight import check_scenario, warn_cores
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])
@@ -86,13 +90,14 @@ def run(args) -> int:
     cores = {n: round(load.effective_cores(n), 2) if load else None for n in set(nprocs) | set(holdout)}
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
+        from distlab.runtime.workloads import scenario_cases     # imports torch (~3 s of CPU): only for one
         scenario_rows = scenario_cases(args.scenario, args)
 
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
         plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": OVERLAP_WARMUP,
-                                             "repeat": OVERLAP_REPEATS, "probe_rounds": PROBE_ROUNDS}
+                                             "repeat": args.overlap_repeats, "probe_rounds": PROBE_ROUNDS}
         try:                          # the plan first, on fresh ranks (runtime/sweep.py sweep_task)
             measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", plan_first=True,
                                   **launch_kwargs(args))
