@@ -34,13 +34,14 @@ def cli():
 # pytest-xdist (--dist loadfile --no-loadscope-reorder, pyproject.toml) hands each of the two workers one whole
 # file at a time, in the order collected: the longest files go first, so that no worker starts a long file
 # when the other has little left (longest processing time first); the others follow in name order. The longest
-# on a 2-core machine (sums of --durations, 2026-12-02, one suite under load): the lesson notebooks (~520 s of
-# one worker), test_lessons_lib (~170 s), then 50-90 s each. Only the order changes, never a test.
-LONGEST_FIRST = ("test_lessons_notebooks.py", "test_lessons_lib.py", "test_runtime_cli.py", "test_multinode.py",
-                 "test_elastic.py", "test_runtime_launch.py", "test_tp_runtime.py", "test_pipeline_validate.py",
-                 "test_planner.py", "test_frontdoor.py", "test_preflight.py", "test_fuzz_inputs.py",
-                 "test_forkserver.py", "test_compose_runtime.py", "test_flight_diagnose.py", "test_cp_runtime.py",
-                 "test_rendezvous_security.py", "test_lesson_plan.py")
+# on a 2-core machine (sums of --durations, 2026-12-02 06:43, one suite beside other work, load 2.6-3.9): the
+# lesson notebooks (~250 s of one worker), test_lessons_lib (~90 s), test_multinode (~65 s), test_elastic
+# (~55 s), then 10-30 s each. Only the order changes, never a test.
+LONGEST_FIRST = ("test_lessons_notebooks.py", "test_lessons_lib.py", "test_multinode.py", "test_elastic.py",
+                 "test_forkserver.py", "test_runtime_launch.py", "test_tp_runtime.py", "test_rendezvous_security.py",
+                 "test_compose_runtime.py", "test_frontdoor.py", "test_runtime_cli.py", "test_pipeline_validate.py",
+                 "test_fsdp_runtime.py", "test_flight_diagnose.py", "test_safe_runs.py", "test_planner.py",
+                 "test_cp_runtime.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
