@@ -14,16 +14,19 @@ import time
 
 
 def measure(ops: list[str], sizes: list[int], n: int, warmup: int, iters: int, plan: dict | None = None,
-            label: str = "calibrate", plan_first: bool = False, **launch_options) -> list[dict]:
+            label: str = "calibrate", plan_first: bool = False, probe_seconds: float = 0.3,
+            interference_rounds: int = 4, **launch_options) -> list[dict]:
     """Per rank: {"rows": the sweep's rows, "compute": rates, "plan": the plan payload's results or None}.
     ``plan`` is an executor payload ({"plan", "warmup", "repeat"}); ``launch_options`` go to runtime.launch.Launch
-    (backend, threads, timeout, verbose). ``plan_first``: compute and the plan before the sweep (runtime/sweep.py).
+    (backend, threads, timeout, verbose). ``probe_seconds``: each compute rate probe's time, ``interference_rounds``:
+    the interference probe's rounds (runtime/sweep.py's measure_compute, runtime/compute_probe.py). ``plan_first``: compute and the plan before the sweep (runtime/sweep.py).
     Progress is shown per timed round. Calls shorter than
     runtime/sweep.py's SHORT_S get up to MAX_REPEATS samples per round (their times scatter most)."""
     from distlab.runtime.sweep import SHORT_S
     from distlab.runtime.torchrun_rank import new_launch    # Launch, or this rank's share under torchrun
     payload = {"ops": ops, "sizes": sizes, "warmup": warmup, "iters": iters, "compute": True, "plan": plan,
-               "short_s": SHORT_S, "plan_first": plan_first}
+               "short_s": SHORT_S, "plan_first": plan_first,
+               "probe_seconds": probe_seconds, "interference_rounds": interference_rounds}
     launch = new_launch("distlab.runtime.sweep:sweep_task", payload, n, **launch_options).start()
     return launch.wait_progress(iters, f"{label}: {n} ranks", lambda L: (L.partial(0) or {}).get("rounds", 0))
 

@@ -228,13 +228,13 @@ def _compute_and_plan(ctx, payload: dict, result: dict) -> None:
     default 1, before each of its runs)."""
     probe = None
     if payload.get("compute"):
-        result["compute"] = measure_compute(ctx)
+        result["compute"] = measure_compute(ctx, payload.get("probe_seconds", 0.3))
         if ctx.world_size > 1:             # compute alone vs with an all_reduce in flight (runtime/compute_probe.py)
             from distlab.runtime.compute_probe import InterferenceProbe, measure_interference
             if payload.get("plan"):        # measured between the plan's runs instead (below)
                 probe = InterferenceProbe(ctx)
             else:
-                result["compute"].update(measure_interference(ctx))
+                result["compute"].update(measure_interference(ctx, rounds=payload.get("interference_rounds", 4)))
     if payload.get("plan"):
         from distlab.runtime.executor import plan_task
         rounds = int(payload["plan"].get("probe_rounds", 1))     # probe rounds before each of the plan's runs

@@ -11,6 +11,7 @@ from distlab.sim.models.activations import activations
 from distlab.sim.parallel.cp.memory import cp_memory
 from distlab.sim.parallel.fsdp.memory import estimate
 from distlab.sim.parallel.tp.memory import tp_memory
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 GiB = 2**30
 # torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 9dec370, 2024-12-26; H100 96 GB; memory =
@@ -91,7 +92,7 @@ def test_memory_ddp_fsdp_tp_cp_report_the_same_activations(cli, options):
     from distlab.sim.workloads import tp as tp_workload
     from distlab.sim.workloads.composed_report import memory as composed_memory
     spec = {"preset": "llama3-8b", "seq_len": 1024, "micro_batch": 2, **options}
-    if options.get("recompute"):                  # the command once (a subprocess): full recompute
+    if options.get("recompute"):                  # the command once: full recompute
         rc, out, err = cli("memory", "--model", "llama3-8b", "--seq-len", "1024", "--micro-batch", "2", "--json",
                            "--recompute", "full")
         assert rc == 0, err

@@ -33,7 +33,7 @@ def launch8():
     from distlab.runtime.composed.run import run
     from distlab.runtime.composed.validate import prepare
     return run([{"model": MODEL, **v} for v in VARIANTS], world=8, steps=1, warmup=1, timeout=600,
-               calibrate=prepare(SCENARIO, 8)[2])
+               calibrate=prepare(SCENARIO, 8)[2], calibrate_calls=2)     # 2 calls per calibration probe
 
 
 def plan_of(v: dict):

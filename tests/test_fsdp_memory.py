@@ -8,6 +8,7 @@ from distlab.sim.parallel.fsdp.plan import build_fsdp
 from distlab.sim.models import Layer, Model, Param, gpt, preset
 
 from conftest import multi_node
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 GPT2_SMALL = 124_439_808     # 12 x 7,087,872 (block) + 50257x768 + 1024x768 (embeddings) + 1,536 (final norm)
 LLAMA_7B = 6_738_415_616

@@ -9,6 +9,7 @@ from distlab.sim.models import gpt, mlp
 from distlab.sim.plan import Collective
 
 from conftest import one_node, multi_node
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 TINY = gpt(layers=3, hidden=16, heads=2, seq_len=8, vocab=51, micro_batch=2, dtype="float32", arch="llama")
 ROOT = (52 * 16 + 16 + 52 * 16) * 4          # embed 51->52 rows (padded to 2 ranks), norm_f, lm_head 51->52

@@ -33,7 +33,7 @@ for argv in (["run", plan, "--out", out + "/merged.trace", "--json", *tiny],
              ["bench", "--ops", "all_reduce,all_gather", "--sizes", "4KiB,16KiB", "--iters", "2",
               "--out", out + "/bench.json", *tiny],
              ["calibrate", "--ops", "all_reduce", "--sizes", "4KiB:64KiB:4", "--iters", "2", "--out",
-              out + "/cluster.yaml", *tiny]):
+              out + "/cluster.yaml", "--probe-seconds", "0.03", "--interference-rounds", "1", *tiny]):
     try:
         codes.append(main(argv))
     except SystemExit as e:
@@ -224,3 +224,14 @@ def test_ranks_refuse_a_plan_of_another_world_size_before_joining(tmp_path):
     finally:
         os.environ.clear()
         os.environ.update(env)
+
+
+@pytest.mark.parametrize("flag,value", [("--probe-seconds", "0"), ("--interference-rounds", "0")])
+def test_calibrate_refuses_probes_it_cannot_run_in_one_line_with_exit_2(capsys, tmp_path, flag, value):
+    """The flags the launch above shrinks its probes with: bad values end in one line before any rank starts."""
+    from distlab.runtime.cli import main
+    rc = main(["calibrate", "--ops", "all_reduce", "--sizes", "4KiB,8KiB", "--out", str(tmp_path / "c.yaml"),
+               flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"distlab calibrate: error: {flag}: "), err
+    assert not (tmp_path / "c.yaml").exists()

@@ -4,6 +4,7 @@ import pytest
 from distlab.sim.cluster import PRESETS, load_cluster
 from distlab.sim.collectives import metrics
 from distlab.sim.kernel.engine import simulate_collective
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 GiB, MiB = 2**30, 2**20
 

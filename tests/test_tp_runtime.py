@@ -37,7 +37,7 @@ FOUR = VARIANTS[:2] + FSDP_TP + [DDP_TP] + PP_TP + [HSDP_TP]    # 4 ranks: no lo
 def _launch(world: int, variants: list, calibrate=None):
     from distlab.runtime.tp import run
     return run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
-                   calibrate=calibrate)
+                   calibrate=calibrate, calibrate_calls=2)      # 2 calls per calibration probe: what is checked
 
 
 @pytest.fixture(scope="module")

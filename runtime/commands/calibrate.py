@@ -29,6 +29,11 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=7, help="timed calls per size (default 7)")
     add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4; under torchrun: its WORLD_SIZE)")
+    p.add_argument("--probe-seconds", type=float, default=0.3, metavar="SECONDS",
+                   help="time of each rank's matmul and copy rate probes, all ranks at once (default 0.3; less is "
+                   "noisier: for quick checks)")
+    p.add_argument("--interference-rounds", type=int, default=4, metavar="N",
+                   help="rounds of compute with and without an all_reduce in flight (default 4; fewer is noisier)")
     p.add_argument("--out", default="localhost-calibrated.yaml", help="cluster YAML to write")
     p.add_argument("--compute", action="store_true", help="also measure GEMMs of many shapes and the copy "
                    "bandwidth here, and write the efficiency curve, peak, HBM bandwidth and per-op overhead")
@@ -61,6 +66,9 @@ def check(args):
     budget = args.compute_budget
     if not isinstance(budget, (int, float)) or not 0.05 <= budget <= 600:
         raise ConfigError(f"{budget!r} must be seconds between 0.05 and 600", "--compute-budget")
+    if not isinstance(args.probe_seconds, (int, float)) or not 0.01 <= args.probe_seconds <= 60:
+        raise ConfigError(f"{args.probe_seconds!r} must be seconds between 0.01 and 60", "--probe-seconds")
+    positive_int(args.interference_rounds, "--interference-rounds")
     return ops, sizes, sorted(set(nprocs))
 
 
@@ -98,7 +106,8 @@ def run(args) -> int:
     rows, compute, backend, done = [], None, "gloo", []
     for n in nprocs:
         try:
-            result = measure(ops, sizes, n, args.warmup, args.iters, **launch_kwargs(args))[0]
+            result = measure(ops, sizes, n, args.warmup, args.iters, probe_seconds=args.probe_seconds,
+                             interference_rounds=args.interference_rounds, **launch_kwargs(args))[0]
         except RunFailed as e:
             if done:
                 write_cluster(args.out, rows, compute, done, backend, sizes, load)

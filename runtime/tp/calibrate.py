@@ -34,15 +34,19 @@ class Calibrator:
     buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
     ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture); ``fsdp_meshes``:
     (tp mesh, dp_shard mesh) of an FSDP2 x TP run, for FSDP2's host work per unit (:meth:`_fsdp_round`);
-    ``root``: the run's root plan (runtime/tp/run.py root_plan), for the ends' host work (runtime/tp/ends.py)."""
+    ``root``: the run's root plan (runtime/tp/run.py root_plan), for the ends' host work (runtime/tp/ends.py);
+    ``calls``: at most this many calls per probe (defaults: CHAIN per chain, 10 per block, 5 per bare collective and
+    FSDP2 unit; None keeps them; fewer is noisier, for quick checks)."""
 
-    def __init__(self, sizes: dict, model, group, plan: dict, capture, fsdp_meshes=None, root: dict | None = None):
+    def __init__(self, sizes: dict, model, group, plan: dict, capture, fsdp_meshes=None, root: dict | None = None,
+                 calls: int | None = None):
         import torch
         import torch.distributed as dist
 
         from distlab.runtime.tp.model import build_llama
         from distlab.sim.parallel.tp.rules import local_shape
         self.sizes, self.group = sizes, group
+        self.calls = calls
         self.n = dist.get_world_size(group)
         torch.manual_seed(0)
         self.module = build_llama(model)
@@ -131,10 +135,16 @@ class Calibrator:
         for m in (self.fsdp_tp_block, self.fsdp_block):
             self._block_step(m, self.block_x)                              # warm-up (FSDP2's lazy init)
 
+    def _at_most(self, default: int) -> int:
+        """``default`` calls, or fewer where ``calls`` asks for fewer (at least 1)."""
+        return default if self.calls is None else max(1, min(default, self.calls))
+
     def _fsdp_round(self, calls: int = 5) -> None:
         """FSDP2's host CPU (this thread) per unit, forward and backward apart: the FSDP2 x TP block minus the
         TP block, each the median of ``calls`` steps (its blocking gloo all-gathers and reduce-scatters wait
         without CPU; their copies are in it, an upper bound)."""
+        calls = self._at_most(calls)
+
         def split(module):
             fwd, bwd = [], []
             for _ in range(calls):
@@ -161,12 +171,15 @@ class Calibrator:
         collective time already)."""
         import torch.distributed as dist
         dist.barrier(group=self.group)
-        self.times["block_tp"].append(_cpu_per_call(lambda: self._block_step(self.block, self.block_x), 10))
-        self.times["block_local"].append(_cpu_per_call(lambda: self._block_step(self.block_plain, self.plain_x), 10))
+        self.times["block_tp"].append(_cpu_per_call(lambda: self._block_step(self.block, self.block_x),
+                                                          self._at_most(10)))
+        self.times["block_local"].append(_cpu_per_call(lambda: self._block_step(self.block_plain, self.plain_x),
+                                                             self._at_most(10)))
         kinds = set(self.times["block_calls"]) | (self.ends.kinds() if self.ends else set())
+        bare = self._at_most(5)
         for op in sorted(kinds):
             self.times["block_collectives"].setdefault(op, []).append(statistics.median(
-                self._collective(op, self.block_bytes, barrier=False, clock=time.thread_time) for _ in range(5)))
+                self._collective(op, self.block_bytes, barrier=False, clock=time.thread_time) for _ in range(bare)))
         if self.ends:
             issue = {op: v[-1] for op, v in self.times["block_collectives"].items()}
             for key, host in self.ends.round(issue).items():
@@ -184,14 +197,15 @@ class Calibrator:
 
     def round(self) -> None:
         import torch.distributed as dist
+        chain = self._at_most(CHAIN)
         for op, table in self.times["collectives"].items():
             for size, times in table.items():
                 process, thread = time.process_time(), time.thread_time()
-                mean, main = self._chain(op, int(size))
+                mean, main = self._chain(op, int(size), chain)
                 times.append(mean)
                 self.times["comm_cpu"][op][size].append(
-                    (time.process_time() - process - (time.thread_time() - thread)) / CHAIN)
-                self.times["comm_main"][op][size].append(main / CHAIN)
+                    (time.process_time() - process - (time.thread_time() - thread)) / chain)
+                self.times["comm_main"][op][size].append(main / chain)
                 self.times["isolated"][op][size].append(self._collective(op, int(size)))
         dist.barrier()
         self._block_round()
@@ -224,13 +238,13 @@ class Calibrator:
         funcol.wait_tensor(out)
         return clock() - t0
 
-    def _chain(self, op: str, nbytes: int) -> tuple[float, float]:
-        """(mean time of one call among CHAIN calls, each after GAP_OPS local ops (module docstring); this
-        thread's CPU in the CHAIN calls together, issue to wait)."""
+    def _chain(self, op: str, nbytes: int, calls: int = CHAIN) -> tuple[float, float]:
+        """(mean time of one call among ``calls`` calls (CHAIN), each after GAP_OPS local ops (module docstring);
+        this thread's CPU in those calls together, issue to wait)."""
         import torch.distributed as dist
         dist.barrier(group=self.group)
         times, main = [], 0.0
-        for _ in range(CHAIN):
+        for _ in range(calls):
             y = self.gap
             for _ in range(GAP_OPS):
                 y = y * 1.0001

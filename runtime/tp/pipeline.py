@@ -20,7 +20,8 @@ def _loss(logits, target):
     return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
 
 
-def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | None = None) -> dict:
+def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | None = None,
+                calibrate_calls: int | None = None) -> dict:
     """One pipelined variant on this rank: {model, sequence_parallel, mesh [[pp, n], ...], schedule, microbatches,
     split (blocks per stage; none: even), reshard_after_forward}; ``tp``: the runtime/tp/run.py module (its
     capture, plan and shapes). As torchtitan builds it (pipeline_llama, then parallelize_llama per stage): each
@@ -29,7 +30,7 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     forward by default (torchtitan with pp), and AdamW after the schedule's step. With ``calibrate``
     (runtime/tp/calibrate.py sizes), one calibration round on the tp group (without tp: the dp_shard group)
     before each captured step and one uncaptured step after it (``plain_time``), as runtime/tp/run.py does for
-    the other compositions."""
+    the other compositions (``calibrate_calls``: the Calibrator's ``calls``)."""
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining as pp
@@ -83,7 +84,7 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     sp = v.get("sequence_parallel", True)
     group = mesh["tp" if "tp" in mesh.mesh_dim_names else "dp_shard"].get_group()
     cal = Calibrator(calibrate, model, group, tp.block_plan(sp), tp.CollectiveCapture,
-                     root=tp.root_plan(sp)) if calibrate else None
+                     root=tp.root_plan(sp), calls=calibrate_calls) if calibrate else None
     tp_size = mesh["tp"].size() if "tp" in mesh.mesh_dim_names else 1
     seq = c["seq_len"] // tp_size if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local
     probe = RuntimeProbe(mesh, s, n_stages, m, cls, (c["micro_batch"], seq, c["hidden"])) if cal else None

@@ -197,7 +197,7 @@ def rank_task(ctx, payload: dict) -> dict:
         if "pp" in dict(v.get("mesh") or []):
             from distlab.runtime.tp.pipeline import run_variant
             out.append(run_variant(ctx, v, payload.get("steps", 1), payload.get("warmup", 1), sys.modules[__name__],
-                                   payload.get("calibrate") if vi == 0 else None))
+                                   payload.get("calibrate") if vi == 0 else None, payload.get("calibrate_calls")))
             continue
         model = model_from_spec(v["model"])
         dims = v.get("mesh") or [["tp", ctx.world_size]]
@@ -224,7 +224,8 @@ def rank_task(ctx, payload: dict) -> dict:
         cal = Calibrator(payload["calibrate"], model, mesh["tp"].get_group(),
                          block_plan(v.get("sequence_parallel", True), v.get("prepare_input", False)),
                          CollectiveCapture, fsdp_meshes,
-                         None if v.get("loss_parallel") else root_plan(v.get("sequence_parallel", True))) \
+                         None if v.get("loss_parallel") else root_plan(v.get("sequence_parallel", True)),
+                         calls=payload.get("calibrate_calls")) \
             if payload.get("calibrate") and vi == 0 else None
         steps = []
         for _ in range(payload.get("steps", 1)):
@@ -261,14 +262,17 @@ def measured_sequence(results: list, variant: int = 0, rank: int = 0) -> list[tu
 
 
 def run(variants: list[dict], world: int = 2, steps: int = 1, warmup: int = 1, timeout: float = 180.0,
-        calibrate: dict | None = None, comm_debug: bool = False) -> list:
+        calibrate: dict | None = None, comm_debug: bool = False, calibrate_calls: int | None = None) -> list:
     """Launch ``world`` gloo ranks; a variant is {model: Model, sequence_parallel: bool, loss_parallel: bool,
     prepare_input: bool (plain TP), mesh: [[dim, size], ...] (optional; dims tp and dp_shard)}. ``calibrate``: {op: [bytes, ...]} to time on
     the first variant's tp group, plus the unparallelized model's step (runtime/tp/calibrate.py). ``comm_debug``:
-    one more step per variant under torch's CommDebugMode, its counts per collective kept."""
+    one more step per variant under torch's CommDebugMode, its counts per collective kept. ``calibrate_calls``: at
+    most this many calls per calibration probe (runtime/tp/calibrate.py Calibrator ``calls``; None: its defaults;
+    fewer is noisier, for quick checks)."""
     from distlab.runtime.launch import PIPELINING, TRAINING, launch
     payload = {"variants": [{**v, "model": {**v["model"].config, "name": v["model"].name}} for v in variants],
-               "steps": steps, "warmup": warmup, "calibrate": calibrate, "comm_debug": comm_debug}
+               "steps": steps, "warmup": warmup, "calibrate": calibrate, "comm_debug": comm_debug,
+               "calibrate_calls": calibrate_calls}
     pipelined = any("pp" in dict(v.get("mesh") or []) for v in variants)      # runtime/tp/pipeline.py's stages
     return launch("distlab.runtime.tp.run:rank_task", payload, nproc=world, backend="gloo", timeout=timeout,
                   preload=PIPELINING if pipelined else TRAINING)
