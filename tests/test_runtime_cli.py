@@ -109,7 +109,8 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
     out = tmp_path / "c.yaml"
     rc, stdout, err = cli("calibrate", "--ops", "all_reduce,all_gather", "--nproc", "2", "--sizes",
                           "256KiB,1MiB,4MiB", "--iters", "2", "--out", str(out), "--compute", "--compute-budget",
-                          "0.3", "--plot", str(tmp_path / "curve.png"))
+                          "0.3", "--probe-seconds", "0.05", "--interference-rounds", "1",   # short probes: CI time
+                          "--plot", str(tmp_path / "curve.png"))
     assert rc == 0, err
     cluster = load_cluster(str(out))
     # --compute (runtime/compute_probe.py): the schema's fields, measured; interference from the ranks
