@@ -8,6 +8,7 @@ import pytest
 from distlab.sim.lessons import (CPU_DDP_MODEL, CPU_FSDP_MODEL, Figure, Table, check, exercises, question, ranks_table,
                          scenario, simulate, simulate_sweep, solution)
 from distlab.sim.lessons.units import UnitError, parse
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 
 # --- the checker ----------------------------------------------------------------------------------------------
