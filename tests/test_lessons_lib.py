@@ -8,6 +8,7 @@ import pytest
 from distlab.sim.lessons import (CPU_DDP_MODEL, CPU_FSDP_MODEL, Figure, Table, check, exercises, question, ranks_table,
                          scenario, simulate, simulate_sweep, solution)
 from distlab.sim.lessons.units import UnitError, parse
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 
 # --- the checker ----------------------------------------------------------------------------------------------
@@ -224,10 +225,13 @@ def test_tables_figures_and_sweeps():
     assert isinstance(Table(["a"], [[1]]), Table)
 
 
-def test_sim_lessons_does_not_import_torch():
+def test_sim_lessons_and_tp_launcher_do_not_import_torch():
+    """sim never imports torch; nor does lesson 09's launching side (runtime/tp/lesson.py -> run.py: only its
+    ranks need torch, and a kernel importing it pays ~2.7 s of CPU)."""
     import subprocess
     import sys
     code = ("import sys, distlab.sim.lessons, distlab.sim.lessons.bank, distlab.sim.commands.lessons; "
+            "import distlab.runtime.tp.lesson, distlab.runtime.tp.run, distlab.runtime.tp.validate; "
             "L = distlab.sim.lessons; "
             "L.check('03-two-nodes', '5 ms'); L.check('05-best-cap', '25'); "
             "L.check('06-all-gathers', 9); L.check('07-zbh1', '6 ms'); "

@@ -1,7 +1,7 @@
 """The real run of a composition (sim/parallel/parallelize.py) as torchtitan builds it: runtime/tp/run.py's ranks
 (FSDP2 x TP, HSDP x TP), which hand pipelines to runtime/tp/pipeline.py (each stage parallelized on the tp
 sub-mesh, ``fully_shard`` on its blocks and on the stage, torch.distributed.pipelining's schedule, AdamW), every
-collective and send recorded per rank (runtime/tp/run.py CollectiveCapture)."""
+collective and send recorded per rank (runtime/tp/capture.py CollectiveCapture)."""
 from __future__ import annotations
 
 

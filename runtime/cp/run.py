@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from distlab.runtime.tp.run import CollectiveCapture, parallelize
+from distlab.runtime.tp.capture import CollectiveCapture
+from distlab.runtime.tp.run import parallelize
 
 
 class Capture(CollectiveCapture):

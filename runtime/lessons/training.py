@@ -20,6 +20,7 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     also run under ``torch.profiler`` on every rank, each exporting its Chrome trace to DIR/rank{r}.json
     ("profiles": the paths; sim/lessons/profiling.py reads them); the profiler's overhead is in those steps."""
     from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
+    from distlab.runtime.launch import TRAINING
     from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.models import model_from_spec
@@ -31,7 +32,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
                "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate],
                "profile": {"index": list(caps).index(profile["cap"]), "dir": profile["dir"]} if profile else None}
     watch = Watch()
-    out = run_on_ranks("distlab.runtime.lessons.training:_ddp_sweep_task", payload, nproc, "gloo", timeout)
+    out = run_on_ranks("distlab.runtime.lessons.training:_ddp_sweep_task", payload, nproc, "gloo", timeout,
+                       preload=TRAINING)
     background = watch.stop()
     per_cap = [[r[i] for r in out] for i in range(len(caps))]
     cal_model, cluster = calibrated(model, per_cap[0])

@@ -16,7 +16,7 @@ run's own block plan (TP or TP + SP: ``parallelize_module`` hooks, DTensor dispa
 ``from_local``/``redistribute``/``to_local`` autograd functions around its collectives) forward+backward, the same
 block unparallelized, and each collective kind the block issues as a bare functional collective at the block's
 activation size (issue to wait: that CPU is already inside the fitted collective times); the DTensor ops and
-collectives of one forward+backward of the block are counted once (runtime/tp/run.py CollectiveCapture). Also CPU
+collectives of one forward+backward of the block are counted once (runtime/tp/capture.py CollectiveCapture). Also CPU
 time: the unparallelized model's forward+backward on this rank; AdamW on plain tensors the size of this rank's TP
 shards.
 """
@@ -32,7 +32,8 @@ GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 
 class Calibrator:
     """Rank side. ``sizes``: {op: [bytes, ...]} (all_gather: output bytes, reduce_scatter: input, all_reduce:
     buffer); ``model``: the sim Model; ``group``: the tp process group; ``plan``: the run's block plan and
-    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, CollectiveCapture); ``fsdp_meshes``:
+    ``capture`` its dispatch-mode class (runtime/tp/run.py block_plan, runtime/tp/capture.py
+    CollectiveCapture); ``fsdp_meshes``:
     (tp mesh, dp_shard mesh) of an FSDP2 x TP run, for FSDP2's host work per unit (:meth:`_fsdp_round`);
     ``root``: the run's root plan (runtime/tp/run.py root_plan), for the ends' host work (runtime/tp/ends.py);
     ``calls``: at most this many calls per probe (defaults: CHAIN per chain, 10 per block, 5 per bare collective and
@@ -82,7 +83,7 @@ class Calibrator:
         """The probe of DTensor's host work: one transformer block of the model with the run's block ``plan``
         (runtime/tp/run.py block_plan: TP or TP + SP) on the tp group, the same block unparallelized, and the
         DTensor ops and collectives one forward+backward of the parallel block dispatches, counted once by
-        ``capture`` (runtime/tp/run.py CollectiveCapture; the same counts as sim/parallel/tp/plan.py DTENSOR_OPS)."""
+        ``capture`` (runtime/tp/capture.py CollectiveCapture; the same counts as sim/parallel/tp/plan.py DTENSOR_OPS)."""
         import torch
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor.parallel import parallelize_module

@@ -14,7 +14,7 @@ Rank side (``EndsProbe``): each end parallelized with the run's root plan (runti
 parallel) on the tp group, and the same end unparallelized; per end and direction (forward, backward), thread CPU
 (``time.thread_time``), the median of ``CALLS`` calls: parallel - plain - its collectives' issue CPU (the block
 probe's bare functional collective of each kind, which the fitted collectives carry: calibrate.py), the DTensor
-ops and collectives of each counted once by the capture (runtime/tp/run.py CollectiveCapture).
+ops and collectives of each counted once by the capture (runtime/tp/capture.py CollectiveCapture).
 Host side (``ends_host``): per end and direction, host = the median over rounds of the slowest rank's value minus
 its DTensor ops x launch_s (charged already: sim/parallel/tp/plan.py DTENSOR_OPS), at least 0; runtime/tp/validate.py puts
 it in the timed plan as a Compute op "host END PHASE" after the end's compute op.

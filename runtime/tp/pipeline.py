@@ -2,7 +2,7 @@
 the last blocks, final norm and head), parallelized over the tp sub-mesh with the plan of runtime/tp/run.py and
 run by torch.distributed.pipelining (``PipelineStage`` on the pp sub-mesh's group, ``ScheduleGPipe`` or
 ``Schedule1F1B``), as torchtitan composes them (TP inside each stage, stages exchanging the TP-local activations).
-Recorded per rank: every collective (runtime/tp/run.py CollectiveCapture, the phase set by the stage's forward
+Recorded per rank: every collective (runtime/tp/capture.py CollectiveCapture, the phase set by the stage's forward
 and backward chunks) and every point-to-point send and receive (c10d ``send``/``recv_``: bytes, peer), local
 shard shapes and the step time. No optimizer (the simulated pipeline plans have none)."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 
 import torch.nn as nn
 
+from distlab.runtime.tp.capture import CollectiveCapture
 from distlab.runtime.tp.model import Stage  # noqa: F401  (the stage module; runtime/tp/model.py)
 
 
@@ -62,7 +63,7 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     sched = cls(stage, m, loss_fn=_loss)
     c = model.config
     x = torch.randint(0, c["vocab"], (c["micro_batch"] * m, c["seq_len"]))
-    cap = tp.CollectiveCapture()
+    cap = CollectiveCapture()
     _phases(stage, cap)
     kwargs = {"target": x.roll(-1, 1)} if s == n_stages - 1 else {}
     args = (x,) if s == 0 else ()
@@ -83,7 +84,7 @@ def run_variant(ctx, v: dict, steps: int, warmup: int, tp, calibrate: dict | Non
     from distlab.runtime.tp.calibrate import Calibrator
     sp = v.get("sequence_parallel", True)
     group = mesh["tp" if "tp" in mesh.mesh_dim_names else "dp_shard"].get_group()
-    cal = Calibrator(calibrate, model, group, tp.block_plan(sp), tp.CollectiveCapture,
+    cal = Calibrator(calibrate, model, group, tp.block_plan(sp), CollectiveCapture,
                      root=tp.root_plan(sp), calls=calibrate_calls) if calibrate else None
     tp_size = mesh["tp"].size() if "tp" in mesh.mesh_dim_names else 1
     seq = c["seq_len"] // tp_size if v.get("sequence_parallel", True) else c["seq_len"]   # TP-local

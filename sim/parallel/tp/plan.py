@@ -32,7 +32,7 @@ checks, redistribution) before its local op runs, and a TP layer adds ``parallel
 ``from_local``/``redistribute``/``to_local`` autograd functions around each collective (torch 2.13:
 torch/distributed/tensor/_dispatch.py ``OpDispatcher.dispatch``, tensor/parallel/style.py, tensor/_redistribute.py).
 Each Compute op carries ``launches`` = the DTensor ops it dispatches (DTENSOR_OPS, counted on torch 2.13 with a
-TorchDispatchMode: runtime/tp/run.py CollectiveCapture, checked in tests/test_tp_runtime.py), and costs launches
+TorchDispatchMode: runtime/tp/capture.py CollectiveCapture, checked in tests/test_tp_runtime.py), and costs launches
 x ``launch_s`` on top of its roofline time: t = launches·launch_s + roofline. runtime/tp/calibrate.py measures
 ``launch_s`` on one block of the model under the same plan as CPU time: (parallel block - unparallelized block -
 its collectives' functional issue, which the fitted collective times hold) / the block's DTensor ops, so the hooks
