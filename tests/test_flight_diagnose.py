@@ -15,28 +15,11 @@ from distlab.runtime.flight_read import load_dir
 from distlab.runtime.launch import Launch, RunFailed
 from distlab.sim.check import PlanMismatch, check_plan
 from distlab.sim.plan import Collective, Plan
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab` in this process, its ranks from its fork server
 from tests.test_runtime_launch import alive, long_plan, wait_running
 
 MiB = 2**20
 TIMEOUT = 2.0
-
-
-@pytest.fixture
-def cli(capsys):
-    """`distlab ARGS` run in this process (runtime/cli.py's main, as tests/conftest.py's ``cli`` runs it in a new
-    one): (exit code, stdout, stderr). Its ranks are forked from this process's fork server, which has imported
-    torch once for the session (runtime/forkserver.py), not from a fork server of a new process's own."""
-    from distlab.runtime.cli import main
-
-    def run(*argv):
-        capsys.readouterr()
-        try:
-            rc = main([str(a) for a in argv])
-        except SystemExit as e:             # argparse's errors leave through Parser.error
-            rc = e.code
-        out, err = capsys.readouterr()
-        return rc, out, err
-    return run
 
 
 def plan_with(n: int, odd_rank: int, odd) -> Plan:

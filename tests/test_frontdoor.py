@@ -13,6 +13,7 @@ import pytest
 
 from distlab.runtime.cli import main
 from distlab.sim.figure_text import overlapping_text, overlaps
+from cli_in_process import run_in_process
 
 ROOT = pathlib.Path(__file__).parent.parent
 SCENARIOS = sorted(p.name for p in (ROOT / "scenarios").glob("*.yaml"))
@@ -21,12 +22,7 @@ WIDTH, LINES = 100, 80
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as e:                 # argparse's errors leave through Parser.error
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_in_process(capsys, *argv)
 
 
 def fits(out: str, lines: int = LINES) -> None:
