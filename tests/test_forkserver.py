@@ -55,6 +55,25 @@ def test_ranks_forked_from_one_server_see_their_own_environment(task_file, tmp_p
     assert len({r["pid"] for r in first + second}) == 4
 
 
+PRELOAD_TASK = textwrap.dedent('''
+    import sys
+    def task(ctx, payload):
+        return {name: name in sys.modules for name in payload["names"]}
+''')
+
+
+def test_a_launch_has_the_server_import_its_preload_before_the_fork(tmp_path, monkeypatch):
+    """Launch(preload=...) (runtime/launch.py TRAINING): the rank finds the modules already imported; one the server
+    cannot import is left to the rank, the launch goes on; what was not asked for is not imported."""
+    monkeypatch.delenv("DISTLAB_FORKSERVER", raising=False)
+    path = tmp_path / "preload_task.py"
+    path.write_text(PRELOAD_TASK)
+    names = ["xml.dom.minidom", "distlab_no_such_module", "xml.sax.saxutils"]
+    (r,) = launch(f"{path}:task", {"names": names}, 1, backend="gloo", preload=names[:2])
+    assert r == {"xml.dom.minidom": True, "distlab_no_such_module": False, "xml.sax.saxutils": False}
+
+
+# The tests below end their server (killed, or none): the one above still uses the first test's.
 def test_a_killed_rank_reports_its_signal_and_the_others_die_with_the_server(tmp_path):
     """Two ranks of a group of 3 wait in init_process_group for the third (never started): one is killed and
     reported as killed; closing the server's pipe ends the server, and the other rank dies with it."""
@@ -104,21 +123,3 @@ def test_without_the_server_each_rank_is_a_new_process(task_file, monkeypatch):
     results = launch(task_file, {}, 2, backend="gloo")
     assert [r["ppid"] for r in results] == [os.getpid()] * 2
     assert results[0]["pgid"] == results[1]["pgid"] == results[0]["pid"]
-
-
-PRELOAD_TASK = textwrap.dedent('''
-    import sys
-    def task(ctx, payload):
-        return {name: name in sys.modules for name in payload["names"]}
-''')
-
-
-def test_a_launch_has_the_server_import_its_preload_before_the_fork(tmp_path, monkeypatch):
-    """Launch(preload=...) (runtime/launch.py TRAINING): the rank finds the modules already imported; one the server
-    cannot import is left to the rank, the launch goes on; what was not asked for is not imported."""
-    monkeypatch.delenv("DISTLAB_FORKSERVER", raising=False)
-    path = tmp_path / "preload_task.py"
-    path.write_text(PRELOAD_TASK)
-    names = ["xml.dom.minidom", "distlab_no_such_module", "xml.sax.saxutils"]
-    (r,) = launch(f"{path}:task", {"names": names}, 1, backend="gloo", preload=names[:2])
-    assert r == {"xml.dom.minidom": True, "distlab_no_such_module": False, "xml.sax.saxutils": False}
