@@ -1,16 +1,10 @@
 """What the lessons' real runs share: quick mode (DISTLAB_LESSONS_QUICK) and a launch of N local ranks."""
 from __future__ import annotations
 
-import os
-
-QUICK_ENV = "DISTLAB_LESSONS_QUICK"
-
-
-def quick() -> bool:
-    """True when DISTLAB_LESSONS_QUICK is set (tests/test_lessons_notebooks.py sets it): the helpers below then
-    repeat less (iterations, steps, warm-up, calibration rounds; one process per node in torchrun), so CI executes
-    every lesson cell at a fraction of the cost. Results stay real; medians are just noisier."""
-    return os.environ.get(QUICK_ENV, "") not in ("", "0")
+# quick(): DISTLAB_LESSONS_QUICK set (tests/test_lessons_notebooks.py sets it): the helpers below then repeat less
+# (iterations, steps, warm-up, calibration rounds; one process per node in torchrun), so CI executes every lesson
+# cell at a fraction of the cost. Results stay real; medians are just noisier. One definition, in sim's checker.
+from distlab.sim.lessons.checker import QUICK_ENV, quick  # noqa: F401 - QUICK_ENV re-exported by runtime.lessons
 
 
 def fewer(n: int, quick_n: int) -> int:

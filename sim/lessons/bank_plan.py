@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from distlab.sim.lessons.checker import Exercise
+from distlab.sim.lessons.checker import Exercise, quick
 from distlab.sim.lessons.helpers import Figure, Table
 from distlab.sim.planner.layouts import Layout
 
@@ -52,9 +52,8 @@ def _search(name: str):
 
 def lesson_confirm() -> int:
     """How many of the best estimates the notebook simulates: 1, or 0 when DISTLAB_LESSONS_QUICK is set (the
-    notebook tests; runtime/lessons.py ``quick``)."""
-    import os
-    return 0 if os.environ.get("DISTLAB_LESSONS_QUICK") else 1
+    notebook tests; sim/lessons/checker.py ``quick``)."""
+    return 0 if quick() else 1
 
 
 def plan_70b():

@@ -35,7 +35,13 @@ from typing import Callable
 from distlab.sim.lessons.units import DIMENSION_WORDS, UNITS, UnitError, fmt, parse, units_of
 
 UNANSWERED = (None, "", ...)
-QUICK_ENV = "DISTLAB_LESSONS_QUICK"          # the lessons' quick mode (runtime/lessons/common.py quick)
+QUICK_ENV = "DISTLAB_LESSONS_QUICK"          # the lessons' quick mode: set by tests/test_lessons_notebooks.py
+
+
+def quick() -> bool:
+    """True when DISTLAB_LESSONS_QUICK is set (and not "0"): the lessons' real runs repeat less
+    (runtime/lessons/common.py), the planner lesson confirms nothing, and verdicts carry their expected value."""
+    return os.environ.get(QUICK_ENV, "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,7 @@ def check_answer(ex: Exercise, answer, given: dict) -> Verdict:
     ``given``: the learner's measurements the exercise needs. In quick mode the verdict also carries the
     expected value (module docstring)."""
     verdict = _check_answer(ex, answer, given)
-    if os.environ.get(QUICK_ENV, "") not in ("", "0") and "expected" not in verdict.details and \
+    if quick() and "expected" not in verdict.details and \
             all(k in given for k in ex.needs):
         verdict.details["expected"] = expected_value(ex, given)
     return verdict
