@@ -9,6 +9,7 @@ import pytest
 from distlab.sim import scenario as sc
 from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.pipeline.split import stage_split, torchtitan_split
+from cli_in_process import run_in_process
 
 FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
     "ddp": "--bucket-cap-mb 5 --iteration 1 --grad-accum 2 --compress bf16 --algo ring --optimizer sgd --offload",
@@ -28,13 +29,7 @@ FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
 
 
 def simulate_cli(capsys, *args):
-    from distlab.runtime.cli import main
-    try:
-        rc = main(["simulate", "--no-files", *args])
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_in_process(capsys, "simulate", "--no-files", *args)
 
 
 def test_every_listed_flag_works_without_a_scenario_file(capsys):

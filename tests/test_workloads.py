@@ -10,6 +10,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Compute, Plan
 from distlab.sim.workloads import registry
 from distlab.sim.workloads.base import Workload, option
+from cli_in_process import run_in_process
 
 
 # --- the toy workload: everything it needs is in this block ----------------------------------------------
@@ -52,13 +53,7 @@ def toy_file(tmp_path, section="{chunks: 3}", extra=""):
 
 
 def run_cli(capsys, *args):
-    from distlab.runtime.cli import main
-    try:
-        rc = main(["simulate", *args])
-    except SystemExit as e:            # argparse: --help, bad choices
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_in_process(capsys, "simulate", *args)
 
 
 def test_toy_workload_yaml_keys_and_simulation(toy, tmp_path):
