@@ -4,11 +4,11 @@
         ... print the figures as usual ...
 
 Every benchmark run through ``run_main`` (or ``report``) ends with a line saying whether the machine's load left
-its figures trustworthy (runtime/trust.py). Each section holds what the script printed, verbatim, under a
+its figures trustworthy (runtime/measure/trust.py). Each section holds what the script printed, verbatim, under a
 header the script writes: the command line, the
 date, the commit (``git rev-parse HEAD``, and whether the work tree had changes), the machine (host, CPU model,
-cores), its load (runtime/load.py before, runtime/trust.py during) and whether that load leaves the figures
-trustworthy (runtime/trust.py: other processes under 10% of the cores). Nobody edits the file by hand:
+cores), its load (runtime/measure/load.py before, runtime/measure/trust.py during) and whether that load leaves the figures
+trustworthy (runtime/measure/trust.py: other processes under 10% of the cores). Nobody edits the file by hand:
 tests/test_docs.py checks that every section has this header and names a benchmark that has ``--markdown``.
 Sections are delimited by ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` and kept in name order; running one
 benchmark leaves the others' sections as they were.
@@ -30,7 +30,7 @@ DOC = os.path.join(ROOT, "docs", "accuracy.md")
 TITLE = ("# Accuracy and speed, as measured\n\n"
          "Written by the benchmark scripts (`python benchmarks/NAME.py --markdown`), never by hand: each section is "
          "what the script printed, with the command, date, commit, machine and load it ran on. Figures depend on "
-         "the machine and its load; a section whose load was too high says so (runtime/trust.py).\n")
+         "the machine and its load; a section whose load was too high says so (runtime/measure/trust.py).\n")
 
 
 def commit() -> str:
@@ -52,7 +52,7 @@ def machine() -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    from distlab.runtime.preflight import cpu_cores
+    from distlab.runtime.ranks.preflight import cpu_cores
     return f"{platform.node()}, {cpu}, {cpu_cores()} cores, Python {platform.python_version()}"
 
 
@@ -71,8 +71,8 @@ def header(name: str, argv: list[str], before, during: dict | None) -> str:
 
 
 def verdict(before, during) -> str:
-    """'trustworthy: ...' or 'NOT TRUSTWORTHY: ...' by runtime/trust.py's load rule."""
-    from distlab.runtime.trust import judge
+    """'trustworthy: ...' or 'NOT TRUSTWORTHY: ...' by runtime/measure/trust.py's load rule."""
+    from distlab.runtime.measure.trust import judge
     v = judge(before, during)
     return "trustworthy: other processes stayed under 10% of the cores" if v["trustworthy"] else (
         "NOT TRUSTWORTHY as this machine's figures: " + "; ".join(v["reasons"]))
@@ -88,11 +88,11 @@ def replace_section(text: str, name: str, body: str) -> str:
 @contextlib.contextmanager
 def report(name: str, enabled: bool, argv: list[str] | None = None, path: str = DOC):
     """Read the machine's load before and during the benchmark and print, at its end, whether that load leaves
-    its figures trustworthy (runtime/trust.py); when ``enabled`` (--markdown), also keep what it printed and write
+    its figures trustworthy (runtime/measure/trust.py); when ``enabled`` (--markdown), also keep what it printed and write
     it as section ``name`` of docs/accuracy.md (also when the benchmark exits with a missed target; not on an
     exception)."""
-    from distlab.runtime import load as machine_load
-    from distlab.runtime.trust import Watch
+    from distlab.runtime.measure import load as machine_load
+    from distlab.runtime.measure.trust import Watch
     before, watch = machine_load.sample(), Watch(adopt_orphans=True)     # validate's fork servers outlive it
     buffer, real = io.StringIO(), sys.stdout
 

@@ -9,7 +9,7 @@ executor repetition, the estimate least hurt by other load on a shared machine (
 On a loaded machine both swing by 2-3x between repetitions, so the overhead is also measured alone: with
 dist.all_reduce replaced by a no-op, the executor's time minus the loop's is what it adds per op (its clock
 reads, record and dispatch), and "from overhead" = loop time per op / (loop time per op + that).
-The executor runs with each rank's flight recorder (runtime/flight.py), as `distlab run` does; "flight/op" is
+The executor runs with each rank's flight recorder (runtime/diagnosis/flight.py), as `distlab run` does; "flight/op" is
 what the recorder adds per op: the no-op difference between that executor and one without a recorder, and
 "ring/op" the recorder's three slot writes alone (issued, started, completed), timed in a loop.
 """
@@ -28,8 +28,8 @@ def overhead_task(ctx, payload):
     import torch
     import torch.distributed as dist
 
-    from distlab.runtime.executor import Executor
-    from distlab.runtime.wire import all_gather_json
+    from distlab.runtime.execute.executor import Executor
+    from distlab.runtime.execute.wire import all_gather_json
     from distlab.sim.plan import Collective, Plan
     out = []
     for nbytes in payload["sizes"]:
@@ -114,7 +114,7 @@ def _ring_per_op(flight, n: int = 20000) -> float:
 
 def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from distlab.runtime.launch import launch
+    from distlab.runtime.ranks.launch import launch
     from distlab.sim.cli import print_json, print_table
     from distlab.sim.io import parse_size_range
     from distlab.sim.plan import format_bytes

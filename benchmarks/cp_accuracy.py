@@ -3,12 +3,12 @@
     python benchmarks/cp_accuracy.py [--nproc 4] [--scenario scenarios/cp-cpu.yaml] [--steps 7] [--repeats 3]
                                      [--rotate-method allgather|alltoall]
 
-Each repeat is one launch (runtime/cp/validate.py): torch's ring attention (``_templated_ring_attention`` and
-its backward, the code ``context_parallel`` runs; runtime/cp/run.py says why not ``context_parallel`` itself)
-and FSDP2 on --nproc gloo ranks, with calibration rounds (runtime/cp/calibrate.py) interleaved with the steps;
+Each repeat is one launch (runtime/parallel/cp/validate.py): torch's ring attention (``_templated_ring_attention`` and
+its backward, the code ``context_parallel`` runs; runtime/parallel/cp/run.py says why not ``context_parallel`` itself)
+and FSDP2 on --nproc gloo ranks, with calibration rounds (runtime/parallel/cp/calibrate.py) interleaved with the steps;
 the simulator, calibrated on them, predicts the step from the plan alone. Printed per repeat: measured (median
 over steps of the slowest rank's uncaptured step) and its spread over the steps, predicted, error, whether every
-collective sequence matched; then the median error over repeats and the machine's load (runtime/load.py) before
+collective sequence matched; then the median error over repeats and the machine's load (runtime/measure/load.py) before
 and after (the machine is shared). Exit 1 if the median |error| exceeds --tolerance (default 20%).
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--rotate-method", choices=("allgather", "alltoall"), default=None)
     p.add_argument("--tolerance", type=float, default=20.0, help="allowed median |error| in percent")
     args = p.parse_args(argv)
-    from distlab.runtime import load as machine_load
-    from distlab.runtime.cp.validate import validate_cp
+    from distlab.runtime.measure import load as machine_load
+    from distlab.runtime.parallel.cp.validate import validate_cp
     from distlab.sim import scenario as sc
     d = sc.load(args.scenario)
     if args.rotate_method:

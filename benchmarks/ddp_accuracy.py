@@ -2,7 +2,7 @@
 
     python benchmarks/ddp_accuracy.py [--steps 5] [--caps none,5] [--out DIR] [--background-load 0.5]
 
-For each bucket cap: real DDP steps (runtime/ddp/run.py), interleaved with the calibration (the model alone on
+For each bucket cap: real DDP steps (runtime/parallel/ddp/run.py), interleaved with the calibration (the model alone on
 each rank: forward, backward, Adam; all-reduces of 1-32 MiB), then the simulator's prediction with that
 calibration. Targets (issue 5): step time within 25%; every bucket's launch within 25% of the backward
 duration; bucket assignment identical. Exit code 1 when a target is missed.
@@ -25,18 +25,18 @@ def main(argv=None) -> int:
     p.add_argument("--caps", default="none,5", help="bucket_cap_mb values; none = PyTorch's default")
     p.add_argument("--out", help="write predicted and measured timelines (PNG) here")
     p.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
-                   help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
+                   help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/measure/load.py)")
     args = p.parse_args(argv)
-    from distlab.runtime.load import BackgroundLoad
+    from distlab.runtime.measure.load import BackgroundLoad
     with BackgroundLoad(args.background_load) as gen:
         return _main(args, gen.pids)
 
 
 def _main(args, load_pids) -> int:
-    from distlab.runtime import load as machine_load
+    from distlab.runtime.measure import load as machine_load
     load = machine_load.sample(count_pids=load_pids)
     print(f"at calibration: {load.line() if load else 'load unknown'}")
-    from distlab.runtime.ddp.validate import validate_ddp
+    from distlab.runtime.parallel.ddp.validate import validate_ddp
     from distlab.sim.models import model_from_spec
     model = model_from_spec(MODEL)
     print(f"model: {model.summary()} ({model.param_bytes / 1e6:.1f} MB)")
@@ -60,7 +60,7 @@ def _main(args, load_pids) -> int:
                   f"{row['error_pct']:+7.1f}% {of_bwd}")
         c = r["cluster"]
         plain = _step_without_interference(r, cap)
-        print(f"  interference (runtime/compute_probe.py, between the steps): compute x {c.interference:.2f} beside "
+        print(f"  interference (runtime/measure/compute_probe.py, between the steps): compute x {c.interference:.2f} beside "
               f"an all-reduce, all-reduce x {c.comm_interference:.2f} beside compute; step without them "
               f"{plain * 1e3:.2f} ms ({100 * (plain / r['rows'][0]['measured_s'] - 1):+.1f}%)")
         step_err = abs(r["rows"][0]["error_pct"])

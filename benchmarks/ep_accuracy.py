@@ -2,7 +2,7 @@
 
     python benchmarks/ep_accuracy.py [--ranks 4] [--steps 5] [--tolerance 0.2]
 
-One launch of N ranks (runtime/ep/validate.py, shared with `distlab validate --scenario` of an ep scenario):
+One launch of N ranks (runtime/parallel/ep/validate.py, shared with `distlab validate --scenario` of an ep scenario):
 even all_to_all_single calls are timed (fit: α and bandwidth), a probe (the first shape, balanced routing) fits
 this CPU's FLOP rate, then each case (MoE shapes x routing skews) runs forward + backward ``--steps`` times:
 measured = median over steps of the slowest rank's step; spread = (slowest - fastest step) / median; load = the
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--tolerance", type=float, default=0.2)
     args = ap.parse_args(argv)
-    from distlab.runtime.ep.validate import measure_and_predict
+    from distlab.runtime.parallel.ep.validate import measure_and_predict
     from distlab.sim.parallel.ep.model import from_spec
     variants = [{"model": from_spec(s), "skew": k} for s in SHAPES for k in SKEWS]
     r = measure_and_predict(variants, args.ranks, steps=args.steps)

@@ -2,13 +2,13 @@
 
     python benchmarks/fsdp_accuracy.py [--nproc 2] [--layers 4] [--hidden 256] [--seq-len 128] [--batch 2]
 
-One launch of real ``fully_shard`` ranks (runtime/fsdp/run.py) measures, per variant, the step time (slowest rank,
-robust center of --steps, runtime/robust.py, as the calibration; the best is printed too) and every collective. Interleaved with those steps, the same launch
+One launch of real ``fully_shard`` ranks (runtime/parallel/fsdp/run.py) measures, per variant, the step time (slowest rank,
+robust center of --steps, runtime/measure/robust.py, as the calibration; the best is printed too) and every collective. Interleaved with those steps, the same launch
 times all_gather / reduce_scatter at the plan's sizes, one unsharded forward+backward, and Adam on plain tensors
-the size of a shard. From those the simulator is calibrated (runtime.fsdp.validate.calibrated_cluster) and
+the size of a shard. From those the simulator is calibrated (runtime.parallel.fsdp.validate.calibrated_cluster) and
 predicts each variant's step from its plan alone. Prints both, the error, where the time went (rank 0: in
 collectives, in the optimizer, the rest), and whether the collective sequences match. Exit 1 if any error
-exceeds --tolerance (default 25%). The machine's load (runtime/load.py) is printed at calibration and at the end;
+exceeds --tolerance (default 25%). The machine's load (runtime/measure/load.py) is printed at calibration and at the end;
 --background-load 0.5 runs one process busy half of a core meanwhile.
 """
 from __future__ import annotations
@@ -31,18 +31,18 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=25.0, help="allowed |error| in percent")
     p.add_argument("--save", metavar="PATH", help="write the ranks' raw results (JSON) there")
     p.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
-                   help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
+                   help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/measure/load.py)")
     args = p.parse_args(argv)
-    from distlab.runtime.load import BackgroundLoad
+    from distlab.runtime.measure.load import BackgroundLoad
     with BackgroundLoad(args.background_load) as gen:
         return _main(args, gen.pids)
 
 
 def _main(args, load_pids) -> int:
-    from distlab.runtime import load as machine_load
+    from distlab.runtime.measure import load as machine_load
 
-    from distlab.runtime.fsdp import run as fsdp
-    from distlab.runtime.fsdp import validate as fsdp_validate
+    from distlab.runtime.parallel.fsdp import run as fsdp
+    from distlab.runtime.parallel.fsdp import validate as fsdp_validate
     from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import gpt
     model = gpt(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=args.vocab,

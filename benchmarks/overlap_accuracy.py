@@ -1,4 +1,4 @@
-"""`distlab validate`'s overlap plan (runtime/validation.py: compute on one stream, all_reduces of its gradients
+"""`distlab validate`'s overlap plan (runtime/measure/validation.py: compute on one stream, all_reduces of its gradients
 on another) predicted vs measured, over several runs of the very command users run, with the machine's load.
 
     python benchmarks/overlap_accuracy.py [--runs 5] [--nproc 2] [--quick] [--json] [--keep DIR] [--markdown]
@@ -7,12 +7,12 @@ Each run is one `distlab validate --nproc N` (its defaults: 5 collectives calibr
 the held-out world size 3, and the overlap plan at N and 3 ranks, timed first on fresh ranks, 15 times: the run's
 error is that of the median makespan). ``--quick``: `validate --ops all_reduce --holdout-nproc none` with four
 calibration sizes (a minute instead of several). Prints per world size every run's error, whether validate
-trusted it and why not (runtime/trust.py: other processes' load, which holds for every case of its run, a
+trusted it and why not (runtime/measure/trust.py: other processes' load, which holds for every case of its run, a
 median noisier than error and tolerance, more ranks than cores), the median error over all runs, the fitted
 factors (interference I: compute's slowdown beside an all_reduce; comm_interference K: the all_reduce's beside
 compute, sim/kernel/cores.py) and the error without them. Targets (issue 33): at 2 ranks within 15% in at least
 4 of 5 runs; at 3 ranks (more ranks than the 2 cores) every run within 25% or reported untrustworthy by validate
-with the reason (runtime/trust.py). Exit 1 when a target is missed, or cannot be judged (more than one run in 5
+with the reason (runtime/measure/trust.py). Exit 1 when a target is missed, or cannot be judged (more than one run in 5
 untrustworthy at 2 ranks). ``--keep DIR``: each run's `validate --out` file (every op of every repeat, each probe
 round's figures) is kept there; benchmarks/overlap_ops.py DIR compares them op by op. ``--markdown``: also write
 this benchmark's section of docs/accuracy.md (benchmarks/accuracy_doc.py).
@@ -30,7 +30,7 @@ import tempfile
 TARGET = {2: 0.15, 3: 0.25}           # |error| per world size; other world sizes: 15%
 NEEDED = 0.8                          # share of the runs within the target (4 of 5)
 OVERSUBSCRIBED = (3,)                 # more ranks than this machine's 2 cores: each run within its target or
-                                      # reported untrustworthy by validate with the reason (runtime/trust.py)
+                                      # reported untrustworthy by validate with the reason (runtime/measure/trust.py)
 
 
 def one_run(nproc: str, folder: str, k: int, quick: bool) -> dict:
@@ -48,9 +48,9 @@ def one_run(nproc: str, folder: str, k: int, quick: bool) -> dict:
 
 
 def load_doubt(run: dict) -> str | None:
-    """validate's verdict on the machine's load during a run (runtime/trust.py judge), or None: it holds for every
+    """validate's verdict on the machine's load during a run (runtime/measure/trust.py judge), or None: it holds for every
     case of the run, whatever the case's own noise."""
-    from distlab.runtime.trust import BACKGROUND_LIMIT
+    from distlab.runtime.measure.trust import BACKGROUND_LIMIT
     reasons = [r.split(" (allowed")[0] for r in run["trust"].get("reasons", []) if r.startswith("other processes used")]
     return ", ".join(reasons) + f" (allowed: {BACKGROUND_LIMIT:.0%} of the cores)" if reasons else None
 

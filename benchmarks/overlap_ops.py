@@ -3,7 +3,7 @@
     python benchmarks/overlap_accuracy.py --quick --keep DIR     # keeps every run's validate --out file
     python benchmarks/overlap_ops.py DIR [--json]
 
-The plan (runtime/validation.py overlap_plan) is bwd0, then three layers whose compute overlaps the previous
+The plan (runtime/measure/validation.py overlap_plan) is bwd0, then three layers whose compute overlaps the previous
 layer's all_reduce, then the last all_reduce alone. Each kept run is cut into those parts, predicted (the same
 simulation validate ran: sim.engine on the calibrated cluster with the probe rounds' rate and factors) and
 measured (every repeat, every rank; the median over the repeats):
@@ -46,8 +46,8 @@ def parts(trace) -> dict:
 
 def compare(run: dict) -> list[dict]:
     """One row per world size of a kept `validate --out` file: predicted and measured (median) parts."""
-    from distlab.runtime.executor import merge_results
-    from distlab.runtime.validation import cluster_for, overlap_plan, probe_compute
+    from distlab.runtime.execute.executor import merge_results
+    from distlab.runtime.measure.validation import cluster_for, overlap_plan, probe_compute
     from distlab.sim.kernel.engine import simulate
     rows = []
     for n, results in sorted(run["measured"].items(), key=lambda kv: int(kv[0])):

@@ -3,7 +3,7 @@
     python benchmarks/pipeline_accuracy.py [--ranks 2 4] [--microbatches 8] [--steps 3] [--background-load 0.5]
 
 For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of N gloo ranks
-(runtime/pipeline/validate.py, shared with `distlab validate --scenario` and lesson 07):
+(runtime/parallel/pipeline/validate.py, shared with `distlab validate --scenario` and lesson 07):
 1. Probe: the same schedule and model with N microbatches (2N when --microbatches is N), run for real, its
    steps alternating with those of step 2 (so that both see the same load); before and after them, every rank
    times one block (Linear(width, width) + ReLU) alone: F, B and the split I (input grad) and W (weight grad).
@@ -14,14 +14,14 @@ For each of GPipe, 1F1B, interleaved 1F1B (v=2), ZB-H1 and ZBV, in one launch of
    step makespan of --steps steps is "measured".
 3. Predict: sim.pipeline's plan of that configuration: stage costs = blocks x the rank's block costs + the
    overhead per action, on a cluster whose ranks share this machine's cores (processor sharing, sim/kernel/cores.py,
-   with the cores fair sharing beside the other processes leaves them: runtime/load.py effective_cores),
+   with the cores fair sharing beside the other processes leaves them: runtime/measure/load.py effective_cores),
    p2p with the probe's latency and the ping-pong's bandwidth. The prediction never sees the run it predicts.
    torch detail modelled: stage 0 has no input gradient, so its I does no matmul and its W runs the full
    backward (PipelineStage.backward_weight_one_chunk).
 4. Replay (a check of the schedule and p2p model alone): the same plan with each (stage, kind)'s mean
    measured action time.
 Every figure is the median over --repeat launches. Exit code 1 if a prediction is off by more than --tolerance.
-The machine's load (runtime/load.py) is printed per launch at calibration and at the end; --background-load 0.5
+The machine's load (runtime/measure/load.py) is printed per launch at calibration and at the end; --background-load 0.5
 runs one process busy half a core meanwhile; --raw keeps each launch's measurements.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1), ("zbv",
 def one_launch(n: int, args):
     """One launch of ``n`` ranks: probe, calibrate and run every schedule. Yields (label, (predicted, replay,
     fastest, median step makespans, predicted bubble, measured bubble), note)."""
-    from distlab.runtime.pipeline.validate import measure_runs, predict_runs
+    from distlab.runtime.parallel.pipeline.validate import measure_runs, predict_runs
     from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=n, microbatches=args.microbatches, virtual_stages=v, width=args.width,
                  rows=args.rows, layers=n * args.blocks_per_rank, steps=args.steps, warmup=1) for s, v in SCHEDULES]
@@ -55,7 +55,7 @@ def one_launch(n: int, args):
     load = r0["load"] or {}
     note = (f"      last launch, at calibration: load average {load.get('loadavg_1m')}, other processes "
             f"{load.get('background_cores')} of {load.get('cores')} cores ({len(load.get('background', []))} busy), "
-            f"cpu_cores {r0['cores_load']} for the simulator (runtime/load.py effective_cores); probes (latency, overhead per action): "
+            f"cpu_cores {r0['cores_load']} for the simulator (runtime/measure/load.py effective_cores); probes (latency, overhead per action): "
             + ", ".join(f"{r['cfg']['schedule']} {r['latency'] * 1e6:.0f}/{r['overhead'] * 1e6:.0f} us"
                          + (f" (cores {r['cores']:g})" if r['cores'] != r['cores_load'] else "")
                          + (f" (fitted {r['overhead_fitted'] * 1e6:.0f}, rejected)" if r['overhead'] != r['overhead_fitted'] else "")
@@ -82,11 +82,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="launches per rank count; medians are reported")
     ap.add_argument("--tolerance", type=float, default=0.25)
     ap.add_argument("--background-load", type=float, default=0.0, metavar="DUTY",
-                    help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/load.py)")
+                    help="run one busy process at DUTY of a core (0.5: half) during the benchmark (runtime/measure/load.py)")
     ap.add_argument("--raw", metavar="PREFIX", help="also pickle each launch's measurements to PREFIX-<ranks>-<k>.pkl "
-                    "(runtime.pipeline.validate.predict_runs predicts from them again)")
+                    "(runtime.parallel.pipeline.validate.predict_runs predicts from them again)")
     args = ap.parse_args(argv)
-    from distlab.runtime.load import BackgroundLoad
+    from distlab.runtime.measure.load import BackgroundLoad
     with BackgroundLoad(args.background_load) as gen:
         args.load_pids = gen.pids
         return _main(args)
@@ -108,7 +108,7 @@ def _main(args) -> int:
             print(f"{n:>5} {label:>15} {pred * 1e3:>10.2f} {rep * 1e3:>8.2f} {fast * 1e3:>9.2f} {med * 1e3:>8.2f} "
                   f"{err:>+7.1%} {rerr:>+10.1%} {bp:>11.1%} {bm:>11.1%}")
         print(note)
-    from distlab.runtime import load as machine_load
+    from distlab.runtime.measure import load as machine_load
     after = machine_load.sample(count_pids=args.load_pids)
     print(f"at the end: {after.line(max(args.ranks)) if after else 'load unknown'}")
     ok = worst["predicted"] <= args.tolerance

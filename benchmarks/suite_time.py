@@ -7,7 +7,7 @@ Target: **360 s wall on 2 idle cores** (.ci/run runs the README's command; docs/
 the CPU seconds of every descendant, the load average before and after, and whether the budget was met; exits 1
 when the suite failed or the budget was missed.
 
-Why not ``/usr/bin/time``: a launch forks its ranks from a fork server (runtime/forkserver.py) that outlives its
+Why not ``/usr/bin/time``: a launch forks its ranks from a fork server (runtime/ranks/forkserver.py) that outlives its
 launcher by a few milliseconds; when the launcher (a test process, a notebook kernel) exits, the server is
 reparented to init, and its CPU (its torch import, every rank it forked) never reaches the time command's
 RUSAGE_CHILDREN: one launch of 4 gloo ranks read 0.5 s there and 5.6 s counted here. This script makes itself a

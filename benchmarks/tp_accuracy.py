@@ -2,18 +2,18 @@
 
     python benchmarks/tp_accuracy.py [--steps 7] [--launches 3] [--only tp,fsdp_tp,pp_tp] [--tolerance 20]
 
-Per composition, ``--launches`` launches, each (runtime/tp/validate.py ``validate_tp``) of the model of
+Per composition, ``--launches`` launches, each (runtime/parallel/tp/validate.py ``validate_tp``) of the model of
 scenarios/tp-cpu.yaml on a mesh of 4 ranks (tp 4; dp_shard 2 x tp 2; pp 2 x tp 2 with 1F1B and 2 micro-batches):
 before each captured step one calibration round on the tp group (collectives at the plan's sizes in the step's duty
 cycle, the DTensor op host CPU ``launch_s``, the unparallelized forward+backward, AdamW on the shards plain and as
-DTensors: runtime/tp/calibrate.py), after it one uncaptured step, whose time (slowest rank) is the measurement.
+DTensors: runtime/parallel/tp/calibrate.py), after it one uncaptured step, whose time (slowest rank) is the measurement.
 Prints the prediction, the median of the measured steps, the error, the spread (min, max), whether the collective
 sequences match, the fitted DTensor host CPU per op (``launch_s``) and cores, rank 0's step in parts
-(runtime/tp/validate.py ``parts``: comm, compute, optimizer, measured / predicted; a pipeline rank has no phases,
+(runtime/parallel/tp/validate.py ``parts``: comm, compute, optimizer, measured / predicted; a pipeline rank has no phases,
 but PP x TP prints the pipelining runtime's CPU per action), the fitted CPU work per collective (sim/kernel/cores.py
-comm_cpu_seconds: gloo's threads and the calling thread), the ends' host CPU (runtime/tp/ends.py), PP x TP's actions
-on one rank per stage, measured and predicted (runtime/tp/validate.py action_spans), and the machine's load
-(runtime/load.py) before and after. Then per composition over its launches: the median of the launches' predictions
+comm_cpu_seconds: gloo's threads and the calling thread), the ends' host CPU (runtime/parallel/tp/ends.py), PP x TP's actions
+on one rank per stage, measured and predicted (runtime/parallel/tp/validate.py action_spans), and the machine's load
+(runtime/measure/load.py) before and after. Then per composition over its launches: the median of the launches' predictions
 against the median of all their measured steps (the error that is judged; the launches' own errors and the steps'
 spread beside it: a launch's measured median moves by 10-20% with how the OS happens to schedule 4 busy ranks on 2
 cores). Exit 1 if any pooled |error| exceeds --tolerance.
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=",".join(MESHES), help="compositions: " + ", ".join(MESHES))
     p.add_argument("--tolerance", type=float, default=20.0, help="allowed |error| in percent")
     args = p.parse_args(argv)
-    from distlab.runtime.load import sample
-    from distlab.runtime.tp.validate import validate_tp
+    from distlab.runtime.measure.load import sample
+    from distlab.runtime.parallel.tp.validate import validate_tp
     from distlab.sim.io import load_yaml
     base = load_yaml("scenarios/tp-cpu.yaml")
     worst, pooled = 0.0, {}
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
               + (" ; FSDP2 host CPU per unit: forward {:.2f} ms, backward {:.2f} ms".format(
                   *(1e3 * x for x in r["fsdp_host_s"])) if any(r["fsdp_host_s"]) else ""))
         if r["ends_host_s"]:
-            print("    ends' host CPU beyond launch_s per op (runtime/tp/ends.py), ms: " + ", ".join(
+            print("    ends' host CPU beyond launch_s per op (runtime/parallel/tp/ends.py), ms: " + ", ".join(
                 f"{k} {v * 1e3:.2f}" for k, v in r["ends_host_s"].items()))
         pred, meas = r["parts"]["predicted"], r["parts"]["measured"]
         print("    rank 0, measured / predicted ms: " + ", ".join(

@@ -54,15 +54,15 @@ def build_parser() -> tuple[Parser, dict]:
 
 
 def _factory_model(spec: dict, where: str):
-    """``--model pkg.module:factory``: traced with torch (runtime/factory.py), imported only when asked for."""
-    from distlab.runtime.factory import load
+    """``--model pkg.module:factory``: traced with torch (runtime/modules/factory.py), imported only when asked for."""
+    from distlab.runtime.modules.factory import load
     return load(spec, where)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from distlab.runtime.torchrun_rank import quiet_other_ranks
+    from distlab.runtime.ranks.torchrun_rank import quiet_other_ranks
     from distlab.sim.models.spec import set_factory_loader
-    quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/torchrun_rank.py)
+    quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/ranks/torchrun_rank.py)
     set_factory_loader(_factory_model)
     parser, modules = build_parser()
     args, unknown = parser.parse_known_args(argv)

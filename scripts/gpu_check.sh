@@ -5,7 +5,7 @@
 # import, it makes a virtual environment (.venv-gpu-check, reusing the system's site packages, so a CUDA torch
 # already installed is kept) and installs the repository with pip from the package index.
 # Writes under OUT_DIR: gpu_check.json (each measurement beside the preset's prediction and the error:
-# runtime/gpu_check.py), bench.json and bench.png (nccl-tests-style sweep), gpu-overlap.trace, status.txt.
+# runtime/measure/gpu_check.py), bench.json and bench.png (nccl-tests-style sweep), gpu-overlap.trace, status.txt.
 # With one GPU the NCCL runs use one rank (NCCL refuses two ranks on one GPU); with two or more, two ranks.
 # Environment: PYTHON (default python3), GPU_CHECK_PRESET (the GPU preset to compare with; default from the
 # device name), GPU_CHECK_VENV (the virtual environment's folder).
@@ -46,7 +46,7 @@ PRESET_ARGS=()
 [ -n "${GPU_CHECK_PRESET:-}" ] && PRESET_ARGS=(--preset "$GPU_CHECK_PRESET")
 
 step "1. compute model vs this GPU (GEMMs, attention, HBM, a training step)" 300 \
-  "$PY" -m distlab.runtime.gpu_check --out "$OUT" ${PRESET_ARGS[@]+"${PRESET_ARGS[@]}"}
+  "$PY" -m distlab.runtime.measure.gpu_check --out "$OUT" ${PRESET_ARGS[@]+"${PRESET_ARGS[@]}"}
 
 step "2. collectives and CUDA-stream timing under NCCL (pytest -m cuda)" 180 \
   "$PY" -m pytest -q -m cuda tests/test_runtime_cuda.py

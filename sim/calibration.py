@@ -1,4 +1,4 @@
-"""A cluster's ``calibration`` section (written by `distlab calibrate`, runtime/fit.py): look up the fitted ring
+"""A cluster's ``calibration`` section (written by `distlab calibrate`, runtime/measure/fit.py): look up the fitted ring
 model of a collective for a group size and a message size.
 
 Format: ``calibration.collectives[op][str(n)]`` = {latency_us, bandwidth_GBps} (one α-β line for all sizes),

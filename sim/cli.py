@@ -197,7 +197,7 @@ def run_command(module, args) -> int:
     except OutputError as e:            # a disk fault at the end: one line, and where the result was kept
         sys.stderr.write(f"distlab {module.NAME}: error: {e}\n")
         return 1
-    except KeyboardInterrupt as e:      # SIGTERM arrives as KeyboardInterrupt("SIGTERM") (runtime/launch.py)
+    except KeyboardInterrupt as e:      # SIGTERM arrives as KeyboardInterrupt("SIGTERM") (runtime/ranks/launch.py)
         if e.args and e.args[0] == "SIGTERM":
             sys.stderr.write(f"distlab {module.NAME}: terminated\n")
             return 143                  # 128 + SIGTERM, as shells report a process SIGTERM ended

@@ -1,10 +1,10 @@
 """Predicted against measured, op by op: two traces of the same plan (sim/trace.py's format) side by side.
 
-The simulator (sim/kernel/engine.py) and the runtime (runtime/executor.py ``merge_results``) both record each op of a
+The simulator (sim/kernel/engine.py) and the runtime (runtime/execute/executor.py ``merge_results``) both record each op of a
 plan as an OpRecord keyed by (rank, index): ``index`` is the op's position in that rank's list of the plan, so
 the same key is the same op in both traces. Times are seconds from each trace's own start (both start at 0).
 For every op: start (when the rank reached it), duration (end - start; a collective's includes waiting for its
-peers, on both sides) and error = (predicted - measured) / measured, the convention of runtime/validation.py
+peers, on both sides) and error = (predicted - measured) / measured, the convention of runtime/measure/validation.py
 (positive: the simulator predicts it longer). Totals: the makespan and each (rank, stream)'s busy time
 (Trace.busy_time, the union of its ops' spans). Record and Wait are markers without duration and are left out.
 

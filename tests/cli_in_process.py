@@ -1,7 +1,7 @@
 """`distlab ARGS` run in the test's own process, for tests that are about a command's output, exit code and files
 rather than the process itself (signals, a killed launcher, start-up, the environment: those keep a subprocess,
 conftest.py's ``run_cli``). In this process a command costs no interpreter start-up (~0.8 s of CPU) and its ranks
-come from this process's fork server (runtime/forkserver.py), which imports torch once for every launch of the
+come from this process's fork server (runtime/ranks/forkserver.py), which imports torch once for every launch of the
 test file instead of once per command (~3 s of CPU each).
 
     from cli_in_process import cli          # the fixture, replacing conftest.py's subprocess one in that file

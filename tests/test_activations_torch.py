@@ -1,6 +1,6 @@
 """The activation bytes of sim/models/activations.py against what torch 2.13's autograd really saves for backward
 (``torch.autograd.graph.saved_tensors_hooks``; each saved storage once, parameters excluded), layer by layer,
-on a small Llama and a small GPT built by runtime/transformer.py, with and without recomputation, on CPU.
+on a small Llama and a small GPT built by runtime/modules/transformer.py, with and without recomputation, on CPU.
 
 Two CPU kernels save more than the GPU kernels the formula counts, and the test adds exactly that, by name:
 RMSNorm (CUDA's ``_fused_rms_norm`` keeps input and rstd; CPU decomposes it and also keeps x·rstd: the main
@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
-from distlab.runtime.models import build_module  # noqa: E402
-from distlab.runtime.saved import saved_by_layer  # noqa: E402
+from distlab.runtime.modules.bridge import build_module  # noqa: E402
+from distlab.runtime.modules.saved import saved_by_layer  # noqa: E402
 from distlab.sim.models import gpt  # noqa: E402
 from distlab.sim.models.activations import activations  # noqa: E402
 
@@ -95,13 +95,13 @@ TP_VARIANTS = [{"sequence_parallel": True, "loss_parallel": True}, {"sequence_pa
 
 @pytest.mark.slow
 def test_tensor_parallel_saved_bytes_on_two_gloo_ranks():
-    """torch's DTensor TP (+ SP, loss parallel) with torchtitan's plan (runtime/tp/run.py), 2 gloo ranks: each
+    """torch's DTensor TP (+ SP, loss parallel) with torchtitan's plan (runtime/parallel/tp/run.py), 2 gloo ranks: each
     rank saves the formula's bytes at tp 2 (within 5%, layer by layer), in particular the gathered norm outputs
     whole under SP (PrepareModuleInput's all-gather is what the column-parallel linears keep), plus CPU's
     decomposed RMSNorm's x·rstd (on the sequence shard with SP, whole without)."""
-    from distlab.runtime.launch import TRAINING, launch
+    from distlab.runtime.ranks.launch import TRAINING, launch
     model = gpt(**TP_MODEL)
-    results = launch("distlab.runtime.saved:tp_task", {"model": dict(model.config), "variants": TP_VARIANTS}, 2,
+    results = launch("distlab.runtime.modules.saved:tp_task", {"model": dict(model.config), "variants": TP_VARIANTS}, 2,
                      timeout=120, preload=TRAINING)
     T, h = TP_MODEL["micro_batch"] * TP_MODEL["seq_len"], TP_MODEL["hidden"]
     for rank_result in results:

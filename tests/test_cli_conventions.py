@@ -123,7 +123,7 @@ def test_bf16_compression_needs_nccl_as_in_torch(tmp_path):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from distlab.runtime.ddp.run import measure
+    from distlab.runtime.parallel.ddp.run import measure
     from distlab.sim import models as m
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:

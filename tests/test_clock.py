@@ -1,4 +1,4 @@
-"""runtime/clock.py without ranks: interpolation between two offset measurements, the trace's summary, the
+"""runtime/execute/clock.py without ranks: interpolation between two offset measurements, the trace's summary, the
 test hook that shifts a process's clock (the two-node test in test_multinode.py measures real offsets)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distlab.runtime.clock import Alignment, ClockSync, describe, summarize
+from distlab.runtime.execute.clock import Alignment, ClockSync, describe, summarize
 
 
 def test_times_between_two_measurements_are_aligned_by_linear_interpolation():
@@ -35,7 +35,7 @@ def test_the_trace_meta_keeps_every_ranks_offset_and_the_worst_uncertainty():
 
 
 def test_the_test_hook_shifts_the_process_clock():
-    code = ("import time; from distlab.runtime.clock import install_test_shift; a = time.perf_counter(); "
+    code = ("import time; from distlab.runtime.execute.clock import install_test_shift; a = time.perf_counter(); "
             "install_test_shift(); print(time.perf_counter() - a)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, DISTLAB_TEST_CLOCK_SHIFT_S="7.5")).stdout

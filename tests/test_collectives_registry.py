@@ -22,5 +22,5 @@ def test_plan_and_runtime_derive_from_the_registry():
     assert ALGORITHMS == ("auto", *algorithms.NAMES)
     assert algorithms.NCCL_NAMES == {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "nvls_tree": "NVLSTree",
                                      "pat": "PAT"}
-    from distlab.runtime.executor import NCCL_ALGOS     # what the runtime sets NCCL_ALGO from
+    from distlab.runtime.execute.executor import NCCL_ALGOS     # what the runtime sets NCCL_ALGO from
     assert NCCL_ALGOS is algorithms.NCCL_NAMES

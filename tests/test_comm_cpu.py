@@ -79,7 +79,7 @@ def test_a_send_recv_carries_the_cpu_work_on_both_ends():
 
 
 def test_calibrated_line_of_the_cpu_work():
-    from distlab.runtime.tp.fit import comm_cpu_line
+    from distlab.runtime.parallel.tp.fit import comm_cpu_line
     # two ranks, w = 0.5 ms + 0.1 us/B exactly at 1000 and 9000 B (the medians over ranks and rounds)
     cals = [{"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.5e-3, 0.6e-3], "9000": [1.4e-3]}}},
             {"comm_cpu": {"all_gather": {"1000": [0.6e-3, 0.7e-3, 0.6e-3], "9000": [1.4e-3]}}}]
@@ -91,7 +91,7 @@ def test_calibrated_line_of_the_cpu_work():
 
 
 def test_fsdp2_host_cpu_per_unit_in_the_fsdp_tp_plan():
-    from distlab.runtime.tp.validate import prepare, timed_plan
+    from distlab.runtime.parallel.tp.validate import prepare, timed_plan
     from distlab.sim.io import load_yaml
     base = load_yaml("scenarios/tp-cpu.yaml")
     built, _, _ = prepare({**base, "mesh": {"dp_shard": 2, "tp": 2}, "world_size": 4}, 4)

@@ -199,11 +199,11 @@ def test_module_examples():
 
 
 def test_runtime_issues_a_shared_group_in_plan_order():
-    """runtime/issue_order.py: the thread holding a group's 2nd collective waits for the 1st to be issued."""
+    """runtime/execute/issue_order.py: the thread holding a group's 2nd collective waits for the 1st to be issued."""
     import threading
     import time
 
-    from distlab.runtime.issue_order import IssueOrder
+    from distlab.runtime.execute.issue_order import IssueOrder
     order, issued = IssueOrder(timeout=5.0), []
     comm = Communicator((0, 1))
     second = threading.Thread(target=order.issue, args=(lambda: issued.append("second"), comm, 1))

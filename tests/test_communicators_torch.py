@@ -1,5 +1,5 @@
 """ProcessGroupGloo on real ranks (sim/kernel/communicators.py): three collectives issued at once on one group
-(from three streams of a plan, runtime/executor.py) run at most two at a time, in issue order: the small third
+(from three streams of a plan, runtime/execute/executor.py) run at most two at a time, in issue order: the small third
 one ends only after the first has freed a worker thread, and before the long second one; on a group of its own
 it ends at once. The simulator, on a CPU cluster, gives the same order."""
 import pytest
@@ -32,10 +32,10 @@ def check(trace, rank) -> None:
 
 
 def test_gloo_runs_two_collectives_of_a_group_at_a_time():
-    from distlab.runtime.executor import merge_results
-    from distlab.runtime.launch import launch
+    from distlab.runtime.execute.executor import merge_results
+    from distlab.runtime.ranks.launch import launch
     plan = Plan([program(), program()]).validate()
-    results = launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 1}, 2,
+    results = launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 1}, 2,
                      backend="gloo", timeout=60)
     measured = merge_results(plan, results)
     simulated = simulate(plan, load_cluster("localhost-cpu"))

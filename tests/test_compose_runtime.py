@@ -1,5 +1,5 @@
 """Real torch for the compositions sim/parallel/parallelize.py builds, on 8 gloo ranks in one launch (torch 2.13,
-runtime/tp/pipeline.py): FSDP2 x TP x PP on a 2 x 2 x 2 mesh (pp, dp_shard, tp: torchtitan's order; each stage
+runtime/parallel/tp/pipeline.py): FSDP2 x TP x PP on a 2 x 2 x 2 mesh (pp, dp_shard, tp: torchtitan's order; each stage
 ``parallelize_module``-d on the tp sub-mesh, then ``fully_shard`` on every block and the stage, run by
 torch.distributed.pipelining's Schedule1F1B) and PP x FSDP2 on 2 x 4 (GPipe; blocks resharded after forward,
 so every micro-batch all-gathers them again). Per rank and per mesh dimension, the collectives (kind, bytes,
@@ -30,8 +30,8 @@ SCENARIO = "scenarios/composed-cpu.yaml"          # variant 0, with the calibrat
 
 @pytest.fixture(scope="module")
 def launch8():
-    from distlab.runtime.composed.run import run
-    from distlab.runtime.composed.validate import prepare
+    from distlab.runtime.parallel.composed.run import run
+    from distlab.runtime.parallel.composed.validate import prepare
     return run([{"model": MODEL, **v} for v in VARIANTS], world=8, steps=1, warmup=1, timeout=600,
                calibrate=prepare(SCENARIO, 8)[2], calibrate_calls=2)     # 2 calls per calibration probe
 
@@ -45,7 +45,7 @@ def plan_of(v: dict):
 
 
 def measured_by_dim(results, i: int, rank: int, mesh: Mesh) -> dict:
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     out: dict = {}
     for kind, nbytes, dtype, group, phase in measured_sequence(results, i, rank):
         if kind in ("send", "recv"):
@@ -66,11 +66,11 @@ def test_collectives_per_mesh_dimension_equal_real_torch(launch8, i):
 
 
 def test_validate_scenario_rows_from_the_same_launch(launch8):
-    """`distlab validate --scenario scenarios/composed-cpu.yaml --nproc 8` (runtime/composed/validate.py): its
+    """`distlab validate --scenario scenarios/composed-cpu.yaml --nproc 8` (runtime/parallel/composed/validate.py): its
     variant is the test's first, its calibration ran in the same launch; the rows: the step predicted and measured,
     one row per tp collective kind and size; every rank's sequence matches per mesh dimension."""
-    from distlab.runtime.composed.validate import prepare, sequences_match
-    from distlab.runtime.tp.validate import compare, rows_as_cases
+    from distlab.runtime.parallel.composed.validate import prepare, sequences_match
+    from distlab.runtime.parallel.tp.validate import compare, rows_as_cases
     built, variant, sizes = prepare(SCENARIO, 8)
     assert variant["mesh"] == VARIANTS[0]["mesh"] and variant["model"].config == MODEL.config
     assert sizes and set(sizes) <= {"all_gather", "reduce_scatter", "all_reduce"}

@@ -1,5 +1,5 @@
 """Real context parallelism (torch 2.13's ring attention, ``_templated_ring_attention`` and its backward, on
-gloo ranks; runtime/cp/run.py says why not ``context_parallel`` itself) issues exactly the simulated plan's
+gloo ranks; runtime/parallel/cp/run.py says why not ``context_parallel`` itself) issues exactly the simulated plan's
 collectives: kind, order, bytes, dtype, group and, for the all_to_all permutes, the bytes sent to each peer;
 FSDP2's all-gathers and reduce-scatters around them as well. Two shapes and both rotate methods at 2 and 4
 ranks, plus at 4 a dp_shard 2 x cp 2 mesh without load balancing and CP x TP (+ SP, parallelize_module first,
@@ -24,7 +24,7 @@ CP_X_TP = {"model": SHAPE_A, "rotate_method": "allgather", "mesh": [["cp", 2], [
 
 @pytest.fixture(scope="module", params=[2, 4])
 def launched(request):
-    from distlab.runtime.cp import run
+    from distlab.runtime.parallel.cp import run
     world = request.param
     variants = VARIANTS + ([MESH_2X2, CP_X_TP] if world == 4 else [])
     # no warm-up step and no uncaptured step: the first step issues what later steps do (seen with torch 2.13);
@@ -33,7 +33,7 @@ def launched(request):
 
 
 def test_collective_sequences_equal_the_simulated_plans(launched):
-    from distlab.runtime.cp.run import measured_sequence
+    from distlab.runtime.parallel.cp.run import measured_sequence
     world, variants, results = launched
     for i, v in enumerate(variants):
         mesh = Mesh(dict(v.get("mesh", [["cp", world]])))

@@ -165,7 +165,7 @@ def test_cpu_cores_round_trips_through_dict_and_yaml():
     assert cluster_from_dict(CPU.to_dict()).cpu_cores is None
 
 
-@pytest.mark.parametrize("bad", [0, -1, "two", True])        # fractional cores are allowed: runtime/load.py
+@pytest.mark.parametrize("bad", [0, -1, "two", True])        # fractional cores are allowed: runtime/measure/load.py
 def test_bad_cpu_cores_is_a_config_error(bad):
     with pytest.raises(ConfigError) as e:
         cluster_from_dict({**CPU.to_dict(), "cpu_cores": bad})

@@ -60,14 +60,14 @@ CASES = [
 @pytest.fixture(scope="module")
 def real():
     pytest.importorskip("torch")
-    from distlab.runtime.ddp.buckets import real_buckets
+    from distlab.runtime.parallel.ddp.buckets import real_buckets
     return real_buckets(CASES)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_buckets_identical_to_real_ddp(real, i):
-    from distlab.runtime.ddp.buckets import sim_model
+    from distlab.runtime.parallel.ddp.buckets import sim_model
     case = CASES[i]
     model = sim_model(case)
     steady = ddp_buckets(model, case.get("bucket_cap_mb"))
@@ -78,7 +78,7 @@ def test_buckets_identical_to_real_ddp(real, i):
 
 @pytest.mark.slow
 def test_cases_cover_big_params_tiny_models_and_both_cap_kinds(real):
-    from distlab.runtime.ddp.buckets import sim_model
+    from distlab.runtime.parallel.ddp.buckets import sim_model
     assert len(real[2]["rebuilt_bucket_sizes"]) == 1                                   # tiny: one bucket
     big = [c for c in CASES if c.get("bucket_cap_mb")
            and max(p.bytes for p in sim_model(c).params) > c["bucket_cap_mb"] * MIB]

@@ -3,7 +3,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distlab.runtime.models import build_module, example_input, extract  # noqa: E402
+from distlab.runtime.modules.bridge import build_module, example_input, extract  # noqa: E402
 from distlab.sim import models as m  # noqa: E402
 from distlab.sim.parallel.ddp.buckets import ddp_buckets  # noqa: E402
 
@@ -38,7 +38,7 @@ def test_extract_dedups_shared_and_skips_frozen():
 
 @pytest.mark.slow
 def test_validate_ddp_short_run():
-    from distlab.runtime.ddp.validate import validate_ddp
+    from distlab.runtime.parallel.ddp.validate import validate_ddp
     scenario = {"model": {"kind": "mlp", "widths": [256] * 5, "batch": 32},
                 "parallelism": {"kind": "ddp", "bucket_cap_mb": 0.3}, "cluster": "localhost-cpu"}
     r = validate_ddp(scenario, nproc=2, steps=2, warmup=1)
@@ -49,6 +49,6 @@ def test_validate_ddp_short_run():
     measured = r["measured"]
     assert {o.name for o in measured.ops if o.kind == "collective"} == {"bucket 0", "bucket 1"}
     assert measured.meta["source"] == "measured" and r["predicted"].meta["source"] == "simulated"
-    probe = r["results"][0]["interference"]      # runtime/compute_probe.py, one round per step: on the cluster
+    probe = r["results"][0]["interference"]      # runtime/measure/compute_probe.py, one round per step: on the cluster
     assert probe["interference_rounds"] == 3 and r["cluster"].interference == round(probe["interference"], 3)
     assert r["cluster"].comm_interference == round(probe["comm_interference"], 3) >= 1

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from distlab.runtime.elastic import THREADS_ENV, TrainSpec, reference, run_local
+from distlab.runtime.restart.elastic import THREADS_ENV, TrainSpec, reference, run_local
 
 pytestmark = pytest.mark.slow
 

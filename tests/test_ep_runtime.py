@@ -22,14 +22,14 @@ CASES = [(ep, i) for ep in (2, 4) for i in range(len(SHAPES))]
 
 @pytest.fixture(scope="module")
 def launched():
-    from distlab.runtime.ep import run
+    from distlab.runtime.parallel.ep import run
     return run.run([{"model": from_spec(SHAPES[i][0]), "skew": SHAPES[i][1], "ep": ep} for ep, i in CASES],
                    world=4, steps=1, warmup=0, timeout=300)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"ep{ep}-shape{i}" for ep, i in CASES])
 def test_simulated_all_to_alls_equal_what_torch_issues(launched, case):
-    from distlab.runtime.ep.run import measured_sequence
+    from distlab.runtime.parallel.ep.run import measured_sequence
     ep, i = CASES[case]
     spec, skew = SHAPES[i]
     plan = ep_plan(from_spec(spec), Mesh({"dp": 4 // ep, "ep": ep}), EPOptions(skew=skew))
@@ -44,7 +44,7 @@ def test_simulated_all_to_alls_equal_what_torch_issues(launched, case):
 
 def test_the_executor_sends_a_split_all_to_all_with_its_row_and_receives_its_column():
     """`distlab run` of a plan with splits: member i's input holds row i, its output column i (elements)."""
-    from distlab.runtime.collectives import make_buffers, split_sizes
+    from distlab.runtime.execute.collectives import make_buffers, split_sizes
     op = Collective("all_to_all", 24, "float32", (0, 1, 2), splits=((0, 8, 16), (4, 4, 4), (12, 0, 0)))
     split = split_sizes(op, 1)
     assert split == ((1, 1, 1), (2, 1, 0))

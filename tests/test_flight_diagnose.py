@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from distlab.runtime.diagnose import diagnose
-from distlab.runtime.flight import HEADER, SLOT, Recorder, decode
-from distlab.runtime.flight_read import load_dir
-from distlab.runtime.launch import Launch, RunFailed
+from distlab.runtime.diagnosis.diagnose import diagnose
+from distlab.runtime.diagnosis.flight import HEADER, SLOT, Recorder, decode
+from distlab.runtime.diagnosis.flight_read import load_dir
+from distlab.runtime.ranks.launch import Launch, RunFailed
 from distlab.sim.check import PlanMismatch, check_plan
 from distlab.sim.plan import Collective, Plan
 from cli_in_process import cli  # noqa: F401 - the fixture: `distlab` in this process, its ranks from its fork server
@@ -74,7 +74,7 @@ def test_diagnosis_lines_up_truncated_rings_by_sequence_number():
 def test_check_and_diagnose_name_a_problem_alike():
     """Issue 33: one name for one thing. The same divergence, as a plan (`distlab check`) and as the flight records
     a run of it leaves (`distlab diagnose`), gets the same kind and message."""
-    from distlab.runtime.diagnose import KINDS
+    from distlab.runtime.diagnosis.diagnose import KINDS
     from distlab.sim.check import KINDS as CHECK_KINDS, plan_problems
     for odd in (Collective("broadcast", 4 * MiB), None):           # a different collective; none at all
         plan = plan_with(3, 2, odd)
@@ -108,7 +108,7 @@ def _interrupted_flight(waited: float, completed_s: float = 0.01) -> dict:
 
 
 def test_an_interrupted_healthy_run_is_not_called_a_hang():
-    from distlab.runtime.diagnose import exit_code
+    from distlab.runtime.diagnosis.diagnose import exit_code
     d = diagnose(_interrupted_flight(waited=0.05))
     assert d["status"] == "interrupted" and d["problems"] == [] and exit_code(d) == 0
     assert d["verdict"].startswith("interrupted by SIGINT: the run was stopped, it did not hang")
@@ -138,7 +138,7 @@ def test_the_static_check_refuses_a_mismatched_plan_before_launch(tmp_path, cli)
     plan = plan_with(4, 3, Collective("broadcast", 4 * MiB, root=0))
     expected = check_plan(plan)[0]
     with pytest.raises(PlanMismatch, match="rank 3 calls broadcast"):
-        Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict()}, 4)
+        Launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict()}, 4)
     path = tmp_path / "odd.json"
     plan.save(str(path))
     t0 = time.monotonic()
@@ -178,7 +178,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
     expected = "would hang: ranks 0-1 wait in all_reduce #5 on group [0..2]; rank 2 never calls it"
     assert check_plan(plan) == [expected]
     with pytest.raises(RunFailed) as e:
-        Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 3,
+        Launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 3,
                timeout=TIMEOUT, check=False).start().wait()
     assert e.value.flight is not None and e.value.dump_dir is None        # read back before the run dir went
     d = diagnose(e.value.flight)
@@ -190,7 +190,7 @@ def test_a_skipped_collective_is_named_with_who_waits():
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_reported_from_its_live_record(tmp_path):
     dump = tmp_path / "dumps"
-    launch = Launch("distlab.runtime.executor:plan_task", {"plan": long_plan(2, 4000).to_dict(), "warmup": 0, "repeat": 1},
+    launch = Launch("distlab.runtime.execute.executor:plan_task", {"plan": long_plan(2, 4000).to_dict(), "warmup": 0, "repeat": 1},
                     2, timeout=10, dump_dir=str(dump)).start()
     try:
         wait_running(launch)

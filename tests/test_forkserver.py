@@ -1,4 +1,4 @@
-"""The fork server (runtime/forkserver.py): ranks forked from one process that imported torch once behave as ranks
+"""The fork server (runtime/ranks/forkserver.py): ranks forked from one process that imported torch once behave as ranks
 started as new processes: their own environment, working folder, temp folder and process group; the server is
 reused from launch to launch, leaves when its launcher closes the pipe, and DISTLAB_FORKSERVER=0 turns it off."""
 import os
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from distlab.runtime import forkserver
-from distlab.runtime.launch import launch
+from distlab.runtime.ranks import forkserver
+from distlab.runtime.ranks.launch import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
 
@@ -63,7 +63,7 @@ PRELOAD_TASK = textwrap.dedent('''
 
 
 def test_a_launch_has_the_server_import_its_preload_before_the_fork(tmp_path, monkeypatch):
-    """Launch(preload=...) (runtime/launch.py TRAINING): the rank finds the modules already imported; one the server
+    """Launch(preload=...) (runtime/ranks/launch.py TRAINING): the rank finds the modules already imported; one the server
     cannot import is left to the rank, the launch goes on; what was not asked for is not imported."""
     monkeypatch.delenv("DISTLAB_FORKSERVER", raising=False)
     path = tmp_path / "preload_task.py"
@@ -77,7 +77,7 @@ def test_a_launch_has_the_server_import_its_preload_before_the_fork(tmp_path, mo
 def test_a_killed_rank_reports_its_signal_and_the_others_die_with_the_server(tmp_path):
     """Two ranks of a group of 3 wait in init_process_group for the third (never started): one is killed and
     reported as killed; closing the server's pipe ends the server, and the other rank dies with it."""
-    from distlab.runtime.launch import free_port
+    from distlab.runtime.ranks.launch import free_port
     (tmp_path / "task.json").write_text('{"target": "x:y", "payload": {}, "backend": "gloo", "threads": 1, '
                                         '"timeout": 60}')
     env = dict(os.environ, DISTLAB_RUN_DIR=str(tmp_path), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
@@ -102,7 +102,7 @@ def test_a_killed_rank_reports_its_signal_and_the_others_die_with_the_server(tmp
 
 def test_ranks_of_a_killed_server_die_and_are_reported_killed(tmp_path):
     """The server SIGKILLed (not its pipe closed): its waiting rank dies with it and polls as killed."""
-    from distlab.runtime.launch import free_port
+    from distlab.runtime.ranks.launch import free_port
     (tmp_path / "task.json").write_text('{"target": "x:y", "payload": {}, "backend": "gloo", "threads": 1, '
                                         '"timeout": 60}')
     env = dict(os.environ, DISTLAB_RUN_DIR=str(tmp_path), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

@@ -148,8 +148,8 @@ def command_figures(shipped):
     """(what, figure) for every figure a command draws: simulate's timelines (each parallelism's figure, the
     70B TP step that drew hundreds of labels over each other), sweeps, collective --plot and --timeline, bench
     --plot, calibrate --plot, validate --plot, reproduce --plot (the published runs' names), plan --plot."""
-    from distlab.runtime.compute_probe import curve_figure
-    from distlab.runtime.validation import figure as validate_figure
+    from distlab.runtime.measure.compute_probe import curve_figure
+    from distlab.runtime.measure.validation import figure as validate_figure
     from distlab.sim.cluster import load_cluster
     from distlab.sim.collectives import metrics
     from distlab.sim.commands.reproduce import draw
@@ -269,7 +269,7 @@ def test_memory_refuses_absurd_inputs(capsys):
 
 
 def test_calibrated_cpu_cluster_says_cpu(tmp_path):
-    from distlab.runtime.fit import calibrated_cluster
+    from distlab.runtime.measure.fit import calibrated_cluster
     from distlab.sim.cluster import load_cluster
     calibration = {"collectives": {"all_reduce": {"2": {"latency_us": 50.0, "bandwidth_GBps": 1.0}}}}
     compute = {"flops_per_s": 7e9, "copy_Bps": 2e9, "matmul_dtype": "float32"}
@@ -282,8 +282,8 @@ def test_calibrated_cpu_cluster_says_cpu(tmp_path):
 def test_an_untrustworthy_calibration_says_so_at_the_top_of_its_file(tmp_path):
     """calibrate's cluster file, measured under load, starts with the verdict as YAML comments and still loads."""
     from distlab.runtime.commands.calibrate import mark_untrustworthy
-    from distlab.runtime.fit import calibrated_cluster
-    from distlab.runtime.trust import judge
+    from distlab.runtime.measure.fit import calibrated_cluster
+    from distlab.runtime.measure.trust import judge
     from distlab.sim.cluster import load_cluster
     calibration = {"collectives": {"all_reduce": {"2": {"latency_us": 50.0, "bandwidth_GBps": 1.0}}}}
     path = tmp_path / "c.yaml"
@@ -307,7 +307,7 @@ def test_run_documents_the_paths_it_writes(capsys):
 def test_compare_on_an_uncalibrated_preset_says_so(tmp_path, capsys):
     """compare plan.json measured.trace predicts on the localhost-cpu preset: the error measures the preset, and
     the output says how to calibrate; on a calibrated cluster file it does not."""
-    from distlab.runtime.fit import calibrated_cluster
+    from distlab.runtime.measure.fit import calibrated_cluster
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Collective, Compute, Plan
     plan = Plan([[Compute(name="c", flops=1e9), Collective("all_reduce", 2**20)] for _ in range(2)], name="p")
@@ -329,9 +329,9 @@ def test_compare_on_an_uncalibrated_preset_says_so(tmp_path, capsys):
 
 
 def test_trust_verdict_names_load_and_spread():
-    """runtime/trust.py: other processes over 10% of the cores, or a case whose repeats spread more than both
+    """runtime/measure/trust.py: other processes over 10% of the cores, or a case whose repeats spread more than both
     its error and its tolerance, make a result untrustworthy (--strict: exit 1); a quiet, tight one is not."""
-    from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
+    from distlab.runtime.measure.trust import Watch, exit_code, judge, verdict_lines
     quiet = {"background_cores": 0.02, "cores": 2, "window_s": 30, "loadavg_1m": 0.1}
     tight = {"kind": "overlap plan", "case": "compute+all_reduce", "world_size": 2, "error": -0.05, "spread": 0.45,
              "noise": 0.05}                        # 2 ranks, idle: repeats 46..68 ms, the median moves ±5%
@@ -349,7 +349,7 @@ def test_trust_verdict_names_load_and_spread():
     assert judge(quiet, quiet, [three], cores=2)["trustworthy"]
     v = judge(quiet, quiet, [dict(three, error=-0.93)], cores=2)   # the issue's -93%: not the model's error
     assert not v["trustworthy"] and "more ranks than the 2 cores" in v["reasons"][0]
-    from distlab.runtime.robust import median_noise
+    from distlab.runtime.measure.robust import median_noise
     assert median_noise([48, 47, 46, 46, 50, 50, 68, 57, 63]) == pytest.approx(0.05, abs=0.005)
     reading = Watch().stop()
     assert reading is None or (reading["cores"] >= 1 and reading["background_cores"] >= 0)
@@ -357,13 +357,13 @@ def test_trust_verdict_names_load_and_spread():
 
 
 def test_validate_prints_its_summary_overlap_plan_and_verdict_within_100_columns(capsys):
-    """What `distlab validate --nproc 2` prints without --verbose (runtime/validate_output.py), on the figures of a
+    """What `distlab validate --nproc 2` prints without --verbose (runtime/measure/validate_output.py), on the figures of a
     run on this machine: the summary (no row that repeats another: held-out sizes at one world size have no 'all'
     row), the overlap plan's cases, factors and repeats, and the verdict; the 40 held-out cases only with
     --verbose."""
-    from distlab.runtime.trust import judge
-    from distlab.runtime.validate_output import print_validation
-    from distlab.runtime.validation import case, summarize
+    from distlab.runtime.measure.trust import judge
+    from distlab.runtime.measure.validate_output import print_validation
+    from distlab.runtime.measure.validation import case, summarize
     from distlab.sim.cli import STYLE
     cases = [case(kind, f"{op}", n, 2**20 * k, 1e-3 * k, 1.1e-3 * k, [1.1e-3 * k * (1 + j / 50) for j in range(5)])
              for kind, n in (("held-out size", 2), ("held-out world size", 3))
@@ -405,7 +405,7 @@ def test_a_benchmarks_watch_counts_the_processes_its_children_leave_behind():
     import sys
     import time
 
-    from distlab.runtime.trust import Watch, _tree_ticks
+    from distlab.runtime.measure.trust import Watch, _tree_ticks
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
     leave = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {burn!r}]).pid)"
     hz = os.sysconf("SC_CLK_TCK")
@@ -543,13 +543,13 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
 def test_a_plans_stream_threads_compute_with_the_ranks_intra_op_threads():
     """The overlap plan's 2-14x errors (issue 33): a plan's compute stream runs in a thread of its own, and OpenMP
     keeps the intra-op thread count per thread (the nthreads-var ICV), so its matmuls started a team of one
-    OpenMP thread per core beside the other ranks' (4-35x slower on 2 cores). runtime/executor.py sets the
+    OpenMP thread per core beside the other ranks' (4-35x slower on 2 cores). runtime/execute/executor.py sets the
     rank's count in each stream thread: OpenMP's own omp_get_max_threads there is the rank's."""
     import ctypes
 
     import torch
 
-    from distlab.runtime.executor import _Events, _run_threads
+    from distlab.runtime.execute.executor import _Events, _run_threads
     libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line})
     omp = ctypes.CDLL(libs[0])
     seen = []

@@ -1,11 +1,11 @@
-"""runtime/fsdp/validate.py's calibration, on hand-made rounds (no ranks): the compute jitter from the ranks'
+"""runtime/parallel/fsdp/validate.py's calibration, on hand-made rounds (no ranks): the compute jitter from the ranks'
 spread, and one size band per plan size so that each size is predicted at its own measured time."""
 import statistics
 
 from pytest import approx
 
-from distlab.runtime.compute_probe import compute_jitter
-from distlab.runtime.fsdp.validate import calibrated_cluster
+from distlab.runtime.measure.compute_probe import compute_jitter
+from distlab.runtime.parallel.fsdp.validate import calibrated_cluster
 from distlab.sim.kernel.engine import simulate_collective
 from distlab.sim.models import gpt
 

@@ -25,13 +25,13 @@ VARIANTS = [(LLAMA, {}), (LLAMA, {"reshard_after_forward": False}),
 
 @pytest.fixture(scope="module")
 def results():
-    from distlab.runtime.fsdp import run as fsdp
+    from distlab.runtime.parallel.fsdp import run as fsdp
     return fsdp.run(LLAMA, 2, VARIANTS, steps=1, warmup=1, timeout=180)
 
 
 @pytest.mark.parametrize("i", range(len(VARIANTS)), ids=[f"{m.config['kind']}-{o}" for m, o in VARIANTS])
 def test_simulated_sequence_equals_real_fsdp2(results, i):
-    from distlab.runtime.fsdp import run as fsdp
+    from distlab.runtime.parallel.fsdp import run as fsdp
     model, opts = VARIANTS[i]
     plan = build_fsdp(model, 2, opts)
     for rank in (0, 1):
@@ -47,8 +47,8 @@ def assert_same_groups(plan, rank, measured_names):
 
 
 def test_measured_trace(results):
-    from distlab.runtime.fsdp import run as fsdp
-    from distlab.runtime.fsdp import validate as fsdp_validate
+    from distlab.runtime.parallel.fsdp import run as fsdp
+    from distlab.runtime.parallel.fsdp import validate as fsdp_validate
     trace = fsdp.to_trace(results, 0)
     assert trace.meta["source"] == "measured"
     assert len(trace.for_rank(0)) == len(trace.for_rank(1)) == 11
@@ -57,7 +57,7 @@ def test_measured_trace(results):
 
 
 def test_validate_fsdp_reports_match_and_prediction():
-    from distlab.runtime.fsdp.validate import validate_fsdp
+    from distlab.runtime.parallel.fsdp.validate import validate_fsdp
     scenario = {"model": {"kind": "gpt", "arch": "llama", "layers": 2, "hidden": 32, "heads": 2, "seq_len": 16,
                           "vocab": 101, "dtype": "float32"},
                 "parallelism": {"kind": "fsdp", "reshard_after_forward": False}, "cluster": "localhost-cpu"}
@@ -68,7 +68,7 @@ def test_validate_fsdp_reports_match_and_prediction():
 
 def test_hsdp_and_reshard_to_a_group_on_4_ranks():
     """HSDP 2 x 2 (shard in pairs, all-reduce across them) and reshard_after_forward=2, groups included."""
-    from distlab.runtime.fsdp import run as fsdp
+    from distlab.runtime.parallel.fsdp import run as fsdp
     model = gpt(layers=2, hidden=16, heads=2, seq_len=8, vocab=51, micro_batch=2, dtype="float32", arch="llama")
     variants = [{"shard_size": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32"},
                 {"reshard_after_forward": 2},

@@ -63,7 +63,7 @@ def empty_cwd(fuzz_dir, monkeypatch):
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
     """Runtime commands stop where they would start ranks or JupyterLab."""
-    from distlab.runtime import launch
+    from distlab.runtime.ranks import launch
     from distlab.sim.commands import lessons
 
     def refuse(*args, **kwargs):

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh, ready for the day a GPU is lent: its shell is valid and every module and test file it
-calls exists; its measurement module (runtime/gpu_check.py) runs on CPU with tiny shapes and writes each
+calls exists; its measurement module (runtime/measure/gpu_check.py) runs on CPU with tiny shapes and writes each
 measurement beside the compute model's prediction for the preset, with the error, as JSON."""
 import importlib.util
 import json
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from distlab.runtime import gpu_check
+from distlab.runtime.measure import gpu_check
 from distlab.sim.compute.kernels import gemm_time, memory_time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ def test_script_is_valid_bash_and_calls_what_exists():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     text = SCRIPT.read_text()
     modules = set(re.findall(r"-m (distlab\.[\w.]+)", text))
-    assert {"distlab.runtime.gpu_check", "distlab.runtime.cli"} <= modules
+    assert {"distlab.runtime.measure.gpu_check", "distlab.runtime.cli"} <= modules
     assert all(importlib.util.find_spec(m) is not None for m in modules), modules
     assert "runtime.cli bench" not in text.replace("distlab.runtime.cli bench", "")    # the retired path is gone
     for path in re.findall(r"(tests/\w+\.py)", text):

@@ -113,13 +113,14 @@ def test_graph_resolves_namespace_relative_and_function_level_imports(tmp_path):
 
 def test_no_cycle_when_the_shared_code_is_imported_one_way(tmp_path):
     """The runtime's old cycle (workload -> validation.case, validation -> workload) and its fix."""
-    files = {"runtime/__init__.py": "", "runtime/ddp.py": "def cases():\n    from distlab.runtime.validation "
-             "import case\n", "runtime/validation.py": "def scenario_cases():\n    from distlab.runtime.ddp "
-             "import cases\n"}
+    files = {"runtime/__init__.py": "",
+             "runtime/parallel/ddp.py": "def cases():\n    from distlab.runtime.measure.validation import case\n",
+             "runtime/measure/validation.py": "def scenario_cases():\n"
+                                              "    from distlab.runtime.parallel.ddp import cases\n"}
     write(tmp_path, files)
-    assert cycles(import_graph(tmp_path, ("runtime",))) == [["runtime.ddp", "runtime.validation"]]
-    write(tmp_path, {"runtime/validation.py": "def case():\n    pass\n",
-                     "runtime/workloads.py": "from distlab.runtime import ddp\n"})
+    assert cycles(import_graph(tmp_path, ("runtime",))) == [["runtime.measure.validation", "runtime.parallel.ddp"]]
+    write(tmp_path, {"runtime/measure/validation.py": "def case():\n    pass\n",
+                     "runtime/parallel/registry.py": "from distlab.runtime.parallel import ddp\n"})
     assert cycles(import_graph(tmp_path, ("runtime",))) == []
 
 
@@ -133,7 +134,7 @@ def test_no_import_cycles(folder):
 def test_graph_sees_the_real_imports():
     """The graph is not empty by mistake: known edges of the repository are in it."""
     graph = import_graph(ROOT)
-    assert "runtime.validation" in graph["runtime.ddp.validate"]
-    assert "runtime.ddp.validate" in graph["runtime.workloads"]
+    assert "runtime.measure.validation" in graph["runtime.parallel.ddp.validate"]
+    assert "runtime.parallel.ddp.validate" in graph["runtime.parallel.registry"]
     assert "sim.plan" in graph["sim.kernel.engine"]
     assert all(os.path.exists(p) for p in modules(ROOT).values())

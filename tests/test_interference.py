@@ -130,9 +130,9 @@ def test_bad_compute_budget_is_one_line(capsys):
     assert "--compute-budget" in err
 
 
-# --- the fit of calibrate --compute (runtime/compute_probe.py) on made-up timings -----------------------------
+# --- the fit of calibrate --compute (runtime/measure/compute_probe.py) on made-up timings -----------------------------
 def test_fit_gemms_peak_curve_and_model():
-    from distlab.runtime.compute_probe import efficiency_at, fit_gemms, model_time
+    from distlab.runtime.measure.compute_probe import efficiency_at, fit_gemms, model_time
     launch, peak = 1e-6, 1e11
     eff = {64: 0.25, 256: 0.8, 1024: 1.0}                      # square GEMMs: fraction of the peak
     rows = [{"m": n, "n": n, "k": n, "kind": "square", "flops": 2.0 * n**3,

@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.slow,
 
 
 def test_gemm_sweep_on_cuda_fits_a_curve_below_the_datasheet():
-    from distlab.runtime.compute_probe import CUDA_SHAPES, fit_gemms, gemm_sweep
+    from distlab.runtime.measure.compute_probe import CUDA_SHAPES, fit_gemms, gemm_sweep
     sweep = gemm_sweep("cuda", shapes=CUDA_SHAPES[:6] + CUDA_SHAPES[-3:], budget_s=1.0)
     assert sweep["dtype"] == "bfloat16" and sweep["device"] == "cuda"
     fit = fit_gemms(sweep)

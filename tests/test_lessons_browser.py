@@ -30,7 +30,7 @@ def chromium_path():
 @pytest.fixture
 def jupyterlab(tmp_path):
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -e '.[lessons]')")
-    from distlab.runtime.launch import free_port
+    from distlab.runtime.ranks.launch import free_port
     root = tmp_path / "lessons"
     root.mkdir()
     shutil.copy(os.path.join(ROOT, "lessons", LESSON), root)

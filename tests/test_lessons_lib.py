@@ -226,12 +226,12 @@ def test_tables_figures_and_sweeps():
 
 
 def test_sim_lessons_and_tp_launcher_do_not_import_torch():
-    """sim never imports torch; nor does lesson 09's launching side (runtime/tp/lesson.py -> run.py: only its
+    """sim never imports torch; nor does lesson 09's launching side (runtime/parallel/tp/lesson.py -> run.py: only its
     ranks need torch, and a kernel importing it pays ~2.7 s of CPU)."""
     import subprocess
     import sys
     code = ("import sys, distlab.sim.lessons, distlab.sim.lessons.bank, distlab.sim.commands.lessons; "
-            "import distlab.runtime.tp.lesson, distlab.runtime.tp.run, distlab.runtime.tp.validate; "
+            "import distlab.runtime.parallel.tp.lesson, distlab.runtime.parallel.tp.run, distlab.runtime.parallel.tp.validate; "
             "L = distlab.sim.lessons; "
             "L.check('03-two-nodes', '5 ms'); L.check('05-best-cap', '25'); "
             "L.check('06-all-gathers', 9); L.check('07-zbh1', '6 ms'); "

@@ -1,7 +1,7 @@
 """Every lesson notebook follows the conventions of lessons/README.md and runs top to bottom on CPU (nbclient),
 each within 3 minutes on a 2-core machine, and no exercise's answer is shown before the cell that checks it.
 
-The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons/, runtime/pitfalls.py)
+The notebooks run with DISTLAB_LESSONS_QUICK=1: the real-run helpers (runtime/lessons/, runtime/lessons/pitfalls.py)
 then repeat less (fewer iterations and steps), so every cell still executes, only cheaper."""
 import glob
 import math

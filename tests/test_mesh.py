@@ -78,12 +78,12 @@ def test_check_world_names_the_product():
 @pytest.fixture(scope="module")
 def torch_groups():
     """One gloo launch per world size: every rank's groups in every dimension of every shape."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.ranks.launch import launch
     out = {}
     for world, shapes in SHAPES.items():
         flatten = [next((list(f) for f in FLATTEN if all(n in dict(s) for n in f)), None) for s in shapes]
         payload = {"shapes": [[list(d) for d in s] for s in shapes], "flatten": flatten}
-        out[world] = (launch("distlab.runtime.mesh_probe:mesh_groups_task", payload, world, backend="gloo",
+        out[world] = (launch("distlab.runtime.measure.mesh_probe:mesh_groups_task", payload, world, backend="gloo",
                              timeout=120), flatten)
     return out
 

@@ -153,7 +153,7 @@ def test_factory_model_in_process(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     (tmp_path / "tinymodel2.py").write_text(TINY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    import distlab.runtime.models  # noqa: F401  (registers the tracer)
+    import distlab.runtime.modules.bridge  # noqa: F401  (registers the tracer)
     from distlab.sim import scenario as sc
     m = model_from_spec({"factory": "tinymodel2:tiny", "seq_len": 32, "micro_batch": 2})
     assert [L.name for L in m.layers] == ["embed", "layers.0", "layers.1", "layers.2", "head"]

@@ -1,6 +1,6 @@
 """Two emulated nodes on this machine (two torchrun agents, 2 ranks each, one c10d rendezvous), one launch in
 which every rank runs `distlab run --json`, `distlab bench` and `distlab calibrate` in turn, as torchrun's program
-(runtime/torchrun_rank.py): the plan's merged trace has 4 ranks, a clock shift injected on node 1 is recovered
+(runtime/ranks/torchrun_rank.py): the plan's merged trace has 4 ranks, a clock shift injected on node 1 is recovered
 within 100 us, and only global rank 0 prints and writes, once, on its node. Bad input (an endpoint nobody serves,
 nodes that disagree on the world size) given to `distlab run --nnodes` ends in one line, exit 2."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from distlab.runtime.launch import free_port
+from distlab.runtime.ranks.launch import free_port
 from distlab.sim.plan import Collective, Compute, Plan
 from distlab.sim.trace import Trace
 
@@ -47,7 +47,7 @@ def small_plan(world: int = 4) -> Plan:
     return Plan([list(ops) for _ in range(world)], name="small")
 
 
-SECRET = "test-run-secret-0123456789"     # every node's ranks present it to rank 0's store (runtime/rendezvous.py)
+SECRET = "test-run-secret-0123456789"     # every node's ranks present it to rank 0's store (runtime/ranks/rendezvous.py)
 
 
 def cli(*args, env=None, timeout=90):
@@ -170,7 +170,7 @@ def test_bench_and_calibrate_measure_the_four_ranks(two_nodes):
 
 def test_the_node_command_prints_the_workers_json_indented(capsys):
     """`distlab run --nnodes --json` on rank 0's node: the worker's one-line JSON, printed as print_json does."""
-    from distlab.runtime.multinode import NodeSpec, _run_node
+    from distlab.runtime.ranks.multinode import NodeSpec, _run_node
     line = json.dumps({"schema": "distlab.run/1", "world_size": 4})
     cmd = [sys.executable, "-c", f"print({line!r}); print('W1130 torchrun noise')"]
     assert _run_node(NodeSpec(2, 0, "h:1", 2), cmd, False, "distlab run") == 0
@@ -214,7 +214,7 @@ def test_ranks_refuse_a_plan_of_another_world_size_before_joining(tmp_path):
     """Direct torchrun: the worker compares WORLD_SIZE with the plan first, one line, exit code 2 per rank."""
     plan = str(tmp_path / "p.json")
     small_plan().save(plan)
-    from distlab.runtime.worker import run_torchrun
+    from distlab.runtime.ranks.worker import run_torchrun
     from distlab.sim.errors import ConfigError
     env = dict(os.environ)
     os.environ.update(RANK="0", WORLD_SIZE="3")

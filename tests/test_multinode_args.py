@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.runtime.multinode import NodeSpec, explain, torchrun_command
+from distlab.runtime.ranks.multinode import NodeSpec, explain, torchrun_command
 from distlab.sim.errors import ConfigError
 
 
 def test_the_command_is_torchrun_with_static_rendezvous_and_the_timeout():
     """Static, not c10d: c10d's rendezvous unpickles what it reads from its store (anyone reaching it runs code)."""
     spec = NodeSpec(2, 1, "node0:29500", 8, max_restarts=1, timeout_s=30)
-    cmd = torchrun_command(spec, "distlab.runtime.worker", ["plan.json"])
+    cmd = torchrun_command(spec, "distlab.runtime.ranks.worker", ["plan.json"])
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     text = " ".join(cmd[3:])
     assert ("--nnodes 2 --nproc-per-node 8 --node-rank 1 --rdzv-backend static --rdzv-endpoint node0:29500 "
-            "--rdzv-conf timeout=30 --max-restarts 1 -m distlab.runtime.worker plan.json") == text
+            "--rdzv-conf timeout=30 --max-restarts 1 -m distlab.runtime.ranks.worker plan.json") == text
 
 
 @pytest.mark.parametrize("spec, where", [
@@ -41,14 +41,14 @@ def test_torchrun_failures_become_one_line():
     code, line = explain("torch.distributed.DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 "
                          "clients joined.\n", spec)          # the static rendezvous: node 0 waited in vain
     assert code == 2 and line.startswith("--rdzv-endpoint: not all 2 nodes joined")
-    code, line = explain("distlab.runtime.worker: error: refused a connection to the run's store from 10.0.0.9:4242: "
+    code, line = explain("distlab.runtime.ranks.worker: error: refused a connection to the run's store from 10.0.0.9:4242: "
                          "it did not present this run's secret; the run was stopped\n", spec)
     assert code == 1 and line.startswith("refused a connection to the run's store from 10.0.0.9:4242")
 
 
 def test_under_torchrun_the_world_size_is_torchruns(monkeypatch):
     """bench/calibrate/validate under torchrun measure WORLD_SIZE ranks: --nproc left out, or equal to it."""
-    from distlab.runtime.torchrun_rank import one_world_size, world_sizes
+    from distlab.runtime.ranks.torchrun_rank import one_world_size, world_sizes
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert world_sizes(None, "2,4") == [2, 4] and one_world_size("3", "2") == 3
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")

@@ -27,7 +27,7 @@ def test_a_plans_parts_add_up_to_its_makespan_and_each_is_what_it_says(bench):
     with interference both ways only the overlapped part grows."""
     from dataclasses import replace
 
-    from distlab.runtime.validation import cluster_for, overlap_plan
+    from distlab.runtime.measure.validation import cluster_for, overlap_plan
     from distlab.sim.kernel.engine import simulate, simulate_collective
     _, ops = bench
     compute = {"flops_per_s": 50e9, "copy_Bps": 10e9, "interference": 1.0, "comm_interference": 1.0}

@@ -15,13 +15,13 @@ RUNS = [dict(schedule=s, stages=2, microbatches=4, virtual_stages=v, width=32, r
 
 @pytest.fixture(scope="module")
 def measured():
-    from distlab.runtime.pipeline.run import measure
+    from distlab.runtime.parallel.pipeline.run import measure
     return measure(RUNS, 2, timeout=120)
 
 
 @pytest.mark.slow
 def test_real_pipeline_runs(measured):
-    from distlab.runtime.pipeline.run import reference_loss
+    from distlab.runtime.parallel.pipeline.run import reference_loss
     for i, (cfg, trace) in enumerate(zip(RUNS, measured["traces"])):
         p, m, v = cfg["stages"], cfg["microbatches"], cfg["virtual_stages"]
         ours = S.build(cfg["schedule"], p, m, v)

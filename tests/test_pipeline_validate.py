@@ -69,7 +69,7 @@ def test_shipped_pipeline_scenarios_simulate(name, tmp_path, capsys):
 def test_runtime_config_of_cpu_scenario():
     import os
 
-    from distlab.runtime.pipeline.validate import runtime_config
+    from distlab.runtime.parallel.pipeline.validate import runtime_config
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = runtime_config(os.path.join(root, "scenarios", "pipeline-cpu.yaml"))
     assert {k: cfg[k] for k in ("schedule", "stages", "microbatches", "virtual_stages", "layers", "width",
@@ -83,7 +83,7 @@ def _cfg(**kw):
 
 
 def test_probe_has_fewer_microbatches_than_the_run_it_calibrates():
-    from distlab.runtime.pipeline.validate import probe_config
+    from distlab.runtime.parallel.pipeline.validate import probe_config
     for (p, m), want in {(2, 8): 4, (4, 8): 4, (4, 16): 8, (3, 8): 3, (4, 4): 8, (2, 2): 4}.items():
         probe = probe_config(_cfg(stages=p, microbatches=m))
         assert probe["microbatches"] == want and probe["microbatches"] != m
@@ -95,7 +95,7 @@ def test_probe_has_fewer_microbatches_than_the_run_it_calibrates():
 def test_fit_overhead_recovers_the_runtime_time_per_action():
     """A probe simulated with a known overhead per action, on 4 ranks sharing 2 cores: the fit gives it back;
     a target below the plan without overhead gives 0."""
-    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, fit_overhead, simulate_cfg
+    from distlab.runtime.parallel.pipeline.validate import block_seconds, cluster_of, fit_overhead, simulate_cfg
     cfg = _cfg(stages=4, microbatches=4, layers=8)
     calib = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 4
     cluster = cluster_of(4, {"small": 1e-4, "large": 2e-4, "bytes": 2**16}, 3e-4, cores=2)
@@ -107,7 +107,7 @@ def test_fit_overhead_recovers_the_runtime_time_per_action():
 def test_runtime_overhead_is_core_time_but_not_pipeline_busy_time():
     """The "runtime" op after each action: the rank's core is busy (the makespan grows by it on the critical
     path), the bubble counts it as idle, like the gaps in a measured timeline."""
-    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, simulate_cfg
+    from distlab.runtime.parallel.pipeline.validate import block_seconds, cluster_of, simulate_cfg
     from distlab.sim.parallel.pipeline import metrics as M
     cfg = _cfg()
     calib = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2

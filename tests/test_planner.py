@@ -185,7 +185,7 @@ def test_memory_is_what_simulate_reports_for_the_new_kinds(small_cluster):
 def test_validate_refuses_pipelines_the_real_run_does_not_build(small_cluster):
     """The real PP x TP run (torch's ScheduleGPipe / Schedule1F1B, even stages) cannot run an interleaved or
     unevenly split plan the planner may save: validate says so in one line instead of running something else."""
-    from distlab.runtime.tp.validate import prepare
+    from distlab.runtime.parallel.tp.validate import prepare
     from distlab.sim.errors import ConfigError
     for L in (Layout(2, 2, 1, "ddp", 1, 4, True, "none", "interleaved", 2), Layout(2, 2, 1, "ddp", 1, 4, True, "none",
                                                                                     "1f1b", 1, (3, 1))):

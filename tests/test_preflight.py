@@ -10,7 +10,7 @@ import time
 import pytest
 from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no torch import each)
 
-from distlab.runtime import preflight
+from distlab.runtime.ranks import preflight
 from distlab.sim.errors import ConfigError
 from distlab.sim.plan import Collective, Plan
 

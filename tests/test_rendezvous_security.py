@@ -1,4 +1,4 @@
-"""Issue 32, item 1: no one outside a run joins it. Rank 0's store (runtime/store.py) serves only processes that
+"""Issue 32, item 1: no one outside a run joins it. Rank 0's store (runtime/ranks/store.py) serves only processes that
 prove they know the run's secret, refuses the others naming their address, and ranks exchange no pickles."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab.runtime import store as st
+from distlab.runtime.ranks import store as st
 from distlab.sim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ SECRET = b"s" * 32
 
 def test_no_rank_code_sends_pickles():
     """all_gather_object, gather_object, broadcast_object_list, scatter_object_list, send/recv_object_list unpickle
-    what peers send; runtime/ uses runtime/wire.py (JSON bytes in tensors), the lessons' demo included."""
+    what peers send; runtime/ uses runtime/execute/wire.py (JSON bytes in tensors), the lessons' demo included."""
     banned = {"all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
               "send_object_list", "recv_object_list"}
     found = []
@@ -91,7 +91,7 @@ def test_a_rank_refuses_a_server_that_cannot_prove_the_secret():
 
 
 def test_the_secret_comes_from_the_environment_or_a_private_file(tmp_path, monkeypatch):
-    from distlab.runtime.secret import run_secret
+    from distlab.runtime.ranks.secret import run_secret
     monkeypatch.delenv("DISTLAB_RUN_SECRET", raising=False)
     monkeypatch.delenv("DISTLAB_RUN_SECRET_FILE", raising=False)
     with pytest.raises(ConfigError, match="no run secret"):
@@ -158,7 +158,7 @@ def test_a_stranger_joining_a_local_runs_store_is_refused_and_the_run_ends_in_on
     import torch.distributed as dist
     from datetime import timedelta
 
-    from distlab.runtime import forkserver, launch
+    from distlab.runtime.ranks import forkserver, launch
     from distlab.runtime.cli import main
     from distlab.sim.plan import Collective, Compute, Plan
     port = launch.free_port()
@@ -218,7 +218,7 @@ def test_a_foreign_node_with_its_own_script_never_runs_code_in_the_run(tmp_path)
     """Item 1 as reported: a stranger joins `distlab run --nnodes 2` as node 1 with its own script that sends a pickle
     (gather_object). Before: it ran in rank 0 (the marker file appeared). Now rank 0's store waits for rank 1 to
     authenticate, which it cannot, and the run ends with one line; no pickle is ever read."""
-    from distlab.runtime.launch import free_port
+    from distlab.runtime.ranks.launch import free_port
     from distlab.sim.plan import Collective, Plan
     plan, marker = tmp_path / "p.json", tmp_path / "marker"
     Plan([[Collective("all_reduce", 64)]] * 2, name="p").save(str(plan))

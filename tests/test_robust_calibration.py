@@ -1,4 +1,4 @@
-"""Robust fits (runtime/robust.py) and load awareness (runtime/load.py): timings with injected outliers (20% of
+"""Robust fits (runtime/measure/robust.py) and load awareness (runtime/measure/load.py): timings with injected outliers (20% of
 samples 3-10x slower, as another process taking the core does) still give every fitted quantity within 5% of
 the truth; the load reader on synthetic /proc contents; fractional cores in the simulator."""
 from dataclasses import replace
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from pytest import approx
 
-from distlab.runtime import robust
-from distlab.runtime.fit import calibration_from_rows, fit_warnings, ring_cost
+from distlab.runtime.measure import robust
+from distlab.runtime.measure.fit import calibration_from_rows, fit_warnings, ring_cost
 from distlab.sim.cluster import PRESETS
 
 RNG = np.random.default_rng(18)
@@ -75,8 +75,8 @@ def test_reject_replaces_one_disturbed_probe():
 
 
 def test_short_calls_get_more_samples_per_round_in_extra_passes():
-    # runtime/sweep.py: a call shorter than SHORT_S scatters most (one preemption is a large part of it)
-    from distlab.runtime.sweep import MAX_REPEATS, SHORT_S, repeats, schedule
+    # runtime/measure/sweep.py: a call shorter than SHORT_S scatters most (one preemption is a large part of it)
+    from distlab.runtime.measure.sweep import MAX_REPEATS, SHORT_S, repeats, schedule
     assert [repeats(t, SHORT_S) for t in (1e-4, SHORT_S / 2.5, SHORT_S / 2, SHORT_S * 0.9, 0.05)] == \
         [MAX_REPEATS, 2, 2, 1, 1]
     assert repeats(1e-4, None) == 1                         # bench: one call per case per round, as nccl-tests
@@ -100,7 +100,7 @@ def _measured(noise: float, seed: int = 7) -> dict:
 
 
 def test_validate_noise_shows_how_far_the_figure_moves_with_the_timing_noise():
-    from distlab.runtime.validation import summary_noise
+    from distlab.runtime.measure.validation import summary_noise
     calib, held = {2**18, 2**20, 2**22, 2**24}, {2**19, 2**21, 2**23}
     noise = [summary_noise(_measured(x), calib, held, [2], "gloo", {2: 2})["held-out size", 2] for x in (0, .05, .3)]
     assert abs(noise[0]) < 1e-12 and 0 < noise[1] < noise[2]          # none without scatter; more, wider
@@ -112,7 +112,7 @@ CALIB = [{"F": 1e-3, "B": 2e-3, "I": 1e-3, "W": 1e-3}] * 2
 
 
 def test_per_action_overhead_survives_outliers_in_the_probe_steps():
-    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, fit_overhead, simulate_cfg
+    from distlab.runtime.parallel.pipeline.validate import block_seconds, cluster_of, fit_overhead, simulate_cfg
     cluster = cluster_of(2, {"small": 50e-6, "large": 100e-6, "bytes": 2048}, 80e-6, cores=2)
     true_overhead = 1e-3                # about an F: what the issue's probes fitted (1.7-8.2 ms)
     span = simulate_cfg(CFG, block_seconds(CFG, CALIB), cluster, true_overhead)[0].makespan
@@ -124,7 +124,7 @@ def test_per_action_overhead_survives_outliers_in_the_probe_steps():
 
 def test_cores_a_probe_shows_survive_outliers():
     # a probe faster than the load model's cores allow (overhead 0): the cores that make it last as long
-    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, fit_cores, fit_overhead, simulate_cfg
+    from distlab.runtime.parallel.pipeline.validate import block_seconds, cluster_of, fit_cores, fit_overhead, simulate_cfg
     cfg = {**CFG, "stages": 4, "layers": 8}
     calib = [CALIB[0]] * 4
     span = simulate_cfg(cfg, block_seconds(cfg, calib), cluster_of(4, {"small": 5e-5, "large": 1e-4, "bytes": 2048},
@@ -136,7 +136,7 @@ def test_cores_a_probe_shows_survive_outliers():
 
 
 def test_p2p_latency_survives_outliers():
-    from distlab.runtime.pipeline.validate import block_seconds, cluster_of, p2p_latency, simulate_cfg
+    from distlab.runtime.parallel.pipeline.validate import block_seconds, cluster_of, p2p_latency, simulate_cfg
     latency = 300e-6
     cluster = cluster_of(2, {"small": 1e-6, "large": 2e-6, "bytes": 2**30}, latency, cores=2)   # ~1 PB/s
     trace = simulate_cfg(CFG, block_seconds(CFG, CALIB), cluster, 0.0)[0]
@@ -163,7 +163,7 @@ def _proc(root, total: int, procs: dict):
 
 
 def test_background_share_from_synthetic_proc(tmp_path):
-    from distlab.runtime import load as L
+    from distlab.runtime.measure import load as L
     # 100 jiffies per CPU pass; pid 10 (us) and its rank 11 and grandchild 12 are ours; 20 used 50 ticks,
     # 30 used 30; 13 is our load generator (counted as someone else's)
     a, b = tmp_path / "a", tmp_path / "b"
@@ -195,7 +195,7 @@ def test_background_share_from_synthetic_proc(tmp_path):
     ((2 / 3,) * 3, 4, 1, 4 * (2 / 7) / (2 / 4)),         # 3 busy processes filling 2 cores: r(1) = 2/4, r(4) = 2/7
 ])
 def test_effective_cores_is_fair_sharing_with_the_background(background, k, alone, cores):
-    from distlab.runtime import load as L
+    from distlab.runtime.measure import load as L
     assert L.effective_cores(2, k, background, alone) == approx(min(cores, k))
     assert L.rank_share(2, 1, (1.5,)) == approx(2 / 3)   # one process of 2 threads at 0.75: 3 threads, 2 cores
 
@@ -207,14 +207,14 @@ def test_effective_cores_is_fair_sharing_with_the_background(background, k, alon
     (((), (1.0,), (1.0,), (1.0,)), 1, 1.0),
 ])
 def test_effective_cores_with_autogroups(groups, k, cores):
-    from distlab.runtime import load as L
+    from distlab.runtime.measure import load as L
     assert L.effective_cores(2, k, (), 1, groups) == approx(cores)
 
 
 def test_simulated_slowdown_is_the_fair_share_ratio():
     # 4 ranks, each w seconds of compute timed alone beside 3 busy processes on 2 cores (CFS: 1/4 of the
     # cores each alone, 1/7 of them with the 4 ranks at once): they end at w x (2/4) / (2/7) = 1.75 w
-    from distlab.runtime import load as L
+    from distlab.runtime.measure import load as L
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.plan import Compute, Plan
     plan = Plan([[Compute(name=f"c{r}", seconds=1.0)] for r in range(4)]).validate()
@@ -235,7 +235,7 @@ def test_simulator_shares_the_cores_left_by_other_processes():
 
 @pytest.mark.slow
 def test_background_load_process_is_stopped():
-    from distlab.runtime.load import BackgroundLoad
+    from distlab.runtime.measure.load import BackgroundLoad
     with BackgroundLoad(0.5) as gen:
         process = gen.process
         assert process.poll() is None
@@ -246,7 +246,7 @@ def test_background_load_process_is_stopped():
 def test_ddp_calibration_survives_outliers():
     # the model alone (forward, backward, Adam) and all-reduces from launch, 12 rounds on 2 ranks, 20% of
     # every quantity's rounds 3-10x slower: FLOP/s, memory rate, α and bandwidth within 5%
-    from distlab.runtime.ddp.validate import calibrated
+    from distlab.runtime.parallel.ddp.validate import calibrated
     from distlab.sim.parallel.ddp.plan import OPTIMIZERS
     from distlab.sim.models import model_from_spec
     model = model_from_spec({"kind": "mlp", "widths": [256] * 4, "batch": 32})
@@ -276,7 +276,7 @@ def test_ddp_calibration_survives_outliers():
 
 
 def test_fsdp_roofline_calibration_survives_outliers():
-    from distlab.runtime.fsdp.validate import calibrated_cluster
+    from distlab.runtime.parallel.fsdp.validate import calibrated_cluster
     from distlab.sim.parallel.fsdp.plan import ADAM_BYTES, padded_numel
     from distlab.sim.models import gpt
     model = gpt(layers=2, hidden=64, heads=2, seq_len=16, vocab=101, dtype="float32", arch="llama")

@@ -71,8 +71,8 @@ def test_run_writes_a_measured_trace(cli, plan_file, tmp_path):
     assert trace.meta["source"] == "measured" and len(trace.ops) == 10
     assert {o.kind for o in trace.ops} == {"compute", "record", "wait", "collective"}
     # a healthy run: every rank left a final dump, and diagnose says the run completed (not "died")
-    from distlab.runtime.diagnose import diagnose
-    from distlab.runtime.flight_read import load_dir
+    from distlab.runtime.diagnosis.diagnose import diagnose
+    from distlab.runtime.diagnosis.flight_read import load_dir
     d = diagnose(load_dir(str(tmp_path / "flight")))
     assert d["status"] == "completed" and not d["problems"], d["verdict"]
     assert d["verdict"].startswith("completed: all 2 ranks finished")
@@ -113,7 +113,7 @@ def test_calibrate_writes_a_cluster_the_simulator_loads(cli, tmp_path):
                           "--plot", str(tmp_path / "curve.png"))
     assert rc == 0, err
     cluster = load_cluster(str(out))
-    # --compute (runtime/compute_probe.py): the schema's fields, measured; interference from the ranks
+    # --compute (runtime/measure/compute_probe.py): the schema's fields, measured; interference from the ranks
     curve = cluster.gpu.gemm_efficiency
     assert len(curve) >= 5 and max(e for _, e in curve) <= 1 and 0 < cluster.gpu.launch_s < 1e-3
     assert cluster.interference >= 1 and "interference: compute x" in stdout and "model error" in stdout
@@ -156,7 +156,7 @@ def test_validate_prints_cases_and_medians(cli, tmp_path):
     assert held and all(s["median_abs_error_noise"] >= 0 for s in held)
     assert result["summary"][-1]["kind"] == "held-out size"
     assert (tmp_path / "v.png").stat().st_size > 0
-    # issue 33: the load before and during, and a verdict with reasons (runtime/trust.py)
+    # issue 33: the load before and during, and a verdict with reasons (runtime/measure/trust.py)
     trust = result["trust"]
     assert set(trust) >= {"trustworthy", "reasons", "load_during"} and trust["trustworthy"] == (not trust["reasons"])
     assert result["load"]["during"]["cores"] >= 1 and result["load"]["during"]["window_s"] > 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from distlab.runtime.collectives import actual_bytes, element_counts
-from distlab.runtime.executor import merge_results
-from distlab.runtime.selfcheck import cases, value
+from distlab.runtime.execute.collectives import actual_bytes, element_counts
+from distlab.runtime.execute.executor import merge_results
+from distlab.runtime.measure.selfcheck import cases, value
 from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 
 pytestmark = pytest.mark.slow
@@ -56,10 +56,10 @@ def expected(c: dict, rank: int, n_world: int):
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def launched(request):
-    from distlab.runtime.launch import launch
+    from distlab.runtime.ranks.launch import launch
     n = request.param
     plan = mixed_plan(n)
-    results = launch("distlab.runtime.selfcheck:collectives_task", {"plan": {"plan": plan.to_dict(), "warmup": 1,
+    results = launch("distlab.runtime.measure.selfcheck:collectives_task", {"plan": {"plan": plan.to_dict(), "warmup": 1,
                                                                      "repeat": 2}}, n, timeout=60)
     return n, plan, results
 

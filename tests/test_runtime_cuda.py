@@ -11,10 +11,10 @@ pytestmark = [pytest.mark.cuda, pytest.mark.slow,
 
 
 def test_collectives_on_nccl_match_independent_values():
-    from distlab.runtime.launch import launch
-    from distlab.runtime.selfcheck import cases, value
+    from distlab.runtime.ranks.launch import launch
+    from distlab.runtime.measure.selfcheck import cases, value
     n = min(torch.cuda.device_count(), 2)
-    results = launch("distlab.runtime.selfcheck:collectives_task", {"dtypes": ["float32", "bfloat16", "int32"]}, n,
+    results = launch("distlab.runtime.measure.selfcheck:collectives_task", {"dtypes": ["float32", "bfloat16", "int32"]}, n,
                      backend="nccl", timeout=120)
     for rank, res in enumerate(results):
         for i, c in enumerate(cases(n, ("float32", "bfloat16", "int32"))):
@@ -26,12 +26,12 @@ def test_collectives_on_nccl_match_independent_values():
 
 
 def test_cuda_streams_overlap_and_event_times():
-    from distlab.runtime.executor import merge_results
-    from distlab.runtime.launch import launch
+    from distlab.runtime.execute.executor import merge_results
+    from distlab.runtime.ranks.launch import launch
     ops = [Compute(name="c0", seconds=0.02), Record("e", stream="compute"), Compute(name="c1", seconds=0.02),
            Wait("e", stream="comm"), Collective("all_reduce", 256 * 2**20, stream="comm")]
     plan = Plan([ops], name="cuda-overlap")
-    results = launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 3}, 1,
+    results = launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict(), "warmup": 1, "repeat": 3}, 1,
                      backend="nccl", timeout=120)
     trace = merge_results(plan, results)
     rec = {o.index: o for o in trace.ops}

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from distlab.runtime.fit import calibrated_cluster, calibration_from_rows, fit_line, predict, ring_cost
+from distlab.runtime.measure.fit import calibrated_cluster, calibration_from_rows, fit_line, predict, ring_cost
 from distlab.sim.cluster import cluster_from_dict
 from distlab.sim.errors import ConfigError
 
@@ -51,7 +51,7 @@ def test_prediction_matches_the_simulator_on_the_calibrated_cluster():
 def test_timed_compute_never_ends_early():
     """A Compute op with planned seconds lasts at least that long, however slow one matmul is."""
     import time
-    from distlab.runtime.compute import Matmuls
+    from distlab.runtime.execute.compute import Matmuls
     mm = Matmuls("cpu", n=192)
     for seconds in (0.0005, 0.002, 0.005):
         for _ in range(5):
@@ -79,7 +79,7 @@ def test_one_line_that_fits_keeps_the_old_format():
 
 
 def test_size_bands_where_one_line_does_not_fit():
-    from distlab.runtime.fit import worst_error
+    from distlab.runtime.measure.fit import worst_error
     rows = two_regime_rows()
     cal = calibration_from_rows(rows)
     entry = cal["collectives"]["all_gather"]["2"]
@@ -110,7 +110,7 @@ def test_the_simulator_uses_the_size_bands_of_a_cluster_file():
 
 
 def test_validation_reports_worst_error_and_spread():
-    from distlab.runtime.validation import case, summarize
+    from distlab.runtime.measure.validation import case, summarize
     repeats = [1.0e-3, 1.1e-3, 1.2e-3, 3.0e-3]                             # one slow repeat
     c = case("held-out size", "all_gather", 2, 2**26, 1.0e-3, 1.15e-3, repeats)
     assert c["error"] == pytest.approx(-0.15 / 1.15)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distlab.runtime.launch import Launch, RunFailed
+from distlab.runtime.ranks.launch import Launch, RunFailed
 from distlab.sim.plan import Collective, Plan
 
 pytestmark = pytest.mark.slow
@@ -38,10 +38,10 @@ def wait_running(launch: Launch, timeout: float = 60.0) -> None:
 
 
 def wait_completed(dumps, ops: int, nproc: int = 2, timeout: float = 60.0) -> None:
-    """Until every rank's live flight ring in ``dumps`` (runtime/flight.py) shows ``ops`` collectives completed:
+    """Until every rank's live flight ring in ``dumps`` (runtime/diagnosis/flight.py) shows ``ops`` collectives completed:
     the run is under way with that much measured (rather than a fixed sleep, long on an idle machine and maybe
     short on a loaded one)."""
-    from distlab.runtime.flight_read import load_dir
+    from distlab.runtime.diagnosis.flight_read import load_dir
     from distlab.sim.errors import ConfigError
     end = time.monotonic() + timeout
     while True:
@@ -71,7 +71,7 @@ def rank_task(ctx, payload):
 
 def test_sigkill_of_one_rank_ends_the_run_naming_it_and_leaves_nothing():
     timeout = 20.0
-    launch = Launch("distlab.runtime.executor:plan_task", {"plan": long_plan().to_dict(), "warmup": 0, "repeat": 1}, 2,
+    launch = Launch("distlab.runtime.execute.executor:plan_task", {"plan": long_plan().to_dict(), "warmup": 0, "repeat": 1}, 2,
                     timeout=timeout).start()
     try:
         wait_running(launch)
@@ -100,7 +100,7 @@ def test_a_rank_that_raises_is_named_with_its_error():
 def test_a_rank_that_never_answers_ends_the_run_after_the_timeout():
     from distlab.sim.plan import Recv
     plan = Plan([[Collective("all_reduce", 1024)], [Recv(0, 1024)]], name="stuck")      # rank 0 never sends
-    launch = Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 2,
+    launch = Launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 2,
                     timeout=3, check=False).start()                    # the static check would refuse it
     wait_running(launch)
     t0 = time.monotonic()
@@ -170,7 +170,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     stale = [n for n in os.listdir(tmp_path) if n.startswith(f"distlab-run-{p.pid}-")]
     assert len(stale) == 1                                  # a SIGKILLed launcher cannot clean up; the next one does
     import tempfile
-    from distlab.runtime import launch as L
+    from distlab.runtime.ranks import launch as L
     old, tempfile.tempdir = tempfile.tempdir, str(tmp_path)
     try:
         assert L.launch(f"{os.path.abspath(__file__)}:rank_task", {}, 2, timeout=20) == [0, 1]

@@ -1,4 +1,4 @@
-"""The runtime's workload registry (runtime/workloads.py): one record per runtime/<name>/ folder, the workload of a
+"""The runtime's workload registry (runtime/parallel/registry.py): one record per runtime/<name>/ folder, the workload of a
 scenario in either format (flat ``parallelism.kind`` or ``mesh:`` + one section per parallelism), one-line
 errors listing the allowed workloads, and launch targets that resolve after the move into folders."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from distlab.runtime.cli import main
-from distlab.runtime.validation import workload_section
-from distlab.runtime.workloads import WORKLOADS, scenario_workload
+from distlab.runtime.measure.validation import workload_section
+from distlab.runtime.parallel.registry import WORKLOADS, scenario_workload
 from distlab.sim.errors import ConfigError
 from distlab.sim.io import load_yaml
 
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_each_workload_is_its_own_folder():
     assert list(WORKLOADS) == ["ddp", "fsdp", "pipeline", "tp", "cp", "ep", "composed"]
     for name, w in WORKLOADS.items():
-        assert w.name == name and (ROOT / "runtime" / name / "run.py").is_file()
-        assert w.run.__module__ == f"distlab.runtime.{name}.run"
-        assert w.validate.__module__ == w.cases.__module__ == f"distlab.runtime.{name}.validate"
+        assert w.name == name and (ROOT / "runtime" / "parallel" / name / "run.py").is_file()
+        assert w.run.__module__ == f"distlab.runtime.parallel.{name}.run"
+        assert w.validate.__module__ == w.cases.__module__ == f"distlab.runtime.parallel.{name}.validate"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")), ids=lambda p: p.name)
@@ -32,7 +32,7 @@ def test_shipped_scenarios_name_their_workload(path):
     from distlab.sim.workloads.registry import names as simulated
     spec = load_yaml(str(path))
     kind = spec["parallelism"]["kind"] if "parallelism" in spec else next(k for k in spec if k in simulated())
-    if len([k for k in spec if k in simulated()]) > 1:          # a composition (runtime/composed/)
+    if len([k for k in spec if k in simulated()]) > 1:          # a composition (runtime/parallel/composed/)
         kind = "composed"
     if kind not in WORKLOADS:            # simulated only (tp): refused in one line that says so
         with pytest.raises(ConfigError, match=f"workload '{kind}' is simulated but has no real run yet"):
@@ -86,8 +86,8 @@ def test_every_launch_target_in_runtime_resolves():
     targets = {node.value for path in (ROOT / "runtime").rglob("*.py")
                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
                and isinstance(node.value, str) and pattern.match(node.value)}
-    assert {"distlab.runtime.ddp.run:rank_task", "distlab.runtime.fsdp.run:rank_task",
-            "distlab.runtime.pipeline.run:rank_main", "distlab.runtime.ddp.buckets:bucket_task"} <= targets
+    assert {"distlab.runtime.parallel.ddp.run:rank_task", "distlab.runtime.parallel.fsdp.run:rank_task",
+            "distlab.runtime.parallel.pipeline.run:rank_main", "distlab.runtime.parallel.ddp.buckets:bucket_task"} <= targets
     for target in targets:
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name)), target

@@ -51,7 +51,7 @@ def kept_file(err: str) -> str:
 
 def test_a_planted_link_in_the_dump_dir_is_refused_and_nothing_outside_changes(tmp_path, monkeypatch):
     """Before: open(flight.R.ring, "wb") followed a link planted in a shared --dump-dir and overwrote its target."""
-    from distlab.runtime import forkserver
+    from distlab.runtime.ranks import forkserver
     victim, shared = tmp_path / "victim", tmp_path / "shared"
     victim.write_text("precious\n")
     shared.mkdir()
@@ -61,7 +61,7 @@ def test_a_planted_link_in_the_dump_dir_is_refused_and_nothing_outside_changes(t
     assert code == 2 and err.count("\n") == 1 and "flight.0.ring is a symbolic link" in err, err
     assert victim.read_text() == "precious\n" and os.path.islink(shared / "flight.0.ring")
     assert sorted(os.listdir(shared)) == ["flight.0.ring"] and not (tmp_path / "m.trace").exists()
-    from distlab.runtime.flight import open_ring                # a rank under torchrun opens its ring the same way
+    from distlab.runtime.diagnosis.flight import open_ring                # a rank under torchrun opens its ring the same way
     with pytest.raises(Exception, match="never through a symbolic link"):
         open_ring(str(shared / "flight.0.ring"), 1 << 17)
     assert victim.read_text() == "precious\n"
@@ -71,7 +71,7 @@ def test_a_second_run_on_the_same_dump_dir_refuses_and_leaves_the_first_ones_rec
     """Before: a second run with the same --dump-dir cleared the first's live flight records. Here the first run's
     lock is held (as its launcher holds it) and its record is there: the second refuses in one line, starts no
     rank, and leaves the folder as it was."""
-    from distlab.runtime import forkserver
+    from distlab.runtime.ranks import forkserver
     from distlab.sim.io import OutputLock
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -89,7 +89,7 @@ def test_a_second_run_on_the_same_dump_dir_refuses_and_leaves_the_first_ones_rec
 
 def test_a_full_disk_for_the_flight_ring_is_one_line_before_any_rank_starts(tmp_path, monkeypatch):
     """Before: the ring was a sparse file written through mmap; on a full disk every rank died of SIGBUS."""
-    from distlab.runtime import forkserver
+    from distlab.runtime.ranks import forkserver
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -196,10 +196,10 @@ def test_a_stuck_compute_op_ends_within_the_timeout_naming_the_rank_and_the_op(t
 @pytest.mark.slow
 def test_the_fork_servers_death_is_named_as_such(tmp_path):
     """Before: a killed fork server was reported as "rank 0 died" (its ranks die with it)."""
-    from distlab.runtime import forkserver
-    from distlab.runtime.launch import Launch, RunFailed
+    from distlab.runtime.ranks import forkserver
+    from distlab.runtime.ranks.launch import Launch, RunFailed
     plan = Plan([[Compute(seconds=60.0)]], name="long")
-    launch = Launch("distlab.runtime.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 1,
+    launch = Launch("distlab.runtime.execute.executor:plan_task", {"plan": plan.to_dict(), "warmup": 0, "repeat": 1}, 1,
                     backend="gloo").start()
 
     def kill():
@@ -215,7 +215,7 @@ def test_the_fork_servers_death_is_named_as_such(tmp_path):
 
 def test_validate_a_scenario_without_nproc_does_not_crash(monkeypatch):
     """Before: ValueError: int('None') (getattr(args, "nproc", 2) when --nproc is left out)."""
-    from distlab.runtime import launch
+    from distlab.runtime.ranks import launch
 
     class Started(Exception):
         pass
@@ -232,8 +232,8 @@ def test_validate_a_scenario_without_nproc_does_not_crash(monkeypatch):
 
 def test_the_elastic_tool_says_in_one_line_that_its_dir_cannot_be_made(tmp_path, capsys):
     """Before: a --dir whose parent is missing was a FileNotFoundError traceback."""
-    from distlab.runtime.elastic import main as elastic
+    from distlab.runtime.restart.elastic import main as elastic
     assert elastic(["--dir", str(tmp_path / "missing" / "ckpt")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m distlab.runtime.elastic: error: --dir: folder ") and \
+    assert err.count("\n") == 1 and err.startswith("python -m distlab.runtime.restart.elastic: error: --dir: folder ") and \
         "does not exist" in err, err

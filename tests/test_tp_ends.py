@@ -1,4 +1,4 @@
-"""The ends' host CPU (runtime/tp/ends.py) and the calling thread's CPU per collective (runtime/tp/fit.py
+"""The ends' host CPU (runtime/parallel/tp/ends.py) and the calling thread's CPU per collective (runtime/parallel/tp/fit.py
 comm_cpu_line) in the TP calibration: the host-side fits and the timed plan, hand-computed (no ranks started;
 the rank side runs in tests/test_tp_runtime.py's calibrated launch)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from pytest import approx
 
-from distlab.runtime.tp.ends import ends_host, with_ends_host
+from distlab.runtime.parallel.tp.ends import ends_host, with_ends_host
 from distlab.sim.cluster import PRESETS
 from distlab.sim.kernel.engine import simulate
 from distlab.sim.plan import Collective, Compute, Plan
@@ -51,7 +51,7 @@ def test_the_ends_host_cpu_follows_their_compute_ops_on_the_critical_path():
 def test_pp_x_tp_gives_the_embedding_to_the_first_stage_and_the_head_to_the_last():
     """In the scenario's PP x TP plan (1F1B, 2 micro-batches) each end's host CPU lands once per micro-batch on
     the stage that holds it: stage 0 (ranks 0, 1) the embedding's, stage 1 (ranks 2, 3) the head's."""
-    from distlab.runtime.tp.validate import prepare, timed_plan
+    from distlab.runtime.parallel.tp.validate import prepare, timed_plan
     from distlab.sim.io import load_yaml
     base = load_yaml("scenarios/tp-cpu.yaml")
     built, _, _ = prepare({**base, "mesh": {"pp": 2, "tp": 2}, "world_size": 4,
@@ -66,7 +66,7 @@ def test_the_calling_threads_cpu_adds_to_gloos_cpu_per_collective():
     # per (kind, size) the median over ranks and rounds of gloo's CPU + the calling thread's: 0.5 + 0.2 ms at
     # 1000 B and 1.3 + 0.2 ms at 9000 B -> w = 0.6 ms + 0.1 us/B; without comm_main (older calibrations) 0.4 ms +
     # 0.1 us/B
-    from distlab.runtime.tp.fit import comm_cpu_line
+    from distlab.runtime.parallel.tp.fit import comm_cpu_line
     gloo = {"all_gather": {"1000": [0.5 * MS] * 3, "9000": [1.3 * MS] * 3}}
     main = {"all_gather": {"1000": [0.2 * MS] * 3, "9000": [0.2 * MS] * 3}}
     a, b = comm_cpu_line([{"comm_cpu": gloo, "comm_main": main}] * 2)
@@ -81,8 +81,8 @@ def test_adamw_on_dtensors_is_priced_by_its_own_probe_not_the_blocks_rate():
     # parameters: (3.1 - 1.1) / 10 = 0.2 ms per DTensor parameter. The plan's "optimizer" (8 DTensor ops per
     # DTensor parameter, 5 of them: launches 40) keeps its roofline and loses its launches; "optimizer host" of
     # 5 x 0.2 = 1 ms follows it on its stream
-    from distlab.runtime.tp.fit import optimizer_host
-    from distlab.runtime.tp.validate import with_optimizer_host
+    from distlab.runtime.parallel.tp.fit import optimizer_host
+    from distlab.runtime.parallel.tp.validate import with_optimizer_host
     from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
 
     def cal(dtensor, plain):

@@ -80,7 +80,7 @@ def test_runtime_builds_every_structure_parameter_for_parameter(choices):
     """runtime/models.build_module gives a real module with exactly the described parameters (it checks names,
     shapes and order) and it runs forward and backward."""
     torch = pytest.importorskip("torch")
-    from distlab.runtime.models import build_module, example_input
+    from distlab.runtime.modules.bridge import build_module, example_input
     spec = {"arch": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seq_len": 8, "vocab": 50,
             "dtype": "float32", "micro_batch": 2, **choices}
     model = model_from_spec(spec)

@@ -66,7 +66,7 @@ def test_an_uneven_split_builds_where_an_even_one_is_refused():
 
 
 def test_the_pipelining_runtime_overhead_follows_every_action():
-    """``overhead`` (runtime/tp/pipeline.py RuntimeProbe: torch pipelining's own CPU per action) is one "runtime" op
+    """``overhead`` (runtime/parallel/tp/pipeline.py RuntimeProbe: torch pipelining's own CPU per action) is one "runtime" op
     of that many seconds after each of a stage's 2m actions; with the rest of the step unchanged, a rank's busy
     time grows by exactly 2m x overhead (hand count)."""
     from distlab.sim.cluster import PRESETS

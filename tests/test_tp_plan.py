@@ -189,11 +189,11 @@ def test_dtensor_launches_cost_launch_s_each_on_the_critical_path():
 
 
 def test_tp_calibration_fit_keeps_the_latency_and_measures_launch_s():
-    """runtime/tp/fit.py fit_cluster: launch_s = (TP block CPU - plain block CPU - the block's collectives'
+    """runtime/parallel/tp/fit.py fit_cluster: launch_s = (TP block CPU - plain block CPU - the block's collectives'
     issue CPU) / the block's DTensor ops, each the median over rounds of the slowest rank; cpu_cores = the cores
     given (else the ranks' own count), at most the world; latency-bound collectives whose line fit comes out
     negative (a larger size timed faster) keep α = the shortest time instead of dropping it to 0."""
-    from distlab.runtime.tp.fit import fit_cluster
+    from distlab.runtime.parallel.tp.fit import fit_cluster
     model = gpt(layers=2, hidden=32, heads=8, kv_heads=4, seq_len=8, vocab=128, micro_batch=2, dtype="float32",
                 arch="llama", ffn_hidden=64)
 

@@ -6,7 +6,7 @@ counts; FSDP2 x TP, DDP x TP and PP x TP (torch.distributed.pipelining, p2p incl
 on a 1 x 2 x 2 mesh; and the
 simulated local parameter shards equal the real DTensor local shards. One launch per world size; the 2-rank one also runs the calibration
 rounds of `distlab validate --scenario scenarios/tp-cpu.yaml` (its model and plan are variant 0's), whose rows
-(runtime/tp/validate.py) are checked here without a launch of their own."""
+(runtime/parallel/tp/validate.py) are checked here without a launch of their own."""
 import pytest
 
 from distlab.sim.mesh import Mesh
@@ -35,7 +35,7 @@ FOUR = VARIANTS[:2] + FSDP_TP + [DDP_TP] + PP_TP + [HSDP_TP]    # 4 ranks: no lo
 
 
 def _launch(world: int, variants: list, calibrate=None):
-    from distlab.runtime.tp import run
+    from distlab.runtime.parallel.tp import run
     return run.run([{"model": MODEL, **v} for v in variants], world=world, steps=1, warmup=1, timeout=300,
                    calibrate=calibrate, calibrate_calls=2)      # 2 calls per calibration probe: what is checked
 
@@ -43,7 +43,7 @@ def _launch(world: int, variants: list, calibrate=None):
 @pytest.fixture(scope="module")
 def launch2():
     """2 ranks: the 1-D variants, with the calibration rounds of the validate hook."""
-    from distlab.runtime.tp.validate import prepare
+    from distlab.runtime.parallel.tp.validate import prepare
     return _launch(2, VARIANTS, prepare(SCENARIO, 2)[2])
 
 
@@ -62,12 +62,12 @@ SCENARIO = "scenarios/tp-cpu.yaml"
 
 
 def test_validate_scenario_rows_from_the_same_launch(launch2):
-    """The validate hook's comparison: the scenario is tp (registered in runtime/workloads.py); one row for the
+    """The validate hook's comparison: the scenario is tp (registered in runtime/parallel/registry.py); one row for the
     step and one per collective kind and size with its number of calls; sequences match; calibration fitted."""
     from collections import Counter
 
-    from distlab.runtime.tp.validate import compare, prepare, rows_as_cases
-    from distlab.runtime.workloads import WORKLOADS, scenario_workload
+    from distlab.runtime.parallel.tp.validate import compare, prepare, rows_as_cases
+    from distlab.runtime.parallel.registry import WORKLOADS, scenario_workload
     from distlab.sim.io import load_yaml
     results = launch2
     assert WORKLOADS[scenario_workload(load_yaml(SCENARIO), SCENARIO)].name == "tp"
@@ -80,14 +80,14 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
     got = {(c["case"].split()[1], c["bytes"]): int(c["case"].rsplit("x", 1)[1]) for c in rows[1:]}
     assert got == Counter((op, b) for op, b, *_ in seq)
     assert set(r["cluster"].calibration["collectives"]) == {"all_gather", "reduce_scatter", "all_reduce"}
-    from distlab.sim.parallel.tp.plan import DTENSOR_OPS      # the ends probe (runtime/tp/ends.py) counts the plan's launches
+    from distlab.sim.parallel.tp.plan import DTENSOR_OPS      # the ends probe (runtime/parallel/tp/ends.py) counts the plan's launches
     cal = results[0]["variants"][0]["calibration"]
     assert cal["ends_ops"] == {k: DTENSOR_OPS[True][k] for k in ("embed fwd", "embed bwd", "head fwd", "head bwd")}
     assert set(r["ends_host_s"]) == set(cal["ends_ops"]) and min(r["ends_host_s"].values()) >= 0
     assert all(v > 0 for t in cal["comm_main"].values() for vs in t.values() for v in vs)   # issue to wait CPU
-    from distlab.runtime.tp.ends import ends_host
-    from distlab.runtime.tp.fit import optimizer_host      # AdamW on DTensors costs more host CPU than on tensors
-    from distlab.runtime.tp.validate import timed_plan
+    from distlab.runtime.parallel.tp.ends import ends_host
+    from distlab.runtime.parallel.tp.fit import optimizer_host      # AdamW on DTensors costs more host CPU than on tensors
+    from distlab.runtime.parallel.tp.validate import timed_plan
     from distlab.sim.kernel.engine import simulate
     assert cal["optimizer_params"] == len(MODEL.params) and optimizer_host(results) > 0
     priced = timed_plan(built, ends=ends_host(results, r["cluster"].gpu.launch_s))   # the optimizer at the block rate
@@ -100,7 +100,7 @@ def test_validate_scenario_rows_from_the_same_launch(launch2):
                          ids=[f"{w}-{VARIANTS[i]}" for w, i in [(2, 0), (2, 1), (2, 2), (2, 3), (2, 4), (4, 0), (4, 1)]])
 def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, i):
     """Per rank: the collectives, and the DTensor ops per phase (the plan's launches: sim/parallel/tp/plan.py DTENSOR_OPS)."""
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     from distlab.sim.plan import Compute
     results = {2: launch2, 4: launch4}[world]
     plan = tp_plan(MODEL, Mesh({"tp": world}), TPOptions(**VARIANTS[i]))
@@ -120,7 +120,7 @@ def test_simulated_collectives_equal_what_torch_issues(launch2, launch4, world, 
 
 @pytest.mark.parametrize("i", range(len(FSDP_TP)), ids=["fsdp2-x-tp-sp", "fsdp2-x-tp"])
 def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     from distlab.sim.parallel.tp.compose import collective_sequence as fsdp_tp_sequence
     from distlab.sim.parallel.tp.compose import fsdp_tp_plan
     results = launch4
@@ -135,7 +135,7 @@ def test_fsdp2_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
 def test_ddp_x_tp_sp_on_a_2x2_mesh_equals_the_simulated_plan(launch4):
     """TP collectives, the SP norms' gradients all-reduced over tp at the end of backward, one DDP bucket of the
     TP-local gradients over dp; nothing in the optimizer; the parameters DDP holds are the TP-local shards."""
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     from distlab.sim.parallel.tp.ddp import ddp_tp_plan
     results = launch4
     plan = ddp_tp_plan(MODEL, Mesh(dict(DDP_TP["mesh"])), tp_opts=TPOptions(sequence_parallel=True))
@@ -168,7 +168,7 @@ def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
     """torch.distributed.pipelining (Schedule1F1B, 2 micro-batches) over stages parallelized on the tp sub-mesh:
     per rank the TP collectives (kind, order, bytes, dtype, group, phase) and the p2p sends and receives (order,
     bytes, peer) equal the simulated PP x TP plan's; each stage's local shards equal the simulated TP-local ones."""
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     from distlab.sim.parallel.pipeline.plan import PipelineSpec
     from distlab.sim.plan import Recv, Send
     from distlab.sim.parallel.tp.pipeline import pp_tp_plan
@@ -194,7 +194,7 @@ def test_pp_x_tp_on_a_2x2_mesh_equals_the_simulated_plan(launch4, i):
 def test_hsdp_x_tp_on_a_1x2x2_mesh_equals_the_simulated_plan(launch4):
     """fully_shard on the (dp_replicate, dp_shard) sub-mesh of a 3-D mesh: torch all-reduces every unit's
     gradient shard over the replicate group even when it holds one rank; the plan does too (sim/parallel/tp/compose.py)."""
-    from distlab.runtime.tp.run import measured_sequence
+    from distlab.runtime.parallel.tp.run import measured_sequence
     from distlab.sim.parallel.tp.compose import collective_sequence as fsdp_tp_sequence
     from distlab.sim.parallel.tp.compose import fsdp_tp_plan
     k = FOUR.index(HSDP_TP)

@@ -14,13 +14,13 @@ from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs,
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
-IN_PLACE = ("all_reduce", "broadcast", "reduce")          # runtime/sweep.py: one buffer for these
+IN_PLACE = ("all_reduce", "broadcast", "reduce")          # runtime/measure/sweep.py: one buffer for these
 
 
 def add_arguments(p) -> None:
     p.epilog = ("time = the slowest rank's start-to-end, median over --iters rounds; min/max = the fastest and "
                 "slowest round; 'from launch' = from the last rank's arrival to the last rank's end, what the "
-                "simulator's collective time means (runtime/sweep.py).")
+                "simulator's collective time means (runtime/measure/sweep.py).")
     p.add_argument("--ops", default="all_reduce", help="comma-separated collectives, or all (default all_reduce)")
     p.add_argument("--sizes", default="1MiB:64MiB", help="LO:HI in x2 steps (LO:HI:F for xF), or a list "
                                                         "1MiB,4MiB (default 1MiB:64MiB)")
@@ -32,13 +32,13 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="save busbw against size, error bars from the repeats")
     p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
-                   "processes took cores, or a size's median moves over 25%% by chance; runtime/trust.py)")
+                   "processes took cores, or a size's median moves over 25%% by chance; runtime/measure/trust.py)")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p, verbose=False)
 
 
 def result_row(row: dict) -> dict:
-    """A sweep row (runtime/sweep.py) with nccl-tests' fields (sim.cli.nccl_fields) and in_place."""
+    """A sweep row (runtime/measure/sweep.py) with nccl-tests' fields (sim.cli.nccl_fields) and in_place."""
     from distlab.sim.cli import nccl_fields
     return {"op": row["op"], **nccl_fields(row["op"], row["bytes"], row["dtype"]),
             "in_place": row["op"] in IN_PLACE, **{k: v for k, v in row.items() if k not in ("op", "bytes", "dtype")}}
@@ -55,8 +55,8 @@ def report(rows: list[dict], args, nproc: int, sizes: list[int], backend, error)
 
 
 def run(args) -> int:
-    from distlab.runtime.launch import RunFailed
-    from distlab.runtime.torchrun_rank import local_ranks, new_launch, one_world_size
+    from distlab.runtime.ranks.launch import RunFailed
+    from distlab.runtime.ranks.torchrun_rank import local_ranks, new_launch, one_world_size
     from distlab.sim.cli import BW_COLUMNS, NCCL_COLUMNS, RowPrinter, nccl_cells, print_json, progress, with_schema
     from distlab.sim.errors import ConfigError
     from distlab.sim.io import check_outputs, parse_size_range, write_atomic
@@ -68,14 +68,14 @@ def run(args) -> int:
         raise ConfigError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "--dtype")
     sizes = parse_size_range(args.sizes, "--sizes", args.dtype)
     if args.backend == "gloo":
-        from distlab.runtime.collectives import check_backend_dtype
+        from distlab.runtime.execute.collectives import check_backend_dtype
         check_backend_dtype(args.dtype, "gloo", "--dtype")
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
     check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
     if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
-        from distlab.runtime.preflight import check_nccl
+        from distlab.runtime.ranks.preflight import check_nccl
         check_nccl(local_ranks(nproc))
     from distlab.sim.cli import STYLE
     extra = [("min", "(us)", 9), ("max", "(us)", 9), ("launch", "(us)", 9)] if STYLE.wide else []
@@ -99,11 +99,11 @@ def run(args) -> int:
                     f"{r[k] * 1e6:.2f}" for k in ("time_min_s", "time_max_s", "launch_time_s")][:len(extra)])
 
     payload = {"ops": ops, "sizes": sizes, "dtype": args.dtype, "warmup": args.warmup, "iters": args.iters}
-    from distlab.runtime import load as machine_load
-    from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
-    before = machine_load.sample()        # before the ranks start, then during the whole sweep (runtime/trust.py)
+    from distlab.runtime.measure import load as machine_load
+    from distlab.runtime.measure.trust import Watch, exit_code, judge, verdict_lines
+    before = machine_load.sample()        # before the ranks start, then during the whole sweep (runtime/measure/trust.py)
     watch = Watch()
-    launch = new_launch("distlab.runtime.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
+    launch = new_launch("distlab.runtime.measure.sweep:sweep_task", payload, nproc, **launch_kwargs(args)).start()
 
     def rounds():                     # one tick per finished round, printing each final row as it comes
         done = 0
@@ -126,7 +126,7 @@ def run(args) -> int:
     except BaseException:
         launch.abort()
         raise
-    from distlab.runtime.robust import median_noise
+    from distlab.runtime.measure.robust import median_noise
     cases = [{"kind": "bench", "case": f"{r['op']} {r['bytes']} B", "world_size": nproc,
               "spread": (r["time_max_s"] - r["time_min_s"]) / r["time_s"],
               "noise": median_noise(r["times_s"])} for r in shown if r["time_s"] and len(r.get("times_s", [])) >= 3]

@@ -1,14 +1,14 @@
 """`distlab calibrate`: measure this machine's collectives and compute, write a cluster YAML the simulator loads.
 
-Per world size (one launch each, runtime/calibration.py's ``measure``): a size sweep of every op, the ring model
-fitted to the median times from launch (runtime/fit.py), and matmul FLOP/s with all ranks computing at once.
-The YAML (runtime/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
+Per world size (one launch each, runtime/measure/calibration.py's ``measure``): a size sweep of every op, the ring model
+fitted to the median times from launch (runtime/measure/fit.py), and matmul FLOP/s with all ranks computing at once.
+The YAML (runtime/measure/calibration.py's ``write_cluster``) is the localhost-cpu preset sized to the largest world
 size, with ``gpu`` = the measured compute (at the largest world size), ``calibration.collectives`` = the fits
 (with size bands where one line does not fit), ``interference`` = compute's slowdown while an all_reduce is in
-flight and ``comm_interference`` = the all_reduce's slowdown while every rank computes (runtime/compute_probe.py,
+flight and ``comm_interference`` = the all_reduce's slowdown while every rank computes (runtime/measure/compute_probe.py,
 at the largest world size), and, for CPU ranks, ``cpu_cores`` = the cores this process may use, which the ranks
 share (sim/kernel/cores.py). It is rewritten (atomically) after each world size.
-``--compute``: GEMMs of many shapes, a copy and a 1 x 1 GEMM timed in this process (runtime/compute_probe.py;
+``--compute``: GEMMs of many shapes, a copy and a 1 x 1 GEMM timed in this process (runtime/measure/compute_probe.py;
 CUDA when present), and the gpu's tflops, gemm_efficiency, hbm_GBps and launch_s set from them, with a table and
 a figure of the curve. This module only parses arguments and formats.
 """
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
                    help="figure of the GEMM efficiency curve, with --compute (default calibrate-compute.png)")
     p.add_argument("--json", action="store_true", help="print the fits and compute as JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
-                   "processes took cores, or a fit's medians move over 15%% by chance; runtime/trust.py); the cluster "
+                   "processes took cores, or a fit's medians move over 15%% by chance; runtime/measure/trust.py); the cluster "
                    "file is written either way and says so in its header")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p, verbose=False)
@@ -59,7 +59,7 @@ def check(args):
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
-    from distlab.runtime.torchrun_rank import world_sizes
+    from distlab.runtime.ranks.torchrun_rank import world_sizes
     nprocs = world_sizes(args.nproc, "2,4")
     if min(nprocs) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
@@ -81,8 +81,8 @@ def _lines(entry: dict) -> list[tuple[str, dict]]:
 
 
 def run(args) -> int:
-    from distlab.runtime.calibration import backend_of, measure, write_cluster
-    from distlab.runtime.launch import RunFailed
+    from distlab.runtime.measure.calibration import backend_of, measure, write_cluster
+    from distlab.runtime.ranks.launch import RunFailed
     from distlab.sim.cli import LONG_TABLE, print_json, print_table
     from distlab.sim.plan import format_bytes
 
@@ -91,16 +91,16 @@ def run(args) -> int:
     check_output(args.out, "--out", "file")     # before the ranks start
     if args.compute:
         check_output(args.plot, "--plot", "figure")
-    from distlab.runtime.preflight import warn_cores
-    from distlab.runtime.torchrun_rank import under_torchrun
+    from distlab.runtime.ranks.preflight import warn_cores
+    from distlab.runtime.ranks.torchrun_rank import under_torchrun
     if not under_torchrun():               # under torchrun each node warns for its own ranks
         warn_cores(max(nprocs), args.threads, "distlab calibrate")
-    from distlab.runtime import load as machine_load
-    from distlab.runtime.fit import fit_warnings
-    from distlab.runtime.trust import Watch, exit_code, judge, verdict_lines
+    from distlab.runtime.measure import load as machine_load
+    from distlab.runtime.measure.fit import fit_warnings
+    from distlab.runtime.measure.trust import Watch, exit_code, judge, verdict_lines
     from distlab.sim.cli import say
     load = machine_load.sample()          # before the ranks start: the other processes' share
-    watch = Watch()                       # and during the whole measurement (runtime/trust.py)
+    watch = Watch()                       # and during the whole measurement (runtime/measure/trust.py)
     if load and not args.json:
         say(load.line(), indent="  ")
     rows, compute, backend, done = [], None, "gloo", []
@@ -121,11 +121,11 @@ def run(args) -> int:
         cluster = write_cluster(args.out, rows, compute, done, backend, sizes, load)
     probe = None
     if args.compute:
-        from distlab.runtime.compute_probe import measure_here, write_with_fit
+        from distlab.runtime.measure.compute_probe import measure_here, write_with_fit
         probe = measure_here(backend, args.threads, args.compute_budget)
         cluster = write_with_fit(args.out, cluster, probe["fit"])
         if args.plot:
-            from distlab.runtime.compute_probe import plot_curve
+            from distlab.runtime.measure.compute_probe import plot_curve
             plot_curve(probe, args.plot)
     table = cluster.calibration["collectives"]
     during = watch.stop()
@@ -178,7 +178,7 @@ def run(args) -> int:
 
 def mark_untrustworthy(path: str, verdict: dict) -> None:
     """Put the verdict's reasons at the top of the cluster file (YAML comments; the file still loads)."""
-    from distlab.runtime.trust import verdict_lines
+    from distlab.runtime.measure.trust import verdict_lines
     from distlab.sim.io import write_atomic
     with open(path) as f:
         text = f.read()

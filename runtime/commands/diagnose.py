@@ -1,8 +1,8 @@
 """`distlab diagnose DIR`: read the ranks' flight records after a hang, failure or interruption and say what
-happened (the library: runtime/diagnose.py)."""
+happened (the library: runtime/diagnosis/diagnose.py)."""
 from __future__ import annotations
 
-from distlab.runtime.diagnose import diagnose, exit_code, rank_line, where  # noqa: F401  (lesson 08 imports rank_line)
+from distlab.runtime.diagnosis.diagnose import diagnose, exit_code, rank_line, where  # noqa: F401  (lesson 08 imports rank_line)
 
 NAME = "diagnose"
 HELP = ("Read the flight records a failed, hung or interrupted run left (distlab run --dump-dir, or the folder it "
@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from distlab.runtime.flight_read import load_dir
+    from distlab.runtime.diagnosis.flight_read import load_dir
     from distlab.sim.cli import print_json
     d = diagnose(load_dir(args.dir))
     if args.json:

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-check", action="store_true", help="start the ranks even if the static check (distlab "
                    "check) finds mismatched collectives: to see a real hang")
     p.add_argument("--nnodes", type=int, help="run across nodes under torchrun (same command on every node; "
-                   "--nproc is then per node; see runtime/multinode.py)")
+                   "--nproc is then per node; see runtime/ranks/multinode.py)")
     p.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (with --nnodes)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (with --nnodes)")
     from distlab.sim.cli import add_output_arguments
@@ -40,12 +40,12 @@ def run(args) -> int:
     from distlab.sim.plan import Plan
 
     if args.nnodes is not None:                    # torchrun on this node (issue 20)
-        from distlab.runtime.multinode import run_plan_on_node
+        from distlab.runtime.ranks.multinode import run_plan_on_node
         return run_plan_on_node(args)
-    from distlab.runtime.torchrun_rank import join_group, under_torchrun
+    from distlab.runtime.ranks.torchrun_rank import join_group, under_torchrun
     if under_torchrun():                           # this process is one of torchrun's ranks
-        from distlab.runtime.multinode import worker_args
-        from distlab.runtime.worker import run_torchrun
+        from distlab.runtime.ranks.multinode import worker_args
+        from distlab.runtime.ranks.worker import run_torchrun
         return run_torchrun(worker_args(args), join_group(args.backend, args.threads, args.timeout))
     plan = Plan.load(args.plan)
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
@@ -55,7 +55,7 @@ def run(args) -> int:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.repeat, "--repeat")
     check_dtypes(plan, args.backend)
-    from distlab.runtime.preflight import check_plan
+    from distlab.runtime.ranks.preflight import check_plan
     check_plan(plan, nproc)
     if not args.no_check:
         try:
@@ -81,13 +81,13 @@ def run(args) -> int:
 def _run(args, plan, nproc: int, out: str, perfetto: str | None, dump_dir: str) -> int:
     import contextlib
 
-    from distlab.runtime.executor import merge_results
-    from distlab.runtime.flight import clear
-    from distlab.runtime.launch import Launch, RunFailed
-    from distlab.runtime.run_summary import summary
+    from distlab.runtime.execute.executor import merge_results
+    from distlab.runtime.diagnosis.flight import clear
+    from distlab.runtime.ranks.launch import Launch, RunFailed
+    from distlab.runtime.execute.run_summary import summary
     from distlab.sim.cli import print_json, print_table
     payload = {"plan": plan.to_dict(), "warmup": args.warmup, "repeat": args.repeat}
-    launch = Launch("distlab.runtime.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
+    launch = Launch("distlab.runtime.execute.executor:plan_task", payload, nproc, dump_dir=dump_dir, check=False,
                     **launch_kwargs(args)).start()
     try:
         results = launch.wait_progress(args.repeat, f"{plan.name} on {nproc} ranks",
@@ -154,7 +154,7 @@ def perfetto_path(out: str, flag: str | None) -> str | None:
 
 def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:
     """Write what the ranks measured before a failure or Ctrl-C (meta complete: false)."""
-    from distlab.runtime.executor import merge_results
+    from distlab.runtime.execute.executor import merge_results
     kept = [p for p in (partial or {}).values() if p]
     if kept and any(p["runs"] for p in kept):
         trace = merge_results(plan, kept, run=max(len(p["runs"]) for p in kept) - 1, meta=meta)
@@ -164,7 +164,7 @@ def keep_partial(plan, partial: dict, out: str, meta: dict) -> None:
 
 def check_dtypes(plan, backend: str) -> None:
     """Refuse before starting ranks what Gloo cannot reduce (torch is imported only to resolve 'auto')."""
-    from distlab.runtime.collectives import GLOO_DTYPES, check_backend_dtype
+    from distlab.runtime.execute.collectives import GLOO_DTYPES, check_backend_dtype
     from distlab.sim.plan import Collective, Recv, Send
     bad = [(r, i, op) for r, ops in enumerate(plan.ranks) for i, op in enumerate(ops)
            if isinstance(op, (Collective, Send, Recv)) and op.dtype not in GLOO_DTYPES]

@@ -1,4 +1,4 @@
-"""`distlab validate`: calibrate on some sizes, then predict held-out cases and measure them (runtime/validation.py)."""
+"""`distlab validate`: calibrate on some sizes, then predict held-out cases and measure them (runtime/measure/validation.py)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ HELP = "Calibrate, then compare simulated and measured times on held-out sizes, 
 DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
 OVERLAP_REPEATS = 15           # timed runs of the overlap plan; its error is that of their median
 OVERLAP_WARMUP = 2             # untimed runs before them
-PROBE_ROUNDS = 1               # interference probe rounds before each run (runtime/compute_probe.py): I and K
+PROBE_ROUNDS = 1               # interference probe rounds before each run (runtime/measure/compute_probe.py): I and K
                                # are the robust centers of OVERLAP_WARMUP + OVERLAP_REPEATS = 17 rounds (their
                                # chance error moves the prediction ~1.5% each; the median of 9 repeats moved
                                # ±3-12% by chance in the runs of docs/calibration.md: more repeats first)
@@ -33,22 +33,22 @@ def add_arguments(p) -> None:
                         f"error is that of their median (default {OVERLAP_REPEATS}; fewer: faster, but the median "
                         "moves more by chance)")
     p.add_argument("--scenario", metavar="FILE", help="also validate a scenario's plan (a workload of "
-                                                      "runtime/workloads.py: ddp, fsdp, pipeline, tp, ep)")
+                                                      "runtime/parallel/registry.py: ddp, fsdp, pipeline, tp, ep)")
     p.add_argument("--plot", metavar="OUT.png", default="validate.png", help="predicted vs measured (default "
                                                                              "validate.png)")
     p.add_argument("--out", metavar="RESULTS.json", help="write every case here (kept if a run fails)")
     p.add_argument("--json", action="store_true", help="print cases and summary as JSON")
     p.add_argument("--strict", action="store_true", help="exit 1 when the result is not trustworthy (other "
                    "processes took cores, or a case's repeats spread more than its error and tolerance; "
-                   "runtime/trust.py)")
+                   "runtime/measure/trust.py)")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p, verbose=False)
 
 
 def run(args) -> int:
-    from distlab.runtime.calibration import backend_of, measure
-    from distlab.runtime.launch import RunFailed
-    from distlab.runtime.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
+    from distlab.runtime.measure.calibration import backend_of, measure
+    from distlab.runtime.ranks.launch import RunFailed
+    from distlab.runtime.measure.validation import (held_out_cases, overlap_case, overlap_plan, plot, summarize,
                                             summary_noise)
     from distlab.sim.cli import print_json
     from distlab.sim.errors import ConfigError
@@ -64,10 +64,10 @@ def run(args) -> int:
                           "--sizes; held-out sizes must be new", "--sizes")
     if len(set(calib)) < 2:
         raise ConfigError("a fit needs at least two sizes", "--calib-sizes")
-    from distlab.runtime.torchrun_rank import under_torchrun, world_sizes
+    from distlab.runtime.ranks.torchrun_rank import under_torchrun, world_sizes
     nprocs = sorted(set(world_sizes(args.nproc, "2,4")))
     holdout = [] if args.holdout_nproc == "none" else parse_nprocs(args.holdout_nproc or "3", "--holdout-nproc")
-    if under_torchrun():                # one job, one world size (runtime/torchrun_rank.py)
+    if under_torchrun():                # one job, one world size (runtime/ranks/torchrun_rank.py)
         if args.holdout_nproc not in (None, "none"):
             raise ConfigError("torchrun started one world size; held-out world sizes need their own job: "
                               "leave --holdout-nproc out", "--holdout-nproc")
@@ -78,19 +78,19 @@ def run(args) -> int:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     positive_int(args.iters, "--iters")
     positive_int(args.overlap_repeats, "--overlap-repeats")
-    from distlab.runtime.preflight import check_scenario, warn_cores
+    from distlab.runtime.ranks.preflight import check_scenario, warn_cores
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])
     if not under_torchrun():               # under torchrun each node warns for its own ranks
         warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
-    from distlab.runtime import load as machine_load
-    from distlab.runtime.trust import Watch
+    from distlab.runtime.measure import load as machine_load
+    from distlab.runtime.measure.trust import Watch
     load = machine_load.sample()          # before the ranks start: the other processes' share
-    watch = Watch()                       # and during the whole measurement (runtime/trust.py)
+    watch = Watch()                       # and during the whole measurement (runtime/measure/trust.py)
     cores = {n: round(load.effective_cores(n), 2) if load else None for n in set(nprocs) | set(holdout)}
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
-        from distlab.runtime.workloads import scenario_cases     # imports torch (~3 s of CPU): only for one
+        from distlab.runtime.parallel.registry import scenario_cases     # imports torch (~3 s of CPU): only for one
         scenario_rows = scenario_cases(args.scenario, args)
 
     measured, failed = {}, None
@@ -98,7 +98,7 @@ def run(args) -> int:
         sizes = sorted(set(held) | (set(calib) if n in nprocs else set()))
         plan = None if args.no_overlap else {"plan": overlap_plan(n).to_dict(), "warmup": OVERLAP_WARMUP,
                                              "repeat": args.overlap_repeats, "probe_rounds": PROBE_ROUNDS}
-        try:                          # the plan first, on fresh ranks (runtime/sweep.py sweep_task)
+        try:                          # the plan first, on fresh ranks (runtime/measure/sweep.py sweep_task)
             measured[n] = measure(ops, sizes, n, args.warmup, args.iters, plan, "validate", plan_first=True,
                                   **launch_kwargs(args))
         except RunFailed as e:
@@ -123,10 +123,10 @@ def run(args) -> int:
     after = machine_load.sample()
     loads = {"at_calibration": load.to_dict() if load else None, "at_measurement": after.to_dict() if after else None,
              "during": during, "cpu_cores": {str(n): c for n, c in sorted(cores.items())}}   # what the simulator was given
-    from distlab.runtime.trust import exit_code, judge
-    from distlab.runtime.preflight import cpu_cores
+    from distlab.runtime.measure.trust import exit_code, judge
+    from distlab.runtime.ranks.preflight import cpu_cores
     verdict = judge(load, during, cases, cores=cpu_cores() if backend == "gloo" else None)
-    from distlab.runtime.fit import fit_warnings
+    from distlab.runtime.measure.fit import fit_warnings
     for w in fit_warnings(calibration):
         sys.stderr.write(f"distlab validate: {w}\n")
     summary = summarize(cases)
@@ -144,7 +144,7 @@ def run(args) -> int:
         print_json({"calibration": calibration, "cases": cases, "summary": summary, "load": loads,
                     "trust": verdict})
     else:
-        from distlab.runtime.validate_output import print_validation
+        from distlab.runtime.measure.validate_output import print_validation
         print_validation(cases, summary, load, after, verdict, max(nprocs + holdout), nprocs, calib, held)
         for path in (args.plot, args.out):
             if path:

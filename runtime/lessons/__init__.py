@@ -1,7 +1,8 @@
-"""Real runs for the lessons (split by topic: common.py, collectives.py, training.py; import from here): collectives on N local ranks with every rank's result, a check of your own ring
-all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
+"""Real runs for the lessons (split by topic: common.py, collectives.py, training.py; import from here;
+pitfalls.py holds lesson 08's real runs): collectives on N local ranks with every rank's result, a check of your
+own ring all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
 
-Every function starts fresh rank processes through runtime.launch (gloo on CPU; NCCL where each rank has a
+Every function starts fresh rank processes through runtime.ranks.launch (gloo on CPU; NCCL where each rank has a
 GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 import time
 
 from distlab.runtime.lessons.common import fewer, run_on_ranks
-from distlab.runtime.wire import all_gather_json
+from distlab.runtime.execute.wire import all_gather_json
 
 DEMO_OPS = ("all_reduce", "broadcast", "all_gather", "reduce", "reduce_scatter", "all_to_all", "barrier")
 
@@ -113,7 +113,7 @@ def _ring_task(ctx, payload):
     import torch
     import torch.distributed as dist
 
-    from distlab.runtime.worker import load_target
+    from distlab.runtime.ranks.worker import load_target
     fn = load_target(payload["target"])
     names = ("send", "recv", "isend", "irecv", "get_rank", "get_world_size")
     originals = {k: getattr(dist, k) for k in names}
@@ -168,7 +168,7 @@ def torchrun(script: str, nproc_per_node: int = 2, nnodes: int = 1, timeout: flo
 
 
 def _torchrun(script: str, nproc_per_node: int, nnodes: int, timeout: float, logs: str) -> str:
-    from distlab.runtime.launch import free_port
+    from distlab.runtime.ranks.launch import free_port
     nproc_per_node = fewer(nproc_per_node, 1)         # quick mode: one worker per node (each imports torch)
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
             "--log-dir", logs]
@@ -200,13 +200,13 @@ def _torchrun(script: str, nproc_per_node: int, nnodes: int, timeout: float, log
 # --- measuring -----------------------------------------------------------------------------------------------
 def bench(ops=("all_reduce",), sizes=(2**20,), nproc: int = 2, iters: int = 5, warmup: int = 1,
           compute: bool = False, plan=None, backend: str = "gloo", timeout: float = 60.0) -> dict:
-    """What `distlab bench` measures (runtime/sweep.py), as data: {"rows": [...], "compute": {...} if asked,
-    "plan": [per rank] if a plan payload (runtime.executor.plan_task) is given}. Rows are the slowest rank's
+    """What `distlab bench` measures (runtime/measure/sweep.py), as data: {"rows": [...], "compute": {...} if asked,
+    "plan": [per rank] if a plan payload (runtime.execute.executor.plan_task) is given}. Rows are the slowest rank's
     median time ``time_s`` and the time from launch ``launch_time_s``, with algbw and busbw."""
     payload = {"ops": list(ops), "sizes": [int(s) for s in sizes], "warmup": fewer(warmup, 1),
                "iters": fewer(iters, 2),
                "compute": compute, "plan": plan}
-    results = run_on_ranks("distlab.runtime.sweep:sweep_task", payload, nproc, backend, timeout)
+    results = run_on_ranks("distlab.runtime.measure.sweep:sweep_task", payload, nproc, backend, timeout)
     out = dict(results[0])
     if plan is not None:
         out["plan"] = [r["plan"] for r in results]

@@ -15,8 +15,8 @@ def fewer(n: int, quick_n: int) -> int:
 def run_on_ranks(target: str, payload=None, nproc: int = 4, backend: str = "gloo", timeout: float = 60.0,
                  preload: tuple = ()) -> list:
     """Run ``target(ctx, payload)`` (``module:function`` or ``file.py:function``) on ``nproc`` local ranks;
-    the list of what each rank returned. A failing rank raises runtime.launch.RunFailed naming it. ``preload``:
-    what the ranks will import, for the fork server to import once (runtime/launch.py TRAINING for a target that
+    the list of what each rank returned. A failing rank raises runtime.ranks.launch.RunFailed naming it. ``preload``:
+    what the ranks will import, for the fork server to import once (runtime/ranks/launch.py TRAINING for a target that
     trains)."""
-    from distlab.runtime.launch import launch
+    from distlab.runtime.ranks.launch import launch
     return launch(target, payload, nproc, backend=backend, timeout=timeout, preload=preload)

@@ -1,26 +1,26 @@
 """Real runs of lessons 05-07: DDP's bucket-size sweep, FSDP2 and pipeline schedules, each predicted by the
 simulator from a calibration made in the same launch, then measured; each result's "background" is the other
-processes' CPU during the launch (runtime/trust.py Watch), so a lesson can say when a busy machine makes its
+processes' CPU during the launch (runtime/measure/trust.py Watch), so a lesson can say when a busy machine makes its
 measurement unfit to judge the model (sim/lessons/verdicts.py)."""
 from __future__ import annotations
 
 from distlab.runtime.lessons.common import fewer, run_on_ranks
-from distlab.runtime.trust import Watch
+from distlab.runtime.measure.trust import Watch
 
 
 # --- DDP: the bucket-size sweep, measured (lesson 05) ----------------------------------------------------------
 def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 2,
                      calibrate=(2**18, 2**20, 2**22, 2**24), timeout: float = 240.0, profile: dict | None = None) -> dict:
-    """Real DDP (runtime.ddp.rank_task) once per ``bucket_cap_mb`` of ``caps``, all in one launch of ``nproc``
+    """Real DDP (runtime.parallel.ddp.rank_task) once per ``bucket_cap_mb`` of ``caps``, all in one launch of ``nproc``
     ranks; the first cap's run also times the model alone and a few all-reduces, which calibrate the simulator
-    (runtime.ddp.calibrated) to predict every cap. Returns {"rows": per cap {bucket_cap_mb, buckets,
+    (runtime.parallel.ddp.calibrated) to predict every cap. Returns {"rows": per cap {bucket_cap_mb, buckets,
     measured_buckets, predicted_s, measured_s, error_pct}, "results": per cap the ranks' results, "model",
-    "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.ddp's calibration times CPU
+    "cluster" (calibrated), "predicted": per cap the simulated Trace}. runtime.parallel.ddp's calibration times CPU
     tensors, so this runs on gloo. ``profile`` ({"cap": one of ``caps``, "dir": a folder}): that cap's steps
     also run under ``torch.profiler`` on every rank, each exporting its Chrome trace to DIR/rank{r}.json
     ("profiles": the paths; sim/lessons/profiling.py reads them); the profiler's overhead is in those steps."""
-    from distlab.runtime.ddp.validate import calibrated, slowest as _slowest
-    from distlab.runtime.launch import TRAINING
+    from distlab.runtime.parallel.ddp.validate import calibrated, slowest as _slowest
+    from distlab.runtime.ranks.launch import TRAINING
     from distlab.sim.parallel.ddp.plan import DDPOptions, ddp_plan
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.models import model_from_spec
@@ -58,7 +58,7 @@ def _ddp_sweep_task(ctx, payload):
     import contextlib
     import os
 
-    from distlab.runtime.ddp.run import rank_task
+    from distlab.runtime.parallel.ddp.run import rank_task
     out, prof = [], payload.get("profile")
     for i, cap in enumerate(payload["caps"]):
         task = {"model": payload["model"], "ddp": {"bucket_cap_mb": cap}, "steps": payload["steps"],
@@ -80,12 +80,12 @@ def _profiler():
 # --- FSDP2: predicted then measured (lesson 06) ----------------------------------------------------------------
 def fsdp_predict_measure(model, variants: dict, nproc: int = 2, steps: int = 3, warmup: int = 1,
                          timeout: float = 240.0) -> dict:
-    """Real ``fully_shard`` (runtime.fsdp.run) for each variant (label -> fsdp options) in one launch of
+    """Real ``fully_shard`` (runtime.parallel.fsdp.run) for each variant (label -> fsdp options) in one launch of
     ``nproc`` gloo ranks, with the calibration runtime.fsdp_validate uses; then the simulator's prediction on
     the calibrated cluster. Returns {"rows": per variant {variant, collectives, sequence_match, predicted_s,
     measured_s, error_pct}, "results", "cluster", "traces": per variant the measured collectives as a Trace}."""
-    from distlab.runtime.fsdp.run import measured_sequence, run, to_trace
-    from distlab.runtime.fsdp.validate import calibrated_cluster, calibration_sizes, measured_step, predict
+    from distlab.runtime.parallel.fsdp.run import measured_sequence, run, to_trace
+    from distlab.runtime.parallel.fsdp.validate import calibrated_cluster, calibration_sizes, measured_step, predict
     from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
@@ -114,7 +114,7 @@ PIPELINE_SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbh1", 1)
 def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, microbatches: int = 8,
                              blocks_per_rank: int = 4, width: int = 512, rows: int = 64, steps: int = 3,
                              timeout: float = 240.0) -> dict:
-    """Real torch.distributed.pipelining (runtime/pipeline.py) for each (schedule, v) in one launch of ``nproc``
+    """Real torch.distributed.pipelining (runtime/parallel/pipeline.py) for each (schedule, v) in one launch of ``nproc``
     gloo ranks: ``blocks_per_rank`` x nproc blocks of Linear(width, width) + ReLU, ``rows`` rows per microbatch.
     The launch also calibrates (runtime/pipeline_validate.py, shared with benchmarks/pipeline_accuracy.py):
     before each schedule, a shorter probe run of it (nproc microbatches) gives the p2p latency a pipeline sees
@@ -126,10 +126,10 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     predicted_bubble, measured_bubble (fastest step), ideal_bubble}, "measured", "predicted" (Traces),
     "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}.
     Quick mode (runtime/lessons/common.py): one measured step, and each block timing the median of 3 rounds of 4
-    (runtime.pipeline.run.calibrate; else 5 rounds of 10), about half the launch's CPU on a small machine."""
+    (runtime.parallel.pipeline.run.calibrate; else 5 rounds of 10), about half the launch's CPU on a small machine."""
     import statistics
 
-    from distlab.runtime.pipeline.validate import measure_and_predict
+    from distlab.runtime.parallel.pipeline.validate import measure_and_predict
     from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
                  layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1,

@@ -66,7 +66,7 @@ class Cluster:
     inter_node: InterNode | None = None
     calibration: dict = field(default_factory=dict, compare=False, hash=False)
     cpu_cores: float | None = None  # cores per node shared by its ranks' compute (CPU ranks; fewer when other
-    #                                 processes load the machine, runtime/load.py); None = one each
+    #                                 processes load the machine, runtime/measure/load.py); None = one each
     interference: float = 1.0       # compute slows by this factor while a collective is in flight on its rank
     #                                 (NCCL kernels take SMs and HBM bandwidth; gloo's threads take cores); 1 = none
     comm_interference: float = 1.0  # a collective slows by this factor while compute runs on its ranks' node

@@ -13,7 +13,7 @@ compute advances I times slower (rate share / I; gloo's threads take cores, NCCL
 bandwidth), recomputed when the collective starts and ends. The two effects are separate: the share counts
 compute ops competing with each other, I the communication threads that this sharing leaves out, and I is
 calibrated as compute with vs without an all_reduce in flight with every rank computing in both
-(runtime/compute_probe.py), so the sharing is in both terms of the ratio and is not counted twice.
+(runtime/measure/compute_probe.py), so the sharing is in both terms of the ratio and is not counted twice.
 Communication interference (the cluster's ``comm_interference`` = K, the reverse direction): while compute
 runs on a pool (a node's cores; with ``cores=None`` the rank's GPU) that holds one of a collective's simulated
 members, the collective progresses K times slower (rate 1/K; gloo's threads wait for cores the compute ranks
@@ -22,7 +22,7 @@ network time); the time it could not progress, L = (1 - 1/K) x (seconds during i
 then still owed and runs at 1/K while compute runs, 1 otherwise, so the collective ends when the integral of
 its rate reaches t_net (the fluid model, exact for a collective alone on its links; a collective sharing links
 with others keeps its network share as computed without the slowdown). K is calibrated as an all_reduce's
-time with every rank computing over its time alone (runtime/compute_probe.py), in the same rounds that
+time with every rank computing over its time alone (runtime/measure/compute_probe.py), in the same rounds that
 measure I: the probe's overlapped phase has compute at 1/I and communication at 1/K, which is what the
 simulator then applies, each factor to one side, and neither counts core sharing between compute ops
 (the all_reduce alone has no compute; compute is shared in both of its rates).
@@ -35,9 +35,9 @@ no core. The engine runs w as one more job per member on its node's SharedCores,
 sharing as the compute ops (so it takes cores the other ranks' compute then lacks), beside the collective's
 network part; the collective ends when both are done. The job is not slowed by I (it is not the rank's compute)
 and counts as running work for K. Calibrated per call as process CPU minus main-thread CPU around the collective
-(``time.process_time() - time.thread_time()``: gloo's threads only; runtime/tp/calibrate.py), a robust median,
-a least-squares line over the sizes (runtime/tp/fit.py). Not counted twice: I and K are the probe-fitted lumped
-form of the same effect (runtime/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the
+(``time.process_time() - time.thread_time()``: gloo's threads only; runtime/parallel/tp/calibrate.py), a robust median,
+a least-squares line over the sizes (runtime/parallel/tp/fit.py). Not counted twice: I and K are the probe-fitted lumped
+form of the same effect (runtime/measure/compute_probe.py: validate's overlap case, DDP); a cluster fitted with a, b (the
 TP calibration) keeps I = K = 1, and one with I or K from the probe keeps a = b = 0. A send/recv carries the same
 w on both ends (gloo's threads move it too; calibrated on collectives only: an assumption).
 """

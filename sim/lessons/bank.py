@@ -206,7 +206,7 @@ EXERCISES = (
              "Predict an all_gather of 8 MiB (the gathered output) on 4 ranks.", "ms",
              lambda: _ring("all_gather", 4, 8 * MiB, 150e-6, 1.2e9) * 1e3,
              hint="all_gather: (n-1) steps and (n-1)/n x S bytes",
-             why="the same formula the calibrated simulator uses (runtime/fit.py predict)."),
+             why="the same formula the calibrated simulator uses (runtime/measure/fit.py predict)."),
     # --- 05 DDP ----------------------------------------------------------------------------------------------
     Exercise("05-first-bucket", "6 x Linear(1024, 1024) in fp32 (mlp widths [1024] * 7), bucket_cap_mb left at "
              "its default: how big is the first bucket DDP builds after iteration 0?", "MiB",

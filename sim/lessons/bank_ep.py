@@ -67,7 +67,7 @@ def dispatch_MiB(ep: int = 8, rank: int = 0, own: bool = False, fp8: bool = FP8)
 
 
 def block_plan(ep: int = 8, skew: float = 0.0, node_limit: int | None = None, fp8: bool = FP8):
-    """Forward and backward of the block on ``ep`` ranks (no optimizer: what runtime/ep/run.py times)."""
+    """Forward and backward of the block on ``ep`` ranks (no optimizer: what runtime/parallel/ep/run.py times)."""
     from distlab.sim.mesh import Mesh
     from distlab.sim.parallel.ep.plan import EPOptions, ep_plan
     return ep_plan(block_model(), Mesh({"ep": ep}), EPOptions(skew=skew, node_limit=node_limit, fp8_dispatch=fp8),

@@ -8,7 +8,7 @@ from distlab.sim.lessons.checker import Exercise
 
 
 def _measured_busbw(row: dict) -> float:
-    """busbw of a bench row (runtime/sweep.py): algbw x the op's bus factor (sim.collectives.metrics)."""
+    """busbw of a bench row (runtime/measure/sweep.py): algbw x the op's bus factor (sim.collectives.metrics)."""
     from distlab.sim.collectives import metrics
     return metrics(row["op"], row["world_size"], row["bytes"], row["time_s"])["busbw_GBps"]
 

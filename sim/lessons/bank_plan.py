@@ -1,6 +1,6 @@
 """Lesson 11 (plan a run): the questions, tables, the Pareto figure and the exercises, computed by the planner
 (sim/planner/: layouts, estimate, search, explain), never typed in. No torch here: the notebook's real run uses
-runtime/tp/validate.py (the TP runtime of lesson 09).
+runtime/parallel/tp/validate.py (the TP runtime of lesson 09).
 
 The published layout the lesson compares with is quoted in ``LLAMA3_405B_TABLE4`` (with its source); the planner
 is never asked to reproduce it, only compared with it."""
@@ -15,7 +15,7 @@ from distlab.sim.planner.layouts import Layout
 # The lesson's question: Llama 3 70B (sequence 8192, the preset's) on 8 x DGX H100 (64 GPUs), 256 sequences per
 # step (2M tokens, Llama 3's batch early in pre-training was 4M: arXiv 2407.21783 sec. 3.4.1).
 QUESTION_70B = {"model": {"preset": "llama3-70b"}, "cluster": "dgx-h100", "nodes": 8, "global_batch": 256}
-# The tiny model of lesson 09 (runtime/tp), planned on this machine's 2 CPU ranks and run for real.
+# The tiny model of lesson 09 (runtime/parallel/tp), planned on this machine's 2 CPU ranks and run for real.
 TINY_MODEL = {"arch": "llama", "layers": 2, "hidden": 32, "heads": 8, "kv_heads": 4, "ffn_hidden": 64, "seq_len": 8,
               "vocab": 128, "dtype": "float32"}
 QUESTION_TINY = {"model": TINY_MODEL, "cluster": "localhost-cpu", "nodes": 1, "global_batch": 4}

@@ -1,6 +1,6 @@
 """Lesson 09 (DeviceMesh and DTensor): tables, a figure and the exercises, computed from the simulator's TP plans
 (sim/parallel/tp/: plan.py, rules.py, memory.py, compose.py), never typed in. No torch here: the real run is
-runtime/tp/lesson.py."""
+runtime/parallel/tp/lesson.py."""
 from __future__ import annotations
 
 import math
@@ -129,7 +129,7 @@ def plot_tp_bytes(model=LESSON_MODEL, tp: int = 2) -> Figure:
 
 
 def commdebug_table(real: dict, model=LESSON_MODEL) -> Table:
-    """Per variant of a real run (runtime/tp/lesson.py) and kind: the plan's calls against CommDebugMode's
+    """Per variant of a real run (runtime/parallel/tp/lesson.py) and kind: the plan's calls against CommDebugMode's
     count, and whether the captured sequence (kind, bytes, dtype, group, phase) equals the plan's."""
     rows = []
     for v in real["variants"]:

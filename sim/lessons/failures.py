@@ -35,14 +35,14 @@ LLAMA3_TABLE5 = (
     ("CPU", "Host", 2, 0.5), ("System Memory", "Host", 2, 0.5))
 
 
-# The lesson's elastic run (runtime/elastic.py TrainSpec): 10 steps, a DCP checkpoint every 4, rank 1 killed as
+# The lesson's elastic run (runtime/restart/elastic.py TrainSpec): 10 steps, a DCP checkpoint every 4, rank 1 killed as
 # step 7 begins, one restart allowed.
 ELASTIC = {"steps": 10, "checkpoint_every": 4, "kill_rank": 1, "kill_step": 7}
 
 
 def lost_steps(checkpoint_every: int, kill_step: int) -> int:
     """Completed steps a restart runs again: those after the last checkpoint before step ``kill_step`` began
-    (runtime/elastic.py summarize's ``lost_steps``)."""
+    (runtime/restart/elastic.py summarize's ``lost_steps``)."""
     last = (kill_step - 1) // checkpoint_every * checkpoint_every if checkpoint_every else 0
     return kill_step - 1 - last
 
@@ -94,7 +94,7 @@ def checkpoint_table(state_bytes: float, gpus=(128, 512, 2048, 16384), rank_Bps:
 
 
 def elastic_table(summary: dict) -> Table:
-    """What runtime.elastic measured: the failure, where it resumed, lost work and restart time."""
+    """What runtime.restart.elastic measured: the failure, where it resumed, lost work and restart time."""
     rows = [[f["rank"], f["step"], f["last_checkpoint_step"], f["lost_steps"], f"{f['lost_work_s'] * 1e3:.0f} ms",
              f"{f['restart_s']:.2f} s" if f["restart_s"] is not None else "-"] for f in summary["failures"]]
     ck = summary["checkpoint_time_s"]

@@ -207,7 +207,7 @@ def plot_bars(labels: list[str], values: list[float], ylabel: str, title: str = 
 
 
 def error_table(cases: list[dict]) -> Table:
-    """distlab.runtime.validation cases: what, ranks, size, predicted, measured, error."""
+    """distlab.runtime.measure.validation cases: what, ranks, size, predicted, measured, error."""
     return Table(["case", "kind", "ranks", "size", "predicted (ms)", "measured (ms)", "error"],
                  [[c["case"], c["kind"], c["world_size"], format_bytes(c["bytes"]), f"{c['predicted_s'] * 1e3:.3f}",
                    f"{c['measured_s'] * 1e3:.3f}", f"{c['error'] * 100:+.1f}%"] for c in cases],

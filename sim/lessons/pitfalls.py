@@ -1,5 +1,5 @@
 """Lesson 08 (pitfalls), the simulator side: DistributedSampler's arithmetic, the plan of the `if rank != 3` bug,
-and barriers against a straggler, simulated; tables of what the real ranks of runtime/pitfalls.py saw. No torch.
+and barriers against a straggler, simulated; tables of what the real ranks of runtime/lessons/pitfalls.py saw. No torch.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def seed_table(results: list[dict], base_seed: int = 1234) -> Table:
 
 # --- the hang -------------------------------------------------------------------------------------------------
 def skip_plan(world: int = 4, skip: int = 3):
-    """The plan of runtime.pitfalls._skip_task: all_reduce(grad), all_reduce(loss) except on ``skip``, barrier."""
+    """The plan of runtime.lessons.pitfalls._skip_task: all_reduce(grad), all_reduce(loss) except on ``skip``, barrier."""
     from distlab.sim.plan import Collective, Plan
     ranks = [[Collective("all_reduce", 4096)] + ([Collective("all_reduce", 4)] if r != skip else []) +
              [Collective("barrier", 0)] for r in range(world)]

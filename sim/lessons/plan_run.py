@@ -1,5 +1,5 @@
 """Lesson 11's real run: the best layout of the tiny model's ranking that the TP runtime can run, and the run
-(runtime/tp/validate.py ``validate_tp``'s report) against the planner's estimate and the calibrated prediction,
+(runtime/parallel/tp/validate.py ``validate_tp``'s report) against the planner's estimate and the calibrated prediction,
 judged against the lesson's tolerance. No torch here."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def first_runnable(search, accepts) -> tuple[int, object, dict]:
 
 def real_run_table(candidate, report: dict) -> Table:
     """The planner's estimate (preset cluster), the simulator on the cluster fitted in the same launch, and the
-    measured step (runtime/tp/validate.py ``validate_tp``'s report) side by side."""
+    measured step (runtime/parallel/tp/validate.py ``validate_tp``'s report) side by side."""
     step = report["rows"][0]
     rows = [["step", f"{candidate.step_s * 1e3:.2f}", f"{step['predicted_s'] * 1e3:.2f}",
              f"{step['measured_s'] * 1e3:.2f}", f"{step['predicted_s'] / step['measured_s'] - 1:+.0%}"]]
@@ -40,7 +40,7 @@ RUN_TOLERANCE = 0.35
 
 
 def real_run_verdict(report: dict, tolerance: float = RUN_TOLERANCE) -> Table:
-    """The real run's prediction against the measurement, part by part (runtime/tp/validate.py ``parts``: rank
+    """The real run's prediction against the measurement, part by part (runtime/parallel/tp/validate.py ``parts``: rank
     0's collectives, compute with its host share, optimizer), and whether the step is within ``tolerance``: the
     title says "within" or ``OUTSIDE`` (the lesson's test fails on the latter)."""
     pred, meas = report["parts"]["predicted"], report["parts"]["measured"]

@@ -6,7 +6,7 @@ construct it comes from, for three plans.
     ['all_reduce', 'all_reduce']
     >>> plot_block(sequence_parallel=True)          # a Figure, shown inline in Jupyter     # doctest: +SKIP
 
-The plans (torch 2.13, torch/distributed/tensor/parallel/style.py; runtime/tp/run.py builds the same):
+The plans (torch 2.13, torch/distributed/tensor/parallel/style.py; runtime/parallel/tp/run.py builds the same):
 
 - **plain TP, per module**: q, k, v, gate, up ``ColwiseParallel()``; o, down ``RowwiseParallel()``. Each
   ColwiseParallel wraps its plain-tensor input with its own ``DTensor.from_local(..., Replicate())``; backward,

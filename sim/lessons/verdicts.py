@@ -23,13 +23,13 @@ def error(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-BUSY_SHARE = 0.10      # as runtime/trust.py BACKGROUND_LIMIT: other processes may use this share of the cores
+BUSY_SHARE = 0.10      # as runtime/measure/trust.py BACKGROUND_LIMIT: other processes may use this share of the cores
 NOT_JUDGED = "not judged"
 
 
 def busy(background: dict | None) -> str | None:
     """Why a measurement cannot judge the model: other processes used more than BUSY_SHARE of the cores during
-    it (``background``: runtime/trust.py Watch.stop()'s dict), else None."""
+    it (``background``: runtime/measure/trust.py Watch.stop()'s dict), else None."""
     if not background or background.get("background_cores") is None:
         return None
     cores = background["cores"]

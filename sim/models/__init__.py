@@ -10,7 +10,7 @@ bytes a model keeps for backward, with recomputation and offloading, at any tp/s
 family's terms) · hf.py
 (Hugging Face config.json) · presets.py (named models; configs/ holds the shipped config.json files) · spec.py
 (every form of ``--model`` and ``model:``, resolved in one place). A model traced from an ``nn.Module`` comes
-from the runtime (runtime/models.py), which sim never imports.
+from the runtime (runtime/modules/bridge.py), which sim never imports.
 """
 from distlab.sim.models.arch import ARCH_DEFAULTS, CHOICES, structure  # noqa: F401
 from distlab.sim.models.core import MAX_LAYERS, Layer, Model, Param  # noqa: F401

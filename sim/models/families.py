@@ -160,7 +160,7 @@ def moe(model, t: int, sp: bool, cp: int, lp: bool, recompute: str) -> list[Stas
 
 
 def measured(model, t: int, sp: bool, cp: int, lp: bool, recompute: str) -> list[Stash]:
-    """A model extracted from an nn.Module (runtime/models.py ``from_factory``): each layer's saved bytes and
+    """A model extracted from an nn.Module (runtime/modules/bridge.py ``from_factory``): each layer's saved bytes and
     input bytes as one traced step on the meta device measured them; blocks are its layers named like
     ``layers.3``. No TP, CP or selective recomputation (they need the module's structure)."""
     c = model.config

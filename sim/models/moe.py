@@ -5,7 +5,7 @@
     round(m.num_params / 1e9)                   # 671
 
 A block is attention (``mla``: DeepSeek's multi-head latent attention; ``gqa``: Llama's; ``none``: an MoE
-layer alone, what runtime/ep runs) followed by an FFN: the first ``first_dense`` blocks have a dense SwiGLU FFN
+layer alone, what runtime/parallel/ep runs) followed by an FFN: the first ``first_dense`` blocks have a dense SwiGLU FFN
 of ``dense_ffn``, the others an MoE: a router (``experts`` x hidden), ``experts`` routed SwiGLU experts of width
 ``expert_ffn`` stored stacked as torchtitan's GroupedExperts does (w1, w3: (E, f, h); w2: (E, h, f)), of which
 each token uses ``top_k``, plus ``shared_experts`` always-on experts (one SwiGLU of width shared x f).

@@ -10,7 +10,7 @@ Forms (docs/models.md lists them with every key):
   PATH.json or a folder      a Hugging Face config.json (sim/models/hf.py): Llama, Mistral, Qwen2, Mixtral,
                              DeepSeek-V3, GPT-2
   pkg.module:factory         a function returning an nn.Module (built on the meta device), traced once by the
-                             runtime (runtime/models.py ``from_factory``): that needs torch, so sim never does
+                             runtime (runtime/modules/bridge.py ``from_factory``): that needs torch, so sim never does
                              it itself; the runtime registers the tracer here (``set_factory_loader``)
   {preset|hf_config|factory: ..., KEY: VALUE}   one of those with overrides (seq_len, micro_batch, dtype,
                              recompute, offload, any builder argument of its kind)
@@ -32,7 +32,7 @@ MLP_KEYS = ("widths", "batch", "dtype", "bias")
 FORMS = ("preset", "hf_config", "factory", "kind")
 FACTORY_KEYS = ("seq_len", "micro_batch", "dtype", "recompute", "offload")
 KINDS: dict = {}          # kind -> (builder(spec, where) -> Model, its preset names): kinds defined elsewhere
-_FACTORY: dict = {}       # "loader": (spec, where) -> Model, set by the runtime (runtime/models.py)
+_FACTORY: dict = {}       # "loader": (spec, where) -> Model, set by the runtime (runtime/modules/bridge.py)
 
 
 def set_factory_loader(loader) -> None:
@@ -95,7 +95,7 @@ def model_from_spec(spec, where: str = "model") -> Model:
                                   f"{', '.join(FACTORY_KEYS)}", where)
         if "loader" not in _FACTORY:
             raise ConfigError("pkg.module:factory models are traced with torch by the runtime: run them through "
-                              "the distlab command, or import distlab.runtime.models first", where)
+                              "the distlab command, or import distlab.runtime.modules.bridge first", where)
         return _FACTORY["loader"]({**spec, "name": name}, where)
     kind = spec.pop("kind", "gpt" if "arch" in spec else None)
     if kind not in ("gpt", "mlp", "moe"):

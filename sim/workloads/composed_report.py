@@ -32,7 +32,7 @@ def dim_of(mesh, group: tuple, rank: int = 0) -> str:
 def sequence_by_dim(plan, mesh, rank: int) -> dict:
     """Rank ``rank``'s collectives and point-to-point ops in issue order, per mesh dimension (:func:`dim_of`; sends
     and receives: pp, or cp for the ring's): collectives as (kind, bytes, dtype, group, phase), p2p as (send or
-    recv, bytes, peer): what a real run's capture (runtime/tp/capture.py CollectiveCapture) is compared with."""
+    recv, bytes, peer): what a real run's capture (runtime/parallel/tp/capture.py CollectiveCapture) is compared with."""
     out: dict = {}
     dims: dict = {}
     for o in plan.ranks[rank]:

@@ -1,6 +1,6 @@
 """Expert-parallel plans: per rank, the compute and collectives of one training step of a mixture-of-experts
 model (sim/parallel/ep/model.py) with the routed experts sharded over mesh dimension ``ep``, as torchtitan's
-ExpertParallel runs them (torchtitan/distributed/expert_parallel.py; real run: runtime/ep/run.py).
+ExpertParallel runs them (torchtitan/distributed/expert_parallel.py; real run: runtime/parallel/ep/run.py).
 
 Mesh ``{pp, dp, ep}`` (pp and dp optional): ep is folded from the data-parallel ranks as torchtitan does, so
 the non-expert parameters are replicated over dp x ep ranks and each expert over dp. Per MoE block, forward:
@@ -196,7 +196,7 @@ def grad_sync(model, c: MoEConfig, layers, ep: int, data_group: tuple, expert_gr
 def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None, optimizer: bool = True) -> Plan:
     """One training step on ``mesh`` (dims ep, optionally dp and pp); ``cluster`` places ranks on nodes for
     node-limited routing. ``optimizer`` False: forward and backward only (no gradient sync, no AdamW; what
-    runtime/ep/run.py times)."""
+    runtime/parallel/ep/run.py times)."""
     c = config_of(model)
     if "ep" not in mesh:
         raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}",
@@ -274,7 +274,7 @@ def _pp_plan(model, c, mesh, opts, layout, data) -> Plan:
 
 def collective_sequence(plan: Plan, rank: int = 0) -> list[tuple]:
     """(kind, bytes sent to each ep peer, dtype, group, phase) of each ep all_to_all of ``rank`` in issue
-    order: what runtime/ep/run.py's capture is compared with."""
+    order: what runtime/parallel/ep/run.py's capture is compared with."""
     out = []
     for o in plan.ranks[rank]:
         if isinstance(o, Collective) and o.name.startswith("ep "):

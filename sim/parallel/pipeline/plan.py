@@ -153,7 +153,7 @@ def boundary_bytes(model, layer: int) -> int:
     cfg = model.config or {}
     if cfg.get("kind") in ("gpt", "moe"):
         return int(cfg["micro_batch"] * cfg["seq_len"] * cfg["hidden"] * DTYPE_BYTES[cfg.get("dtype", "float32")])
-    if cfg.get("kind") == "extracted":                  # traced from an nn.Module (runtime/factory.py)
+    if cfg.get("kind") == "extracted":                  # traced from an nn.Module (runtime/modules/factory.py)
         return int(cfg["output_bytes"][layer])
     return int(model.layers[layer].activation_bytes)
 

@@ -1,5 +1,5 @@
 """PP x TP (checked against torch.distributed.pipelining with parallelize_module'd stages on a real 2 x 2 mesh:
-runtime/tp/pipeline.py, tests/test_tp_runtime.py; TP collectives, p2p order and sizes, stage shards): mesh dimensions
+runtime/parallel/tp/pipeline.py, tests/test_tp_runtime.py; TP collectives, p2p order and sizes, stage shards): mesh dimensions
 pp (outer; optionally dp outside it) and tp (inner, the fastest-varying, so a TP group stays inside a node).
 
 ``pp_tp_plan`` is sim/parallel/parallelize.py with the pipeline then TP (sim/parallel/pipeline/stages.py).
@@ -28,7 +28,7 @@ def pp_tp_plan(model, mesh, spec: PipelineSpec, tp_opts: TPOptions | None = None
     where its layout allows, only one rank per class is built and the others are renamings of it
     (sim/kernel/relabel.py); ``only``: just these ranks (a plan of them, not validated). ``overhead``: seconds of
     the pipelining runtime's own work after each action (sim/parallel/pipeline/plan.py's "runtime" op: schedule
-    bookkeeping, posting the sends and receives; measured by runtime/tp/pipeline.py ``RuntimeProbe``)."""
+    bookkeeping, posting the sends and receives; measured by runtime/parallel/tp/pipeline.py ``RuntimeProbe``)."""
     from distlab.sim.parallel.parallelize import Parallelisms, parallelize
     tp_opts = tp_opts or TPOptions()
     for dim in ("pp", "tp"):

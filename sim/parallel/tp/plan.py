@@ -1,6 +1,6 @@
 """Tensor parallelism plans: per rank, the compute and the collectives torch 2.13 issues for one training step of
 a transformer parallelized by ``parallelize_module`` with torchtitan's Llama plan (TP + SP) or the plain
-Megatron-style plan (TP) (the plans: runtime/tp/run.py; shards: sim/parallel/tp/rules.py). Checked against the
+Megatron-style plan (TP) (the plans: runtime/parallel/tp/run.py; shards: sim/parallel/tp/rules.py). Checked against the
 collectives real DTensor issues on gloo ranks (tests/test_tp_runtime.py). With t = tp, b·s·h·e bytes = X:
 
 TP + SP (sequence_parallel: true), forward: embedding RowwiseParallel -> Partial redistributed to Shard(1):
@@ -32,8 +32,8 @@ checks, redistribution) before its local op runs, and a TP layer adds ``parallel
 ``from_local``/``redistribute``/``to_local`` autograd functions around each collective (torch 2.13:
 torch/distributed/tensor/_dispatch.py ``OpDispatcher.dispatch``, tensor/parallel/style.py, tensor/_redistribute.py).
 Each Compute op carries ``launches`` = the DTensor ops it dispatches (DTENSOR_OPS, counted on torch 2.13 with a
-TorchDispatchMode: runtime/tp/capture.py CollectiveCapture, checked in tests/test_tp_runtime.py), and costs launches
-x ``launch_s`` on top of its roofline time: t = launches·launch_s + roofline. runtime/tp/calibrate.py measures
+TorchDispatchMode: runtime/parallel/tp/capture.py CollectiveCapture, checked in tests/test_tp_runtime.py), and costs launches
+x ``launch_s`` on top of its roofline time: t = launches·launch_s + roofline. runtime/parallel/tp/calibrate.py measures
 ``launch_s`` on one block of the model under the same plan as CPU time: (parallel block - unparallelized block -
 its collectives' functional issue, which the fitted collective times hold) / the block's DTensor ops, so the hooks
 and redistribution count in the proportion a block has them (~3x an elementwise DTensor op's own cost); AdamW's
@@ -57,7 +57,7 @@ ADAMW_GRAD_READS = 3     # torch.optim._single_tensor_adamw / _multi_tensor_adam
 # embedding, and by the final norm, head and loss together (given to the head), forward and backward, with
 # sequence parallelism (True) or without (False); AdamW: per DTensor parameter (weight decay mul_, lerp_, mul_,
 # addcmul_, sqrt, div, add_, addcdiv_: _single_tensor_adamw, as DTensor parameters get). Counted on torch 2.13
-# (the ends apart: runtime/tp/ends.py, which also measures their host work beyond launch_s per op).
+# (the ends apart: runtime/parallel/tp/ends.py, which also measures their host work beyond launch_s per op).
 DTENSOR_OPS = {True: {"block fwd": 42, "block bwd": 102, "embed fwd": 1, "embed bwd": 2, "head fwd": 11,
                       "head bwd": 27},
                False: {"block fwd": 28, "block bwd": 63, "embed fwd": 1, "embed bwd": 2, "head fwd": 4,
@@ -127,7 +127,7 @@ PHASES = {"fwd": "forward", "bwd": "backward", "optimizer": "optimizer", "forwar
 
 def collective_sequence(plan: Plan, rank: int = 0) -> list[tuple]:
     """(kind, bytes, dtype, group, phase) of each collective of ``rank`` in issue order: what
-    runtime/tp/run.py's capture is compared with."""
+    runtime/parallel/tp/run.py's capture is compared with."""
     return [(o.op, o.bytes, o.dtype, plan.group_of(o), PHASES[o.name.rsplit(" ", 1)[-1]])
             for o in plan.ranks[rank] if isinstance(o, Collective)]
 
