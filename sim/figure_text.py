@@ -13,6 +13,11 @@ note under it says what the marks mean, so no information is only in a label tha
 when its box lies inside its axes and overlaps none of the figure's fixed texts (titles, axis labels, tick
 labels, legend) nor a label already kept, and hides it otherwise. The Pillow figure of `collective --timeline`
 (sim/timeline_png.py) records its own boxes and is checked with ``overlaps``.
+
+Why not adjustText (the library that places labels): it moves labels apart by repelling them, iteratively, and
+draws arrows back; it makes overlaps rarer but does not promise none, and a moved label points at a mark it no
+longer sits on. Here a label stays where it belongs or goes, and tests/test_figures.py can assert that nothing
+overlaps; the functions below do it on matplotlib's own text extents, with no dependency.
 """
 from __future__ import annotations
 

@@ -1,5 +1,15 @@
 """Small input/output helpers shared by the CLI: sizes, bounded reads of files, JSON and YAML, output paths
-(writing: sim/files.py)."""
+(writing: sim/files.py).
+
+Why not a library (issue 44.4): sizes (``parse_size``) are a table of 14 units and one regular expression, in
+nccl-tests' words (8B, 64KiB, 1GiB); pint or humanfriendly would add a dependency to parse them and answer a typo
+in their own words, where this names the flag and the units allowed. Schemas: scenario, cluster and plan files
+are checked by the code that reads them, not by jsonschema or pydantic, because the errors must name the key or
+flag the user wrote and what is allowed there, and most rules span keys (a mesh's product is the world size, each
+mesh dimension has its section), which a schema cannot say; what a library would do (types, required keys) is
+the small part. The bounded readers below are what neither does: a size cap before parsing, and YAML aliases
+that expand past MAX_YAML_VALUES refused.
+"""
 from __future__ import annotations
 
 import errno

@@ -35,6 +35,14 @@ r(k) = min(1, cores / k), so c = min(k, cores), as without a background. With th
 busy half a core on 2 cores: r(1) = 1, r(2) = 0.75, r(4) = 0.4, so c = 1.5 for 2 ranks and 1.6 for 4; on a
 machine whose other processes fill both cores the cores left idle are ~0 but c stays near k x r(k) / r(1),
 because the ranks' calibration ran under the same sharing.
+
+Why /proc and not psutil (issue 44.4; psutil comes only with the dask extra, not as a dependency): on Linux
+psutil reads these same files, one open per process per field, and has no autogroups, which the sharing rule
+above needs. On macOS it would give the whole machine's CPU (host_statistics) but not every process's: another
+user's process (root's daemons, Spotlight) answers AccessDenied to task_info without root, so "other processes'
+CPU" would miss exactly the ones that load a laptop, and the CFS rule above is not macOS's scheduler anyway.
+Off Linux ``sample`` returns None, the verdicts say the load was not measured, and runtime/ranks/portability.py
+says so once when ranks are launched.
 """
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ Each rank gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD
 MASTER_PORT) plus DISTLAB_RUN_DIR, a temporary folder with task.json (``module:function`` and its payload) that
 receives ``result.R.json``, ``partial.R.json`` and ``error.R.json``, and DISTLAB_RUN_SECRET, drawn for this run:
 rank 0's store on 127.0.0.1 serves only ranks that present it (runtime/ranks/rendezvous.py); Gloo listens on the
-loopback interface (GLOO_SOCKET_IFNAME=lo unless set). All ranks share one new process group, so
+loopback interface (GLOO_SOCKET_IFNAME=lo, macOS lo0, unless set). All ranks share one new process group, so
 Ctrl-C reaches only the launcher, which then ends the group (SIGTERM, then SIGKILL) and reaps every child; the
-ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG).
+ranks also ask the kernel to kill them if the launcher itself dies (PR_SET_PDEATHSIG; elsewhere they poll it).
 
 A plan (target runtime.execute.executor:plan_task) is checked statically first (sim/check.py): one whose ranks would
 call mismatched collectives is refused (PlanMismatch) before any rank starts, unless ``check=False``. Every
@@ -38,12 +38,12 @@ import tempfile
 import time
 
 from distlab.runtime.ranks import forkserver
+from distlab.runtime.ranks.portability import loopback_interface, say_limits_once
 from distlab.runtime.ranks.rundir import RUN_DIR_PREFIX, remove_stale_run_dirs
 from distlab.runtime.ranks.secret import new_secret
 from distlab.sim.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
-LOOPBACK = "lo"                 # Linux's loopback interface: a local run's Gloo connections stay on this machine
 # The rank process: distlab's worker, imported with the current folder removed from sys.path, so a user's own
 # `distlab/`, `runtime/` or `sim/` folder never shadows it (`python -m` would put the current folder first).
 WORKER_COMMAND = [sys.executable, "-c",
@@ -108,6 +108,7 @@ class Launch:
                  timeout: float = 60.0, grace: float = 3.0, verbose: bool = False, dump_dir: str | None = None,
                  check: bool = True, warn_cores: str | None = None, preload: tuple = ()):
         check_options(nproc, backend, threads, timeout)
+        say_limits_once()                      # off Linux: what runs differently, once (runtime/ranks/portability.py)
         if warn_cores:                         # the command's name: one warning line if ranks outnumber cores
             from distlab.runtime.ranks.preflight import warn_cores as warn
             warn(nproc, threads, warn_cores)
@@ -143,14 +144,15 @@ class Launch:
         with open(os.path.join(self.run_dir, "task.json"), "w") as f:
             json.dump(task, f)
         port = free_port()
+        loopback = loopback_interface()        # runtime/ranks/portability.py
         secret = new_secret()                  # this run's: rank 0's store serves only who presents it
         for r in range(self.nproc):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
                        OMP_NUM_THREADS=str(self.threads), DISTLAB_RUN_SECRET=secret)
-            if sys.platform.startswith("linux"):
-                env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK)  # Gloo's sockets on loopback too (unless chosen)
+            if loopback:                       # Gloo's sockets on loopback too (unless chosen): "lo", macOS "lo0"
+                env.setdefault("GLOO_SOCKET_IFNAME", loopback)
             log_path = os.path.join(self.run_dir, f"stderr.{r}")
             log = open(log_path, "wb")
             try:

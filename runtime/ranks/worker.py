@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -150,14 +151,28 @@ def load_target(spec: str):
 
 
 def _die_with_parent(parent: int) -> None:
-    """Linux: the kernel SIGKILLs this rank if the launcher dies (prctl PR_SET_PDEATHSIG = 1)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except Exception:
-        pass
+    """Linux: the kernel SIGKILLs this rank if the launcher dies (prctl PR_SET_PDEATHSIG = 1). Elsewhere (macOS:
+    no prctl) a daemon thread looks every PARENT_POLL_S whether the parent is still this rank's parent: once
+    it died, the rank was re-parented (to launchd, or to a subreaper) and ends itself the same way."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+        except Exception:
+            pass
+    else:
+        threading.Thread(target=_poll_parent, args=(parent,), daemon=True, name="distlab-parent").start()
     if os.getppid() != parent:          # the launcher died before prctl took effect
         os._exit(1)
+
+
+PARENT_POLL_S = 0.5
+
+
+def _poll_parent(parent: int, period: float = PARENT_POLL_S) -> None:
+    while os.getppid() == parent:
+        time.sleep(period)
+    os._exit(1)
 
 
 _SHIELD = {"depth": 0, "pending": False}

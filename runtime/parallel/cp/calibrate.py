@@ -80,8 +80,8 @@ class Calibrator:
         return time.perf_counter() - t0
 
     def results(self) -> dict:
-        import os
-        return {**self.times, "cores": len(os.sched_getaffinity(0))}
+        from distlab.runtime.ranks.preflight import cpu_cores
+        return {**self.times, "cores": cpu_cores()}
 
 
 def local_model(model, cp: int):

@@ -24,21 +24,13 @@ schedule and p2p model alone. Used by benchmarks/pipeline_accuracy.py, lesson 07
 """
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import replace
 
 from distlab.runtime.measure import robust
-from distlab.runtime.parallel.pipeline.run import DEFAULTS, measure
 from distlab.runtime.measure.validation import case, scenario_kind, workload_section
-
-
-def machine_cores() -> int:
-    """Cores this process may run on (what the ranks launched from it share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                       # macOS, Windows
-        return os.cpu_count() or 1
+from distlab.runtime.parallel.pipeline.run import DEFAULTS, measure
+from distlab.runtime.ranks.preflight import cpu_cores
 
 
 def cluster_of(p: int, p2p: dict, latency: float, cores: int | None = None):
@@ -195,7 +187,7 @@ def cores_for(load, n: int) -> float:
     """The cluster's ``cpu_cores`` for ``n`` ranks whose blocks were timed one rank at a time:
     load.effective_cores(n, alone=1) (runtime/measure/load.py: processor sharing with the observed background)."""
     if load is None:
-        return min(n, machine_cores())
+        return min(n, cpu_cores())
     return round(load.effective_cores(n, alone=1), 2)
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from distlab.runtime.ranks.preflight import cpu_cores
+
 CHAIN = 8          # calls per in-chain measurement
 GAP_OPS = 30       # local ops between two calls (a tiny Llama's TP step: ~1300 dispatched ops, ~40 collectives)
 
@@ -64,7 +66,7 @@ class Calibrator:
                       "comm_cpu": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "comm_main": {op: {str(b): [] for b in bs} for op, bs in sizes.items()},
                       "fwd_bwd": [], "optimizer": [], "block_tp": [], "block_local": [],
-                      "block_collectives": {}, "cores": _cores()}
+                      "block_collectives": {}, "cores": cpu_cores()}
         self.gap = torch.ones(c["micro_batch"], max(1, c["seq_len"] // self.n), c["hidden"])
         self._block_setup(c, plan, capture)
         self.ends = None
@@ -265,15 +267,6 @@ def _cpu_per_call(fn, calls: int = 50) -> float:
     for _ in range(calls):
         fn()
     return (time.thread_time() - t0) / calls
-
-
-def _cores() -> int:
-    """Cores this rank may run on (what the ranks of the launch share)."""
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                       # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _prod(shape) -> int:
