@@ -9,9 +9,10 @@ scenario); with ``shared`` every call is ``fn(shared, case)`` and ``shared`` goe
 processes inherit it; Dask scatters it to every worker). The simulator is deterministic, so the results are
 the same on one process, on local processes or on a cluster (tests/test_jobs_many.py compares them).
 
-- Local: ``workers`` processes (default: the CPUs, at most 2: a laptop stays usable), forked where the system
-  forks (Linux: nothing is pickled on the way in), else spawned; one process when there is one worker or one
-  case.
+- Local: ``workers`` processes (default: the CPUs, at most 2: a laptop stays usable), forked on Linux (nothing
+  is pickled on the way in), else spawned (macOS lists fork but its system libraries start threads that a forked
+  child can crash on: CPython's multiprocessing docs, "Contexts and start methods", bpo-33725, which made spawn
+  macOS's default); one process when there is one worker or one case.
 - Dask distributed (``pip install 'distlab[dask]'``): the cases are submitted to the scheduler at ``scheduler``
   (a cluster you started: ``dask scheduler`` and ``dask worker`` on each machine, or any Dask deployment) and
   gathered in order. Dask, not Ray: pure Python (a small pip install, no binary runtime), a LocalCluster starts
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 
 from distlab.sim.errors import ConfigError
 
@@ -30,8 +32,8 @@ _SHARED: dict = {}     # what forked workers read (set by the parent before the 
 
 
 def can_fork() -> bool:
-    """Local workers are forked here (they inherit ``shared`` without pickling it)."""
-    return "fork" in mp.get_all_start_methods()
+    """Local workers are forked here (they inherit ``shared`` without pickling it): Linux only (module docstring)."""
+    return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
 
 
 def worker_count(workers: int | None) -> int:

@@ -110,3 +110,9 @@ def test_die_with_parent_starts_the_poller_off_linux(macos, monkeypatch):
                             (target, args, daemon))})())
     worker._die_with_parent(os.getppid())
     assert started == [(worker._poll_parent, (os.getppid(),), True)]
+
+
+def test_simulator_workers_spawn_on_macos(macos):
+    """The simulator's local workers (sim/workers.py) and the planner's parallel search fork on Linux only."""
+    from distlab.sim import workers
+    assert not workers.can_fork()

@@ -10,5 +10,6 @@ how none is ever left behind. Change how ranks start, join, or are watched here.
   the run's secret (secret.py), and the process group is built on top.
 - multinode.py runs this node's share of a multi-node run under torchrun; torchrun_rank.py runs a distlab
   command (bench, calibrate, validate) as one rank of a torchrun job.
-- preflight.py checks memory, the backend and cores in the launcher before any rank starts.
+- preflight.py checks memory, the backend and cores in the launcher before any rank starts; portability.py
+  says once what differs off Linux (macOS: no fork server, no load measurement) and names the loopback.
 """
