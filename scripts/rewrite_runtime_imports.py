@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MOVES_FILE = ROOT / "scripts" / "runtime_moves.txt"
 SUFFIXES = {".py", ".md", ".ipynb", ".sh", ".toml", ".txt", ".yaml", ".yml", ".cfg", ".json"}
-SKIP = {"scripts/runtime_moves.txt", "scripts/rewrite_runtime_imports.py"}
+SKIP = {"scripts/runtime_moves.txt", "scripts/rewrite_runtime_imports.py", "tests/test_runtime_layout.py"}
 KEEP_MARK = "old path"
 PREFIX = "distlab.runtime."
 
@@ -45,16 +45,15 @@ def read_moves(path: Path = MOVES_FILE) -> dict[str, str]:
     return moves
 
 
-def rules(moves: dict[str, str]) -> list[tuple[re.Pattern, str]]:
-    out = []
-    for old, new in moves.items():
-        o = re.escape(old)
-        # dotted, with or without distlab. (a preceding "." or word means a longer name: not ours)
-        out.append((re.compile(rf"(?<![\w.])((?:distlab\.)?)runtime\.{o}(?!\w)"), rf"\1runtime.{new}"))
-        # paths: runtime/old.py, runtime/old/ (a folder), runtime/old at the end of a phrase
-        path_new = new.replace(".", "/")
-        out.append((re.compile(rf"(?<![\w/.-])runtime/{o}(?=\.py\b|/|(?!\w|\.\w))"), f"runtime/{path_new}"))
-    return out
+def rules(moves: dict[str, str]) -> list[tuple[re.Pattern, object]]:
+    """Two patterns, each with every old name as one alternative (longest first), and their replacements."""
+    names = "|".join(re.escape(old) for old in sorted(moves, key=len, reverse=True))
+    # dotted, with or without distlab. (a preceding "." or word means a longer name: not ours)
+    dotted = re.compile(rf"(?<![\w.])((?:distlab\.)?)runtime\.({names})(?!\w)")
+    # paths: runtime/old.py, runtime/old/ (a folder), runtime/old at the end of a phrase
+    path = re.compile(rf"(?<![\w/.-])runtime/({names})(?=\.py\b|/|(?!\w|\.\w))")
+    return [(dotted, lambda m: f"{m[1]}runtime.{moves[m[2]]}"),
+            (path, lambda m: "runtime/" + moves[m[1]].replace(".", "/"))]
 
 
 FROM_IMPORT = re.compile(r"(?P<indent>^[ \t]*)?from distlab\.runtime import "
@@ -83,7 +82,7 @@ def rewrite_text(text: str, moves: dict[str, str], notebook: bool = False) -> st
     compiled = rules(moves)
     out = []
     for line in text.splitlines(keepends=True):
-        if KEEP_MARK in line:
+        if "runtime" not in line or KEEP_MARK in line:
             out.append(line)
             continue
         line = FROM_IMPORT.sub(lambda m: rewrite_from_import(m, moves, notebook), line)
@@ -110,6 +109,8 @@ def main(argv: list[str]) -> int:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
+            continue
+        if "runtime" not in text:
             continue
         new = rewrite_text(text, moves, notebook=path.suffix == ".ipynb")
         if new != text:
