@@ -49,7 +49,8 @@ def rules(moves: dict[str, str]) -> list[tuple[re.Pattern, object]]:
     """Two patterns, each with every old name as one alternative (longest first), and their replacements."""
     names = "|".join(re.escape(old) for old in sorted(moves, key=len, reverse=True))
     # dotted, with or without distlab. (a preceding "." or word means a longer name: not ours)
-    dotted = re.compile(rf"(?<![\w.])((?:distlab\.)?)runtime\.({names})(?!\w)")
+    # (after an escape such as \n in a string literal too)
+    dotted = re.compile(rf"(?:(?<![\w.])|(?<=\\[nt]))((?:distlab\.)?)runtime\.({names})(?!\w)")
     # paths: runtime/old.py, runtime/old/ (a folder), runtime/old at the end of a phrase
     path = re.compile(rf"(?<![\w/.-])runtime/({names})(?=\.py\b|/|(?!\w|\.\w))")
     return [(dotted, lambda m: f"{m[1]}runtime.{moves[m[2]]}"),
@@ -58,12 +59,15 @@ def rules(moves: dict[str, str]) -> list[tuple[re.Pattern, object]]:
 
 FROM_IMPORT = re.compile(r"(?P<indent>^[ \t]*)?from distlab\.runtime import "
                          r"(?P<names>\w+(?: as \w+)?(?:, *\w+(?: as \w+)?)*)", re.M)
+# the same over several lines: from distlab.runtime import (a,\n    b)   (Python files only)
+FROM_IMPORT_PARENS = re.compile(r"(?P<indent>^[ \t]*)from distlab\.runtime import \((?P<names>[\w\s,]+?),?\s*\)",
+                                re.M)
 
 
-def rewrite_from_import(match: re.Match, moves: dict[str, str], notebook: bool) -> str:
+def rewrite_from_import(match: re.Match, moves: dict[str, str], notebook: bool, names: str | None = None) -> str:
     """``from distlab.runtime import a, b as c`` -> one statement per package the names now live in."""
     groups: dict[str, list[str]] = {}
-    for item in match["names"].split(","):
+    for item in (names or match["names"]).split(","):
         name, _, alias = item.strip().partition(" as ")
         new = moves.get(name)
         if new is None:                                  # not moved (cli, commands, lessons)
@@ -80,6 +84,9 @@ def rewrite_from_import(match: re.Match, moves: dict[str, str], notebook: bool) 
 
 def rewrite_text(text: str, moves: dict[str, str], notebook: bool = False) -> str:
     compiled = rules(moves)
+    if not notebook:
+        text = FROM_IMPORT_PARENS.sub(lambda m: rewrite_from_import(m, moves, notebook, " ".join(
+            m["names"].split()).replace(" ,", ",")), text)
     out = []
     for line in text.splitlines(keepends=True):
         if "runtime" not in line or KEEP_MARK in line:

@@ -34,7 +34,7 @@ def test_torchrun_failures_become_one_line():
                                          "within 5 s")
     code, line = explain("torch.distributed.DistNetworkError: The client socket has timed out\n", spec)
     assert code == 2 and line.startswith("--rdzv-endpoint: cannot reach the rendezvous at node0:29500")
-    code, line = explain("W1130 x\ndistlab.runtime.worker: error: WORLD_SIZE: the plan has 4 ranks\n", spec)
+    code, line = explain("W1130 x\ndistlab.runtime.ranks.worker: error: WORLD_SIZE: the plan has 4 ranks\n", spec)
     assert (code, line) == (2, "WORLD_SIZE: the plan has 4 ranks")
     code, line = explain("[rank1]: RuntimeError: boom\n", spec)
     assert code == 1 and "RuntimeError: boom" in line

@@ -48,6 +48,7 @@ from distlab.runtime.launch import Launch
 Launch("distlab.runtime.executor:plan_task", payload, 2)
 monkeypatch.setattr("distlab.runtime.load.sample", fake)
 torchrun -m distlab.runtime.worker PLAN.json
+explain("W1130 x\\ndistlab.runtime.worker: error: ...")
 see runtime/fit.py and runtime/ddp/run.py, through runtime.launch; runtime/tp
     "from distlab.runtime import wire\\n",
 kept: distlab.runtime.launch (old path)
@@ -60,6 +61,7 @@ from distlab.runtime.ranks.launch import Launch
 Launch("distlab.runtime.execute.executor:plan_task", payload, 2)
 monkeypatch.setattr("distlab.runtime.measure.load.sample", fake)
 torchrun -m distlab.runtime.ranks.worker PLAN.json
+explain("W1130 x\\ndistlab.runtime.ranks.worker: error: ...")
 see runtime/measure/fit.py and runtime/parallel/ddp/run.py, through runtime.ranks.launch; runtime/parallel/tp
     "from distlab.runtime.execute import wire\\n",
 kept: distlab.runtime.launch (old path)
@@ -82,3 +84,10 @@ def test_a_notebook_line_importing_from_two_rooms_stays_one_line():
 
 def test_no_old_path_is_left_in_the_repository(capsys):
     assert rewrite.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_a_parenthesized_import_over_several_lines_is_split_by_room():
+    src = "def f():\n    from distlab.runtime import (launch, fit,\n                                 cli)\n"
+    assert rewrite.rewrite_text(src, rewrite.read_moves()) == (
+        "def f():\n    from distlab.runtime.ranks import launch\n    from distlab.runtime.measure import fit\n"
+        "    from distlab.runtime import cli\n")

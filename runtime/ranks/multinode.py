@@ -76,7 +76,7 @@ def torchrun_command(spec: NodeSpec, module: str, args: list[str], log_dir: str 
 
 
 # torchrun's failures, read from its output -> (exit code, where, message)
-_WORKER_ERROR = re.compile(r"^distlab\.runtime\.\w+: error: (.*)$", re.M)
+_WORKER_ERROR = re.compile(r"^distlab\.runtime\.[\w.]+: error: (.*)$", re.M)
 
 
 def explain(log: str, spec: NodeSpec) -> tuple[int, str]:
