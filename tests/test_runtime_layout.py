@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ("ranks", "execute", "measure", "restart", "diagnosis", "modules", "parallel")
+ROOMS = ("ranks", "execute", "measure", "restart", "diagnosis", "modules", "parallel", "lessons", "commands")
 spec = importlib.util.spec_from_file_location("rewrite", ROOT / "scripts" / "rewrite_runtime_imports.py")
 rewrite = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rewrite)

@@ -1,6 +1,11 @@
-"""Real runs for the lessons (split by topic: common.py, collectives.py, training.py; import from here;
-pitfalls.py holds lesson 08's real runs): collectives on N local ranks with every rank's result, a check of your
-own ring all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
+"""Real runs for the lessons: collectives on N local ranks with every rank's result, a check of your own ring
+all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes, and small benches.
+
+- common.py: quick mode and a launch of N local ranks (what every lesson's real run shares);
+- collectives.py (lessons 01-04) and training.py (DDP, FSDP, pipeline predicted and measured: 05-07), whose
+  functions are importable from here;
+- pitfalls.py: lesson 08's real runs (sharding, checkpoints, seeds, a hang the flight recorder names);
+- compute.py: lesson 13's real GEMMs; shared.py: lesson 14's two jobs on this machine.
 
 Every function starts fresh rank processes through runtime.ranks.launch (gloo on CPU; NCCL where each rank has a
 GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.
