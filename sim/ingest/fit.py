@@ -113,7 +113,7 @@ def preset_for(devices: list[str]) -> tuple[str, str | None]:
         if any(needle in d for d in devices):
             return preset, None
     return "dgx-h100", f"device {devices[0] if devices else '?'!r} has no preset: the dgx-h100 network is used " \
-                       "for what the logs do not cover"
+                       "for what was not measured"
 
 
 def cluster_from_logs(logs, name: str = "nccl-tests-fitted"):
