@@ -28,7 +28,8 @@ import numpy as np
 from distlab.sim.errors import ConfigError
 
 BAND_TOLERANCE = 0.02
-REGIMES = (("below 1 MiB", 0, 1 << 20), ("1-128 MiB", 1 << 20, 128 << 20), ("above 128 MiB", 128 << 20, 1 << 62))
+REGIMES = (("below 1 MiB", 0, 1 << 20), ("1-128 MiB", 1 << 20, (128 << 20) + 1),     # [lo, hi): 128 MiB is mid
+           ("above 128 MiB", (128 << 20) + 1, 1 << 62))
 PRESET_OF_DEVICE = (("GB200", "gb200-nvl72"), ("Graphics Device", "gb200-nvl72"), ("H200", "hgx-h200"),
                     ("H100", "dgx-h100"), ("A100", "dgx-a100"), ("B200", "dgx-b200"))
 

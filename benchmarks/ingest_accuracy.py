@@ -1,0 +1,121 @@
+"""The presets held to real nccl-tests logs, and predictions held to real torch.profiler traces (issue 40).
+
+    python benchmarks/ingest_accuracy.py [--markdown]
+
+1. Every log of tests/data/nccl_tests (SOURCES.md: where each was published, on what system) is simulated on the
+   preset of its GPU (sim/ingest/fit.py preset_for: A100 -> dgx-a100, H100 -> dgx-h100, GB200 -> gb200-nvl72)
+   sized to the log's nodes x ranks per node, size by size with `distlab collective`'s engine; the busbw error
+   (simulated - measured) / measured of the out-of-place column, per size regime: below 1 MiB, 1-128 MiB, above
+   128 MiB (mean |error| and the worst, signed). Then the same log fitted (`calibrate --from-nccl-tests`) and
+   simulated again: the round trip, worst |error| above 1 MiB.
+2. Every trace folder of tests/data/profiles (SOURCES.md: what each job was): the plan `simulate --from-profile`
+   guesses from its first complete step, simulated on the preset of its GPU, against the trace (sim/ingest/
+   versus.py): per traced rank step, compute, communication, exposed communication, overlap and idle, and the
+   collectives matched in issue order (median and worst duration error).
+Sim-only: a few seconds. Prints; --markdown also writes its section of docs/accuracy.md.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGS = os.path.join(ROOT, "tests", "data", "nccl_tests")
+PROFILES = os.path.join(ROOT, "tests", "data", "profiles")
+
+
+def say(text: str, indent: str = "   ") -> None:
+    """Print within 100 columns, continuation lines indented."""
+    print(textwrap.fill(text, 100, initial_indent=indent, subsequent_indent=indent + "  "))
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:+.0f}%"
+
+
+def presets_against_logs() -> None:
+    from distlab.sim.cluster import PRESETS
+    from distlab.sim.ingest.fit import busbw_rows, cluster_from_logs, preset_for, regime_errors, sized
+    from distlab.sim.ingest.nccl_tests import load
+    print("1. presets against real nccl-tests logs: busbw error (simulated - measured) / measured, out of place;")
+    print("   per regime: mean |error| (worst, signed); round trip = the log fitted, worst |error| above 1 MiB")
+    print(f"{'log':30} {'preset':11} {'ranks':>5} {'< 1 MiB':>13} {'1-128 MiB':>13} {'> 128 MiB':>13} {'fit':>6}")
+    for name in sorted(f for f in os.listdir(LOGS) if f.endswith(".txt")):
+        log = load(os.path.join(LOGS, name))
+        preset, _ = preset_for(log.devices)
+        cluster = sized(PRESETS[preset], log)
+        regimes = regime_errors(busbw_rows(log, cluster))
+        cells = [f"{r['mean_abs_error'] * 100:.0f}% ({_pct(r['worst_error'])})" if r["sizes"] else "no sizes"
+                 for r in regimes]
+        fitted = cluster_from_logs([log])
+        trip = [abs(r["error"]) for r in busbw_rows(log, fitted) if r["bytes"] > 1 << 20]
+        print(f"{name[:30]:30} {preset:11} {f'{cluster.nodes}x{cluster.gpus_per_node}':>5} {cells[0]:>13} "
+              f"{cells[1]:>13} {cells[2]:>13} {max(trip) * 100 if trip else 0:5.1f}%")
+        big = [r for r in busbw_rows(log, cluster) if r["bytes"] >= 1 << 20]
+        if big:
+            say("measured/simulated busbw GB/s at " + ", ".join(
+                f"{_size(r['bytes'])} {r['measured_busbw_GBps']:.0f}/{r['simulated_busbw_GBps']:.0f}"
+                for r in big[:: max(1, len(big) // 5)]))
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g}{unit}"
+    return f"{n}B"
+
+
+def plans_against_traces() -> None:
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.ingest.kineto import load_profile
+    from distlab.sim.ingest.scenario import plan_from_profile
+    from distlab.sim.ingest.versus import compare_profile
+    from distlab.sim.kernel.engine import simulate
+    print()
+    print("2. predicted against measured on real torch.profiler traces (the plan guessed from the trace's first")
+    print("   complete step: compute taken as measured, communication predicted on the GPU's preset)")
+    for name in sorted(os.listdir(PROFILES)):
+        folder = os.path.join(PROFILES, name)
+        if not os.path.isdir(folder):
+            continue
+        profile = load_profile(folder)
+        plan, guessed, unknown = plan_from_profile(profile)
+        cluster = load_cluster(guessed["cluster"]).with_world_size(plan.world_size)
+        trace = simulate(plan, cluster, record_transfers=False)
+        c = compare_profile(trace, profile)
+        say(f"{name}: {guessed['world_size']} ranks ({len(guessed['traced_ranks'])} traced), device "
+            f"{guessed['device'] or 'unknown'}, NCCL {guessed['nccl_version'] or '?'}, on {guessed['cluster']}", "")
+        for line in unknown:
+            say(f"not guessed: {line}")
+        for r in c["ranks"]:
+            m, p = r["measured"], r["predicted"]
+            parts = []
+            for label, key in (("step", "step_s"), ("compute", "compute_s"), ("comm", "communication_s"),
+                               ("exposed", "exposed_communication_s"), ("idle", "idle_s")):
+                parts.append(f"{label} {m[key] * 1e3:.2f}/{p.get(key, 0) * 1e3:.2f}")
+            ov = [m.get("overlap"), p.get("overlap")]
+            parts.append("overlap " + "/".join("-" if x is None else f"{x * 100:.0f}%" for x in ov))
+            say(f"rank {r['rank']} ms measured/predicted: " + ", ".join(parts))
+        errors = [x["error"] for x in c["collectives"] if x["error"] is not None]
+        if errors:
+            worst = max(c["collectives"], key=lambda x: abs(x["error"] or 0))
+            say(f"{len(errors)} collectives matched: median duration error {_pct(statistics.median(errors))}, "
+                  f"worst {_pct(worst['error'])} ({worst['op']} {_size(worst['measured_bytes'])}, measured "
+                  f"{worst['measured_s'] * 1e3:.3f} ms with NCCL {worst['algorithm']}/{worst['protocol']}, "
+                  f"predicted {worst['predicted_s'] * 1e3:.3f} ms)")
+        else:
+            say("no collective matched (the trace's NCCL kernels carry no size args)")
+
+
+def main() -> int:
+    presets_against_logs()
+    plans_against_traces()
+    return 0
+
+
+if __name__ == "__main__":                # --markdown: also write its section of docs/accuracy.md
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from accuracy_doc import run_main
+    sys.exit(run_main("ingest_accuracy", main))
