@@ -14,8 +14,13 @@ format: "X" events with ts and dur in microseconds). GPU work is the events of c
 - memory: ``Memcpy ...``, ``Memset ...``, ``dma...``;
 - GEMM (gemm, xmma, cutlass, cublas, matmul in the name), attention (flash, fmha, attention, sdpa), else other
   compute.
-A CPU trace (gloo ranks: no GPU events) keeps its ``cpu_op`` events: communication is a c10d / gloo op
-(``c10d::allreduce_``, ``gloo:all_reduce``, ``record_param_comms``), compute aten's matmuls and the rest.
+A CPU trace (gloo ranks: no GPU events) keeps its top-level ``cpu_op`` events per thread (an op inside another
+is part of it): communication is a c10d / gloo op (``c10d::allreduce_``, ``gloo:all_reduce``,
+``record_param_comms``), compute aten's matmuls and the rest. Gloo runs a collective on its own threads while
+the caller blocks in ``work.wait()``, which is no op: a CPU collective's time runs from its op's start to the next
+top-level op's start on that thread (the issue plus the wait). Its size: the first tensor of ``Input Dims``
+(recorded with ``record_shapes=True``) x 4 bytes (the dtype of a TensorList is not recorded: float32 assumed),
+its group the default process group's ranks (``distributedInfo.pg_config``).
 
 The temporal breakdown and the communication/computation overlap follow HolisticTraceAnalysis's definitions
 (hta/analyzers/breakdown_analysis.py get_temporal_breakdown, communication_analysis.py get_comm_comp_overlap):
@@ -211,7 +216,7 @@ def read_rank(path: str, fallback_rank: int) -> RankTrace:
     world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
     pgs = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     nccl = info.get("nccl_version") if isinstance(info.get("nccl_version"), str) else None
-    events = gpu or cpu
+    events = gpu or _cpu_top_level(cpu, info.get("pg_config"))
     if any(e.start_us != int(e.start_us) for e in events):          # ns resolution: HTA's rounding
         for e in events:
             start, end = math.ceil(e.start_us), math.floor(e.start_us + e.dur_us)
@@ -220,8 +225,37 @@ def read_rank(path: str, fallback_rank: int) -> RankTrace:
     return RankTrace(path, rank, world, device, bool(gpu), events, nccl, pgs, kept)
 
 
+def _cpu_top_level(events: list[Event], pgs) -> list[Event]:
+    """The ops of a CPU trace not inside another op of their thread, collectives stretched over their wait."""
+    default = next((tuple(p["ranks"]) for p in pgs or [] if isinstance(p, dict) and p.get("pg_desc") == "default_pg"
+                    and isinstance(p.get("ranks"), list)), None)
+    out: list[Event] = []
+    by_thread: dict[int, list[Event]] = {}
+    for e in sorted(events, key=lambda e: (e.stream, e.start_us, -e.dur_us)):
+        mine = by_thread.setdefault(e.stream, [])
+        if mine and e.start_us < mine[-1].end_us:            # inside the op before it
+            parent = mine[-1]
+            if parent.kind == "communication" and parent.nbytes is None and e.nbytes is not None:
+                parent.op, parent.nbytes, parent.dtype, parent.group = e.op or parent.op, e.nbytes, e.dtype, e.group
+            continue
+        mine.append(e)
+    for mine in by_thread.values():
+        for a, b in zip(mine, mine[1:] + [None]):
+            if a.kind == "communication":
+                if a.group is None:
+                    a.group = default
+                if b is not None:
+                    a.dur_us = b.start_us - a.start_us
+        out += mine
+    return sorted(out, key=lambda e: e.start_us)
+
+
 def _cpu_collective(name: str, args: dict) -> dict:
     out = _collective(name, args)
+    dims = args.get("Input Dims")
+    if "nbytes" not in out and isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0] and \
+            isinstance(dims[0][0], list) and all(isinstance(x, int) for x in dims[0][0]):
+        out["nbytes"], out["dtype"] = 4 * math.prod(dims[0][0]), "float32"
     if "op" not in out:
         base = re.sub(r"^(c10d::|gloo:|nccl:)", "", name).rstrip("_")
         if base in NCCL_OPS:

@@ -25,12 +25,15 @@ MAX_WORLD = 1 << 14
 
 
 def step_events(t, step: int = 0) -> list:
-    """The GPU events of rank trace ``t`` launched during profiled step ``step`` (all of them without steps)."""
+    """The GPU events of rank trace ``t`` launched during profiled step ``step`` (a CPU trace's ops started in it;
+    all of them without steps)."""
     if not t.steps:
         return list(t.events)
     if step >= len(t.steps):
         raise ConfigError(f"the trace has {len(t.steps)} complete step(s); step {step} is not one", t.path)
     lo, hi = t.steps[step]
+    if not t.gpu:                                 # CPU ops: their own start (a collective's wait may run past hi)
+        return [e for e in t.events if lo <= e.start_us < hi]
     return [e for e in t.events if e.launch_us is not None and lo <= e.launch_us < hi]
 
 
@@ -93,7 +96,8 @@ def plan_from_profile(profile, step: int = 0):
         raise ConfigError(f"a collective's group {list(outside[0])} names ranks outside the world of {world}",
                           profile.directory)
     devices = [t.device for t in profile.ranks.values() if t.device]
-    cluster, note = preset_for(devices)
+    gpu = any(t.gpu for t in profile.ranks.values())
+    cluster, note = preset_for(devices) if gpu else ("localhost-cpu", None)
     colls = [op for op in ranks[traced[0]] if getattr(op, "kind", "") == "collective"]
     t0 = profile.ranks[traced[0]]
     guessed = {"world_size": world, "traced_ranks": traced, "cluster": cluster, "device": devices[0] if devices

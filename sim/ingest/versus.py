@@ -124,14 +124,15 @@ def merged_chrome(trace, profile, step: int = 0) -> dict:
 
 def predicted_trace(path: str, cluster: str | None, profile):
     """The prediction: a scenario .yaml simulated as it says, or a plan (or a distlab trace) on ``cluster`` (by
-    default the preset of the profile's GPU, fit.py preset_for)."""
+    default the preset of the profile's GPU, fit.py preset_for; localhost-cpu for a CPU profile)."""
     if path.endswith((".yaml", ".yml")):
         from distlab.sim import scenario as sc
         return sc.simulate(sc.load(path), path).trace
     from distlab.sim.compare import load_trace
     from distlab.sim.ingest.fit import preset_for
     devices = [t.device for t in profile.ranks.values() if t.device]
-    return load_trace(path, cluster or preset_for(devices)[0])
+    gpu = any(t.gpu for t in profile.ranks.values())
+    return load_trace(path, cluster or (preset_for(devices)[0] if gpu else "localhost-cpu"))
 
 
 def run(args) -> int:
@@ -160,7 +161,7 @@ def run(args) -> int:
                 for k, key in (("step", "step_s"), ("compute", "compute_s"), ("communication", "communication_s"),
                                ("exposed communication", "exposed_communication_s"), ("idle", "idle_s"))]
         rows.append(["overlap (of communication)", _pct(m.get("overlap")), _pct(p.get("overlap")), ""])
-        rows += [[f"  measured {k} kernels", ms(v), "", ""] for k, v in m.get("by_kernel", {}).items()]
+        rows += [[f"  measured {k}", ms(v), "", ""] for k, v in m.get("by_kernel", {}).items()]
         print_table(f"rank {r['rank']}, profiled step {c['step']}: measured ({args.measured}) against predicted "
                     f"({args.predicted})", ["", "measured (ms)", "predicted (ms)", "error"], rows, justify_left=1)
     pairs = c["collectives"]
@@ -168,7 +169,7 @@ def run(args) -> int:
         print_table(f"collectives matched in issue order ({len(pairs)})",
                     ["rank", "op", "#", "bytes", "NCCL algo/proto", "measured (ms)", "predicted (ms)", "error"],
                     [[p["rank"], p["op"], p["k"], p["measured_bytes"] or "?",
-                      f"{p['algorithm'] or '?'}/{p['protocol'] or '?'}", ms(p["measured_s"]), ms(p["predicted_s"]),
+                      f"{p['algorithm']}/{p['protocol']}" if p["algorithm"] else "-", ms(p["measured_s"]), ms(p["predicted_s"]),
                       _err(p["predicted_s"], p["measured_s"])] for p in pairs[:20]], justify_left=2)
     else:
         say("no collective matched (the trace's NCCL kernels carry no op, or the plan has none)", indent="  ")
