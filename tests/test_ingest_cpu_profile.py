@@ -1,4 +1,4 @@
-"""A torch.profiler CPU trace this test makes on 2 gloo ranks (tests/gloo_profile.py) held against the plan of the
+"""A torch.profiler CPU trace this test makes on 2 gloo ranks (runtime/lessons/profile.py) held against the plan of the
 same program: `distlab compare PLAN DIR` and `distlab simulate --from-profile DIR` on the learner's own machine."""
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ import json
 import pytest
 from cli_in_process import cli  # noqa: F401  (the fixture)
 
-import gloo_profile
 from distlab.sim.ingest.kineto import breakdown, load_profile
 from distlab.sim.ingest.scenario import step_events
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    pytest.importorskip("torch")
+    from distlab.runtime.lessons.profile import profile_here, program_plan
     out = tmp_path_factory.mktemp("gloo-profile")
-    gloo_profile.make(str(out))
+    profile_here(str(out))
     plan = out.parent / "plan.json"
-    plan.write_text(json.dumps(gloo_profile.plan()))
+    plan.write_text(json.dumps(program_plan()))
     return out, plan
 
 
