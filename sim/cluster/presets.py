@@ -88,6 +88,8 @@ PRESETS = {
                              IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True),
                              InterNode("ethernet", 8, 50.0, 5.0, "rail-optimized")),
     # HGX H200: the same NVLink 4 baseboard and NDR network as DGX H100, with H200 GPUs.
+    # Held to a real log (docs/accuracy.md): 2 x 8 H200 on Nebius measure 447-478 GB/s all_reduce busbw at 1-16 GiB,
+    # this preset 480-493 (+5%).
     "hgx-h200": Cluster("hgx-h200", 1, 8, GPUS["h200"],
                         IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True), NDR_IB),
     # HGX H800 (DeepSeek-V3's cluster, arXiv 2412.19437 sec. 3.1): H100 compute with NVLink cut to 400 GB/s
