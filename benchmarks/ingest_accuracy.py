@@ -53,8 +53,8 @@ def presets_against_logs() -> None:
     from distlab.sim.cluster import PRESETS
     from distlab.sim.ingest.fit import busbw_rows, cluster_from_logs, preset_for, regime_errors, sized
     from distlab.sim.ingest.nccl_tests import load
-    print("1. presets against real nccl-tests logs: busbw error (simulated - measured) / measured, out of place;")
-    print("   per regime: mean |error| (worst, signed); round trip = the log fitted, worst |error| above 1 MiB")
+    print("1. presets against real nccl-tests logs: busbw error (simulated - measured) / measured, out-of-place")
+    print("   column; per regime: mean |error| (worst, signed); fit = the log fitted, worst |error| above 1 MiB")
     print(f"{'log':30} {'preset':11} {'ranks':>5} {'< 1 MiB':>13} {'1-128 MiB':>13} {'> 128 MiB':>13} {'fit':>6}")
     for name in sorted(f for f in os.listdir(LOGS) if f.endswith(".txt")):
         log = load(os.path.join(LOGS, name))
