@@ -69,7 +69,13 @@ def test_calibration_reproduces_each_log_within_5_percent_above_1MiB(name):
     assert abs(worst["error"]) <= 0.05, worst
 
 
-def test_calibrate_from_logs_writes_a_cluster_collective_reproduces(cli, tmp_path):
+def test_calibrate_from_logs_writes_a_cluster_collective_reproduces(cli, tmp_path, monkeypatch):
+    import distlab.runtime.launch as launch
+
+    def no_ranks(*a, **k):
+        raise AssertionError("calibrate --from-nccl-tests started ranks")
+    monkeypatch.setattr(launch, "launch", no_ranks)
+    monkeypatch.setattr(launch.Launch, "start", no_ranks)
     log = os.path.join(DATA, "h100_2x8_gcp_a3mega_all_reduce.txt")
     out = tmp_path / "fitted.yaml"
     rc, text, err = cli("calibrate", "--from-nccl-tests", log, "--out", out)
