@@ -106,3 +106,11 @@ def test_bad_or_truncated_logs_exit_2_in_one_line(cli, tmp_path, content, says):
     rc, out, err = cli("calibrate", "--from-nccl-tests", path, "--out", tmp_path / "c.yaml")
     assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c.yaml").exists()
+
+
+def test_a_point_to_point_log_is_refused_by_name(cli, tmp_path):
+    table = open(os.path.join(DATA, "a100_1x8_all_reduce_v2.19.4.txt")).read().replace(
+        "Collective test starting: all_reduce_perf", "Collective test starting: sendrecv_perf")
+    (tmp_path / "sendrecv_perf.txt").write_text(table)
+    rc, out, err = cli("calibrate", "--from-nccl-tests", tmp_path / "sendrecv_perf.txt", "--out", tmp_path / "c.yaml")
+    assert rc == 2 and "sendrecv" in err and "point-to-point" in err and len(err.strip().splitlines()) == 1

@@ -95,8 +95,17 @@ def load(path: str) -> NcclLog:
     return parse_text(text, path)
 
 
+POINT_TO_POINT = ("sendrecv", "hypercube", "scatter_perf", "gather_perf", "alltoallv")
+
+
 def _op_from(name: str) -> str | None:
     base = os.path.basename(name).lower()
+    for other in POINT_TO_POINT:
+        if other in base and not (other in ("scatter_perf", "gather_perf") and ("reduce_scatter" in base or
+                                                                             "all_gather" in base)):
+            raise ConfigError(f"{other.removesuffix('_perf')}: distlab fits the collectives "
+                              f"{', '.join(sorted(set(OPS.values())))}; point-to-point and rooted scatter/gather "
+                              "tests have no model here", name)
     for key in sorted(OPS, key=len, reverse=True):          # reduce_scatter before reduce
         if key in base or key.replace("_", "") in base.replace("_", ""):
             return OPS[key]

@@ -168,7 +168,7 @@ def run(args) -> int:
     if pairs:
         print_table(f"collectives matched in issue order ({len(pairs)})",
                     ["rank", "op", "#", "bytes", "NCCL algo/proto", "measured (ms)", "predicted (ms)", "error"],
-                    [[p["rank"], p["op"], p["k"], p["measured_bytes"] or "?",
+                    [[p["rank"], p["op"], p["k"], _bytes(p["measured_bytes"], p["predicted_bytes"]),
                       f"{p['algorithm']}/{p['protocol']}" if p["algorithm"] else "-", ms(p["measured_s"]), ms(p["predicted_s"]),
                       _err(p["predicted_s"], p["measured_s"])] for p in pairs[:20]], justify_left=2)
     else:
@@ -176,6 +176,11 @@ def run(args) -> int:
     if args.out:
         say(f"wrote {args.out}")
     return 0
+
+
+def _bytes(measured, predicted) -> str:
+    """The measured size, and the plan's when it differs (the k-th collective of the plan is another one)."""
+    return f"{measured or '?'}" if measured == predicted else f"{measured or '?'} (plan {predicted})"
 
 
 def _ms(x) -> str:
