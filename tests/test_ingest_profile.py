@@ -102,3 +102,20 @@ def test_a_cut_gzip_trace_exits_2(cli, tmp_path):
         f.write(json.dumps({"traceEvents": []}))
     rc, out, err = cli("simulate", "--from-profile", tmp_path, "--no-files")
     assert rc == 2 and "no GPU kernels and no CPU ops" in err
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("all_reduce", "RING", "LL")),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("all_gather", "RING", "LL")),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+     ("reduce_scatter", "RING", "LL")),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", ("all_reduce", "RING", "LL")),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", ("send_recv", None, None)),
+])
+def test_nccl_kernel_names_of_both_generations(name, expected):
+    """NCCL 2.19+ names (ncclDevKernel_{op}_{redop}_{type}_{algo}_{proto}, as in published nsys/profiler tables)
+    and the older ncclKernel_{op}_{algo}_{proto}_{redop}_{type}."""
+    from distlab.sim.ingest.kineto import _collective, gpu_kind
+    got = _collective(name, {})
+    assert gpu_kind(name) == "communication"
+    assert (got.get("op"), got.get("algorithm"), got.get("protocol")) == expected

@@ -144,6 +144,8 @@ def _collective(name: str, args: dict) -> dict:
     out = {}
     if m:
         out = {"op": NCCL_OPS.get(m.group(1), m.group(1)), "algorithm": m.group(2), "protocol": m.group(3)}
+    elif name.startswith(("ncclDevKernel_SendRecv", "ncclKernel_SendRecv")):
+        out = {"op": "send_recv"}
     coll = args.get("Collective name")
     if isinstance(coll, str) and coll in NCCL_OPS:
         out["op"] = NCCL_OPS[coll]
