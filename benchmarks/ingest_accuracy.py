@@ -94,7 +94,7 @@ TRACE_NOTES = {
     "hta_a100_2rank_nccl": "Its all-reduces of 8-31 MB took 1.7-3.3 ms (5-19 GB/s algbw) with NCCL's RING/LL "
                            "kernels (LL: the small-message protocol, half of each 16-byte line is flags), and each "
                            "kernel's time includes waiting for rank 1, whose trace is not here; the dgx-a100 "
-                           "preset runs them as ring/Simple over NVLink, 10-20x faster: this job is not the "
+                           "preset runs them as ring/Simple over NVLink, 15-70x faster: this job is not the "
                            "preset's machine or NCCL configuration. Calibrate from its own nccl-tests log.",
     "hta_128rank_sampled": "Its collectives carry no size args (an older torch): nothing is predicted; compute is "
                            "taken as measured, so what differs is the host's idle time and the left-out send/recv.",
