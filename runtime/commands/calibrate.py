@@ -24,6 +24,9 @@ DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all"
 
 
 def add_arguments(p) -> None:
+    p.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", help="fit the cluster to nccl-tests output "
+                   "(text or -J JSON of any *_perf binary) instead of measuring here; starts no ranks "
+                   "(sim/ingest/calibrate.py)")
     p.add_argument("--ops", default=DEFAULT_OPS, help=f"collectives to fit (default {DEFAULT_OPS})")
     p.add_argument("--sizes", default="256KiB:64MiB:4", help="sweep sizes (default 256KiB:64MiB:4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
@@ -81,6 +84,9 @@ def _lines(entry: dict) -> list[tuple[str, dict]]:
 
 
 def run(args) -> int:
+    if args.from_nccl_tests:                       # no ranks: sim/ingest reads the logs
+        from distlab.sim.ingest.calibrate import run as from_logs
+        return from_logs(args.from_nccl_tests, args.out, args.json)
     from distlab.runtime.measure.calibration import backend_of, measure, write_cluster
     from distlab.runtime.ranks.launch import RunFailed
     from distlab.sim.cli import LONG_TABLE, print_json, print_table

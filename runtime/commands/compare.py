@@ -17,11 +17,15 @@ HELP = ("Compare a predicted (simulated) and a measured trace of the same plan o
 def add_arguments(p) -> None:
     p.add_argument("predicted", help="the simulated trace (*.trace native, or the *.json Chrome trace distlab "
                                      "writes), or the plan itself (distlab-plan/1), simulated here on --cluster")
-    p.add_argument("measured", help="the measured trace of the same plan (distlab run's --out)")
+    p.add_argument("measured", help="the measured trace of the same plan (distlab run's --out), or a folder of "
+                   "torch.profiler traces of the real job (one .json or .json.gz per rank; then PREDICTED may be "
+                   "a scenario .yaml too)")
     p.add_argument("--out", metavar="BOTH.json", help="write both into one Chrome/Perfetto trace (one process per "
                                                      "rank, predicted and measured threads side by side)")
     p.add_argument("--cluster", default="localhost-cpu", help="where a PREDICTED plan is simulated: a preset or a "
                    "cluster YAML, e.g. distlab calibrate's (default localhost-cpu)")
+    p.add_argument("--step", type=int, default=0, help="with a torch.profiler folder as MEASURED: which profiled "
+                   "step (default 0, the first complete one; sim/ingest/versus.py)")
     p.add_argument("--worst", type=int, default=5, help="how many of the worst ops to list (default 5)")
     p.add_argument("--json", action="store_true", help="print every op, the totals and the worst ops as JSON")
     from distlab.sim.cli import add_output_arguments
@@ -38,6 +42,11 @@ def run(args) -> int:
     from distlab.sim.io import write_atomic
 
     positive_int(args.worst, "--worst")
+    if _is_profile(args.measured):               # torch.profiler traces of a real job: sim/ingest/versus.py
+        from distlab.sim.ingest.versus import run as against_profile
+        if args.step < 0:
+            raise ConfigError(f"{args.step} must be a whole number >= 0", "--step")
+        return against_profile(args)
     if args.out is not None and not args.out.endswith(".json"):
         raise ConfigError(f"{args.out!r}: the combined trace is Chrome trace JSON; allowed: a *.json path", "--out")
     predicted = load_trace(args.predicted, args.cluster)
@@ -82,6 +91,12 @@ def run(args) -> int:
     if args.out:
         say(f"wrote {args.out}")
     return 0
+
+
+def _is_profile(path: str) -> bool:
+    """A folder of torch.profiler traces (one per rank) or one gzipped trace, not a trace distlab wrote."""
+    import os
+    return os.path.isdir(path) or path.endswith(".json.gz")
 
 
 def uncalibrated_preset(trace) -> str | None:

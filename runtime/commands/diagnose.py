@@ -11,7 +11,10 @@ HELP = ("Read the flight records a failed, hung or interrupted run left (distlab
 
 
 def add_arguments(p) -> None:
-    p.add_argument("dir", help="folder with flight.RANK.json / flight.RANK.ring files")
+    p.add_argument("dir", help="folder with flight.RANK.json / flight.RANK.ring files, or torch's flight recorder "
+                   "dumps (nccl_trace_rank_N: TORCH_FR_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT; sim/ingest)")
+    p.add_argument("--allow-pickle", action="store_true", help="read torch flight recorder dumps written as pickle "
+                   "(a restricted unpickler: builtin values only; JSON dumps need no flag)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     from distlab.sim.cli import add_output_arguments
     add_output_arguments(p)
@@ -20,7 +23,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from distlab.runtime.diagnosis.flight_read import load_dir
     from distlab.sim.cli import print_json
-    d = diagnose(load_dir(args.dir))
+    from distlab.sim.ingest import flight_recorder as torch_fr
+    d = diagnose(torch_fr.load_dir(args.dir, args.allow_pickle) if torch_fr.is_dump_dir(args.dir)
+                 else load_dir(args.dir))
     if args.json:
         print_json(d)
         return exit_code(d)

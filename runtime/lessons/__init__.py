@@ -5,7 +5,8 @@ all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes
 - collectives.py (lessons 01-04) and training.py (DDP, FSDP, pipeline predicted and measured: 05-07), whose
   functions are importable from here;
 - pitfalls.py: lesson 08's real runs (sharding, checkpoints, seeds, a hang the flight recorder names);
-- compute.py: lesson 13's real GEMMs; shared.py: lesson 14's two jobs on this machine.
+- compute.py: lesson 13's real GEMMs; shared.py: lesson 14's two jobs on this machine;
+- profile.py: lesson 04's torch.profiler trace of the learner's own gloo ranks.
 
 Every function starts fresh rank processes through runtime.ranks.launch (gloo on CPU; NCCL where each rank has a
 GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.

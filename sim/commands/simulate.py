@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
                    help="simulate each value and plot step time, e.g. bucket_cap_mb=1,5,25,100 or pp=2,4 (keys: "
                         "nodes, world_size, micro_batch, the mesh dims and the options of the scenario's "
                         "parallelism)")
+    p.add_argument("--from-profile", metavar="DIR", help="simulate the job of a torch.profiler trace folder (one "
+                   ".json/.json.gz per rank): a plan guessed from one profiled step, saying what it could not guess "
+                   "(sim/ingest/scenario.py)")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan that was simulated (a plan file "
                                                             "`distlab simulate` and `distlab run` take)")
     add_file_arguments(p, "trace.json and PNGs", NAME)
@@ -141,6 +144,9 @@ def run(args) -> int:
     check_output(None if args.no_files else args.out, "--out", "dir")       # before any work (sim/io.py)
     if args.save_plan:
         check_output(args.save_plan, "--save-plan", "file")
+    if args.from_profile:
+        from distlab.sim.ingest.scenario import run_from_profile
+        return run_from_profile(args)
     if is_plan_file(args.scenario):
         return out.run_plan_file(args)
     d, changed = scenario_from_args(args)

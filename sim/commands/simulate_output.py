@@ -198,8 +198,9 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
     say(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
 
 
-def run_plan_file(args) -> int:
-    """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size)."""
+def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
+    """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size).
+    ``plan``: one already built (--from-profile) instead of the file; ``extra``: more keys for --json."""
     from distlab.sim.cluster import load_cluster
     from distlab.sim.kernel.engine import simulate
     from distlab.sim.errors import ConfigError
@@ -209,7 +210,7 @@ def run_plan_file(args) -> int:
     if ignored:
         raise ConfigError(f"--{ignored[0].replace('_', '-')} does not apply to a plan file (a plan fixes the "
                           "model and the parallelism); allowed: --cluster, --nodes, --world-size", args.scenario)
-    plan = Plan.load(args.scenario)
+    plan = plan if plan is not None else Plan.load(args.scenario)
     cluster = load_cluster(args.cluster or "dgx-h100", args.nodes)
     if cluster.world_size != plan.world_size:
         cluster = cluster.with_world_size(plan.world_size)
@@ -235,7 +236,7 @@ def run_plan_file(args) -> int:
         print_json({"schema": "distlab.simulate/1", "results": [{
             "plan": plan.name, "label": label, "cluster": {"name": cluster.name, "nodes": cluster.nodes,
                                                            "gpus_per_node": cluster.gpus_per_node},
-            "world_size": plan.world_size, **summary}], "files": files})
+            "world_size": plan.world_size, **summary}], "files": files, **(extra or {})})
         return 0
     say(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)", indent="  ")
     say(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}", indent="  ")

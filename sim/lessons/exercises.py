@@ -30,6 +30,7 @@ import distlab.sim.lessons.bank_compute as bank_compute
 import distlab.sim.lessons.bank_cp as bank_cp
 import distlab.sim.lessons.bank_ep as bank_ep
 import distlab.sim.lessons.bank_fsdp as bank_fsdp
+import distlab.sim.lessons.bank_ingest as bank_ingest
 import distlab.sim.lessons.bank_jobs as bank_jobs
 import distlab.sim.lessons.bank_machine as bank_machine
 import distlab.sim.lessons.bank_plan as bank_plan
@@ -38,7 +39,7 @@ import distlab.sim.lessons.failures as failures
 from distlab.sim.lessons.checker import (Exercise, Verdict, check_answer, expected_value, question_text,
                                          solution_text, validate)
 
-BANKS = (bank, bank_machine, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute, bank_jobs)
+BANKS = (bank, bank_machine, bank_ingest, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute, bank_jobs)
 
 __all__ = ["BANKS", "Exercise", "Verdict", "check", "exercises", "get", "question", "solution"]
 
