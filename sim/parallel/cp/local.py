@@ -17,7 +17,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.models import Layer, Model
 from distlab.sim.parallel.cp.ring import METHODS, Ring
 from distlab.sim.plan import DTYPE_BYTES, Compute
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 
 @dataclass

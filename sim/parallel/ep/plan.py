@@ -36,7 +36,7 @@ from distlab.sim.parallel.pipeline import dualpipe
 from distlab.sim.parallel.pipeline.action import Action
 from distlab.sim.parallel.pipeline.schedules import SCHEDULES
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 ADAM_BYTES, ADAM_FLOPS = 28, 12      # per element: as sim/parallel/tp/plan.py
 COUNT_BYTES = 8                      # torch.int64 token counts

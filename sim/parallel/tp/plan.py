@@ -48,7 +48,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.models import structure
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
 from distlab.sim.parallel.tp.rules import check_divides, local_shape, module_of, partial_grad_params, placement
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 ADAM_BYTES = 28      # per local element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12

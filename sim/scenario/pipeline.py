@@ -1,6 +1,8 @@
 """Pipeline scenarios beyond one simulation: ``sweep_results`` (lesson 07, `--sweep` on a pipeline scenario:
 makespan, bubble, samples/s = m x micro-batch x d / makespan, peak activations per value) and ``spec_of``
-(the PipelineSpec of a scenario, for the runtime). The workload itself is sim/workloads/pipeline.py."""
+(the PipelineSpec of a scenario, for the runtime). The workload itself is sim/workloads/pipeline.py; these sit
+above it and the scenario, never in sim/parallel/ (tests/test_import_graph.py: sim/parallel/ never imports the
+scenario or the workloads)."""
 from __future__ import annotations
 
 import copy
