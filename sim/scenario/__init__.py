@@ -13,7 +13,9 @@
 The section's key names the workload (sim/workloads/registry.py); its keys are the workload's options. The
 mesh may leave out the workload's fill dimension (dp, dp_replicate): it takes the ranks the others leave; with
 no mesh every rank is on the workload's default dimension (ddp: dp, fsdp: dp_shard; pipeline needs pp).
-Several sections together, or a mesh naming several parallelisms, compose (sim/workloads/composed.py: each mesh
+A mesh with no section that names one parallelism is that parallelism with its defaults (``mesh:
+{dp_shard: 8}`` is ``fsdp: {}`` on 8 ranks). Several sections together, or a mesh naming several parallelisms,
+compose (sim/workloads/composed.py: each mesh
 dimension chooses its parallelism, sim/parallel/parallelize.py builds them in torchtitan's order):
 
     mesh: {pp: 16, dp_shard: 128, tp: 8}
@@ -22,171 +24,25 @@ dimension chooses its parallelism, sim/parallel/parallelize.py builds them in to
 
 The old format ``parallelism: {kind: ddp, ...}`` still loads: it is translated (``shard_size`` -> mesh
 dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
+
+A scenario is parsed once into the typed ``Scenario`` (sim/scenario/spec.py; parse.py from a mapping or YAML,
+flags.py from `distlab simulate`'s flags); ``build``, ``simulate`` and ``parts`` take it (a mapping or a path is
+parsed first). This package: spec.py (the dataclasses), parse.py (``validate``, ``from_dict``), flags.py (the
+command line), pipeline.py and what_if.py (studies of several scenarios), and here what runs one.
 """
 from __future__ import annotations
 
-import copy
 import math
-import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.result import Result, step_summary, throughput
+from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys, complete_mesh,  # noqa: F401
+                                        from_dict, load, resolve_cluster, translate_legacy, under, validate,
+                                        workload_of)
+from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
 from distlab.sim.workloads import composed, registry
-from distlab.sim.workloads.registry import SCENARIO_KEYS
-
-KEYS = SCENARIO_KEYS
 DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
-
-
-def load(path_or_dict, where: str | None = None) -> dict:
-    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file and model config.json
-    made absolute (relative to the scenario's folder)."""
-    if isinstance(path_or_dict, dict):
-        d, where = copy.deepcopy(path_or_dict), where or "scenario"
-    else:
-        from distlab.sim.io import load_yaml
-        where = where or str(path_or_dict)
-        d = load_yaml(path_or_dict)
-        if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
-            d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
-        model = d.get("model") if isinstance(d, dict) else None      # a config.json beside the scenario
-        if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
-            d["model"] = {**model, "hf_config": os.path.join(os.path.dirname(os.path.abspath(path_or_dict)),
-                                                             model["hf_config"])}
-    return validate(d, where)
-
-
-def allowed_keys() -> str:
-    return ", ".join(KEYS[:4] + registry.names() + KEYS[4:]) + " (or the old parallelism: {kind: ...})"
-
-
-def validate(d, where: str = "scenario") -> dict:
-    """``d`` in the current format (translated from the old one), every key and option checked."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"a scenario is a mapping with keys {allowed_keys()}", where)
-    for k in d:
-        if k not in KEYS and k not in registry.names() and k != "parallelism":
-            raise ConfigError(f"unknown key {k!r}; allowed: {allowed_keys()}", where)
-    if "model" not in d:
-        raise ConfigError("missing key 'model'", where)
-    if "parallelism" in d:
-        translate_legacy(d, where)
-    sections = [k for k in d if k in registry.names()]
-    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
-        composed.validate(d, sections, _parse, where)
-    elif not sections:
-        raise ConfigError(f"missing a parallelism section: one of {', '.join(registry.names())} "
-                          "(e.g. ddp: {}), or a mesh naming the parallelisms (e.g. mesh: {pp: 2, dp_shard: 4})", where)
-    else:
-        workload = registry.get(sections[0])
-        workload.parse(d[sections[0]], f"{where}: {workload.name}")
-        _check_mesh(d, workload, where)
-    d.setdefault("cluster", "dgx-h100")
-    if not isinstance(d["cluster"], str):
-        raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
-    for key, low, high in (("stragglers", 0.0, float("inf")), ("degraded_links", 0.0, 1.0)):
-        v = d.get(key)
-        if v is None:
-            continue
-        if not isinstance(v, dict):
-            raise ConfigError("must be a mapping, e.g. {3: 1.5}" if key == "stragglers"
-                              else "must be a mapping, e.g. {node0.nic3.up: 0.25}", f"{where}: {key}")
-        for name, factor in v.items():
-            if key == "stragglers" and (isinstance(name, bool) or not isinstance(name, int) or name < 0):
-                raise ConfigError(f"{name!r} must be a rank (a whole number >= 0)", f"{where}: stragglers")
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not low < factor <= high:
-                allowed = "a number > 0" if key == "stragglers" else "a number in (0, 1]"
-                raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
-    for k in ("nodes", "world_size"):
-        v = d.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
-    return d
-
-
-def translate_legacy(d: dict, where: str) -> None:
-    """``parallelism: {kind: K, ...}`` -> ``K: {...}`` plus the mesh sizes it named (in place)."""
-    par = d.pop("parallelism")
-    if isinstance(par, str):
-        par = {"kind": par}
-    if not isinstance(par, dict) or "kind" not in par:
-        raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(registry.names())})", f"{where}: parallelism")
-    kind = par["kind"]
-    if not isinstance(kind, str) or kind not in registry.names():
-        raise ConfigError(f"unknown kind {kind!r}; allowed: {', '.join(registry.names())}",
-                          f"{where}: parallelism.kind")
-    if kind in d or "mesh" in d:
-        raise ConfigError(f"write either the old parallelism: {{kind: {kind}}} or a {kind}: section with a mesh, "
-                          "not both", where)
-    w = registry.get(kind)
-    section = {k: v for k, v in par.items() if k != "kind" and k not in w.legacy_keys}
-    mesh = {w.legacy_keys[k]: v for k, v in par.items() if k in w.legacy_keys and v is not None}
-    if w.legacy is not None:
-        w.legacy(section, mesh, d)
-    d[kind] = section
-    if mesh:
-        d["mesh"] = {dim: mesh[dim] for dim in w.dims if dim in mesh}
-
-
-def _check_mesh(d: dict, workload, where: str) -> None:
-    """Mesh names come from the registry; the workload's required dims are there; sizes are whole numbers."""
-    mesh = d.get("mesh")
-    if mesh is None:
-        if workload.default_dim is None:
-            dims = " x ".join(workload.required_dims)
-            raise ConfigError(f"the {workload.name} section needs mesh dimension {dims} "
-                              f"({workload.dim_words.get(workload.required_dims[0], '')}), e.g. mesh: "
-                              f"{{{workload.required_dims[0]}: 2}}", where)
-        return
-    if not isinstance(mesh, dict) or not mesh:
-        raise ConfigError(f"must be a mapping of dimension sizes, e.g. {{{workload.dims[-1]}: 2}}", f"{where}: mesh")
-    for dim in mesh:
-        if dim not in registry.mesh_dims():
-            raise ConfigError(f"unknown mesh dimension {dim!r}; allowed: {', '.join(registry.mesh_dims())}",
-                              f"{where}: mesh")
-        if dim not in workload.dims:
-            users = [w.name for w in registry.REGISTRY.values() if dim in w.dims]
-            raise ConfigError(f"mesh dimension {dim!r} belongs to {' or '.join(users)}, not to {workload.name}; "
-                              f"allowed with {workload.name}: {', '.join(workload.dims)}", f"{where}: mesh")
-    for dim in workload.required_dims:
-        if dim not in mesh:
-            raise ConfigError(f"the {workload.name} section needs mesh dimension {dim!r} "
-                              f"({workload.dim_words.get(dim, dim)}); this mesh has {', '.join(map(str, mesh))}",
-                              f"{where}: mesh")
-    Mesh(mesh, f"{where}: mesh")          # sizes
-
-
-def _parse(name: str, section, where: str):
-    """The options dataclass of one section (sim/workloads/base.py Workload.parse)."""
-    return registry.get(name).parse(section, where)
-
-
-def workload_of(d: dict):
-    """The record of a validated scenario: its one section's workload, or the composition's
-    (sim/workloads/composed.py) when it has several sections or a mesh of several parallelisms."""
-    sections = [k for k in d if k in registry.names()]
-    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
-        return composed.WORKLOAD
-    return registry.get(sections[0])
-
-
-def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mesh:
-    """The scenario's mesh on ``world`` ranks: as written, with the workload's fill dimension added (outermost)
-    when the written dims leave ranks over, or every rank on its default dimension when there is no mesh."""
-    if workload is composed.WORKLOAD:
-        return composed.complete_mesh(d, world, where)
-    given = d.get("mesh")
-    if given is None:
-        return Mesh({workload.default_dim: world})
-    product = math.prod(given.values())
-    if product != world and workload.fill_dim is not None and workload.fill_dim not in given:
-        if world % product:
-            words = " x ".join(f"{workload.dim_words.get(k, k)} {v}" for k, v in given.items())
-            raise ConfigError(f"{words} must divide the world size {world} (the rest goes to {workload.fill_dim}); "
-                              f"allowed: divisors of {world}", f"{where}: mesh")
-        return Mesh({workload.fill_dim: world // product, **given}, f"{where}: mesh")
-    return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
 
 
 def set_value(d: dict, key: str, value) -> None:
@@ -274,65 +130,68 @@ def parallelism(d: dict) -> dict:
     return {"kind": w.name, **d[w.name], **{k: mesh[dim] for k, dim in w.legacy_keys.items() if dim in mesh}}
 
 
-def resolve(d: dict, where: str = "scenario"):
-    """(model, cluster) of a validated scenario."""
-    from distlab.sim.cluster import load_cluster
+def resolve(d, where: str = "scenario"):
+    """(model, cluster) of a scenario (a Scenario, or a validated mapping)."""
     from distlab.sim.models import model_from_spec
-    model = model_from_spec(d["model"], f"{where}: model")
-    cluster = load_cluster(d["cluster"], d.get("nodes"))
-    if d.get("world_size") is not None:
-        cluster = cluster.with_world_size(d["world_size"])
-    return model, cluster
+    if isinstance(d, Scenario):
+        return model_from_spec(d.model_spec(), f"{where}: model"), d.cluster.cluster
+    return model_from_spec(d["model"], f"{where}: model"), resolve_cluster(d)
 
 
-def parts(d: dict, where: str = "scenario", cluster=None) -> tuple:
-    """(validated scenario, workload, model, cluster, completed mesh, options) of a scenario, without building
-    its plan: for a composition the options are a Parallelisms (sim/parallel/parallelize.py), what
-    ``parallelize`` and the planner's estimate (sim/planner/composed.py) take. ``cluster``: a Cluster to use
-    instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
-    d = validate(copy.deepcopy(d), where)
-    w = workload_of(d)
-    if cluster is None:
-        model, cluster = resolve(d, where)
-    else:
-        from distlab.sim.models import model_from_spec
-        model = model_from_spec(d["model"], f"{where}: model")
-    try:
-        mesh = complete_mesh(d, w, cluster.world_size, where)
-        opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
-            w.parse(d[w.name], f"{where}: {w.name}")
-    except ConfigError as e:
-        raise _under(e, where) from None
-    return d, w, model, cluster, mesh, opts
+def scenario_of(d, where: str = "scenario", cluster=None) -> Scenario:
+    """``d`` as a Scenario: a Scenario as it is (on ``cluster`` when given), a mapping or a path parsed
+    (sim/scenario/parse.py ``from_dict``)."""
+    if isinstance(d, Scenario):
+        return d if cluster is None else from_dict(d.source, where, cluster)
+    return from_dict(d, where, cluster)
 
 
-def _under(e: ConfigError, where: str) -> ConfigError:
-    if e.where and not e.where.startswith(where):
-        return ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}")
-    return e
+def options_of(s: Scenario):
+    """What the scenario's builder takes: its one parallelism's options, or a composition's Parallelisms
+    (sim/parallel/parallelize.py)."""
+    from distlab.sim.parallel.parallelize import Parallelisms
+    return Parallelisms(**s.parallelisms) if s.workload == composed.WORKLOAD.name else s.parallelisms[s.workload]
 
 
-def build(d: dict, where: str = "scenario", cluster=None) -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
-    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+def workload_record(s: Scenario):
+    return composed.WORKLOAD if s.workload == composed.WORKLOAD.name else registry.get(s.workload)
+
+
+def parts(d, where: str = "scenario", cluster=None) -> tuple:
+    """(validated scenario mapping, workload, model, cluster, completed mesh, options) of a scenario (a
+    Scenario, a mapping or a path), without building its plan: for a composition the options are a
+    Parallelisms (sim/parallel/parallelize.py), what ``parallelize`` and the planner's estimate
+    (sim/planner/composed.py) take. ``cluster``: a Cluster to use instead of the scenario's (sim/jobs/: a job on
+    its nodes of a shared one)."""
+    s = scenario_of(d, where, cluster)
+    model, cluster = resolve(s, where)
+    return s.source, workload_record(s), model, cluster, Mesh(s.mesh), options_of(s)
+
+
+def build(d, where: str = "scenario", cluster=None) -> Result:
+    """The Result of a scenario (a Scenario, or a mapping or path parsed here) before simulation: plan, mesh,
+    model, cluster; no trace. ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on
+    its nodes of a shared one)."""
     d, w, model, cluster, mesh, opts = parts(d, where, cluster)
     try:
         plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
-        raise _under(e, where) from None
+        raise under(e, where) from None
     return Result(d, w, opts, mesh, model, cluster, plan, info or {}, None)
 
 
-def simulate(d: dict, where: str = "scenario") -> Result:
-    """Build and simulate one step: the Result with trace, step summary and the workload's report."""
+def simulate(d, where: str = "scenario") -> Result:
+    """Build and simulate one step of a scenario (a Scenario, a mapping or a path): the Result with trace, step
+    summary and the workload's report."""
     from distlab.sim.kernel.engine import simulate as run
-    result = build(d, where)
-    slowdown = d.get("stragglers") or {}
+    s = scenario_of(d, where)
+    result = build(s, where)
+    slowdown = dict(s.stragglers)
     if any(r >= result.plan.world_size for r in slowdown):
         raise ConfigError(f"rank {max(slowdown)} is outside the world (0..{result.plan.world_size - 1})",
                           f"{where}: stragglers")
     result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
-                       link_factors=d.get("degraded_links"))
+                       link_factors=dict(s.degraded_links) or None)
     result.summary = step_summary(result.trace)
     result.summary.update(throughput(result))
     if result.workload.report is not None:

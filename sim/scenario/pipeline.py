@@ -8,16 +8,16 @@ from __future__ import annotations
 import copy
 
 from distlab.sim import scenario as sc
+from distlab.sim.mesh import Mesh
 from distlab.sim.parallel.pipeline.plan import PipelineSpec
 from distlab.sim.workloads.pipeline import sweep_figure, sweep_row  # noqa: F401 (sweep_figure re-exported)
 
 
-def spec_of(scenario: dict) -> PipelineSpec:
-    """The PipelineSpec of a validated pipeline scenario: stages and data_parallel from its mesh on its world."""
-    w = sc.workload_of(scenario)
-    _, cluster = sc.resolve(scenario)
-    mesh = sc.complete_mesh(scenario, w, cluster.world_size)
-    return w.parse(scenario[w.name], "pipeline").spec(mesh).check()
+def spec_of(scenario) -> PipelineSpec:
+    """The PipelineSpec of a pipeline scenario (a Scenario, a mapping or a path): stages and data_parallel from
+    its completed mesh."""
+    s = sc.scenario_of(scenario, "pipeline")
+    return s.parallelisms["pipeline"].spec(Mesh(s.mesh)).check()
 
 
 def sweep_results(base: dict, key: str, values: list) -> list[dict]:

@@ -1,0 +1,239 @@
+"""Parsing and validating a scenario mapping (a YAML file's, the command line's, a plan header's) into the typed
+Scenario (sim/scenario/spec.py), once.
+
+    s = from_dict({"model": "gpt2-small", "ddp": {}}, "scenario")   # or load("scenarios/fsdp-llama-7b.yaml")
+    build(s)                                                            # sim/scenario/__init__.py
+
+``validate`` checks every key and option of the mapping (errors name the key as written, ``scenario: fsdp.zero``)
+and translates the old ``parallelism: {kind: ...}`` format; ``from_dict`` then resolves what the mapping leaves
+implicit (the cluster's world, the completed mesh, every option's default) so that one layout is one object.
+The workload records (sim/workloads/) define the sections; this module only reads them.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+
+from distlab.sim.errors import ConfigError
+from distlab.sim.mesh import Mesh
+from distlab.sim.workloads import composed, registry
+from distlab.sim.workloads.registry import SCENARIO_KEYS
+
+KEYS = SCENARIO_KEYS
+
+
+def load(path_or_dict, where: str | None = None) -> dict:
+    """A validated scenario dict (a deep copy); a path is read as YAML and its cluster file and model config.json
+    made absolute (relative to the scenario's folder)."""
+    if isinstance(path_or_dict, dict):
+        d, where = copy.deepcopy(path_or_dict), where or "scenario"
+    else:
+        from distlab.sim.io import load_yaml
+        where = where or str(path_or_dict)
+        d = load_yaml(path_or_dict)
+        if isinstance(d, dict) and isinstance(d.get("cluster"), str) and d["cluster"].endswith((".yaml", ".yml")):
+            d["cluster"] = os.path.join(os.path.dirname(os.path.abspath(path_or_dict)), d["cluster"])
+        model = d.get("model") if isinstance(d, dict) else None      # a config.json beside the scenario
+        if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+            d["model"] = {**model, "hf_config": os.path.join(os.path.dirname(os.path.abspath(path_or_dict)),
+                                                             model["hf_config"])}
+    return validate(d, where)
+
+
+def allowed_keys() -> str:
+    return ", ".join(KEYS[:4] + registry.names() + KEYS[4:]) + " (or the old parallelism: {kind: ...})"
+
+
+def validate(d, where: str = "scenario") -> dict:
+    """``d`` in the current format (translated from the old one), every key and option checked."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a scenario is a mapping with keys {allowed_keys()}", where)
+    for k in d:
+        if k not in KEYS and k not in registry.names() and k != "parallelism":
+            raise ConfigError(f"unknown key {k!r}; allowed: {allowed_keys()}", where)
+    if "model" not in d:
+        raise ConfigError("missing key 'model'", where)
+    if "parallelism" in d:
+        translate_legacy(d, where)
+    sections = [k for k in d if k in registry.names()]
+    one = _one_parallelism(d.get("mesh")) if not sections else None
+    if one is not None:                 # a mesh naming one parallelism: that parallelism, as if its section
+        d[one] = {}                     # were written ({dp_shard: 8} is fsdp: {} on 8 ranks)
+        sections = [one]
+    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
+        composed.validate(d, sections, _parse, where)
+    elif not sections:
+        raise ConfigError(f"missing a parallelism section: one of {', '.join(registry.names())} "
+                          "(e.g. ddp: {}), or a mesh naming the parallelisms (e.g. mesh: {pp: 2, dp_shard: 4})", where)
+    else:
+        workload = registry.get(sections[0])
+        workload.parse(d[sections[0]], f"{where}: {workload.name}")
+        _check_mesh(d, workload, where)
+    d.setdefault("cluster", "dgx-h100")
+    if not isinstance(d["cluster"], str):
+        raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
+    for key, low, high in (("stragglers", 0.0, float("inf")), ("degraded_links", 0.0, 1.0)):
+        v = d.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise ConfigError("must be a mapping, e.g. {3: 1.5}" if key == "stragglers"
+                              else "must be a mapping, e.g. {node0.nic3.up: 0.25}", f"{where}: {key}")
+        for name, factor in v.items():
+            if key == "stragglers" and (isinstance(name, bool) or not isinstance(name, int) or name < 0):
+                raise ConfigError(f"{name!r} must be a rank (a whole number >= 0)", f"{where}: stragglers")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not low < factor <= high:
+                allowed = "a number > 0" if key == "stragglers" else "a number in (0, 1]"
+                raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
+    for k in ("nodes", "world_size"):
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
+    return d
+
+
+def _one_parallelism(mesh) -> str | None:
+    """The one parallelism a mesh without sections names (each dimension names one: sim/workloads/composed.py
+    OWNER; ep the ep workload), when its dimensions are all that parallelism's; else None (a composition)."""
+    if not isinstance(mesh, dict) or not mesh or any(not isinstance(k, str) for k in mesh):
+        return None
+    names = {"ep"} if "ep" in mesh else {composed.OWNER.get(k) for k in mesh}
+    if len(names) != 1 or None in names or next(iter(names)) not in registry.names():
+        return None
+    name = next(iter(names))
+    return name if all(k in registry.get(name).dims for k in mesh) and \
+        all(k in mesh for k in registry.get(name).required_dims) else None
+
+
+def translate_legacy(d: dict, where: str) -> None:
+    """``parallelism: {kind: K, ...}`` -> ``K: {...}`` plus the mesh sizes it named (in place)."""
+    par = d.pop("parallelism")
+    if isinstance(par, str):
+        par = {"kind": par}
+    if not isinstance(par, dict) or "kind" not in par:
+        raise ConfigError(f"must be a mapping with a 'kind' ({', '.join(registry.names())})", f"{where}: parallelism")
+    kind = par["kind"]
+    if not isinstance(kind, str) or kind not in registry.names():
+        raise ConfigError(f"unknown kind {kind!r}; allowed: {', '.join(registry.names())}",
+                          f"{where}: parallelism.kind")
+    if kind in d or "mesh" in d:
+        raise ConfigError(f"write either the old parallelism: {{kind: {kind}}} or a {kind}: section with a mesh, "
+                          "not both", where)
+    w = registry.get(kind)
+    section = {k: v for k, v in par.items() if k != "kind" and k not in w.legacy_keys}
+    mesh = {w.legacy_keys[k]: v for k, v in par.items() if k in w.legacy_keys and v is not None}
+    if w.legacy is not None:
+        w.legacy(section, mesh, d)
+    d[kind] = section
+    if mesh:
+        d["mesh"] = {dim: mesh[dim] for dim in w.dims if dim in mesh}
+
+
+def _check_mesh(d: dict, workload, where: str) -> None:
+    """Mesh names come from the registry; the workload's required dims are there; sizes are whole numbers."""
+    mesh = d.get("mesh")
+    if mesh is None:
+        if workload.default_dim is None:
+            dims = " x ".join(workload.required_dims)
+            raise ConfigError(f"the {workload.name} section needs mesh dimension {dims} "
+                              f"({workload.dim_words.get(workload.required_dims[0], '')}), e.g. mesh: "
+                              f"{{{workload.required_dims[0]}: 2}}", where)
+        return
+    if not isinstance(mesh, dict) or not mesh:
+        raise ConfigError(f"must be a mapping of dimension sizes, e.g. {{{workload.dims[-1]}: 2}}", f"{where}: mesh")
+    for dim in mesh:
+        if dim not in registry.mesh_dims():
+            raise ConfigError(f"unknown mesh dimension {dim!r}; allowed: {', '.join(registry.mesh_dims())}",
+                              f"{where}: mesh")
+        if dim not in workload.dims:
+            users = [w.name for w in registry.REGISTRY.values() if dim in w.dims]
+            raise ConfigError(f"mesh dimension {dim!r} belongs to {' or '.join(users)}, not to {workload.name}; "
+                              f"allowed with {workload.name}: {', '.join(workload.dims)}", f"{where}: mesh")
+    for dim in workload.required_dims:
+        if dim not in mesh:
+            raise ConfigError(f"the {workload.name} section needs mesh dimension {dim!r} "
+                              f"({workload.dim_words.get(dim, dim)}); this mesh has {', '.join(map(str, mesh))}",
+                              f"{where}: mesh")
+    Mesh(mesh, f"{where}: mesh")          # sizes
+
+
+def _parse(name: str, section, where: str):
+    """The options dataclass of one section (sim/workloads/base.py Workload.parse)."""
+    return registry.get(name).parse(section, where)
+
+
+def workload_of(d: dict):
+    """The record of a validated scenario: its one section's workload, or the composition's
+    (sim/workloads/composed.py) when it has several sections or a mesh of several parallelisms."""
+    sections = [k for k in d if k in registry.names()]
+    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
+        return composed.WORKLOAD
+    return registry.get(sections[0])
+
+
+def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mesh:
+    """The scenario's mesh on ``world`` ranks: as written, with the workload's fill dimension added (outermost)
+    when the written dims leave ranks over, or every rank on its default dimension when there is no mesh."""
+    if workload is composed.WORKLOAD:
+        return composed.complete_mesh(d, world, where)
+    given = d.get("mesh")
+    if given is None:
+        return Mesh({workload.default_dim: world})
+    product = math.prod(given.values())
+    if product != world and workload.fill_dim is not None and workload.fill_dim not in given:
+        if world % product:
+            words = " x ".join(f"{workload.dim_words.get(k, k)} {v}" for k, v in given.items())
+            raise ConfigError(f"{words} must divide the world size {world} (the rest goes to {workload.fill_dim}); "
+                              f"allowed: divisors of {world}", f"{where}: mesh")
+        return Mesh({workload.fill_dim: world // product, **given}, f"{where}: mesh")
+    return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
+
+
+def from_dict(d, where: str = "scenario", cluster=None):
+    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does). ``cluster``: a
+    Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+    from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario
+    d = load(d, where) if not isinstance(d, dict) else validate(copy.deepcopy(d), where)
+    w = workload_of(d)
+    if cluster is None:
+        cluster = resolve_cluster(d)
+    try:
+        mesh = complete_mesh(d, w, cluster.world_size, where)
+        if w is composed.WORKLOAD:
+            par = composed.options_of(d, mesh, _parse, where)
+            options = {name: getattr(par, name) for name in par.names()}
+        else:
+            options = {w.name: w.parse(d[w.name], f"{where}: {w.name}")}
+    except ConfigError as e:
+        raise under(e, where) from None
+    if not isinstance(d["model"], (str, dict)):
+        from distlab.sim.models.presets import preset_names
+        raise ConfigError(f"must be a preset name ({', '.join(preset_names())}) or a mapping", f"{where}: model")
+    spec = {"preset": d["model"]} if isinstance(d["model"], str) else dict(d["model"])
+    form = next((k for k in ("preset", "hf_config", "factory", "kind") if k in spec), "kind")
+    mlp = spec.get("kind") == "mlp"
+    micro_batch = spec.pop("batch" if mlp else "micro_batch", None)
+    source = spec.pop(form, "gpt")
+    model = ModelSpec(form, source, tuple(sorted(spec.items())))
+    return Scenario(model=model, batch=Batch(micro_batch), mesh=mesh.as_dict(), parallelisms=options,
+                    workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
+                    stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
+                    degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),
+                    name=d.get("name"), description=d.get("description"), source=d)
+
+
+def resolve_cluster(d: dict):
+    """The Cluster of a validated scenario mapping: its preset or file, nodes and world size."""
+    from distlab.sim.cluster import load_cluster
+    cluster = load_cluster(d["cluster"], d.get("nodes"))
+    if d.get("world_size") is not None:
+        cluster = cluster.with_world_size(d["world_size"])
+    return cluster
+
+
+def under(e: ConfigError, where: str) -> ConfigError:
+    """``e`` with its place prefixed by ``where`` (once)."""
+    if e.where and not e.where.startswith(where):
+        return ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}")
+    return e
