@@ -116,3 +116,20 @@ def test_help_is_grouped_each_flag_once_and_short(capsys):
     for group in ("model and batch:", "mesh:", "cluster:", "output:", "fsdp: FSDP2 / ZeRO"):
         assert group in text
     assert "--tp-microbatches" not in text and len(set(listed)) >= 40
+
+
+def test_fsdp2_bytes_per_parameter_agree_across_builders():
+    """Issue 43.2: FSDP2 keeps fp32 shards (torch MixedPrecisionPolicy: "the optimizer step uses the sharded
+    parameter in the original dtype"): params 4, grads 4, AdamW m and v 8 bytes an element, in the fsdp report
+    (sim/parallel/fsdp/report.py), TP's with dp_shard and the composition's alike; before, the last two showed
+    ZeRO's 2 + 2 + 12 for a bf16 model."""
+    from distlab.sim.parallel.fsdp.memory import precision
+    from distlab.sim.workloads import composed_report, tp
+    base = {"model": {"preset": "llama3-8b", "micro_batch": 1, "seq_len": 1024, "layers": 2}, "cluster": "dgx-h100",
+            "nodes": 1, "mesh": {"dp_shard": 2, "tp": 4}, "tp": {}}
+    by_tp = tp.memory(sc.build(base))["json"]["breakdown_bytes"]
+    by_composed = composed_report.memory(sc.build({**base, "fsdp": {}}))["breakdown_bytes"]
+    static = ("params", "grads", "optimizer")
+    assert [by_tp[k] for k in static] == [by_composed[k] for k in static]
+    assert by_tp["params"] == by_tp["grads"] and by_tp["optimizer"] == 2 * by_tp["params"]
+    assert precision("bfloat16", fsdp2=True) == (4, 4, 8) and precision("bfloat16") == (2, 2, 12)

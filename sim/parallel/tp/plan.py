@@ -82,11 +82,11 @@ class TPOptions:
                                     "(without a tp section: the model's, for every parallelism)",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/parallel/tp/pipeline.py)",
-                           choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
-    microbatches: int = option(4, "micro-batches per step when the mesh has pp", flag="--tp-microbatches")
-    virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)", flag="--tp-virtual-stages")
+                           choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule")
+    microbatches: int = option(4, "micro-batches per step when the mesh has pp")
+    virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)")
     split: list[int] | None = option(None, "transformer blocks per pipeline stage, pp x virtual_stages numbers "
-                                           "(none = even)", flag="--tp-split")
+                                           "(none = even)")
     comm_overlap: bool = option(False, "Megatron-LM's TP communication overlap (async TP): all-gathers and "
                                        "reduce-scatters as P2P ring steps pipelined with the GEMMs (sequence "
                                        "parallel only; sim/parallel/tp/overlap.py)", flag="--tp-comm-overlap")
