@@ -52,10 +52,9 @@ def scenario_of(run) -> dict:
 
 
 def parts(run):
-    """(model, mesh, TPOptions) of the run's scenario."""
-    from distlab.sim.scenario import workload_of
+    """(model, mesh, TPOptions) of the run's scenario, parsed once (sim/scenario/parse.py)."""
+    from distlab.sim import scenario as sc
     from distlab.sim.models import model_from_spec
-    d = scenario_of(run)
-    w = workload_of(d)
-    return (model_from_spec(d["model"], f"run {run.name}: model"), Mesh(d["mesh"], f"run {run.name}: mesh"),
-            w.parse(d["tp"], f"run {run.name}: tp"))
+    s = sc.from_dict(scenario_of(run), f"run {run.name}")
+    return (model_from_spec(s.model_spec(), f"run {run.name}: model"), Mesh(s.mesh, f"run {run.name}: mesh"),
+            s.parallelisms["tp"])
