@@ -102,6 +102,16 @@ def test_one_flag_goes_to_every_parallelism_that_has_the_idea():
     assert s.parallelisms["fsdp"].overlap is False         # CP's overlap covers FSDP2 over dp_shard x cp
     ep = from_flags("--model", "deepseek-v3", "--mesh", "pp=2,ep=4", "--microbatches", "4", "--schedule", "gpipe")
     assert ep.workload == "ep" and ep.parallelisms["ep"].microbatches == 4 and ep.parallelisms["ep"].schedule == "gpipe"
+    with pytest.raises(ConfigError, match="needs mesh dimension pp"):     # no pipeline to take it: not dropped
+        from_flags("--model", "llama3-8b", "--mesh", "tp=2", "--microbatches", "4")
+
+
+def test_a_files_pp_x_tp_in_its_tp_section_takes_the_pipeline_flags(tmp_path):
+    """Megatron-LM's layout as sim/reproduce writes it: PP x TP with dp replicas, the pipeline in the tp section."""
+    path = tmp_path / "megatron.yaml"
+    path.write_text("model: llama3-8b\nmesh: {dp: 2, pp: 2, tp: 2}\ntp: {microbatches: 4}\ncluster: dgx-h100\n")
+    s = from_flags(str(path), "--microbatches", "8")
+    assert s.workload == "tp" and s.parallelisms["tp"].microbatches == 8
 
 
 def test_help_is_grouped_each_flag_once_and_short(capsys):

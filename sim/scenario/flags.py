@@ -6,7 +6,7 @@ default), which is then parsed once into the typed Scenario (sim/scenario/parse.
 One flag per idea: the micro-batches per step, the pipeline schedule, virtual stages and split, activation
 recompute and communication overlap are set once for the whole composition (``SHARED``), whichever parallelisms
 the layout has; the flag goes to every parallelism of the layout that has the option (a pipeline's options to
-the pipeline, or to EP's own pipeline with an ep mesh). The old per-parallelism spellings (``--tp-microbatches``,
+the pipeline, to EP's own pipeline with an ep mesh, or to a file's tp section that writes PP x TP: ``owners``). The old per-parallelism spellings (``--tp-microbatches``,
 ``--cp-recompute``, ``--ep-overlap``, ...) stop with one line naming the new flag. A ``--mesh`` naming several
 parallelisms composes all of them (a section each), so a flag of one of them does not pick another builder:
 the same layout gives the same scenario whatever flags spell it (tests/test_scenario_typed.py).
@@ -27,9 +27,7 @@ SHARED = {
     "recompute": ("--recompute", "activation recompute (none, selective, full) of TP, CP or the model"),
     "overlap": ("--overlap", "overlap communication and compute (FSDP2, CP's ring, DualPipe)"),
 }
-# an idea several layouts have, which one takes it first (a pipeline's options: EP's, else the pipeline's)
-PREFERRED = {"microbatches": ("ep", "pipeline", "tp"), "schedule": ("ep", "pipeline", "tp"),
-             "virtual_stages": ("pipeline", "tp"), "split": ("ep", "pipeline", "tp")}
+PIPELINE_IDEAS = ("microbatches", "schedule", "virtual_stages", "split")     # a pipeline's: EP's own with ep
 RETIRED = {"--tp-schedule": "--schedule", "--tp-microbatches": "--microbatches", "--tp-split": "--split",
            "--tp-virtual-stages": "--virtual-stages", "--cp-recompute": "--recompute", "--cp-overlap": "--overlap",
            "--ep-schedule": "--schedule", "--ep-microbatches": "--microbatches", "--ep-split": "--split",
@@ -111,13 +109,13 @@ def scenario_from_args(args, default: dict):
                if any(getattr(args, flag_dest(w, f), None) is not None for f in w.fields())}
     shared = {idea: getattr(args, f"shared__{idea}") for idea in SHARED
               if getattr(args, f"shared__{idea}", None) is not None}
-    layout = flagged | set(d) & set(registry.names()) | implied(d.get("mesh"))
-    targets = {idea: owners(idea, layout) for idea in shared}
+    written = set(d) & set(registry.names())
+    layout = flagged | written | implied(d.get("mesh"))
+    targets = {idea: owners(idea, layout, written, d.get("mesh")) for idea in shared}
     if "recompute" in shared and not targets["recompute"]:   # no TP, no CP: the model's recompute
         d["model"] = {**_spec(d["model"]), "recompute": shared.pop("recompute")}
         changed.append(f"--recompute {d['model']['recompute']}")
     for idea in shared:
-        targets[idea] = targets[idea] or [next(n for n in PREFERRED.get(idea, ("fsdp",)) if n in registry.names())]
         flagged |= set(targets[idea])
     if not args.scenario:
         choose_sections(d, flagged)
@@ -144,15 +142,21 @@ def implied(mesh) -> set[str]:
     return {"ep"} if "ep" in mesh else {OWNER[k] for k in mesh if k in OWNER}
 
 
-def owners(idea: str, layout: set[str]) -> list[str]:
-    """The parallelisms of ``layout`` that take shared option ``idea``: the first of PREFERRED for a pipeline's
-    options, every one for recompute and overlap (CP x TP recompute both; FSDP2 and CP overlap both)."""
+def owners(idea: str, layout: set[str], written: set[str], mesh) -> list[str]:
+    """The parallelisms that take shared option ``idea`` in ``layout`` (``written``: the scenario file's
+    sections). A pipeline's options go to EP's own pipeline with an ep layout, to a file's tp section when it
+    writes PP x TP there (Megatron-LM's layout, sim/reproduce/scenario.py: a tp section, pp in the mesh, no
+    pipeline section), else to the pipeline (a section the flag adds). Recompute goes to TP and CP (none: the
+    model's, by the caller); overlap to FSDP2, CP and EP, or FSDP2 when the layout has none of them."""
     from distlab.sim.workloads import registry
+    if idea in PIPELINE_IDEAS:
+        if "ep" in layout and idea in registry.get("ep").keys():
+            return ["ep"]
+        if "tp" in written and "pipeline" not in written and "pp" in (mesh or {}):
+            return ["tp"]
+        return ["pipeline"]
     have = [n for n in registry.names() if n in layout and idea in registry.get(n).keys()]
-    if idea in PREFERRED:
-        first = next((n for n in PREFERRED[idea] if n in have), None)
-        return [first] if first else []
-    return have
+    return have or (["fsdp"] if idea == "overlap" else [])
 
 
 def choose_sections(d: dict, flagged: set) -> None:
