@@ -6,8 +6,9 @@ default), which is then parsed once into the typed Scenario (sim/scenario/parse.
 One flag per idea: the micro-batches per step, the pipeline schedule, virtual stages and split, activation
 recompute and communication overlap are set once for the whole composition (``SHARED``), whichever parallelisms
 the layout has; the flag goes to every parallelism of the layout that has the option (a pipeline's options to
-the pipeline, to EP's own pipeline with an ep mesh, or to a file's tp section that writes PP x TP: ``owners``). The old per-parallelism spellings (``--tp-microbatches``,
-``--cp-recompute``, ``--ep-overlap``, ...) stop with one line naming the new flag. A ``--mesh`` naming several
+the pipeline, to EP's own pipeline with an ep mesh, or to a file's tp section that writes PP x TP: ``owners``).
+The old per-parallelism spellings (``--tp-microbatches``, ``--cp-recompute``, ``--ep-overlap``, ...) stop with
+one line naming the new flag. A ``--mesh`` naming several
 parallelisms composes all of them (a section each), so a flag of one of them does not pick another builder:
 the same layout gives the same scenario whatever flags spell it (tests/test_scenario_typed.py).
 """
