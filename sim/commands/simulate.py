@@ -2,7 +2,6 @@
 file. Flags, sweep keys and help of each parallelism come from its workload record (sim/workloads)."""
 from __future__ import annotations
 
-import copy
 import os
 import sys
 
@@ -60,14 +59,10 @@ def scenario_from_args(args):
     return from_flags(args, sc.DEFAULT)
 
 
-def parse_sweep(text: str, d: dict) -> tuple[str, list]:
-    """The sweep key and its values; ``d`` the scenario's validated mapping."""
+def parse_sweep(text: str, scenario) -> tuple[str, list]:
+    """The sweep key and its values for ``scenario`` (a Scenario)."""
     from distlab.sim import scenario as sc
-    from distlab.sim.workloads import composed
-    from distlab.sim.workloads.registry import sweep_keys
-    w = sc.workload_of(d)
-    keys = sc.composed_sweep_keys(d) if w is composed.WORKLOAD else sweep_keys(w)
-    return read_sweep(text, keys)
+    return read_sweep(text, sc.sweep_keys(scenario))
 
 
 def run(args) -> int:
@@ -82,7 +77,7 @@ def run(args) -> int:
     if args.sweep:
         if args.save_plan:
             raise ConfigError("a sweep simulates many plans; save one with a single run", "--save-plan")
-        return run_sweep(args, scenario.source)
+        return run_sweep(args, scenario)
     from distlab.sim import scenario as sc
     result = sc.simulate(scenario, args.scenario or "scenario")
     files = {}
@@ -109,15 +104,14 @@ def run(args) -> int:
     return 0
 
 
-def run_sweep(args, base: dict) -> int:
+def run_sweep(args, base) -> int:
+    """Simulate the Scenario ``base`` with the sweep key at each value (sim/scenario ``vary``)."""
     from distlab.sim import scenario as sc
     from distlab.sim.commands import simulate_output as out
     key, values = parse_sweep(args.sweep, base)
     results, rows = [], []
     for v in progress(values, len(values), f"sweep of {key}"):     # a bar once it runs over 2 s
-        d = copy.deepcopy(base)
-        sc.set_value(d, key, v)
-        r = sc.simulate(d, f"--sweep {key}={v}")
+        r = sc.simulate(sc.vary(base, key, v), f"--sweep {key}={v}")
         results.append(r)
         rows.append({key: v, "world_size": r.plan.world_size, "mesh": r.mesh.as_dict(), **r.summary,
                      **(r.workload.sweep_row(r) if r.workload.sweep_row else {})})

@@ -32,6 +32,7 @@ command line), pipeline.py and what_if.py (studies of several scenarios), and he
 """
 from __future__ import annotations
 
+import copy
 import math
 
 from distlab.sim.errors import ConfigError
@@ -43,6 +44,22 @@ from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys,
 from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
 from distlab.sim.workloads import composed, registry
 DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
+
+
+def vary(s: Scenario, key: str, value, where: str = "--sweep") -> Scenario:
+    """``s`` with sweep key ``key`` set to ``value`` (``set_value`` on its source mapping), parsed again: one
+    Scenario per point of a sweep."""
+    d = copy.deepcopy(s.source)
+    set_value(d, key, value)
+    return from_dict(d, f"{where} {key}={value}")
+
+
+def sweep_keys(s: Scenario) -> tuple[str, ...]:
+    """What ``--sweep`` takes for ``s``: the composition's (``composed_sweep_keys``) or its workload's
+    (sim/workloads/registry.py ``sweep_keys``)."""
+    if s.workload == composed.WORKLOAD.name:
+        return composed_sweep_keys(s.source)
+    return registry.sweep_keys(registry.get(s.workload))
 
 
 def set_value(d: dict, key: str, value) -> None:

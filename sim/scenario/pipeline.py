@@ -5,8 +5,6 @@ above it and the scenario, never in sim/parallel/ (tests/test_import_graph.py: s
 scenario or the workloads)."""
 from __future__ import annotations
 
-import copy
-
 from distlab.sim import scenario as sc
 from distlab.sim.mesh import Mesh
 from distlab.sim.parallel.pipeline.plan import PipelineSpec
@@ -20,13 +18,13 @@ def spec_of(scenario) -> PipelineSpec:
     return s.parallelisms["pipeline"].spec(Mesh(s.mesh)).check()
 
 
-def sweep_results(base: dict, key: str, values: list) -> list[dict]:
-    """Simulate ``base`` with ``key`` (an option, a mesh dim, or stages / data_parallel) = each value."""
+def sweep_results(base, key: str, values: list) -> list[dict]:
+    """Simulate ``base`` (a Scenario, a mapping or a path) with ``key`` (an option, a mesh dim, or stages /
+    data_parallel) = each value."""
+    s = sc.scenario_of(base, "sweep")
     out = []
     for v in values:
-        d = copy.deepcopy(base)
-        sc.set_value(d, key, v)
-        r = sc.simulate(d, f"--sweep {key}={v}")
+        r = sc.simulate(sc.vary(s, key, v), f"--sweep {key}={v}")
         out.append({key: v, **sweep_row(r), "model": r.model.name, "cluster": r.cluster.name,
                     "world_size": r.plan.world_size})
     return out
