@@ -35,7 +35,7 @@ def test_fsdp_from_yaml_from_flags_and_from_a_bare_mesh_is_one_object_and_one_pl
     flags = from_flags("--zero", "3")                 # the default model on the default cluster, fsdp by its flag
     mesh = from_flags("--mesh", "dp_shard=8")         # the mesh alone names the parallelism
     assert yaml == flags == mesh
-    assert yaml.workload == "fsdp" and yaml.mesh == {"dp_shard": 8} and yaml.batch.micro_batch == 8
+    assert yaml.workload == "fsdp" and yaml.mesh == (("dp_shard", 8),) and yaml.batch.micro_batch == 8
     assert plan_json(yaml) == plan_json(flags) == plan_json(mesh)
 
 
@@ -51,11 +51,13 @@ def test_a_composition_from_yaml_from_flags_and_from_a_mesh_with_its_fill_is_one
     assert yaml == flags == filled
     assert yaml.workload == "composed" and list(yaml.parallelisms) == ["pipeline", "tp", "fsdp"]
     assert yaml.parallelisms["fsdp"].reshard_after_forward is False      # torchtitan's default inside a pipeline
-    assert yaml.mesh == {"pp": 2, "dp_shard": 2, "tp": 2}
+    assert yaml.mesh == (("pp", 2), ("dp_shard", 2), ("tp", 2))
     assert plan_json(yaml) == plan_json(filled)
 
 
 def test_a_different_layout_is_a_different_object(tmp_path):
+    assert from_flags("--model", "llama3-8b", "--mesh", "dp_shard=2,tp=4") != \
+        from_flags("--model", "llama3-8b", "--mesh", "tp=4,dp_shard=2")          # the mesh's order counts
     assert from_flags("--mesh", "dp_shard=8") != from_flags("--mesh", "dp_shard=8", "--zero", "2")
     assert from_flags("--mesh", "pp=2,tp=2", "--microbatches", "4") != \
         from_flags("--mesh", "pp=2,tp=2", "--microbatches", "8")

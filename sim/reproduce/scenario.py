@@ -15,8 +15,6 @@ The scenario is validated as any scenario is; sim/reproduce/plans.py builds the 
 """
 from __future__ import annotations
 
-from distlab.sim.mesh import Mesh
-
 
 def model_dtype(run) -> str:
     return "float16" if run.precision == "float16" else "bfloat16"
@@ -56,5 +54,5 @@ def parts(run):
     from distlab.sim import scenario as sc
     from distlab.sim.models import model_from_spec
     s = sc.from_dict(scenario_of(run), f"run {run.name}")
-    return (model_from_spec(s.model_spec(), f"run {run.name}: model"), Mesh(s.mesh, f"run {run.name}: mesh"),
+    return (model_from_spec(s.model_spec(), f"run {run.name}: model"), s.device_mesh(f"run {run.name}: mesh"),
             s.parallelisms["tp"])

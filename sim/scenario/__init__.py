@@ -36,7 +36,6 @@ import copy
 import math
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.mesh import Mesh
 from distlab.sim.result import Result, step_summary, throughput
 from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys, complete_mesh,  # noqa: F401
                                         from_dict, load, resolve_cluster, translate_legacy, under, validate,
@@ -182,7 +181,7 @@ def parts(d, where: str = "scenario", cluster=None) -> tuple:
     its nodes of a shared one)."""
     s = scenario_of(d, where, cluster)
     model, cluster = resolve(s, where)
-    return s.source, workload_record(s), model, cluster, Mesh(s.mesh), options_of(s)
+    return s.source, workload_record(s), model, cluster, s.device_mesh(f"{where}: mesh"), options_of(s)
 
 
 def build(d, where: str = "scenario", cluster=None) -> Result:

@@ -216,7 +216,7 @@ def from_dict(d, where: str = "scenario", cluster=None):
     micro_batch = spec.pop("batch" if mlp else "micro_batch", None)
     source = spec.pop(form, "gpt")
     model = ModelSpec(form, source, tuple(sorted(spec.items())))
-    return Scenario(model=model, batch=Batch(micro_batch), mesh=mesh.as_dict(), parallelisms=options,
+    return Scenario(model=model, batch=Batch(micro_batch), mesh=tuple(mesh.as_dict().items()), parallelisms=options,
                     workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
                     stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
                     degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),

@@ -6,7 +6,6 @@ scenario or the workloads)."""
 from __future__ import annotations
 
 from distlab.sim import scenario as sc
-from distlab.sim.mesh import Mesh
 from distlab.sim.parallel.pipeline.plan import PipelineSpec
 from distlab.sim.workloads.pipeline import sweep_figure, sweep_row  # noqa: F401 (sweep_figure re-exported)
 
@@ -15,7 +14,7 @@ def spec_of(scenario) -> PipelineSpec:
     """The PipelineSpec of a pipeline scenario (a Scenario, a mapping or a path): stages and data_parallel from
     its completed mesh."""
     s = sc.scenario_of(scenario, "pipeline")
-    return s.parallelisms["pipeline"].spec(Mesh(s.mesh)).check()
+    return s.parallelisms["pipeline"].spec(s.device_mesh()).check()
 
 
 def sweep_results(base, key: str, values: list) -> list[dict]:

@@ -2,7 +2,7 @@
 once (sim/scenario/parse.py) into these dataclasses; everything after receives a ``Scenario``, never a dict.
 
     s = parse.from_dict({"model": "llama3-8b", "mesh": {"dp_shard": 8}, "fsdp": {"param_dtype": "bfloat16"}})
-    s.mesh                       # {'dp_shard': 8}: the mesh completed on the cluster's world
+    s.mesh                       # (('dp_shard', 8),): the mesh completed on the cluster's world
     s.parallelisms["fsdp"]       # FSDPOptions(zero=3, param_dtype='bfloat16', ...): every option, defaults filled
     s.workload                   # 'fsdp': the builder the layout uses ('composed' for several parallelisms)
 
@@ -68,7 +68,7 @@ class Scenario:
     (what `--json` prints and a sweep edits; not compared)."""
     model: ModelSpec
     batch: Batch
-    mesh: dict                        # completed: dimension -> size, outermost first
+    mesh: tuple                       # completed: ((dimension, size), ...) outermost first (order counts in ==)
     parallelisms: dict                # name -> options dataclass, torchtitan's order for a composition
     workload: str                     # the builder: a registry name or "composed"
     cluster: ClusterSpec
@@ -77,6 +77,11 @@ class Scenario:
     name: str | None = None
     description: str | None = None
     source: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def device_mesh(self, where: str = "scenario: mesh"):
+        """The completed mesh as a sim/mesh.py Mesh."""
+        from distlab.sim.mesh import Mesh
+        return Mesh(dict(self.mesh), where)
 
     def model_spec(self) -> dict:
         return self.model.as_dict(self.batch.micro_batch)
