@@ -42,6 +42,7 @@ from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys,
                                         workload_of)
 from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
 from distlab.sim.workloads import composed, registry
+
 DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
 
 
@@ -170,6 +171,7 @@ def options_of(s: Scenario):
 
 
 def workload_record(s: Scenario):
+    """The workload record that builds ``s`` (sim/workloads/registry.py, or the composition's)."""
     return composed.WORKLOAD if s.workload == composed.WORKLOAD.name else registry.get(s.workload)
 
 
