@@ -146,3 +146,12 @@ def test_fsdp2_bytes_per_parameter_agree_across_builders():
     assert [by_tp[k] for k in static] == [by_composed[k] for k in static]
     assert by_tp["params"] == by_tp["grads"] and by_tp["optimizer"] == 2 * by_tp["params"]
     assert precision("bfloat16", fsdp2=True) == (4, 4, 8) and precision("bfloat16") == (2, 2, 12)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--mesh", "cp=2", "--recompute", "selective"], "--recompute"),
+                                        (["--mesh", "dp_shard=8", "--overlap", "maybe"], "--overlap"),
+                                        (["--mesh", "pp=2", "--split", "a,b"], "--split")])
+def test_errors_name_the_shared_flag_written(argv, flag):
+    with pytest.raises(ConfigError) as e:
+        from_flags("--model", "llama3-8b", *argv)
+    assert e.value.where == flag
