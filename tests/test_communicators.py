@@ -193,7 +193,7 @@ def test_module_examples():
     import doctest
 
     from distlab.sim.kernel import communicators
-    from distlab.sim.parallel.fsdp import what_if
+    from distlab.sim.scenario import what_if
     for module in (communicators, what_if):
         assert doctest.testmod(module).failed == 0
 

@@ -19,12 +19,12 @@ FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
     "pipeline": "--mesh pp=2 --schedule interleaved --microbatches 4 --virtual-stages 2 --split 3,3,3,3 "
                 "--weight-grad-fraction 0.5 --recv early --stage-less-layers none",
     "tp": "--model llama3-8b --mesh tp=2 --sequence-parallel true --loss-parallel true --recompute selective "
-          "--tp-schedule gpipe --tp-microbatches 2 --tp-virtual-stages 1 --tp-split none --tp-comm-overlap true",
+          "--tp-comm-overlap true",
     "tp ": "--model llama3-8b --mesh tp=2 --sequence-parallel false --tp-prepare-input true",   # plain TP
-    "cp": "--model llama3-8b --mesh cp=2 --rotate-method alltoall --load-balance true --cp-recompute full "
-          "--cp-overlap false",
-    "ep": "--model deepseek-v3 --mesh ep=2 --ep-skew 0.5 --ep-node-limit 1 --ep-zero1 true --ep-schedule 1f1b "
-          "--ep-microbatches 1 --ep-overlap true --ep-split none --ep-fp8-dispatch true",
+    "cp": "--model llama3-8b --mesh cp=2 --rotate-method alltoall --load-balance true --recompute full "
+          "--overlap false",
+    "ep": "--model deepseek-v3 --mesh ep=2 --ep-skew 0.5 --ep-node-limit 1 --ep-zero1 true --schedule 1f1b "
+          "--microbatches 1 --overlap true --split none --ep-fp8-dispatch true",
 }
 
 
@@ -92,9 +92,9 @@ def test_torchtitans_split_of_llama3_405b():
     (["--mesh", "pp=2", "--ep-skew", "1"], ["needs mesh dimension 'ep'"]),
     (["--mesh", "pp=2,ep=2", "--zero", "3"], ["unknown mesh dimension 'ep' for a composition"]),
     (["--mesh", "tp=2,pp=2", "--model", "llama3-8b", "--sweep", "colour=1,2"], ["--sweep", "microbatches"]),
-    (["--mesh", "pp=3"], ["pp 3", "must divide the world size 8"]),
+    (["--mesh", "pp=3"], ["pipeline stages 3", "must divide the world size 8"]),
     (["--mesh", "pp=2,tp=2", "--model", "llama3-8b", "--microbatches", "2", "--tp-microbatches", "4"],
-     ["pipeline section has it"]),
+     ["--tp-microbatches", "is now --microbatches"]),
 ])
 def test_bad_compositions_are_one_line_exit_2(capsys, args, words):
     rc, _, err = simulate_cli(capsys, *args)

@@ -138,3 +138,31 @@ def test_graph_sees_the_real_imports():
     assert "runtime.parallel.ddp.validate" in graph["runtime.parallel.registry"]
     assert "sim.plan" in graph["sim.kernel.engine"]
     assert all(os.path.exists(p) for p in modules(ROOT).values())
+
+
+# Layers (issue 44.3): sim/parallel/ builds plans from options, a mesh and a model; the scenario (sim/scenario/),
+# the workload records (sim/workloads/) and the planner (sim/planner/) sit above it and call down into it, never
+# the other way round, so a parallelism can be read, tested and reused without the scenario machinery.
+LOWER, UPPER = "sim.parallel", ("sim.scenario", "sim.workloads", "sim.planner")
+
+
+def upward_imports(graph: dict[str, set[str]], lower: str = LOWER, upper=UPPER) -> list[str]:
+    """'a -> b' for every module a under ``lower`` that imports a module b under one of ``upper``."""
+    inside = lambda name, top: name == top or name.startswith(top + ".")  # noqa: E731
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() if inside(a, lower)
+                  for b in targets if any(inside(b, u) for u in upper))
+
+
+def test_upward_import_rule_sees_a_lazy_back_import(tmp_path):
+    write(tmp_path, {"sim/__init__.py": "", "sim/parallel/__init__.py": "", "sim/parallel/x.py":
+                     "def f():\n    from distlab.sim import scenario\n", "sim/scenario.py": "",
+                     "sim/workloads/__init__.py": "", "sim/workloads/base.py": "from distlab.sim.parallel import x\n",
+                     "sim/parallel/y.py": "from distlab.sim.workloads.base import option\n"})
+    assert upward_imports(import_graph(tmp_path, ("sim",))) == [
+        "sim.parallel.x -> sim.scenario", "sim.parallel.y -> sim.workloads.base"]
+
+
+def test_parallel_never_imports_scenario_workloads_or_planner():
+    found = upward_imports(import_graph(ROOT))
+    assert not found, ("sim/parallel/ imports a layer above it (move the helper up, or the shared piece down "
+                       "into sim/parallel/):\n" + "\n".join(found))

@@ -180,7 +180,7 @@ def test_pipeline_helpers():
     assert sw["simulated"]["interleaved v=2"] == pytest.approx(sw["formula"]["(p-1)/(2m+p-1)"])
     assert plot_bubble_sweep(4, [4, 8])._repr_png_()[:4] == b"\x89PNG"
     assert plot_pipeline(pipeline_trace("zbv", 2, 4, 2))._repr_png_()[:4] == b"\x89PNG"
-    from distlab.sim.parallel.pipeline.scenario import sweep_results
+    from distlab.sim.scenario.pipeline import sweep_results
     rows = sweep_results(scenario("gpt2-medium", "pipeline", schedule="1f1b", stages=4, microbatches=4),
                          "microbatches", [4, 8])
     assert rows[1]["bubble"] < rows[0]["bubble"] and "bubble" in str(pipeline_sweep_table(rows, "microbatches"))

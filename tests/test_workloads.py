@@ -186,7 +186,7 @@ def test_pipeline_on_a_pp_outer_mesh_takes_groups_from_the_mesh():
 
 def test_sweeping_stages_of_an_old_pipeline_file_keeps_one_replica():
     """Old format without world_size: the world was stages x 1, and a sweep of stages keeps it so."""
-    from distlab.sim.parallel.pipeline.scenario import sweep_results
+    from distlab.sim.scenario.pipeline import sweep_results
     d = sc.validate({"model": {"kind": "mlp", "widths": [64] * 9, "batch": 4},
                      "parallelism": {"kind": "pipeline", "stages": 2, "microbatches": 4}, "cluster": "dgx-h100"})
     rows = sweep_results(d, "stages", [2, 4])

@@ -142,7 +142,7 @@ def _scenario(args) -> int:
     """``--scenario``: the tp workload's memory report (local shards, Korthikanti et al. 2022 activations)."""
     from distlab.sim import scenario as sc
     from distlab.sim.workloads.tp import memory
-    result = sc.build(sc.load(args.scenario))
+    result = sc.build(sc.from_dict(args.scenario, args.scenario))      # parsed once (sim/scenario/parse.py)
     if result.workload.name != "tp":
         raise ConfigError(f"--scenario takes a scenario with a tp: section; this one is {result.workload.name}",
                           "--scenario")

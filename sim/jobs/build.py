@@ -115,7 +115,8 @@ def _plan(job, cluster, i: int, where: str, cache: dict) -> tuple[Plan, str, str
         from distlab.sim import scenario as sc
         d.pop("world_size", None)
         d["nodes"] = nodes
-        result = sc.build(d, at, cluster=cluster.with_nodes(nodes) if nodes != cluster.nodes else cluster)
+        s = sc.from_dict(d, at, cluster=cluster.with_nodes(nodes) if nodes != cluster.nodes else cluster)
+        result = sc.build(s, at)             # the Scenario on the job's nodes of the shared cluster
         words = f"{result.model.name} {result.workload.name} ({result.plan.world_size} ranks)"
         cache[key] = (result.plan, words, result.workload.name)
     return cache[key]

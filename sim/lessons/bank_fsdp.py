@@ -23,7 +23,7 @@ One process group, one collective at a time (docs/communicators.md, sim/kernel/c
 all-gathers and reduce-scatters on separate CUDA streams but on one process group, one NCCL communicator, which
 runs its collectives one after another; torch 2.13's ``FSDPModule.set_separate_reduce_scatter_group()``
 (torch/distributed/fsdp/_fully_shard/_fully_shard.py) gives the reduce-scatters a group of their own. The
-step both ways comes from sim/parallel/fsdp/what_if.py.
+step both ways comes from sim/scenario/what_if.py.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def _group_scenario(case: str) -> dict:
 @lru_cache(maxsize=4)
 def group_what_if(case: str = FIRST_CASE) -> tuple:
     """The step of ``case`` with the reduce-scatters on the shard group and on their own (what_if.py's rows)."""
-    from distlab.sim.parallel.fsdp.what_if import reduce_scatter_group_what_if
+    from distlab.sim.scenario.what_if import reduce_scatter_group_what_if
     return tuple(reduce_scatter_group_what_if(_group_scenario(case)))
 
 
@@ -210,7 +210,7 @@ def group_table() -> Table:
                          f"{r['ag_rs_overlap_s'] * 1e3:.2f}", f"{r['reduce_scatter_s'] * 1e3:.2f}"])
     return Table(["FSDP2 on dgx-h100", "reduce-scatters on", "step ms", "step change", "AG/RS overlap ms",
                   "reduce-scatters ms"], rows, "rank 0's backward all-gathers and reduce-scatters, simulated "
-                 "(sim/parallel/fsdp/what_if.py)")
+                 "(sim/scenario/what_if.py)")
 
 
 EXERCISES = (

@@ -103,7 +103,7 @@ def plot_bubble_sweep(p: int, ms_list, schedules=PIPELINE_SCHEDULES, title: str 
 
 
 def pipeline_sweep_table(rows: list[dict], key: str, title: str = "") -> Table:
-    """Rows of sim.pipeline.scenario.sweep_results: makespan, bubble, samples/s, peak activations, p2p."""
+    """Rows of sim.scenario.pipeline.sweep_results: makespan, bubble, samples/s, peak activations, p2p."""
     return Table([key, "ranks", "makespan (ms)", "bubble", "samples/s", "peak activations (GiB)", "p2p (ms)"],
                  [[r[key], r["world_size"], f"{r['makespan_s'] * 1e3:.3f}", f"{r['bubble']:.1%}",
                    f"{r['samples_per_s']:.4g}", f"{r['peak_activation_bytes'] / 2**30:.2f}", f"{r['p2p_s'] * 1e3:.3f}"]

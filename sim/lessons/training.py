@@ -52,8 +52,8 @@ def fitted_cluster(workdir: str = "work") -> str:
     return path if os.path.isfile(path) else "localhost-cpu"
 
 
-def simulate(d: dict) -> dict:
-    """Simulate one step of scenario ``d``: {"result" (sim.result.Result), "trace", "info", "model", "cluster",
+def simulate(d) -> dict:
+    """Simulate one step of scenario ``d`` (a mapping or a Scenario): {"result" (sim.result.Result), "trace", "info", "model", "cluster",
     "plan", "summary" (step, compute, comm, exposed comm, overlap %), "buckets" (DDP: per bucket rows with
     launch times), "report" (the workload's report data, e.g. FSDP's peak memory)}."""
     from distlab.sim import scenario as sc
@@ -91,14 +91,11 @@ def bucket_table(rows: list[dict], title: str = "buckets (rank 0; times in ms)")
 def sweep(d: dict, key: str, values) -> list[dict]:
     """Simulate scenario ``d`` once per value of ``key`` (as `distlab simulate --sweep KEY=...`): rows with
     the value, world_size, buckets, step_s, compute_s, comm_s, exposed_comm_s, overlap_pct."""
-    import copy
-
-    from distlab.sim.scenario import set_value
+    from distlab.sim import scenario as sc
+    base = sc.from_dict(d)                          # parsed once; each value a Scenario (sim/scenario vary)
     rows = []
     for v in values:
-        e = copy.deepcopy(d)
-        set_value(e, key, v)
-        r = simulate(e)
+        r = simulate(sc.vary(base, key, v))
         rows.append({key: v, **r["summary"], "buckets": len(r["info"].get("buckets", [])),
                      "world_size": r["plan"].world_size})
         if "report" in r:                           # fsdp: the peak memory per GPU

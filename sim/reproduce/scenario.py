@@ -15,8 +15,6 @@ The scenario is validated as any scenario is; sim/reproduce/plans.py builds the 
 """
 from __future__ import annotations
 
-from distlab.sim.mesh import Mesh
-
 
 def model_dtype(run) -> str:
     return "float16" if run.precision == "float16" else "bfloat16"
@@ -52,10 +50,9 @@ def scenario_of(run) -> dict:
 
 
 def parts(run):
-    """(model, mesh, TPOptions) of the run's scenario."""
-    from distlab.sim.scenario import workload_of
+    """(model, mesh, TPOptions) of the run's scenario, parsed once (sim/scenario/parse.py)."""
+    from distlab.sim import scenario as sc
     from distlab.sim.models import model_from_spec
-    d = scenario_of(run)
-    w = workload_of(d)
-    return (model_from_spec(d["model"], f"run {run.name}: model"), Mesh(d["mesh"], f"run {run.name}: mesh"),
-            w.parse(d["tp"], f"run {run.name}: tp"))
+    s = sc.from_dict(scenario_of(run), f"run {run.name}")
+    return (model_from_spec(s.model_spec(), f"run {run.name}: model"), s.device_mesh(f"run {run.name}: mesh"),
+            s.parallelisms["tp"])

@@ -5,7 +5,8 @@ its hooks. Everything a user sees of it comes from the record: the YAML keys of 
 Options are a dataclass; each field has a type (int, float, bool, str, ``X | None``, ``bool | int``,
 ``list[int] | None``), a default, and metadata: ``help`` (one line, required), and optionally ``choices``,
 ``what`` (words for the value in errors, e.g. "ZeRO stage") and ``flag`` (the CLI flag, default
-``--field-name``). Range checks beyond type and choices belong in the dataclass's ``validate(where)``.
+``--field-name``; ``option`` in sim/parallel/options.py makes such a field). Range checks beyond type and
+choices belong in the dataclass's ``validate(where)``.
 """
 from __future__ import annotations
 
@@ -16,14 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distlab.sim.errors import ConfigError
-
-
-def option(default, help: str, choices=None, what: str | None = None, flag: str | None = None):
-    """A dataclass field with the metadata the registry reads."""
-    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "what": what, "flag": flag}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+from distlab.sim.parallel.options import option  # noqa: F401 (the field helper, defined below the builders)
 
 
 @dataclass(frozen=True)

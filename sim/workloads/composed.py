@@ -12,8 +12,10 @@ is an error, except the data-parallel one: ``fsdp`` (or ``ddp``) takes the ranks
 torchtitan's dp_shard = -1 does, placed in torchtitan's mesh order (pp, dp_replicate, dp_shard, cp, tp). A
 section left out takes its defaults. Inside a pipeline FSDP2 does not reshard after forward unless the fsdp
 section says so (torchtitan's default policy with pp: "do not reshard after forward to avoid per-microbatch
-all-gathers"). A scenario is composed when it has several sections, or a mesh with dimensions its one section's
-parallelism does not have (one section on its own dimensions is that workload, sim/workloads/<name>.py).
+all-gathers"); with CP, FSDP2 over dp_shard x cp follows the cp section's ``overlap`` unless the fsdp section
+says (as sim/parallel/cp/plan.py). A scenario is composed when it has several sections, or a mesh with
+dimensions its one section's parallelism does not have (one section on its own dimensions is that workload,
+sim/workloads/<name>.py).
 """
 from __future__ import annotations
 
@@ -106,6 +108,8 @@ def options_of(d: dict, mesh: Mesh, parse, where: str) -> Parallelisms:
     par = choose(mesh, given, f"{where}: mesh")
     if par.pipeline is not None and par.fsdp is not None and "reshard_after_forward" not in (d.get("fsdp") or {}):
         par.fsdp = replace(par.fsdp, reshard_after_forward=False)
+    if par.cp is not None and par.fsdp is not None and "overlap" not in (d.get("fsdp") or {}):
+        par.fsdp = replace(par.fsdp, overlap=par.cp.overlap)     # CP's overlap covers its FSDP2, as cp_plan's
     return par
 
 

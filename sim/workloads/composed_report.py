@@ -4,7 +4,8 @@ dimension and phase on rank 0, the pipeline's bubble, and the memory of the full
 Memory per GPU (the rank with the most bytes among the pipeline ranks): its stages' parameters as TP leaves them
 (sim/parallel/tp/rules.py local shapes), sharded over FSDP2's group (dp_shard x cp) as the ZeRO stage says
 (sim/parallel/fsdp/memory.py: ZeRO-3 all three sharded, ZeRO-2 gradients and optimizer, ZeRO-1 the optimizer;
-DDP none), mixed-precision AdamW's bytes per element (``precision``); activations of one block as the model's
+DDP none), mixed-precision AdamW's bytes per element (``precision``: with FSDP2's ZeRO-3 its fp32 shards
+4 + 4 + 8, as the fsdp workload's report; else ZeRO's 2 + 2 + 12 for 16-bit params); activations of one block as the model's
 family keeps them (sim/models/activations.py: tp, sequence parallelism, cp, recompute; the same function as
 `distlab memory` and every workload): without a pipeline its peak (the same bytes as `distlab memory`), with one
 a block's bytes times the most blocks the rank holds at once walking its schedule (sim/workloads/tp.py
@@ -91,7 +92,7 @@ def memory_of(model, mesh, par) -> dict:
     tp, cp = size["tp"], size["cp"]
     S = size["dp_shard"] * cp if par.fsdp is not None else 1
     zero = par.fsdp.zero if par.fsdp is not None else 0
-    p, g, k = precision(c["dtype"])
+    p, g, k = precision(c["dtype"], fsdp2=zero == 3)      # FSDP2's fp32 shards, as every FSDP2 report
     sp = par.tp is not None and par.tp.sequence_parallel
     own = par.tp.recompute if par.tp is not None else "none"
     if par.cp is not None and own == "none":      # CP x TP: the cp section's recompute (sim/parallel/layers.py)

@@ -24,7 +24,7 @@ def build(model, mesh, opts: CPOptions, cluster):
 def report(result) -> dict:
     from distlab.sim.parallel.cp.memory import cp_memory
     from distlab.sim.parallel.cp.ring import step_kind
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, fsdp2_split
     from distlab.sim.plan import Collective, Send
     o, cp = result.options, result.mesh.size("cp")
     ops = [x for x in result.plan.ranks[0] if getattr(x, "name", "").startswith("cp ")
@@ -46,7 +46,7 @@ def report(result) -> dict:
     shard = cp * tp * (m.size("dp_shard") if "dp_shard" in m else 1)
     from distlab.sim.models.activations import effective_recompute
     rc = effective_recompute(result.model, o.recompute)
-    parts = cp_memory(result.model, cp, shard, o.rotate_method, rc, tp)
+    parts = fsdp2_split(cp_memory(result.model, cp, shard, o.rotate_method, rc, tp))    # FSDP2's 4 + 4 + 8
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [["cp group size", cp], ["tokens per rank", f"{result.model.config['seq_len'] // cp} of "

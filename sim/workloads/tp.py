@@ -61,7 +61,7 @@ def build(model, mesh, opts: TPOptions, cluster):
 
 def memory(result) -> dict:
     from distlab.sim.models.activations import effective_recompute
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, fsdp2_split
     from distlab.sim.parallel.tp.memory import tp_memory
     o = result.options
     rc = effective_recompute(result.model, o.recompute, "tp.recompute")
@@ -69,6 +69,8 @@ def memory(result) -> dict:
     parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, rc, dp, o.loss_parallel)
     if "pp" in result.mesh and result.mesh.size("pp") > 1:
         parts = first_stage_memory(result, parts)
+    if dp > 1:                                  # FSDP2 x TP: the split FSDP2 holds (fsdp/memory.py precision)
+        parts = fsdp2_split(parts)
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]

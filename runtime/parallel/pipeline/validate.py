@@ -251,7 +251,7 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     + ReLU), so the scenario's model must be ``{kind: mlp, widths: [w, w, ...], batch: rows per microbatch}``."""
     from distlab.sim import scenario as sc
     from distlab.sim.errors import ConfigError
-    from distlab.sim.parallel.pipeline.scenario import spec_of
+    from distlab.sim.scenario.pipeline import spec_of
     d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
     if workload_section(d, "pipeline") is None:
         raise ConfigError(f"needs parallelism kind pipeline, got {scenario_kind(d)!r}", "parallelism.kind")

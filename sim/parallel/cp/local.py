@@ -17,7 +17,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.models import Layer, Model
 from distlab.sim.parallel.cp.ring import METHODS, Ring
 from distlab.sim.plan import DTYPE_BYTES, Compute
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 
 @dataclass
@@ -28,9 +28,9 @@ class CPOptions:
     load_balance: bool = option(True, "head-tail sharding (2 x cp chunks) so every rank has the same causal work")
     recompute: str = option("none", "full: activation checkpointing of every block (torchtitan's full AC): "
                                     "backward reruns the block's forward, ring included", choices=("none", "full"),
-                            what="recompute", flag="--cp-recompute")
+                            what="recompute")
     overlap: bool = option(True, "rotation overlaps attention compute and FSDP2 runs on its own streams; false: "
-                                 "every collective is waited for at once", flag="--cp-overlap")
+                                 "every collective is waited for at once")
 
     def validate(self, where: str = "cp") -> "CPOptions":
         return self

@@ -23,7 +23,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import Model
 from distlab.sim.plan import ALGORITHMS, Collective, Compute, Plan, Record, Wait
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
 

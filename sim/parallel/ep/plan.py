@@ -36,7 +36,7 @@ from distlab.sim.parallel.pipeline import dualpipe
 from distlab.sim.parallel.pipeline.action import Action
 from distlab.sim.parallel.pipeline.schedules import SCHEDULES
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 ADAM_BYTES, ADAM_FLOPS = 28, 12      # per element: as sim/parallel/tp/plan.py
 COUNT_BYTES = 8                      # torch.int64 token counts
@@ -54,12 +54,10 @@ class EPOptions:
     zero1: bool = option(True, "ZeRO-1: reduce_scatter gradients, all_gather parameters (false: all_reduce)",
                          flag="--ep-zero1")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (2 stages per rank but for gpipe, 1f1b)",
-                           choices=SCHEDULES, what="pipeline schedule", flag="--ep-schedule")
-    microbatches: int = option(1, "micro-batches per step (with pp: per pipeline)", flag="--ep-microbatches")
-    overlap: bool = option(True, "DualPipe: overlap each OVERLAP_F_B pair's all-to-alls with the other's compute",
-                           flag="--ep-overlap")
-    split: list[int] | None = option(None, "blocks per pipeline stage (with pp), stage order; none = even",
-                                        flag="--ep-split")
+                           choices=SCHEDULES, what="pipeline schedule")
+    microbatches: int = option(1, "micro-batches per step (with pp: per pipeline)")
+    overlap: bool = option(True, "DualPipe: overlap each OVERLAP_F_B pair's all-to-alls with the other's compute")
+    split: list[int] | None = option(None, "blocks per pipeline stage (with pp), stage order; none = even")
     fp8_dispatch: bool = option(False, "DeepSeek-V3's FP8 dispatch: the dispatch all_to_all and its backward twin "
                                        "carry float8 values with an fp32 scale per 128; the combine stays in the "
                                        "model dtype", flag="--ep-fp8-dispatch")

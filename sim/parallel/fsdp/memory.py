@@ -21,14 +21,36 @@ DYNAMIC = ("unsharded params", "unsharded grads", "activations")
 STAGES = (0, 1, 2, 3)        # 0 = DDP (plain data parallel)
 
 
-def precision(dtype: str) -> tuple[int, int, int]:
-    """(param bytes, grad bytes, optimizer bytes K) per parameter for Adam with params in ``dtype``."""
+FSDP2_PRECISION = (4, 4, 8)   # fully_shard's sharded fp32 params, fp32 grads, AdamW m and v (fp32)
+
+
+def precision(dtype: str, fsdp2: bool = False) -> tuple[int, int, int]:
+    """(param bytes, grad bytes, optimizer bytes K) per parameter for Adam with params in ``dtype``: ZeRO's
+    accounting, or with ``fsdp2`` (FSDP2 / ZeRO-3 fully_shard) what FSDP2 holds: the sharded parameters stay in
+    their original dtype (fp32) while ``MixedPrecisionPolicy(param_dtype=bf16)`` gathers 16-bit copies, the
+    reduced gradients are kept in the sharded parameter's dtype and AdamW's m and v follow it: 4 + 4 + 8, the
+    same 16 bytes an element as ZeRO's 2 + 2 + 12 (torch.distributed.fsdp.MixedPrecisionPolicy: "FSDP ... keeps
+    the high-precision sharded parameters in memory anyway ... The optimizer step uses the sharded parameter
+    in the original dtype"). Every report of FSDP2 memory uses this split (the fsdp workload's report, the
+    composition's, TP's and CP's with FSDP2); plans keep ZeRO's in their memory meta."""
     b = DTYPE_BYTES[dtype]
+    if fsdp2:
+        return FSDP2_PRECISION
     return b, b, (12 if b < 4 else 2 * b)
 
 
+def fsdp2_split(parts: dict) -> dict:
+    """``parts`` (ZeRO-3 accounting: params, grads, optimizer of n sharded elements, 16 bytes each) with those
+    three split as FSDP2 holds them: 4n, 4n, 8n (``precision``); the other parts as they are."""
+    total = parts["params"] + parts["grads"] + parts["optimizer"]
+    n = total // 16 if isinstance(total, int) and total % 16 == 0 else total / 16
+    p, g, k = FSDP2_PRECISION
+    return {**parts, "params": n * p, "grads": n * g, "optimizer": n * k}
+
+
 def static_bytes(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None) -> dict:
-    """Bytes per GPU of params, grads and optimizer state for ZeRO stage ``zero`` (0 = DDP)."""
+    """Bytes per GPU of params, grads and optimizer state for ZeRO stage ``zero`` (0 = DDP), ZeRO's accounting
+    (reports show FSDP2's split: ``fsdp2_split``)."""
     from distlab.sim.errors import ConfigError
     from distlab.sim.parallel.fsdp.units import model_dtype, padded_numel
     if zero not in STAGES or isinstance(zero, bool):

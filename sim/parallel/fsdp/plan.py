@@ -42,7 +42,7 @@ from distlab.sim.parallel.fsdp.memory import static_bytes
 from distlab.sim.parallel.fsdp.units import BLOCK, Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
 from distlab.sim.mesh import Mesh
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 ADAM_BYTES = 28      # per shard element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12      # per element, roughly (two moments, bias corrections, update)
 

@@ -35,7 +35,7 @@ from distlab.sim.mesh import Mesh
 from distlab.sim.parallel.pipeline import schedules as S
 from distlab.sim.parallel.pipeline.tied import tied_embedding, tied_embedding_ops
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Recv, Record, Send, Wait
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 
 @dataclass

@@ -48,7 +48,7 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.models import structure
 from distlab.sim.plan import DTYPE_BYTES, Collective, Compute, Plan, Record, Wait
 from distlab.sim.parallel.tp.rules import check_divides, local_shape, module_of, partial_grad_params, placement
-from distlab.sim.workloads.base import option
+from distlab.sim.parallel.options import option
 
 ADAM_BYTES = 28      # per local element: read param, grad, m, v (fp32) and write param, m, v
 ADAM_FLOPS = 12
@@ -82,11 +82,11 @@ class TPOptions:
                                     "(without a tp section: the model's, for every parallelism)",
                             choices=("none", "selective", "full"), what="recompute")
     schedule: str = option("1f1b", "pipeline schedule when the mesh has pp (PP x TP, sim/parallel/tp/pipeline.py)",
-                           choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule", flag="--tp-schedule")
-    microbatches: int = option(4, "micro-batches per step when the mesh has pp", flag="--tp-microbatches")
-    virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)", flag="--tp-virtual-stages")
+                           choices=("gpipe", "1f1b", "interleaved"), what="pipeline schedule")
+    microbatches: int = option(4, "micro-batches per step when the mesh has pp")
+    virtual_stages: int = option(1, "model chunks per pipeline rank (interleaved)")
     split: list[int] | None = option(None, "transformer blocks per pipeline stage, pp x virtual_stages numbers "
-                                           "(none = even)", flag="--tp-split")
+                                           "(none = even)")
     comm_overlap: bool = option(False, "Megatron-LM's TP communication overlap (async TP): all-gathers and "
                                        "reduce-scatters as P2P ring steps pipelined with the GEMMs (sequence "
                                        "parallel only; sim/parallel/tp/overlap.py)", flag="--tp-comm-overlap")

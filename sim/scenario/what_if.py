@@ -7,7 +7,8 @@ prediction exercise; docs/communicators.md).
     ([False, True], 0.0, True)
 
 On one process group NCCL runs the backward all-gathers and the reduce-scatters one at a time
-(sim/kernel/communicators.py); on two they move data at once over the same links, each slower.
+(sim/kernel/communicators.py); on two they move data at once over the same links, each slower. A study of
+scenarios, so it lives beside the scenario (sim/parallel/ never imports it: tests/test_import_graph.py).
 """
 from __future__ import annotations
 

@@ -1,27 +1,13 @@
-"""Scenarios: a model, a device mesh, a section per parallelism and a cluster, as one YAML file or dict.
+"""Parsing and validating a scenario mapping (a YAML file's, the command line's, a plan header's) into the typed
+Scenario (sim/scenario/spec.py), once.
 
-    name: llama-7b HSDP              # optional
-    model: {preset: llama-7b, micro_batch: 1}   # a preset, or {preset: ..., micro_batch: 8}, or {kind: mlp, ...}
-    mesh: {dp_replicate: 2, dp_shard: 8}        # optional: named dims, outermost first (sim/mesh.py)
-    fsdp: {zero: 3, param_dtype: bfloat16}      # one section per parallelism: ddp, fsdp or pipeline
-    cluster: dgx-h100                # a preset or a cluster .yaml (relative to the scenario file)
-    nodes: 2                         # optional: overrides the cluster's node count
-    world_size: 16                   # optional: ranks (default: every GPU of the cluster)
-    stragglers: {3: 1.5}             # optional: rank -> compute slowdown factor (> 0; 1.5 = 50% slower)
-    degraded_links: {node0.nic3.up: 0.25}   # optional: link -> bandwidth factor in (0, 1]
+    s = from_dict({"model": "gpt2-small", "ddp": {}}, "scenario")   # or load("scenarios/fsdp-llama-7b.yaml")
+    build(s)                                                            # sim/scenario/__init__.py
 
-The section's key names the workload (sim/workloads/registry.py); its keys are the workload's options. The
-mesh may leave out the workload's fill dimension (dp, dp_replicate): it takes the ranks the others leave; with
-no mesh every rank is on the workload's default dimension (ddp: dp, fsdp: dp_shard; pipeline needs pp).
-Several sections together, or a mesh naming several parallelisms, compose (sim/workloads/composed.py: each mesh
-dimension chooses its parallelism, sim/parallel/parallelize.py builds them in torchtitan's order):
-
-    mesh: {pp: 16, dp_shard: 128, tp: 8}
-    pipeline: {microbatches: 16}
-    tp: {recompute: selective}
-
-The old format ``parallelism: {kind: ddp, ...}`` still loads: it is translated (``shard_size`` -> mesh
-dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
+``validate`` checks every key and option of the mapping (errors name the key as written, ``scenario: fsdp.zero``)
+and translates the old ``parallelism: {kind: ...}`` format; ``from_dict`` then resolves what the mapping leaves
+implicit (the cluster's world, the completed mesh, every option's default) so that one layout is one object.
+The workload records (sim/workloads/) define the sections; this module only reads them.
 """
 from __future__ import annotations
 
@@ -31,12 +17,10 @@ import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
-from distlab.sim.result import Result, step_summary, throughput
 from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
 KEYS = SCENARIO_KEYS
-DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
@@ -73,6 +57,10 @@ def validate(d, where: str = "scenario") -> dict:
     if "parallelism" in d:
         translate_legacy(d, where)
     sections = [k for k in d if k in registry.names()]
+    one = _one_parallelism(d.get("mesh")) if not sections else None
+    if one is not None:                 # a mesh naming one parallelism: that parallelism, as if its section
+        d[one] = {}                     # were written ({dp_shard: 8} is fsdp: {} on 8 ranks)
+        sections = [one]
     if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
         composed.validate(d, sections, _parse, where)
     elif not sections:
@@ -103,6 +91,19 @@ def validate(d, where: str = "scenario") -> dict:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
     return d
+
+
+def _one_parallelism(mesh) -> str | None:
+    """The one parallelism a mesh without sections names (each dimension names one: sim/workloads/composed.py
+    OWNER; ep the ep workload), when its dimensions are all that parallelism's; else None (a composition)."""
+    if not isinstance(mesh, dict) or not mesh or any(not isinstance(k, str) for k in mesh):
+        return None
+    names = {"ep"} if "ep" in mesh else {composed.OWNER.get(k) for k in mesh}
+    if len(names) != 1 or None in names or next(iter(names)) not in registry.names():
+        return None
+    name = next(iter(names))
+    return name if all(k in registry.get(name).dims for k in mesh) and \
+        all(k in mesh for k in registry.get(name).required_dims) else None
 
 
 def translate_legacy(d: dict, where: str) -> None:
@@ -189,152 +190,50 @@ def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mes
     return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
 
 
-def set_value(d: dict, key: str, value) -> None:
-    """Set sweep key ``key`` of scenario ``d``: micro_batch, nodes, world_size, a mesh dim (or its old name:
-    stages, data_parallel, shard_size) or an option of the scenario's parallelism."""
-    if key == "micro_batch":
-        if isinstance(d["model"], str):
-            d["model"] = {"preset": d["model"]}
-        if not isinstance(d["model"], dict):
-            raise ConfigError("micro_batch needs a preset or gpt model", "--micro-batch")
-        d["model"]["micro_batch" if d["model"].get("kind") != "mlp" else "batch"] = value
-        return
-    if key in ("nodes", "world_size"):
-        d[key] = value
-        return
+def from_dict(d, where: str = "scenario", cluster=None):
+    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does). ``cluster``: a
+    Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+    from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario
+    d = load(d, where) if not isinstance(d, dict) else validate(copy.deepcopy(d), where)
     w = workload_of(d)
-    if w is composed.WORKLOAD:
-        return _set_composed(d, key, value)
-    dim = w.legacy_keys.get(key, key)
-    if dim in w.dims:
-        mesh = dict(d.get("mesh") or {})
-        pinned = set(mesh) == set(w.dims) and d.get("world_size") == math.prod(mesh.values())
-        mesh[dim] = value
-        if pinned:                                 # world_size was the mesh's product: it follows the mesh
-            d["world_size"] = math.prod(mesh.values()) if all(isinstance(v, int) for v in mesh.values()) else None
-        elif w.fill_dim and dim != w.fill_dim:
-            mesh.pop(w.fill_dim, None)             # the fill dim takes what the new size leaves
-        d["mesh"] = mesh
-        return
-    d[w.name][key] = value
+    if cluster is None:
+        cluster = resolve_cluster(d)
+    try:
+        mesh = complete_mesh(d, w, cluster.world_size, where)
+        if w is composed.WORKLOAD:
+            par = composed.options_of(d, mesh, _parse, where)
+            options = {name: getattr(par, name) for name in par.names()}
+        else:
+            options = {w.name: w.parse(d[w.name], f"{where}: {w.name}")}
+    except ConfigError as e:
+        raise under(e, where) from None
+    if not isinstance(d["model"], (str, dict)):
+        from distlab.sim.models.presets import preset_names
+        raise ConfigError(f"must be a preset name ({', '.join(preset_names())}) or a mapping", f"{where}: model")
+    spec = {"preset": d["model"]} if isinstance(d["model"], str) else dict(d["model"])
+    form = next((k for k in ("preset", "hf_config", "factory", "kind") if k in spec), "kind")
+    mlp = spec.get("kind") == "mlp"
+    micro_batch = spec.pop("batch" if mlp else "micro_batch", None)
+    source = spec.pop(form, "gpt")
+    model = ModelSpec(form, source, tuple(sorted(spec.items())))
+    return Scenario(model=model, batch=Batch(micro_batch), mesh=tuple(mesh.as_dict().items()), parallelisms=options,
+                    workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
+                    stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
+                    degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),
+                    name=d.get("name"), description=d.get("description"), source=d)
 
 
-def _set_composed(d: dict, key: str, value) -> None:
-    """A mesh dimension (the fill dimension then takes what is left) or the option of the one section that has
-    it (a section the mesh implies is added)."""
-    if key in composed.MESH_ORDER:
-        mesh = dict(d["mesh"])
-        mesh[key] = value
-        fill = composed.fill_dim(d)
-        if key != fill:
-            mesh.pop(fill, None)
-        d["mesh"] = mesh
-        return
-    section, dot, option = key.partition(".")
-    if dot and section in composed_sections(d) and option in registry.get(section).keys():
-        d.setdefault(section, {})[option] = value
-        return
-    owners = [name for name in composed_sections(d) if key in registry.get(name).keys()]
-    if "pipeline" in owners:            # TP's pipeline fields are for a tp section alone: the pipeline's win
-        owners = ["pipeline"]
-    if len(owners) != 1:
-        owned = " and ".join(owners) or "none of this scenario's sections"
-        raise ConfigError(f"{key!r} is an option of {owned}; allowed: {', '.join(composed_sweep_keys(d))}",
-                          "--sweep")
-    d.setdefault(owners[0], {})[key] = value
-
-
-def composed_sections(d: dict) -> list[str]:
-    """The sections a composed scenario has or its mesh implies, in torchtitan's order."""
-    mesh = d.get("mesh") or {}
-    implied = {composed.OWNER[k] for k in mesh if k in composed.OWNER} | ({"fsdp"} if "cp" in mesh else set())
-    return [name for name in composed.COMPOSABLE if name in d or name in implied]
-
-
-def composed_sweep_keys(d: dict) -> tuple[str, ...]:
-    """A composition's sweep keys: the mesh dimensions and its sections' options (``section.key`` for an option
-    two sections have, e.g. tp.recompute and cp.recompute)."""
-    keys = ("nodes", "world_size", "micro_batch") + composed.MESH_ORDER
-    sections = composed_sections(d)
-    for name in sections:
-        for k in registry.get(name).keys():
-            owners = [o for o in sections if k in registry.get(o).keys()]
-            shared = len(owners) > 1 and "pipeline" not in owners
-            keys += (f"{name}.{k}",) if shared else (k,) if k not in keys else ()
-    return keys
-
-
-def parallelism(d: dict) -> dict:
-    """The scenario's parallelism as the old flat dict {kind, options..., shard_size/stages/data_parallel from
-    the mesh as written}: for callers written against the old format."""
-    w = workload_of(d)
-    mesh = d.get("mesh") or {}
-    if w is composed.WORKLOAD:          # no flat form: the kind and the mesh
-        return {"kind": w.name, "mesh": dict(mesh)}
-    return {"kind": w.name, **d[w.name], **{k: mesh[dim] for k, dim in w.legacy_keys.items() if dim in mesh}}
-
-
-def resolve(d: dict, where: str = "scenario"):
-    """(model, cluster) of a validated scenario."""
+def resolve_cluster(d: dict):
+    """The Cluster of a validated scenario mapping: its preset or file, nodes and world size."""
     from distlab.sim.cluster import load_cluster
-    from distlab.sim.models import model_from_spec
-    model = model_from_spec(d["model"], f"{where}: model")
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
         cluster = cluster.with_world_size(d["world_size"])
-    return model, cluster
+    return cluster
 
 
-def parts(d: dict, where: str = "scenario", cluster=None) -> tuple:
-    """(validated scenario, workload, model, cluster, completed mesh, options) of a scenario, without building
-    its plan: for a composition the options are a Parallelisms (sim/parallel/parallelize.py), what
-    ``parallelize`` and the planner's estimate (sim/planner/composed.py) take. ``cluster``: a Cluster to use
-    instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
-    d = validate(copy.deepcopy(d), where)
-    w = workload_of(d)
-    if cluster is None:
-        model, cluster = resolve(d, where)
-    else:
-        from distlab.sim.models import model_from_spec
-        model = model_from_spec(d["model"], f"{where}: model")
-    try:
-        mesh = complete_mesh(d, w, cluster.world_size, where)
-        opts = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
-            w.parse(d[w.name], f"{where}: {w.name}")
-    except ConfigError as e:
-        raise _under(e, where) from None
-    return d, w, model, cluster, mesh, opts
-
-
-def _under(e: ConfigError, where: str) -> ConfigError:
+def under(e: ConfigError, where: str) -> ConfigError:
+    """``e`` with its place prefixed by ``where`` (once)."""
     if e.where and not e.where.startswith(where):
         return ConfigError(str(e).removeprefix(f"{e.where}: "), f"{where}: {e.where}")
     return e
-
-
-def build(d: dict, where: str = "scenario", cluster=None) -> Result:
-    """The Result of a scenario before simulation (validated here again): plan, mesh, model, cluster; no trace.
-    ``cluster``: a Cluster to build on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
-    d, w, model, cluster, mesh, opts = parts(d, where, cluster)
-    try:
-        plan, info = w.build(model, mesh, opts, cluster)
-    except ConfigError as e:
-        raise _under(e, where) from None
-    return Result(d, w, opts, mesh, model, cluster, plan, info or {}, None)
-
-
-def simulate(d: dict, where: str = "scenario") -> Result:
-    """Build and simulate one step: the Result with trace, step summary and the workload's report."""
-    from distlab.sim.kernel.engine import simulate as run
-    result = build(d, where)
-    slowdown = d.get("stragglers") or {}
-    if any(r >= result.plan.world_size for r in slowdown):
-        raise ConfigError(f"rank {max(slowdown)} is outside the world (0..{result.plan.world_size - 1})",
-                          f"{where}: stragglers")
-    result.trace = run(result.plan, result.cluster, record_transfers=False, slowdown=slowdown,
-                       link_factors=d.get("degraded_links"))
-    result.summary = step_summary(result.trace)
-    result.summary.update(throughput(result))
-    if result.workload.report is not None:
-        result.reports[result.workload.name] = result.workload.report(result)
-    return result
