@@ -36,7 +36,9 @@ from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
 KEYS = SCENARIO_KEYS
-DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
+# the default of `distlab simulate`: as people train GPT-2 small (nanoGPT's train.py): DDP, bf16 autocast
+DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {"autocast": "bfloat16"},
+           "cluster": "dgx-h100", "nodes": 1}
 
 
 def load(path_or_dict, where: str | None = None) -> dict:
@@ -303,7 +305,8 @@ def parts(d: dict, where: str = "scenario", cluster=None) -> tuple:
             w.parse(d[w.name], f"{where}: {w.name}")
     except ConfigError as e:
         raise _under(e, where) from None
-    return d, w, model, cluster, mesh, opts
+    from distlab.sim.parallel.pipeline.plan import with_default_microbatches
+    return d, w, model, cluster, mesh, with_default_microbatches(opts, mesh)
 
 
 def _under(e: ConfigError, where: str) -> ConfigError:
