@@ -73,6 +73,15 @@ def argparse_message(message: str) -> str:
     return f"{flag}: {text}" if flag else text
 
 
+def check_whole(value, flag: str, low: int, high: int, what: str = "") -> int:
+    """``value`` (a flag's whole number) within [low, high], else a ConfigError naming ``flag`` and that range:
+    ``--world-size: 1000000000000 is out of range; allowed: 1 to 65,536 (ranks the simulator takes)``."""
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{value} is out of range; allowed: {low:,} to {high:,}" + (f" ({what})" if what else ""),
+                          flag)
+    return value
+
+
 def fail(message: str, code: int = 2):
     """Print one line and exit: for bad input found after parsing."""
     sys.stderr.write(f"distlab: error: {message}\n")

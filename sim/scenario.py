@@ -102,8 +102,9 @@ def validate(d, where: str = "scenario") -> dict:
                 raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
     for k in ("nodes", "world_size"):
         v = d.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65536):
+            raise ConfigError(f"{v!r} must be a whole number from 1 to 65,536 (the simulator's ranks)",
+                              f"{where}: {k}")
     return d
 
 

@@ -67,6 +67,12 @@ def run(args) -> int:
     if not 1 <= args.world <= MAX_RANKS:
         raise ConfigError(f"{args.world} must be a whole number from 1 to {MAX_RANKS} (2^20)", "--world-size")
     gpu, gib = _gpu_GiB(args.gpu)
+    from distlab.sim.cli import check_whole
+    from distlab.sim.dtypes import TRAINING_DTYPES
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per rank")
+    check_whole(args.seq_len, "--seq-len", 1, 2**24, "tokens per sequence")
+    if args.dtype is not None and args.dtype not in TRAINING_DTYPES:
+        raise ConfigError(f"{args.dtype!r} is not a training dtype; allowed: {', '.join(TRAINING_DTYPES)}", "--dtype")
     spec = spec_from_text(args.model, "--model")
     for key in ("micro_batch", "seq_len", "dtype", "recompute"):
         if getattr(args, key) is not None:
@@ -144,7 +150,20 @@ def refuse_absurd(stages: dict, args) -> None:
                               if getattr(args, k, None) is not None)
             raise ConfigError(f"{LABELS[z]} would need {parts['total'] / 2**50:.3g} PiB per GPU ({term}: "
                               f"{parts[term] / 2**50:.3g} PiB), over 1 PiB: no GPU holds a thousandth of that; "
-                              f"check {given or 'the model'}", "--micro-batch" if term == "activations" else "--model")
+                              f"check {given or 'the model'}", blamed_flag(term, args))
+
+
+def blamed_flag(term: str, args) -> str:
+    """The flag the user typed that made ``term`` absurd: for activations --seq-len or --micro-batch, whichever
+    was given (both: the one further above 1 x the preset's 8192 tokens, i.e. the larger of seq_len / 8192 and
+    micro_batch); else --world-size for a huge world, else --model."""
+    if term == "activations":
+        seq, micro = getattr(args, "seq_len", None), getattr(args, "micro_batch", None)
+        if seq is not None and (micro is None or seq / 8192 >= micro):
+            return "--seq-len"
+        if micro is not None:
+            return "--micro-batch"
+    return "--model"
 
 
 def stage_json(zero: int, parts: dict, selected: bool) -> dict:

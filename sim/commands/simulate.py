@@ -60,9 +60,12 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
     from distlab.sim.workloads import registry
     d = sc.load(args.scenario) if args.scenario else copy.deepcopy(sc.DEFAULT)
     changed = []
+    check_flags(args)
     if args.model:
         from distlab.sim.models import spec_from_text
         d["model"] = spec_from_text(args.model, "--model")
+        from distlab.sim.models import model_from_spec
+        model_from_spec(d["model"], "--model")       # a bad --model is named as typed, not as scenario: model:
         changed.append(f"--model {args.model}")
     if args.offload:
         d["model"] = {**_spec(d["model"]), "offload": True}
@@ -99,6 +102,15 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
                 d[w.name][f.name] = w.parse_text(f, text, w.flag(f))
                 changed.append(f"{w.flag(f)} {text}")
     return sc.validate(d, args.scenario or "scenario"), changed
+
+
+def check_flags(args) -> None:
+    """The whole-number flags against the bounds the simulator enforces, named as the user typed them."""
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import MAX_RANKS
+    check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
+    check_whole(args.nodes, "--nodes", 1, MAX_RANKS, "at most 65,536 ranks in all")
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
 
 
 def choose_sections(d: dict, flagged: list) -> None:

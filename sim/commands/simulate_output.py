@@ -60,6 +60,17 @@ def options_lines(result) -> list[tuple[str, dict]]:
             for name in result.options.names()]
 
 
+def show(value) -> str:
+    """A value as a scenario file writes it (YAML's words, not Python's): none, true, false, 3,3,2, k=v."""
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
+    if isinstance(value, (list, tuple)):
+        return ",".join(show(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={show(v)}" for k, v in value.items())
+    return str(value)
+
+
 def summary_rows(s: dict) -> list[list]:
     rows = [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
             ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
@@ -149,8 +160,8 @@ def print_result(result, changed: list[str]) -> None:
                       for p in result.mesh.placement(c.gpus_per_node))
     say(f"mesh:     {place}", indent="          ")
     for name, opts in options_lines(result):
-        say(f"{name}: {', '.join(f'{k}={v}' for k, v in opts.items())}", indent="          ")
-    say("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()), indent="          ")
+        say(f"{name}: {', '.join(f'{k}={show(v)}' for k, v in opts.items())}", indent="          ")
+    say("assumes:  " + ", ".join(f"{k}={show(v)}" for k, v in assumptions(result).items()), indent="          ")
     rep = result.report
     print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
     note(SUMMARY_NOTE)
