@@ -128,7 +128,7 @@ def test_plan_fits_100_columns_and_its_layouts_read_from_the_left(tmp_path, caps
     table = lines[head + 1:next(i for i, line in enumerate(lines) if line.startswith("#1 term"))]
     table = [line for line in table if not line.startswith("  (")]     # notes under the table
     wrapped = [line for line in table if not line[:1].isdigit()]
-    assert len(table) > 10 and wrapped, out
+    assert len(table) >= 10, out          # constant columns are said once (sim/output.py), so rows may not wrap
     assert all(line[:column].strip() == "" and line[column] != " " for line in wrapped), wrapped
     assert all(line[column - 1] == " " and line[column] != " " for line in table if line[:1].isdigit())
 
