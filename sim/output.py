@@ -48,6 +48,13 @@ def say(text: str = "", indent: str = "", first: str = "") -> None:
                                    break_on_hyphens=False, break_long_words=False)))
 
 
+def wrapped(text: str, indent: str = "  ") -> str:
+    """``text`` wrapped at words to WIDTH columns, later lines indented, ending in a newline: for warnings on
+    stderr (errors stay one line)."""
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False,
+                                    break_long_words=False)) + "\n"
+
+
 def note(text: str) -> None:
     """An explanation under a table: ``  (text)``, wrapped."""
     say(f"({text})", indent="   ", first="  ")

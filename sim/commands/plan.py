@@ -186,11 +186,14 @@ class _Bar:
         import sys
         self.enabled, self.it, self.done, self.tenth = enabled, None, 0, 0
         self.lines = enabled and not sys.stderr.isatty()
+        import time
+        self.start = time.monotonic()
 
     def phase(self, text: str) -> None:
         if self.lines:
             import sys
-            print(f"plan: {text}", file=sys.stderr, flush=True)
+            import time
+            print(f"plan: {text}, {time.monotonic() - self.start:.1f} s elapsed", file=sys.stderr, flush=True)
 
     def update(self, done: int, total: int) -> None:
         if self.lines:
