@@ -466,9 +466,9 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
         sc.load(str(ROOT / "scenarios" / name))
     # ddp-gpt2-small: "The default of `distlab simulate`"
     default = sc.validate(dict(sc.DEFAULT), "default")
-    assert {k: default[k] for k in ("model", "cluster")} == {k: sc.load(str(ROOT / "scenarios" /
-                                                                            "ddp-gpt2-small.yaml"))[k]
-                                                            for k in ("model", "cluster")}
+    shipped_default = sc.load(str(ROOT / "scenarios" / "ddp-gpt2-small.yaml"))
+    assert {k: default[k] for k in ("model", "cluster")} == {k: shipped_default[k] for k in ("model", "cluster")}
+    assert default["ddp"].get("autocast") == shipped_default["ddp"]["autocast"] == "bfloat16"
     # ddp-cpu: 2 ranks, 8 x Linear(1024, 1024), 33.6 MB of parameters
     x = r["ddp-cpu.yaml"]
     assert x.plan.world_size == 2 and round(x.model.param_bytes / 1e6, 1) == 33.6

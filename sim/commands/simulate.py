@@ -17,8 +17,8 @@ SCHEMA = "distlab.simulate/1"
 
 def add_arguments(p) -> None:
     from distlab.sim.workloads import registry
-    p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; see README "
-                                               "'Plans'); default: gpt2-small DDP on one DGX H100")
+    p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; docs/plans.md); "
+                                               "default: gpt2-small DDP, bf16 autocast, on one DGX H100")
     p.add_argument("--model", help="a preset (e.g. gpt2-small, llama3.1-8b; docs/models.md), a Hugging Face "
                                     "config.json (or its folder), or pkg.module:factory")
     p.add_argument("--offload", action="store_true", help="keep the transformer blocks' saved activations in host "

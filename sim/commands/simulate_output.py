@@ -163,7 +163,7 @@ def print_result(result, changed: list[str]) -> None:
         say(f"{name}: {', '.join(f'{k}={show(v)}' for k, v in opts.items())}", indent="          ")
     say("assumes:  " + ", ".join(f"{k}={show(v)}" for k, v in assumptions(result).items()), indent="          ")
     rep = result.report
-    print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
+    print_table(None, ["", "value"], [[k, show(v)] for k, v in summary_rows(result.summary) + rep.get("rows", [])])
     note(SUMMARY_NOTE)
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
         shown = sub_trace(result.trace, shown_ranks(result))
