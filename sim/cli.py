@@ -302,5 +302,17 @@ def nccl_fields(op: str, nbytes: int, dtype: str, root: int | None = None) -> di
 
 def nccl_cells(row: dict) -> list:
     """The NCCL_COLUMNS + BW_COLUMNS cells of a result row (bytes, count, type, redop, root, time_s, ...)."""
-    return [row["bytes"], row["count"], row["type"], row["redop"], row["root"], f"{row['time_s'] * 1e6:.2f}",
-            f"{row['algbw_GBps']:.2f}", f"{row['busbw_GBps']:.2f}"]
+    widths = [c[2] for c in BW_COLUMNS]
+    return [row["bytes"], row["count"], row["type"], row["redop"], row["root"],
+            number(row["time_s"] * 1e6, widths[0]), number(row["algbw_GBps"], widths[1]),
+            number(row["busbw_GBps"], widths[2])]
+
+
+def number(x: float, width: int, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals, fewer when that is wider than ``width`` (a 1.5 s collective is 1500000.0
+    us, not 1500000.00: its row keeps 100 columns)."""
+    for d in range(digits, -1, -1):
+        text = f"{x:.{d}f}"
+        if len(text) <= width:
+            return text
+    return text

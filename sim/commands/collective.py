@@ -16,8 +16,9 @@ def add_arguments(p) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--size", default="256MiB", help="message size, e.g. 8B, 64KiB, 256MiB, 1GiB (default 256MiB)")
     size.add_argument("--sizes", help="a sweep: LO:HI in x2 steps (LO:HI:F for xF), or a list 1MiB,4MiB")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES),
-                   help="element type: sizes must be whole numbers of its elements (default float32)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES), metavar="DTYPE",
+                   help=f"element type ({', '.join(DTYPE_BYTES)}): sizes must be whole numbers of its "
+                        "elements (default float32)")
     p.add_argument("--cluster", default="dgx-h100",
                    help=f"a preset ({', '.join(PRESETS)}) or a cluster .yaml")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the cluster's)")
