@@ -213,14 +213,14 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
            else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
     head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)", "mfu": "MFU %",
             "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks",
-            "step_change_pct": "vs first %", "tokens_per_s_per_gpu": "tokens/s/GPU"}
+            "step_change_pct": "step vs first (%)", "tokens_per_s_per_gpu": "tokens/s/GPU"}
     header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
                                          k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
                                          + (" (MiB)" if k.endswith("_bytes") else "")))
     print_table(title, [header(k) for k in cols],
-                [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
+                [[fmt(k, r[k]) if k != key else show(r[k]) for k in cols] for r in rows])
     best = min(rows, key=lambda r: r["step_s"])
-    say(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
+    say(f"fastest: {key}={show(best[key])} ({best['step_s'] * 1e3:.3f} ms)")
 
 
 def run_plan_file(args) -> int:
