@@ -190,7 +190,8 @@ def _scenario(args) -> int:
     dims = ", ".join(f"{k}={v}" for k, v in result.mesh.as_dict().items())
     say(f"mesh: {dims} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
         indent="  ")
-    say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs_of(result.model).items()), indent="  ")
+    inputs = {**inputs_of(result.model), "recompute": getattr(result.options, "recompute", None) or "none"}
+    say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs.items()), indent="  ")
     print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:
         say(f"warning: {w}", indent="  ")
