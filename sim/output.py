@@ -139,7 +139,8 @@ def shorten_cell(text: str, width: int | None) -> str:
 def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1,
                 max_rows: int | None = None) -> None:
     """A plain table through rich (no colours when stdout is not a terminal): the first ``justify_left``
-    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``:
+    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``: a
+    column the same in every row is said once above the table and left out first;
     columns of text wrap, numbers never; what still does not fit is left out and named). ``max_rows``: a table
     that grows with the model or the world shows that many rows without --verbose (``elide``), and says how
     many it left out."""
@@ -160,6 +161,10 @@ def print_table(title: str | None, columns: list[str], rows: list[list], justify
                          overflow="fold", max_width=caps[i])
     for r in shown:
         table.add_row(*[r[i] for i in kept])
+    same = [i for i in dropped if constant[i]]
+    if same:                            # a header line: what every row shares, said once above them
+        values = [f"{columns[i] or '(unnamed)'} {full[0][i]}" for i in same]
+        note(f"the same in every row: {', '.join(values)}")
     import io
     buffer = io.StringIO()
     Console(file=buffer, width=100_000 if STYLE.wide else WIDTH, soft_wrap=False, force_terminal=False,
@@ -167,10 +172,6 @@ def print_table(title: str | None, columns: list[str], rows: list[list], justify
     sys.stdout.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
     if left_out:
         note(f"{left_out} of {len(rows)} rows left out; --verbose prints them all")
-    same = [i for i in dropped if constant[i]]
-    if same:
-        values = [f"{columns[i] or '(unnamed)'} {full[0][i]}" for i in same]
-        note(f"the same in every row: {', '.join(values)}")
     other = [i for i in dropped if not constant[i]]
     if other:
         note(f"left out to fit {WIDTH} columns: {', '.join(columns[i] or '(unnamed)' for i in other)}; --wide "
