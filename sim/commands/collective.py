@@ -54,8 +54,11 @@ def run(args) -> int:
         raise ConfigError(f"{args.op} has no root; --root is for {' and '.join(ROOTED)}", "--root")
     check_outputs((args.trace, "--trace", "trace"), (args.plot, "--plot", "figure"),
                   (args.timeline, "--timeline", "figure"))
-    if args.nodes is not None and args.nodes < 1:
-        raise ConfigError(f"{args.nodes} must be a whole number >= 1", "--nodes")
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import MAX_RANKS
+    if args.nodes is not None:                 # the real bound: the simulator's ranks over this cluster's nodes
+        gpn = load_cluster(args.cluster).gpus_per_node
+        check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
         cluster = validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")

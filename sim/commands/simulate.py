@@ -101,6 +101,11 @@ def scenario_from_args(args) -> tuple[dict, list[str]]:
             if text is not None:
                 d[w.name][f.name] = w.parse_text(f, text, w.flag(f))
                 changed.append(f"{w.flag(f)} {text}")
+    if args.nodes is not None:                 # the real bound: the simulator's ranks over this cluster's nodes
+        from distlab.sim.cli import check_whole
+        from distlab.sim.cluster import MAX_RANKS, load_cluster
+        gpn = load_cluster(d["cluster"]).gpus_per_node
+        check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
     return sc.validate(d, args.scenario or "scenario"), changed
 
 
@@ -109,7 +114,6 @@ def check_flags(args) -> None:
     from distlab.sim.cli import check_whole
     from distlab.sim.cluster import MAX_RANKS
     check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
-    check_whole(args.nodes, "--nodes", 1, MAX_RANKS, "at most 65,536 ranks in all")
     check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
 
 
