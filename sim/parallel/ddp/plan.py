@@ -129,7 +129,7 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     if OPTIMIZERS[opts.optimizer]:
         ops.append(Compute("optimizer step", bytes=OPTIMIZERS[opts.optimizer] * model.param_bytes))
     info = {
-        "builder": "ddp", "model": model.summary(), "options": asdict(opts),
+        "builder": "ddp", "model": model.summary(), "options": _options(opts),
         "buckets": [{"index": k, "bytes": b.bytes, "params": len(b.params), "dtype": b.dtype,
                      "first": names[b.params[0]], "last": names[b.params[-1]],
                      "ready_after": model.layers[done_after[k]].name, "record_op": ready_index[k],
@@ -137,8 +137,13 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     }
     plan = Plan([_with_group(ops, mesh.group_of(r, "dp"), mesh.world_size) for r in range(mesh.world_size)],
                 name=f"ddp {model.name}",
-                meta={"builder": "ddp", "model": model.name, "options": asdict(opts)})
+                meta={"builder": "ddp", "model": model.name, "options": _options(opts)})
     return plan.validate(), info
+
+
+def _options(opts: DDPOptions) -> dict:
+    """The options a plan records: without autocast when it is off (plans from before it are byte-identical)."""
+    return {k: v for k, v in asdict(opts).items() if k != "autocast" or v is not None}
 
 
 def _with_group(ops: list, group: tuple, world: int) -> list:
