@@ -81,9 +81,11 @@ def summary_rows(s: dict) -> list[list]:
         if s["compute_peak_tflops"] != s["mfu_peak_tflops"]:      # e.g. float32: the CUDA cores' peak
             rows += [[f"MFU, {s['compute_dtype']} peak {s['compute_peak_tflops']:g} TFLOP/s",
                       f"{100 * s['mfu_of_compute_peak']:.1f} %"]]
-        if "global_batch" in s:
+        if "global_batch" in s and s.get("seq_len", 1) > 1:
             rows += [["global batch (sequences x length)", f"{s['global_batch']:,} x {s['seq_len']:,}"],
                      ["tokens per step", f"{s['tokens_per_step']:,}"]]
+        elif "global_batch" in s:                                  # an MLP: samples, no sequence
+            rows += [["global batch (samples)", f"{s['global_batch']:,}"]]
         rows += [["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
                  ["tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"],
                  ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12 l h s)"]]
