@@ -28,7 +28,8 @@ def parse_size(text: str, where: str = "size", dtype: str | None = None) -> int:
     At most 1 PiB; with ``dtype``, a whole number of its elements (``DTYPE_BYTES``)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
-        raise ConfigError(f"{text!r} is not a size; write a number and a unit such as 8B, 64KiB, 256MiB, 1GiB, 2GB (up to 1PiB)",
+        raise ConfigError(f"{text!r} is not a size; write a number and a unit such as 8B, 64KiB, 256MiB, 1GiB, 2GB "
+                          "(up to 1PiB)",
                           where)
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if not math.isfinite(value) or value > MAX_BYTES:

@@ -133,7 +133,8 @@ def test_commands_write_warnings_through_the_wrapper():
     progress or status line, or goes through sim/output.py ``wrapped``."""
     allowed = re.compile(r"error|wrapped\(|kept |terminated|interrupted|flight record|--- rank|\.trace|trace\.json"
                          r"|ranks shown")
-    for path in [*ROOT.glob("sim/commands/*.py"), *ROOT.glob("runtime/commands/*.py"), ROOT / "runtime" / "preflight.py"]:
+    paths = [*ROOT.glob("sim/commands/*.py"), *ROOT.glob("runtime/commands/*.py"), ROOT / "runtime" / "preflight.py"]
+    for path in paths:
         for m in re.finditer(r"sys\.stderr\.write\((.*)", path.read_text()):
             assert allowed.search(m.group(1)), f"{path.name}: {m.group(0)[:90]}"
 

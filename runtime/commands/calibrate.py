@@ -28,7 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="256KiB:64MiB:4", help="sweep sizes (default 256KiB:64MiB:4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=7, help="timed calls per size (default 7)")
-    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4 where the cores allow, else 2; under torchrun: its WORLD_SIZE)")
+    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4 where the cores allow, else 2; "
+                            "under torchrun: its WORLD_SIZE)")
     p.add_argument("--probe-seconds", type=float, default=0.3, metavar="SECONDS",
                    help="time of each rank's matmul and copy rate probes, all ranks at once (default 0.3; less is "
                    "noisier: for quick checks)")

@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--calib-sizes", default="512KiB,2MiB,8MiB,32MiB,128MiB",
                    help="sizes the fit sees, around the held-out ones (default 512KiB,2MiB,8MiB,32MiB,128MiB)")
     p.add_argument("--sizes", default="1MiB:64MiB:4", help="held-out sizes (default 1MiB:64MiB:4 = 1, 4, 16, 64 MiB)")
-    add_launch_arguments(p, "calibrated world sizes (default 2,4 where the cores allow, else 2; under torchrun: its WORLD_SIZE)")
+    add_launch_arguments(p, "calibrated world sizes (default 2,4 where the cores allow, else 2; under torchrun: "
+                            "its WORLD_SIZE)")
     p.add_argument("--holdout-nproc", help="world sizes measured but not calibrated (default 3, none under "
                                            "torchrun; 'none' for none)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")

@@ -123,7 +123,8 @@ def headroom_GiB(gpu_GiB: float) -> float:
 
 
 def fit_text(total: int, gpu_GiB: float) -> str:
-    """'yes (80 GiB, keeping 8 GiB headroom)', 'tight: within the 8 GiB headroom of 80 GiB (allocator, CUDA context)' or 'NO: over 80 GiB'."""
+    """'yes (80 GiB, keeping 8 GiB headroom)', 'tight: within the 8 GiB headroom of 80 GiB (allocator, CUDA
+    context)' or 'NO: over 80 GiB'."""
     if not fits(total, gpu_GiB):
         return f"NO: over {gpu_GiB:g} GiB"
     room = headroom_GiB(gpu_GiB)
