@@ -59,6 +59,38 @@ def refreshed(shown: list[str], real: str) -> list[str]:
     return lines if cut is None else lines[:cut] + shown[cut:]
 
 
+FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+TABLE_EXAMPLE = re.compile(r"^\|[^|]*\|[^|]*\| `(distlab [^`]+)` \|$", re.M)
+INLINE = re.compile(r"`(distlab [^`]+)`")
+FILE_WORD = re.compile(r"(^|/)[\w.-]+\.(json|ya?ml|trace|flight)$|^scenarios/")
+
+
+def commands(text: str) -> list[str]:
+    """Every `distlab ...` command a page gives to be run, in page order: each line of a fenced block that starts
+    with it (after '$ '; a trailing '# comment' dropped), each example of README's command table, and each
+    inline `distlab ...` that names a file (a path, or a .json/.yaml/.trace/.flight), which must then exist or
+    be written by a command before it. Other inline mentions (`distlab run --out`) name a flag, not a command."""
+    found = []
+    for m in FENCE.finditer(text):
+        for line in m.group(2).splitlines():
+            line = line.strip().removeprefix("$ ")
+            for part in line.split(" && "):
+                part = part.split("  #")[0].split(" #")[0].strip()
+                if part.startswith("distlab "):
+                    found.append((m.start(), part))
+    for m in TABLE_EXAMPLE.finditer(text):
+        found.append((m.start(), m.group(1)))
+    fenced = [(m.start(), m.end()) for m in FENCE.finditer(text)]
+    for m in INLINE.finditer(text):
+        inside = any(a <= m.start() < b for a, b in fenced)
+        words = shlex.split(m.group(1))
+        if not inside and not TABLE_EXAMPLE.match(text[text.rfind("\n", 0, m.start()) + 1:
+                                                        text.find("\n", m.end()) if "\n" in text[m.end():] else None]) \
+                and any(FILE_WORD.search(w) for w in words[2:]):
+            found.append((m.start(), m.group(1)))
+    return [c for _, _, c in sorted((at, i, c) for i, (at, c) in enumerate(found))]
+
+
 def main(argv=None) -> int:
     check = "--check" in (argv if argv is not None else sys.argv[1:])
     text = open(README).read()

@@ -73,6 +73,15 @@ def argparse_message(message: str) -> str:
     return f"{flag}: {text}" if flag else text
 
 
+def check_whole(value, flag: str, low: int, high: int, what: str = "") -> int:
+    """``value`` (a flag's whole number) within [low, high], else a ConfigError naming ``flag`` and that range:
+    ``--world-size: 1000000000000 is out of range; allowed: 1 to 65,536 (ranks the simulator takes)``."""
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{value} is out of range; allowed: {low:,} to {high:,}" + (f" ({what})" if what else ""),
+                          flag)
+    return value
+
+
 def fail(message: str, code: int = 2):
     """Print one line and exit: for bad input found after parsing."""
     sys.stderr.write(f"distlab: error: {message}\n")
@@ -128,28 +137,66 @@ def add_file_arguments(p, files: str, command: str) -> None:
     p.add_argument("--json", action="store_true", help=f"print results as JSON (schema {schema(command)})")
 
 
+class Progress:
+    """Long work's progress on stderr, once it has run ``delay_s`` seconds (a short task says nothing): on a
+    terminal a rich bar; elsewhere (a log, a pipe, CI) a line per unit of work with the time elapsed,
+    ``cluster --sweep: 3 of 8 done, 12.4 s elapsed`` (a line per twentieth when there are over 40 units).
+
+        bar = Progress(len(cases), "cluster --sweep")
+        for i, case in enumerate(cases):
+            run(case)
+            bar.update(i + 1)
+        bar.close()
+
+    ``progress(iterable, total, label)`` wraps a loop the same way; ``bar.update`` is the ``progress(done,
+    total)`` callback sim/workers.py run_many takes. Nothing when ``enabled`` is false (--json)."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True, delay_s: float = 2.0):
+        import time
+        self.total, self.label, self.enabled, self.delay_s = total, label, enabled, delay_s
+        self.start, self.bar, self.task, self.last_line = time.monotonic(), None, None, -1
+        self.tty = sys.stderr.isatty()
+
+    def elapsed(self) -> float:
+        import time
+        return time.monotonic() - self.start
+
+    def update(self, done: int, total: int | None = None) -> None:
+        if total is not None:
+            self.total = total
+        if not self.enabled or self.elapsed() < self.delay_s:
+            return
+        if self.tty:
+            if self.bar is None:
+                from rich.console import Console
+                from rich.progress import Progress as Bar
+                self.bar = Bar(console=Console(stderr=True), transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(self.label, total=self.total)
+            self.bar.update(self.task, completed=done)
+            return
+        step = 1 if self.total <= 40 else max(1, self.total // 20)
+        if done // step > self.last_line // step or done == self.total and self.last_line != done:
+            self.last_line = done
+            sys.stderr.write(f"{self.label}: {done} of {self.total} done, {self.elapsed():.1f} s elapsed\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 def progress(iterable, total: int, description: str, enabled: bool = True, delay_s: float = 2.0):
-    """A rich progress bar on stderr for long loops, shown once the loop has run ``delay_s`` seconds (a short
-    loop shows nothing); silent when disabled or stderr is not a terminal."""
-    if not enabled or not sys.stderr.isatty():
-        yield from iterable
-        return
-    import time
-    start, bar, task = time.monotonic(), None, None
+    """``iterable``'s items, reporting each one done through Progress (a bar on a terminal, else a line per unit
+    with the time elapsed), once the loop has run ``delay_s`` seconds."""
+    bar = Progress(total, description, enabled, delay_s)
     try:
         for done, item in enumerate(iterable):
-            if bar is None and time.monotonic() - start > delay_s:
-                from rich.console import Console
-                from rich.progress import Progress
-                bar = Progress(console=Console(stderr=True), transient=True)
-                bar.start()
-                task = bar.add_task(description, total=total, completed=done)
             yield item
-            if bar is not None:
-                bar.advance(task)
+            bar.update(done + 1)
     finally:
-        if bar is not None:
-            bar.stop()
+        bar.close()
 
 
 class working:
@@ -255,5 +302,17 @@ def nccl_fields(op: str, nbytes: int, dtype: str, root: int | None = None) -> di
 
 def nccl_cells(row: dict) -> list:
     """The NCCL_COLUMNS + BW_COLUMNS cells of a result row (bytes, count, type, redop, root, time_s, ...)."""
-    return [row["bytes"], row["count"], row["type"], row["redop"], row["root"], f"{row['time_s'] * 1e6:.2f}",
-            f"{row['algbw_GBps']:.2f}", f"{row['busbw_GBps']:.2f}"]
+    widths = [c[2] for c in BW_COLUMNS]
+    return [row["bytes"], row["count"], row["type"], row["redop"], row["root"],
+            number(row["time_s"] * 1e6, widths[0]), number(row["algbw_GBps"], widths[1]),
+            number(row["busbw_GBps"], widths[2])]
+
+
+def number(x: float, width: int, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals, fewer when that is wider than ``width`` (a 1.5 s collective is 1500000.0
+    us, not 1500000.00: its row keeps 100 columns)."""
+    for d in range(digits, -1, -1):
+        text = f"{x:.{d}f}"
+        if len(text) <= width:
+            return text
+    return text

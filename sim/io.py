@@ -25,18 +25,21 @@ import yaml
 from distlab.sim.errors import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1000, "KIB": 1024, "M": 2**20, "MB": 10**6, "MIB": 2**20,
-          "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40}
+          "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40,
+          "P": 2**50, "PB": 10**15, "PIB": 2**50}
 
 
 MAX_BYTES = 2**50          # 1 PiB: larger sizes are typos (1e40GiB), not collectives
 
 
 def parse_size(text: str, where: str = "size", dtype: str | None = None) -> int:
-    """``'256MiB'`` -> 268435456. Units: B, KiB/MiB/GiB/TiB (powers of 2), KB/MB/GB/TB (powers of 10), K/M/G.
+    """``'256MiB'`` -> 268435456. Units: B, KiB/MiB/GiB/TiB/PiB (powers of 2), KB/MB/GB/TB/PB (powers of 10),
+    K/M/G/T/P.
     At most 1 PiB; with ``dtype``, a whole number of its elements (``DTYPE_BYTES``)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
-        raise ConfigError(f"{text!r} is not a size; write a number and a unit such as 8B, 64KiB, 256MiB, 1GiB, 2GB",
+        raise ConfigError(f"{text!r} is not a size; write a number and a unit such as 8B, 64KiB, 256MiB, 1GiB, 2GB "
+                          "(up to 1PiB)",
                           where)
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if not math.isfinite(value) or value > MAX_BYTES:

@@ -48,6 +48,13 @@ def say(text: str = "", indent: str = "", first: str = "") -> None:
                                    break_on_hyphens=False, break_long_words=False)))
 
 
+def wrapped(text: str, indent: str = "  ") -> str:
+    """``text`` wrapped at words to WIDTH columns, later lines indented, ending in a newline: for warnings on
+    stderr (errors stay one line)."""
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False,
+                                    break_long_words=False)) + "\n"
+
+
 def note(text: str) -> None:
     """An explanation under a table: ``  (text)``, wrapped."""
     say(f"({text})", indent="   ", first="  ")
@@ -66,12 +73,13 @@ def elide(rows: list, max_rows: int | None) -> tuple[list, int]:
 MIN_WRAPPED = 16        # a wrapped text column keeps at least this many columns
 
 
-def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], width: int | None = WIDTH
-                ) -> tuple[list[int | None], list[int]]:
+def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], width: int | None = WIDTH,
+                constant: list[bool] | None = None) -> tuple[list[int | None], list[int]]:
     """(each column's width cap, None = its natural width; the indices of the columns left out) so that the
-    table fits ``width`` columns (two spaces between columns): the widest wrappable column is narrowed first
-    (water-filling, none below MIN_WRAPPED); if that is not enough, columns are left out from the right (never
-    the first). ``width`` None: no limit."""
+    table fits ``width`` columns (two spaces between columns): columns whose every row is the same
+    (``constant``; the caller says their value once) are left out first, from the right; then the widest
+    wrappable column is narrowed (water-filling, none below MIN_WRAPPED); if that is not enough, columns are
+    left out from the right (never the first). ``width`` None: no limit."""
     natural = [max([len(c)] + [len(str(r[i])) for r in rows]) for i, c in enumerate(columns)]
     caps: list[int | None] = [None] * len(columns)
     if width is None:
@@ -80,6 +88,9 @@ def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], wid
 
     def total():
         return sum(caps[i] or natural[i] for i in kept) + 2 * (len(kept) - 1)
+    for i in reversed(range(1, len(columns))):
+        if total() > width and constant and constant[i]:
+            kept.remove(i)
     while total() > width:
         shrink = [i for i in kept if wrappable[i] and (caps[i] or natural[i]) > MIN_WRAPPED]
         if shrink:
@@ -92,10 +103,44 @@ def fit_columns(columns: list[str], rows: list[list], wrappable: list[bool], wid
     return caps, [i for i in range(len(columns)) if i not in kept]
 
 
+BOUNDARY = "-_./,:"     # where a name may be cut: between its words (llama3-8b-tp-fsdp-a, node lists 0-15,16-31)
+
+
+def shorten(token: str, width: int) -> str:
+    """``token`` in at most ``width`` columns: whole if it fits, else its first and last words (split after
+    each of BOUNDARY) around an ellipsis, never cutting a word: 'llama3-8b-tp-fsdp-a' in 16 -> 'llama3-…fsdp-a'
+    (the end kept first: it tells similar names apart). A first word wider than ``width`` is cut (nothing else
+    would fit)."""
+    import re
+    if len(token) <= width:
+        return token
+    words = re.findall(rf"[^{re.escape(BOUNDARY)}]*[{re.escape(BOUNDARY)}]?", token)[:-1] or [token]
+    head, tail, i, j = "", "", 0, len(words) - 1
+    while i <= j:
+        if len(head) + len(tail) + len(words[j]) + 1 <= width:
+            tail, j = words[j] + tail, j - 1
+        else:
+            break
+        if i <= j and len(head) + len(tail) + len(words[i]) + 1 <= width:
+            head, i = head + words[i], i + 1
+    if not head and not tail:
+        return token[:width - 1] + "…"
+    return head + "…" + tail
+
+
+def shorten_cell(text: str, width: int | None) -> str:
+    """Every space-separated word of a cell shortened to ``width`` (``shorten``), so that wrapping never splits
+    one."""
+    if width is None or len(text) <= width:
+        return text
+    return " ".join(shorten(word, width) for word in text.split(" "))
+
+
 def print_table(title: str | None, columns: list[str], rows: list[list], justify_left: int = 1,
                 max_rows: int | None = None) -> None:
     """A plain table through rich (no colours when stdout is not a terminal): the first ``justify_left``
-    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``:
+    columns left-aligned, the others right-aligned. It fits WIDTH columns unless --wide (``fit_columns``: a
+    column the same in every row is said once above the table and left out first;
     columns of text wrap, numbers never; what still does not fit is left out and named). ``max_rows``: a table
     that grows with the model or the world shows that many rows without --verbose (``elide``), and says how
     many it left out."""
@@ -105,14 +150,21 @@ def print_table(title: str | None, columns: list[str], rows: list[list], justify
         say(title)
     shown, left_out = elide([[str(x) for x in r] for r in rows], max_rows)
     wrappable = [i < justify_left or any(" " in r[i] for r in shown) for i in range(len(columns))]
-    caps, dropped = fit_columns(columns, shown, wrappable, None if STYLE.wide else WIDTH)
+    full = [[str(x) for x in r] for r in rows]
+    constant = [len(full) > 1 and len({r[i] for r in full}) == 1 for i in range(len(columns))]
+    caps, dropped = fit_columns(columns, shown, wrappable, None if STYLE.wide else WIDTH, constant)
     kept = [i for i in range(len(columns)) if i not in dropped]
+    shown = [[shorten_cell(r[i], caps[i]) if i < len(r) else "" for i in range(len(columns))] for r in shown]
     table = Table(box=None, header_style="bold", pad_edge=False)
     for i in kept:
         table.add_column(columns[i], justify="left" if i < justify_left else "right", no_wrap=caps[i] is None,
                          overflow="fold", max_width=caps[i])
     for r in shown:
         table.add_row(*[r[i] for i in kept])
+    same = [i for i in dropped if constant[i]]
+    if same:                            # a header line: what every row shares, said once above them
+        values = [f"{columns[i] or '(unnamed)'} {full[0][i]}" for i in same]
+        note(f"the same in every row: {', '.join(values)}")
     import io
     buffer = io.StringIO()
     Console(file=buffer, width=100_000 if STYLE.wide else WIDTH, soft_wrap=False, force_terminal=False,
@@ -120,6 +172,7 @@ def print_table(title: str | None, columns: list[str], rows: list[list], justify
     sys.stdout.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
     if left_out:
         note(f"{left_out} of {len(rows)} rows left out; --verbose prints them all")
-    if dropped:
-        note(f"left out to fit {WIDTH} columns: {', '.join(columns[i] or '(unnamed)' for i in dropped)}; --wide "
+    other = [i for i in dropped if not constant[i]]
+    if other:
+        note(f"left out to fit {WIDTH} columns: {', '.join(columns[i] or '(unnamed)' for i in other)}; --wide "
              "shows them")

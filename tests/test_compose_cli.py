@@ -12,7 +12,8 @@ from distlab.sim.parallel.pipeline.split import stage_split, torchtitan_split
 from cli_in_process import run_in_process
 
 FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
-    "ddp": "--bucket-cap-mb 5 --iteration 1 --grad-accum 2 --compress bf16 --algo ring --optimizer sgd --offload",
+    "ddp": "--bucket-cap-mb 5 --iteration 1 --grad-accum 2 --compress bf16 --algo ring --optimizer sgd --offload "
+           "--autocast float16",
     "fsdp": "--zero 2 --reshard-after-forward false --prefetch 1 --backward-prefetch 1 --param-dtype bfloat16 "
             "--reduce-dtype float32 --overlap true --root-reshard-after-forward true --separate-reduce-scatter-group "
             "true --reduce-scatter-max-input-buffers 2",
@@ -38,6 +39,7 @@ def test_every_listed_flag_works_without_a_scenario_file(capsys):
     given = {w for text in FLAG_SETS.values() for w in text.split() if w.startswith("--")} | {
         "--model", "--micro-batch", "--world-size", "--mesh", "--no-files", "--json"}
     assert listed - given <= {"--help", "--cluster", "--nodes", "--sweep", "--save-plan", "--out", "--verbose",
+                              "--from-profile",                # tests/test_ingest_kineto.py
                               "--wide"}
     for name, text in FLAG_SETS.items():
         rc, out, err = simulate_cli(capsys, "--world-size", "2", "--micro-batch", "1", "--json", *text.split())

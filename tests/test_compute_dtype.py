@@ -1,8 +1,9 @@
 """Float32 priced as float32 (issue 28): every builder's Compute ops carry the dtype their matmuls run in (the
 model's parameters' dtype; FSDP2's MixedPrecisionPolicy param_dtype where it is set), and the compute model prices
 a float32 op on the FP32 peak (torch 2.13 runs float32 matmuls without TF32 by default: checked here on the
-installed torch), not at the tensor cores' bf16 rate. `distlab simulate` with no arguments (gpt2-small in float32,
-DDP on one DGX H100) then prints a float32 step's MFU and says against which peak it is taken."""
+installed torch), not at the tensor cores' bf16 rate. `distlab simulate --autocast none` (gpt2-small in float32,
+DDP on one DGX H100, without the default's bf16 autocast) then prints a float32 step's MFU and says against which
+peak it is taken."""
 import json
 
 import pytest
@@ -76,7 +77,7 @@ def test_torch_runs_float32_matmuls_without_tf32_by_default():
 
 def test_quickstart_default_prints_a_float32_mfu_and_its_peak(capsys):
     from distlab.runtime.cli import main
-    assert main(["simulate", "--no-files", "--json"]) == 0
+    assert main(["simulate", "--autocast", "none", "--no-files", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)["results"][0]
     h100 = GPUS["h100"]
     assert r["compute_dtype"] == "float32" and r["mfu_peak_tflops"] == h100.tflops
@@ -85,6 +86,6 @@ def test_quickstart_default_prints_a_float32_mfu_and_its_peak(capsys):
     assert r["mfu"] < h100.fp32_tflops / h100.tflops and 0 < r["mfu_of_compute_peak"] < 1
     assert r["mfu_of_compute_peak"] == pytest.approx(r["mfu"] * h100.tflops / h100.fp32_tflops)
     assert any("computes in float32" in n for n in r["compute_notes"])
-    assert main(["simulate", "--no-files"]) == 0
+    assert main(["simulate", "--autocast", "none", "--no-files"]) == 0
     out = capsys.readouterr().out
     assert f"MFU (HFU), bf16 peak {h100.tflops:g} TFLOP/s" in out and f"MFU, float32 peak {h100.fp32_tflops:g}" in out

@@ -126,8 +126,9 @@ def test_plan_fits_100_columns_and_its_layouts_read_from_the_left(tmp_path, caps
     head = next(i for i, line in enumerate(lines) if line.startswith("#") and "layout" in line)
     column = lines[head].index("layout")
     table = lines[head + 1:next(i for i, line in enumerate(lines) if line.startswith("#1 term"))]
+    table = [line for line in table if not line.startswith("  (")]     # notes under the table
     wrapped = [line for line in table if not line[:1].isdigit()]
-    assert len(table) > 10 and wrapped, out
+    assert len(table) >= 10, out          # constant columns are said once (sim/output.py), so rows may not wrap
     assert all(line[:column].strip() == "" and line[column] != " " for line in wrapped), wrapped
     assert all(line[column - 1] == " " and line[column] != " " for line in table if line[:1].isdigit())
 
@@ -260,8 +261,9 @@ def test_errors_are_one_line_in_distlabs_words(capsys, argv, message):
 
 def test_memory_refuses_absurd_inputs(capsys):
     rc, out, err = cli(capsys, "memory", "--model", "llama-70b", "--world-size", "1", "--micro-batch",
-                       "100000000000")
-    assert rc == 2 and out == "" and "PiB per GPU" in err and "--micro-batch 100000000000" in err
+                       "1000000")
+    assert rc == 2 and out == "" and "PiB per GPU" in err and "--micro-batch 1000000" in err
+    assert "error: --micro-batch: " in err
     rc, out, err = cli(capsys, "memory", "--model", "llama-70b", "--world-size", "1000000000000")
     assert rc == 2 and "from 1 to 1048576" in err
     rc, out, err = cli(capsys, "memory", "--model", "llama-70b", "--world-size", "8")     # large, not absurd
@@ -464,9 +466,9 @@ def test_every_shipped_scenario_loads_and_its_claims_hold(shipped, capsys):
         sc.load(str(ROOT / "scenarios" / name))
     # ddp-gpt2-small: "The default of `distlab simulate`"
     default = sc.validate(dict(sc.DEFAULT), "default")
-    assert {k: default[k] for k in ("model", "cluster")} == {k: sc.load(str(ROOT / "scenarios" /
-                                                                            "ddp-gpt2-small.yaml"))[k]
-                                                            for k in ("model", "cluster")}
+    shipped_default = sc.load(str(ROOT / "scenarios" / "ddp-gpt2-small.yaml"))
+    assert {k: default[k] for k in ("model", "cluster")} == {k: shipped_default[k] for k in ("model", "cluster")}
+    assert default["ddp"].get("autocast") == shipped_default["ddp"]["autocast"] == "bfloat16"
     # ddp-cpu: 2 ranks, 8 x Linear(1024, 1024), 33.6 MB of parameters
     x = r["ddp-cpu.yaml"]
     assert x.plan.world_size == 2 and round(x.model.param_bytes / 1e6, 1) == 33.6

@@ -17,7 +17,11 @@ pipeline-cpu) are unchanged.
 Changed on purpose since (issue 28, float32 priced as float32; tests/test_compute_dtype.py): the compute ops of
 float32 models (ddp-cpu, ddp-gpt2-small, default, fsdp-cpu, pipeline-cpu and the gpt2 pipelines) carry
 ``"dtype": "float32"``, the dtype their matmuls run in; with that key removed every plan equals the one before
-(checked op by op over all plans and composed cases)."""
+(checked op by op over all plans and composed cases).
+Changed on purpose since (issue 43.1, the default trains in bf16): scenarios/ddp-gpt2-small.yaml and `distlab
+simulate`'s default set DDP's ``autocast: bfloat16``; the golden default is the plan without it, and with it only
+the compute ops' dtype and the recorded options differ (checked below). A plan without autocast records no
+``autocast`` key, so every plan from before is byte-identical."""
 import hashlib
 import json
 import pathlib
@@ -47,5 +51,19 @@ def test_shipped_scenarios_in_the_new_format_give_the_golden_plans(name):
     assert "parallelism:" not in path.read_text()
     d = sc.load(str(path))
     d["cluster"] = GOLDEN[name]["scenario"]["cluster"]
+    autocast = (d.get("ddp") or {}).pop("autocast", None)     # issue 43: ddp-gpt2-small trains under bf16 autocast
     plan = sc.build(d, name).plan
     assert hashlib.sha256(plan.to_json().encode()).hexdigest() == GOLDEN[name]["plan_sha256"]
+    if autocast:                    # with it, only the compute ops' dtype and the recorded options differ
+        d["ddp"]["autocast"] = autocast
+        mixed = json.loads(sc.build(d, name).plan.to_json())
+        before = json.loads(plan.to_json())
+        assert mixed["meta"]["options"] == {**before["meta"]["options"], "autocast": autocast}
+        bare = lambda op: {k: v for k, v in op.items() if k != "dtype"}  # noqa: E731 (bfloat16 is not written)
+        for r0, r1 in zip(before["ranks"], mixed["ranks"]):
+            assert len(r0) == len(r1)
+            for a, b in zip(r0, r1):
+                if a["kind"] == "compute" and a.get("dtype") == "float32":
+                    assert bare(a) == bare(b) and b.get("dtype", "bfloat16") == autocast
+                else:
+                    assert a == b

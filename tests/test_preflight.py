@@ -86,7 +86,8 @@ def test_the_cores_warning_is_one_line_once(monkeypatch, capsys):
     assert preflight.warn_cores(4, 1, "distlab bench")
     assert not preflight.warn_cores(8, 1, "distlab bench")           # once per command
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("distlab bench: warning: 4 ranks x 1 thread on 2 CPU cores")
+    assert err.startswith("distlab bench: warning: 4 ranks x 1 thread on 2 CPU cores") and err.count("warning") == 1
+    assert all(len(line) <= 100 for line in err.splitlines()) and "--nproc 2 or fewer" in " ".join(err.split())
 
 
 @pytest.mark.slow

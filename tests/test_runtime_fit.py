@@ -74,7 +74,8 @@ def two_regime_rows(op="all_gather", n=2):
 def test_one_line_that_fits_keeps_the_old_format():
     rows = rows_for("all_reduce", 2, 100e-6, 1.5e9, [2**k for k in range(18, 27, 2)])
     entry = calibration_from_rows(rows)["collectives"]["all_reduce"]["2"]
-    assert set(entry) - {"spread", "samples", "noise"} == {"latency_us", "bandwidth_GBps"}   # no bands: as before
+    assert set(entry) - {"spread", "samples", "noise", "latency_resolution_us"} == {"latency_us", "bandwidth_GBps"}
+    assert entry["latency_resolution_us"] == 0       # noiseless samples: any latency is measurable
     assert entry["spread"] == 0 and entry["samples"] == 5
 
 

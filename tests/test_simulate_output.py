@@ -61,7 +61,7 @@ def test_labels_and_assumptions_follow_the_overrides(capsys):
     assert "gpt2-small" not in out and "one DGX H100" not in out
     assert "scenario: llama-70b ddp on 2 x dgx-h100 (16 ranks)" in out
     assert "80 blocks" in out and "micro_batch=1, seq_len=4096, blocks=80" in out
-    assert "activation_checkpointing=False" in out and "grad_dtype=bfloat16" in out   # DDP: none
+    assert "activation_checkpointing=false" in out and "grad_dtype=bfloat16" in out   # DDP: none
     # 70B with DDP holds 16 bytes per parameter on every GPU: flagged as `distlab memory` does
     assert "fits the GPU" in out and "NO: over 80 GiB" in out and "warning: does not fit" in out
     # every marker explained: exposed / overlap and the bucket table's columns and '-'

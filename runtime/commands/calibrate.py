@@ -31,7 +31,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", default="256KiB:64MiB:4", help="sweep sizes (default 256KiB:64MiB:4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
     p.add_argument("--iters", type=int, default=7, help="timed calls per size (default 7)")
-    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4; under torchrun: its WORLD_SIZE)")
+    add_launch_arguments(p, "world sizes to calibrate, e.g. 2,4 (default 2,4 where the cores allow, else 2; "
+                            "under torchrun: its WORLD_SIZE)")
     p.add_argument("--probe-seconds", type=float, default=0.3, metavar="SECONDS",
                    help="time of each rank's matmul and copy rate probes, all ranks at once (default 0.3; less is "
                    "noisier: for quick checks)")
@@ -63,7 +64,8 @@ def check(args):
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
     from distlab.runtime.ranks.torchrun_rank import world_sizes
-    nprocs = world_sizes(args.nproc, "2,4")
+    from distlab.runtime.ranks.preflight import default_world_sizes
+    nprocs = world_sizes(args.nproc, default_world_sizes(args.threads or 1))
     if min(nprocs) < 2:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     budget = args.compute_budget
@@ -99,10 +101,11 @@ def run(args) -> int:
         check_output(args.plot, "--plot", "figure")
     from distlab.runtime.ranks.preflight import warn_cores
     from distlab.runtime.ranks.torchrun_rank import under_torchrun
-    if not under_torchrun():               # under torchrun each node warns for its own ranks
+    if not under_torchrun() and args.nproc is not None:    # the default fits the cores (default_world_sizes)
         warn_cores(max(nprocs), args.threads, "distlab calibrate")
     from distlab.runtime.measure import load as machine_load
-    from distlab.runtime.measure.fit import fit_warnings
+    from distlab.runtime.measure.fit import fit_warnings, latency_text
+    from distlab.sim.output import wrapped
     from distlab.runtime.measure.trust import Watch, exit_code, judge, verdict_lines
     from distlab.sim.cli import say
     load = machine_load.sample()          # before the ranks start: the other processes' share
@@ -144,7 +147,7 @@ def run(args) -> int:
     if not verdict["trustworthy"]:          # the cluster file says so too, where it is read later
         mark_untrustworthy(args.out, verdict)
     for w in fit_warnings(cluster.calibration):
-        sys.stderr.write(f"distlab calibrate: {w}\n")
+        sys.stderr.write(wrapped(f"distlab calibrate: {w}"))
     if args.json:
         out = {"cluster": args.out, "calibration": cluster.calibration, "gpu": cluster.to_dict()["gpu"],
                "cpu_cores": cluster.cpu_cores, "interference": cluster.interference,
@@ -156,7 +159,7 @@ def run(args) -> int:
         return exit_code(verdict, args.strict)
     print_table(f"ring-model fit per op and world size ({format_bytes(min(sizes))}..{format_bytes(max(sizes))})",
                 ["op", "ranks", "sizes", "latency (us)", "bandwidth (GB/s)", "spread"],
-                [[op, n, band, f"{v['latency_us']:.1f}", f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
+                [[op, n, band, latency_text(v), f"{v['bandwidth_GBps']:.3f}", f"{entry.get('spread', 0):.0%}"]
                  for op, per_n in table.items() for n, entry in per_n.items() for band, v in _lines(entry)],
                 justify_left=3, max_rows=LONG_TABLE)
     if probe:

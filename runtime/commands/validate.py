@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--calib-sizes", default="512KiB,2MiB,8MiB,32MiB,128MiB",
                    help="sizes the fit sees, around the held-out ones (default 512KiB,2MiB,8MiB,32MiB,128MiB)")
     p.add_argument("--sizes", default="1MiB:64MiB:4", help="held-out sizes (default 1MiB:64MiB:4 = 1, 4, 16, 64 MiB)")
-    add_launch_arguments(p, "calibrated world sizes (default 2,4; under torchrun: its WORLD_SIZE)")
+    add_launch_arguments(p, "calibrated world sizes (default 2,4 where the cores allow, else 2; under torchrun: "
+                            "its WORLD_SIZE)")
     p.add_argument("--holdout-nproc", help="world sizes measured but not calibrated (default 3, none under "
                                            "torchrun; 'none' for none)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
@@ -65,7 +66,8 @@ def run(args) -> int:
     if len(set(calib)) < 2:
         raise ConfigError("a fit needs at least two sizes", "--calib-sizes")
     from distlab.runtime.ranks.torchrun_rank import under_torchrun, world_sizes
-    nprocs = sorted(set(world_sizes(args.nproc, "2,4")))
+    from distlab.runtime.ranks.preflight import default_world_sizes
+    nprocs = sorted(set(world_sizes(args.nproc, default_world_sizes(args.threads or 1))))
     holdout = [] if args.holdout_nproc == "none" else parse_nprocs(args.holdout_nproc or "3", "--holdout-nproc")
     if under_torchrun():                # one job, one world size (runtime/ranks/torchrun_rank.py)
         if args.holdout_nproc not in (None, "none"):
@@ -81,8 +83,11 @@ def run(args) -> int:
     from distlab.runtime.ranks.preflight import check_scenario, warn_cores
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])
-    if not under_torchrun():               # under torchrun each node warns for its own ranks
-        warn_cores(max(nprocs + holdout), args.threads, "distlab validate")
+    # the user's own world sizes only: the defaults fit the cores (default_world_sizes), and the held-out world
+    # size (3) is one rank more than 2 cores on purpose: the calibrated cluster's cpu_cores predicts the sharing
+    given = (nprocs if args.nproc is not None else []) + (holdout if args.holdout_nproc is not None else [])
+    if not under_torchrun() and given:     # under torchrun each node warns for its own ranks
+        warn_cores(max(given), args.threads, "distlab validate")
     from distlab.runtime.measure import load as machine_load
     from distlab.runtime.measure.trust import Watch
     load = machine_load.sample()          # before the ranks start: the other processes' share
@@ -127,8 +132,9 @@ def run(args) -> int:
     from distlab.runtime.ranks.preflight import cpu_cores
     verdict = judge(load, during, cases, cores=cpu_cores() if backend == "gloo" else None)
     from distlab.runtime.measure.fit import fit_warnings
+    from distlab.sim.output import wrapped
     for w in fit_warnings(calibration):
-        sys.stderr.write(f"distlab validate: {w}\n")
+        sys.stderr.write(wrapped(f"distlab validate: {w}"))
     summary = summarize(cases)
     noise = summary_noise(measured, calib, held, nprocs, backend, cores)    # how far the figure moves by chance
     for s in summary:

@@ -73,18 +73,30 @@ def fit_op(op: str, n: int, sizes, times) -> dict:
     samples = [list(t) if isinstance(t, (list, tuple)) else [t] for t in times]
     times = [robust.center(x) for x in samples]
 
+    from distlab.runtime.measure.robust import median_noise        # how far a size's median moves by chance
+    noise = max(median_noise(x) for x in samples)
+
     def params(s, t) -> dict:
+        """The line's α and B, and α's resolution: how far the smallest size's median moves by chance, per
+        step (an intercept below it cannot be told from 0)."""
         a, b = fit_line(s, t)
-        return {"latency_us": round(a / max(steps, 1) * 1e6, 3), "bandwidth_GBps": round(factor / b / 1e9, 6)}
+        return {"latency_us": round(a / max(steps, 1) * 1e6, 3), "bandwidth_GBps": round(factor / b / 1e9, 6),
+                "latency_resolution_us": round(noise * min(t) / max(steps, 1) * 1e6, 3)}
     out = params(sizes, times)
     out["spread"] = round(max(robust.spread(x) for x in samples), 4)
     out["samples"] = sum(len(x) for x in samples)
-    from distlab.runtime.measure.robust import median_noise        # how far a size's median moves by chance
-    out["noise"] = round(max(median_noise(x) for x in samples), 4)
+    out["noise"] = round(noise, 4)
     bands = split_bands(sizes, times)
     if len(bands) > 1:
         out["bands"] = [{"min_bytes": int(min(s)), "max_bytes": int(max(s)), **params(s, t)} for s, t in bands]
     return out
+
+
+def latency_text(entry: dict, digits: int = 1) -> str:
+    """A fitted latency in µs as printed: '12.3', or '< 4.0' when it is below its resolution (the smallest size's
+    noise per step, ``latency_resolution_us``) or below the printed digits: too small to measure."""
+    lat, res = entry["latency_us"], max(entry.get("latency_resolution_us", 0.0), 10.0 ** -digits)
+    return f"< {res:.{digits}f}" if lat < res else f"{lat:.{digits}f}"
 
 
 def calibration_from_rows(rows: list[dict]) -> dict:

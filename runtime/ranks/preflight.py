@@ -53,15 +53,25 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_world_sizes(threads: int = 1, candidates: tuple[int, ...] = (2, 4)) -> str:
+    """The world sizes `calibrate` and `validate` measure when --nproc is left out: those of ``candidates`` whose
+    ranks x ``threads`` fit this process's cores (at least the smallest: collectives need 2 ranks), so that a
+    default never starts more ranks than cores (e.g. "2" on 2 cores, "2,4" on 4 or more)."""
+    fit = [n for n in candidates if n * max(threads, 1) <= cpu_cores()]
+    return ",".join(str(n) for n in fit or candidates[:1])
+
+
 def warn_cores(nproc: int, threads: int = 1, command: str = "distlab") -> bool:
     """One line on stderr (once per process) when ``nproc`` ranks x ``threads`` outnumber the cores."""
     cores = cpu_cores()
     if nproc * threads <= cores or _warned:
         return False
     _warned.add(nproc)
-    sys.stderr.write(f"{command}: warning: {nproc} ranks x {threads} thread{'s' if threads > 1 else ''} on {cores} "
-                     f"CPU core{'s' if cores > 1 else ''}: ranks take turns on the cores, so measured times include "
-                     f"waiting for one (use --nproc {max(cores // threads, 1)} or fewer for clean timings)\n")
+    from distlab.sim.output import wrapped
+    sys.stderr.write(wrapped(f"{command}: warning: {nproc} ranks x {threads} thread{'s' if threads > 1 else ''} on "
+                             f"{cores} CPU core{'s' if cores > 1 else ''}: ranks take turns on the cores, so measured "
+                             f"times include waiting for one (use --nproc {max(cores // threads, 1)} or fewer for "
+                             "clean timings)"))
     sys.stderr.flush()
     return True
 

@@ -29,7 +29,8 @@ def _positive(value, where: str, integer: bool = False, allow_zero: bool = False
         what = "a whole number" if integer else "a number"
         raise ConfigError(f"{value!r} must be {what} {'>= 0' if allow_zero else '> 0'}", where)
     if value > 1e9 or 0 < value < 1e-6:
-        raise ConfigError(f"{value!r} is out of range: use a value between 1e-06 and 1e+09", where)
+        allowed = "a whole number up to 1,000,000,000" if integer else "a number from 0.000001 to 1,000,000,000"
+        raise ConfigError(f"{value!r} is out of range; allowed: {allowed}", where)
 
 
 def _check_interference(value, where: str, none: str = "compute does not slow while a collective runs") -> None:

@@ -59,6 +59,10 @@ def run(args) -> int:
         raise ConfigError("one what-if at a time: --sweep, --matrix or --capacity", "--sweep")
     d = specs.load(args.file)
     many = {"workers": args.workers, "scheduler": args.scheduler}
+    if args.sweep or args.matrix or args.capacity is not None:      # minutes at scale: say how far it got
+        from distlab.sim.cli import Progress
+        what = "--sweep" if args.sweep else "--matrix" if args.matrix else "--capacity"
+        many["progress"] = Progress(0, f"distlab cluster {what}", enabled=not args.json).update
     if args.sweep:
         return _sweep(args, d, parse_sweeps(args.sweep), many)
     if args.matrix:

@@ -16,8 +16,9 @@ def add_arguments(p) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--size", default="256MiB", help="message size, e.g. 8B, 64KiB, 256MiB, 1GiB (default 256MiB)")
     size.add_argument("--sizes", help="a sweep: LO:HI in x2 steps (LO:HI:F for xF), or a list 1MiB,4MiB")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES),
-                   help="element type: sizes must be whole numbers of its elements (default float32)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES), metavar="DTYPE",
+                   help=f"element type ({', '.join(DTYPE_BYTES)}): sizes must be whole numbers of its "
+                        "elements (default float32)")
     p.add_argument("--cluster", default="dgx-h100",
                    help=f"a preset ({', '.join(PRESETS)}) or a cluster .yaml")
     p.add_argument("--nodes", type=int, help="number of nodes (default: the cluster's)")
@@ -53,8 +54,11 @@ def run(args) -> int:
         raise ConfigError(f"{args.op} has no root; --root is for {' and '.join(ROOTED)}", "--root")
     check_outputs((args.trace, "--trace", "trace"), (args.plot, "--plot", "figure"),
                   (args.timeline, "--timeline", "figure"))
-    if args.nodes is not None and args.nodes < 1:
-        raise ConfigError(f"{args.nodes} must be a whole number >= 1", "--nodes")
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import MAX_RANKS
+    if args.nodes is not None:                 # the real bound: the simulator's ranks over this cluster's nodes
+        gpn = load_cluster(args.cluster).gpus_per_node
+        check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
         cluster = validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")

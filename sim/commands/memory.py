@@ -1,7 +1,7 @@
 """`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage."""
 from __future__ import annotations
 
-from distlab.sim.cli import add_output_arguments, print_json, print_table, say
+from distlab.sim.cli import add_output_arguments, note, print_json, print_table, say
 from distlab.sim.errors import ConfigError
 
 NAME = "memory"
@@ -62,11 +62,17 @@ def run(args) -> int:
         return _scenario(args)
     from distlab.sim.models import model_from_spec, spec_from_text
     from distlab.sim.models.activations import activations
-    from distlab.sim.parallel.fsdp.memory import estimate, fits
+    from distlab.sim.parallel.fsdp.memory import HEADROOM_FRACTION, estimate, fit_word, fits, headroom_GiB
     zero = _stage(args.zero)
     if not 1 <= args.world <= MAX_RANKS:
         raise ConfigError(f"{args.world} must be a whole number from 1 to {MAX_RANKS} (2^20)", "--world-size")
     gpu, gib = _gpu_GiB(args.gpu)
+    from distlab.sim.cli import check_whole
+    from distlab.sim.dtypes import TRAINING_DTYPES
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per rank")
+    check_whole(args.seq_len, "--seq-len", 1, 2**24, "tokens per sequence")
+    if args.dtype is not None and args.dtype not in TRAINING_DTYPES:
+        raise ConfigError(f"{args.dtype!r} is not a training dtype; allowed: {', '.join(TRAINING_DTYPES)}", "--dtype")
     spec = spec_from_text(args.model, "--model")
     for key in ("micro_batch", "seq_len", "dtype", "recompute"):
         if getattr(args, key) is not None:
@@ -84,6 +90,9 @@ def run(args) -> int:
     sel = stages[zero]
     if args.json:
         print_json({"model": model.summary(), "num_params": model.num_params, "world_size": args.world,
+                    "inputs": {k: model.config.get(k) for k in ("micro_batch", "seq_len", "dtype")
+                               if (model.config or {}).get(k) is not None},
+                    "headroom_GiB": headroom_GiB(gib),
                     "shard_size": args.shard_size or args.world, "zero": zero, "gpu": gpu, "gpu_memory_GiB": gib,
                     "stages": [stage_json(z, v, z == zero) for z, v in stages.items()],
                     "activations": acts.as_json()})
@@ -92,16 +101,29 @@ def run(args) -> int:
     say(f"model: {model.summary()}", indent="  ")
     say(f"world: {args.world} ranks" + (f", HSDP shard groups of {args.shard_size}" if args.shard_size else "")
         + f"; GPU: {gpu} ({gib:g} GiB)", indent="  ")
+    say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs_of(model).items()), indent="  ")
     cols = ["stage", "params", "grads", "optimizer", "unsharded", "activations", "total GiB", "fits"]
     rows = [[LABELS[z] + (" <" if z == zero else ""), G(v["params"]), G(v["grads"]), G(v["optimizer"]),
-             G(v["unsharded params"]), G(v["activations"]), G(v["total"]), "yes" if v["fits"] else "NO"]
+             G(v["unsharded params"]), G(v["activations"]), G(v["total"]), fit_word(v["total"], gib)]
             for z, v in stages.items()]
     print_table("per-GPU memory (GiB): static ZeRO terms + unsharded units in flight + activations", cols, rows)
+    note(f"fits: the tensors' bytes against the GPU's memory; tight: within the {headroom_GiB(gib):g} GiB "
+         f"({HEADROOM_FRACTION:.0%}) kept for the CUDA context and the caching allocator's fragmentation, an "
+         "out-of-memory risk (sim/parallel/fsdp/memory.py HEADROOM_FRACTION)")
     print_activations(acts)
     if not sel["fits"]:
         say(f"warning: {LABELS[zero]} does not fit in {gib:g} GiB: " + ", ".join(
             f"{k} {G(v)} GiB" for k, v in sel.items() if k not in ("total", "fits") and v), indent="  ")
     return 0
+
+
+def inputs_of(model) -> dict:
+    """What the activations scale with, as the model was built: micro-batch, sequence length, dtype, recompute."""
+    c = model.config or {}
+    out = {"micro_batch": c.get("micro_batch", c.get("batch")), "seq_len": c.get("seq_len"),
+           "dtype": c.get("dtype") or (model.params[0].dtype if model.params else None),
+           "recompute": c.get("recompute") or "none"}
+    return {k: (f"{v:,}" if isinstance(v, int) else v) for k, v in out.items() if v is not None}
 
 
 def print_activations(acts) -> None:
@@ -128,7 +150,20 @@ def refuse_absurd(stages: dict, args) -> None:
                               if getattr(args, k, None) is not None)
             raise ConfigError(f"{LABELS[z]} would need {parts['total'] / 2**50:.3g} PiB per GPU ({term}: "
                               f"{parts[term] / 2**50:.3g} PiB), over 1 PiB: no GPU holds a thousandth of that; "
-                              f"check {given or 'the model'}", "--micro-batch" if term == "activations" else "--model")
+                              f"check {given or 'the model'}", blamed_flag(term, args))
+
+
+def blamed_flag(term: str, args) -> str:
+    """The flag the user typed that made ``term`` absurd: for activations --seq-len or --micro-batch, whichever
+    was given (both: the one further above 1 x the preset's 8192 tokens, i.e. the larger of seq_len / 8192 and
+    micro_batch); else --world-size for a huge world, else --model."""
+    if term == "activations":
+        seq, micro = getattr(args, "seq_len", None), getattr(args, "micro_batch", None)
+        if seq is not None and (micro is None or seq / 8192 >= micro):
+            return "--seq-len"
+        if micro is not None:
+            return "--micro-batch"
+    return "--model"
 
 
 def stage_json(zero: int, parts: dict, selected: bool) -> dict:
@@ -152,8 +187,11 @@ def _scenario(args) -> int:
                     "mesh": result.mesh.as_dict(), **mem["json"]})
         return 0
     say(f"model: {result.model.summary()}", indent="  ")
-    say(f"mesh: {result.mesh.as_dict()} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
+    dims = ", ".join(f"{k}={v}" for k, v in result.mesh.as_dict().items())
+    say(f"mesh: {dims} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
         indent="  ")
+    inputs = {**inputs_of(result.model), "recompute": getattr(result.options, "recompute", None) or "none"}
+    say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs.items()), indent="  ")
     print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:
         say(f"warning: {w}", indent="  ")

@@ -118,14 +118,18 @@ def run(args) -> int:
         + (f" (the other {s.pruned}: a lower bound of their step rules them out of the table and their "
            "family's best)" if s.pruned else "") + f", {s.confirmed} confirmed by {s.confirmed_by}")
     rows = []
+    labels, common = varying_parts([c.layout.label() for c in top])
     for i, c in enumerate(top):
         b = explain.breakdown(s, c)
-        rows.append([i + 1, c.layout.label(), f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
+        rows.append([i + 1, labels[i], f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
     print_table(f"layouts, fastest first (~ = estimate, within ±{ESTIMATE_BOUND:.0%} of the simulator's step; "
                 f"others confirmed by {s.confirmed_by}; #1 is the fastest confirmed)",
-                ["#", "layout", "step ms", "MFU", "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
+                ["#", "layout" + (f" (all: {common})" if common and len(common) < 40 else ""), "step ms", "MFU",
+                 "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
+    if common and len(common) >= 40:
+        say(f"  (every layout above: {common})", indent="   ")
     for line in notes:
         say("note: " + line)
     b = explain.breakdown(s, s.ranked[0])
@@ -155,6 +159,15 @@ def run(args) -> int:
     return 0
 
 
+def varying_parts(labels: list[str], sep: str = " · ") -> tuple[list[str], str]:
+    """(each label without the parts every label has, joined by ', '; those common parts): a table keeps what
+    differs between its rows and says the rest once ("tp 1 · pp 1 · dp 8 (fsdp)" over "tp 1 · pp 1 · dp 16
+    (fsdp)" -> "dp 8 (fsdp)", "dp 16 (fsdp)"; common "tp 1, pp 1")."""
+    split = [label.split(sep) for label in labels]
+    common = [p for p in split[0] if all(p in parts for parts in split[1:])] if len(split) > 1 else []
+    return [", ".join(p for p in parts if p not in common) or ", ".join(parts) for parts in split], ", ".join(common)
+
+
 def _save(path: str, s) -> None:
     import yaml
     from distlab.sim.io import write_atomic
@@ -173,11 +186,14 @@ class _Bar:
         import sys
         self.enabled, self.it, self.done, self.tenth = enabled, None, 0, 0
         self.lines = enabled and not sys.stderr.isatty()
+        import time
+        self.start = time.monotonic()
 
     def phase(self, text: str) -> None:
         if self.lines:
             import sys
-            print(f"plan: {text}", file=sys.stderr, flush=True)
+            import time
+            print(f"plan: {text}, {time.monotonic() - self.start:.1f} s elapsed", file=sys.stderr, flush=True)
 
     def update(self, done: int, total: int) -> None:
         if self.lines:

@@ -20,8 +20,8 @@ def add_arguments(p) -> None:
     import argparse
     p.usage = "distlab simulate [SCENARIO] [--model M] [--mesh DIM=N,...] [options]"
     p.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=100, max_help_position=30)
-    p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; see README "
-                                               "'Plans'); default: gpt2-small DDP on one DGX H100")
+    p.add_argument("scenario", nargs="?", help="a scenario .yaml, or a plan .json (distlab-plan/1; docs/plans.md); "
+                                               "default: gpt2-small DDP, bf16 autocast, on one DGX H100")
     g = p.add_argument_group("model and batch")
     g.add_argument("--model", help="a preset (e.g. gpt2-small, llama3.1-8b; docs/models.md), a Hugging Face "
                                    "config.json (or its folder), or pkg.module:factory")

@@ -60,6 +60,17 @@ def options_lines(result) -> list[tuple[str, dict]]:
             for name in result.options.names()]
 
 
+def show(value) -> str:
+    """A value as a scenario file writes it (YAML's words, not Python's): none, true, false, 3,3,2, k=v."""
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
+    if isinstance(value, (list, tuple)):
+        return ",".join(show(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={show(v)}" for k, v in value.items())
+    return str(value)
+
+
 def summary_rows(s: dict) -> list[list]:
     rows = [["step time", f"{s['step_s'] * 1e3:.3f} ms"], ["compute", f"{s['compute_s'] * 1e3:.3f} ms"],
             ["communication", f"{s['comm_s'] * 1e3:.3f} ms"],
@@ -70,9 +81,14 @@ def summary_rows(s: dict) -> list[list]:
         if s["compute_peak_tflops"] != s["mfu_peak_tflops"]:      # e.g. float32: the CUDA cores' peak
             rows += [[f"MFU, {s['compute_dtype']} peak {s['compute_peak_tflops']:g} TFLOP/s",
                       f"{100 * s['mfu_of_compute_peak']:.1f} %"]]
+        if "global_batch" in s and s.get("seq_len", 1) > 1:
+            rows += [["global batch (sequences x length)", f"{s['global_batch']:,} x {s['seq_len']:,}"],
+                     ["tokens per step", f"{s['tokens_per_step']:,}"]]
+        elif "global_batch" in s:                                  # an MLP: samples, no sequence
+            rows += [["global batch (samples)", f"{s['global_batch']:,}"]]
         rows += [["TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f}"],
                  ["tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"],
-                 ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12·l·h·s)"]]
+                 ["model FLOPs per token", f"{s['model_flops_per_token'] / 1e9:.3g} GFLOP (6N + 12 l h s)"]]
     return rows
 
 
@@ -146,10 +162,10 @@ def print_result(result, changed: list[str]) -> None:
                       for p in result.mesh.placement(c.gpus_per_node))
     say(f"mesh:     {place}", indent="          ")
     for name, opts in options_lines(result):
-        say(f"{name}: {', '.join(f'{k}={v}' for k, v in opts.items())}", indent="          ")
-    say("assumes:  " + ", ".join(f"{k}={v}" for k, v in assumptions(result).items()), indent="          ")
+        say(f"{name}: {', '.join(f'{k}={show(v)}' for k, v in opts.items())}", indent="          ")
+    say("assumes:  " + ", ".join(f"{k}={show(v)}" for k, v in assumptions(result).items()), indent="          ")
     rep = result.report
-    print_table(None, ["", "value"], summary_rows(result.summary) + rep.get("rows", []))
+    print_table(None, ["", "value"], [[k, show(v)] for k, v in summary_rows(result.summary) + rep.get("rows", [])])
     note(SUMMARY_NOTE)
     if result.scenario.get("stragglers") or result.scenario.get("degraded_links"):
         shown = sub_trace(result.trace, shown_ranks(result))
@@ -178,24 +194,35 @@ def sweep_figure(workload, rows: list[dict], key: str, title: str):
                  title=title, logx=key == "bucket_cap_mb" and min(v for v in values if v is not None) > 0)
 
 
+# a step summary's fields a sweep table leaves to --json: conventions, peaks and notes, the same in every row
+SWEEP_HIDDEN = {"mesh", "compute_notes", "flops_convention", "mfu_peak", "mfu_peak_tflops", "compute_dtype",
+                "compute_peak_tflops", "model_flops_per_token", "hardware_flops_per_token", "hfu",
+                "mfu_of_compute_peak", "tflops_per_gpu", "seq_len"}
+
+
 def print_sweep(rows: list[dict], key: str, title: str) -> None:
-    base = [key, "world_size", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_pct"]
-    extra = [k for k in rows[0] if k not in base and k != "mesh"]
+    """One row per swept value: what varies first (step, its change, MFU, exposed communication, overlap, the
+    workload's columns), then the rest; columns the same in every row are said once under the table
+    (sim/output.py print_table)."""
+    first = [key, "step_s", "step_change_pct", "mfu", "exposed_comm_s", "overlap_pct"]
+    generic = ["compute_s", "comm_s", "tokens_per_s_per_gpu", "world_size", "global_batch", "tokens_per_step"]
+    own = [k for k in rows[0] if k not in first and k not in generic and k not in SWEEP_HIDDEN]
+    cols = [k for k in first + own + generic if k in rows[0]]       # the workload's own before the generic
     seconds = lambda k: k.endswith("_s") and not k.endswith("_per_s")  # noqa: E731
     fmt = (lambda k, v: f"{v * 1e3:.3f}" if seconds(k) else f"{v:+.1f}" if k == "step_change_pct"
-           else f"{v:.1f}" if k.endswith("pct")
+           else f"{100 * v:.1f}" if k == "mfu" else f"{v:.1f}" if k.endswith("pct")
+           else f"{v:,}" if k.startswith("tokens_per_step") or k == "global_batch"
            else f"{v / 2**20:.4g}" if k.endswith("bytes") else f"{v:.4g}" if isinstance(v, float) else v)
-    head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)",
+    head = {"step_s": "step (ms)", "compute_s": "compute (ms)", "comm_s": "comm (ms)", "mfu": "MFU %",
             "exposed_comm_s": "exposed (ms)", "overlap_pct": "overlap %", "world_size": "ranks",
-            "step_change_pct": "step vs first (%)"}
-    cols = base[:3] + extra + base[3:]       # the workload's own columns before the generic ones (kept if narrow)
+            "step_change_pct": "step vs first (%)", "tokens_per_s_per_gpu": "tokens/s/GPU"}
     header = (lambda k: head.get(k) or (k.removesuffix("_s").replace("_", " ") + " (ms)" if seconds(k) else
                                          k.replace("_per_s", "/s").removesuffix("_bytes").replace("_", " ")
                                          + (" (MiB)" if k.endswith("_bytes") else "")))
     print_table(title, [header(k) for k in cols],
-                [[fmt(k, r[k]) if k != key else r[k] for k in cols] for r in rows])
+                [[fmt(k, r[k]) if k != key else show(r[k]) for k in cols] for r in rows])
     best = min(rows, key=lambda r: r["step_s"])
-    say(f"fastest: {key}={best[key]} ({best['step_s'] * 1e3:.3f} ms)")
+    say(f"fastest: {key}={show(best[key])} ({best['step_s'] * 1e3:.3f} ms)")
 
 
 def run_plan_file(args, plan=None, extra: dict | None = None) -> int:

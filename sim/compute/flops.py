@@ -83,7 +83,8 @@ def mfu_summary(model, sequences: int, step_s: float, world_size: int, gpu, reco
     compute_peak = peak_tflops(gpu, gemm_dtype(dtype))
     return {"model_flops_per_token": per_token, "hardware_flops_per_token": hardware,
             "flops_convention": "6N + 12·l·h·s (PaLM app. B; recompute in hardware FLOPs only)",
-            "tokens_per_step": tokens, "mfu": per_token * tokens / peak, "hfu": hardware * tokens / peak,
+            "global_batch": sequences, "seq_len": seq, "tokens_per_step": tokens,
+            "mfu": per_token * tokens / peak, "hfu": hardware * tokens / peak,
             "mfu_peak_tflops": gpu.tflops, "mfu_peak": "bf16 dense", "compute_dtype": dtype,
             "compute_peak_tflops": compute_peak,
             "mfu_of_compute_peak": per_token * tokens / peak * gpu.tflops / compute_peak,

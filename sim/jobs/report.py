@@ -44,7 +44,9 @@ def fabric_words(cluster) -> str:
 
 
 def short(text: str, width: int = 18) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+    """``text`` in ``width`` columns, cut between its words around an ellipsis (sim/output.py shorten)."""
+    from distlab.sim.output import shorten
+    return shorten(text, width)
 
 
 def job_rows(outcome) -> list[list]:

@@ -12,7 +12,7 @@ arXiv 2001.08361). Activation bytes per layer: sim/models/activations.py (the de
 """
 from __future__ import annotations
 
-from distlab.sim.dtypes import DTYPE_BYTES
+from distlab.sim.dtypes import DTYPE_BYTES, TRAINING_DTYPES
 from distlab.sim.errors import ConfigError
 from distlab.sim.models.activations import RECOMPUTE, attach
 from distlab.sim.models.arch import ARCH_DEFAULTS, CHOICES, COMMON_DEFAULTS, structure
@@ -61,8 +61,8 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
     if kv_heads is not None and heads % kv_heads:
         raise ConfigError(f"heads {heads} is not a multiple of kv_heads {kv_heads}; allowed: divisors of {heads}",
                           "model.kv_heads")
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", "model.dtype")
+    if not isinstance(dtype, str) or dtype not in TRAINING_DTYPES:
+        raise ConfigError(f"{dtype!r} is not a training dtype; allowed: {', '.join(TRAINING_DTYPES)}", "model.dtype")
     if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
                                 or not 0 <= dropout < 1):
         raise ConfigError(f"{dropout!r} must be a probability in [0, 1)", "model.dropout")

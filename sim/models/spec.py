@@ -78,16 +78,24 @@ def model_from_spec(spec, where: str = "model") -> Model:
         base = spec.pop("preset")
         if not isinstance(base, str) or base not in preset_names():
             raise ConfigError(f"unknown model preset {base!r}; allowed: {', '.join(preset_names())}, a "
-                              "config.json path or pkg.module:factory", f"{where}.preset" if spec else where)
+                              "config.json path or pkg.module:factory",
+                              f"{where}.preset" if spec and not where.startswith("--") else where)
         return _build({**preset_spec(base), **_kinded(spec)}, name or base, where)
     if "hf_config" in spec:
         from distlab.sim.models.hf import config_path, spec_from_file
         path = spec.pop("hf_config")
         if not isinstance(path, str):
             raise ConfigError(f"{path!r} must be the path of a config.json", f"{where}.hf_config")
-        stem = os.path.basename(os.path.dirname(os.path.abspath(config_path(path)))) \
-            if os.path.isdir(path) else os.path.splitext(os.path.basename(path))[0]
-        return _build({**spec_from_file(path), **_kinded(spec)}, name or stem, where)
+        file = config_path(path)          # named after its folder (a model's folder holds its config.json)
+        stem = os.path.basename(os.path.dirname(os.path.abspath(file))) \
+            if os.path.basename(file) == "config.json" else os.path.splitext(os.path.basename(path))[0]
+        try:
+            config = spec_from_file(path)
+        except ConfigError as e:            # --model /no/such: named as typed, then the file's problem
+            if where.startswith("--"):
+                raise ConfigError(str(e), where) from None
+            raise
+        return _build({**config, **_kinded(spec)}, name or stem, where)
     if "factory" in spec:
         for k in spec:
             if k not in ("factory",) + FACTORY_KEYS:

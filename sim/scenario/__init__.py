@@ -43,7 +43,9 @@ from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys,
 from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
 from distlab.sim.workloads import composed, registry
 
-DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {}, "cluster": "dgx-h100", "nodes": 1}
+# the default of `distlab simulate`: as people train GPT-2 small (nanoGPT's train.py): DDP, bf16 autocast
+DEFAULT = {"model": {"preset": "gpt2-small", "micro_batch": 8}, "ddp": {"autocast": "bfloat16"},
+           "cluster": "dgx-h100", "nodes": 1}
 
 
 def vary(s: Scenario, key: str, value, where: str = "--sweep") -> Scenario:

@@ -87,9 +87,11 @@ def scenario_from_args(args, default: dict):
             raise ConfigError(f"is now {new}, set once for the whole composition", old)
     d = sc.load(args.scenario) if args.scenario else copy.deepcopy(default)
     changed = []
+    check_flags(args)
     if args.model:
-        from distlab.sim.models import spec_from_text
+        from distlab.sim.models import model_from_spec, spec_from_text
         d["model"] = spec_from_text(args.model, "--model")
+        model_from_spec(d["model"], "--model")       # a bad --model is named as typed, not as scenario: model:
         changed.append(f"--model {args.model}")
     if args.offload:
         d["model"] = {**_spec(d["model"]), "offload": True}
@@ -132,7 +134,20 @@ def scenario_from_args(args, default: dict):
                 d[w.name][f.name] = w.parse_text(f, text, flag)
                 if f"{flag} {text}" not in changed:
                     changed.append(f"{flag} {text}")
+    if args.nodes is not None:                 # the real bound: the simulator's ranks over this cluster's nodes
+        from distlab.sim.cli import check_whole
+        from distlab.sim.cluster import MAX_RANKS, load_cluster
+        gpn = load_cluster(d["cluster"]).gpus_per_node
+        check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
     return sc.from_dict(d, args.scenario or "scenario"), changed
+
+
+def check_flags(args) -> None:
+    """The whole-number flags against the bounds the simulator enforces, named as the user typed them."""
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import MAX_RANKS
+    check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
 
 
 def implied(mesh) -> set[str]:

@@ -88,8 +88,9 @@ def validate(d, where: str = "scenario") -> dict:
                 raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
     for k in ("nodes", "world_size"):
         v = d.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"{v!r} must be a whole number >= 1", f"{where}: {k}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65536):
+            raise ConfigError(f"{v!r} must be a whole number from 1 to 65,536 (the simulator's ranks)",
+                              f"{where}: {k}")
     return d
 
 
@@ -200,11 +201,12 @@ def from_dict(d, where: str = "scenario", cluster=None):
         cluster = resolve_cluster(d)
     try:
         mesh = complete_mesh(d, w, cluster.world_size, where)
+        from distlab.sim.parallel.pipeline.plan import with_default_microbatches   # 2 x pp x v when unset
         if w is composed.WORKLOAD:
-            par = composed.options_of(d, mesh, _parse, where)
+            par = with_default_microbatches(composed.options_of(d, mesh, _parse, where), mesh)
             options = {name: getattr(par, name) for name in par.names()}
         else:
-            options = {w.name: w.parse(d[w.name], f"{where}: {w.name}")}
+            options = {w.name: with_default_microbatches(w.parse(d[w.name], f"{where}: {w.name}"), mesh)}
     except ConfigError as e:
         raise under(e, where) from None
     if not isinstance(d["model"], (str, dict)):

@@ -135,7 +135,7 @@ def memory_of(model, mesh, par) -> dict:
 
 
 def report(result) -> dict:
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits
     counts = collectives(result)
     table = {"title": "collectives per step (rank 0), by mesh dimension",
              "columns": ["mesh dim", "collective", "phase", "count", "MiB"],
@@ -152,8 +152,9 @@ def report(result) -> dict:
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows += [[f"memory per GPU: {k}", f"{v / 2**30:.3f} GiB"] for k, v in parts.items()]
-    rows += [[f"memory per GPU (total; pipeline rank {mem['pipeline_rank']})", f"{total / 2**30:.3f} GiB"],
-             ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+    where = f"total; pipeline rank {mem['pipeline_rank']}" if par.pipeline is not None else "total"
+    rows += [[f"memory per GPU ({where})", f"{total / 2**30:.3f} GiB"],
+             ["fits the GPU", fit_text(total, gpu)]]
     return {"rows": rows, "tables": [table], "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"parallelisms": par.names(),
                      "collectives": [{"mesh_dim": d, "op": op, "phase": ph, "count": n, "bytes": b}

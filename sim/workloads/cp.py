@@ -24,7 +24,7 @@ def build(model, mesh, opts: CPOptions, cluster):
 def report(result) -> dict:
     from distlab.sim.parallel.cp.memory import cp_memory
     from distlab.sim.parallel.cp.ring import step_kind
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, fsdp2_split
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, fsdp2_split
     from distlab.sim.plan import Collective, Send
     o, cp = result.options, result.mesh.size("cp")
     ops = [x for x in result.plan.ranks[0] if getattr(x, "name", "").startswith("cp ")
@@ -55,7 +55,7 @@ def report(result) -> dict:
             [f"ring steps of rank {cp - 1}", ", ".join(kinds)]]
     rows += [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
     rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
-             ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+             ["fits the GPU", fit_text(total, gpu)]]
     warnings = [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)]
     return {"rows": rows, "tables": [table], "warnings": warnings,
             "json": {"cp": cp, "rotate_method": o.rotate_method, "load_balance": o.load_balance,

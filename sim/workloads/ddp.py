@@ -30,12 +30,12 @@ def report(result) -> dict:
 def memory(result) -> dict:
     """Per-GPU memory as `distlab memory --zero ddp` counts it (sim/parallel/fsdp/memory.py estimate: params, grads,
     Adam state, activations of one micro-batch) against the GPU's memory."""
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, estimate, fits
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, estimate, fit_text, fits
     est = estimate(result.model, result.plan.world_size, 0)
     total, gpu = sum(est.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [["memory per GPU (params + grads + Adam + activations)", f"{total / 2**30:.3f} GiB"],
-            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+            ["fits the GPU", fit_text(total, gpu)]]
     warnings = [] if ok else ["does not fit: " + breakdown_line(est, total, gpu)]
     return {"rows": rows, "warnings": warnings,
             "json": {"breakdown_bytes": est, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}

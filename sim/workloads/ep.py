@@ -33,7 +33,7 @@ def memory(result) -> dict:
     model's recompute and offload): one micro-batch's peak without pp; with pp, each block's stash times the
     most blocks' micro-batches it holds walking its schedule (F keeps, B or W frees: an upper bound for the
     zero-bubble schedules, whose I already frees part), plus the largest transient of its layers."""
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, precision
     mesh, model, o = result.mesh, result.model, result.options
     ep = mesh.size("ep")
     dp = mesh.size("dp") if "dp" in mesh else 1
@@ -56,7 +56,7 @@ def memory(result) -> dict:
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [["memory per GPU (params, grads, Adam, activations)", f"{total / 2**30:.3f} GiB"],
-            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+            ["fits the GPU", fit_text(total, gpu)]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}
 

@@ -41,7 +41,7 @@ def memory(result, met) -> dict:
     """Per-GPU memory of the fullest pipeline rank: its stages' params, grads and Adam state (bytes per
     element as sim/parallel/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
     in-flight activations, against the GPU's memory."""
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, precision
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, precision
     from distlab.sim.plan import DTYPE_BYTES
     meta = result.info["pipeline"]
     dtype = (result.model.config or {}).get("dtype", "float32")
@@ -57,7 +57,7 @@ def memory(result, met) -> dict:
     total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
     ok = fits(total, gpu)
     rows = [[f"memory per GPU (pipeline rank {rank}: its stages + in-flight activations)", f"{total / 2**30:.3f} GiB"],
-            ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+            ["fits the GPU", fit_text(total, gpu)]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"pipeline_rank": rank, "breakdown_bytes": parts, "total_bytes": total, "fits": ok,
                      "gpu_memory_GiB": gpu}}

@@ -61,7 +61,7 @@ def build(model, mesh, opts: TPOptions, cluster):
 
 def memory(result) -> dict:
     from distlab.sim.models.activations import effective_recompute
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fits, fsdp2_split
+    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, fsdp2_split
     from distlab.sim.parallel.tp.memory import tp_memory
     o = result.options
     rc = effective_recompute(result.model, o.recompute, "tp.recompute")
@@ -75,7 +75,7 @@ def memory(result) -> dict:
     ok = fits(total, gpu)
     rows = [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
     rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
-             ["fits the GPU", f"yes ({gpu:g} GiB)" if ok else f"NO: over {gpu:g} GiB"]]
+             ["fits the GPU", fit_text(total, gpu)]]
     return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
             "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu,
                      "activations": f"sim/models/activations.py, recompute {rc}"}}

@@ -6,6 +6,12 @@ bucket in index order: ``Wait("ready k")`` then the bucket's all-reduce, which i
 rule (all its gradients ready and every lower bucket launched; NCCL and Gloo run them in order). After the
 last bucket, the compute stream waits for the comm stream and runs the optimizer step.
 
+Mixed precision: ``autocast="bfloat16"`` (or float16) is ``torch.autocast(device_type="cuda", dtype=...)`` around
+the forward, as most DDP training scripts run (nanoGPT's train.py, torchtune): parameters, gradients, the
+all-reduced buckets and Adam stay in the parameters' dtype (float32); the matmuls run in the autocast dtype, on
+the tensor cores. Activations are still counted in the parameters' dtype (sim/models/activations.py has no
+autocast layout): an upper bound, since autocast saves the linears' inputs in 16 bits.
+
 Gradient accumulation: the first ``grad_accum - 1`` micro-batches run under ``no_sync()`` (no all-reduce).
 ``compress="fp16"`` / ``"bf16"``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``
 (ddp_comm_hooks/default_hooks.py) all-reduce 2-byte values. Compute ops carry FLOPs and HBM bytes
@@ -29,6 +35,7 @@ OPTIMIZERS = {"adam": 7, "sgd": 3, "none": 0}
 
 
 COMPRESS = {"fp16": "float16", "bf16": "bfloat16"}   # torch's compress hooks: the dtype they all-reduce
+AUTOCAST = ("bfloat16", "float16")                   # torch.autocast dtypes on CUDA (torch.amp)
 
 @dataclass
 class DDPOptions:
@@ -41,6 +48,8 @@ class DDPOptions:
     algorithm: str = option("auto", "all-reduce algorithm", choices=ALGORITHMS, what="algorithm", flag="--algo")
     optimizer: str = option("adam", "optimizer step after the all-reduces", choices=tuple(OPTIMIZERS),
                             what="optimizer")
+    autocast: str | None = option(None, "torch.autocast dtype of the forward's matmuls (none = the parameters')",
+                                  choices=AUTOCAST, what="autocast dtype")
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "parallelism") -> "DDPOptions":
@@ -72,6 +81,9 @@ class DDPOptions:
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}",
                               f"{where}.optimizer")
+        if self.autocast is not None and self.autocast not in AUTOCAST:
+            raise ConfigError(f"unknown autocast dtype {self.autocast!r}; allowed: {', '.join(AUTOCAST)} (or none)",
+                              f"{where}.autocast")
         return self
 
 
@@ -88,7 +100,7 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     # that finishes all its params, i.e. the lowest layer index among them
     done_after = [min(param_layer[i] for i in b.params) for b in buckets]
     ops, ready_index, coll_index = [], {}, {}
-    dtype = compute_dtype(model)            # no autocast in DDP: the parameters' dtype (TF32 off: FP32 peak)
+    dtype = opts.autocast or compute_dtype(model)     # no autocast: the parameters' dtype (TF32 off: FP32 peak)
     for micro in range(opts.grad_accum):
         last = micro == opts.grad_accum - 1
         tag = f" (micro {micro})" if opts.grad_accum > 1 else ""
@@ -117,7 +129,7 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     if OPTIMIZERS[opts.optimizer]:
         ops.append(Compute("optimizer step", bytes=OPTIMIZERS[opts.optimizer] * model.param_bytes))
     info = {
-        "builder": "ddp", "model": model.summary(), "options": asdict(opts),
+        "builder": "ddp", "model": model.summary(), "options": _options(opts),
         "buckets": [{"index": k, "bytes": b.bytes, "params": len(b.params), "dtype": b.dtype,
                      "first": names[b.params[0]], "last": names[b.params[-1]],
                      "ready_after": model.layers[done_after[k]].name, "record_op": ready_index[k],
@@ -125,8 +137,13 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     }
     plan = Plan([_with_group(ops, mesh.group_of(r, "dp"), mesh.world_size) for r in range(mesh.world_size)],
                 name=f"ddp {model.name}",
-                meta={"builder": "ddp", "model": model.name, "options": asdict(opts)})
+                meta={"builder": "ddp", "model": model.name, "options": _options(opts)})
     return plan.validate(), info
+
+
+def _options(opts: DDPOptions) -> dict:
+    """The options a plan records: without autocast when it is off (plans from before it are byte-identical)."""
+    return {k: v for k, v in asdict(opts).items() if k != "autocast" or v is not None}
 
 
 def _with_group(ops: list, group: tuple, world: int) -> list:

@@ -132,6 +132,34 @@ def fits(total: int, gpu_GiB: float) -> bool:
     return total <= gpu_GiB * 2**30
 
 
+# What a prediction of the tensors' bytes leaves out, as a share of the GPU's memory: the CUDA context and the
+# cuBLAS/NCCL workspaces, outside PyTorch's caching allocator (~1-2 GiB), and the allocator's fragmentation
+# (torch.cuda.memory_reserved() above memory_allocated(): blocks cached but split, PyTorch's "CUDA semantics:
+# memory management"). torchtitan's published runs reserve 20-35% above the live bytes predicted here
+# (docs/models.md); 10% (8 GiB of 80) is the assumption: a total within it is "tight", an OOM risk.
+HEADROOM_FRACTION = 0.10
+
+
+def headroom_GiB(gpu_GiB: float) -> float:
+    return HEADROOM_FRACTION * gpu_GiB
+
+
+def fit_text(total: int, gpu_GiB: float) -> str:
+    """'yes (80 GiB, keeping 8 GiB headroom)', 'tight: within the 8 GiB headroom of 80 GiB (allocator, CUDA
+    context)' or 'NO: over 80 GiB'."""
+    if not fits(total, gpu_GiB):
+        return f"NO: over {gpu_GiB:g} GiB"
+    room = headroom_GiB(gpu_GiB)
+    if total > (gpu_GiB - room) * 2**30:
+        return f"tight: within the {room:g} GiB headroom of {gpu_GiB:g} GiB (allocator, CUDA context)"
+    return f"yes ({gpu_GiB:g} GiB, keeping {room:g} GiB headroom)"
+
+
+def fit_word(total: int, gpu_GiB: float) -> str:
+    """'yes', 'tight' (within the headroom) or 'NO': a table's cell."""
+    return fit_text(total, gpu_GiB).split(" ")[0].rstrip(":")
+
+
 def breakdown_line(breakdown: dict, total: int, gpu_GiB: float | None = None) -> str:
     """``params 1.2 GiB + grads ... = 13.4 GiB`` and, when over the GPU, ``DOES NOT FIT in 80 GiB``."""
     from distlab.sim.plan import format_bytes

@@ -38,6 +38,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from distlab.sim.errors import ConfigError
+from distlab.sim.dtypes import REDUCE_DTYPES, TRAINING_DTYPES
 from distlab.sim.parallel.fsdp.memory import static_bytes
 from distlab.sim.parallel.fsdp.units import BLOCK, Unit, model_dtype, padded_numel, units_of  # noqa: F401 (re-exported)
 from distlab.sim.mesh import Mesh
@@ -58,9 +59,9 @@ class FSDPOptions:
     prefetch: int = option(1, "forward all-gathers issued ahead of the unit computing")
     backward_prefetch: int = option(1, "backward all-gathers issued ahead")
     param_dtype: str | None = option(None, "MixedPrecisionPolicy param_dtype: the dtype gathered and computed in "
-                                           "(none = the model's)", choices=tuple(DTYPE_BYTES), what="dtype")
+                                           "(none = the model's)", choices=TRAINING_DTYPES, what="dtype")
     reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
-                                      choices=tuple(DTYPE_BYTES), what="dtype")
+                                      choices=REDUCE_DTYPES, what="dtype")
     overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
     root_reshard_after_forward: bool = option(False, "true: fully_shard(root, reshard_after_forward=True) "
                                                      "explicitly: the root is freed after forward and gathered "
@@ -85,10 +86,10 @@ class FSDPOptions:
         k = self.reduce_scatter_max_input_buffers
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError(f"{k!r} must be a whole number >= 1", f"{where}.reduce_scatter_max_input_buffers")
-        for key in ("param_dtype", "reduce_dtype"):
+        for key, allowed in (("param_dtype", TRAINING_DTYPES), ("reduce_dtype", REDUCE_DTYPES)):
             v = getattr(self, key)
-            if v is not None and v not in DTYPE_BYTES:
-                raise ConfigError(f"unknown dtype {v!r}; allowed: {', '.join(DTYPE_BYTES)}", f"{where}.{key}")
+            if v is not None and v not in allowed:
+                raise ConfigError(f"{v!r} is not a training dtype; allowed: {', '.join(allowed)}", f"{where}.{key}")
         if not isinstance(self.reshard_after_forward, (bool, int)):
             raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
                               f"{where}.reshard_after_forward")

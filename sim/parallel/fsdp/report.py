@@ -8,7 +8,7 @@ memory meta uses (sim/parallel/fsdp/memory.py); the breakdown shown here follows
 """
 from __future__ import annotations
 
-from distlab.sim.parallel.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fits, memory_curve, peak
+from distlab.sim.parallel.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fit_text, fits, memory_curve, peak
 from distlab.sim.plan import DTYPE_BYTES
 
 
@@ -44,7 +44,7 @@ def report(result) -> dict:
     shown = fsdp2_breakdown(plan, pk["breakdown"])
     rows = [[f"peak memory (rank {pk['rank']}, t={pk['time'] * 1e3:.3f} ms)", _gib(pk["total"])]]
     rows += [[f"  {k}", _gib(v)] for k, v in shown.items()]
-    rows.append(["fits the GPU", f"yes ({gpu_GiB:g} GiB)" if ok else f"NO: over {gpu_GiB:g} GiB"])
+    rows.append(["fits the GPU", fit_text(pk["total"], gpu_GiB)])
     out = {"rows": rows, "json": {"peak_memory": {"rank": pk["rank"], "time_s": pk["time"], "total_bytes": pk["total"],
                                                   "breakdown_bytes": pk["breakdown"], "fsdp2_breakdown_bytes": shown},
                                   "fits": ok, "gpu_memory_GiB": gpu_GiB}}

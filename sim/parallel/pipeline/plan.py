@@ -83,7 +83,8 @@ class PipelineSpec:
 class PipelineOptions:
     """The ``pipeline:`` section of a scenario; stages and replicas come from the mesh (pp, dp)."""
     schedule: str = option(PipelineSpec.schedule, f"pipeline schedule: {', '.join(S.SCHEDULES)}")
-    microbatches: int = option(PipelineSpec.microbatches, "microbatches per step (m)")
+    microbatches: int | None = option(None, "microbatches per step (m); none = 2 x pp x virtual_stages "
+                                            "(default_microbatches)")
     virtual_stages: int = option(PipelineSpec.virtual_stages, "model chunks per rank (v; 2 for zbv, dualpipev)")
     split: list[int] | None = option(PipelineSpec.split, "layers (transformer blocks) per stage, p x v numbers in "
                                                          "stage order (none = even, or see stage_less_layers)")
@@ -105,8 +106,30 @@ class PipelineOptions:
             from distlab.sim.parallel.pipeline.split import stage_split
             blocks = model.config["layers"] if model.config.get("kind") == "gpt" else len(model.layers)
             split = stage_split(blocks, mesh.size("pp") * self.virtual_stages, self.split, self.stage_less_layers)
-        return PipelineSpec(self.schedule, mesh.size("pp"), self.microbatches, self.virtual_stages, dp,
+        m = self.microbatches or default_microbatches(mesh.size("pp"), self.virtual_stages)
+        return PipelineSpec(self.schedule, mesh.size("pp"), m, self.virtual_stages, dp,
                             split, self.weight_grad_fraction, self.recv)
+
+
+def default_microbatches(pp: int, virtual_stages: int = 1) -> int:
+    """Micro-batches per step when a scenario gives none: 2 x pp x virtual_stages. 1F1B's bubble is
+    (p - 1) / (m + p - 1) of the step (Narayanan et al. 2021, arXiv 2104.04473 sec. 2.2): m = p idles the ranks
+    about half the time at large p, m = 2p about a third; an interleaved schedule divides the bubble by v with m
+    a multiple of p. A scenario that knows its global batch says m (global batch / (micro_batch x dp))."""
+    return 2 * pp * virtual_stages
+
+
+def with_default_microbatches(opts, mesh: Mesh):
+    """``opts`` (PipelineOptions, or a composition's Parallelisms with a ``pipeline``) with microbatches None
+    replaced by default_microbatches on ``mesh``; anything else as it is."""
+    from dataclasses import replace
+    if isinstance(opts, PipelineOptions) and opts.microbatches is None:
+        return replace(opts, microbatches=default_microbatches(mesh.size("pp") if "pp" in mesh else 1,
+                                                               opts.virtual_stages))
+    pipe = getattr(opts, "pipeline", None)
+    if isinstance(pipe, PipelineOptions) and pipe.microbatches is None:
+        return replace(opts, pipeline=with_default_microbatches(pipe, mesh))
+    return opts
 
 
 def split_layers(n_layers: int, n_stages: int, split: list[int] | None = None, what: str = "layers",
