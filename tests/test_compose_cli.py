@@ -39,7 +39,7 @@ def test_every_listed_flag_works_without_a_scenario_file(capsys):
     given = {w for text in FLAG_SETS.values() for w in text.split() if w.startswith("--")} | {
         "--model", "--micro-batch", "--world-size", "--mesh", "--no-files", "--json"}
     assert listed - given <= {"--help", "--cluster", "--nodes", "--sweep", "--save-plan", "--out", "--verbose",
-                              "--from-profile",                # tests/test_ingest_kineto.py
+                              "--from-profile",                # tests/test_ingest_profile.py
                               "--wide"}
     for name, text in FLAG_SETS.items():
         rc, out, err = simulate_cli(capsys, "--world-size", "2", "--micro-batch", "1", "--json", *text.split())
