@@ -122,7 +122,7 @@ def plans_against_traces() -> None:
         plan, guessed, unknown = plan_from_profile(profile)
         cluster = load_cluster(guessed["cluster"]).with_world_size(plan.world_size)
         trace = simulate(plan, cluster, record_transfers=False)
-        c = compare_profile(trace, profile)
+        c = compare_profile(trace, profile, plan=plan, gpu=cluster.gpu)
         say(f"{name}: {JOBS.get(name, 'see SOURCES.md')}", "")
         say(f"{guessed['world_size']} ranks ({len(guessed['traced_ranks'])} traced), device "
             f"{guessed['device'] or 'unknown'}, NCCL {guessed['nccl_version'] or '?'}, on {guessed['cluster']}")
@@ -137,6 +137,10 @@ def plans_against_traces() -> None:
             ov = [m.get("overlap"), p.get("overlap")]
             parts.append("overlap " + "/".join("-" if x is None else f"{x * 100:.0f}%" for x in ov))
             say(f"rank {r['rank']} ms measured/predicted: " + ", ".join(parts))
+        for m in c["compute"]:
+            kinds = [f"{k} {v['measured_s'] * 1e3:.2f}/{v['predicted_s'] * 1e3:.2f} ({v['matched_kernels']}/"
+                     f"{v['measured_kernels']} kernels matched)" for k, v in m["kinds"].items() if v["measured_kernels"]]
+            say(f"rank {m['rank']} compute by kind, ms measured/predicted: " + ", ".join(kinds))
         errors = [x["error"] for x in c["collectives"] if x["error"] is not None]
         if errors:
             worst = max(c["collectives"], key=lambda x: abs(x["error"] or 0))
