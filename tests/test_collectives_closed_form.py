@@ -163,3 +163,16 @@ def test_nvls_tree_two_nodes(g, size):
             net = 2 in on or 3 in on
             expected += (7e-6 + 18.2 * US) if net else (2e-6 if (0 in on or 4 in on) else 0.0)
     assert close(sim_time("all_reduce", 2 * g, size, "nvls_tree", c), expected)
+
+
+@pytest.mark.parametrize("nodes, cap", [(1, 141.0), (2, 39.0), (4, 20.4)])
+def test_ring_ll_bus_bandwidth_stays_under_ncclS_llmaxbw(nodes, cap):
+    # tuning.cc: ring LL busBw = min(llMaxBw, 0.5 x nChannels x bw), bw = bwIntra on up to 2 nodes: across 2 nodes
+    # LL moves at most 39 GB/s of busbw (Intel row), not half the NICs' rate (sim/collectives/protocols.py). The
+    # cap is a fraction of NVLink's bus bandwidth, as NCCL's; the simulated 2-node ring moves up to 10% more.
+    from distlab.sim.cluster import load_cluster
+    c = load_cluster("dgx-h100").with_world_size(8 * nodes)
+    n, size = 8 * nodes, 1 << 30
+    trace, _ = simulate_collective("all_reduce", size, c, "ring", protocol="LL")
+    busbw = size / trace.makespan * 2 * (n - 1) / n / 1e9
+    assert 0.75 * cap < busbw <= 1.1 * cap

@@ -11,7 +11,8 @@ terms and turns its bandwidth factors into bytes on the wire, so contention stil
 - efficiency e: each flow carries S / e bytes. LL sends 8-byte lines of 4 data bytes and 4 flag bytes (e = 0.5,
   tuning.cc:327), LL128 120 data bytes per 128-byte line (NCCL uses 0.92, tuning.cc:329), Simple moves the data
   as is (1.0). LL is also capped at llMaxBws of bus bandwidth (tuning.cc:178-183, :327): e <= cap / B, with B the
-  GPU's share of the fabric. Trees: x 0.92, LL / 3.8, LL128 x 7/9 on one node (tuning.cc:330-335); PAT x 0.75
+  ring's bus bandwidth as NCCL's tuner takes it (``gpu_bus_GBps``: NVLink on up to 2 nodes, so 2-node LL runs at
+  most 39 GB/s of busbw). Trees: x 0.92, LL / 3.8, LL128 x 7/9 on one node (tuning.cc:330-335); PAT x 0.75
   (:337); NVLS x nvlsEfficiency of the GPU generation (Hopper 0.85, Blackwell 0.74; tuning.cc:139-144), capped
   where a fabric's measured NVLS bus bandwidth is lower (IntraNode.nvls_busbw_GBps: GB200 NVL72 at 72 GPUs).
 Left out: per-channel caps (perChMax*Bws, they need NCCL's channel search), the tree correction factors for
@@ -113,13 +114,16 @@ def efficiency(name: str, p: int, cluster, nodes: int) -> float:
 
 
 def gpu_bus_GBps(cluster, nodes: int) -> float:
-    """B: the bus bandwidth a GPU's links give the ring, per direction: NVLink (or PCIe), and across nodes the
-    node's NICs shared by its GPUs."""
+    """B: the bus bandwidth of the ring whose share the LL cap bounds, as NCCL's tuner takes it (NCCL 2.21-2.30,
+    tuning.cc ncclTopoTuneModel: busBw = nChannels x bw, bw = bwIntra on one or two nodes, bwInter beyond, then
+    ring LL busBw = min(llMaxBw, busBw x 0.5)): the NVLink (or PCIe) bus bandwidth of a GPU on up to 2 nodes, and
+    beyond, the lower of that and the node's NICs together (the ring's channels spread over them, so nChannels x
+    bwInter is their sum, not one GPU's share)."""
     intra = cluster.intra_node
     b = intra.bandwidth_GBps * intra.efficiency
     inter = cluster.inter_node
-    if nodes > 1 and inter is not None:
-        b = min(b, inter.bandwidth_GBps * inter.efficiency * inter.nics_per_node / cluster.gpus_per_node)
+    if nodes > 2 and inter is not None:
+        b = min(b, inter.bandwidth_GBps * inter.efficiency * inter.nics_per_node)
     return b
 
 
