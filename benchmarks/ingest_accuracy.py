@@ -80,7 +80,8 @@ WHY = ("Where a preset misses a regime by more than 10%, its citation in sim/clu
        "rate grows from 59 us (1 MiB) to 283 us (128 MiB), a term NCCL's own tuner model lacks (constant ring "
        "latency; its mid-size corrections are for trees and multi-node rings, tuning.cc ncclTopoGetAlgoTime), likeliest "
        "each channel's chunk pipeline filling (not measured here). Across 2 nodes the simulator now caps LL at NCCL's 39 GB/s "
-       "(tuning.cc llMaxBws on NVLink's bus bandwidth), which closes part of the 2-node gap; the A3 Mega and "
+       "(tuning.cc llMaxBws on NVLink's bus bandwidth) and derates trees by NCCL's treeCorrectionFactor, which "
+       "closes part of the 2-node gap; the A3 Mega and "
        "2 x 4 logs are other systems than the preset's (200 Gb/s TCPXO NICs, 4 GPUs a node), and their own fit "
        "(last column) reproduces them. GB200's 72-rank ramp likewise reaches 2 GiB. The mid-size regime is where "
        "DDP's and FSDP2's buckets live (25-200 MiB): calibrate from your own nccl-tests log before trusting it.")

@@ -83,10 +83,11 @@ PRESETS = {
     # 446-465 GB/s busbw at 1-16 GiB, this preset 480-493 (+6%). Logs of other systems sized onto it miss by far
     # more and are not corrections: Google Cloud A3 Mega (8 x 200 Gb/s GPUDirect-TCPXO NICs, half of NDR's 400)
     # reaches 339 at 8 GiB (+45%), 2 nodes x 4 H100 with an unnamed network 236 (+31%). In 1-128 MiB both logs
-    # are 2-9x below the preset: the LL cap NCCL applies across 2 nodes (39 GB/s, sim/collectives/protocols.py)
-    # closes part of it (A3 Mega 347% -> 278% mean error); the rest is not in NCCL's tuner model either (its
-    # mid-size corrections are <= 2.5x: treeCorrectionFactor 0.4-1.0, ring plateau latency x 1.9), it is the
-    # pipeline ramp (as for dgx-a100) on networks that are not this preset's; each log's own fit reproduces it.
+    # are 2-9x below the preset: the LL cap NCCL applies across 2 nodes (39 GB/s) and its tree correction
+    # (treeCorrectionFactor), both now in sim/collectives/protocols.py, close part of it (mean error A3 Mega
+    # 347% -> 272%, 2 x 4 211% -> 201%); the rest is not in NCCL's tuner model either (its only other mid-size
+    # term, the ring plateau latency x 1.9, is tens of us): the pipeline ramp (as for dgx-a100) on networks
+    # that are not this preset's; each log's own fit reproduces it.
     "dgx-h100": Cluster("dgx-h100", 1, 8, GPUS["h100"],
                         IntraNode("nvswitch", 450.0, 0.6, efficiency=0.824, nvls=True), NDR_IB),
     # The same nodes on 400 GbE RoCE (ConnectX-7 in Ethernet mode, 50 GB/s per NIC; Meta's RoCE clusters, Gangidi
