@@ -43,6 +43,11 @@ def test_compare_the_plan_with_the_gloo_ranks_profile(cli, traces):
     for r in d["ranks"]:
         assert r["measured"]["communication_s"] > 0 and r["predicted"]["communication_s"] > 0
         assert r["measured"]["by_kernel"]["gemm"] > 0 and r["predicted"]["compute_s"] > 0
+    for m in d["compute"]:                          # each aten::matmul matched to the plan's "matmul" (a GEMM)
+        assert [(p["op"], p["kind"], p["kernels"]) for p in m["matched"]] == [("matmul", "gemm", 1)] * 2
+        gemm = m["kinds"]["gemm"]
+        assert gemm["measured_kernels"] == gemm["matched_kernels"] == 2 and gemm["predicted_s"] > 0
+        assert not m["unmatched"]["plan_ops"]
     rc, out, err = cli("simulate", "--from-profile", folder, "--no-files", "--json")
     assert rc == 0, err
     g = json.loads(out)["profile"]["guessed"]

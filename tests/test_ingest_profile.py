@@ -69,12 +69,15 @@ def test_simulate_from_profile_then_compare_the_plan_against_the_profile(cli, tm
     pairs = d["collectives"]
     assert [p["op"] for p in pairs].count("all_reduce") == 5 and all(p["measured_bytes"] == p["predicted_bytes"]
                                                                       for p in pairs)
+    gemm = d["compute"][0]["kinds"]["gemm"]                 # every GEMM kernel matched to the plan's GEMM ops
+    assert gemm["measured_kernels"] == gemm["matched_kernels"] == 181
     r0 = d["ranks"][0]
     assert r0["measured"]["compute_s"] == pytest.approx(r0["predicted"]["compute_s"], rel=0.02)  # taken as measured
     threads = {e["args"]["name"] for e in json.loads(both.read_text())["traceEvents"] if e["name"] == "thread_name"}
     assert any(t.startswith("measured stream") for t in threads) and "predicted comm" in threads
     rc, out, err = cli("compare", plan, DDP)
     assert rc == 0 and "collectives matched in issue order" in out and "overlap" in out
+    assert "compute by kind" in out and "measured gemm x57" in out
 
 
 def test_a_plan_from_the_sampled_128_rank_job_says_what_it_left_out():

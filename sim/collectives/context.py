@@ -116,7 +116,7 @@ class Context:
                 continue
             parts = self._estimate_parts(m.steps(self, op, group, nbytes, root))
             for p in protos:
-                pc = cost(m.NAME, p, self.cluster, n, nodes)
+                pc = cost(m.NAME, p, self.cluster, n, nodes, op, nbytes)
                 t = _time(pc, parts)
                 if t < best_t * (1 - 1e-12):
                     best, best_t = (m.NAME, p, pc), t

@@ -11,11 +11,14 @@ terms and turns its bandwidth factors into bytes on the wire, so contention stil
 - efficiency e: each flow carries S / e bytes. LL sends 8-byte lines of 4 data bytes and 4 flag bytes (e = 0.5,
   tuning.cc:327), LL128 120 data bytes per 128-byte line (NCCL uses 0.92, tuning.cc:329), Simple moves the data
   as is (1.0). LL is also capped at llMaxBws of bus bandwidth (tuning.cc:178-183, :327): e <= cap / B, with B the
-  GPU's share of the fabric. Trees: x 0.92, LL / 3.8, LL128 x 7/9 on one node (tuning.cc:330-335); PAT x 0.75
+  ring's bus bandwidth as NCCL's tuner takes it (``gpu_bus_GBps``: NVLink on up to 2 nodes, so 2-node LL runs at
+  most 39 GB/s of busbw). Trees: x 0.92, LL / 3.8, LL128 x 7/9 on one node (tuning.cc:330-335); PAT x 0.75
   (:337); NVLS x nvlsEfficiency of the GPU generation (Hopper 0.85, Blackwell 0.74; tuning.cc:139-144), capped
   where a fabric's measured NVLS bus bandwidth is lower (IntraNode.nvls_busbw_GBps: GB200 NVL72 at 72 GPUs).
-Left out: per-channel caps (perChMax*Bws, they need NCCL's channel search), the tree correction factors for
-medium sizes (tuning.cc:623-627) and the ring's multi-node plateau factor (tuning.cc:647-650).
+- trees' all_reduce at medium sizes: x treeCorrectionFactor[protocol][log2(S / 64 B)] (NCCL's measured tree
+  efficiency, 0.4-1.0 from 64 B to 512 MiB, 1.0 beyond; tuning.cc:623-627, src/tuning/cost_model.cc in 2.29+).
+Left out: per-channel caps (perChMax*Bws, they need NCCL's channel search) and the ring's multi-node plateau
+factor (tuning.cc:647-650).
 CPU clusters (gpu arch "cpu": Gloo) have no protocols: one "Simple" with no base latency and e = 1.
 """
 from __future__ import annotations
@@ -45,6 +48,11 @@ HW_US = {
 LL_MAX_ONE_NODE = {"ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
 LL_MAX_NODES = (39.0, 20.4)
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}   # tuning.cc:139-144 (0 before Hopper: no NVLS)
+# tuning.cc:623-627 treeCorrectionFactor, per protocol (LL, LL128, Simple), index log2i(bytes >> 6) (64 B .. 512 MiB)
+TREE_CORRECTION = (
+    (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9))
 
 # NCCL's algorithm whose hop latencies a simulator algorithm's steps pay (None: no per-hop protocol cost)
 HOP_ROW = {"ring": "Ring", "tree": "Tree", "hierarchical": "Ring", "direct": "Ring", "nvls": None,
@@ -63,15 +71,16 @@ def protocols_for(module, cluster) -> tuple[str, ...]:
     return ("Simple",) if cluster.gpu.arch == "cpu" else module.PROTOCOLS
 
 
-def cost(name: str, proto: str, cluster, n: int, nodes: int) -> ProtocolCost:
-    """The per-call terms of algorithm ``name`` with protocol ``proto`` for a group of n ranks on ``nodes``."""
+def cost(name: str, proto: str, cluster, n: int, nodes: int, op: str = "", nbytes: float = 0) -> ProtocolCost:
+    """The per-call terms of algorithm ``name`` with protocol ``proto`` for a group of n ranks on ``nodes``
+    (``op`` and ``nbytes``: a tree all_reduce's medium-size correction)."""
     if cluster.gpu.arch == "cpu":
         return ProtocolCost(0.0, (0.0, 0.0, 0.0), 1.0)
     p = PROTOCOLS.index(proto)
     row = HOP_ROW[name]
     extra = tuple(0.0 if row is None or (name == "nvls_tree" and hw != NET)
                   else max(0.0, HW_US[hw][row][p] - HW_US[hw]["Ring"][0]) * 1e-6 for hw in (NVLINK, PCI, NET))
-    e = efficiency(name, p, cluster, nodes)
+    e = efficiency(name, p, cluster, nodes) * tree_correction(name, p, op, nbytes)
     if name == "nvls" and getattr(cluster.intra_node, "nvls_busbw_GBps", None) and n > 1:
         e = min(e, nvls_ceiling(cluster, n))
     return ProtocolCost(base_latency_us(name, p, n) * 1e-6, extra, 1.0 / e)
@@ -83,6 +92,15 @@ def nvls_ceiling(cluster, n: int) -> float:
     2(n-1)/n·S / t, so busbw = 2(n-1)/(n+1) · B · e with B the GPU's NVLink bandwidth."""
     intra = cluster.intra_node
     return intra.nvls_busbw_GBps * (n + 1) / (2 * (n - 1) * intra.bandwidth_GBps * intra.efficiency)
+
+
+def tree_correction(name: str, p: int, op: str, nbytes: float) -> float:
+    """NCCL's treeCorrectionFactor for a tree all_reduce of ``nbytes`` (module docstring), else 1."""
+    if name != "tree" or op != "all_reduce" or nbytes < 64:
+        return 1.0
+    log_size = int(nbytes) >> 6
+    log_size = log_size.bit_length() - 1                     # log2i
+    return TREE_CORRECTION[p][log_size] if log_size < len(TREE_CORRECTION[p]) else 1.0
 
 
 def base_latency_us(name: str, p: int, n: int) -> float:
@@ -113,13 +131,16 @@ def efficiency(name: str, p: int, cluster, nodes: int) -> float:
 
 
 def gpu_bus_GBps(cluster, nodes: int) -> float:
-    """B: the bus bandwidth a GPU's links give the ring, per direction: NVLink (or PCIe), and across nodes the
-    node's NICs shared by its GPUs."""
+    """B: the bus bandwidth of the ring whose share the LL cap bounds, as NCCL's tuner takes it (NCCL 2.21-2.30,
+    tuning.cc ncclTopoTuneModel: busBw = nChannels x bw, bw = bwIntra on one or two nodes, bwInter beyond, then
+    ring LL busBw = min(llMaxBw, busBw x 0.5)): the NVLink (or PCIe) bus bandwidth of a GPU on up to 2 nodes, and
+    beyond, the lower of that and the node's NICs together (the ring's channels spread over them, so nChannels x
+    bwInter is their sum, not one GPU's share)."""
     intra = cluster.intra_node
     b = intra.bandwidth_GBps * intra.efficiency
     inter = cluster.inter_node
-    if nodes > 1 and inter is not None:
-        b = min(b, inter.bandwidth_GBps * inter.efficiency * inter.nics_per_node / cluster.gpus_per_node)
+    if nodes > 2 and inter is not None:
+        b = min(b, inter.bandwidth_GBps * inter.efficiency * inter.nics_per_node)
     return b
 
 

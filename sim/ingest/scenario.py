@@ -5,8 +5,9 @@
 
 One profiled step (the first complete ``ProfilerStep#N``, kineto.py; the whole trace when it has none) becomes one
 step of a distlab-plan/1 plan, rank by rank, in the order the GPU ran it:
-- each run of compute kernels between two collectives is one Compute op of their summed measured time (compute
-  is taken as measured: what is predicted is the communication and how it overlaps);
+- each run of compute kernels between two collectives is one Compute op per kind of kernel (compute_match.py:
+  GEMM, attention, memory-bound, other), "measured gemm x12", of their summed measured time (compute is taken
+  as measured: what is predicted is the communication and how it overlaps);
 - each NCCL kernel with torch's size args (``In msg nelems``, ``dtype``, ``Process Group Ranks``) is a Collective
   of that op, size, dtype and group on stream ``comm``; it waits (Record/Wait) for the compute issued before it
   started, and the first compute that started after it ended waits for it (the gradient all-reduce before the
@@ -39,38 +40,40 @@ def step_events(t, step: int = 0) -> list:
 
 def rank_program(events) -> tuple[list, list[str]]:
     """The ops of one rank (sim/ops.py) from its step's GPU events, and what was left out."""
+    from distlab.sim.ingest.compute_match import kernel_kind
     from distlab.sim.ops import Collective, Compute, Record, Wait
-    ops, left, pending = [], [], 0.0
+    ops, left, pending = [], [], {}             # pending: kind -> [microseconds, kernels], in first-seen order
     waiting = []                                # (end_us, event name) of collectives compute must wait for
     n = 0
+
+    def flush():
+        ops.extend(Compute(f"measured {k} x{c}", seconds=us * 1e-6) for k, (us, c) in pending.items())
+        pending.clear()
     for e in sorted(events, key=lambda e: e.start_us):
         if e.kind == "memory":
             continue
         if e.kind != "communication":
             due = [w for w in waiting if w[0] <= e.start_us]
             if due:
-                if pending:
-                    ops.append(Compute("measured compute", seconds=pending * 1e-6))
-                    pending = 0.0
+                flush()
                 for w in due:
                     ops.append(Wait(w[1], stream="compute"))
                 waiting = [w for w in waiting if w[0] > e.start_us]
-            pending += e.dur_us
+            p = pending.setdefault(kernel_kind(e.name), [0.0, 0])
+            p[0] += e.dur_us
+            p[1] += 1
             continue
         if e.op is None or e.nbytes is None or e.group is None or e.op == "send_recv":
             left.append(e.name.split("(")[0])
             continue
-        if pending:
-            ops.append(Compute("measured compute", seconds=pending * 1e-6))
-            pending = 0.0
+        flush()
         n += 1
         ops.append(Record(f"before-c{n}", stream="compute"))
         ops.append(Wait(f"before-c{n}", stream="comm"))
         ops.append(Collective(e.op, int(e.nbytes), e.dtype or "float32", tuple(e.group), stream="comm"))
         ops.append(Record(f"after-c{n}", stream="comm"))
         waiting.append((e.end_us, f"after-c{n}"))
-    if pending:
-        ops.append(Compute("measured compute", seconds=pending * 1e-6))
+    flush()
     return ops, left
 
 

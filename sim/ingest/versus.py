@@ -6,7 +6,8 @@ Per traced rank, over one profiled step (scenario.py ``step_events``; kineto.py'
 predicted side by side, per kind: step (first kernel's start to last kernel's end; the simulated makespan),
 compute (union of compute kernels / ops), communication (union of NCCL kernels / collectives), exposed
 communication (communication not under compute), overlap (HTA's: overlapped / communication) and idle (step -
-union of everything). Measured compute is split further by kernel name (GEMM, attention, other).
+union of everything). Compute is also held kind by kind (GEMM, attention, memory-bound, other), the measured
+kernels matched in order to the plan's compute ops (compute_match.py), with what was left unmatched.
 Collectives are matched in issue order per op: the k-th measured all_reduce of a rank with the plan's k-th
 all_reduce of that rank; each pair's measured (NCCL kernel) and predicted duration and bytes. A collective's
 duration includes waiting for its peers on both sides (the NCCL kernel spins until they arrive).
@@ -75,20 +76,23 @@ def match_collectives(trace, rank: int, events) -> list[dict]:
     return out
 
 
-def compare_profile(trace, profile, step: int = 0) -> dict:
-    """{"ranks": [{rank, measured, predicted}], "collectives": [pairs], "unmatched": {...}} (module docstring)."""
+def compare_profile(trace, profile, step: int = 0, plan=None, gpu=None) -> dict:
+    """{"ranks": [{rank, measured, predicted}], "collectives": [pairs], "compute": [per rank]} (module
+    docstring); ``plan`` and ``gpu`` (the plan simulated and its GPU spec) give the compute ops their kinds."""
+    from distlab.sim.ingest.compute_match import match_compute
     from distlab.sim.ingest.scenario import step_events
     world = 1 + max(o.rank for o in trace.ops) if trace.ops else 0
     outside = [r for r in profile.ranks if r >= world]
     if outside:
         raise ConfigError(f"the profile has rank {outside[0]}; the prediction has {world} ranks (simulate the "
                           "plan at the job's world size)", profile.directory)
-    ranks, pairs = [], []
+    ranks, pairs, compute = [], [], []
     for r, t in profile.ranks.items():
         events = step_events(t, step)
         ranks.append({"rank": r, "measured": measured_rank(events), "predicted": predicted_rank(trace, r)})
         pairs += match_collectives(trace, r, events)
-    return {"profile": profile.directory, "step": step, "ranks": ranks, "collectives": pairs}
+        compute.append(match_compute(trace, plan, gpu, r, events))
+    return {"profile": profile.directory, "step": step, "ranks": ranks, "collectives": pairs, "compute": compute}
 
 
 def merged_chrome(trace, profile, step: int = 0) -> dict:
@@ -123,16 +127,25 @@ def merged_chrome(trace, profile, step: int = 0) -> dict:
 
 
 def predicted_trace(path: str, cluster: str | None, profile):
-    """The prediction: a scenario .yaml simulated as it says, or a plan (or a distlab trace) on ``cluster`` (by
-    default the preset of the profile's GPU, fit.py preset_for; localhost-cpu for a CPU profile)."""
+    """(trace, plan or None, GPU spec): the prediction: a scenario .yaml simulated as it says, or a plan (or a
+    distlab trace, which names no plan) on ``cluster`` (by default the preset of the profile's GPU, fit.py
+    preset_for; localhost-cpu for a CPU profile)."""
     if path.endswith((".yaml", ".yml")):
         from distlab.sim import scenario as sc
-        return sc.simulate(sc.load(path), path).trace
+        result = sc.simulate(sc.load(path), path)
+        return result.trace, result.plan, result.cluster.gpu
+    from distlab.sim.cluster import load_cluster
     from distlab.sim.compare import load_trace
     from distlab.sim.ingest.fit import preset_for
+    from distlab.sim.io import load_json
+    from distlab.sim.plan import FORMAT, Plan
     devices = [t.device for t in profile.ranks.values() if t.device]
     gpu = any(t.gpu for t in profile.ranks.values())
-    return load_trace(path, cluster or (preset_for(devices)[0] if gpu else "localhost-cpu"))
+    cluster = cluster or (preset_for(devices)[0] if gpu else "localhost-cpu")
+    trace = load_trace(path, cluster)
+    data = load_json(path, "plan")
+    plan = Plan.from_dict(data, path) if isinstance(data, dict) and data.get("format") == FORMAT else None
+    return trace, plan, load_cluster(cluster).gpu
 
 
 def run(args) -> int:
@@ -146,8 +159,9 @@ def run(args) -> int:
     if args.out is not None:
         check_output(args.out, "--out", "trace")
     profile = load_profile(args.measured)
-    trace = predicted_trace(args.predicted, None if args.cluster == "localhost-cpu" else args.cluster, profile)
-    c = compare_profile(trace, profile, args.step)
+    trace, plan, gpu = predicted_trace(args.predicted, None if args.cluster == "localhost-cpu" else args.cluster,
+                                       profile)
+    c = compare_profile(trace, profile, args.step, plan, gpu)
     if args.out:
         write_atomic(args.out, json.dumps(merged_chrome(trace, profile, args.step), separators=(",", ":")))
     if args.json:
@@ -161,9 +175,9 @@ def run(args) -> int:
                 for k, key in (("step", "step_s"), ("compute", "compute_s"), ("communication", "communication_s"),
                                ("exposed communication", "exposed_communication_s"), ("idle", "idle_s"))]
         rows.append(["overlap (of communication)", _pct(m.get("overlap")), _pct(p.get("overlap")), ""])
-        rows += [[f"  measured {k}", ms(v), "", ""] for k, v in m.get("by_kernel", {}).items()]
         print_table(f"rank {r['rank']}, profiled step {c['step']}: measured ({args.measured}) against predicted "
                     f"({args.predicted})", ["", "measured (ms)", "predicted (ms)", "error"], rows, justify_left=1)
+    print_compute(c["compute"])
     pairs = c["collectives"]
     if pairs:
         print_table(f"collectives matched in issue order ({len(pairs)})",
@@ -176,6 +190,32 @@ def run(args) -> int:
     if args.out:
         say(f"wrote {args.out}")
     return 0
+
+
+def print_compute(per_rank: list[dict]) -> None:
+    """Compute kind by kind per rank, the first matched ops, and what was left unmatched (compute_match.py)."""
+    from distlab.sim.output import print_table, say
+    for m in per_rank:
+        rows = [[k, _ms(v["measured_s"]), _ms(v["predicted_s"]), _err(v["predicted_s"], v["measured_s"]),
+                 f"{v['matched_kernels']}/{v['measured_kernels']}", v["plan_ops"]]
+                for k, v in m["kinds"].items() if v["measured_kernels"] or v["plan_ops"]]
+        print_table(f"rank {m['rank']}: compute by kind", ["kind", "measured (ms)", "predicted (ms)", "error",
+                    "kernels matched", "plan ops"], rows, justify_left=1)
+        left = m["unmatched"]
+        for kind, u in left["measured"].items():
+            say(f"unmatched measured {kind}: {u['kernels']} kernels, {_ms(u['seconds'])} ms "
+                f"({', '.join(u['names'])})", indent="  ")
+        if left["plan_ops"]:
+            more = len(left["plan_ops"]) - 4
+            say(f"unmatched plan ops: {', '.join(left['plan_ops'][:4])}" + (f" and {more} more" if more > 0 else ""),
+                indent="  ")
+    pairs = [p for m in per_rank for p in m["matched"]]
+    if pairs:
+        print_table(f"compute ops matched by kind in order ({len(pairs)}; the first 12)",
+                    ["rank", "plan op", "kind", "kernels", "measured (ms)", "predicted (ms)", "error"],
+                    [[p["rank"], p["op"][:32], p["kind"], f"{p['kernels']}/{p['plan_kernels']}",
+                      _ms(p["measured_s"]), _ms(p["predicted_s"]), _err(p["predicted_s"], p["measured_s"])]
+                     for p in pairs[:12]], justify_left=3)
 
 
 def _bytes(measured, predicted) -> str:
