@@ -179,7 +179,8 @@ class Launch:
         from distlab.runtime.flight import clear, create_rings
         from distlab.sim.io import OutputLock
         if self.dump_dir:
-            os.makedirs(self.dump_dir, exist_ok=True)
+            from distlab.sim.files import make_folder
+            make_folder(self.dump_dir, "--dump-dir")      # never through a link at the folder (sim/files.py)
             self._dump_lock = OutputLock(self.dump_dir, "--dump-dir", folder=True).acquire()
             clear(self.dump_dir)
         if os.environ.get("DISTLAB_FLIGHT") != "0":

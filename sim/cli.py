@@ -185,7 +185,9 @@ class working:
 
 
 def run_command(module, args) -> int:
+    from distlab.sim import files
     _running.append(module.NAME)
+    files.LOCKING[0] += 1               # check_output locks each output until this command ends (sim/files.py)
     saved = OutputStyle(STYLE.verbose, STYLE.wide)
     STYLE.verbose, STYLE.wide = bool(getattr(args, "verbose", False)), bool(getattr(args, "wide", False))
     try:
@@ -207,6 +209,9 @@ def run_command(module, args) -> int:
         return 0
     finally:
         _running.pop()
+        files.LOCKING[0] -= 1
+        if not files.LOCKING[0]:
+            files.release_held()
         STYLE.verbose, STYLE.wide = saved.verbose, saved.wide
 
 

@@ -234,19 +234,44 @@ def check_output(path, flag: str, kind: str = "file") -> str:
         raise ConfigError("an empty path; give a file name", flag)
     full = os.path.abspath(text)
     if kind == "dir":
+        if os.path.islink(full):
+            raise ConfigError(f"{text} is a symbolic link; distlab writes only into a real folder, never through "
+                              "a link at it (give the folder it points to, or remove the link)", flag)
         if os.path.exists(full) and not os.path.isdir(full):
             raise ConfigError(f"{text} is a file; give a folder", flag)
         if os.path.isdir(full):
             _check_folder(full, flag, text)
+            _lock(full, flag)
             return path
     else:
         if text.endswith(os.sep) or os.path.isdir(full):
             raise ConfigError(f"{text} is a folder; give a file name inside it", flag)
         _check_extension(text, flag, kind)
+        st = _lstat(full)
+        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+            from distlab.sim.files import kind_of
+            raise ConfigError(f"{text} is {kind_of(st.st_mode)}; distlab writes only regular files (a reader "
+                              "there would get the result, or the write would block)", flag)
         if os.path.exists(full) and not os.access(full, os.W_OK):
             raise ConfigError(f"cannot overwrite {text}: permission denied", flag)
     _check_folder(os.path.dirname(full), flag, text)
+    _lock(full, flag)
     return path
+
+
+def _lstat(full: str):
+    try:
+        return os.lstat(full)
+    except OSError:
+        return None
+
+
+def _lock(full: str, flag: str) -> None:
+    """Hold the output's lock while the command runs (sim/files.py hold_lock); a device (/dev/null) has none."""
+    from distlab.sim.files import hold_lock
+    st = _lstat(full)
+    if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        hold_lock(full, flag)
 
 
 def check_outputs(*outputs: tuple) -> None:
@@ -291,6 +316,8 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
                           flag)
     if not os.path.isdir(folder):
         raise ConfigError(f"{folder} is a file, not a folder, so {text} cannot be written", flag)
+    from distlab.sim.files import open_folder
+    os.close(open_folder(folder, flag))          # not a link at the folder, yours or root's, not others' to write
     probe = os.path.join(folder, f".distlab-probe-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))

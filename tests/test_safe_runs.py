@@ -107,7 +107,7 @@ def test_a_disk_fault_at_the_final_write_keeps_the_result_and_says_where(fault, 
     from distlab.sim import files
     out = tmp_path / "c.json"
 
-    def refuse(src, dst):
+    def refuse(src, dst, **dir_fds):
         raise OSError(fault, os.strerror(fault))
     monkeypatch.setattr(files.os, "replace", refuse)
     code, _, err = cli(["collective", "all_reduce", "--size", "4KiB", "--trace", out])

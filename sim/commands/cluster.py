@@ -71,9 +71,10 @@ def run(args) -> int:
     outcome = simulate_jobs(specs.resolve(d, args.file))
     files = {}
     if not args.no_files:
+        from distlab.sim.files import make_folder
         from distlab.sim.io import save_figure
         from distlab.sim.jobs.figure import jobs_timeline
-        os.makedirs(args.out, exist_ok=True)
+        make_folder(args.out, "--out")   # never through a planted link
         files["timeline"] = os.path.join(args.out, "cluster-timeline.png")
         save_figure(jobs_timeline(outcome), files["timeline"])
     if args.json:
