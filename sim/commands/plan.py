@@ -64,7 +64,8 @@ def question(args) -> dict:
                                                      or not least <= q[k] <= most):
             raise ConfigError(f"{q[k]!r} must be a whole number from {least} to {most}", "--" + k.replace("_", "-"))
     from distlab.sim.models import spec_from_text
-    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model")
+    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model" if args.model else
+                                                                              f"{args.question}: model")
     if q["seq_len"] is not None:
         model = {**model, "seq_len": q["seq_len"]}
     q["model"] = model

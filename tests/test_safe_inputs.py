@@ -1,0 +1,68 @@
+"""Issue 41, items 2, 5-7: data files run no code, resources are bounded before anything starts, names from files
+reach the terminal escaped, a Dask scheduler off this machine needs TLS or an explicit flag. Every command runs in
+this process (tests/cli_in_process.py); no rank is started."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import yaml
+
+from cli_in_process import cli  # noqa: F401  (the fixture)
+
+EVIL = "import os\nopen(os.environ['PWNED_MARKER'], 'w').close()\ndef build():\n    return None\n"
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """evilmod.py beside a shared YAML file (and on sys.path, as the issue's current folder was): importing it
+    writes the marker."""
+    (tmp_path / "evilmod.py").write_text(EVIL)
+    marker = tmp_path / "PWNED"
+    monkeypatch.setenv("PWNED_MARKER", str(marker))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    sys.modules.pop("evilmod", None)
+
+
+def test_a_factory_in_a_scenario_or_jobs_file_is_refused_without_the_flag(cli, tmp_path, planted):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({"model": {"factory": "evilmod:build"}, "ddp": {}, "cluster": "dgx-h100"}))
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(yaml.safe_dump({"cluster": "dgx-h100", "nodes": 2, "jobs": [
+        {"name": "a", "scenario": {"model": {"factory": "evilmod:build"}, "ddp": {}}, "nodes": 1}]}))
+    runs = tmp_path / "runs.yaml"
+    runs.write_text(yaml.safe_dump({"runs": [{"name": "r", "source": "x", "model": {"factory": "evilmod:build"},
+                                              "gpu": "a100", "cluster": "dgx-a100", "gpus": 8,
+                                              "layout": {"tp": 1, "pp": 1, "dp": 8}, "global_batch": 16,
+                                              "micro_batch": 1, "precision": "float16",
+                                              "reported": {"tflops_per_gpu": 100}}]}))
+    question = tmp_path / "q.yaml"
+    question.write_text(yaml.safe_dump({"model": "evilmod:build", "cluster": "dgx-h100", "nodes": 1}))
+    for argv in (["simulate", scenario, "--no-files"], ["cluster", jobs, "--no-files"], ["reproduce", runs],
+                 ["plan", question]):
+        rc, _, err = cli(*argv)
+        assert rc == 2 and err.count("\n") == 1, (argv, err)
+        assert "factory 'evilmod:build' would import and run Python code" in err and "--allow-code" in err, err
+        assert not planted.exists(), argv
+    rc, _, err = cli("simulate", scenario, "--no-files", "--allow-code")      # asked for: it runs (and fails)
+    assert rc == 2 and planted.exists() and "evilmod:build returned NoneType, not a model" in err, err
+
+
+def test_a_factory_given_as_model_runs_and_the_current_folder_is_not_on_the_path(cli, tmp_path, monkeypatch):
+    (tmp_path / "herefactory.py").write_text("raise SystemExit('imported from the current folder')\n")
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli("memory", "--model", "herefactory:build")
+    assert rc == 2 and "cannot import herefactory: ModuleNotFoundError" in err, err
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("sys:exit", "sys:exit raised SystemExit(None): a factory must return a model, not exit"),
+    ("builtins:input", "builtins:input raised EOFError: it read from stdin"),
+    ("builtins:dict", "builtins:dict returned dict, not a model"),
+])
+def test_a_factory_that_exits_reads_stdin_or_returns_no_model_is_one_line(cli, factory, message):
+    """Before: --model sys:exit exited 0 silently; builtins:input waited on stdin."""
+    rc, _, err = cli("memory", "--model", factory)
+    assert rc == 2 and err.count("\n") == 1 and message in err, err
