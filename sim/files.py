@@ -129,7 +129,7 @@ def open_folder(path: str, flag: str | None = None) -> int:
     try:
         fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        if e.errno == errno.ELOOP:
+        if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and os.path.islink(path)):
             raise ConfigError(f"{path} is a symbolic link; distlab writes only into a real folder, never through "
                               f"a link at it (give the folder it points to)", flag or path) from None
         if e.errno == errno.ENOTDIR:
@@ -279,8 +279,10 @@ class OutputLock:
             if os.pwrite(fd, pid, 0) != len(pid):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as e:
-            self.fd = fd
-            self.release()
+            with contextlib.suppress(OSError):
+                if os.stat(name, dir_fd=self.folder_fd, follow_symlinks=False).st_ino == st.st_ino:
+                    os.unlink(name, dir_fd=self.folder_fd)
+            os.close(fd)
             raise ConfigError(f"cannot lock {self.path} ({self.lock_path}): {e.strerror}", self.flag) from None
         self.fd = fd
         return True
