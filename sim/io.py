@@ -88,6 +88,7 @@ MAX_TEXT_BYTES = 4 << 20             # a hand-written file: scenario, cluster, r
 MAX_JSON_BYTES = 64 << 20            # a plan or a trace (a 64-rank FSDP plan is ~10 MB)
 MAX_JSON_CONTAINERS = 2_000_000      # [ and { in one JSON file (an op is one or two)
 MAX_YAML_VALUES = 200_000            # values of a YAML file once its aliases are expanded (hand-written: < 10,000)
+MAX_YAML_BYTES = 1 << 20             # a hand-written YAML file (the shipped ones are < 10 KB): parsed in < 2 s
 
 
 def _human(n: int) -> str:
@@ -162,7 +163,7 @@ def load_json(path: str, what: str = "JSON file", limit: int = MAX_JSON_BYTES):
     return loads_json(read_text(path, what, limit), path, what)
 
 
-def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_TEXT_BYTES):
+def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_YAML_BYTES):
     """A bounded YAML file (safe loader): at most ``limit`` bytes and ``MAX_YAML_VALUES`` values once its aliases
     are expanded (the "billion laughs" file is a few hundred bytes of aliases that expand to 10^9 values: later
     code that walks or prints it would run for minutes and exhaust memory); an alias cycle is refused too."""
@@ -200,8 +201,8 @@ def _check_expansion(data, where: str, limit: int = MAX_YAML_VALUES) -> None:
         for item in items:
             n += sum(size(x) for x in item) if isinstance(obj, dict) else size(item)
             if n > limit:
-                raise ConfigError(f"its YAML aliases expand to more than {limit} values (at most {limit} allowed)",
-                                  where)
+                raise ConfigError(f"holds more than {limit} values (lists, mappings and scalars, each YAML alias "
+                                  f"counted as expanded; at most {limit}: MAX_YAML_VALUES in sim/io.py)", where)
         open_ids.discard(key)
         sizes[key] = n
         return n

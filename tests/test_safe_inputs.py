@@ -66,3 +66,16 @@ def test_a_factory_that_exits_reads_stdin_or_returns_no_model_is_one_line(cli, f
     """Before: --model sys:exit exited 0 silently; builtins:input waited on stdin."""
     rc, _, err = cli("memory", "--model", factory)
     assert rc == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_bench_that_cannot_fit_in_memory_is_refused_before_spawning(cli, monkeypatch):
+    """Before: bench --sizes 8GiB let the ranks be killed for memory; 1024TiB failed inside the ranks."""
+    from distlab.runtime import forkserver, preflight
+    monkeypatch.setattr(forkserver, "spawn", lambda *a: pytest.fail("a rank was started"))
+    monkeypatch.setattr(preflight, "mem_available", lambda *a: 16 * 2**30)
+    rc, out, err = cli("bench", "--sizes", "8GiB", "--nproc", "4")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert ("a sweep up to 8 GiB (float32) needs about 8.3 GiB per rank (collective buffers 8.0 GiB, torch 0.3 GiB) "
+            "x 4 ranks = 33.2 GiB, but this host has 16.0 GiB available (MemAvailable)") in err, err
+    rc, _, err = cli("bench", "--sizes", "4GiB", "--nproc", "4", "--ops", "all_gather")    # in and out buffers
+    assert rc == 2 and "(collective buffers 5.0 GiB, torch 0.3 GiB) x 4 ranks = 21.2 GiB" in err, err

@@ -87,6 +87,9 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.runtime.commands.common import check_launch, check_sweep_memory
+    check_launch(args, max(nprocs))            # ranks, threads, timeout, memory: before anything starts
+    check_sweep_memory(ops, sizes, "float32", max(nprocs))
     from distlab.sim.io import check_output
     check_output(args.out, "--out", "file")     # before the ranks start
     if args.compute:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, positive_int
+from distlab.runtime.commands.common import (add_launch_arguments, check_launch, launch_kwargs, parse_nproc,
+                                             positive_int)
 
 NAME = "run"
 HELP = "Execute a plan on real local ranks (torch.distributed) and write the measured trace."
@@ -54,6 +55,7 @@ def run(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.repeat, "--repeat")
+    check_launch(args, nproc)                      # ranks, threads, timeout: before anything starts
     check_dtypes(plan, args.backend)
     from distlab.runtime.preflight import check_plan
     check_plan(plan, nproc)
