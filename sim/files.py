@@ -331,6 +331,13 @@ def save_figure(fig, path: str) -> None:
     import sys
     buf = io.BytesIO()
     fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    from matplotlib.text import Text
+
+    from distlab.sim.output import printable
+    for text in fig.findobj(Text):              # names from files: control characters escaped (sim/output.py)
+        label = text.get_text()
+        if label and printable(label) != label:
+            text.set_text(printable(label))
     fast = getattr(fig, "distlab_fast", False)
     extra = {"bbox_inches": "tight"} if not fast else ({"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {})
     fig.savefig(buf, format=fmt, dpi=120, **extra)

@@ -79,3 +79,39 @@ def test_a_bench_that_cannot_fit_in_memory_is_refused_before_spawning(cli, monke
             "x 4 ranks = 33.2 GiB, but this host has 16.0 GiB available (MemAvailable)") in err, err
     rc, _, err = cli("bench", "--sizes", "4GiB", "--nproc", "4", "--ops", "all_gather")    # in and out buffers
     assert rc == 2 and "(collective buffers 5.0 GiB, torch 0.3 GiB) x 4 ranks = 21.2 GiB" in err, err
+
+
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\u202e"          # clear the screen, retitle the terminal, reverse the line
+SHOWN = "\\x1b[2J\\x1b]0;owned\\x07\\u202e"
+
+
+def test_names_from_files_reach_the_terminal_escaped(cli, tmp_path):
+    """Before: plan and cluster names with escape sequences reached the terminal raw."""
+    import json
+    plan = tmp_path / "p.json"
+    op = {"kind": "collective", "op": "all_reduce", "bytes": 1024}
+    plan.write_text(json.dumps({"format": "distlab-plan/1", "name": "p" + ESCAPES, "ranks": [[op], [op]]}))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "c" + ESCAPES, "nodes": 1, "gpus_per_node": 2, "gpu": "h100",
+                                       "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 450, "latency_us": 0.6}}))
+    jobs = tmp_path / "j.yaml"
+    jobs.write_text(yaml.safe_dump({"cluster": "dgx-h100", "nodes": 1, "jobs": [
+        {"name": "j" + ESCAPES, "scenario": {"model": {"preset": "gpt2-small"}, "ddp": {}}, "nodes": 1}]}))
+    runs = [["simulate", plan, "--no-files"], ["collective", "all_reduce", "--size", "1KiB", "--cluster", cluster],
+            ["cluster", jobs, "--no-files"], ["simulate", plan, "--no-files", "--cluster", "nope" + ESCAPES]]
+    for argv in runs:
+        rc, out, err = cli(*argv)
+        assert "\\x1b[2J\\x1b]0;owned" in out + err and "\\u202e" in out + err, (argv, out, err)
+        assert not any(c in out + err for c in "\x1b\x07\u202e"), argv
+    assert rc == 2 and err.count("\n") == 1               # the last: an error line naming the bad cluster
+
+
+def test_figure_titles_are_escaped(tmp_path):
+    from matplotlib.figure import Figure
+
+    from distlab.sim.files import save_figure
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.set_title("plan" + ESCAPES)
+    save_figure(fig, str(tmp_path / "f.png"))
+    assert ax.get_title() == "plan" + SHOWN
