@@ -115,3 +115,16 @@ def test_figure_titles_are_escaped(tmp_path):
     ax.set_title("plan" + ESCAPES)
     save_figure(fig, str(tmp_path / "f.png"))
     assert ax.get_title() == "plan" + SHOWN
+
+
+def test_a_scheduler_off_this_machine_needs_tls_or_the_flag(cli):
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.workers import check_scheduler
+    for ok in ("tcp://127.0.0.1:8786", "localhost:8786", "tcp://[::1]:8786", "tls://10.0.0.1:8786", None):
+        check_scheduler(ok)
+    with pytest.raises(ConfigError, match="off this machine and not TLS"):
+        check_scheduler("tcp://10.0.0.1:8786")
+    check_scheduler("tcp://10.0.0.1:8786", insecure=True)
+    rc, _, err = cli("cluster", "scenarios/multi-job/cluster-1024-h100.yaml", "--sweep", "oversubscription=1,2",
+                     "--scheduler", "tcp://10.0.0.1:8786", "--no-files")
+    assert rc == 2 and "--insecure-scheduler" in err and err.count("\n") == 1, err
