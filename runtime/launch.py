@@ -76,25 +76,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-MAX_RANKS_PER_CORE = 8           # more ranks than this per core only measure waiting (and can exhaust fork limits)
-TIMEOUT_S = (1.0, 7 * 86400.0)   # a rank needs ~1 s to start and join; past 7 days a timeout is a typo (inf, 1e300)
-
-
 def check_options(nproc: int, backend: str, threads: int, timeout: float) -> None:
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigError(f"{nproc!r} must be a whole number >= 1", "--nproc")
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}", "--backend")
-    from distlab.runtime.preflight import cpu_cores
-    cores = cpu_cores()
-    if nproc > MAX_RANKS_PER_CORE * cores:
-        raise ConfigError(f"{nproc} ranks on {cores} CPU core{'s' if cores > 1 else ''} is more than this host can "
-                          f"run (at most {MAX_RANKS_PER_CORE * cores}: {MAX_RANKS_PER_CORE} per core)", "--nproc")
-    if not isinstance(threads, int) or not 1 <= threads <= cores:
-        raise ConfigError(f"{threads!r} must be a whole number from 1 to {cores} (the CPU cores found)", "--threads")
-    if not (isinstance(timeout, (int, float)) and TIMEOUT_S[0] <= timeout <= TIMEOUT_S[1]):
-        raise ConfigError(f"{timeout!r} must be a number of seconds from {TIMEOUT_S[0]:g} to {TIMEOUT_S[1]:g} "
-                          "(7 days)", "--timeout")
+    from distlab.runtime.preflight import check_host_bounds
+    check_host_bounds(nproc, threads, timeout)     # ranks and threads by the cores, a finite sensible timeout
     if backend == "nccl":                  # in the launcher: one line now, not a timeout inside every rank
         from distlab.runtime.preflight import check_nccl
         check_nccl(nproc)

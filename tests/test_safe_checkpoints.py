@@ -112,7 +112,8 @@ def test_a_signed_checkpoint_with_a_planted_entry_runs_no_code(saved):
     """A valid signature is not the only wall: non-tensor entries are read with weights_only=True."""
     _, _, tmp = saved
     model, opt = model_and_optimizer()
-    with pytest.raises(checkpoint.CheckpointError, match="param_groups.0.lr is not plain data.*Unsupported global: GLOBAL io.open"):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="param_groups.0.lr is not plain data.*Unsupported global: GLOBAL io.open"):
         checkpoint.load(str(tmp / "evil"), 2, model, opt, KEY)
     assert not (tmp / "PWNED-by-checkpoint").exists()
 
