@@ -4,12 +4,16 @@
     with OutputLock("out/trace.json", "--out"):   # a second run on the same output refuses in one line
         ...
 
-Students share lab machines and folders: a file distlab writes into a user's folder is created with
-O_CREAT | O_EXCL | O_NOFOLLOW beside its destination and renamed over it, so a symbolic link someone planted
-there is replaced, never written through, and a crash leaves the old file or the new one, never half of each
-(fsync of the file, then of the folder, as the POSIX rename idiom needs for durability). A full or read-only disk
-does not lose a finished measurement: the bytes go to a private folder in the temporary folder and the error
-says where (OutputError: one line, exit 1).
+Students share lab machines and folders (issues 32 and 41). The folder is opened once with O_DIRECTORY |
+O_NOFOLLOW and checked (``open_folder``: yours or root's, not writable by others unless sticky, as OpenSSH
+checks its key folders), and every step is relative to that descriptor, so a link at the folder itself cannot
+redirect the write. A file is created beside its destination with O_CREAT | O_EXCL | O_NOFOLLOW and renamed over
+it, so a symbolic link someone planted there is replaced, never written through, and a crash leaves the old file
+or the new one, never half of each (fsync of the file, then of the folder, as the POSIX rename idiom needs for
+durability); a FIFO or socket there is refused. A full or read-only disk does not lose a finished measurement:
+the bytes go to a private folder in the temporary folder and the error says where (OutputError: one line, exit
+1). Lock files are made exclusively and checked (``OutputLock``); while a command runs, sim/io.py
+``check_output`` holds the lock of each output it checks (``hold_lock``) until the command ends.
 """
 from __future__ import annotations
 
