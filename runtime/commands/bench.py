@@ -74,8 +74,8 @@ def run(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
-    check_launch(args, nproc)                  # ranks, threads, timeout, memory: before anything starts
-    check_sweep_memory(ops, sizes, args.dtype, nproc)
+    check_launch(args, local_ranks(nproc))     # ranks, threads, timeout, memory: before anything starts
+    check_sweep_memory(ops, sizes, args.dtype, nproc, local_ranks(nproc))
     check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
     if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
         from distlab.runtime.preflight import check_nccl

@@ -71,16 +71,17 @@ def positive_int(value, where: str) -> int:
 
 def check_launch(args, nproc: int) -> None:
     """Ranks, threads and the timeout bounded by what this host has, before anything is printed or started
-    (runtime/launch.py check_options; --backend nccl is checked where the command checks it)."""
+    (runtime/launch.py check_options; --backend nccl is checked where the command checks it). ``nproc``: the
+    ranks on this host (under torchrun: runtime.torchrun_rank.local_ranks)."""
     from distlab.runtime.launch import check_options
-    from distlab.runtime.torchrun_rank import local_ranks
-    check_options(local_ranks(nproc), "gloo" if args.backend == "nccl" else args.backend, args.threads, args.timeout)
+    check_options(nproc, "gloo" if args.backend == "nccl" else args.backend, args.threads, args.timeout)
 
 
-def check_sweep_memory(ops: list[str], sizes: list[int], dtype: str, nproc: int, flag: str = "--sizes") -> None:
-    """Refuse a sweep whose buffers on this host's ranks (of ``nproc``) do not fit in its free memory (MemAvailable),
-    naming what it needs and what is free: runtime/sweep.py allocates one input and one output buffer per rank,
-    each as large as the largest case needs (runtime.collectives.element_counts)."""
+def check_sweep_memory(ops: list[str], sizes: list[int], dtype: str, nproc: int, local: int,
+                       flag: str = "--sizes") -> None:
+    """Refuse a sweep over ``nproc`` ranks whose buffers on this host's ``local`` ranks do not fit in its free
+    memory (MemAvailable), naming what it needs and what is free: runtime/sweep.py allocates one input and one
+    output buffer per rank, each as large as the largest case needs (runtime.collectives.element_counts)."""
     from distlab.runtime.collectives import element_counts
     from distlab.runtime.preflight import check_fits
     from distlab.sim.plan import DTYPE_BYTES, format_bytes
@@ -90,6 +91,5 @@ def check_sweep_memory(ops: list[str], sizes: list[int], dtype: str, nproc: int,
     e = DTYPE_BYTES[dtype]
     in_place = all(op in ("all_reduce", "broadcast", "reduce", "barrier") for op in ops)
     need = max(i for i, _ in counts) * e + (0 if in_place else max(o for _, o in counts) * e)
-    from distlab.runtime.torchrun_rank import local_ranks
-    check_fits({"collective buffers": need}, local_ranks(nproc), f"a sweep up to {format_bytes(max(sizes))} "
-               f"({dtype})", flag, "give smaller --sizes or fewer --nproc")
+    check_fits({"collective buffers": need}, local, f"a sweep up to {format_bytes(max(sizes))} ({dtype})", flag,
+               "give smaller --sizes or fewer --nproc")
