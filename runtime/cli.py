@@ -25,6 +25,9 @@ COMMANDS = [
 ]
 
 
+CODE_COMMANDS = ("simulate", "memory", "plan", "reproduce", "cluster", "validate")   # read files that name models
+
+
 def version() -> str:
     """The installed package's version (pyproject.toml), through importlib.metadata."""
     from importlib.metadata import PackageNotFoundError, version as package_version
@@ -49,6 +52,9 @@ def build_parser() -> tuple[Parser, dict]:
             raise
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+        if module.NAME in CODE_COMMANDS:
+            p.add_argument("--allow-code", action="store_true", help="let a factory: (pkg.module:fn) named in a "
+                           "data file be imported and run (off: only --model's own factory runs)")
         modules[module.NAME], parser.command_parsers[module.NAME] = module, p
     return parser, modules
 
@@ -61,7 +67,7 @@ def _factory_model(spec: dict, where: str):
 
 def main(argv: list[str] | None = None) -> int:
     from distlab.runtime.ranks.torchrun_rank import quiet_other_ranks
-    from distlab.sim.models.spec import set_factory_loader
+    from distlab.sim.models.spec import set_code_policy, set_factory_loader
     quiet_other_ranks()                # under torchrun, only global rank 0 prints (runtime/ranks/torchrun_rank.py)
     set_factory_loader(_factory_model)
     parser, modules = build_parser()
@@ -71,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:           # like git: the help, then exit 2 (a command is required)
         parser.print_help(sys.stderr)
         return 2
-    return run_command(modules[args.command], args)
+    set_code_policy(True, getattr(args, "allow_code", False))     # data files run no code (sim/models/spec.py)
+    try:
+        return run_command(modules[args.command], args)
+    finally:
+        set_code_policy(False)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import sys
 import textwrap
 
 from distlab.sim.errors import ConfigError, OutputError
-from distlab.sim.output import (LONG_TABLE, STYLE, WIDTH, OutputStyle, add_output_arguments,  # noqa: F401
-                                elide, note, print_table, say)
+from distlab.sim.output import (LONG_TABLE, STYLE, WIDTH, EscapingStream, OutputStyle,  # noqa: F401
+                                add_output_arguments, elide, note, print_table, raw_stream, say)
 
 
 class Parser(argparse.ArgumentParser):
@@ -170,7 +170,7 @@ class Progress:
             if self.bar is None:
                 from rich.console import Console
                 from rich.progress import Progress as Bar
-                self.bar = Bar(console=Console(stderr=True), transient=True)
+                self.bar = Bar(console=Console(file=raw_stream(sys.stderr)), transient=True)   # not escaped
                 self.bar.start()
                 self.task = self.bar.add_task(self.label, total=self.total)
             self.bar.update(self.task, completed=done)
@@ -211,7 +211,7 @@ class working:
         if self.done:
             return
         from rich.console import Console
-        self.status = Console(stderr=True).status(self.description)
+        self.status = Console(file=raw_stream(sys.stderr)).status(self.description)
         self.status.start()
 
     def __enter__(self):
@@ -232,7 +232,12 @@ class working:
 
 
 def run_command(module, args) -> int:
+    from distlab.sim import files
     _running.append(module.NAME)
+    files.LOCKING[0] += 1               # check_output locks each output until this command ends (sim/files.py)
+    streams = sys.stdout, sys.stderr
+    if files.LOCKING[0] == 1:           # names from files print escaped (sim/output.py printable)
+        sys.stdout, sys.stderr = EscapingStream(sys.stdout), EscapingStream(sys.stderr)
     saved = OutputStyle(STYLE.verbose, STYLE.wide)
     STYLE.verbose, STYLE.wide = bool(getattr(args, "verbose", False)), bool(getattr(args, "wide", False))
     try:
@@ -254,6 +259,10 @@ def run_command(module, args) -> int:
         return 0
     finally:
         _running.pop()
+        files.LOCKING[0] -= 1
+        if not files.LOCKING[0]:
+            files.release_held()
+            sys.stdout, sys.stderr = streams
         STYLE.verbose, STYLE.wide = saved.verbose, saved.wide
 
 

@@ -101,6 +101,7 @@ MAX_TEXT_BYTES = 4 << 20             # a hand-written file: scenario, cluster, r
 MAX_JSON_BYTES = 64 << 20            # a plan or a trace (a 64-rank FSDP plan is ~10 MB)
 MAX_JSON_CONTAINERS = 2_000_000      # [ and { in one JSON file (an op is one or two)
 MAX_YAML_VALUES = 200_000            # values of a YAML file once its aliases are expanded (hand-written: < 10,000)
+MAX_YAML_BYTES = 1 << 20             # a hand-written YAML file (the shipped ones are < 10 KB): parsed in < 2 s
 
 
 def _human(n: int) -> str:
@@ -175,7 +176,7 @@ def load_json(path: str, what: str = "JSON file", limit: int = MAX_JSON_BYTES):
     return loads_json(read_text(path, what, limit), path, what)
 
 
-def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_TEXT_BYTES):
+def load_yaml(path: str, what: str = "YAML file", limit: int = MAX_YAML_BYTES):
     """A bounded YAML file (safe loader): at most ``limit`` bytes and ``MAX_YAML_VALUES`` values once its aliases
     are expanded (the "billion laughs" file is a few hundred bytes of aliases that expand to 10^9 values: later
     code that walks or prints it would run for minutes and exhaust memory); an alias cycle is refused too."""
@@ -213,8 +214,8 @@ def _check_expansion(data, where: str, limit: int = MAX_YAML_VALUES) -> None:
         for item in items:
             n += sum(size(x) for x in item) if isinstance(obj, dict) else size(item)
             if n > limit:
-                raise ConfigError(f"its YAML aliases expand to more than {limit} values (at most {limit} allowed)",
-                                  where)
+                raise ConfigError(f"holds more than {limit} values (lists, mappings and scalars, each YAML alias "
+                                  f"counted as expanded; at most {limit}: MAX_YAML_VALUES in sim/io.py)", where)
         open_ids.discard(key)
         sizes[key] = n
         return n
@@ -247,19 +248,44 @@ def check_output(path, flag: str, kind: str = "file") -> str:
         raise ConfigError("an empty path; give a file name", flag)
     full = os.path.abspath(text)
     if kind == "dir":
+        if os.path.islink(full):
+            raise ConfigError(f"{text} is a symbolic link; distlab writes only into a real folder, never through "
+                              "a link at it (give the folder it points to, or remove the link)", flag)
         if os.path.exists(full) and not os.path.isdir(full):
             raise ConfigError(f"{text} is a file; give a folder", flag)
         if os.path.isdir(full):
             _check_folder(full, flag, text)
+            _lock(full, flag)
             return path
     else:
         if text.endswith(os.sep) or os.path.isdir(full):
             raise ConfigError(f"{text} is a folder; give a file name inside it", flag)
         _check_extension(text, flag, kind)
+        st = _lstat(full)
+        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+            from distlab.sim.files import kind_of
+            raise ConfigError(f"{text} is {kind_of(st.st_mode)}; distlab writes only regular files (a reader "
+                              "there would get the result, or the write would block)", flag)
         if os.path.exists(full) and not os.access(full, os.W_OK):
             raise ConfigError(f"cannot overwrite {text}: permission denied", flag)
     _check_folder(os.path.dirname(full), flag, text)
+    _lock(full, flag)
     return path
+
+
+def _lstat(full: str):
+    try:
+        return os.lstat(full)
+    except OSError:
+        return None
+
+
+def _lock(full: str, flag: str) -> None:
+    """Hold the output's lock while the command runs (sim/files.py hold_lock); a device (/dev/null) has none."""
+    from distlab.sim.files import hold_lock
+    st = _lstat(full)
+    if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        hold_lock(full, flag)
 
 
 def check_outputs(*outputs: tuple) -> None:
@@ -304,6 +330,8 @@ def _check_folder(folder: str, flag: str, text: str) -> None:
                           flag)
     if not os.path.isdir(folder):
         raise ConfigError(f"{folder} is a file, not a folder, so {text} cannot be written", flag)
+    from distlab.sim.files import open_folder
+    os.close(open_folder(folder, flag))          # not a link at the folder, yours or root's, not others' to write
     probe = os.path.join(folder, f".distlab-probe-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))

@@ -11,6 +11,7 @@ long lines wrap at words. The flags are each command's (``add_output_arguments``
 """
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -27,6 +28,36 @@ class OutputStyle:
 
 
 STYLE = OutputStyle()
+
+# Names come from files (a plan's, a cluster's, a job's): printed raw, "\x1b[2J" would clear the terminal and an
+# OSC sequence retitle it. While a command runs, its stdout and stderr escape every control character but newline
+# and tab (C0, DEL, C1) and the bidirectional overrides that reorder what a line shows (CVE-2021-42574), as
+# Python's repr writes them: "\x1b[2J". distlab's own progress bars (rich) write to the raw stream.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\x1b``, ``\u202e``); newline and tab kept."""
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class EscapingStream:
+    """A text stream that writes ``printable(text)`` to ``raw`` (its other attributes are raw's)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+def raw_stream(stream):
+    """The stream under an EscapingStream (for rich's progress bars), else ``stream``."""
+    return stream.raw if isinstance(stream, EscapingStream) else stream
 
 
 def add_output_arguments(p, verbose: bool = True) -> None:

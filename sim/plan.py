@@ -25,6 +25,11 @@ from distlab.sim.ops import (ALGORITHMS, ATTENTION_KERNELS, ATTENTION_PASSES, CO
                              Send, Wait, describe, format_bytes)
 
 FORMAT = "distlab-plan/1"
+# Caps on a plan read from a file (from_dict), sized so that every accepted plan finishes `distlab check` within
+# 10 s and `distlab simulate` within 60 s in 1 GB (measured on 2 ranks of small collectives: docs/security.md).
+MAX_PLAN_OPS = 300_000           # ops over all ranks
+MAX_OP_BYTES = 2**50             # 1 PiB in one op: more than a GPU cluster moves in one collective (sim/io.py)
+MAX_PLAN_BYTES = 2**56           # 64 PiB over the whole plan
 
 
 @dataclass
@@ -127,9 +132,18 @@ class Plan:
         meta = d.get("meta", {})
         if not isinstance(meta, dict):
             raise ConfigError("'meta' must be an object", where)
+        total = sum(len(r) for r in ranks)
+        if total > MAX_PLAN_OPS:
+            raise ConfigError(f"{total} ops is more than a plan file may hold (at most {MAX_PLAN_OPS}: raise "
+                              "MAX_PLAN_OPS in sim/plan.py to allow more)", where)
         parsed = [[_op_from_dict(o, f"{where}: ranks[{r}][{i}]") for i, o in enumerate(ops)]
                   for r, ops in enumerate(ranks)]
-        return cls(parsed, name=str(d.get("name", "plan")), meta=meta).validate(where)
+        plan = cls(parsed, name=str(d.get("name", "plan")), meta=meta).validate(where)
+        moved = sum(o.bytes for ops in parsed for o in ops if _is_int(getattr(o, "bytes", None)))
+        if moved > MAX_PLAN_BYTES:
+            raise ConfigError(f"its ops move {moved} bytes in all, more than a plan file may (at most 2^56 = 64 "
+                              "PiB: raise MAX_PLAN_BYTES in sim/plan.py to allow more)", where)
+        return plan
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> "Plan":
@@ -242,8 +256,9 @@ def _check_op(op: Op, rank: int, n: int, where: str, checked_groups: dict) -> No
         if not isinstance(op.event, str) or not op.event:
             raise ConfigError("'event' must be a non-empty string", where)
         return
-    if not _is_int(op.bytes) or op.bytes < 0:
-        raise ConfigError(f"bytes must be a whole number >= 0, got {op.bytes!r}", where)
+    if not _is_int(op.bytes) or not 0 <= op.bytes <= MAX_OP_BYTES:
+        raise ConfigError(f"bytes must be a whole number from 0 to 2^50 (1 PiB: more than any GPU cluster moves in "
+                          f"one op), got {op.bytes!r}", where)
     if not isinstance(op.dtype, str) or op.dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {op.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}", where)
     if isinstance(op, (Send, Recv)):

@@ -17,6 +17,12 @@ the same on one process, on local processes or on a cluster (tests/test_jobs_man
   (a cluster you started: ``dask scheduler`` and ``dask worker`` on each machine, or any Dask deployment) and
   gathered in order. Dask, not Ray: pure Python (a small pip install, no binary runtime), a LocalCluster starts
   in seconds for a test, and its client maps a function over picklable cases, which is all this needs.
+
+Trust (docs/security.md): Dask moves the function, the cases and the results as pickles in both directions, so
+whoever runs the scheduler or a worker runs code in this process (a result is unpickled here), and this process's
+cases run as code there. Give ``--scheduler`` only a cluster you trust as yourself. An address off this machine
+without TLS (``tls://``) is refused unless ``--insecure-scheduler`` is given: on an open network anyone on the
+path could read or replace those pickles.
 """
 from __future__ import annotations
 
@@ -110,3 +116,29 @@ def _dask(fn, cases: list, scheduler: str, shared, progress) -> list:
             for done, _ in enumerate(as_completed(futures)):
                 progress(done + 1, len(cases))
         return client.gather(futures)
+
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def add_insecure_flag(p) -> None:
+    """``--insecure-scheduler``, beside a command's ``--scheduler``."""
+    p.add_argument("--insecure-scheduler", action="store_true", help="allow a --scheduler off this machine without "
+                   "TLS (tcp://): Dask moves pickles both ways, so anyone on the path could run code here")
+
+
+def check_scheduler(address: str | None, insecure: bool = False) -> None:
+    """A scheduler address is loopback, or TLS (``tls://``), or ``insecure`` was asked for; else ConfigError."""
+    if address is None:
+        return
+    scheme, sep, rest = str(address).partition("://")
+    scheme, rest = (scheme.lower(), rest) if sep else ("tcp", str(address))
+    if scheme in ("tls", "inproc"):
+        return
+    host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 or rest.startswith("[") else rest
+    if host in LOOPBACK or host.startswith("127."):
+        return
+    if not insecure:
+        raise ConfigError(f"{address!r} is off this machine and not TLS: Dask moves the cases and results as pickles "
+                          "both ways, so anyone on the path could run code here; use tls://HOST:PORT, or add "
+                          "--insecure-scheduler on a network you trust", "--scheduler")

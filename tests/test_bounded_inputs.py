@@ -29,6 +29,11 @@ def blowups(d) -> dict:
     (d / "flight" / "flight.0.json").write_text(json.dumps(
         {"format": "distlab-flight/1", "rank": 0, "world_size": 100_000_000, "records": []}))
     ops = '{"kind": "compute", "seconds": 0.001},' * 1_500_000
+    many = '{"kind": "compute", "seconds": 0.001},' * 150_000
+    (d / "big-flight").mkdir()
+    for r in range(16):                 # sparse: 13 MB each by its size, no disk used
+        with open(d / "big-flight" / f"flight.{r}.json", "wb") as f:
+            f.truncate(13_000_000)
     return {
         "scenario name: YAML billion laughs": ["simulate", w("s.yaml", BILLION + "name: *i\nmodel: {preset: gpt2-small}\n"
                                                            "ddp: {}\ncluster: dgx-h100\n"), "--no-files"],
@@ -48,6 +53,22 @@ def blowups(d) -> dict:
         "a trace nested 100,000 deep": ["compare", w("t.json", "[" * 100_000 + "]" * 100_000), w("u.json", "{}")],
         "a flight dump of world_size 1e8": ["diagnose", str(d / "flight")],
         "plan --global-batch 10^9": ["plan", "--global-batch", "1000000000", "--model", "gpt2-small"],
+        # issue 41, item 5
+        "a plan op of 2^62 bytes": ["simulate", w("huge.json", two_ranks({"kind": "collective", "op": "all_reduce",
+                                                                          "bytes": 2**62})), "--no-files"],
+        "a plan of 300,002 ops": ["check", w("many.json", '{"format": "distlab-plan/1", "ranks": [[' + many
+                                             + '{"kind": "compute", "seconds": 0.001}], [' + many
+                                             + '{"kind": "compute", "seconds": 0.001}]]}')],
+        "a 40,000-job cluster file": ["cluster", w("jobs.yaml", "cluster: dgx-h100\nnodes: 2\njobs:\n" + "".join(
+            f"  - {{name: j{i}, scenario: {{model: {{preset: gpt2-medium}}, ddp: {{}}}}, nodes: 1}}\n"
+            for i in range(40_000))), "--no-files"],
+        "a flight folder of 16 x 13 MB": ["diagnose", str(d / "big-flight")],
+        "run --threads 1000000": ["run", w("ok.json", two_ranks({"kind": "compute", "seconds": 0.001})), "--threads",
+                                  "1000000"],
+        "bench --nproc 1000": ["bench", "--nproc", "1000"],
+        "bench --sizes 1024TiB": ["bench", "--sizes", "1024TiB"],
+        "bench --timeout inf": ["bench", "--timeout", "inf"],
+        "bench --timeout 1e-9": ["bench", "--timeout", "1e-9"],
     }
 
 
@@ -80,7 +101,18 @@ def test_each_blow_up_input_ends_within_10_s_and_1_gb_in_one_line(tmp_path):
         assert r["code"] == 2 and r["stderr"].count("\n") == 1 and "Traceback" not in r["stderr"], r
         assert r["seconds"] < 10, r
     said = {r["name"]: r["stderr"] for r in results}
-    assert "aliases expand to more than 200000 values" in said["cluster name: YAML billion laughs"]
+    assert "more than 200000 values (lists, mappings and scalars, each YAML alias counted as expanded" in \
+        said["cluster name: YAML billion laughs"]
+    assert "bytes must be a whole number from 0 to 2^50" in said["a plan op of 2^62 bytes"]
+    assert "300002 ops is more than a plan file may hold (at most 300000: raise MAX_PLAN_OPS" in \
+        said["a plan of 300,002 ops"]
+    assert "larger than a YAML file may be (at most 1 MiB)" in said["a 40,000-job cluster file"]
+    assert "more than diagnose reads (at most 192 MiB: raise MAX_FOLDER_BYTES" in said["a flight folder of 16 x 13 MB"]
+    assert "from 1 to" in said["run --threads 1000000"] and "(the CPU cores found)" in said["run --threads 1000000"]
+    assert "is more than this host can run" in said["bench --nproc 1000"]
+    assert "GiB available (MemAvailable)" in said["bench --sizes 1024TiB"]
+    assert "must be a number of seconds from 1 to 604800" in said["bench --timeout inf"]
+    assert "must be a number of seconds from 1 to 604800" in said["bench --timeout 1e-9"]
     assert "not a regular file" in said["cluster: /dev/zero"]
     assert "larger than a plan may be (at most 64 MiB)" in said["a 55 MB plan of 1.5M ops"] or \
         "JSON objects and lists is more than a plan may hold" in said["a 55 MB plan of 1.5M ops"]

@@ -1,10 +1,20 @@
-"""Fuzzing every command and input kind (issue 32, item 8): clusters, scenarios, plans, runs files, traces, flight
-records, `distlab plan` questions and every command's flags, 1,020 generated inputs in all (QUOTAS), the same ones
-on every run (hypothesis, derandomized). The CLI, run in this process, never shows a traceback: it succeeds, or
-exits 2 with one line on stderr (check and diagnose exit 1 when they find problems), and a refused input writes
-nothing: neither its named outputs nor anything in the folder it runs in. Runtime commands never start ranks here:
-a launch the input would start stops at Launch.start. Inputs that could blow up time or memory are
-tests/test_bounded_inputs.py's, under a 1 GB limit."""
+"""Fuzzing every command and input kind (issues 32 and 41): clusters, scenarios, plans, runs files, cluster-jobs
+files, traces, flight records, `distlab plan` questions, the runtime commands' bounds (ranks, threads, timeouts,
+sizes, outputs that are FIFOs or links) and every command's flags, 1,510 generated inputs in all (QUOTAS), the
+same ones on every run (hypothesis, derandomized). The CLI, run in this process, never shows a traceback: it
+succeeds, or exits 2 with one line on stderr (check and diagnose exit 1 when they find problems), and a refused
+input writes nothing: neither its named outputs nor anything in the folder it runs in. Runtime commands never
+start ranks here: a launch the input would start stops at Launch.start.
+
+Each input is measured (``run``): its wall time (under 10 s) and its peak memory (under 1 GB). In this process the
+peak is the kernel's high-water mark of resident memory (VmHWM in /proc/self/status), reset before each input by
+writing 5 to /proc/self/clear_refs (Linux >= 4.0, proc(5)); the input's peak is VmHWM after it less VmRSS before
+it: how far the input raised the process's resident memory at its highest, however short the spike (sampling
+could miss one). That is what a 1 GB limit on the command would see beyond the interpreter it starts with; memory
+the process already held and the input reused is not counted again (the baseline itself is ~0.3 GB here). Where
+clear_refs cannot be written, the growth of ru_maxrss is used (a lower bound: it misses an input that stays
+under an earlier peak). Inputs that are built to blow up time or
+memory are tests/test_bounded_inputs.py's, each under a 1 GB address-space limit in a subprocess."""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +31,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from distlab.runtime.cli import main
 
-QUOTAS = {"cluster": 140, "scenario": 150, "plan": 170, "runs": 90, "trace": 130, "flight": 130, "question": 70,
-          "flags": 140}
+QUOTAS = {"cluster": 140, "scenario": 150, "plan": 170, "runs": 110, "trace": 130, "flight": 130, "question": 100,
+          "flags": 300, "runtime": 220, "jobs": 60}
+LIMITS = {"seconds": 10.0, "bytes": 1 << 30}        # per input
+MEASURED = {"inputs": 0, "seconds": 0.0, "bytes": 0}   # the largest seen, for the report
 COUNT: dict[str, int] = {}
 TMP = ""                     # this module's folder under pytest's tmp_path (fuzz_dir below)
 
@@ -90,13 +102,48 @@ def run_quota(kind: str, test) -> None:
     assert COUNT[kind] >= QUOTAS[kind], (kind, COUNT[kind])
 
 
-def test_the_quotas_add_up_to_1000_inputs():
-    assert sum(QUOTAS.values()) >= 1000
+def test_the_quotas_add_up_to_1500_inputs():
+    assert sum(QUOTAS.values()) >= 1500
+
+
+def _status(key: str) -> int:
+    """VmRSS or VmHWM of this process, in bytes (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _start_measure():
+    """(t0, memory baseline, how the peak is read) for one input (module docstring)."""
+    import resource
+    import time
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                                   # VmHWM := VmRSS
+        return time.monotonic(), _status("VmRSS"), "hwm"
+    except OSError:
+        return time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "maxrss"
+
+
+def _end_measure(start, argv) -> None:
+    import resource
+    import time
+    t0, base, how = start
+    seconds = time.monotonic() - t0
+    peak = _status("VmHWM") if how == "hwm" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    used = max(peak - base, 0)
+    MEASURED.update(inputs=MEASURED["inputs"] + 1, seconds=max(MEASURED["seconds"], seconds),
+                    bytes=max(MEASURED["bytes"], used))
+    assert seconds < LIMITS["seconds"], (argv, seconds)
+    assert used < LIMITS["bytes"], (argv, used)
 
 
 def run(argv, ok_codes=(0,)):
-    """Run the CLI in-process; assert the contract; return (code, stdout)."""
+    """Run the CLI in-process; assert the contract, the input's time and memory; return (code, stdout)."""
     out, err = io.StringIO(), io.StringIO()
+    start = _start_measure()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main([str(a) for a in argv])
@@ -104,6 +151,7 @@ def run(argv, ok_codes=(0,)):
             code = e.code if isinstance(e.code, int) else 2
         except WouldLaunch:
             code = 0
+    _end_measure(start, argv)
     stderr = err.getvalue()
     assert "Traceback" not in stderr, stderr
     assert code in (*ok_codes, 2), (argv, code, stderr)
@@ -446,6 +494,8 @@ def test_fuzz_plan_questions(monkeypatch):
 # --- every command's flags --------------------------------------------------------------------------------------
 WORDS = ["collective", "simulate", "memory", "check", "plan", "reproduce", "lessons", "cluster", "run", "bench",
          "calibrate", "validate", "diagnose", "compare", "--matrix", "--capacity", "--top", "all_reduce", "broadcast",
+         "--allow-code", "--scheduler", "tcp://10.0.0.1:8786", "--insecure-scheduler", "--out", "--plot",
+         "mypkg:build", "sys:exit", "builtins:input",
          "all_to_all", "--size", "--sizes",
          "--cluster", "--nodes", "--algo", "--root", "--json", "--model", "--world", "--zero", "--bucket-cap-mb",
          "--sweep", "--no-files", "--gpus-per-node", "--nproc", "--ops", "--iters", "--timeout", "--threads",
@@ -467,10 +517,92 @@ def test_fuzz_cli_flags(monkeypatch):
     run_quota("flags", _flags)
 
 
+# --- cluster-jobs files (cluster) -----------------------------------------------------------------------------------
+BASE_JOBS = {"cluster": "dgx-h100", "nodes": 2, "placement": "packed",
+             "jobs": [{"name": "a", "scenario": {"model": {"kind": "mlp", "widths": [64, 64], "batch": 4}, "ddp": {}},
+                       "nodes": 1}]}
+JOBS_PATHS = [("cluster",), ("nodes",), ("placement",), ("fabric",), ("fabric", "layout"),
+              ("fabric", "oversubscription"), ("fabric", "nodes_per_leaf"), ("seed",), ("name",), ("jobs",),
+              ("bogus",)]
+JOB_FIELDS = ["name", "scenario", "nodes", "start_s", "steps", "placement", "bogus"]
+
+
+@fuzz("jobs", st.lists(st.tuples(st.sampled_from(JOBS_PATHS), scalars, st.booleans()), max_size=2),
+      st.lists(st.tuples(st.sampled_from(JOB_FIELDS), scalars, st.booleans()), max_size=2),
+      st.sampled_from(["yaml", "yaml", "garbage", "factory"]))
+def _jobs(changes, job_changes, form):
+    d = mutate(BASE_JOBS, changes)
+    if isinstance(d.get("nodes"), int) and d["nodes"] > 4:
+        d["nodes"] = 2
+    if isinstance(d.get("jobs"), list) and d["jobs"] and isinstance(d["jobs"][0], dict):
+        job = d["jobs"][0]
+        for key, value, delete in job_changes:
+            job.pop(key, None) if delete else job.__setitem__(key, value)
+        if form == "factory":                               # a data file never runs code (issue 41)
+            job["scenario"] = {"model": {"factory": "os:getcwd"}, "ddp": {}}
+    run(["cluster", write("jobs.yaml", as_yaml(d, "garbage" if form == "garbage" else "yaml")), "--no-files",
+         "--json"])
+
+
+def test_fuzz_jobs_files():
+    run_quota("jobs", _jobs)
+
+
+# --- the runtime commands' bounds and outputs (no rank starts) ------------------------------------------------------
+RUNTIME_FLAGS = {"--nproc": ["2", "4", "0", "17", "1000", "-1", "2,4", "x", "1e3"],
+                 "--threads": ["1", "2", "0", "3", "1000000", "-2", "x"],
+                 "--timeout": ["60", "1", "0.5", "1e-9", "inf", "nan", "-1", "1e300", "604800", "604801"],
+                 "--sizes": ["1KiB", "1KiB:4KiB", "8GiB", "1024TiB", "2PiB", "0", "1KiB:0", "x", "1KiB,7B"],
+                 "--iters": ["1", "0", "-1", "10"], "--warmup": ["0", "-1", "2"],
+                 "--ops": ["all_reduce", "all_gather", "barrier", "nope", "all"],
+                 "--out": ["@o.json", "@fifo.json", "@linked/o.json", "@open/o.json", "/dev/null", "", "@nodir/o.json"],
+                 "--dump-dir": ["@dd", "@linked", "@open", "@fifo.json"], "--allow-code": [None],
+                 "--insecure-scheduler": [None]}
+
+
+@fuzz("runtime", st.sampled_from(["bench", "run", "calibrate", "validate", "memory", "diagnose", "cluster", "plan"]),
+      st.lists(st.tuples(st.sampled_from(sorted(RUNTIME_FLAGS)), st.integers(0, 9)), max_size=4))
+def _runtime(command, flags):
+    argv = {"run": ["run", RUNTIME_INPUTS["plan"]], "diagnose": ["diagnose", RUNTIME_INPUTS["flight"]],
+            "cluster": ["cluster", RUNTIME_INPUTS["jobs"], "--no-files"], "plan": ["plan", "--confirm", "0"]}.get(
+        command, [command])
+    for flag, i in flags:
+        value = RUNTIME_FLAGS[flag][i % len(RUNTIME_FLAGS[flag])]          # @NAME: a path in the fuzz folder
+        argv += [flag] if value is None else [flag, os.path.join(TMP, value[1:]) if value.startswith("@") else value]
+    code, _ = run(argv, ok_codes=(0, 1))
+    for name in ("o.json", "linked/o.json", "open/o.json"):
+        assert code != 2 or not os.path.exists(os.path.join(TMP, name)), (argv, name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(TMP, name))
+
+
+RUNTIME_INPUTS: dict = {}
+
+
+def test_fuzz_runtime_bounds(monkeypatch):
+    """The runtime commands' flags: ranks, threads, timeouts, sizes against memory, outputs that are a FIFO, in a
+    folder reached through a link or writable by everyone; each refused in one line or stopped at Launch.start."""
+    no_search(monkeypatch)
+    os.makedirs(os.path.join(TMP, "real"), exist_ok=True)
+    os.makedirs(os.path.join(TMP, "open"), exist_ok=True)
+    os.chmod(os.path.join(TMP, "open"), 0o777)
+    if not os.path.lexists(os.path.join(TMP, "linked")):
+        os.symlink(os.path.join(TMP, "real"), os.path.join(TMP, "linked"))
+    if not os.path.lexists(os.path.join(TMP, "fifo.json")):
+        os.mkfifo(os.path.join(TMP, "fifo.json"))
+    os.makedirs(os.path.join(TMP, "rt-flight"), exist_ok=True)
+    for r in (0, 1):
+        write(f"rt-flight/flight.{r}.json", json.dumps(flight_dump(r)))
+    RUNTIME_INPUTS.update(plan=write("rt-plan.json", json.dumps(plan_dict())), flight=os.path.join(TMP, "rt-flight"),
+                          jobs=write("rt-jobs.yaml", yaml.safe_dump(BASE_JOBS)))
+    run_quota("runtime", _runtime)
+
+
 def test_fuzz_bases_are_valid():
     """The fuzzers start from valid inputs, so their examples exercise both paths."""
     assert run(["collective", "all_reduce", "--size", "4KiB", "--cluster",
                 write("ok.yaml", yaml.safe_dump(BASE_CLUSTER)), "--json"])[0] == 0
+    assert run(["cluster", write("ok-j.yaml", yaml.safe_dump(BASE_JOBS)), "--no-files", "--json"])[0] == 0
     assert run(["simulate", write("ok-s.yaml", yaml.safe_dump(BASE_SCENARIO)), "--no-files", "--json"])[0] == 0
     assert run(["check", write("ok-p.json", json.dumps(plan_dict()))])[0] == 0
     assert run(["reproduce", write("ok-r.yaml", yaml.safe_dump({"runs": [BASE_RUN]})), "--json"])[0] == 0
@@ -481,3 +613,12 @@ def test_fuzz_bases_are_valid():
     for r in (0, 1):
         write(f"ok-flight/flight.{r}.json", json.dumps(flight_dump(r)))
     assert run(["diagnose", folder, "--json"], ok_codes=(0, 1))[0] in (0, 1)
+
+
+def test_zz_every_input_was_measured():
+    """Last in this module: every fuzzed input went through ``run``'s measurement (the maxima: pytest -s)."""
+    if MEASURED["inputs"] < sum(QUOTAS.values()):
+        pytest.skip("only part of the module ran")
+    print(f"\nfuzz: {MEASURED['inputs']} inputs; slowest {MEASURED['seconds']:.2f} s, largest peak "
+          f"{MEASURED['bytes'] / 2**20:.0f} MiB above the baseline")
+    assert MEASURED["seconds"] < LIMITS["seconds"] and MEASURED["bytes"] < LIMITS["bytes"]

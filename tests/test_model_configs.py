@@ -126,8 +126,8 @@ def tiny():
 
 
 def test_cli_bad_config_and_a_factory_model(tmp_path, monkeypatch, capsys):
-    """From the command line: a bad config.json is one line and exit 2 (a subprocess); ``pkg.module:factory`` from
-    the current folder, through the command's own entry point (runtime/cli.py registers the tracer), traced on
+    """From the command line: a bad config.json is one line and exit 2 (a subprocess); ``pkg.module:factory`` on
+    the path, through the command's own entry point (runtime/cli.py registers the tracer), traced on
     the meta device: its parameters and what full recomputation keeps of a block."""
     (tmp_path / "tinymodel.py").write_text(TINY)
     bad = tmp_path / "config.json"
@@ -139,7 +139,7 @@ def test_cli_bad_config_and_a_factory_model(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     from distlab.runtime.cli import main
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))          # the tracer appends the current folder
+    monkeypatch.syspath_prepend(str(tmp_path))                # installed or on the path: never the current folder
     assert main(["memory", "--model", "tinymodel:tiny", "--seq-len", "32", "--micro-batch", "2", "--json",
                  "--recompute", "full"]) == 0
     doc = json.loads(capsys.readouterr().out)

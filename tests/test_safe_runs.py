@@ -107,7 +107,7 @@ def test_a_disk_fault_at_the_final_write_keeps_the_result_and_says_where(fault, 
     from distlab.sim import files
     out = tmp_path / "c.json"
 
-    def refuse(src, dst):
+    def refuse(src, dst, **dir_fds):
         raise OSError(fault, os.strerror(fault))
     monkeypatch.setattr(files.os, "replace", refuse)
     code, _, err = cli(["collective", "all_reduce", "--size", "4KiB", "--trace", out])
@@ -237,3 +237,112 @@ def test_the_elastic_tool_says_in_one_line_that_its_dir_cannot_be_made(tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m distlab.runtime.restart.elastic: error: --dir: folder ") and \
         "does not exist" in err, err
+
+
+# --- issue 41, items 3-5: folders and files that cannot be redirected, locks that are checked ---------------------
+@pytest.fixture
+def no_ranks(monkeypatch):
+    from distlab.runtime.ranks import forkserver
+    monkeypatch.setattr(forkserver, "spawn", lambda *a: pytest.fail("a rank was started"))
+
+
+def victim_folder(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("run.json", "flight.7.json", "trace.json"):
+        (victim / name).write_text("precious\n")
+    return victim
+
+
+def untouched(victim) -> bool:
+    return sorted(os.listdir(victim)) == ["flight.7.json", "run.json", "trace.json"] and all(
+        (victim / n).read_text() == "precious\n" for n in os.listdir(victim))
+
+
+def test_a_link_at_the_flight_folder_or_at_distlab_out_leaves_the_victims_files_untouched(tmp_path, monkeypatch,
+                                                                                           no_ranks):
+    """Before: a link planted at the default <out>.flight made a successful run delete the victim's run.json and
+    flight.7.json; one at distlab-out made simulate overwrite the victim's trace.json."""
+    from distlab.runtime.diagnosis import flight
+    from distlab.sim.errors import OutputError
+    from distlab.sim.files import write_atomic
+    victim = victim_folder(tmp_path)
+    (tmp_path / "m.flight").symlink_to(victim)
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--out", tmp_path / "m.trace"])
+    assert code == 2 and "m.flight is a symbolic link; distlab writes only into a real folder" in err, err
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "distlab-out").symlink_to(victim)
+    code, _, err = cli(["simulate", os.path.join(os.path.dirname(__file__), "..", "scenarios", "ddp-cpu.yaml")])
+    assert code == 2 and "distlab-out is a symbolic link" in err, err
+    with pytest.raises(Exception, match="is a symbolic link"):           # the rank side and the last write too
+        flight.clear(str(tmp_path / "m.flight"))
+    with pytest.raises(OutputError, match="is a symbolic link"):
+        write_atomic(str(tmp_path / "distlab-out" / "trace.json"), "{}", keep_copy=False)
+    assert untouched(victim)
+
+
+def test_a_folder_writable_by_others_is_refused(tmp_path, no_ranks):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--out", shared / "m.trace"])
+    assert code == 2 and err.count("\n") == 1 and "is writable by every user (mode 777)" in err, err
+    os.chmod(shared, 0o1777)                  # sticky, as /tmp: no one may replace another's file there
+    from distlab.sim.files import write_atomic
+    write_atomic(str(shared / "ok.json"), "{}")
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_a_fifo_at_out_is_refused_before_the_ranks_start(tmp_path, no_ranks, command):
+    """Before: run blocked after measuring (no reader), or a reader got the trace."""
+    fifo = tmp_path / ("m.trace" if command == "run" else "b.json")
+    os.mkfifo(fifo)
+    argv = ["run", one_rank(0.01, tmp_path / "p.json")] if command == "run" else ["bench", "--sizes", "1KiB"]
+    code, _, err = cli(argv + ["--out", fifo])
+    assert code == 2 and err.count("\n") == 1 and "is a FIFO (named pipe); distlab writes only regular files" in err
+
+
+def test_a_hard_linked_or_fifo_lock_file_is_refused_and_a_full_disk_leaves_none(tmp_path, monkeypatch, no_ranks):
+    """Before: .NAME.lock was truncated without a check (a hard link there truncated the victim's file); a FIFO
+    or a full disk there gave a traceback and left an empty lock file behind."""
+    from distlab.sim import files
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.link(victim, tmp_path / ".b.json.lock")
+    code, _, err = cli(["bench", "--sizes", "1KiB", "--out", tmp_path / "b.json"])
+    assert code == 2 and "is a file with 2 links (a hard link)" in err and victim.read_text() == "precious\n"
+    os.unlink(tmp_path / ".b.json.lock")
+    os.mkfifo(tmp_path / ".b.json.lock")
+    code, _, err = cli(["bench", "--sizes", "1KiB", "--out", tmp_path / "b.json"])
+    assert code == 2 and err.count("\n") == 1 and "is a FIFO (named pipe); distlab never uses it as a lock" in err
+    os.unlink(tmp_path / ".b.json.lock")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(files.os, "pwrite", full)
+    code, _, err = cli(["bench", "--sizes", "1KiB", "--out", tmp_path / "b.json"])
+    assert code == 2 and err.count("\n") == 1 and "cannot lock" in err and "No space left on device" in err, err
+    assert not os.path.lexists(tmp_path / ".b.json.lock")
+
+
+@pytest.mark.parametrize("command", ["bench", "validate", "calibrate", "simulate", "plan", "cluster", "run",
+                                     "reproduce"])
+def test_every_command_that_writes_results_holds_the_output_lock(tmp_path, no_ranks, command, monkeypatch):
+    """Two concurrent `bench --out X`: the second is refused (before: both returned 0, the second overwrote the
+    first). The first run is this test holding X's lock, so no ranks start twice."""
+    from distlab.sim.files import OutputLock
+    monkeypatch.chdir(tmp_path)
+    scenarios = os.path.join(os.path.dirname(__file__), "..", "scenarios")
+    out = {"simulate": "distlab-out", "cluster": "distlab-out", "run": "m.trace", "plan": "s.json",
+           "reproduce": "r.png"}.get(command, "x.json")
+    argv = {"bench": ["bench", "--sizes", "1KiB", "--out", out],
+            "validate": ["validate", "--out", out], "calibrate": ["calibrate", "--out", out],
+            "simulate": ["simulate", os.path.join(scenarios, "ddp-cpu.yaml")],
+            "cluster": ["cluster", os.path.join(scenarios, "multi-job", "cluster-1024-h100.yaml")],
+            "plan": ["plan", "--model", "gpt2-small", "--nodes", "1", "--save", out],
+            "run": ["run", one_rank(0.01, tmp_path / "p.json"), "--out", out],
+            "reproduce": ["reproduce", "--plot", out]}[command]
+    with OutputLock(out, "--out"):
+        code, _, err = cli(argv)
+    assert code == 2 and err.count("\n") == 1 and f"another distlab run (pid {os.getpid()}) is writing" in err, err
+    assert os.listdir(tmp_path) in ([], ["p.json"])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_ops, positive_int
+from distlab.runtime.commands.common import (add_launch_arguments, check_launch, check_sweep_memory, launch_kwargs,
+                                             parse_ops, positive_int)
 
 NAME = "bench"
 HELP = "Measure real collectives on local ranks like nccl-tests: slowest rank's median time, algbw, busbw."
@@ -73,6 +74,8 @@ def run(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.iters, "--iters")
+    check_launch(args, local_ranks(nproc))     # ranks, threads, timeout, memory: before anything starts
+    check_sweep_memory(ops, sizes, args.dtype, nproc, local_ranks(nproc))
     check_outputs((args.out, "--out", "file"), (args.plot, "--plot", "figure"))
     if args.backend == "nccl":            # before the table's header: a refusal is the only line printed
         from distlab.runtime.ranks.preflight import check_nccl

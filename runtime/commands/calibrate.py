@@ -95,6 +95,10 @@ def run(args) -> int:
     from distlab.sim.plan import format_bytes
 
     ops, sizes, nprocs = check(args)
+    from distlab.runtime.commands.common import check_launch, check_sweep_memory
+    from distlab.runtime.ranks.torchrun_rank import local_ranks
+    check_launch(args, local_ranks(max(nprocs)))   # ranks, threads, timeout, memory: before anything starts
+    check_sweep_memory(ops, sizes, "float32", max(nprocs), local_ranks(max(nprocs)))
     from distlab.sim.io import check_output
     check_output(args.out, "--out", "file")     # before the ranks start
     if args.compute:

@@ -67,3 +67,29 @@ def positive_int(value, where: str) -> int:
     if not isinstance(value, int) or value < 1:
         raise ConfigError(f"{value!r} must be a whole number >= 1", where)
     return value
+
+
+def check_launch(args, nproc: int) -> None:
+    """Ranks, threads and the timeout bounded by what this host has, before anything is printed or started
+    (runtime/ranks/launch.py check_options; --backend nccl is checked where the command checks it). ``nproc``: the
+    ranks on this host (under torchrun: runtime.ranks.torchrun_rank.local_ranks)."""
+    from distlab.runtime.ranks.launch import check_options
+    check_options(nproc, "gloo" if args.backend == "nccl" else args.backend, args.threads, args.timeout)
+
+
+def check_sweep_memory(ops: list[str], sizes: list[int], dtype: str, nproc: int, local: int,
+                       flag: str = "--sizes") -> None:
+    """Refuse a sweep over ``nproc`` ranks whose buffers on this host's ``local`` ranks do not fit in its free
+    memory (MemAvailable), naming what it needs and what is free: runtime/measure/sweep.py allocates one input and one
+    output buffer per rank, each as large as the largest case needs (runtime.execute.collectives.element_counts)."""
+    from distlab.runtime.execute.collectives import element_counts
+    from distlab.runtime.ranks.preflight import check_fits
+    from distlab.sim.plan import DTYPE_BYTES, format_bytes
+    counts = [element_counts(op, s, dtype, nproc) for op in ops if op != "barrier" for s in sizes]
+    if not counts:
+        return
+    e = DTYPE_BYTES[dtype]
+    in_place = all(op in ("all_reduce", "broadcast", "reduce", "barrier") for op in ops)
+    need = max(i for i, _ in counts) * e + (0 if in_place else max(o for _, o in counts) * e)
+    check_fits({"collective buffers": need}, local, f"a sweep up to {format_bytes(max(sizes))} ({dtype})", flag,
+               "give smaller --sizes or fewer --nproc")

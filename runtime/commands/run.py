@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
-from distlab.runtime.commands.common import add_launch_arguments, launch_kwargs, parse_nproc, positive_int
+from distlab.runtime.commands.common import (add_launch_arguments, check_launch, launch_kwargs, parse_nproc,
+                                             positive_int)
 
 NAME = "run"
 HELP = "Execute a plan on real local ranks (torch.distributed) and write the measured trace."
@@ -54,6 +55,7 @@ def run(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"{args.warmup} must be a whole number >= 0", "--warmup")
     positive_int(args.repeat, "--repeat")
+    check_launch(args, nproc)                      # ranks, threads, timeout: before anything starts
     check_dtypes(plan, args.backend)
     from distlab.runtime.ranks.preflight import check_plan
     check_plan(plan, nproc)
@@ -68,14 +70,10 @@ def run(args) -> int:
     perfetto = perfetto_path(out, args.perfetto)
     if perfetto:
         check_output(perfetto, "--perfetto", "trace")
-    if args.dump_dir:
-        check_output(args.dump_dir, "--dump-dir", "dir")
     dump_dir = args.dump_dir or flight_path(out)
-    from distlab.sim.io import OutputLock
-    if os.path.exists(out) and not os.path.isfile(out):     # a device or pipe (/dev/stdout): nothing to lock
-        return _run(args, plan, nproc, out, perfetto, dump_dir)
-    with OutputLock(out, "--out"):          # a second run on the same --out refuses (and --dump-dir: Launch)
-        return _run(args, plan, nproc, out, perfetto, dump_dir)
+    check_output(dump_dir, "--dump-dir", "dir")     # the default <out>.flight too: never a planted link
+    # check_output holds each output's lock until the command ends: a second run on the same --out refuses
+    return _run(args, plan, nproc, out, perfetto, dump_dir)
 
 
 def _run(args, plan, nproc: int, out: str, perfetto: str | None, dump_dir: str) -> int:

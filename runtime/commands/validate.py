@@ -80,6 +80,11 @@ def run(args) -> int:
         raise ConfigError("collectives need at least 2 ranks", "--nproc")
     positive_int(args.iters, "--iters")
     positive_int(args.overlap_repeats, "--overlap-repeats")
+    from distlab.runtime.commands.common import check_launch, check_sweep_memory
+    from distlab.runtime.ranks.torchrun_rank import local_ranks
+    most = max(nprocs + holdout)
+    check_launch(args, local_ranks(most))      # ranks, threads, timeout, memory: before anything starts
+    check_sweep_memory(ops, calib + held, "float32", most, local_ranks(most))
     from distlab.runtime.ranks.preflight import check_scenario, warn_cores
     if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
         check_scenario(args.scenario, nprocs[0])

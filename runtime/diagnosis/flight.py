@@ -253,17 +253,24 @@ def decode(data: bytes) -> dict:
 
 
 def clear(directory: str) -> None:
-    """Remove old flight records and run.json from ``directory`` (before a new run writes there). Only regular
-    files of this user: a symbolic link or another user's file there is refused (ConfigError), not followed."""
-    if not os.path.isdir(directory):
+    """Remove old flight records and run.json from ``directory`` (before a new run writes there). The folder is
+    opened without following a link at it (sim/files.py open_folder) and every step is relative to it; only
+    regular files of this user: a symbolic link or another user's file there is refused (ConfigError), not
+    followed."""
+    from distlab.sim.files import open_folder
+    if not os.path.lexists(directory):
         return
-    names = [n for n in os.listdir(directory)
-             if (n.startswith("flight.") and n.endswith((".json", ".ring"))) or n == "run.json"]
-    for name in names:
-        st = os.lstat(os.path.join(directory, name))
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file of yours"
-            raise ConfigError(f"{os.path.join(directory, name)} is {what}; distlab never writes through it nor "
-                              f"removes it: remove it yourself or choose another folder", "--dump-dir")
-    for name in names:
-        os.unlink(os.path.join(directory, name))
+    fd = open_folder(directory, "--dump-dir")
+    try:
+        names = [n for n in os.listdir(fd)
+                 if (n.startswith("flight.") and n.endswith((".json", ".ring"))) or n == "run.json"]
+        for name in names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file of yours"
+                raise ConfigError(f"{os.path.join(directory, name)} is {what}; distlab never writes through it "
+                                  f"nor removes it: remove it yourself or choose another folder", "--dump-dir")
+        for name in names:
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)

@@ -9,6 +9,7 @@ error when nothing readable is left), so a dump claiming ``world_size: 1e8`` can
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -16,6 +17,10 @@ from distlab.runtime.diagnosis.flight import COLLECTIVES, HEADER, MAX_CAPACITY, 
 from distlab.sim.errors import ConfigError, OutputError
 
 MAX_DUMP_BYTES = 16 << 20           # a flight.RANK.json (1024 records: ~0.4 MB)
+# Caps on a whole folder, so that `distlab diagnose` on any accepted folder ends within 60 s in 1 GB (a record
+# parsed is ~1 KB of Python objects; 64 ranks of the default 1024-record rings are 65,536 records, 26 MB).
+MAX_FOLDER_BYTES = 192 << 20        # flight.*.json and flight.*.ring together
+MAX_FOLDER_RECORDS = 300_000        # records over every rank
 
 
 def load_dir(directory: str) -> dict:
@@ -27,12 +32,19 @@ def load_dir(directory: str) -> dict:
     if not os.path.isdir(directory):
         raise ConfigError("not a directory", directory)
     ranks: dict[int, dict] = {}
-    skipped = 0
+    skipped, names, total, records = 0, [], 0, 0
     for name in sorted(os.listdir(directory)):
         parts = name.split(".")
         if len(parts) != 3 or parts[0] != "flight" or not parts[1].isdigit() or parts[2] not in ("json", "ring") \
                 or int(parts[1]) >= MAX_WORLD:
             continue
+        names.append((name, parts))
+        with contextlib.suppress(OSError):
+            total += os.stat(os.path.join(directory, name)).st_size
+    if total > MAX_FOLDER_BYTES:
+        raise ConfigError(f"its flight records are {total >> 20} MiB in all, more than diagnose reads (at most "
+                          f"{MAX_FOLDER_BYTES >> 20} MiB: raise MAX_FOLDER_BYTES in runtime/diagnosis/flight_read.py)", directory)
+    for name, parts in names:
         path = os.path.join(directory, name)
         try:
             if parts[2] == "json":
@@ -47,6 +59,10 @@ def load_dir(directory: str) -> dict:
         if not _valid(d):
             skipped += 1
             continue
+        records += len(d["records"])
+        if records > MAX_FOLDER_RECORDS:
+            raise ConfigError(f"more than {MAX_FOLDER_RECORDS} flight records in all (at most {MAX_FOLDER_RECORDS}: "
+                              "raise MAX_FOLDER_RECORDS in runtime/diagnosis/flight_read.py)", directory)
         r = int(parts[1])
         if r not in ranks or d["source"] == "dump":
             ranks[r] = d

@@ -2,8 +2,9 @@
 
     distlab memory --model mypkg.models:tiny --seq-len 512 --micro-batch 2
 
-The factory's module is imported (installed, or a .py file in the current folder) and the factory called with
-no arguments under ``torch.device("meta")``, so parameters take no memory; it returns an ``nn.Module``, or
+The factory's module is imported (installed, or on PYTHONPATH: the current folder is never added) and the
+factory called with no arguments under ``torch.device("meta")`` and stdin at /dev/null, so parameters take no
+memory; it returns an ``nn.Module``, or
 ``(module, example_input)``. Without an example the input is token ids of shape (micro_batch, seq_len) over the
 first ``nn.Embedding``'s vocabulary. One training step is traced on the meta device (nothing is computed):
   layers       each element of the first ``nn.ModuleList`` is a block (named by its path, e.g. ``layers.3``:
@@ -18,10 +19,13 @@ first ``nn.Embedding``'s vocabulary. One training step is traced on the meta dev
   loss         cross-entropy on fp32 logits when the output's last dimension is the vocabulary, else the sum
 Such a model works with DDP, FSDP, pipelines and `distlab memory` (recompute none or full, offload); tensor,
 context and expert parallelism rewrite a transformer's modules by name and need a structured model (a preset,
-a config.json or ``{kind: gpt}``), so they refuse it in one line.
+a config.json or ``{kind: gpt}``), so they refuse it in one line. A factory runs only when the command line asks
+for it (``--model``, or ``--allow-code`` for one a data file names: sim/models/spec.py); one that exits, reads
+stdin or returns something else is one line, exit 2.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -70,24 +74,66 @@ def build(text: str, where: str = "model"):
     modname, colon, fname = text.partition(":")
     if not colon or not modname or not fname.isidentifier():
         raise ConfigError(f"{text!r}: write pkg.module:factory (a module and a function in it)", where)
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())          # last: a folder here never shadows an installed package
-    try:
-        mod = importlib.import_module(modname)
-    except Exception as e:                     # noqa: BLE001 - the user's module: any error is theirs
-        raise ConfigError(f"cannot import {modname}: {type(e).__name__}: {e}", where) from None
-    fn = getattr(mod, fname, None)
-    if not callable(fn):
-        raise ConfigError(f"{modname} has no function {fname!r}", where)
-    try:
-        with torch.device("meta"):
-            out = fn()
-    except Exception as e:                     # noqa: BLE001
-        raise ConfigError(f"{text} raised {type(e).__name__}: {e}", where) from None
+    with no_stdin():                           # the current folder is never put on sys.path (issue 41)
+        try:
+            mod = importlib.import_module(modname)
+        except BaseException as e:             # noqa: BLE001 - the user's module: any error is theirs, exit too
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise ConfigError(f"cannot import {modname}: {_said(e)}", where) from None
+        fn = getattr(mod, fname, None)
+        if not callable(fn):
+            raise ConfigError(f"{modname} has no function {fname!r}", where)
+        try:
+            with torch.device("meta"):
+                out = fn()
+        except BaseException as e:             # noqa: BLE001 - sys.exit() and input() end in one line too
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise ConfigError(f"{text} raised {_said(e)}", where) from None
     module, example = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
     if not isinstance(module, nn.Module):
-        raise ConfigError(f"{text} returned {type(module).__name__}; allowed: an nn.Module or (module, input)", where)
+        raise ConfigError(f"{text} returned {type(module).__name__}, not a model; allowed: an nn.Module or "
+                          "(module, example_input)", where)
     return module.to("meta"), example
+
+
+def _said(e: BaseException) -> str:
+    """``Type: message`` on one line; SystemExit and EOFError (stdin is closed) say what they mean."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}): a factory must return a model, not exit"
+    if isinstance(e, EOFError):
+        return "EOFError: it read from stdin, which a factory cannot (stdin is closed while it runs)"
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300] if str(e) else type(e).__name__
+
+
+@contextlib.contextmanager
+def no_stdin():
+    """The factory's import and call run with stdin at /dev/null (fd 0 and sys.stdin): one that reads it gets
+    end-of-file at once instead of waiting on the terminal."""
+    saved_fd, saved = os.dup(0) if _fd_open(0) else None, sys.stdin
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(null, 0, inheritable=False)
+        sys.stdin = open(os.devnull)           # noqa: SIM115 - closed below
+        yield
+    finally:
+        sys.stdin.close()
+        sys.stdin = saved
+        if saved_fd is not None:
+            os.dup2(saved_fd, 0)
+            os.close(saved_fd)
+        else:
+            os.close(0)
+        os.close(null)
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def blocks_of(module: nn.Module) -> tuple[str, int]:

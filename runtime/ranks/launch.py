@@ -81,10 +81,8 @@ def check_options(nproc: int, backend: str, threads: int, timeout: float) -> Non
         raise ConfigError(f"{nproc!r} must be a whole number >= 1", "--nproc")
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}", "--backend")
-    if not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"{threads!r} must be a whole number >= 1", "--threads")
-    if not timeout > 0:
-        raise ConfigError(f"{timeout!r} must be a number of seconds > 0", "--timeout")
+    from distlab.runtime.ranks.preflight import check_host_bounds
+    check_host_bounds(nproc, threads, timeout)     # ranks and threads by the cores, a finite sensible timeout
     if backend == "nccl":                  # in the launcher: one line now, not a timeout inside every rank
         from distlab.runtime.ranks.preflight import check_nccl
         check_nccl(nproc)
@@ -181,7 +179,8 @@ class Launch:
         from distlab.runtime.diagnosis.flight import clear, create_rings
         from distlab.sim.io import OutputLock
         if self.dump_dir:
-            os.makedirs(self.dump_dir, exist_ok=True)
+            from distlab.sim.files import make_folder
+            make_folder(self.dump_dir, "--dump-dir")      # never through a link at the folder (sim/files.py)
             self._dump_lock = OutputLock(self.dump_dir, "--dump-dir", folder=True).acquire()
             clear(self.dump_dir)
         if os.environ.get("DISTLAB_FLIGHT") != "0":

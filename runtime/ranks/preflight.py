@@ -61,6 +61,25 @@ def default_world_sizes(threads: int = 1, candidates: tuple[int, ...] = (2, 4)) 
     return ",".join(str(n) for n in fit or candidates[:1])
 
 
+MAX_RANKS_PER_CORE = 8           # more ranks than this per core only measure waiting (and can exhaust fork limits)
+TIMEOUT_S = (1.0, 7 * 86400.0)   # a rank needs ~1 s to start and join; past 7 days a timeout is a typo (inf, 1e300)
+
+
+def check_host_bounds(nproc: int, threads, timeout) -> None:
+    """Ranks at most MAX_RANKS_PER_CORE per core found, --threads 1 to the cores, --timeout within TIMEOUT_S
+    (issue 41: --threads 1000000 made threads until killed, --nproc 1000 a fork-limit traceback, --timeout inf
+    and 1e-9 started the ranks, then failed)."""
+    cores = cpu_cores()
+    if nproc > MAX_RANKS_PER_CORE * cores:
+        raise ConfigError(f"{nproc} ranks on {cores} CPU core{'s' if cores > 1 else ''} is more than this host can "
+                          f"run (at most {MAX_RANKS_PER_CORE * cores}: {MAX_RANKS_PER_CORE} per core)", "--nproc")
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= cores:
+        raise ConfigError(f"{threads!r} must be a whole number from 1 to {cores} (the CPU cores found)", "--threads")
+    if not (isinstance(timeout, (int, float)) and TIMEOUT_S[0] <= timeout <= TIMEOUT_S[1]):
+        raise ConfigError(f"{timeout!r} must be a number of seconds from {TIMEOUT_S[0]:g} to {TIMEOUT_S[1]:g} "
+                          "(7 days)", "--timeout")
+
+
 def warn_cores(nproc: int, threads: int = 1, command: str = "distlab") -> bool:
     """One line on stderr (once per process) when ``nproc`` ranks x ``threads`` outnumber the cores."""
     cores = cpu_cores()

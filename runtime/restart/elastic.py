@@ -276,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(p.parse_args(argv))
     root = args.pop("dir")
     try:
+        from distlab.sim.files import make_folder
         check_output(root, "--dir", "dir")
-        os.makedirs(root, exist_ok=True)
+        make_folder(root, "--dir")           # yours (or root's), not writable by others, not a link (sim/files.py)
         done = train(TrainSpec(**args), root)
         _note_threads(root, done["rank"])
         return 0

@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
                                                "CPUs, at most 2)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run them on a Dask cluster instead: its scheduler's "
                                                           "address, e.g. tcp://10.0.0.1:8786")
+    from distlab.sim.workers import add_insecure_flag
+    add_insecure_flag(p)                     # a scheduler off this machine needs TLS or this flag (sim/workers.py)
     add_file_arguments(p, "cluster-timeline.png", NAME)
     add_output_arguments(p)
 
@@ -51,6 +53,8 @@ def run(args) -> int:
     from distlab.sim.io import check_output
     from distlab.sim.jobs import spec as specs
     check_output(None if args.no_files else args.out, "--out", "dir")
+    from distlab.sim.workers import check_scheduler
+    check_scheduler(args.scheduler, getattr(args, "insecure_scheduler", False))
     if args.top < 0:
         raise ConfigError(f"{args.top} must be a whole number >= 0", "--top")
     if args.workers is not None and args.workers < 1:
@@ -75,9 +79,10 @@ def run(args) -> int:
     outcome = simulate_jobs(specs.resolve(d, args.file))
     files = {}
     if not args.no_files:
+        from distlab.sim.files import make_folder
         from distlab.sim.io import save_figure
         from distlab.sim.jobs.figure import jobs_timeline
-        os.makedirs(args.out, exist_ok=True)
+        make_folder(args.out, "--out")   # never through a planted link
         files["timeline"] = os.path.join(args.out, "cluster-timeline.png")
         save_figure(jobs_timeline(outcome), files["timeline"])
     if args.json:

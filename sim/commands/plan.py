@@ -29,6 +29,8 @@ def add_arguments(p) -> None:
                                                "CPUs, at most 2)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="confirm on a Dask cluster instead: its scheduler's "
                                                           "address, e.g. tcp://10.0.0.1:8786 (sim/workers.py)")
+    from distlab.sim.workers import add_insecure_flag
+    add_insecure_flag(p)                     # a scheduler off this machine needs TLS or this flag (sim/workers.py)
     from distlab.sim.planner.eras import ERAS
     p.add_argument("--as-published", choices=sorted(ERAS), metavar="ERA",
                    help="search only what that era's software ran (sim/planner/eras.py, docs/planner.md): "
@@ -64,7 +66,8 @@ def question(args) -> dict:
                                                      or not least <= q[k] <= most):
             raise ConfigError(f"{q[k]!r} must be a whole number from {least} to {most}", "--" + k.replace("_", "-"))
     from distlab.sim.models import spec_from_text
-    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model")
+    model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model" if args.model else
+                                                                              f"{args.question}: model")
     if q["seq_len"] is not None:
         model = {**model, "seq_len": q["seq_len"]}
     q["model"] = model
@@ -77,6 +80,8 @@ def run(args) -> int:
     from distlab.sim.planner import explain
     from distlab.sim.planner.search import ESTIMATE_BOUND, search
     q = question(args)
+    from distlab.sim.workers import check_scheduler
+    check_scheduler(args.scheduler, getattr(args, "insecure_scheduler", False))
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
     from distlab.sim.models.activations import require_structure
     require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "

@@ -90,8 +90,9 @@ def run(args) -> int:
         result.plan.save(args.save_plan)
         files["plan"] = args.save_plan
     if not args.no_files:
+        from distlab.sim.files import make_folder
         from distlab.sim.io import save_figure
-        os.makedirs(args.out, exist_ok=True)
+        make_folder(args.out, "--out")   # never through a planted link
         files["trace"] = os.path.join(args.out, "trace.json")
         ranks = out.shown_ranks(result)
         out.sub_trace(result.trace, ranks).save(files["trace"])
@@ -126,8 +127,9 @@ def run_sweep(args, base) -> int:
     first = results[0]
     title = f"{first.model.name} {first.workload.name} on {first.cluster.name}: sweep of {key}"
     if not args.no_files and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        from distlab.sim.files import make_folder
         from distlab.sim.io import save_figure
-        os.makedirs(args.out, exist_ok=True)
+        make_folder(args.out, "--out")   # never through a planted link
         files["sweep"] = os.path.join(args.out, f"sweep-{key}.png")
         save_figure(out.sweep_figure(first.workload, rows, key, title), files["sweep"])
     if args.json:

@@ -251,9 +251,10 @@ def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
         files["plan"] = args.save_plan
     label = f"plan {plan.name!r} on {cluster.nodes} x {cluster.name} ({plan.world_size} ranks)"
     if not args.no_files:
+        from distlab.sim.files import make_folder
         from distlab.sim.io import save_figure
         from distlab.sim.plots import timeline
-        os.makedirs(args.out, exist_ok=True)
+        make_folder(args.out, "--out")   # never through a planted link
         files["trace"] = os.path.join(args.out, "trace.json")
         trace.save(files["trace"])
         files["timeline"] = os.path.join(args.out, "timeline.png")

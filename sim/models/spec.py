@@ -33,6 +33,22 @@ FORMS = ("preset", "hf_config", "factory", "kind")
 FACTORY_KEYS = ("seq_len", "micro_batch", "dtype", "recompute", "offload")
 KINDS: dict = {}          # kind -> (builder(spec, where) -> Model, its preset names): kinds defined elsewhere
 _FACTORY: dict = {}       # "loader": (spec, where) -> Model, set by the runtime (runtime/modules/bridge.py)
+# Data files never run code: while the distlab command runs (runtime/cli.py), a ``factory:`` is imported and called
+# only when the command line asks for it, by --model itself or --allow-code; the Python API is the caller's code.
+CODE_POLICY: dict = {"command": False, "allow_code": False, "flagged": set()}
+
+
+def set_code_policy(command: bool, allow_code: bool = False) -> None:
+    """Start (``command``) or end a command's policy: factories from --model only, or any with --allow-code."""
+    CODE_POLICY.update(command=command, allow_code=allow_code, flagged=set())
+
+
+def check_factory_allowed(text: str, where: str) -> None:
+    """ConfigError for a factory a data file names, unless the command line allowed it (CODE_POLICY)."""
+    if CODE_POLICY["command"] and not CODE_POLICY["allow_code"] and text not in CODE_POLICY["flagged"]:
+        raise ConfigError(f"factory {str(text)[:200]!r} would import and run Python code, and a data file never "
+                          "runs code; give it as --model on the command line, or add --allow-code if you trust "
+                          "this file", where)
 
 
 def set_factory_loader(loader) -> None:
@@ -54,6 +70,8 @@ def spec_from_text(text: str, where: str = "--model") -> dict:
     if text.endswith(".json") or os.sep in text or "/" in text or os.path.isdir(text):
         return {"hf_config": text}
     if ":" in text:
+        if where == "--model":                    # the flag itself: the user asked for this code
+            CODE_POLICY["flagged"].add(text)
         return {"factory": text}
     return {"preset": text}
 
@@ -101,6 +119,7 @@ def model_from_spec(spec, where: str = "model") -> Model:
             if k not in ("factory",) + FACTORY_KEYS:
                 raise ConfigError(f"unknown key {k!r} for a factory model; allowed: factory, name, "
                                   f"{', '.join(FACTORY_KEYS)}", where)
+        check_factory_allowed(spec["factory"], where)
         if "loader" not in _FACTORY:
             raise ConfigError("pkg.module:factory models are traced with torch by the runtime: run them through "
                               "the distlab command, or import distlab.runtime.modules.bridge first", where)
