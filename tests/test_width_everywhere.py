@@ -23,8 +23,10 @@ def columns(line: str) -> int:
                for ch in line)
 
 
-def assert_fits(text: str, what: str) -> None:
-    wide = [line for line in text.splitlines() if columns(line) > WIDTH]
+def assert_fits(text: str, what: str, in_bytes: bool = True) -> None:
+    """Every line within WIDTH terminal columns and (``in_bytes``) within WIDTH bytes of UTF-8 as well, which is
+    what `awk length` or `wc -L` count where the locale is C: output keeps to ASCII where a line is long."""
+    wide = [line for line in text.splitlines() if columns(line) > WIDTH or in_bytes and len(line.encode()) > WIDTH]
     assert not wide, f"{what}: {len(wide)} lines over {WIDTH} columns, e.g. {wide[0]!r}"
 
 

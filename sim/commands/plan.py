@@ -129,7 +129,7 @@ def run(args) -> int:
         rows.append([i + 1, labels[i], f"{c.step_s * 1e3:.1f}" + ("  " if c.simulated_s is not None else " ~"),
                      f"{b['mfu']:.1%}", f"{b['tokens_per_s_per_gpu']:.0f}", f"{b['memory_GiB']:.1f}",
                      f"{b['headroom_GiB']:.1f}"])
-    print_table(f"layouts, fastest first (~ = estimate, within ±{ESTIMATE_BOUND:.0%} of the simulator's step; "
+    print_table(f"layouts, fastest first (~ = estimate, within +/-{ESTIMATE_BOUND:.0%} of the simulator's step; "
                 f"others confirmed by {s.confirmed_by}; #1 is the fastest confirmed)",
                 ["#", "layout" + (f" (all: {common})" if common and len(common) < 40 else ""), "step ms", "MFU",
                  "tok/s/GPU", "GiB/GPU", "headroom GiB"], rows, justify_left=2)
@@ -147,15 +147,16 @@ def run(args) -> int:
                 f"(+{why['term_gap_s'] * 1e3:.1f} ms in #2).")
         if "change" in why:
             line += (f" The single change to #2 that helps most: {why['change']} -> {why['changed_step_s'] * 1e3:.1f} "
-                     f"ms ~ (estimate ±{ESTIMATE_BOUND:.0%}; "
+                     f"ms ~ (estimate +/-{ESTIMATE_BOUND:.0%}; "
                      f"{'closes the gap' if why['closes_gap'] else 'still behind #1'}).")
         say(line)
     shown = [f for f in fams if f["best"] or STYLE.verbose]
     say("the best of each family:" if len(shown) == len(fams) else
         f"the best of each family that fits ({len(fams) - len(shown)} do not fit: --verbose says why):")
     for f in shown:
-        mark = "" if f.get("confirmed") else f" ~ (estimate ±{ESTIMATE_BOUND:.0%})"
-        best = f"{f['best']}, {f['step_s'] * 1e3:.1f} ms{mark}: " if f["best"] else ""
+        mark = "" if f.get("confirmed") else f" ~ (estimate +/-{ESTIMATE_BOUND:.0%})"
+        label = f["best"].replace(" · ", ", ") if f["best"] else ""          # plain ASCII: bytes = columns
+        best = f"{label}, {f['step_s'] * 1e3:.1f} ms{mark}: " if f["best"] else ""
         say(f"{f['family']}: {best}{f['why']}", indent="    ", first="  ")
     if args.save:
         say(f"saved #1 as {args.save} (distlab simulate {args.save})")
