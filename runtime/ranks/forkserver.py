@@ -2,8 +2,9 @@
 
 A rank started as a new Python process spends about 1.5 s of CPU importing torch before it does anything; on a
 2-core laptop four ranks take about 3 s to start, every launch. The fork server (one per launcher process,
-started at its first launch) pays that once: it imports torch and torch.distributed (and FSDP2 and DTensor at the first
-training launch: ``preload`` below), then, for every rank the launcher asks for, forks itself and the child becomes that rank (``_become_rank``: its own environment, working
+started at its first launch) pays that once: it imports torch and torch.distributed (FSDP2 and DTensor at the
+first training launch: ``preload`` below), then, for every rank the launcher asks for, forks itself and the
+child becomes that rank (``_become_rank``: its own environment, working
 folder, log file and process group, then distlab's worker, exactly as ``WORKER_COMMAND`` runs it). Nothing is
 initialised before the fork (no process group, no thread pool, no CUDA), so the child starts clean; this is how
 torch's DataLoader starts its forked workers. Python's own ``multiprocessing`` forkserver is not used: its
