@@ -34,14 +34,17 @@ def cli():
 # pytest-xdist (--dist loadfile --no-loadscope-reorder, pyproject.toml) hands each of the two workers one whole
 # file at a time, in the order collected: the longest files go first, so that no worker starts a long file
 # when the other has little left (longest processing time first); the others follow in name order. The longest
-# on a 2-core machine (sums of --durations, 2026-12-02 06:43, one suite beside other work, load 2.6-3.9): the
-# lesson notebooks (~250 s of one worker), test_lessons_lib (~90 s), test_multinode (~65 s), test_elastic
-# (~55 s), then 10-30 s each. Only the order changes, never a test.
-LONGEST_FIRST = ("test_lessons_notebooks.py", "test_lessons_lib.py", "test_multinode.py", "test_elastic.py",
-                 "test_forkserver.py", "test_runtime_launch.py", "test_tp_runtime.py", "test_rendezvous_security.py",
-                 "test_compose_runtime.py", "test_frontdoor.py", "test_runtime_cli.py", "test_pipeline_validate.py",
-                 "test_fsdp_runtime.py", "test_flight_diagnose.py", "test_safe_runs.py", "test_planner.py",
-                 "test_cp_runtime.py")
+# on a 2-core machine, by the CPU seconds of every process each file starts alone (benchmarks/suite_time.py --
+# -n 0 FILE, 2026-12-07 22:35-23:05, load 9-20; the notebooks ~250 s of one worker on 2026-12-02): the lesson
+# notebooks, then test_tp_runtime 34, test_lessons_lib 33, test_multinode 32, test_compose_runtime 29,
+# test_elastic 28, test_runtime_launch 20, test_frontdoor 19, test_rendezvous_security 19, test_forkserver 14,
+# then the other real-rank files in their earlier order (not measured again). Only the order changes,
+# never a test.
+LONGEST_FIRST = ("test_lessons_notebooks.py", "test_tp_runtime.py", "test_lessons_lib.py", "test_multinode.py",
+                 "test_compose_runtime.py", "test_elastic.py", "test_runtime_launch.py", "test_frontdoor.py",
+                 "test_rendezvous_security.py", "test_forkserver.py", "test_runtime_cli.py",
+                 "test_pipeline_validate.py", "test_fsdp_runtime.py", "test_flight_diagnose.py", "test_safe_runs.py",
+                 "test_planner.py", "test_cp_runtime.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

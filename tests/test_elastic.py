@@ -1,6 +1,9 @@
 """Elastic restart under torchrun: rank 1 SIGKILLed as step 5 of 10 begins, checkpoints (DCP) every 2 steps,
 --max-restarts 1: the group restarts, resumes from step 4, completes, and ends with the parameters of an
-uninterrupted run, bit for bit."""
+uninterrupted run, bit for bit. The same launch finds two bad checkpoints newer than any it writes, planted before
+it starts (a foreign one whose .metadata is a pickle, and one of this run family with a truncated shard): both
+attempts skip them, each with one line, and never unpickle anything. One torchrun for all of it: every agent and
+rank is a new process importing torch (~3 s of CPU each)."""
 from __future__ import annotations
 
 import os
@@ -14,10 +17,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The killed run; every rank that finishes notes its threads (THREADS_ENV). The parameters of an uninterrupted
-    run are ``reference``'s, computed in this process: bit for bit what real ranks compute (its docstring), as the
-    killed run ending with them shows; the corrupt-checkpoint test's run is the real run without a failure."""
+    """The killed run, started on a folder that already holds the two bad checkpoints (``plant``); every rank that
+    finishes notes its threads (THREADS_ENV). The parameters of an uninterrupted run are ``reference``'s, computed
+    in this process: bit for bit what real ranks compute (its docstring), as the killed run ending with them shows."""
     d = tmp_path_factory.mktemp("elastic")
+    planted = plant(d / "killed", d / "marker")
     before = os.environ.get(THREADS_ENV)
     os.environ[THREADS_ENV] = str(d / "threads.jsonl")
     try:
@@ -28,7 +32,46 @@ def runs(tmp_path_factory):
             os.environ.pop(THREADS_ENV)
         else:
             os.environ[THREADS_ENV] = before
-    return d, {"killed": killed}
+    return d, {"killed": killed, "planted": planted}
+
+
+def plant(root, marker) -> list[str]:
+    """Issue 32 items 2 and 7, in the run's folder before it starts: step 12, a foreign checkpoint whose .metadata
+    is a pickle that would create ``marker`` (DCP reads .metadata with pickle.load) and whose manifest is signed
+    with another key; step 11, signed by this run family (its secret file, which run_local then uses) with shard
+    __1_0.distcp truncated after signing. Both newer than any checkpoint the run writes (2 to 10)."""
+    import json
+    import pickle
+
+    from distlab.runtime.ranks.secret import SECRET_ENV, SECRET_FILE_ENV, family_secret_file, run_secret
+    from distlab.runtime.restart.checkpoint import family_key, step_dir, write_manifest
+    root.mkdir()
+    secret = family_secret_file(str(root))
+    env = {k: os.environ.pop(k, None) for k in (SECRET_ENV, SECRET_FILE_ENV)}
+    os.environ[SECRET_FILE_ENV] = secret
+    try:
+        key = family_key(run_secret())
+    finally:
+        for k, v in env.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    truncated = step_dir(str(root), 11)
+    os.mkdir(truncated)
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+        with open(os.path.join(truncated, name), "wb") as f:
+            f.write(os.urandom(2000))
+    write_manifest(truncated, 11, key)
+    with open(os.path.join(truncated, "__1_0.distcp"), "r+b") as f:
+        f.truncate(1000)
+    foreign = step_dir(str(root), 12)
+    os.mkdir(foreign)
+    with open(os.path.join(foreign, ".metadata"), "wb") as f:
+        f.write(pickle.dumps(_Payload(str(marker))))
+    with open(os.path.join(foreign, "MANIFEST.json"), "w") as f:
+        f.write(json.dumps({"manifest": {"format": "distlab-checkpoint/1", "step": 12, "files": {".metadata": {}}},
+                            "hmac": "0" * 64}))
+    return ["step_000011", "step_000012"]
 
 
 def test_a_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint(runs):
@@ -43,7 +86,8 @@ def test_a_killed_rank_restarts_the_group_which_resumes_from_the_last_checkpoint
     assert "resumed from step 4" in killed["output"]
     # checkpoints at steps 2, 4 (first attempt), 6, 8, 10 (second), each sharded: one file per rank
     steps = sorted(os.listdir(d / "killed"))
-    assert [n for n in steps if n.startswith("step_")] == [f"step_{k:06d}" for k in (2, 4, 6, 8, 10)]
+    assert [n for n in steps if n.startswith("step_")] == [f"step_{k:06d}" for k in (2, 4, 6, 8, 10)] + \
+        out["planted"]
     files = os.listdir(d / "killed" / "step_000004")
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(files)
 
@@ -58,40 +102,27 @@ def test_the_resumed_run_ends_with_the_parameters_of_an_uninterrupted_one(runs):
     assert not all(torch.equal(killed[k], reference(TrainSpec(steps=9))[k]) for k in expected)   # steps matter
 
 
-def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs, tmp_path):
-    """Issue 32 items 2 and 7: resume only from checkpoints this run family signed. A copy of the killed run's
-    folder (checkpoints at steps 2 to 10: an uninterrupted run's parameters) with step 10's shard truncated and a
-    planted step 12 whose .metadata is a pickle that would create a marker file (DCP reads .metadata with
-    pickle.load): each is one line naming the file and the fallback, the run resumes from step 8 and ends with the
-    parameters of an uninterrupted 11-step run; the pickle never runs."""
-    import json
-    import pickle
-    import shutil
-
-    import torch
-    d, _ = runs
-    root, marker = tmp_path / "tampered", tmp_path / "marker"
-    shutil.copytree(d / "killed", root, symlinks=True)
-    for name in ("final.pt", "summary.json", "events.jsonl"):    # the killed run's own: this run writes its own
-        (root / name).unlink()
-    with open(root / "step_000010" / "__1_0.distcp", "r+b") as f:
-        f.truncate(1000)
-    (root / "step_000012").mkdir()
-    (root / "step_000012" / ".metadata").write_bytes(pickle.dumps(_Payload(str(marker))))
-    (root / "step_000012" / "MANIFEST.json").write_text(json.dumps(
-        {"manifest": {"format": "distlab-checkpoint/1", "step": 12, "files": {".metadata": {}}}, "hmac": "0" * 64}))
-    out = run_local(str(root), TrainSpec(steps=11), nproc=2, max_restarts=0, timeout=150)
-    assert out["returncode"] == 0, out["output"][-2000:]
-    assert out["summary"]["attempts"] == 1 and out["summary"]["failures"] == []    # a run without a failure
-    lines = [ln for ln in out["output"].splitlines() if ln.startswith("elastic: checkpoint not used")]
-    assert len(lines) == 2, out["output"][-3000:]
-    assert "step_000012/MANIFEST.json is not signed with this run family's secret" in lines[0]
-    assert "step_000010/__1_0.distcp is truncated" in lines[1]
-    assert all(ln.endswith("step_000008 (the previous good checkpoint)") for ln in lines)
-    assert "Traceback" not in out["output"]
-    assert not marker.exists()
-    expected = reference(TrainSpec(steps=11), world=2)
-    assert all(torch.equal(out["final"][k], expected[k]) for k in expected)
+def test_a_corrupt_or_foreign_checkpoint_is_skipped_never_unpickled(runs):
+    """Issue 32 items 2 and 7: resume only from checkpoints this run family signed. The planted step 12 (foreign,
+    a pickle) and step 11 (this family's, a shard truncated) are each one line naming the file and the fallback, at
+    both attempts' starts: step 0 first, then step 4 after the kill; the run ends with the parameters of an
+    uninterrupted run (the previous test) and the pickle never runs."""
+    d, out = runs
+    killed = out["killed"]
+    assert killed["returncode"] == 0, killed["output"][-2000:]
+    lines = [ln for ln in killed["output"].splitlines() if ln.startswith("elastic: checkpoint not used")]
+    assert len(lines) == 4, killed["output"][-3000:]
+    for first, second in (lines[:2], lines[2:]):
+        assert "step_000012/MANIFEST.json is not signed with this run family's secret" in first
+        assert "step_000011/__1_0.distcp is truncated" in second
+    assert all(ln.endswith("starting from step 0 (no good checkpoint)") for ln in lines[:2]), lines
+    assert all(ln.endswith("step_000004 (the previous good checkpoint)") for ln in lines[2:]), lines
+    # no error reading them; the one traceback allowed is rank 0's of the first attempt, whose peer was killed
+    text = killed["output"]
+    assert "CheckpointError" not in text and "Unpickl" not in text and "pickle" not in text
+    assert text.count("Traceback") == text.count("[rank0]: Traceback") <= 1
+    assert "Traceback" not in text[text.index(lines[2]):]
+    assert not (d / "marker").exists()
 
 
 class _Payload:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process
 from distlab.runtime.ranks.launch import free_port
 from distlab.sim.plan import Collective, Compute, Plan
 from distlab.sim.trace import Trace
@@ -50,30 +51,10 @@ def small_plan(world: int = 4) -> Plan:
 SECRET = "test-run-secret-0123456789"     # every node's ranks present it to rank 0's store (runtime/ranks/rendezvous.py)
 
 
-def cli(*args, env=None, timeout=90):
-    return subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, DISTLAB_RUN_SECRET=SECRET, **(env or {})))
-
-
-def node(plan_path, out, k, port, nproc=2, nnodes=2, timeout=20, host="127.0.0.1"):
-    return cli("run", plan_path, "--nnodes", str(nnodes), "--node-rank", str(k), "--rdzv-endpoint",
-               f"{host}:{port}", "--nproc", str(nproc), "--backend", "gloo", "--timeout", str(timeout),
-               "--out", out)
-
-
-def finish(procs, timeout=120):
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+def node_args(plan_path, out, k, port, nproc=2, nnodes=2, timeout=20, host="127.0.0.1") -> list[str]:
+    """`distlab run`'s arguments for node k of a multi-node run."""
+    return ["run", plan_path, "--nnodes", str(nnodes), "--node-rank", str(k), "--rdzv-endpoint", f"{host}:{port}",
+            "--nproc", str(nproc), "--backend", "gloo", "--timeout", str(timeout), "--out", out]
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +158,15 @@ def test_the_node_command_prints_the_workers_json_indented(capsys):
     assert capsys.readouterr().out == json.dumps(json.loads(line), indent=2) + "\n"
 
 
-def test_an_endpoint_nobody_serves_fails_in_one_line_with_exit_2(tmp_path):
+def test_an_endpoint_nobody_serves_fails_in_one_line_with_exit_2(tmp_path, cli, monkeypatch):
+    """`distlab run --nnodes` in this process (tests/cli_in_process.py: no interpreter start for the command); its
+    torchrun is still a process of its own, as on a real node."""
+    monkeypatch.setenv("DISTLAB_RUN_SECRET", SECRET)
     plan = str(tmp_path / "p.json")
     small_plan().save(plan)
     t0 = time.monotonic()
     port = free_port()           # a loopback port nobody listens on (tests never reach beyond this machine)
-    p = node(plan, str(tmp_path / "t.trace"), 1, port, timeout=1)    # only the timeout has to fire
-    rc, out, err = finish([p], timeout=60)[0]
+    rc, out, err = cli(*node_args(plan, str(tmp_path / "t.trace"), 1, port, timeout=1))   # only the timeout fires
     assert rc == 2
     # node 1 cannot reach a store on node 0: torchrun gives up at the timeout, reported as one line
     assert err.count("\n") == 1 and err.startswith("distlab run: error: --rdzv-endpoint: "), err
@@ -192,17 +175,18 @@ def test_an_endpoint_nobody_serves_fails_in_one_line_with_exit_2(tmp_path):
     assert not (tmp_path / "t.trace").exists()
 
 
-def test_nodes_that_disagree_on_the_world_size_fail_in_one_line_with_exit_2(tmp_path):
+def test_nodes_that_disagree_on_the_world_size_fail_in_one_line_with_exit_2(tmp_path, cli, monkeypatch):
+    """Node 1 asks for 1 rank per node: 2 x 1 is not the plan's 4, it refuses at once, before starting torchrun or
+    reaching the endpoint; node 0 waits for it in vain. Both in this process, one after the other: node 1's
+    refusal never depends on node 0."""
+    monkeypatch.setenv("DISTLAB_RUN_SECRET", SECRET)
     plan = str(tmp_path / "p.json")
     small_plan().save(plan)
     port = free_port()
-    procs = [cli("run", plan, "--nnodes", "2", "--node-rank", str(k), "--rdzv-endpoint", f"127.0.0.1:{port}",
-                 "--nproc", str(n), "--backend", "gloo", "--timeout", "2",
-                 "--out", str(tmp_path / "t.trace")) for k, n in ((0, 2), (1, 1))]
-    # node 1 asks for 1 rank per node: 2 x 1 is not the plan's 4, it refuses at once; node 0 waits for it in vain
     t0 = time.monotonic()
-    outs = finish(procs, timeout=60)
-    for rc, out, err in outs:
+    outs = {k: cli(*node_args(plan, str(tmp_path / "t.trace"), k, port, nproc=n, timeout=2))
+            for k, n in ((1, 1), (0, 2))}
+    for rc, out, err in outs.values():
         assert rc == 2 and err.count("\n") == 1 and err.startswith("distlab run: error: "), err
     assert "--nproc: the plan has 4 ranks" in outs[1][2]
     assert "--rdzv-endpoint: not all 2 nodes joined" in outs[0][2]

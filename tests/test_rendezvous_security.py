@@ -214,10 +214,12 @@ dist.gather_object(Payload(), None, dst=0)
 
 
 @pytest.mark.slow
-def test_a_foreign_node_with_its_own_script_never_runs_code_in_the_run(tmp_path):
+def test_a_foreign_node_with_its_own_script_never_runs_code_in_the_run(tmp_path, monkeypatch, capsys):
     """Item 1 as reported: a stranger joins `distlab run --nnodes 2` as node 1 with its own script that sends a pickle
     (gather_object). Before: it ran in rank 0 (the marker file appeared). Now rank 0's store waits for rank 1 to
-    authenticate, which it cannot, and the run ends with one line; no pickle is ever read."""
+    authenticate, which it cannot, and the run ends with one line; no pickle is ever read. Node 0's command runs in
+    this process (its torchrun and rank are processes of their own); the stranger's torchrun waits for it."""
+    from distlab.runtime.cli import main
     from distlab.runtime.ranks.launch import free_port
     from distlab.sim.plan import Collective, Plan
     plan, marker = tmp_path / "p.json", tmp_path / "marker"
@@ -225,23 +227,21 @@ def test_a_foreign_node_with_its_own_script_never_runs_code_in_the_run(tmp_path)
     (tmp_path / "evil.py").write_text(EVIL)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "DISTLAB_RUN_SECRET"}
-    node0 = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", str(plan), "--nnodes", "2",
-                              "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc", "1",
-                              "--backend", "gloo", "--timeout", "6", "--out", str(tmp_path / "m.trace")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(env, DISTLAB_RUN_SECRET="the-real-secret-0123456789"))
     stranger = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "logs"),
                                  "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-backend",
                                  "static", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "timeout=20",
                                  str(tmp_path / "evil.py"), str(marker)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    monkeypatch.setenv("DISTLAB_RUN_SECRET", "the-real-secret-0123456789")
+    capsys.readouterr()
     try:
-        out, err = node0.communicate(timeout=150)
+        rc = main(["run", str(plan), "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "--nproc", "1", "--backend", "gloo", "--timeout", "6", "--out", str(tmp_path / "m.trace")])
     finally:
-        for p in (node0, stranger):
-            if p.poll() is None:
-                p.kill() if p is node0 else os.killpg(p.pid, 9)
-            p.wait()
+        if stranger.poll() is None:
+            os.killpg(stranger.pid, 9)
+        stranger.wait()
+    err = capsys.readouterr().err
     assert not marker.exists()
-    assert node0.returncode == 1 and err.count("\n") == 1, err
+    assert rc == 1 and err.count("\n") == 1, err
     assert "rank 1 did not join the run's store within 6 s" in err and "without this run's secret" in err, err

@@ -2,8 +2,9 @@
 
 A rank started as a new Python process spends about 1.5 s of CPU importing torch before it does anything; on a
 2-core laptop four ranks take about 3 s to start, every launch. The fork server (one per launcher process,
-started at its first launch) pays that once: it imports torch, torch.distributed, DTensor and FSDP2, then, for every rank the
-launcher asks for, forks itself and the child becomes that rank (``_become_rank``: its own environment, working
+started at its first launch) pays that once: it imports torch and torch.distributed (FSDP2 and DTensor at the
+first training launch: ``preload`` below), then, for every rank the launcher asks for, forks itself and the
+child becomes that rank (``_become_rank``: its own environment, working
 folder, log file and process group, then distlab's worker, exactly as ``WORKER_COMMAND`` runs it). Nothing is
 initialised before the fork (no process group, no thread pool, no CUDA), so the child starts clean; this is how
 torch's DataLoader starts its forked workers. Python's own ``multiprocessing`` forkserver is not used: its
@@ -12,8 +13,9 @@ children re-import the launcher's ``__main__`` (a user's script or notebook), wh
 Protocol: JSON lines. The launcher writes ``{"env", "cwd", "log", "pgid", "preload"}``; the server answers ``{"pid"}``
 and, whenever a child ends, ``{"exit": pid, "code": c}`` (``c`` as ``Popen.returncode``: negative for a signal).
 ``preload``: modules the launch's ranks will import (runtime/ranks/launch.py TRAINING: torch._dynamo, ~0.6 s of CPU per
-rank at its first backward), imported by the server before it forks, once for this and every later launch; one
-that fails to import is left to the rank, which reports the error itself.
+rank at its first backward; FSDP2 and DTensor, ~1 s), imported by the server before it forks, once for this and
+every later launch; one that fails to import is left to the rank, which reports the error itself. A server that
+only ever starts collectives (`distlab run`, `bench`, `calibrate`, lesson 01) never imports FSDP2 or DTensor.
 
 Lifetime: the server leaves as soon as its launcher's end of the pipe closes (the launcher ended, or was killed:
 the kernel closes it; the server looks every 20 ms), and its ranks die with it (the worker's PR_SET_PDEATHSIG),
@@ -210,9 +212,7 @@ def serve() -> None:
     os.dup2(2, 1)                       # a stray print must not end up in the protocol
     os.close(null)
     import torch                        # noqa: F401 - the point of the server: imported once, before the forks
-    import torch.distributed            # noqa: F401
-    import torch.distributed.fsdp       # noqa: F401 - with DTensor: ~0.6 s more, used by most of the workloads
-    import torch.distributed.tensor     # noqa: F401
+    import torch.distributed            # noqa: F401 - FSDP2 and DTensor (~1 s more) come with a training launch's preload
     import distlab.runtime.ranks.worker       # noqa: F401
     import distlab.runtime.diagnosis.flight       # noqa: F401 - every rank's flight recorder (with sim.plan: ~0.1 s)
     import distlab.runtime.ranks.rendezvous   # noqa: F401 - every rank's store

@@ -51,8 +51,9 @@ WORKER_COMMAND = [sys.executable, "-c",
 # What the ranks of a training launch import after the fork, for the fork server to import once before it
 # (runtime/ranks/forkserver.py; ``Launch(preload=...)``): torch._dynamo, imported at a rank's first backward or optimizer
 # step (torch/_compile.py's _disable_dynamo imports it at the first call of a function it wraps: ~0.6 s of CPU per
-# rank), and torch.distributed.pipelining (~0.2 s more) for pipeline stages.
-TRAINING = ("torch._dynamo",)
+# rank), FSDP2 and DTensor (~1 s: the server imports neither until a training launch asks; a launch of collectives
+# never needs them), and torch.distributed.pipelining (~0.2 s more) for pipeline stages.
+TRAINING = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor")
 PIPELINING = TRAINING + ("torch.distributed.pipelining",)
 # Errors that are usually the echo of another rank's failure, not its cause.
 _ECHOES = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "sigterm",
