@@ -17,7 +17,14 @@ pipeline-cpu) are unchanged.
 Changed on purpose since (issue 28, float32 priced as float32; tests/test_compute_dtype.py): the compute ops of
 float32 models (ddp-cpu, ddp-gpt2-small, default, fsdp-cpu, pipeline-cpu and the gpt2 pipelines) carry
 ``"dtype": "float32"``, the dtype their matmuls run in; with that key removed every plan equals the one before
-(checked op by op over all plans and composed cases)."""
+(checked op by op over all plans and composed cases).
+Changed on purpose since (issue 39.1, one compute model in every builder: sim/parallel/layers.py ``kernel_layers``;
+tests/test_kernels_everywhere.py): every plan of a transformer built by DDP, FSDP2 / ZeRO / HSDP or the pipeline
+(ddp-gpt2-small, ddp-llama-70b, default, fsdp-cpu, the fsdp-llama-7b family, the gpt2 pipelines) runs each layer
+as TP's segments on one rank: its one FLOPs-and-bytes op became the layer's kernels (GEMMs by shape,
+FlashAttention, memory-bound norms, embedding and loss; a pipeline action's ops are named after it, "0F1 fwd
+h.0.attn"), and FSDP2's AdamW runs on DTensors (``launches``); the collectives, their order and sizes are
+unchanged. The MLP plans (ddp-cpu, pipeline-cpu) are unchanged."""
 import hashlib
 import json
 import pathlib

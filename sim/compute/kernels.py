@@ -327,6 +327,6 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
         w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass)
     else:
         w, k = 0.0, 0
-    if op.attention is not None:
+    if op.attention is not None and op.block_elementwise:
         w += elementwise_time(*op.attention, gpu, operand, op.attention_pass)
     return work + w, kernels + k

@@ -194,6 +194,10 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
     wgt = [sum(min(L[i].bwd_flops, 2 * wf * L[i].fwd_flops) for i in r) for r in ranges]
     flops = {"F": fwd, "B": bwd, "I": [b - w for b, w in zip(bwd, wgt)], "W": wgt}
 
+    if action_ops is None and seconds is None:         # a transformer's actions run their layers' kernels
+        from distlab.sim.parallel.layers import kernel_actions
+        action_ops = kernel_actions(model, ranges, dtype)
+
     def compute(a: S.Action) -> Compute:
         if seconds is not None:
             if (a.stage, a.kind) not in seconds:
