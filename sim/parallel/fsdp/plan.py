@@ -160,13 +160,19 @@ def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = N
 
 
 def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp",
-              only: list[int] | None = None, kernels: bool = True) -> Plan:
+              only: list[int] | None = None, kernels: bool = True, cluster=None) -> Plan:
     """The plan on ``mesh``: parameters sharded over its ``dp_shard`` groups, HSDP all-reduces over its
     ``dp_replicate`` groups (when the mesh has that dimension); an int reshard_after_forward r reshards to
     groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r)). ``only``: just these
     ranks' programs (a plan of them, in that order, not validated: sim/kernel/relabel.py renames them).
     ``kernels``: each layer's op replaced by its kernels (sim/parallel/layers.py ``kernel_layers``; false: the
-    plain ops, for sim/parallel/fsdp/step.py to hand to the layer programs of TP and CP)."""
+    plain ops, for sim/parallel/fsdp/step.py to hand to the layer programs of TP and CP). With ``cluster``, where
+    the layout allows (sim/kernel/relabel.py fsdp_shifts), one rank per class is built and the others are its renamings."""
+    if cluster is not None and only is None:
+        from distlab.sim.kernel.relabel import fsdp_shifts, relabelled
+        shifts = fsdp_shifts(mesh, cluster, options.reshard_after_forward)
+        if shifts is not None:
+            return relabelled(lambda reps: fsdp_plan(model, mesh, options, name, where, reps, kernels), shifts)
     shard = mesh.size("dp_shard") if "dp_shard" in mesh else 1
     fields = {k: v for k, v in asdict(options).items() if k != "shard_size"}
     cfg = parse_config({**fields, "shard_size": shard}, mesh.world_size, where)
