@@ -16,7 +16,7 @@ reads and writes the format and checks it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from distlab.sim.dtypes import DTYPE_BYTES  # noqa: F401  (re-exported: plan.DTYPE_BYTES)
 from distlab.sim.errors import ConfigError

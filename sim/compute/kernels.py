@@ -33,7 +33,8 @@ An op with only ``flops`` and ``bytes`` (a hand-written plan, a model without a 
 builder gives a transformer's layers their kernels, sim/parallel/layers.py): its FLOPs at the GPU's best GEMM rate
 for the op's ``dtype`` (float32: the FP32 peak; an upper bound: no shapes, no attention kernel) or its bytes, the
 larger; plus a launch. An attention call with ``block_elementwise`` false (ring attention's steps after the first)
-carries no elementwise passes (its block's are on the first step). Every builder sets the dtype its matmuls run in (sim/dtypes.py compute_dtype).
+carries no elementwise passes (its block's are on the first step). Every builder sets the dtype its matmuls run
+in (sim/dtypes.py compute_dtype).
 ``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
 (sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """

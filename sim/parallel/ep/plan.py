@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.parallel.ep.model import MoEConfig, block_parts, config_of
+from distlab.sim.parallel.ep.model import MoEConfig, config_of
 from distlab.sim.parallel.ep.routing import routing, token_matrix
 from distlab.sim.parallel.pipeline import dualpipe
 from distlab.sim.parallel.pipeline.action import Action

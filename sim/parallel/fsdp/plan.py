@@ -167,7 +167,8 @@ def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, 
     ranks' programs (a plan of them, in that order, not validated: sim/kernel/relabel.py renames them).
     ``kernels``: each layer's op replaced by its kernels (sim/parallel/layers.py ``kernel_layers``; false: the
     plain ops, for sim/parallel/fsdp/step.py to hand to the layer programs of TP and CP). With ``cluster``, where
-    the layout allows (sim/kernel/relabel.py fsdp_shifts), one rank per class is built and the others are its renamings."""
+    the layout allows (sim/kernel/relabel.py fsdp_shifts), one rank per class is built and the others are its
+    renamings."""
     if cluster is not None and only is None:
         from distlab.sim.kernel.relabel import fsdp_shifts, relabelled
         shifts = fsdp_shifts(mesh, cluster, options.reshard_after_forward)

@@ -130,7 +130,8 @@ def _stage_fsdp(model, shard, mesh, par, ranges, dp_mesh, where):
     from distlab.sim.parallel.fsdp.step import partial_units
     partial = partial_units(model, shard, par.tp.sequence_parallel) if par.tp is not None else {}
     from distlab.sim.parallel.layers import dtensor_optimizer
-    return StageFSDP(shard, dp_mesh, par.fsdp, ranges, partial, len(model.params) if dtensor_optimizer(model, par) else None,
+    n_params = len(model.params) if dtensor_optimizer(model, par) else None
+    return StageFSDP(shard, dp_mesh, par.fsdp, ranges, partial, n_params,
                      f"{where}: fsdp")
 
 
