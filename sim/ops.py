@@ -45,11 +45,14 @@ class Compute:
     attention_kernel: str = "flash"
     dtype: str = "bfloat16"
     chunks: int = 1
+    block_elementwise: bool = True      # the attention call carries its block's elementwise kernels (false: a
+    #                                     ring attention step after the first, sim/parallel/cp/ring.py)
     kind: ClassVar[str] = "compute"
 
 
 COMPUTE_MODEL_FIELDS = {"launches": None, "gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
-                        "attention_kernel": "flash", "dtype": "bfloat16", "chunks": 1}   # left out of JSON at these defaults
+                        "attention_kernel": "flash", "dtype": "bfloat16", "chunks": 1,
+                        "block_elementwise": True}   # left out of JSON at these defaults
 ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
 ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
 

@@ -16,7 +16,7 @@ reads and writes the format and checks it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from distlab.sim.dtypes import DTYPE_BYTES  # noqa: F401  (re-exported: plan.DTYPE_BYTES)
 from distlab.sim.errors import ConfigError
@@ -105,9 +105,15 @@ class Plan:
         return self
 
     def to_dict(self) -> dict:
-        ranks = []
+        ranks, seen = [], {}            # ops shared by ranks (the same frozen object) are written once
         for ops in self.ranks:
-            ranks.append([{"kind": op.kind, **_fields_of(op)} for op in ops])
+            row = []
+            for op in ops:
+                hit = seen.get(id(op))
+                if hit is None or hit[0] is not op:      # (the op kept alive: its id is not reused)
+                    hit = seen[id(op)] = (op, {"kind": op.kind, **_fields_of(op)})
+                row.append(hit[1])
+            ranks.append(row)
         return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta,
                 "ranks": ranks}
 
@@ -162,7 +168,7 @@ class Plan:
 
 
 def _fields_of(op: Op) -> dict:
-    d = asdict(op)
+    d = {f.name: getattr(op, f.name) for f in fields(op)}       # shallow: tuples serialise as lists
     if isinstance(op, Compute):
         for key, default in COMPUTE_MODEL_FIELDS.items():
             if d[key] == default:

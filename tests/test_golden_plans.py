@@ -21,7 +21,14 @@ float32 models (ddp-cpu, ddp-gpt2-small, default, fsdp-cpu, pipeline-cpu and the
 Changed on purpose since (issue 43.1, the default trains in bf16): scenarios/ddp-gpt2-small.yaml and `distlab
 simulate`'s default set DDP's ``autocast: bfloat16``; the golden default is the plan without it, and with it only
 the compute ops' dtype and the recorded options differ (checked below). A plan without autocast records no
-``autocast`` key, so every plan from before is byte-identical."""
+``autocast`` key, so every plan from before is byte-identical.
+Changed on purpose since (issue 39.1, one compute model in every builder: sim/parallel/layers.py ``kernel_layers``;
+tests/test_kernels_everywhere.py): every plan of a transformer built by DDP, FSDP2 / ZeRO / HSDP or the pipeline
+(ddp-gpt2-small, ddp-llama-70b, default, fsdp-cpu, the fsdp-llama-7b family, the gpt2 pipelines) runs each layer
+as TP's segments on one rank: its one FLOPs-and-bytes op became the layer's kernels (GEMMs by shape,
+FlashAttention, memory-bound norms, embedding and loss; a pipeline action's ops are named after it, "0F1 fwd
+h.0.attn"), and FSDP2's AdamW runs on DTensors (``launches``); the collectives, their order and sizes are
+unchanged. The MLP plans (ddp-cpu, pipeline-cpu) are unchanged."""
 import hashlib
 import json
 import pathlib
@@ -59,11 +66,16 @@ def test_shipped_scenarios_in_the_new_format_give_the_golden_plans(name):
         mixed = json.loads(sc.build(d, name).plan.to_json())
         before = json.loads(plan.to_json())
         assert mixed["meta"]["options"] == {**before["meta"]["options"], "autocast": autocast}
-        bare = lambda op: {k: v for k, v in op.items() if k != "dtype"}  # noqa: E731 (bfloat16 is not written)
+        # bfloat16 is not written; a kernel op's bytes are its operands' in the dtype it runs in (issue 39.1)
+        bare = lambda op: {k: v for k, v in op.items() if k not in ("dtype", "bytes")}  # noqa: E731
+        halved = 0
         for r0, r1 in zip(before["ranks"], mixed["ranks"]):
             assert len(r0) == len(r1)
             for a, b in zip(r0, r1):
                 if a["kind"] == "compute" and a.get("dtype") == "float32":
                     assert bare(a) == bare(b) and b.get("dtype", "bfloat16") == autocast
+                    assert b.get("bytes", 0) <= a.get("bytes", 0)
+                    halved += b.get("bytes", 0) < a.get("bytes", 0)
                 else:
                     assert a == b
+        assert halved, "autocast moved no operand to 16 bits"

@@ -82,14 +82,14 @@ def test_the_real_run_verdict_says_when_a_prediction_misses():
 
 
 def test_the_mfu_story_the_lesson_tells():
-    """Lesson 11 section 5 (sim/lessons/plan_mfu.py): the planner's #1 MFU is above Meta's published 38-43% and
+    """Lesson 11 section 5 (sim/lessons/plan_mfu.py): the planner's #1 MFU is at or above Meta's published 38-43% and
     below what its compute alone would reach; the 405B replica's #1 recomputes every forward (MFU leaves that work
     out); the planner searches Meta's TP 8 x PP 16 with the 7/8x14/7 split and ranks it below #1; the 70B #1 is
     TP x FSDP with gradient accumulation (section 1: the layout fits once accumulated)."""
     from distlab.sim.lessons.plan_mfu import compute_only_mfu, mfu_rows, mfu_table
     s70, s405 = B.plan_70b(), B.plan_405b_replica()
     rows = mfu_rows({"70b": s70, "405b": s405})
-    assert all(0.43 < r["mfu"] < r["compute_only_mfu"] for r in rows) and rows[0]["tp_share"] > 0.05
+    assert all(0.38 < r["mfu"] < r["compute_only_mfu"] for r in rows) and rows[0]["tp_share"] > 0.05
     assert s405.ranked[0].layout.recompute == "full"
     meta = [c for c in s405.ranked if c.layout.tp == 8 and c.layout.pp == 16 and c.layout.split
             and tuple(c.layout.split) == (7,) + (8,) * 14 + (7,)]

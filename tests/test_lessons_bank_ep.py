@@ -42,7 +42,7 @@ def test_skewed_step_is_the_balanced_block_with_the_hot_ranks_gemms_and_links_sc
     assert len(a2a) == 4
     assert ep.step_ms(1.0) == pytest.approx(hand, rel=0.01)
     assert float(solution("10-skew-step").split()[0]) == pytest.approx(ep.step_ms(1.0), rel=1e-3)
-    assert ep.step_ms(1.0) > 3 * ep.step_ms(0.0)
+    assert ep.step_ms(1.0) > 2.5 * ep.step_ms(0.0)          # the exercise's "why": over 2.5x the balanced block
 
 
 def test_dualpipe_pair_overlap_is_shorter_and_node_limit_shortens_the_dispatch():

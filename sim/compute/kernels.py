@@ -29,9 +29,12 @@ b·heads·s² scores that Korthikanti et al. 2022 (arXiv 2205.05198, sec. 4.1) l
 element) and dropout (2e + 1) forward, their backwards (2e + 1, 3e).
 
 Memory-bound work (norms, activations, embedding lookup, optimizer step): t = launch + bytes / (hbm · fraction).
-An op with only ``flops`` and ``bytes`` (the DDP, FSDP, pipeline, EP and CP builders): its FLOPs at the GPU's best
-GEMM rate for the op's ``dtype`` (float32: the FP32 peak; an upper bound: no shapes, no attention kernel) or its
-bytes, the larger; plus a launch. Every builder sets the dtype its matmuls run in (sim/dtypes.py compute_dtype).
+An op with only ``flops`` and ``bytes`` (a hand-written plan, a model without a transformer's structure; every
+builder gives a transformer's layers their kernels, sim/parallel/layers.py): its FLOPs at the GPU's best GEMM rate
+for the op's ``dtype`` (float32: the FP32 peak; an upper bound: no shapes, no attention kernel) or its bytes, the
+larger; plus a launch. An attention call with ``block_elementwise`` false (ring attention's steps after the first)
+carries no elementwise passes (its block's are on the first step). Every builder sets the dtype its matmuls run
+in (sim/dtypes.py compute_dtype).
 ``launch`` = the spec's launch_s plus the model's measured launch_s, per kernel. The block's elementwise kernels
 (sim/compute/fitted.py ``elementwise_passes``, fitted) ride on its attention op: passes x b·s·heads·d x bytes.
 """
@@ -327,6 +330,6 @@ def _kernel_work(op, gpu) -> tuple[float, int]:
         w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass)
     else:
         w, k = 0.0, 0
-    if op.attention is not None:
+    if op.attention is not None and op.block_elementwise:
         w += elementwise_time(*op.attention, gpu, operand, op.attention_pass)
     return work + w, kernels + k

@@ -208,7 +208,7 @@ EXERCISES = (
              hint="attention, router and shared experts do not change; rank 0's expert GEMMs grow by its share x "
                   "ep; each all_to_all is as long as the busiest link: rank 0's ingress (dispatch) or egress "
                   "(combine), carrying the 7 other ranks' copies for it",
-             why="almost 4x the balanced block: the hot rank's GEMMs and its one NVLink port decide the step. "
+             why="over 2.5x the balanced block: the hot rank's GEMMs and its one NVLink port decide the step. "
                  "That is why DeepSeek-V3 balances its router (a bias per expert, sec. 2.1.2) and why a dropless "
                  "MoE's step time follows its most loaded expert."),
     Exercise("10-ib-share", "DeepSeek-V3's layout: ep 64 across 8 H800 nodes, balanced routing, each token sent "

@@ -10,12 +10,19 @@ A step that places layers (FSDP2's units, DDP's buckets, a pipeline's actions) e
 op, named ``fwd LAYER`` or ``bwd LAYER`` with the layer's FLOPs and bytes (sim/parallel/fsdp/plan.py), and hands
 it here; every other op it emits goes through ``keep``. What replaces a layer's op:
 
-- nothing (no TP, no CP): the op itself;
+- a transformer (``kind`` gpt) without TP: TP's segments on a group of one rank (:func:`kernel_layers`): the
+  same kernels (GEMMs by shape, FlashAttention, memory-bound norms and loss) without collectives, under the
+  model's own recompute; a mixture of experts (``kind`` moe): sim/parallel/ep/kernels.py's block program
+  (attention GEMMs, router, permutation, the experts' GEMMs) on one rank;
 - TP (sim/parallel/tp/plan.py ``Segments``): the layer's TP segment on the rank's tp group: compute with the
   TP-local FLOPs and the TP collectives between (the op's own FLOPs are not used: TP recomputes them per part);
-- CP alone (sim/parallel/cp/local.py ``ring_block``): a block's op cut around its ring attention (sim/parallel/cp/
-  ring.py), recompute (``CPOptions.recompute`` full) rerunning the ring before the backward;
-- CP x TP (sim/parallel/cp/compose.py ``CPSegments``): TP segments whose attention core is the ring.
+- CP, with or without TP (sim/parallel/cp/compose.py ``CPSegments``): TP segments (on a group of one rank
+  without TP) whose attention core is the ring (sim/parallel/cp/ring.py: one FlashAttention call per ring step),
+  recompute (``CPOptions.recompute`` full) rerunning the block, ring included, before its backward;
+- anything else (a model without a transformer's structure, a hand-written plan): the op itself, priced by its
+  FLOPs and bytes (sim/compute/kernels.py, an upper bound) or on a CPU preset's roofline.
+Every builder (DDP, FSDP2 / ZeRO / HSDP, every pipeline schedule, CP, EP and their compositions) emits its layers
+through these, so one layout is priced the same whichever builder made its plan.
 
 Activation checkpointing is part of the TP and CP rewrites (``TPOptions.recompute``: the recomputed FLOPs in
 each block's backward; ``CPOptions.recompute`` full: the block's forward, ring included, rerun before its
@@ -92,6 +99,111 @@ class TPLayers:
         self.seg.partial_grads(names, reads, phase)
 
 
+def kernel_layers(model, rank: int, dtype: str | None = None, recompute: str | None = None):
+    """The layer program of a rank without TP and CP: TP's segments on the group (rank,) for a transformer,
+    the mixture-of-experts block program for an MoE model, else None (flops-only ops stay as they are).
+    ``dtype``: what the layers compute in (FSDP2's param_dtype; default the model's); ``recompute``: the
+    activation checkpointing (default the model's own)."""
+    c = model.config or {}
+    if c.get("kind") not in ("gpt", "moe"):
+        return None
+    if dtype and dtype != c.get("dtype"):
+        model = replace(model, config={**c, "dtype": dtype})
+    rc = recompute or c.get("recompute", "none")
+    if c["kind"] == "moe":
+        from distlab.sim.parallel.ep.kernels import MoELayers
+        return MoELayers(model, rank, rc)
+    from distlab.sim.parallel.tp.plan import TPOptions
+    return TPLayers(model, TPOptions(sequence_parallel=False, recompute=rc), (rank,), model.config["dtype"])
+
+
+def dtensor_optimizer(model, par) -> bool:
+    """Whether AdamW steps DTensors (each elementwise op through DTensor's dispatch, sim/parallel/tp/plan.py
+    ADAMW_DTENSOR_OPS): under TP, and under FSDP2 whose ``fully_shard`` makes every parameter a DTensor
+    (Shard(0)) with or without TP; counted for the models whose layers carry kernels (a flops-only model keeps
+    its plain optimizer op)."""
+    if par.tp is not None:
+        return True
+    return par.fsdp is not None and (model.config or {}).get("kind") in ("gpt", "moe")
+
+
+def through(layers, ops: list) -> list:
+    """``ops`` (a builder's program of plain ``fwd LAYER`` / ``bwd LAYER`` Computes and everything else) with
+    each layer's op replaced by what ``layers`` (a layer program) makes of it; returns ``layers.ops``."""
+    from distlab.sim.plan import Compute
+    for op in ops:
+        kind, _, rest = getattr(op, "name", "").partition(" ")
+        if isinstance(op, Compute) and kind in ("fwd", "bwd") and op.seconds is None:
+            (layers.forward if kind == "fwd" else layers.backward)(op, rest)
+        else:
+            layers.keep(op)
+    return layers.ops
+
+
+def kernel_actions(model, ranges: list, dtype: str | None = None):
+    """The pipeline's ``action_ops`` (sim/parallel/pipeline/plan.py) for a model whose layers have kernels, else
+    None: each action (F, B, or the split backward's I and W) runs its stage's layers through
+    :func:`kernel_layers`, every op named after the action ("2F5 fwd h.3.attn"); an overlapped pair runs one
+    action, then the other. I: the input-gradient GEMMs, the attention backward, the norms; W: the
+    weight-gradient GEMMs (TP's backward GEMMs alternate input and weight gradient: tp/plan.py
+    ``backward_gemms``)."""
+    c = model.config or {}
+    if c.get("kind") not in ("gpt", "moe"):
+        return None
+    names = [L.name for L in model.layers]
+    programs: dict = {}
+    full = c.get("recompute", "none") == "full"
+
+    def ops_of(a, g: int) -> list:
+        if g not in programs:
+            programs[g] = kernel_layers(model, g, dtype)
+        lp = programs[g]
+        if c["kind"] == "moe":
+            from distlab.sim.parallel.ep.kernels import layer_kernels
+            from distlab.sim.parallel.ep.model import config_of
+            idx = ranges[a.stage] if a.kind == "F" else list(reversed(ranges[a.stage]))
+            ops = [o for i in idx for o in layer_kernels(lp.model, config_of(lp.model), i, a.kind, lp.recompute)]
+        else:
+            for i in (ranges[a.stage] if a.kind == "F" else reversed(ranges[a.stage])):
+                (lp.forward if a.kind == "F" else lp.backward)(None, names[i])
+            ops = drain(lp) if a.kind in ("F", "B") else split_backward(drain(lp), a.kind, full)
+        return [replace(o, name=f"{a} {o.name}") for o in ops]
+
+    def action_ops(a, g: int, partner) -> list:
+        return ops_of(a, g) + (ops_of(partner, g) if partner is not None else [])
+
+    return action_ops
+
+
+def split_backward(ops: list, part: str, full: bool) -> list:
+    """The input-gradient (``part`` I) or weight-gradient (W) share of backward Computes (see kernel_actions);
+    ``full``: each op's GEMMs start with its recomputed forward's (they go with I)."""
+    from distlab.sim.plan import Compute
+    out = []
+    for op in ops:
+        if not isinstance(op, Compute) or not op.gemms:
+            if part == "I" or not isinstance(op, Compute):
+                out.append(op)
+            continue
+        g = op.gemms
+        n = len(g) // (3 if full else 2)
+        back = g[len(g) - 2 * n:]
+        weight = back[1::2]
+        w_flops = sum(2.0 * M * N * K for M, N, K in weight)
+        if part == "W":
+            out.append(replace(op, gemms=weight, attention=None, flops=w_flops))
+        else:
+            out.append(replace(op, gemms=g[:len(g) - 2 * n] + back[0::2], flops=op.flops - w_flops))
+    return out
+
+
+def drain(layers) -> list:
+    """The ops ``layers`` has made so far, taken out of it."""
+    out = list(layers.ops)
+    del layers.ops[:]
+    return out
+
+
 class CPLayers(PlainLayers):
     """CP without TP: each block's op cut around its ring attention (sim/parallel/cp/local.py ``ring_block``)."""
 
@@ -125,14 +237,21 @@ def layer_program(model, mesh, rank: int, tp=None, cp=None):
         from distlab.sim.parallel.cp.ring import Ring
         from distlab.sim.plan import DTYPE_BYTES
         t = mesh.size("tp") if tp is not None else 1
+        heads = c.get("heads") if c.get("kind") == "gpt" else None
         ring = Ring([], rank, mesh.group_of(rank, "cp"), c["micro_batch"], c["seq_len"], c["hidden"] // t,
-                    c["dtype"], DTYPE_BYTES[c["dtype"]], cp.rotate_method, cp.load_balance, cp.overlap)
+                    c["dtype"], DTYPE_BYTES[c["dtype"]], cp.rotate_method, cp.load_balance, cp.overlap,
+                    heads=heads // t if heads else None)
+    if tp is None and c.get("kind") == "gpt":      # TP's segments on a group of one rank (module docstring)
+        from distlab.sim.parallel.tp.plan import TPOptions
+        rc = cp.recompute if cp is not None else c.get("recompute", "none")
+        tp, group = TPOptions(sequence_parallel=False, recompute=rc), (rank,)
+    else:
+        group = mesh.group_of(rank, "tp") if tp is not None else None
     if tp is not None:
-        return TPLayers(model, tp, mesh.group_of(rank, "tp"), c["dtype"], ring, cp is not None and cp.recompute == "full",
-                        rank)
+        return TPLayers(model, tp, group, c["dtype"], ring, cp is not None and cp.recompute == "full", rank)
     if cp is not None:
         return CPLayers(ring, cp.recompute == "full")
-    return PlainLayers()
+    return kernel_layers(model, rank) or PlainLayers()
 
 
 def sizes(mesh) -> dict:

@@ -103,6 +103,7 @@ def parallelize(model, mesh: Mesh, par: Parallelisms, cluster=None, only: list[i
     order, not validated). ``overhead``: seconds of the pipelining runtime's own work after each action."""
     from distlab.sim.parallel import steps
     check(model, mesh, par, where)
+    model, par = without_unit_tp(model, mesh, par)
     if cluster is not None and only is None:
         from distlab.sim.kernel.relabel import relabelled
         from distlab.sim.parallel.shifts import composed_shifts
@@ -126,6 +127,23 @@ def parallelize(model, mesh: Mesh, par: Parallelisms, cluster=None, only: list[i
         raise ConfigError("nothing to parallelize: the mesh names none of pp, dp_replicate, dp_shard, dp, cp, tp",
                           where)
     return plan if only is not None else plan.validate()
+
+
+def without_unit_tp(model, mesh: Mesh, par: Parallelisms) -> tuple:
+    """(model, par) with a tp dimension of size 1 not applied when another step is (torchtitan applies TP only
+    when ``parallel_dims.tp_enabled``, tp > 1): its recompute becomes the model's (the layers' kernels and
+    activations, sim/parallel/layers.py ``kernel_layers``), so ``tp: 1`` with DDP, FSDP2, CP or a pipeline is the
+    same plan as no tp section (DDP then overlaps its buckets with the backward, as torch does without DTensor)."""
+    from dataclasses import replace
+    if par.tp is None or "tp" not in mesh or mesh.size("tp") != 1 or not (par.pipeline or par.fsdp or par.ddp
+                                                                           or par.cp):
+        return model, par
+    if (model.config or {}).get("kind") in ("gpt", "moe"):
+        from distlab.sim.parallel.tp.rules import tp_local_model
+        rc = par.tp.recompute
+        model = tp_local_model(model, 1, replace(par.tp, sequence_parallel=False, loss_parallel=False))
+        model = replace(model, config={**model.config, "recompute": rc})
+    return model, replace(par, tp=None)
 
 
 def action_programs(model, mesh: Mesh, par, ranks: list[int], where: str = "mesh") -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from distlab.sim.mesh import Mesh
 from distlab.sim.parallel.fsdp.step import data_parallel_mesh
-from distlab.sim.parallel.layers import layers_factory, local_models, sizes
+from distlab.sim.parallel.layers import dtensor_optimizer, layers_factory, local_models, sizes
 from distlab.sim.plan import Plan
 
 
@@ -27,7 +27,7 @@ def sharded(model, mesh: Mesh, par, only, where: str) -> Plan:
     tp = par.tp is not None
     units = partial_units(model, shard, par.tp.sequence_parallel) if tp else {}
     ranks, base = fsdp_ranks(model, shard, mesh, data_parallel_mesh(mesh, where), par.fsdp,
-                             layers_factory(local, mesh, par), units, tp, where, only)
+                             layers_factory(local, mesh, par), units, dtensor_optimizer(model, par), where, only)
     n = sizes(mesh)
     if par.cp is not None:
         c, o = model.config, par.cp

@@ -11,7 +11,7 @@ from distlab.sim.workloads.base import Workload
 
 
 def build(model, mesh, opts: FSDPOptions, cluster):
-    return fsdp_plan(model, mesh, opts), {}
+    return fsdp_plan(model, mesh, opts, cluster=cluster), {}
 
 
 def sweep_row(result) -> dict:

@@ -14,6 +14,10 @@ Per step i (0..n-1) rank j attends its queries to the K/V of rank (j-i) mod n (`
   no balancing   source j-i >= 0 (i <= j): full block   -> 4·b·s²·h;  i > j: skipped (rank n-1 is the straggler)
 Backward per step: 2.5 x the forward FLOPs (FlashAttention-2, Dao 2023, arXiv 2307.08691 sec. 4: backward
 does 5 matmuls to forward's 2).
+Kernels (given the local heads): each step is one FlashAttention call priced by sim/compute/kernels.py: causal
+(b, heads, s, d) causal; full (b, heads, s, d) not causal; half, s queries on s/2 keys (or s/2 on s), as
+(2b, heads, s/2, d) not causal (the same FLOPs, 4·b·s·(s/2)·h, at the rate of a call of s/2 keys). The
+block's elementwise kernels (sim/compute/fitted.py) ride on step 0's call only (``block_elementwise``).
 
 Rotation (the K/V buffer is cat(k, v): B = 2·b·s·h·e bytes; torchtitan repeats GQA K/V heads before SDPA, so h
 is the full hidden size):
@@ -64,8 +68,10 @@ class Ring:
     streams: compute, ``cp`` (sends and collectives) and ``cp_recv`` (receives of the permutes)."""
 
     def __init__(self, ops: list, rank: int, group: tuple, b: int, s: int, h: int, dtype: str, elem: int,
-                 method: str = "allgather", load_balance: bool = True, overlap: bool = True):
+                 method: str = "allgather", load_balance: bool = True, overlap: bool = True,
+                 heads: int | None = None):
         self.ops, self.group, self.n, self.j = ops, group, len(group), group.index(rank)
+        self.heads = heads                # local heads: each step's compute names its attention call
         self.b, self.s, self.h, self.dtype = b, s, h, dtype
         self.kv_bytes, self.dkv_bytes = 2 * b * s * h * elem, 2 * b * s * h * ACCUM_BYTES
         self.method, self.load_balance, self.overlap = method, load_balance, overlap
@@ -100,10 +106,17 @@ class Ring:
 
     def _compute(self, name: str, i: int, factor: float):
         kind = step_kind(self.j, self.n, i, self.load_balance)
-        if kind != "skip":
-            self.ops.append(Compute(f"{name} step {i} ({kind})", flops=factor * step_flops(kind, self.b, self.s,
-                                                                                               self.h),
-                                    dtype=self.dtype))
+        if kind == "skip":
+            return
+        flops = factor * step_flops(kind, self.b, self.s, self.h)
+        if not self.heads:
+            self.ops.append(Compute(f"{name} step {i} ({kind})", flops=flops, dtype=self.dtype))
+            return
+        d, b, s = self.h // self.heads, self.b, self.s
+        call = (2 * b, self.heads, s // 2, d) if kind == "half" else (b, self.heads, s, d)
+        self.ops.append(Compute(f"{name} step {i} ({kind})", flops=flops, dtype=self.dtype, attention=call,
+                                causal=kind == "causal", attention_pass="forward" if factor == 1.0 else "backward",
+                                block_elementwise=i == 0))
 
     def forward(self, name: str, phase: str = "fwd"):
         """``_templated_ring_attention``: rotate K/V (before each step but the last), attend, merge."""

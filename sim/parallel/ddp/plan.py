@@ -14,9 +14,11 @@ autocast layout): an upper bound, since autocast saves the linears' inputs in 16
 
 Gradient accumulation: the first ``grad_accum - 1`` micro-batches run under ``no_sync()`` (no all-reduce).
 ``compress="fp16"`` / ``"bf16"``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``
-(ddp_comm_hooks/default_hooks.py) all-reduce 2-byte values. Compute ops carry FLOPs and HBM bytes
-(roofline on the cluster's GPU): forward reads the layer's parameters and writes its activations, backward
-reads both and writes gradients. Optimizer: Adam reads p, g, m, v and writes p, m, v (7 x param bytes at
+(ddp_comm_hooks/default_hooks.py) all-reduce 2-byte values. Compute: a transformer's layers run their kernels
+(sim/parallel/layers.py ``kernel_layers``: TP's segments on one rank, GEMMs by shape, FlashAttention,
+memory-bound norms; an MoE model's block program), as under every other builder; other models' ops carry FLOPs
+and HBM bytes (roofline on the cluster's GPU): forward reads the layer's parameters and writes its activations,
+backward reads both and writes gradients. Optimizer: Adam reads p, g, m, v and writes p, m, v (7 x param bytes at
 fp32), SGD reads p, g and writes p (3 x).
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from distlab.sim.parallel.ddp.buckets import bucket_launch_times, ddp_buckets
+from distlab.sim.parallel.layers import drain, kernel_layers
 from distlab.sim.dtypes import compute_dtype
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
@@ -101,18 +104,27 @@ def ddp_plan(model: Model, world: int | Mesh, opts: DDPOptions | None = None) ->
     done_after = [min(param_layer[i] for i in b.params) for b in buckets]
     ops, ready_index, coll_index = [], {}, {}
     dtype = opts.autocast or compute_dtype(model)     # no autocast: the parameters' dtype (TF32 off: FP32 peak)
+    kernels = kernel_layers(model, 0, dtype)    # each layer's kernels (no collectives: the same on every rank)
+
+    def layer_op(op, name: str, kind: str):
+        if kernels is None:
+            ops.append(op)
+        else:
+            (kernels.forward if kind == "fwd" else kernels.backward)(op, name)
+            ops.extend(drain(kernels))
+
     for micro in range(opts.grad_accum):
         last = micro == opts.grad_accum - 1
         tag = f" (micro {micro})" if opts.grad_accum > 1 else ""
         for layer in model.layers:
             act = layer.activation_bytes + layer.transient_bytes    # written and read whether kept or recomputed
-            ops.append(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops, bytes=layer.param_bytes + act,
-                               dtype=dtype))
+            layer_op(Compute(f"fwd {layer.name}{tag}", flops=layer.fwd_flops, bytes=layer.param_bytes + act,
+                             dtype=dtype), layer.name, "fwd")
         for li in range(len(model.layers) - 1, -1, -1):
             layer = model.layers[li]
             act = layer.activation_bytes + layer.transient_bytes
-            ops.append(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops + layer.recompute_flops,
-                               bytes=2 * layer.param_bytes + act, dtype=dtype))
+            layer_op(Compute(f"bwd {layer.name}{tag}", flops=layer.bwd_flops + layer.recompute_flops,
+                             bytes=2 * layer.param_bytes + act, dtype=dtype), layer.name, "bwd")
             if last:
                 for k, d in enumerate(done_after):
                     if d == li:

@@ -20,17 +20,17 @@ combine's adjoint, which travels the dispatch's way); "for both the forward and 
 we retain them in BF16". Each FP8 row carries one fp32 scale per 128 values (sec. 3.3.2, fine-grained
 quantization: 1 x 128 tiles for activations): h + 4·ceil(h/128) bytes per token copy instead of h·e.
 
-Compute per rank (roofline of FLOPs and bytes, the GPU spec): attention, router, shared and dense FFN as in
-sim/parallel/ep/model.py (the same on every rank); the grouped GEMM of rank j: 2·R_j·3·h·f FLOPs forward for the R_j
-copies it received, reading its E/ep experts' weights; backward 2 x forward. The slowest expert rank holds
-everyone at the combine all_to_all: per MoE block the step pays max_j of the expert time.
+Compute per rank: the kernels of sim/parallel/ep/kernels.py (attention and router GEMMs, FlashAttention, the
+permutation, norms: the same on every rank; the grouped GEMM of rank j over the R_j copies it received, its E/ep
+experts' weights read), as every builder prices an MoE model's layers. The slowest expert rank holds everyone at
+the combine all_to_all: per MoE block the step pays max_j of the expert time.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.parallel.ep.model import MoEConfig, block_parts, config_of
+from distlab.sim.parallel.ep.model import MoEConfig, config_of
 from distlab.sim.parallel.ep.routing import routing, token_matrix
 from distlab.sim.parallel.pipeline import dualpipe
 from distlab.sim.parallel.pipeline.action import Action
@@ -119,48 +119,38 @@ def a2a(splits, group, dtype: str, name: str, lay: "Layout") -> Collective:
                       group_name="ep")        # the ep mesh dim's group: with dp 1 the dense grads' ranks too
 
 
-def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group: tuple, tag: str = "") -> list:
+def block_ops(c: MoEConfig, i: int, kind: str, j: int, lay: Layout | None, group: tuple, tag: str = "",
+              recompute: str = "none") -> list:
     """Block i's Computes and ep Collectives on ep rank j (``lay`` None: no ep) for pipeline action kind F
-    (forward), B (backward: 2 x forward FLOPs), I (input gradients: 1 x, with the all_to_alls) or W (weight
-    gradients: 1 x, compute only; Zero Bubble 2401.10241 T_W = T_F)."""
-    parts, e = block_parts(c, i), DTYPE_BYTES[c.dtype]
-    x = 2.0 * c.tokens * c.hidden * e             # read and write the residual stream
-    mul = 2.0 if kind == "B" else 1.0
-    ph = {"F": "fwd", "B": "bwd", "I": "bwd-input", "W": "bwd-weight"}[kind]
+    (forward), B (backward), I (input gradients, with the all_to_alls) or W (weight gradients, compute only):
+    the kernels of sim/parallel/ep/kernels.py, the grouped GEMM over the copies rank j received."""
+    from distlab.sim.parallel.ep.kernels import block_kernels
     name = f"{tag}h.{i}"
-    E = c.experts
-    routed = lay.expert_flops(j) if lay else parts["routed"]
-    weights = lay.expert_weight_bytes() if lay else 3.0 * E * c.hidden * c.expert_ffn * e
-    if "dense_ffn" in parts:
-        return [Compute(f"{ph} {name}", flops=mul * (parts["attention"] + parts["dense_ffn"]), bytes=x, dtype=c.dtype)]
-    if kind == "W":
-        return [Compute(f"{ph} {name}", flops=sum(parts.values()) - parts["routed"] + routed, bytes=x + weights,
-                        dtype=c.dtype)]
-    experts = Compute(f"{ph} {name}.experts", flops=mul * routed, bytes=weights, dtype=c.dtype)
-    front = Compute(f"{ph} {name}.attn+router", flops=mul * (parts["attention"] + parts["router"]), bytes=x,
-                    dtype=c.dtype)
-    shared = ([Compute(f"{ph} {name}.shared", flops=mul * parts["shared"], bytes=x, dtype=c.dtype)]
-              if c.shared_experts else [])
-    if lay is None or len(group) == 1:
-        middle = [experts]
+    ep = len(group) if lay is not None else 1
+    parts = block_kernels(c, i, kind, lay.received[j] if lay else None, c.experts // ep, recompute, tag)
+    front, experts, shared = parts["front"], parts["experts"], parts["shared"]
+    if not experts or kind == "W" or lay is None or len(group) == 1:
+        middle = experts
     elif kind == "F":
         middle = [a2a(lay.count_splits, group, "int64", f"ep all_to_all {name} counts fwd", lay),
-                  a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} dispatch fwd", lay), experts,
+                  a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} dispatch fwd", lay), *experts,
                   a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} combine fwd", lay)]
     else:
-        middle = [a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} combine bwd", lay), experts,
-                  a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} dispatch bwd", lay)]
-    return [front] + middle + shared if kind == "F" else shared + middle + [front]
+        middle = [a2a(lay.dispatch, group, lay.dispatch_dtype, f"ep all_to_all {name} combine bwd", lay),
+                  *experts[::-1], a2a(lay.combine, group, c.dtype, f"ep all_to_all {name} dispatch bwd", lay)]
+    if kind == "F":
+        return front + middle + shared
+    return shared[::-1] + middle + front[::-1]
 
 
 def layer_ops(model, c: MoEConfig, index: int, kind: str, j: int, lay, group, tag: str = "") -> list:
     """Ops of model layer ``index`` (embed, a block, head) for action kind F, B, I or W."""
+    from distlab.sim.parallel.ep.kernels import end_kernels
     layer = model.layers[index]
+    recompute = (model.config or {}).get("recompute", "none")
     if layer.name.startswith("h."):
-        return block_ops(c, int(layer.name[2:]), kind, j, lay, group, tag)
-    flops = layer.fwd_flops * (2.0 if kind == "B" else 1.0)
-    return [Compute(f"{kind} {tag}{layer.name}", flops=flops, bytes=c.tokens * c.hidden * DTYPE_BYTES[c.dtype],
-                    dtype=c.dtype)]
+        return block_ops(c, int(layer.name[2:]), kind, j, lay, group, tag, recompute)
+    return end_kernels(c, layer.name, kind, tag)
 
 
 def grad_sync(model, c: MoEConfig, layers, ep: int, data_group: tuple, expert_group: tuple, zero1: bool,

@@ -86,7 +86,7 @@ def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype:
     return out
 
 
-def memory_curve(plan, trace, rank: int = 0) -> tuple[list[float], list[int], list[dict]]:
+def memory_curve(plan, trace, rank: int = 0, span: tuple | None = None) -> tuple[list[float], list[int], list[dict]]:
     """Bytes on ``rank`` over the simulated step: (times, totals, dynamic bytes by category after each change).
     Starts and ends at the static level; frees at the same instant count before allocations."""
     mem = plan.meta["memory"]
@@ -100,8 +100,7 @@ def memory_curve(plan, trace, rank: int = 0) -> tuple[list[float], list[int], li
             t = when[index][0] if edge == "start" else when[index][1]
             changes.append((t, 0 if delta < 0 else 1, delta, cat))
     changes.sort(key=lambda c: (c[0], c[1]))
-    t0 = min((o.start for o in trace.ops), default=0.0)
-    t1 = max((o.end for o in trace.ops), default=0.0)
+    t0, t1 = span or _span(trace)
     times, totals, parts = [t0], [static], [dict.fromkeys(DYNAMIC, 0)]
     cur = dict.fromkeys(DYNAMIC, 0)
     for t, _, delta, cat in changes:
@@ -118,14 +117,19 @@ def memory_curve(plan, trace, rank: int = 0) -> tuple[list[float], list[int], li
 def peak(plan, trace, rank: int | None = None) -> dict:
     """Peak bytes (on ``rank``, or the highest rank) with the breakdown at that moment and its time."""
     ranks = range(plan.world_size) if rank is None else [rank]
-    best = None
+    best, span = None, _span(trace)
     for r in ranks:
-        times, totals, parts = memory_curve(plan, trace, r)
+        times, totals, parts = memory_curve(plan, trace, r, span)
         i = max(range(len(totals)), key=totals.__getitem__)
         if best is None or totals[i] > best["total"]:
             best = {"rank": r, "time": times[i], "total": totals[i],
                     "breakdown": {**plan.meta["memory"]["static"], **parts[i]}}
     return best
+
+
+def _span(trace) -> tuple[float, float]:
+    """(first start, last end) of the trace's ops (once per peak, not per rank: O(ops), not O(ranks x ops))."""
+    return min((o.start for o in trace.ops), default=0.0), max((o.end for o in trace.ops), default=0.0)
 
 
 def fits(total: int, gpu_GiB: float) -> bool:

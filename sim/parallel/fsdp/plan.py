@@ -161,11 +161,20 @@ def build_fsdp(model, world: int, opts: dict | None = None, name: str | None = N
 
 
 def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, where: str = "fsdp",
-              only: list[int] | None = None) -> Plan:
+              only: list[int] | None = None, kernels: bool = True, cluster=None) -> Plan:
     """The plan on ``mesh``: parameters sharded over its ``dp_shard`` groups, HSDP all-reduces over its
     ``dp_replicate`` groups (when the mesh has that dimension); an int reshard_after_forward r reshards to
     groups of r consecutive ranks of the shard group (FSDP2 views the mesh as (-1, r)). ``only``: just these
-    ranks' programs (a plan of them, in that order, not validated: sim/kernel/relabel.py renames them)."""
+    ranks' programs (a plan of them, in that order, not validated: sim/kernel/relabel.py renames them).
+    ``kernels``: each layer's op replaced by its kernels (sim/parallel/layers.py ``kernel_layers``; false: the
+    plain ops, for sim/parallel/fsdp/step.py to hand to the layer programs of TP and CP). With ``cluster``, where
+    the layout allows (sim/kernel/relabel.py fsdp_shifts), one rank per class is built and the others are its
+    renamings."""
+    if cluster is not None and only is None:
+        from distlab.sim.kernel.relabel import fsdp_shifts, relabelled
+        shifts = fsdp_shifts(mesh, cluster, options.reshard_after_forward)
+        if shifts is not None:
+            return relabelled(lambda reps: fsdp_plan(model, mesh, options, name, where, reps, kernels), shifts)
     shard = mesh.size("dp_shard") if "dp_shard" in mesh else 1
     fields = {k: v for k, v in asdict(options).items() if k != "shard_size"}
     cfg = parse_config({**fields, "shard_size": shard}, mesh.world_size, where)
@@ -179,13 +188,36 @@ def fsdp_plan(model, mesh: Mesh, options: FSDPOptions, name: str | None = None, 
         groups = (_group(mesh, r, "dp_shard"), _group(mesh, r, "dp_replicate"),
                   None if post_mesh is None else post_mesh.group_of(r, "reshard"))
         progs.append(_program(model, units, cfg, groups, pdt, rdt))
+    ranks, events = [p.ops for p in progs], progs[0].mem
+    if kernels and (model.config or {}).get("kind") in ("gpt", "moe"):
+        built = [_with_kernels(model, r, ops, pdt) for r, ops in
+                 zip(range(mesh.world_size) if only is None else only, ranks)]
+        ranks, spans = [b[0] for b in built], built[0][1]
+        events = [[spans[i][0 if edge == "start" else 1], edge, d, c] for i, edge, d, c in events]
     S = cfg.shard_size
     meta = {"builder": "fsdp", "model": model.name, "zero": cfg.zero, "shard_size": S,
             "reshard_after_forward": cfg.reshard_after_forward, "param_dtype": pdt, "reduce_dtype": rdt,
             "units": [[u.name, u.numel(), u.numel(S)] for u in units],
-            "memory": {"static": static_bytes(model, mesh.world_size, cfg.zero, S, pdt), "events": progs[0].mem}}
-    plan = Plan([p.ops for p in progs], name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta)
+            "memory": {"static": static_bytes(model, mesh.world_size, cfg.zero, S, pdt), "events": events}}
+    plan = Plan(ranks, name=name or f"fsdp-zero{cfg.zero}-{model.name}", meta=meta)
     return plan.validate() if only is None else plan
+
+
+def _with_kernels(model, rank: int, ops: list, pdt: str) -> tuple[list, list]:
+    """(the rank's ops with each layer's op replaced by its kernels (sim/parallel/layers.py), AdamW stepping
+    DTensors (``fully_shard`` makes every parameter one: sim/parallel/layers.py ``dtensor_optimizer``); per op
+    before, the (first, last) index of what replaced it, for the memory events)."""
+    from dataclasses import replace
+    from distlab.sim.parallel.layers import kernel_layers, through
+    from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
+    n, layers, spans = len(model.params), kernel_layers(model, rank, pdt), []
+    for o in ops:
+        if isinstance(o, Compute) and o.name == "optimizer":
+            o = replace(o, launches=ADAMW_DTENSOR_OPS * n)
+        first = len(layers.ops)
+        through(layers, [o])
+        spans.append((first, len(layers.ops) - 1))
+    return layers.ops, spans
 
 
 def _group(mesh: Mesh, rank: int, dim: str) -> tuple:

@@ -31,7 +31,7 @@ def fsdp_ranks(model, local, mesh, fsdp_mesh, opts, layers_of, partial_units: di
     ``layers_of(rank)`` each rank's layer program, ``partial_units`` unit -> its Partial(sum) parameters."""
     from distlab.sim.parallel.fsdp.plan import fsdp_plan
     from distlab.sim.parallel.tp.plan import ADAMW_DTENSOR_OPS
-    base = fsdp_plan(local, fsdp_mesh, opts, where=where, only=only)
+    base = fsdp_plan(local, fsdp_mesh, opts, where=where, only=only, kernels=False)
     replicate_of_one = "dp_replicate" in fsdp_mesh and fsdp_mesh.size("dp_replicate") == 1
     ranks = []
     for r, ops in zip(range(mesh.world_size) if only is None else only, base.ranks):

@@ -51,13 +51,23 @@ class PipelineMetrics:
 
 
 def actions_of(trace, rank: int | None = None) -> list[tuple[Action, object]]:
-    """(action, op record) for every compute op whose name is an action ("2F5"), by start time."""
-    out = []
-    for o in trace.ops:
-        if o.kind == "compute" and (rank is None or o.rank == rank):
-            a = Action.parse(o.name)
-            if a is not None:
-                out.append((a, o))
+    """(action, op record) for every compute op whose name is an action ("2F5"), by start time. An action run
+    as its kernels (ops named "2F5 fwd h.0.attn", sim/parallel/pipeline/plan.py) is one record from its first
+    kernel's start to its last kernel's end."""
+    from dataclasses import replace
+    out, last = [], {}
+    for o in sorted((o for o in trace.ops if o.kind == "compute" and (rank is None or o.rank == rank)),
+                    key=lambda o: (o.start, o.end)):
+        head, _, rest = o.name.partition(" ")
+        a = Action.parse(head)
+        if a is None:
+            continue
+        k = last.get(o.rank)
+        if rest and k is not None and out[k][0] == a:
+            out[k] = (a, replace(out[k][1], end=max(out[k][1].end, o.end)))
+            continue
+        last[o.rank] = len(out)
+        out.append((a, o))
     out.sort(key=lambda t: (t[1].start, t[1].end))
     return out
 

@@ -19,6 +19,10 @@ Costs per microbatch: F = sum of the stage's layers' forward FLOPs, B = backward
 2104.04473). For I/W schedules (Zero Bubble 2401.10241 assumes T_F = T_B = T_W) per layer
 W = min(B, 2·weight_grad_fraction·F) and I = B - W: with 0.5, W = F (the weight-gradient matmul), and a first
 layer, which needs no input gradient, has I = 0. ``seconds={(stage, kind): s}`` bypasses the roofline.
+A transformer (or MoE) model's actions run its layers' kernels instead (sim/parallel/layers.py ``kernel_actions``,
+as every builder prices them): F and B the layers' GEMMs, attention calls and memory-bound kernels, I the
+input-gradient GEMMs with the attention backward, W the weight-gradient GEMMs (weight_grad_fraction unused);
+each op named after its action ("0F1 fwd h.0.attn"; sim/parallel/pipeline/metrics.py joins them).
 
 DualPipeV's forward/backward pairs that torch marks OVERLAP_F_B (meta ``overlap_f_b``, "F;B" per rank) run as
 torch 2.13's runtime runs them without a custom overlap function: the pair starts once both inputs have
@@ -216,6 +220,10 @@ def pipeline_plan(model, mesh: Mesh, spec: PipelineSpec, seconds: dict | None = 
     bwd = [sum(L[i].bwd_flops + L[i].recompute_flops for i in r) for r in ranges]
     wgt = [sum(min(L[i].bwd_flops, 2 * wf * L[i].fwd_flops) for i in r) for r in ranges]
     flops = {"F": fwd, "B": bwd, "I": [b - w for b, w in zip(bwd, wgt)], "W": wgt}
+
+    if action_ops is None and seconds is None:         # a transformer's actions run their layers' kernels
+        from distlab.sim.parallel.layers import kernel_actions
+        action_ops = kernel_actions(model, ranges, dtype)
 
     def compute(a: S.Action) -> Compute:
         if seconds is not None:

@@ -129,7 +129,9 @@ def _stage_fsdp(model, shard, mesh, par, ranges, dp_mesh, where):
     from distlab.sim.parallel.fsdp.stage import StageFSDP
     from distlab.sim.parallel.fsdp.step import partial_units
     partial = partial_units(model, shard, par.tp.sequence_parallel) if par.tp is not None else {}
-    return StageFSDP(shard, dp_mesh, par.fsdp, ranges, partial, len(model.params) if par.tp is not None else None,
+    from distlab.sim.parallel.layers import dtensor_optimizer
+    n_params = len(model.params) if dtensor_optimizer(model, par) else None
+    return StageFSDP(shard, dp_mesh, par.fsdp, ranges, partial, n_params,
                      f"{where}: fsdp")
 
 
