@@ -191,10 +191,12 @@ def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mes
     return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
 
 
-def from_dict(d, where: str = "scenario", cluster=None):
-    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does). ``cluster``: a
-    Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+def from_dict(d, where: str | None = None, cluster=None):
+    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does, its errors named
+    by the path). ``cluster``: a Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a
+    shared one)."""
     from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario
+    where = where or ("scenario" if isinstance(d, dict) else str(d))
     d = load(d, where) if not isinstance(d, dict) else validate(copy.deepcopy(d), where)
     w = workload_of(d)
     if cluster is None:
