@@ -255,10 +255,15 @@ EXERCISES = (
              hint="DDP: one all-reduce (2 passes); ZeRO-3: all-gather forward, all-gather backward, reduce-scatter",
              why="1.5x in the ZeRO paper; a bit less here because the root unit keeps its parameters after forward "
                  "(FSDP2's reshard_after_forward=None: True for blocks, False for the root)."),
-    Exercise("06-all-gathers", "The small Llama of section 5 (4 blocks + root) with reshard_after_forward=True: "
-             "how many all-gathers per step on each rank?", "count", lambda: _fsdp_gathers(True), tolerance=0,
-             hint="every unit is gathered in forward; resharded blocks are gathered again in backward",
-             why="5 in forward (root + 4 blocks) and 4 in backward; with False only the 5."),
+    Exercise("06-all-gathers", "The small Llama of section 5 (4 blocks + root), each block wrapped with "
+             "fully_shard(block, reshard_after_forward=True) and the root with fully_shard(model) at its default "
+             "(as runtime/fsdp/run.py does): how many all-gathers per step on each rank?", "count",
+             lambda: _fsdp_gathers(True), tolerance=0,
+             hint="every unit is gathered in forward; resharded units are gathered again in backward; the root, "
+                  "left at None, is not resharded after forward",
+             why="5 in forward (root + 4 blocks) and 4 in backward: the root left at its default stays unsharded "
+                 "until its backward. Set True on the root as well and it follows (torch 2.13: "
+                 "auto_reshard_after_forward only when the argument is None): one more. With False only the 5."),
     # --- 07 pipeline parallelism ----------------------------------------------------------------------------
     Exercise("07-bubble", "GPipe with p = 4 stages and m = 8 microbatches, uniform stages, backward = 2 x "
              "forward, free p2p: what fraction of the ranks' time is bubble?", "%",
@@ -277,7 +282,9 @@ EXERCISES = (
     Exercise("07-zbh1", "Forward, input-gradient and weight-gradient backward each 1 ms per stage, p = 4, "
              "m = 8, free p2p: how much shorter is a ZB-H1 step than a 1F1B step?", "ms",
              lambda: (_pipe("1f1b", 4, 8).makespan - _pipe("zbh1", 4, 8).makespan) * 1e3,
-             hint="simulate both: pipeline_metrics('1f1b', 4, 8).makespan and the same for 'zbh1'",
+             hint="1F1B's cool-down: each rank waits for the gradient coming back, one B = I + W per stage it is "
+                  "from the last; ZB-H1 runs only I on that path and fills the waits with its delayed W's: count "
+                  "the slots rank 0 idles in each",
              why="the delayed W's fill the cool-down bubble: 33 ms against 27 ms, with the same peak memory."),
 
 )
