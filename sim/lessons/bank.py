@@ -226,10 +226,14 @@ EXERCISES = (
                   "with the tensor that crossed it), and an explicit cap applies to the first bucket too",
              why="about 1.3 GiB of gradients in buckets of at least 100 MiB; the last one holds what is left."),
     Exercise("05-exposed", "Simulated gpt2-medium, micro-batch 4, 2 x dgx-h100, default cap: how much "
-             "communication is exposed (not hidden behind backward)?", "ms",
-             lambda: _ddp_sim()["summary"]["exposed_comm_s"] * 1e3, tolerance=0.03,
-             hint="simulate(scenario(...))['summary']['exposed_comm_s']",
-             why="what is left after the last gradient is ready: the last buckets' all-reduces, then the wait."),
+             "communication is exposed (not hidden behind backward)? Within 10%.", "ms",
+             lambda: _ddp_sim()["summary"]["exposed_comm_s"] * 1e3, tolerance=0.10,
+             hint="when the last gradient is ready the earlier buckets' all-reduces have finished behind backward; "
+                  "the last bucket's remains: lesson 03's two-node ring, t ≈ 2(n-1)/n · (S/8) / 50 GB/s with n = 16 "
+                  "(8 rings, one per NIC rail)",
+             why="the last bucket holds the first layers' gradients, the embedding among them, so it is both the "
+                 "last ready and the largest: its all-reduce is all that is exposed. The table shows it: its "
+                 "ready and end times."),
     Exercise("05-best-cap", "In the simulated sweep of bucket_cap_mb (1, 5, 10, 25, 50, 100, 400) for that "
              "scenario, which cap gives the shortest step?", "choice", _fastest_cap,
              choices=tuple(str(c) for c in LESSON05_CAPS),
