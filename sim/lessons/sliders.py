@@ -83,7 +83,13 @@ def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: 
     from distlab.sim.parallel.fsdp.memory import fits
     L = layout(gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel)
     est = _estimator(model, seq_len, cluster, max(1, gpus // 8), dtype)
-    parts = dict(est.memory(L))
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.tp.rules import check_divides
+    try:                                          # what `simulate` refuses for this model, refused here too
+        check_divides(est.model(1), tp, "tp", L.sequence_parallel)
+        parts = dict(est.memory(L))
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     if zero in (1, 2) and L.dp > 1:               # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
         parts["optimizer"] /= L.dp
         if zero == 2:

@@ -114,7 +114,7 @@ class MemoryWidget(Widget):
 
     title = "memory per GPU (the fullest GPU; sim/lessons/sliders.py memory_per_gpu)"
 
-    SEQ_LENS = (0, 2048, 4096, 8192, 16384, 32768, 65536, 131072)      # 0: the model's own
+    SEQ_LENS = (0, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)      # 0: the model's own
 
     def __init__(self, model: str = "llama3-70b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1,
                  cp: int = 1, micro_batch: int = 1, recompute: str = "full", seq_len: int = 0,
