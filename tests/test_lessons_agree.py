@@ -158,3 +158,22 @@ def test_the_arc():
         if "MFU" in text and not name.startswith("13_"):
             first = text.index("MFU")
             assert "model FLOPs utilisation" in text[:first + 400], f"{name}: MFU used before it is defined"
+
+
+def test_cited_torch_files_exist():
+    """docs/lessons.md's list of facts: every `torch/...` file it cites is in the installed torch, and the name
+    quoted beside a line number is on that line (or within 3 lines of it)."""
+    torch = pytest.importorskip("torch")
+    root = os.path.dirname(torch.__file__)
+    with open(os.path.join(os.path.dirname(LESSONS), "docs", "lessons.md")) as f:
+        facts = f.read().split("## Facts the lessons state", 1)[1]
+    cited = re.findall(r"`torch/([\w/.]+?)(?::(\d+))?` `([^`]+)`", facts)
+    assert len(cited) >= 18
+    for path, line, name in cited:
+        full = os.path.join(root, path)
+        assert os.path.isfile(full), f"torch/{path} is not in the installed torch {torch.__version__}"
+        if line:
+            with open(full, errors="replace") as f:
+                lines = f.read().splitlines()
+            near = "\n".join(lines[max(0, int(line) - 4):int(line) + 3])
+            assert name.split()[0] in near, f"torch/{path}:{line} does not hold {name!r}"
