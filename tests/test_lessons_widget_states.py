@@ -109,6 +109,9 @@ def widget_give_aways(nb) -> list[str]:
             except UnitError:
                 continue
             for ex in later:
+                ratio = text.endswith((" x", " %"))         # a ratio answers a ratio question in its own unit
+                if ratio != (ex.unit in ("x", "%")) or ratio and not text.endswith(" " + ex.unit):
+                    continue
                 if q.dimension == ex.dimension and check_answer(ex, text, {}).ok and \
                         fmt(q.to(ex.unit), ex.unit) == solution_text(ex, {}):
                     problems.append(f"{ex.id}: {name} (cell {i}) shows {text}")
