@@ -177,3 +177,14 @@ def test_cited_torch_files_exist():
                 lines = f.read().splitlines()
             near = "\n".join(lines[max(0, int(line) - 4):int(line) + 3])
             assert name.split()[0] in near, f"torch/{path}:{line} does not hold {name!r}"
+
+
+def test_14_four_to_one_is_a_prediction_not_a_division():
+    """The leaf-uplink and non-blocking exercises were one-line arithmetic (issue 42 item 4); 4:1 asks what the
+    learner must reason out: a alone is already uplink-bound, so b doubles its time, not quadruples it."""
+    from distlab.sim.lessons import check, exercises, solution
+    from distlab.sim.lessons.bank_jobs import two_jobs
+    assert "14-leaf-uplink" not in exercises() and "14-non-blocking" not in exercises()
+    assert float(solution("14-four-to-one").rstrip("x")) == pytest.approx(2.0, rel=0.01)
+    assert two_jobs(4.0).runs[0].step_alone_s == pytest.approx(2 * two_jobs(1.0).runs[0].step_alone_s, rel=0.01)
+    assert "held by the uplink" in check("14-four-to-one", "4x").message

@@ -149,16 +149,19 @@ def _faster(attribute: str, oversubscription: float = 2.0) -> str:
 
 
 EXERCISES = (
-    Exercise("14-leaf-uplink", "A leaf switch holds 2 DGX H100 nodes (8 NICs of 50 GB/s each) and is 2:1 "
-             "oversubscribed. What bandwidth does its uplink to the spine carry?", "GB/s", leaf_uplink_GBps,
-             hint="the NICs under the leaf, over the oversubscription", why="16 NICs of 50 GB/s, over the 2:1 oversubscription."),
     Exercise("14-two-jobs", "Jobs a and b each send 1 GB from every GPU of a node under leaf 0 to the same GPU of a "
-             "node under leaf 1. Alone, a's 8 flows run at its NICs' 50 GB/s. Both at once: how many times longer "
-             "does a take?", "x", lambda: two_jobs(2.0).runs[0].slowdown,
-             hint="16 flows share the uplink max-min fairly", why="16 flows on 400 GB/s: 25 GB/s each, half the NIC."),
-    Exercise("14-non-blocking", "The same two jobs on a non-blocking fabric (1:1): how many times longer does a "
-             "take than alone?", "x", lambda: two_jobs(1.0).runs[0].slowdown,
-             hint="what does the uplink carry at 1:1?", why="the uplink carries every NIC under the leaf at once."),
+             "node under leaf 1 (2:1). Alone, a's 8 flows run at its NICs' 50 GB/s. Both at once: how many times "
+             "longer does a take?", "x", lambda: two_jobs(2.0).runs[0].slowdown,
+             hint="the uplink of a 2:1 leaf of two nodes carries half of its 16 NICs' bandwidth; 16 flows share "
+                  "it max-min fairly", why="16 flows on 400 GB/s: 25 GB/s each, half the NIC."),
+    Exercise("14-four-to-one", "The same two jobs on a 4:1 fabric (each leaf's uplink a quarter of its NICs): how many "
+             "times longer does a take with b than a alone on the same fabric?", "x",
+             lambda: two_jobs(4.0).runs[0].slowdown, tolerance=0.02,
+             traps=lambda: {4.0: "that compares with a alone at its NICs' speed; at 4:1 a alone is already held "
+                                 "by the uplink"},
+             hint="first a alone: do its 8 flows fit through a 4:1 uplink? then both: how do 16 flows share it?",
+             why="alone, a's 8 flows already share the 200 GB/s uplink (25 GB/s each); together 16 share it: "
+                 "twice as long again, not four times. A slowdown is relative to alone on the same fabric."),
     Exercise("14-alone-placement", "Alone on its nodes (nothing else running), is the TP x FSDP job's step "
              "shorter packed (both nodes under one leaf) or spread (one node under each of two leaves)?", "choice",
              lambda: _faster("step_alone_s"), choices=("packed", "spread", "same"),
