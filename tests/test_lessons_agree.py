@@ -188,3 +188,12 @@ def test_14_four_to_one_is_a_prediction_not_a_division():
     assert float(solution("14-four-to-one").rstrip("x")) == pytest.approx(2.0, rel=0.01)
     assert two_jobs(4.0).runs[0].step_alone_s == pytest.approx(2 * two_jobs(1.0).runs[0].step_alone_s, rel=0.01)
     assert "held by the uplink" in check("14-four-to-one", "4x").message
+
+
+def test_03_oversubscription_is_predicted_before_the_bars():
+    """It was 8 x 50 / 4 (one line of the question's own numbers); now the simulated slowdown of a ring at 4:1,
+    asked before the cell that draws it, and not the naive 4x."""
+    from distlab.sim.lessons import solution
+    cells = _cells("03_topologies.ipynb")
+    assert _index(cells, 'check("03-oversubscription"') < _index(cells, "base = load_cluster")
+    assert 2.0 < float(solution("03-oversubscription").rstrip("x")) < 3.9

@@ -53,6 +53,17 @@ def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
 
 
+def _oversubscribed(over: float, nbytes: int = 256 * MiB, nodes: int = 4) -> float:
+    """Lesson 03: a ring all_reduce on ``nodes`` dgx-h100 on a fat-tree of ``over``:1, simulated (s)."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.kernel.engine import simulate_collective
+    base = load_cluster("dgx-h100", nodes=nodes)
+    c = replace(base, inter_node=replace(base.inter_node, fabric="fat-tree", oversubscription=over))
+    return simulate_collective("all_reduce", nbytes, c, "ring")[0].makespan
+
+
 def _preset(name: str):
     from distlab.sim.cluster import PRESETS
     return PRESETS[name]
@@ -194,10 +205,14 @@ EXERCISES = (
                   "(n-1)/n (nccl-tests)",
              why="busbw = 50 x (n-1)/(n-g) = 50 x 63/56 = 56 GB/s: the NIC's speed, not NVLink's. Every rank talks "
                  "to every other, so rails do not help: all-to-all (MoE) is NIC-bound across nodes."),
-    Exercise("03-oversubscription", "A fat-tree node has 8 NICs of 50 GB/s and 4:1 oversubscription. What "
-             "uplink capacity does the node have?", "GB/s", lambda: 8 * 50 / 4,
-             hint="capacity = NICs x bandwidth / oversubscription (sim/cluster/specs.py, InterNode)",
-             why="when every node sends at once, each gets a quarter of its NICs' speed."),
+    Exercise("03-oversubscription", "Predict before the bars: a ring all_reduce of 256 MiB on 4 dgx-h100 nodes. On a "
+             "fat-tree with 4:1 oversubscription instead of a non-blocking one (1:1), how many times longer does "
+             "it take?", "x", lambda: _oversubscribed(4) / _oversubscribed(1), tolerance=0.05,
+             traps=lambda: {4.0: "the NIC part slows by 4; the ring's steps inside each node (NVLink) do not"},
+             hint="at 4:1 every node's uplink carries a quarter of its NICs' 400 GB/s; the ring's hops inside a "
+                  "node stay on NVLink: only the part that crosses the spine slows",
+             why="less than 4x: the inter-node part of the ring slows by 4 and the rest does not. Rail-optimized "
+                 "fabrics keep rings off the spine altogether."),
     # --- 04 validate on your machine ----------------------------------------------------------------------
     Exercise("04-error", "The simulator predicts 12 ms and you measure 10 ms. What is the error?", "%",
              lambda: (12 - 10) / 10 * 100, hint="error = (predicted - measured) / measured",
