@@ -209,7 +209,7 @@ EXERCISES = (
              "fat-tree with 4:1 oversubscription instead of a non-blocking one (1:1), how many times longer does "
              "it take?", "x", lambda: _oversubscribed(4) / _oversubscribed(1), tolerance=0.05,
              traps=lambda: {4.0: "the NIC part slows by 4; the ring's steps inside each node (NVLink) do not"},
-             hint="at 4:1 every node's uplink carries a quarter of its NICs' 400 GB/s; the ring's hops inside a "
+             hint="at 4:1 every node's uplink carries a quarter of what its NICs can send; the ring's hops inside a "
                   "node stay on NVLink: only the part that crosses the spine slows",
              why="less than 4x: the inter-node part of the ring slows by 4 and the rest does not. Rail-optimized "
                  "fabrics keep rings off the spine altogether."),
