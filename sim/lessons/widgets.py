@@ -118,8 +118,9 @@ class MemoryWidget(Widget):
 
     def __init__(self, model: str = "llama3-70b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1,
                  cp: int = 1, micro_batch: int = 1, recompute: str = "full", seq_len: int = 0,
-                 dtype: str = "bfloat16"):
-        """``model``: a preset, or the path of a Hugging Face config.json (type it in the model box)."""
+                 dtype: str = "own"):
+        """``model``: a preset, or the path of a Hugging Face config.json (type it in the model box); ``seq_len``
+        0 and ``dtype`` "own": the model's own."""
         values = dict(model=model, gpus=gpus, zero=zero, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch,
                       recompute=recompute, seq_len=seq_len, dtype=dtype)
         super().__init__(values, lambda W: dict(
@@ -131,10 +132,11 @@ class MemoryWidget(Widget):
             micro_batch=_int(W, "micro-batch", micro_batch, (1, 2, 4, 8)),
             recompute=W.Dropdown(options=list(S.RECOMPUTE), value=recompute, description="recompute"),
             seq_len=_int(W, "seq (0: own)", seq_len, self.SEQ_LENS),
-            dtype=W.Dropdown(options=list(S.DTYPES), value=dtype, description="precision")))
+            dtype=W.Dropdown(options=["own"] + list(S.DTYPES), value=dtype, description="precision")))
 
     def compute(self, **v):
-        return S.memory_per_gpu(**{**v, "seq_len": v["seq_len"] or None})
+        return S.memory_per_gpu(**{**v, "seq_len": v["seq_len"] or None,
+                                   "dtype": None if v["dtype"] == "own" else v["dtype"]})
 
     def render(self, r):
         parts = [k for k in r if k not in ("total", "dp", "gpu_GiB", "fits")]
