@@ -115,7 +115,7 @@ def precision_sim_table(nodes: int = 2) -> Table:
         rows.append([p, r, f"{s['step_s'] * 1e3:.1f}", f"{s['comm_s'] * 1e3:.1f}", f"{s['exposed_comm_s'] * 1e3:.1f}"])
     return Table(["param_dtype", "reduce_dtype", "step ms", "communication ms", "exposed ms"], rows,
                  f"4 blocks of {MODEL}, FSDP2 on {nodes} x dgx-h100, micro-batch 1, simulated (FP8: the all-gathers "
-                 "only; the simulator does not model FP8 GEMMs)")
+                 "and GEMMs at the FP8 rate, tensorwise casts included: sim/compute/kernels.py)")
 
 
 # -- when does communication hide -------------------------------------------------------------------------------
