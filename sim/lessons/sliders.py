@@ -23,43 +23,80 @@ from functools import lru_cache
 GiB = 2**30
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b", "llama-7b", "gpt2-medium")
 RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bfloat16", "float32")
+CP_RECOMPUTE = ("none", "full")          # sim/planner/layouts.py CP_RECOMPUTE: ring attention has no selective
+
+
+def model_spec(model: str, seq_len: int | None = None, dtype: str | None = None) -> dict:
+    """The model spec of a preset name or a Hugging Face config.json path (or its folder), with ``seq_len`` and
+    ``dtype`` when given. ``pkg.module:factory`` is refused here: a slider never imports code."""
+    from distlab.sim.models.spec import spec_from_text
+    spec = spec_from_text(model, "model")
+    if "factory" in spec:
+        raise ValueError(f"model {model!r}: give a preset name or a config.json path")
+    return {**spec, **({"seq_len": seq_len} if seq_len else {}), **({"dtype": dtype} if dtype else {})}
 
 
 @lru_cache(maxsize=16)
-def _estimator(model: str, seq_len: int | None, cluster: str, nodes: int):
+def _estimator(model: str, seq_len: int | None, cluster: str, nodes: int, dtype: str | None = None):
     from distlab.sim.cluster import load_cluster
+    from distlab.sim.errors import ConfigError
     from distlab.sim.planner.step import Estimator
-    spec = {"preset": model, **({"seq_len": seq_len} if seq_len else {})}
-    return Estimator(spec, load_cluster(cluster, nodes))
+    try:
+        return Estimator(model_spec(model, seq_len, dtype), load_cluster(cluster, nodes))
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
 
 
-def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
-                   micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
-                   sequence_parallel: bool = True, seq_len: int | None = None, cluster: str = "dgx-h100") -> dict:
-    """Bytes per GPU by part ({params, grads, optimizer, activations[, ring buffers], total}) of ``model`` (a
-    preset) on ``gpus`` GPUs of ``cluster`` nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as
-    ZeRO ``zero`` (0: DDP; 3: FSDP), ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``.
-    Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError when tp x cp x pp does not divide ``gpus``."""
-    from distlab.sim.parallel.fsdp.memory import fits
+def layout(gpus: int, zero: int, tp: int, pp: int, cp: int, micro_batch: int, microbatches: int, recompute: str,
+           sequence_parallel: bool = True):
+    """The planner's Layout the widget's controls describe (sim/planner/layouts.py), the same `simulate` builds
+    from ``Layout.scenario``: ZeRO 0-2 are DDP's layout (1 and 2 then shard its optimizer state, and gradients,
+    over the dp ranks), ZeRO 3 is FSDP2 over every dp rank. Raises ValueError for what torch does not build."""
     from distlab.sim.planner.layouts import Layout
     if zero not in (0, 1, 2, 3) or recompute not in RECOMPUTE:
         raise ValueError(f"zero must be 0-3 and recompute one of {', '.join(RECOMPUTE)}")
     if gpus % (tp * cp * pp):
         raise ValueError(f"tp x cp x pp = {tp * cp * pp} does not divide {gpus} GPUs")
+    if cp > 1 and zero != 3:
+        raise ValueError("with cp > 1 torchtitan shards the parameters with FSDP2 over dp_shard x cp "
+                         "(sim/parallel/cp/plan.py): ZeRO 0-2 do not apply; choose ZeRO 3")
+    if cp > 1 and recompute not in CP_RECOMPUTE:
+        raise ValueError(f"with cp > 1 recompute is one of {', '.join(CP_RECOMPUTE)} (ring attention's "
+                         "selective recompute is not modelled)")
     dp = gpus // (tp * cp * pp)
-    gpn = 8
-    est = _estimator(model, seq_len, cluster, max(1, gpus // gpn))
-    kind = "fsdp" if zero == 3 or cp > 1 else "ddp"
-    L = Layout(tp, pp, dp, kind, micro_batch, microbatches if pp > 1 else 1, sequence_parallel and tp > 1,
-               recompute if cp == 1 or recompute != "selective" else "full", cp=cp)
-    parts = dict(est.memory(L))
-    if zero in (1, 2) and dp > 1:                 # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
-        parts["optimizer"] /= dp
+    return Layout(tp, pp, dp, "fsdp" if zero == 3 else "ddp", micro_batch, microbatches if pp > 1 else 1,
+                  sequence_parallel and tp > 1, recompute, cp=cp)
+
+
+def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
+                   micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
+                   sequence_parallel: bool = True, seq_len: int | None = None, dtype: str | None = None,
+                   cluster: str = "dgx-h100") -> dict:
+    """Bytes per GPU by part ({params, grads, optimizer, [unsharded params,] activations[, ring buffers], total})
+    of ``model`` (a preset or a config.json path; ``seq_len`` and ``dtype``: bfloat16 = mixed-precision AdamW,
+    2 + 2 + 12 bytes per parameter, float32 = 4 + 4 + 8; None = the model's own) on ``gpus`` GPUs of ``cluster``
+    nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as ZeRO ``zero`` (``layout``),
+    ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``: the planner's accounting, which is
+    what `distlab simulate` reports for that layout (tests/test_planner.py, tests/test_lessons_memory_widget.py).
+    Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError for a layout torch does not build."""
+    from distlab.sim.parallel.fsdp.memory import fits
+    L = layout(gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel)
+    est = _estimator(model, seq_len, cluster, max(1, gpus // 8), dtype)
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.tp.rules import check_divides
+    try:                                          # what `simulate` refuses for this model, refused here too
+        check_divides(est.model(1), tp, "tp", L.sequence_parallel)
+        parts = dict(est.memory(L))
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    if zero in (1, 2) and L.dp > 1:               # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
+        parts["optimizer"] /= L.dp
         if zero == 2:
-            parts["grads"] /= dp
+            parts["grads"] /= L.dp
     parts["total"] = sum(v for k, v in parts.items())
     gib = est.cluster.gpu.memory_GiB
-    return {**parts, "dp": dp, "gpu_GiB": gib, "fits": fits(parts["total"], gib)}
+    return {**parts, "dp": L.dp, "gpu_GiB": gib, "fits": fits(parts["total"], gib)}
 
 
 def memory_rows(result: dict) -> list[list]:
