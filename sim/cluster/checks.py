@@ -67,6 +67,7 @@ def validated(c, where: str):
         raise ConfigError(f"{c.compute_jitter!r} must be seconds between 0 and 1 (0 = ranks compute alike)",
                           f"{where}: compute_jitter")
     _check_comm_cpu(c, where)
+    _check_trays(c, where)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     _check_compute_model(c.gpu, f"{where}: gpu")
@@ -107,6 +108,21 @@ def validated(c, where: str):
         raise ConfigError(f"{leaf!r} must be a whole number of nodes >= 0 (0 = no leaf switches)",
                           f"{where}: inter_node.nodes_per_leaf")
     return c
+
+
+def _check_trays(c, where: str) -> None:
+    """tray_gpus and domain_trays: both 0 (no trays) or whole numbers >= 1, and the nodes whole trays."""
+    for key in ("tray_gpus", "domain_trays"):
+        v = getattr(c, key)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{v!r} must be a whole number >= 0 (0 = no trays) and at most {MAX_GPUS_PER_NODE}",
+                              f"{where}: {key}")
+    if bool(c.tray_gpus) != bool(c.domain_trays):
+        raise ConfigError("tray_gpus and domain_trays go together (GPUs per tray, trays per NVLink domain); "
+                          "allowed: both set or both 0", f"{where}: tray_gpus")
+    if c.tray_gpus and (c.gpus_per_node % c.tray_gpus or c.gpus_per_node > c.tray_gpus * c.domain_trays):
+        raise ConfigError(f"a node of {c.gpus_per_node} GPUs is not whole trays of {c.tray_gpus} inside one "
+                          f"NVLink domain of {c.domain_trays} trays", f"{where}: gpus_per_node")
 
 
 def _check_compute_model(gpu, where: str) -> None:

@@ -134,6 +134,10 @@ def _run(r, i: int, path: str) -> Run:
     for k in ("gpus", "global_batch", "micro_batch"):
         if not _whole(r[k]):
             raise ConfigError(f"{r[k]!r} must be a whole number >= 1", f"{label}.{k}")
+    tray = PRESETS[r["cluster"]].tray_gpus
+    if tray and r["gpus"] % tray:
+        raise ConfigError(f"{r['gpus']} GPUs are not whole compute trays of {tray} {gpu.name.upper()}; allowed: a "
+                          f"multiple of {tray}", f"{label}.gpus")
     for k, allowed in CHOICES:
         if k in r and r[k] not in allowed:
             raise ConfigError(f"unknown {k} {r[k]!r}; allowed: {', '.join(allowed)}", f"{label}.{k}")
