@@ -48,7 +48,7 @@ def build_model(run):
     written without a kind, a gpt."""
     from distlab.sim.models import model_from_spec
     from distlab.sim.reproduce.scenario import model_dtype
-    spec = dict(run.model)
+    spec = run.model_spec                    # the vocabulary padded as Megatron pads it (runs.py padded_vocab)
     if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
         spec["kind"] = "gpt"
     return model_from_spec({**spec, "micro_batch": run.micro_batch, "dtype": model_dtype(run), "name": run.name},

@@ -24,7 +24,8 @@ FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "tokens_per_s_per_gpu", "ite
 LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
             "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed", "sequence_parallel",
-            "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible")
+            "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible", "make_vocab_size_divisible_by",
+            "fp8_recipe")
 FLOPS_FORMULAS = ("megatron-eq3", "megatron-core-0.8", "6nd", "palm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/parallel/pipeline/schedules.py names
 PRECISIONS = ("bfloat16", "float16", "float8")  # float8: bf16 with float8 linears (torchao / Transformer Engine)
@@ -55,6 +56,8 @@ class Run:
     tp_comm_overlap: bool = False      # Megatron's --tp-comm-overlap
     compile: bool = False              # torch.compile
     not_expressible: str | None = None  # what the source ran that no key here expresses
+    make_vocab_size_divisible_by: int | None = None   # Megatron's flag (its default 128): vocab padded (module doc)
+    fp8_recipe: str | None = None      # with precision float8: how the linears ran it (sim/compute/fp8.py)
 
     @property
     def figure(self) -> tuple[str, float]:
@@ -66,6 +69,23 @@ class Run:
     def microbatches(self) -> int:
         """Micro-batches per pipeline (or per step: gradient accumulation) = global batch / (dp x micro-batch)."""
         return self.global_batch // (self.layout["dp"] * self.micro_batch)
+
+    @property
+    def padded_vocab(self) -> int | None:
+        """The vocabulary as the run built it: Megatron pads it to a multiple of make_vocab_size_divisible_by x tp
+        (megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding``: ``multiple =
+        args.make_vocab_size_divisible_by * args.tensor_model_parallel_size``, rounded up), so GPT-3's 50,257 at
+        tp 4 becomes 50,688; None where the run's model spec names no vocab or the run sets no padding."""
+        vocab = self.model.get("vocab") if isinstance(self.model, dict) else None
+        if vocab is None or not self.make_vocab_size_divisible_by:
+            return vocab
+        multiple = self.make_vocab_size_divisible_by * self.layout["tp"]
+        return -(-vocab // multiple) * multiple
+
+    @property
+    def model_spec(self) -> dict:
+        """The run's model spec with the vocabulary as the run built it (``padded_vocab``)."""
+        return {**self.model, "vocab": self.padded_vocab} if self.padded_vocab is not None else dict(self.model)
 
     @property
     def table(self) -> str:
@@ -147,6 +167,10 @@ def _run(r, i: int, path: str) -> Run:
     for k in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "compile"):
         if k in r and not isinstance(r[k], bool):
             raise ConfigError(f"{r[k]!r} must be true or false", f"{label}.{k}")
+    v = r.get("make_vocab_size_divisible_by")
+    if v is not None and not _whole(v):
+        raise ConfigError(f"{v!r} must be a whole number >= 1 (Megatron's default: 128)",
+                          f"{label}.make_vocab_size_divisible_by")
     if "not_expressible" in r and not isinstance(r["not_expressible"], str):
         raise ConfigError("must be the reason, a sentence", f"{label}.not_expressible")
     layout = _layout(r, label)
@@ -165,6 +189,8 @@ def _run(r, i: int, path: str) -> Run:
         spec["kind"] = "gpt"
     from distlab.sim.models import model_from_spec
     model = model_from_spec({**spec, "micro_batch": r["micro_batch"]}, f"{label}.model")
+    if r.get("make_vocab_size_divisible_by") and "vocab" not in r["model"]:      # a preset: pad its vocabulary
+        r = {**r, "model": {**r["model"], "vocab": model.config["vocab"]}}
     _check_split(layout, {"layers": (model.config or {}).get("layers")}, label)
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})

@@ -1,0 +1,46 @@
+"""Reproduce as the runs ran it (issue 39): Megatron's vocabulary padding, FP8 recipes as keys of runs, GB200 jobs
+of whole compute trays, and bad runs files (float8 without FP8 tensor cores, partial trays) as one line naming the
+run and the key, exit code 2. Small rows only: the shipped set runs in benchmarks/reproduce_accuracy.py."""
+import pytest
+import yaml
+
+from distlab.runtime.cli import main
+from distlab.sim.reproduce.predict import model_flops, step_seconds
+from distlab.sim.reproduce.runs import load_runs
+
+SMALL = {"name": "small", "source": "a test", "model": {"arch": "gpt2", "layers": 2, "hidden": 256, "heads": 8,
+                                                        "seq_len": 128, "vocab": 50257},
+         "gpu": "h100", "cluster": "dgx-h100", "gpus": 8, "layout": {"tp": 4, "pp": 1, "dp": 2},
+         "global_batch": 4, "micro_batch": 2, "precision": "bfloat16", "reported": {"tflops_per_gpu": 1.0}}
+
+
+def runs_file(tmp_path, *runs):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"runs": list(runs)}))
+    return str(path)
+
+
+def test_megatron_pads_gpt3_vocabulary_to_128_x_tp(tmp_path):
+    """GPT-3's 50,257 at tp 4: Megatron's _vocab_size_with_padding rounds up to a multiple of 128 x 4 = 512,
+    50,688, which tp 4 divides; the FLOPs count the padded vocabulary as Megatron's do."""
+    runs, _ = load_runs(runs_file(tmp_path, {**SMALL, "make_vocab_size_divisible_by": 128}))
+    run = runs[0]
+    assert run.padded_vocab == 50688 and run.model["vocab"] == 50257
+    assert step_seconds(run) > 0
+    unpadded = {**SMALL, "name": "unpadded", "layout": {"tp": 1, "pp": 1, "dp": 8}, "global_batch": 16}
+    base, _ = load_runs(runs_file(tmp_path, unpadded))
+    assert model_flops(run) / 4 > model_flops(base[0]) / 16   # per sample: eq. 3's V/(16·l·h) term with 50,688
+    with pytest.raises(Exception, match="tp 4 does not divide"):
+        step_seconds(load_runs(runs_file(tmp_path, SMALL))[0][0])
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"make_vocab_size_divisible_by": 0}, ["run 'small'.make_vocab_size_divisible_by", "whole number"]),
+    ({"gpu": "gb200", "cluster": "gb200-nvl72", "gpus": 6, "layout": {"tp": 2, "pp": 1, "dp": 3},
+      "global_batch": 6}, ["run 'small'.gpus", "not whole compute trays of 4"]),
+])
+def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
+    assert main(["reproduce", runs_file(tmp_path, {**SMALL, **change})]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
