@@ -10,7 +10,7 @@ from distlab.sim.reproduce.runs import load_runs
 
 SMALL = {"name": "small", "source": "a test", "model": {"arch": "gpt2", "layers": 2, "hidden": 256, "heads": 8,
                                                         "seq_len": 128, "vocab": 50257},
-         "gpu": "h100", "cluster": "dgx-h100", "gpus": 8, "layout": {"tp": 4, "pp": 1, "dp": 2},
+         "gpu": "h100", "cluster": "dgx-h100", "gpus": 8, "layout": {"tp": 4, "pp": 2, "dp": 1},
          "global_batch": 4, "micro_batch": 2, "precision": "bfloat16", "reported": {"tflops_per_gpu": 1.0}}
 
 
