@@ -44,3 +44,52 @@ def test_bad_runs_file_is_one_line_exit_2(tmp_path, capsys, change, words):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert all(w in err for w in words), err
+
+
+def test_float8_linear_speedup_matches_torchao_microbenchmarks():
+    """torchao/float8/README.md "Performance" (H100, torch.compile): a Float8Linear's forward + backward over the
+    bf16 one at M, K, N = 1024, 2048, 1024 is 0.80x, at 4096, 8192, 16384 1.39x; the tensorwise recipe's three
+    GEMMs and casts come within 10% of both. TE's fused cast-transpose recipes cost less than torchao's casts."""
+    from distlab.sim.cluster import GPUS
+    from distlab.sim.compute.kernels import gemm_time
+    h100 = GPUS["h100"]
+
+    def speedup(M, K, N, recipe):
+        shapes = ((M, N, K), (M, K, N), (K, N, M))          # forward, data gradient, weight gradient
+        bf16 = sum(gemm_time(a, b, c, 2, h100) for a, b, c in shapes)
+        return bf16 / sum(gemm_time(a, b, c, 2, h100, "float8_e4m3fn", recipe) for a, b, c in shapes)
+    assert speedup(1024, 2048, 1024, "torchao-tensorwise") == pytest.approx(0.80, rel=0.10)
+    assert speedup(4096, 8192, 16384, "torchao-tensorwise") == pytest.approx(1.39, rel=0.10)
+    big = [speedup(4096, 8192, 16384, r) for r in ("torchao-rowwise", "torchao-tensorwise", "te-current",
+                                                   "te-delayed")]
+    assert big == sorted(big) and big[0] < big[-1]
+
+
+def test_fp8_recipe_is_a_key_of_runs_and_changes_the_step(tmp_path):
+    """One small float8 run under each recipe: TE's delayed scaling (one fused cast-transpose) is faster than
+    torchao's tensorwise casts, which at this small size lose to bf16 (as torchao's README says of small shapes);
+    MXFP8 runs on Blackwell."""
+    row = {**SMALL, "model": {**SMALL["model"], "layers": 2, "hidden": 2048, "heads": 16, "seq_len": 2048,
+                              "vocab": 32768},
+           "layout": {"tp": 1, "pp": 1, "dp": 8}, "global_batch": 8, "micro_batch": 1, "precision": "float8"}
+    runs = [{**row, "name": r, "fp8_recipe": r} for r in ("torchao-tensorwise", "te-current", "te-delayed")]
+    runs.append({**row, "name": "bf16", "precision": "bfloat16"})
+    runs.append({**row, "name": "mx", "fp8_recipe": "mxfp8", "gpu": "b200", "cluster": "dgx-b200"})
+    loaded, _ = load_runs(runs_file(tmp_path, *runs))
+    step = {r.name: step_seconds(r) for r in loaded}
+    assert step["te-delayed"] < step["te-current"] < step["bf16"] < step["torchao-tensorwise"]
+    assert step["mx"] < step["te-delayed"]                   # B200's FP8 peak is 2.3x H100's
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"gpu": "a100", "cluster": "dgx-a100", "fp8_recipe": "te-delayed"},
+     ["run 'small'.fp8_recipe", "needs FP8 tensor cores", "a100 has none"]),
+    ({"precision": "float8", "fp8_recipe": "mxfp8"}, ["run 'small'.fp8_recipe", "needs Blackwell", "te-delayed"]),
+    ({"precision": "float8", "fp8_recipe": "fp4"}, ["run 'small'.fp8_recipe", "unknown fp8_recipe 'fp4'"]),
+    ({"fp8_recipe": "te-delayed"}, ["run 'small'.fp8_recipe", "goes with precision float8"]),
+])
+def test_bad_fp8_recipe_is_one_line_exit_2(tmp_path, capsys, change, words):
+    assert main(["reproduce", runs_file(tmp_path, {**SMALL, **change})]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err

@@ -7,7 +7,9 @@
 
 Every run names its source (paper or file, table, row) and the figure it reports; keys the source leaves unsaid
 are listed in ``assumed``. Loading checks each run and raises ConfigError naming the run and the key: a layout
-whose product is not the GPU count, an unknown GPU or cluster, float8 on a GPU without FP8 tensor cores, a split
+whose product is not the GPU count, an unknown GPU or cluster, float8 or an FP8 recipe (``fp8_recipe``,
+sim/compute/fp8.py) on a GPU without FP8 tensor cores, MXFP8 before Blackwell, a GB200 job that is not whole
+compute trays, Megatron's vocabulary padding (``make_vocab_size_divisible_by``) not a whole number, a split
 that does not add up, a missing figure. What a run used that the simulator cannot express yet is not an error:
 ``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
 constants live in sim/compute/fitted.py (one model for every command); ``load_runs`` returns them beside the runs.
@@ -164,6 +166,13 @@ def _run(r, i: int, path: str) -> Run:
     if r.get("precision") == "float8" and not gpu.fp8_tflops:
         raise ConfigError(f"float8 needs FP8 tensor cores and {gpu.name} has none; allowed on {gpu.name}: bfloat16, "
                           "float16", f"{label}.precision")
+    if "fp8_recipe" in r:
+        from distlab.sim.compute.fp8 import check_recipe
+        check_recipe(r["fp8_recipe"], gpu, f"{label}.fp8_recipe")
+        if r.get("precision") != "float8":
+            raise ConfigError(f"fp8_recipe {r['fp8_recipe']} goes with precision float8, not "
+                              f"{r.get('precision', 'bfloat16')}; allowed: precision float8, or no fp8_recipe",
+                              f"{label}.fp8_recipe")
     for k in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "compile"):
         if k in r and not isinstance(r[k], bool):
             raise ConfigError(f"{r[k]!r} must be true or false", f"{label}.{k}")
