@@ -61,7 +61,7 @@ def pipeline_plan(run, replicas: bool, cache: dict) -> Plan:
         ops = ops + [Record("grads reduced", "comm"), Wait("grads reduced", "compute"),
                      Compute("optimizer", bytes=float(ADAM_BYTES * n), dtype=model.config["dtype"])]
         ranks.append(ops)
-    return Plan(ranks, name=plan.name, meta=plan.meta)
+    return Plan(ranks, name=plan.name, meta={**plan.meta, "one_tp_rank": one_tp_rank})
 
 
 def _timed_allreduce(op, rank: int, run, cache: dict):
@@ -102,9 +102,9 @@ def _timed_ring_exchanges(ops: list, t: int, cache: dict) -> list:
             k += 1
             s, r, x = f"ring {k} send", f"ring {k} recv", f"ring {k} moved"
             seconds = ring_step_seconds(pending.bytes, pending.dtype, t, cache)
-            out += [Record(s, pending.stream), Wait(r, pending.stream),
+            out += [Record(s, pending.stream), Record(r, op.stream), Wait(r, pending.stream),   # each stream's
                     Compute(pending.name, seconds=seconds, stream=pending.stream), Record(x, pending.stream),
-                    Record(r, op.stream), Wait(s, op.stream), Wait(x, op.stream)]
+                    Wait(s, op.stream), Wait(x, op.stream)]           # order; records before their waits
             pending = None
             continue
         out.append(op)

@@ -56,10 +56,14 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
     else:
         from distlab.sim.reproduce.pipeline import pipeline_plan
         plan = pipeline_plan(run, replicas, cache)
-    if run.attention != "unfused" and run.precision != "float8" and not run.compile:
+    one_tp_rank = plan.meta.get("one_tp_rank")
+    if run.attention != "unfused" and run.precision != "float8" and not run.compile and not one_tp_rank:
         return plan                     # as built (a composed plan may hold one rank per stage: shifts.py)
     shared: dict = {}
     ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in plan.ranks]
+    if one_tp_rank:                     # each block of a stage's local work one op (exact: blocks.py)
+        from distlab.sim.reproduce.blocks import collapsed
+        ranks = [collapsed(ops, cluster.gpu) for ops in ranks]
     return Plan(ranks, name=plan.name, meta=plan.meta)
 
 
