@@ -93,3 +93,21 @@ def test_bad_fp8_recipe_is_one_line_exit_2(tmp_path, capsys, change, words):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert all(w in err for w in words), err
+
+
+def test_a_stage_of_tp_overlap_runs_as_one_op_per_block_with_the_full_simulations_step(tmp_path):
+    """PP x TP x DP with --tp-comm-overlap: one TP rank stands for its stage, each ring exchange a fixed-duration
+    op, and each block of its local work one op (sim/reproduce/blocks.py): a few ops per micro-batch instead of
+    hundreds, the step the full simulation's (every rank, every exchange on the network)."""
+    from distlab.sim.reproduce.plans import build_plan
+    from distlab.sim.reproduce.predict import cluster_for
+    row = {**SMALL, "model": {**SMALL["model"], "vocab": 4096}, "gpus": 32, "layout": {"tp": 8, "pp": 2, "dp": 2},
+           "global_batch": 8, "micro_batch": 1, "sequence_parallel": True, "tp_comm_overlap": True}
+    run = load_runs(runs_file(tmp_path, row))[0][0]
+    cluster = cluster_for(run)
+    plan = build_plan(run, cluster, True, {"cluster": cluster})
+    built = [ops for ops in plan.ranks if ops]
+    assert len(built) == 2 and all(len(ops) < 60 for ops in built)          # 4 micro-batches, 2 stages
+    blocks = sum(getattr(op, "name", "").startswith("block: ") for op in built[0])
+    assert 7 <= blocks <= 8                        # a forward and a backward per micro-batch (two may join)
+    assert step_seconds(run) == pytest.approx(step_seconds(run, replicas=False), rel=1e-9)
