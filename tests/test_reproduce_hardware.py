@@ -111,3 +111,10 @@ def test_a_stage_of_tp_overlap_runs_as_one_op_per_block_with_the_full_simulation
     blocks = sum(getattr(op, "name", "").startswith("block: ") for op in built[0])
     assert 7 <= blocks <= 8                        # a forward and a backward per micro-batch (two may join)
     assert step_seconds(run) == pytest.approx(step_seconds(run, replicas=False), rel=1e-9)
+
+
+def test_reproduce_prints_one_line_per_row_when_not_on_a_terminal(tmp_path, capsys):
+    path = runs_file(tmp_path, SMALL, {**SMALL, "name": "second", "make_vocab_size_divisible_by": 128})
+    assert main(["reproduce", path, "--only", "second"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reproduce: 1/1 second (8 GPUs): ") and err[0].endswith(" s in all")

@@ -112,11 +112,13 @@ def summary(results: list[dict]) -> dict:
 
 
 def by_key(results: list[dict], key: str) -> list[dict]:
-    """summary() per value of ``key`` (generation, table) among the simulated rows."""
+    """summary() per value of ``key`` (generation, generation_precision, table) among the simulated rows (a row
+    without a precision counts under its generation)."""
     import statistics
     out = []
-    for value in dict.fromkeys(x[key] for x in results):
-        errs = [x["error"] for x in results if x[key] == value and not x["fitted"]]
+    label = (lambda x: x.get(key) or x["generation"]) if key == "generation_precision" else (lambda x: x[key])
+    for value in dict.fromkeys(label(x) for x in results):
+        errs = [x["error"] for x in results if label(x) == value and not x["fitted"]]
         row = {key: value, "rows": len(errs), "median_abs_error": None, "max_abs_error": None, "bias": None}
         if errs:
             row.update(median_abs_error=statistics.median(abs(e) for e in errs),
