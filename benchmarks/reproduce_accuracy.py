@@ -1,9 +1,10 @@
 """Published runs reproduced (sim/reproduce/runs.yaml): predicted vs reported figure per run, then per source, per
 GPU generation and precision (bf16, fp16, fp8) and per GPU over the rows not fitted on: rows, median |error|, largest
 |error|, bias (the median signed error). Target (issue 39): median <= 8% and largest <= 15% for each generation and
-precision (and GPU) with held-out rows; the script says which meet it and exits 1 when one does not. Rows the simulator cannot express yet are listed with the
-reason. Each row also says where rank 0's step goes: compute (its kernels), exposed communication (data moving
-while no kernel runs) and idle (pipeline bubble, waiting on a peer). --markdown writes its section of
+precision (and GPU) with held-out rows; the script says which meet it and exits 1 when one does not. Rows the
+simulator cannot express yet are listed with the reason. Each row also says where rank 0's step goes: compute (its
+kernels), exposed communication (data moving while no kernel runs) and idle (pipeline bubble, waiting on a peer),
+its precision and FP8 recipe. --markdown writes its section of
 docs/accuracy.md (benchmarks/accuracy_doc.py).
 
     python benchmarks/reproduce_accuracy.py [RUNS.yaml] [--max-gpus N] [--only NAME ...] [--json] [--markdown]
