@@ -60,7 +60,9 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
     if run.attention != "unfused" and run.precision != "float8" and not run.compile and not one_tp_rank:
         return plan                     # as built (a composed plan may hold one rank per stage: shifts.py)
     shared: dict = {}
-    ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in plan.ranks]
+    ranks = plan.ranks
+    if run.attention == "unfused" or run.precision == "float8" or run.compile:
+        ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in ranks]
     if one_tp_rank:                     # each block of a stage's local work one op (exact: blocks.py)
         from distlab.sim.reproduce.blocks import collapsed
         ranks = [collapsed(ops, cluster.gpu) for ops in ranks]
