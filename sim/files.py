@@ -10,7 +10,7 @@ checks its key folders), and every step is relative to that descriptor, so a lin
 redirect the write. A file is created beside its destination with O_CREAT | O_EXCL | O_NOFOLLOW and renamed over
 it, so a symbolic link someone planted there is replaced, never written through, and a crash leaves the old file
 or the new one, never half of each (fsync of the file, then of the folder, as the POSIX rename idiom needs for
-durability); a FIFO or socket there is refused. A full or read-only disk does not lose a finished measurement:
+durability); a FIFO, socket or device there is refused. A full or read-only disk does not lose a finished measurement:
 the bytes go to a private folder in the temporary folder and the error says where (OutputError: one line, exit
 1). Lock files are made exclusively and checked (``OutputLock``); while a command runs, sim/io.py
 ``check_output`` holds the lock of each output it checks (``hold_lock``) until the command ends.
@@ -34,9 +34,8 @@ def write_atomic(path: str, data: str | bytes, keep_copy: bool = True) -> None:
     or the new one. The folder is opened once without following a link at it (``open_folder``: yours or root's,
     not writable by others) and every step is relative to that descriptor, so a link planted at the folder or
     swapped in meanwhile cannot redirect the write. The rename replaces a symbolic link at ``path`` rather than
-    writing where it points, except a link to a character device (/dev/full) that belongs to this user or root,
-    which is written through, as is a character device given directly (/dev/null); a FIFO or socket there is
-    refused (a reader would get the bytes; without one the write blocks forever). The file gets the permissions
+    writing where it points; a FIFO, socket or device there, or a link to one, is refused (a reader would get
+    the bytes; without one the write blocks forever; /dev/null or /dev/full is not a result file). The file gets the permissions
     the umask gives (0666 & ~umask, as open() does; an existing file keeps its mode). Creates no folders. When
     the write fails (a full or read-only disk, an unsafe folder), the data is kept in a private folder
     ``distlab-kept-*`` in the temporary folder (unless ``keep_copy`` is False) and OutputError names the path,
@@ -60,17 +59,16 @@ def _write(folder_fd: int, name: str, data: bytes) -> None:
         st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid in (os.getuid(), 0):
+    if st is not None and stat.S_ISLNK(st.st_mode):
         try:
             target = os.stat(name, dir_fd=folder_fd)
-        except FileNotFoundError:
-            target = None
-        if target is not None and stat.S_ISCHR(target.st_mode):
-            return _write_through(folder_fd, name, data)
-    elif st is not None and stat.S_ISCHR(st.st_mode):
-        return _write_through(folder_fd, name, data)
-    elif st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"{name} is {kind_of(st.st_mode)}, not a regular file; distlab writes only files")
+        except OSError:
+            target = None                      # a dangling link: replaced
+        if target is not None and not stat.S_ISREG(target.st_mode):
+            raise ConfigError(f"{name} is a link to {kind_of(target.st_mode)}, not a regular file; distlab writes "
+                              "only regular files")
+    elif st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{name} is {kind_of(st.st_mode)}, not a regular file; distlab writes only regular files")
     tmp = f".{name}.tmp-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,   # & ~umask
                  dir_fd=folder_fd)
@@ -87,17 +85,6 @@ def _write(folder_fd: int, name: str, data: bytes) -> None:
             os.unlink(tmp, dir_fd=folder_fd)
         raise
     _fsync_fd(folder_fd)
-
-
-def _write_through(folder_fd: int, name: str, data: bytes) -> None:
-    """A character device: written as it is (no temporary file beside it, no rename)."""
-    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=folder_fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
 
 
 def kind_of(mode: int) -> str:

@@ -131,15 +131,30 @@ def test_write_atomic_replaces_a_planted_link_and_fsyncs(tmp_path, monkeypatch):
     assert (tmp_path / "out.json").read_text() == "{}" and len(synced) == 2          # the file, then its folder
 
 
+# The launcher of the first run below: its disk fills up as the Perfetto trace is made durable. fsync reports
+# ENOSPC, as ext4 with delayed allocation and NFS do when the blocks are finally wanted (write(2) may have
+# succeeded into the page cache); every other file writes as usual.
+FULL_DISK_AT_M_JSON = """
+import errno, os, sys
+real_fsync = os.fsync
+def fsync(fd):
+    if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".m.json.tmp-"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_fsync(fd)
+os.fsync = fsync
+from distlab.runtime.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
-def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measurement(tmp_path):
+def test_a_second_run_on_the_same_out_refuses_and_a_full_disk_keeps_the_measurement(tmp_path):
     """Two runs with the same --out: the second refuses in one line (before: it cleared and removed the first's live
-    flight records). The first's Perfetto trace goes to a link to /dev/full: that result is kept and the one line
-    says where (before: an OSError traceback after the whole run)."""
+    flight records). The disk fills up while the first writes its Perfetto trace: that result is kept, the one
+    line says where (before: an OSError traceback after the whole run), and nothing half written is left."""
     plan = one_rank(1.5, tmp_path / "p.json")        # long enough for the second, refused at once, to find it
     out, full = tmp_path / "m.trace", tmp_path / "m.json"
-    full.symlink_to("/dev/full")
-    first = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", plan, "--out", out, "--perfetto",
+    first = subprocess.Popen([sys.executable, "-c", FULL_DISK_AT_M_JSON, "run", plan, "--out", out, "--perfetto",
                               full, "--backend", "gloo", "-v"], stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, TMPDIR=str(tmp_path)))
     lines = []
@@ -159,7 +174,8 @@ def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measur
     from distlab.sim.trace import Trace
     kept = from_chrome(json.loads(open(kept_file(line)).read()))
     assert {o.name for o in kept.ops} == {"work", "all_reduce"} == {o.name for o in Trace.from_json(out.read_text()).ops}
-    assert os.path.islink(full) and not os.path.exists(tmp_path / ".m.trace.lock")
+    assert not os.path.lexists(full) and not os.path.exists(tmp_path / ".m.trace.lock")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".m.json.tmp-")]          # nothing half written
 
 
 class Stamped(io.StringIO):
@@ -300,6 +316,22 @@ def test_a_fifo_at_out_is_refused_before_the_ranks_start(tmp_path, no_ranks, com
     argv = ["run", one_rank(0.01, tmp_path / "p.json")] if command == "run" else ["bench", "--sizes", "1KiB"]
     code, _, err = cli(argv + ["--out", fifo])
     assert code == 2 and err.count("\n") == 1 and "is a FIFO (named pipe); distlab writes only regular files" in err
+
+
+def test_a_device_or_a_link_to_one_is_refused_before_the_ranks_start(tmp_path, no_ranks):
+    """Before: --out /dev/null, or the user's own link to /dev/full, was written through (issue 41 item 3: only
+    regular files are written). Refused by the check before any work, and by the write itself."""
+    from distlab.sim.errors import OutputError
+    from distlab.sim.files import write_atomic
+    (tmp_path / "m.trace").symlink_to("/dev/full")
+    plan = one_rank(0.01, tmp_path / "p.json")
+    for argv, out, what in ((["bench", "--sizes", "1KiB"], "/dev/null", "is a character device"),
+                            (["run", plan], tmp_path / "m.trace", "is a link to a character device")):
+        code, _, err = cli(argv + ["--out", out])
+        assert code == 2 and err.count("\n") == 1 and f"{what}; distlab writes only regular files" in err, err
+        with pytest.raises(OutputError, match="character device, not a regular file"):
+            write_atomic(str(out), "{}", keep_copy=False)
+    assert os.readlink(tmp_path / "m.trace") == "/dev/full"
 
 
 def test_a_hard_linked_or_fifo_lock_file_is_refused_and_a_full_disk_leaves_none(tmp_path, monkeypatch, no_ranks):
