@@ -116,7 +116,8 @@ def folder_problem(st, uid: int | None = None, gid: int | None = None) -> str | 
 
 def open_folder(path: str, flag: str | None = None) -> int:
     """A descriptor of the folder ``path``, opened with O_DIRECTORY | O_NOFOLLOW (a symbolic link at the folder
-    itself is refused, not followed) and checked by ``folder_problem``; ConfigError naming what is wrong."""
+    itself is refused, not followed) and checked by ``folder_problem``, and the way to it by ``path_problem``
+    (every parent up to /, every link on the way); ConfigError naming what is wrong."""
     try:
         fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -126,12 +127,64 @@ def open_folder(path: str, flag: str | None = None) -> int:
         if e.errno == errno.ENOTDIR:
             raise ConfigError(f"{path} is not a folder", flag or path) from None
         raise ConfigError(f"cannot open folder {path}: {e.strerror}", flag or path) from None
-    problem = folder_problem(os.fstat(fd))
+    st = os.fstat(fd)
+    problem = folder_problem(st)
     if problem:
         os.close(fd)
         raise ConfigError(f"folder {path} is {problem}: others could replace what distlab writes there; use a "
                           f"folder of yours that only you can write", flag or path)
+    problem = path_problem(path or ".", st)
+    if problem:
+        os.close(fd)
+        raise ConfigError(f"folder {path}: {problem}: others could redirect what distlab writes there; use a "
+                          f"folder whose every parent is yours or root's and only you can write", flag or path)
     return fd
+
+
+def path_problem(path: str, opened=None) -> str | None:
+    """Why the way to the folder ``path`` is unsafe, or None, as OpenSSH's StrictModes checks every folder above
+    a key file up to / (auth.c ``safe_path``): each symbolic link on the way must be yours or root's and sit in
+    a folder ``folder_problem`` accepts (another user's link, or one in a folder others can write, could be
+    pointed elsewhere), and each folder above the real one, up to /, must pass ``folder_problem`` (another
+    user's parent could be renamed or replaced). Links are resolved one at a time, as the kernel does; ``opened``
+    (an ``os.stat`` of the descriptor opened) must be the folder reached, else it was swapped meanwhile."""
+    parts = os.path.join(os.getcwd(), path).split(os.sep)
+    real, hops = os.sep, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            real = os.path.dirname(real)
+            continue
+        step = os.path.join(real, part)
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return None                              # opening it fails and says why
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if st.st_uid not in (os.getuid(), 0):
+                return f"{step} on the way is a symbolic link of another user (uid {st.st_uid})"
+            holder = folder_problem(os.stat(real))
+            if holder:
+                return f"{step} on the way is a symbolic link in folder {real}, which is {holder}"
+            if hops > 40:
+                return f"too many symbolic links on the way ({step})"
+            target = os.readlink(step)
+            parts = target.split(os.sep) + parts
+            real = os.sep if target.startswith(os.sep) else real
+            continue
+        real = step
+    here = os.stat(real)
+    if opened is not None and (here.st_dev, here.st_ino) != (opened.st_dev, opened.st_ino):
+        return "it was replaced while it was opened"
+    while real != os.sep:
+        real = os.path.dirname(real)
+        problem = folder_problem(os.stat(real))
+        if problem:
+            return f"its parent {real} is {problem}"
+    return None
 
 
 def make_folder(path: str, flag: str) -> None:

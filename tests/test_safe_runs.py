@@ -308,6 +308,37 @@ def test_a_folder_writable_by_others_is_refused(tmp_path, no_ranks):
     write_atomic(str(shared / "ok.json"), "{}")
 
 
+def test_every_parent_and_every_link_on_the_way_is_checked_as_ssh_does(tmp_path, no_ranks):
+    """Before: only a link at the last folder was refused; a parent others can write (where the folder, or a link
+    on the way, can be swapped) or a link of another user higher up was followed (issue 41 item 3; OpenSSH's
+    StrictModes checks every folder up to /). A link of yours, in a folder only you write, is followed."""
+    from distlab.sim.files import open_folder
+    from distlab.sim.errors import ConfigError
+    (tmp_path / "open" / "inner").mkdir(parents=True)
+    os.chmod(tmp_path / "open", 0o777)
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--out", tmp_path / "open" / "inner" / "m.trace"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"inner: its parent {tmp_path}/open is writable by every user (mode 777)" in err, err
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "open" / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match=f"open/link on the way is a symbolic link in folder {tmp_path}/open, "
+                                          "which is writable by every user"):
+        open_folder(str(tmp_path / "open" / "link" / "sub"))
+    os.chmod(tmp_path / "open", 0o1777)                                      # sticky, as /tmp
+    os.close(open_folder(str(tmp_path / "open" / "inner")))
+    (tmp_path / "mine").symlink_to(tmp_path / "real")                        # /home/me -> /data/me
+    os.close(open_folder(str(tmp_path / "mine" / "sub")))
+    if os.getuid() != 0:
+        return                                                               # chown needs root
+    os.chown(tmp_path / "real", 12345, -1)
+    with pytest.raises(ConfigError, match=f"its parent {tmp_path}/real is owned by another user"):
+        open_folder(str(tmp_path / "mine" / "sub"))
+    os.chown(tmp_path / "real", 0, -1)
+    os.lchown(tmp_path / "mine", 12345, -1)
+    with pytest.raises(ConfigError, match="mine on the way is a symbolic link of another user"):
+        open_folder(str(tmp_path / "mine" / "sub"))
+
+
 @pytest.mark.parametrize("command", ["run", "bench"])
 def test_a_fifo_at_out_is_refused_before_the_ranks_start(tmp_path, no_ranks, command):
     """Before: run blocked after measuring (no reader), or a reader got the trace."""
