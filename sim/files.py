@@ -28,7 +28,7 @@ from distlab.sim.errors import ConfigError, OutputError
 KEPT_PREFIX = "distlab-kept-"
 
 
-def write_atomic(path: str, data: str | bytes, keep_copy: bool = True) -> None:
+def write_atomic(path: str, data: str | bytes, keep_copy: bool = True, expect: tuple | None = None) -> None:
     """Write to a private temporary file beside ``path`` (O_CREAT | O_EXCL | O_NOFOLLOW), fsync it, rename it
     over ``path``, fsync the folder: a reader never sees half a file, and after a crash the file is the old one
     or the new one. The folder is opened once without following a link at it (``open_folder``: yours or root's,
@@ -39,11 +39,12 @@ def write_atomic(path: str, data: str | bytes, keep_copy: bool = True) -> None:
     the umask gives (0666 & ~umask, as open() does; an existing file keeps its mode). Creates no folders. When
     the write fails (a full or read-only disk, an unsafe folder), the data is kept in a private folder
     ``distlab-kept-*`` in the temporary folder (unless ``keep_copy`` is False) and OutputError names the path,
-    the error and that copy."""
+    the error and that copy. ``expect``: the folder's (device, inode) when another process checked it (a rank
+    writing into the --dump-dir its launcher checked): a different folder there now is refused."""
     full = os.path.abspath(path)
     data = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        folder_fd = open_folder(os.path.dirname(full))
+        folder_fd = open_folder(os.path.dirname(full), expect=expect)
         try:
             _write(folder_fd, os.path.basename(full), data)
         finally:
@@ -114,10 +115,11 @@ def folder_problem(st, uid: int | None = None, gid: int | None = None) -> str | 
     return None
 
 
-def open_folder(path: str, flag: str | None = None) -> int:
+def open_folder(path: str, flag: str | None = None, expect: tuple | None = None) -> int:
     """A descriptor of the folder ``path``, opened with O_DIRECTORY | O_NOFOLLOW (a symbolic link at the folder
     itself is refused, not followed) and checked by ``folder_problem``, and the way to it by ``path_problem``
-    (every parent up to /, every link on the way); ConfigError naming what is wrong."""
+    (every parent up to /, every link on the way); with ``expect``, it must be the folder of that (device,
+    inode), the one another process checked; ConfigError naming what is wrong."""
     try:
         fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -134,6 +136,9 @@ def open_folder(path: str, flag: str | None = None) -> int:
         raise ConfigError(f"folder {path} is {problem}: others could replace what distlab writes there; use a "
                           f"folder of yours that only you can write", flag or path)
     problem = path_problem(path or ".", st)
+    if not problem and expect is not None and (st.st_dev, st.st_ino) != tuple(expect):
+        problem = (f"it is not the folder the launcher checked (device {expect[0]}, inode {expect[1]}; now "
+                   f"{st.st_dev}, {st.st_ino}): it was replaced meanwhile")
     if problem:
         os.close(fd)
         raise ConfigError(f"folder {path}: {problem}: others could redirect what distlab writes there; use a "
@@ -187,6 +192,13 @@ def path_problem(path: str, opened=None) -> str | None:
     return None
 
 
+def folder_id(path: str, flag: str) -> tuple[int, int]:
+    """(device, inode) of the folder ``path``, checked by ``open_folder``: what a rank compares (``expect``)."""
+    fd = open_folder(path, flag)
+    st, _ = os.fstat(fd), os.close(fd)
+    return st.st_dev, st.st_ino
+
+
 def make_folder(path: str, flag: str) -> None:
     """Create the folder ``path`` if missing (its parent must exist), then check it as ``open_folder`` does."""
     try:
@@ -213,10 +225,7 @@ def fsync_folder(folder: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.EROFS, errno.EBADF):
-            raise
+        _fsync_fd(fd)
     finally:
         os.close(fd)
 

@@ -409,3 +409,37 @@ def test_every_command_that_writes_results_holds_the_output_lock(tmp_path, no_ra
         code, _, err = cli(argv)
     assert code == 2 and err.count("\n") == 1 and f"another distlab run (pid {os.getpid()}) is writing" in err, err
     assert os.listdir(tmp_path) in ([], ["p.json"])
+
+
+def test_a_rank_refuses_a_dump_dir_swapped_after_the_launcher_checked_it(tmp_path, monkeypatch):
+    """Issue 41 item 3: ranks open --dump-dir again by its path; the launcher passes the (device, inode) it
+    checked (DISTLAB_FLIGHT_DIR_ID) and a rank refuses any other folder found there, for its ring and its dump."""
+    from distlab.runtime.diagnosis.flight import Recorder
+    from distlab.runtime.ranks import forkserver
+    from distlab.runtime.ranks.launch import Launch
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.files import folder_id
+    dump = tmp_path / "dump"
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def spawn(env, *a):
+        seen.update(env)
+        raise Stop
+    monkeypatch.setattr(forkserver, "enabled", lambda: True)
+    monkeypatch.setattr(forkserver, "spawn", spawn)
+    with pytest.raises(Stop):
+        Launch("distlab.runtime.execute.executor:plan_task", {}, 1, backend="gloo", dump_dir=str(dump)).start()
+    checked = "%d:%d" % folder_id(str(dump), "--dump-dir")
+    assert seen["DISTLAB_FLIGHT_DIR_ID"] == checked and seen["DISTLAB_FLIGHT_DIR"] == str(dump)
+    monkeypatch.setenv("DISTLAB_FLIGHT_DIR_ID", checked)
+    rec = Recorder(str(dump), 0, 2, capacity=4)
+    assert rec.dump("first") == str(dump / "flight.0.json")
+    dump.rename(tmp_path / "moved")                     # swapped: another folder now at the checked path
+    dump.mkdir()
+    with pytest.raises(ConfigError, match="it is not the folder the launcher checked"):
+        Recorder(str(dump), 1, 2, capacity=4)
+    assert rec.dump("late") is None and os.listdir(dump) == []
+    rec.mm.close()
