@@ -290,8 +290,12 @@ def _stat(full: str):
 
 
 def _lock(full: str, flag: str) -> None:
-    """Hold the output's lock while the command runs (sim/files.py hold_lock)."""
+    """Hold the output's lock while the command runs (sim/files.py hold_lock). Under torchrun (TORCHELASTIC_RUN_ID
+    set) only global rank 0 writes results (runtime/ranks/torchrun_rank.py): the other ranks of the job take no
+    lock, or the second rank of a node would be refused the output its own job's rank 0 holds."""
     from distlab.sim.files import hold_lock
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
+        return
     st = _lstat(full)
     if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
         hold_lock(full, flag)
