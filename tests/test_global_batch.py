@@ -76,3 +76,12 @@ def test_a_yaml_count_over_the_limit_names_the_key_and_the_real_limit(key, value
     rc, out, err = run_in_process(capsys, "simulate", str(path), "--no-files")
     assert rc == 2 and err.count("\n") == 1, err
     assert f"{path}: {key}: {value} is out of range; allowed: 1 to {limit:,}" in err, err
+
+
+def test_the_report_says_what_set_the_micro_batches(capsys):
+    said = {}
+    for extra in ((), ("--global-batch", "256"), ("--microbatches", "4")):
+        rc, out, err = run_in_process(capsys, "simulate", "--mesh", "pp=4,dp_shard=2", "--no-files", "--json", *extra)
+        assert rc == 0, err
+        said[extra[:1]] = json.loads(out)["results"][0]["assumptions"].get("microbatches_from")
+    assert said == {(): "2 x pp x v", ("--global-batch",): "global_batch", ("--microbatches",): None}
