@@ -34,8 +34,8 @@ def test_the_global_batch_is_printed_and_reaches_the_step(capsys):
 
 
 @pytest.mark.parametrize("extra,words", [
-    ({"global_batch": 62}, "does not divide"),                       # 62 / (2 x 2)
-    ({"global_batch": 8}, "fewer than the 4 pp stages"),             # m = 2 < pp
+    ({"global_batch": 62}, "is not dp 2 x micro-batch 2 x m; allowed: 16, 20"),
+    ({"global_batch": 8}, "= 2 < pp 4"),                             # m = 8 / (2 x 2) < pp
     ({"global_batch": 64, "pipeline": {"microbatches": 4}}, "x microbatches 4 = 16"),
     ({"global_batch": 0}, "from 1 to"),
 ])
@@ -53,7 +53,7 @@ def test_without_a_pipeline_the_global_batch_must_be_what_the_layout_trains():
 
 
 FLAG_ERRORS = [  # argv, the flag the error must start with, words it must hold
-    (("--mesh", "pp=4,dp_shard=2", "--micro-batch", "2", "--global-batch", "62"), "--global-batch", "divide"),
+    (("--mesh", "pp=4,dp_shard=2", "--micro-batch", "2", "--global-batch", "62"), "--global-batch", "x m;"),
     (("--global-batch", "60"), "--global-batch", "is not dp 8 x micro-batch 8"),
     (("--global-batch", "100000000000"), "--global-batch", "allowed: 1 to"),
     (("--microbatches", "8"), "--microbatches", "needs a pp dimension in --mesh"),
@@ -67,6 +67,7 @@ def test_flag_errors_name_the_flag_typed(argv, flag, words, capsys):
     assert rc == 2 and err.count("\n") == 1, err
     message = err.split(": error: ", 1)[1]
     assert message.startswith(f"{flag}: ") and words in message and "pipeline section" not in message, message
+    assert len(err.rstrip("\n")) <= 100, err
 
 
 @pytest.mark.parametrize("key,value,limit", [("nodes", 100000, MAX_RANKS // 8), ("world_size", 10**12, MAX_RANKS)])

@@ -59,16 +59,15 @@ def apply(options, mesh, global_batch: int, micro: int, flag: str):
             return options
         m, rest = divmod(global_batch, per_step)
         if rest or m < pp:
-            why = "does not divide" if rest else f"gives {m} micro-batches, fewer than the {pp} pp stages need"
-            raise ConfigError(f"{global_batch} sequences over dp {dp} x micro-batch {micro} = {per_step} {why}; "
-                              f"allowed: a multiple of {per_step}, at least {per_step * pp} "
-                              f"({2 * pp * v * per_step} for 2 x pp x v micro-batches)", flag)
+            why = f"is not dp {dp} x micro-batch {micro} x m" if rest else \
+                f"/ (dp {dp} x micro-batch {micro}) = {m} < pp {pp}"
+            allowed = ", ".join(str(per_step * k) for k in (pp, pp + 1))
+            raise ConfigError(f"{global_batch} {why}; allowed: {allowed}, ...", flag)
         owner = replace(owner, microbatches=m)
         return replace(options, pipeline=owner) if nested else owner
     accum = getattr(options, "grad_accum", None) or 1
     if dp * micro * accum != global_batch:
-        accum_words = f" x grad_accum {accum}" if hasattr(options, "grad_accum") else ""
+        accum_words = f" x grad_accum {accum}" if accum > 1 else ""
         raise ConfigError(f"{global_batch} is not dp {dp} x micro-batch {micro}{accum_words} = "
-                          f"{dp * micro * accum} (without a pipeline the global batch is what the layout trains; "
-                          "change --micro-batch, the mesh or grad_accum)", flag)
+                          f"{dp * micro * accum} (no pipeline)", flag)
     return options

@@ -142,7 +142,7 @@ def scenario_from_args(args, default: dict):
     for idea in PIPELINE_IDEAS:                # a pipeline's flag on a mesh without pp: named as typed
         if idea in shared and targets[idea] == ["pipeline"] and "pp" not in (d.get("mesh") or {}):
             where = "--mesh" if args.mesh or not args.scenario else "the scenario's mesh"
-            raise ConfigError(f"needs a pp dimension in {where} (pipeline stages), e.g. --mesh pp=4,dp_shard=2",
+            raise ConfigError(f"needs a pp dimension in {where}, e.g. pp=4,dp_shard=2",
                               SHARED[idea][0])
     where = args.scenario or "scenario"
     try:
@@ -160,8 +160,7 @@ def check_flags(args) -> None:
     check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
     check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
     from distlab.sim.scenario.batch import MAX_GLOBAL_BATCH
-    check_whole(getattr(args, "global_batch", None), "--global-batch", 1, MAX_GLOBAL_BATCH,
-                "sequences per optimizer step")
+    check_whole(getattr(args, "global_batch", None), "--global-batch", 1, MAX_GLOBAL_BATCH)
 
 
 def implied(mesh) -> set[str]:
