@@ -41,7 +41,9 @@ def run(args) -> int:
     chosen = [r for r in runs if not args.only or r.name in args.only]
     results, skipped = [], []
     start = time.perf_counter()
-    for i, r in enumerate(progress(chosen, len(chosen), "simulating published runs", delay_s=0.0), 1):
+    bar = progress(chosen, len(chosen), "simulating published runs", delay_s=0.0,
+                   enabled=sys.stderr.isatty())          # elsewhere: the line per row below
+    for i, r in enumerate(bar, 1):
         if args.max_gpus is not None and r.gpus > args.max_gpus:
             skipped.append({"name": r.name, "world_size": r.gpus,
                             "reason": f"more than --max-gpus {args.max_gpus}"})
