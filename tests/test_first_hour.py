@@ -96,7 +96,8 @@ ERRORS = [  # argv, the flag the error must start with, words it must hold
     (("memory", "--model", "no-such-model"), "--model", "unknown model preset"),
     (("plan", "--model", "no-such-model", "--nodes", "1", "--global-batch", "8"), "--model", "unknown model preset"),
     (("collective", "all_reduce", "--size", "2PiB"), "--size", "larger than 1 PiB"),
-    (("collective", "all_reduce", "--nodes", "40000"), "--nodes", "allowed: 1 to 32,768"),
+    (("collective", "all_reduce", "--nodes", "40000"), "--nodes", "allowed: 1 to 1,024 (8,192 ranks of 8"),
+    (("collective", "all_reduce", "--nodes", "1024", "--sizes", "1KiB:1GiB"), "--sizes", "32,768 rank-sizes"),
 ]
 
 
