@@ -41,7 +41,9 @@ def add_arguments(p) -> None:
 
 # Bounds, so that a typo cannot keep the search running for minutes (it simulates micro-batches of the global batch:
 # 2,048 sequences took 17 s on one node, 1,048,576 over 2 minutes); published global batches are a few thousand.
-LIMITS = {"nodes": 65536, "global_batch": 16384, "confirm": 1000, "seq_len": 1 << 20}
+# Nodes: the simulator's ranks (sim/cluster MAX_RANKS, 262,144) over the cluster's GPUs per node, as simulate's
+# --nodes (32,768 nodes of 8 GPUs); the bound here is that of a one-GPU node, the cluster's is checked after it.
+LIMITS = {"nodes": 262144, "global_batch": 16384, "confirm": 1000, "seq_len": 1 << 20}
 
 
 def question(args) -> dict:
@@ -65,6 +67,9 @@ def question(args) -> dict:
         if (q[k] is not None or k != "seq_len") and (not isinstance(q[k], int) or isinstance(q[k], bool)
                                                      or not least <= q[k] <= most):
             raise ConfigError(f"{q[k]!r} must be a whole number from {least} to {most}", "--" + k.replace("_", "-"))
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import load_cluster, nodes_bound
+    check_whole(q["nodes"], "--nodes", 1, *nodes_bound(load_cluster(q["cluster"])))
     from distlab.sim.models import spec_from_text
     model = q["model"] if isinstance(q["model"], dict) else spec_from_text(str(q["model"]), "--model" if args.model else
                                                                               f"{args.question}: model")

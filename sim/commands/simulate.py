@@ -59,7 +59,21 @@ def scenario_from_args(args):
     """(the Scenario, the overrides as text) of the arguments (sim/scenario/flags.py)."""
     from distlab.sim import scenario as sc
     from distlab.sim.scenario.flags import scenario_from_args as from_flags
-    return from_flags(args, sc.DEFAULT)
+    try:
+        return from_flags(args, sc.DEFAULT)
+    except ConfigError as e:
+        raise as_typed(e, args) from None
+
+
+def as_typed(e: ConfigError, args) -> ConfigError:
+    """A flags-only run's error at the scenario's mesh, model or cluster key named by the flag the user typed
+    (``--mesh: llama3-8b is dense; ...``), not by a scenario the user never wrote."""
+    key = (e.where or "").removeprefix("scenario: ").split(".")[0].split(":")[0]
+    flag = {"mesh": "--mesh", "model": "--model", "cluster": "--cluster", "world_size": "--world-size",
+            "nodes": "--nodes"}.get(key)
+    if args.scenario or flag is None:
+        return e
+    return ConfigError(str(e).removeprefix(f"{e.where}: "), flag)
 
 
 def parse_sweep(text: str, scenario) -> tuple[str, list]:
@@ -85,7 +99,10 @@ def run(args) -> int:
             raise ConfigError("a sweep simulates many plans; save one with a single run", "--save-plan")
         return run_sweep(args, scenario)
     from distlab.sim import scenario as sc
-    result = sc.simulate(scenario, args.scenario or "scenario")
+    try:
+        result = sc.simulate(scenario, args.scenario or "scenario")
+    except ConfigError as e:
+        raise as_typed(e, args) from None
     files = {}
     if args.save_plan:
         result.plan.save(args.save_plan)

@@ -237,10 +237,9 @@ def resolve_cluster(d: dict, where: str = "scenario"):
     """The Cluster of a validated scenario mapping: its preset or file, nodes (at most the simulator's ranks over
     the cluster's GPUs per node, named as written) and world size."""
     from distlab.sim.cli import check_whole
-    from distlab.sim.cluster import MAX_RANKS, load_cluster
+    from distlab.sim.cluster import load_cluster, nodes_bound
     if d.get("nodes") is not None:
-        gpn = load_cluster(d["cluster"]).gpus_per_node
-        check_whole(d["nodes"], f"{where}: nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
+        check_whole(d["nodes"], f"{where}: nodes", 1, *nodes_bound(load_cluster(d["cluster"])))
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
         cluster = cluster.with_world_size(d["world_size"])
