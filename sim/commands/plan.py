@@ -89,8 +89,10 @@ def run(args) -> int:
     check_scheduler(args.scheduler, getattr(args, "insecure_scheduler", False))
     check_outputs((args.save, "--save", "file"), (args.plot, "--plot", "figure"))
     from distlab.sim.models.activations import require_structure
-    require_structure(model_from_spec({**q["model"], "micro_batch": 1}, "--model"), "distlab plan (tp, cp, pp "
-                      "layouts)", ("gpt", "moe"))
+    built = model_from_spec({**q["model"], "micro_batch": 1}, "--model")
+    if (built.config or {}).get("kind") == "moe":      # sim/planner/layouts.py: EP is not a searched family
+        raise ConfigError(f"{built.name} is MoE: plan has no EP search yet; allowed: dense models", "--model")
+    require_structure(built, "distlab plan (tp, cp, pp layouts)", ("gpt",))
     bar = _Bar(not args.json)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"{args.workers} must be a whole number >= 1", "--workers")

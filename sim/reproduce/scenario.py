@@ -25,9 +25,37 @@ def grad_dtype(run) -> str:
     return "float16" if run.precision == "float16" else "float32"
 
 
+def is_moe(run) -> bool:
+    """Whether the run's model has experts: its step is the EP builder's (``ep_scenario``), at any ep."""
+    from distlab.sim.models import model_from_spec
+    spec = run.model_spec
+    if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
+        return False                                       # builder arguments without a kind: a gpt
+    if "kind" in spec:
+        return spec["kind"] == "moe"
+    return (model_from_spec({**spec, "micro_batch": 1}, f"run {run.name}: model").config or {}).get("kind") == "moe"
+
+
+def ep_scenario(run) -> dict:
+    """A MoE run as the ``ep`` workload: mesh {pp, dp, ep}, ep folded from the run's dp (Megatron's expert data
+    parallelism, torchtitan's ExpertParallel), ZeRO-1 when the run shards the optimizer (zero 1), the run's
+    micro-batches (with pp: the pipeline's; without: gradient accumulation), schedule and split; recompute on the
+    model. Balanced routing (skew 0): what the runs' auxiliary-loss-free or aux-loss balancers aim at."""
+    L = run.layout
+    schedule = run.schedule if L["pp"] > 1 else "1f1b"
+    ep = {"zero1": L["zero"] >= 1, "microbatches": run.microbatches, "schedule": schedule, "split": L["split"]}
+    model = {**run.model_spec, "micro_batch": run.micro_batch, "dtype": model_dtype(run)}
+    if run.recompute != "none":
+        model["recompute"] = run.recompute
+    return {"name": run.name, "model": model, "mesh": {"pp": L["pp"], "dp": L["dp"] // L["ep"], "ep": L["ep"]},
+            "ep": ep, "cluster": run.cluster, "world_size": run.gpus}
+
+
 def scenario_of(run) -> dict:
-    """The run as a scenario dict (validated by sim/scenario.py)."""
+    """The run as a scenario dict (validated by sim/scenario.py); a MoE run: ``ep_scenario``."""
     from distlab.sim import scenario as sc
+    if is_moe(run):
+        return sc.validate(ep_scenario(run), f"run {run.name}")
     L = run.layout
     tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
