@@ -115,6 +115,10 @@ def not_expressible(run: Run) -> str | None:
         if L["pp"] > 1 and L["virtual_stages"] != (2 if run.schedule == "interleaved" else 1):
             return (f"{run.schedule} with {L['virtual_stages']} stages per rank in a MoE run: the EP builder runs 1 "
                     "(1f1b, gpipe) or 2 (interleaved)")
+        from distlab.sim.reproduce.scenario import EP_MAX_OPS, ep_plan_ops
+        if ep_plan_ops(run) > EP_MAX_OPS:
+            return (f"an EP plan of about {ep_plan_ops(run):,} ops: EP plans are built rank by rank, without the "
+                    f"symmetry classes of dense plans (at most {EP_MAX_OPS:,}, about a minute)")
     return None
 
 

@@ -36,6 +36,18 @@ def is_moe(run) -> bool:
     return (model_from_spec({**spec, "micro_batch": 1}, f"run {run.name}: model").config or {}).get("kind") == "moe"
 
 
+EP_OPS_PER_BLOCK = 45        # ops per rank, micro-batch and MoE block (forward + backward), counted on built EP plans
+EP_MAX_OPS = 400_000         # an EP row's plan at most: 184k ops (Mixtral 8x7B on 64 GB200) took 18 s on one core
+
+
+def ep_plan_ops(run) -> int:
+    """About how many ops the EP plan of ``run`` holds: every rank is built (EP plans have no symmetry classes),
+    EP_OPS_PER_BLOCK per rank, micro-batch and block of its stage."""
+    from distlab.sim.models import model_from_spec
+    layers = model_from_spec({**run.model_spec, "micro_batch": 1}, f"run {run.name}: model").config["layers"]
+    return EP_OPS_PER_BLOCK * run.gpus * run.microbatches * -(-layers // run.layout["pp"])
+
+
 def ep_scenario(run) -> dict:
     """A MoE run as the ``ep`` workload: mesh {pp, dp, ep}, ep folded from the run's dp (Megatron's expert data
     parallelism, torchtitan's ExpertParallel), ZeRO-1 when the run shards the optimizer (zero 1), the run's
