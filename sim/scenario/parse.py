@@ -242,7 +242,10 @@ def resolve_cluster(d: dict, where: str = "scenario"):
         check_whole(d["nodes"], f"{where}: nodes", 1, *nodes_bound(load_cluster(d["cluster"])))
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
-        cluster = cluster.with_world_size(d["world_size"])
+        try:
+            cluster = cluster.with_world_size(d["world_size"])
+        except ConfigError as e:                    # named in its file (a GB200 job of partial trays)
+            raise under(e, where) from None
     return cluster
 
 

@@ -187,7 +187,7 @@ def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None,
     runtime/parallel/ep/run.py times)."""
     if (model.config or {}).get("kind") != "moe":          # EP on a dense model: the MoE presets named
         from distlab.sim.models.presets import moe_presets
-        raise ConfigError(f"{model.name} is dense; allowed: MoE ({', '.join(moe_presets())})", "mesh.ep")
+        raise ConfigError(f"{model.name} has no experts; allowed: MoE ({', '.join(moe_presets())})", "mesh.ep")
     c = config_of(model)
     if "ep" not in mesh:
         raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}",
