@@ -4,7 +4,7 @@ and run by `distlab reproduce` as a published MoE run (sim/reproduce/scenario.py
 the run's dp, ZeRO-1 for zero 1) give the same step and MFU within 1%. Seeded layouts on a Mixtral-like model
 (GQA, 8 experts, top-2) and a DeepSeek-V3-like one (MLA, a dense first block, 1 shared + 256 routed experts,
 top-8): EP alone, EP x DP, gradient accumulation, all_reduce instead of ZeRO-1, recompute, PP x EP under 1f1b,
-gpipe and interleaved, 8 to 128 GPUs; sim-only, 2 or 3 blocks. `distlab plan` does not search expert
+gpipe and interleaved, 8 to 32 GPUs; sim-only, 2 to 4 blocks. And HSDP in reproduce (layout key dp_shard). `distlab plan` does not search expert
 parallelism (sim/planner/layouts.py: "Not searched"); it says so for a MoE model (tests below)."""
 import json
 import pathlib
@@ -100,3 +100,22 @@ def test_plan_refuses_a_moe_model_naming_the_missing_search(cli, model):
     rc, out, err = cli("plan", "--model", model, "--nodes", "4", "--global-batch", "32", "--seq-len", "2048")
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert f"--model: {model} is MoE: plan has no EP search yet; allowed: dense models" in err
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_reproduce_of_an_hsdp_run_agrees_with_simulate(tp):
+    """HSDP in reproduce (issue 39.6; MosaicML's HYBRID_SHARD, torchtitan's dp_replicate x dp_shard): layout key
+    dp_shard under zero 3 gives the user's mesh {dp_replicate, dp_shard, tp} the same step."""
+    from distlab.sim.reproduce.predict import step_seconds
+    model = {"preset": "llama3-8b", "layers": 2, "seq_len": 2048}
+    layout = {"dp": 32, "tp": tp, "pp": 1, "cp": 1, "zero": 3, "virtual_stages": 1, "split": None, "ep": 1,
+              "dp_shard": 8}
+    run = Run("hsdp", "test", dict(model), "h100", CLUSTER, 32 * tp, layout, 32, 1, recompute="selective",
+              sequence_parallel=tp > 1)
+    d = {"model": {**model, "micro_batch": 1}, "mesh": {"dp_replicate": 4, "dp_shard": 8},
+         "fsdp": {"reshard_after_forward": True}, "cluster": CLUSTER, "world_size": 32 * tp}
+    if tp > 1:
+        d["mesh"]["tp"], d["tp"] = tp, {"sequence_parallel": True, "recompute": "selective"}
+    else:
+        d["model"]["recompute"] = "selective"
+    assert step_seconds(run) == pytest.approx(sc.simulate(d, "user").summary["step_s"], rel=0.01)

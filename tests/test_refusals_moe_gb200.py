@@ -37,6 +37,7 @@ def write(tmp_path, name, d) -> str:
     ({"layout": {"dp": 8, "ep": 8}}, ["run 'bad'.layout.ep", "ep 8 on a dense model", "allowed: ep 1, or MoE",
                                       "mixtral-8x7b, deepseek-v3"]),
     ({"model": MOE, "layout": {"dp": 8, "ep": 3}}, ["run 'bad'.layout.ep", "ep 3 must divide dp 8"]),
+    ({"layout": {"dp": 8, "dp_shard": 3, "zero": 3}}, ["run 'bad'.layout.dp_shard", "dp_shard 3 must divide dp 8"]),
 ])
 def test_a_bad_reproduce_row(cli, tmp_path, change, words):
     one_line_exit_2(*cli("reproduce", write(tmp_path, "runs.yaml", {"runs": [{**ROW, **change}]})), *words)
@@ -85,6 +86,7 @@ PUBLISHED = [   # (framework's layout, run, words the refusal must hold; None: i
     ("Megatron-LM distributed optimizer", run("megatron-zero1", DENSE, 8, {"dp": 8, "zero": 1}, 16,
                                                overlap_grad_reduce=True), None),
     ("torchtitan FSDP2 x TP", run("titan-2d", DENSE, 8, {"tp": 2, "dp": 4, "zero": 3}, 4), None),
+    ("MosaicML HYBRID_SHARD (HSDP)", run("mosaic-hsdp", DENSE, 16, {"dp": 16, "dp_shard": 8, "zero": 3}, 16), None),
     ("torchtitan PP x FSDP2 x TP", run("titan-3d", DENSE, 16, {"tp": 2, "pp": 2, "dp": 4, "zero": 3}, 16), None),
     ("NeMo Megatron-FSDP with gradient accumulation", run("nemo-fsdp-ga", DENSE, 8, {"dp": 8, "zero": 3}, 16),
      "gradient accumulation"),

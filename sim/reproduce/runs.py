@@ -23,7 +23,7 @@ from distlab.sim.errors import ConfigError
 
 DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "runs.yaml")
 FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "tokens_per_s_per_gpu", "iteration_s")
-LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split", "ep")
+LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split", "ep", "dp_shard")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
             "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed", "sequence_parallel",
             "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible", "make_vocab_size_divisible_by",
@@ -227,7 +227,8 @@ def _layout(r: dict, label: str) -> dict:
     layout = r["layout"]
     if not isinstance(layout, dict):
         raise ConfigError(f"must be a mapping with keys {', '.join(LAYOUT_KEYS)}", f"{label}.layout")
-    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, "split": None, "ep": 1, **layout}
+    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, "split": None, "ep": 1,
+              "dp_shard": None, **layout}
     for k, v in layout.items():
         if k not in LAYOUT_KEYS:
             raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(LAYOUT_KEYS)}", f"{label}.layout.{k}")
@@ -236,13 +237,17 @@ def _layout(r: dict, label: str) -> dict:
                 raise ConfigError(f"{v!r} must be a list of transformer blocks per stage (whole numbers; 0 only "
                                   "for a first or last stage holding just the embedding or the head)",
                                   f"{label}.layout.split")
-        elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3))):
+        elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3)) or (k == "dp_shard" and v is None)):
             raise ConfigError(f"{v!r} must be a whole number >= 1" + (" (zero: 0 to 3)" if k == "zero" else ""),
                               f"{label}.layout.{k}")
     product = layout["tp"] * layout["pp"] * layout["dp"] * layout["cp"]
     if product != r["gpus"]:
         raise ConfigError(f"tp {layout['tp']} x pp {layout['pp']} x dp {layout['dp']} x cp {layout['cp']} = "
                           f"{product}, not the {r['gpus']} GPUs of the run", f"{label}.layout")
+    shard = layout["dp_shard"]               # HSDP: FSDP2 over dp_shard ranks, replicated dp / dp_shard times
+    if shard is not None and (layout["dp"] % shard or layout["zero"] < 2):
+        raise ConfigError(f"dp_shard {shard} must divide dp {layout['dp']} under zero 2 or 3 (HSDP); allowed: a "
+                          "divisor of dp with zero 3, or no dp_shard", f"{label}.layout.dp_shard")
     if layout["dp"] % layout["ep"]:          # experts sharded over data-parallel ranks (Megatron, torchtitan)
         raise ConfigError(f"ep {layout['ep']} must divide dp {layout['dp']}; allowed: a divisor of dp",
                           f"{label}.layout.ep")

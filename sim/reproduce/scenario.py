@@ -10,8 +10,9 @@ schedule, micro-batches, virtual stages, split and TP communication overlap (``t
 --tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp},
 and with pipeline stages the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
 FSDP2 inside each stage, not resharded after forward as torch's multi-stage runtime needs; an interleaved
-schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py).
-The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
+schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py). HSDP
+(layout key ``dp_shard`` < dp under zero 3: MosaicML's HYBRID_SHARD) puts {dp_replicate, dp_shard} in dp_shard's
+place. A MoE run is the ``ep`` workload (``ep_scenario``). The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
 """
 from __future__ import annotations
 
@@ -72,12 +73,14 @@ def scenario_of(run) -> dict:
     tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
           "split": L["split"], "comm_overlap": bool(run.tp_comm_overlap and L["tp"] > 1)}
-    mesh = {"dp_shard": L["dp"], "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
+    shard = L.get("dp_shard") or L["dp"]      # HSDP (MosaicML's HYBRID_SHARD, torchtitan's dp_replicate x dp_shard)
+    fsdp = {"dp_replicate": L["dp"] // shard, "dp_shard": shard} if shard < L["dp"] else {"dp_shard": L["dp"]}
+    mesh = {**fsdp, "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
     extra = {}
     if L["zero"] >= 2:
         tp = {k: tp[k] for k in ("sequence_parallel", "recompute", "comm_overlap")}
     if L["zero"] >= 2 and L["pp"] > 1:          # PP x FSDP2 x TP (sim/parallel/parallelize.py), FSDP2 inside stages
-        mesh = {"pp": L["pp"], "dp_shard": L["dp"], "tp": L["tp"]}
+        mesh = {"pp": L["pp"], **fsdp, "tp": L["tp"]}
         v = L["virtual_stages"]
         schedule = "1f1b" if run.schedule == "interleaved" and v == 1 else run.schedule   # one stage per rank
         extra = {"pipeline": {"schedule": schedule, "microbatches": run.microbatches, "virtual_stages": v,
