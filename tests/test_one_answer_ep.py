@@ -108,12 +108,12 @@ def test_reproduce_of_an_hsdp_run_agrees_with_simulate(tp):
     dp_shard under zero 3 gives the user's mesh {dp_replicate, dp_shard, tp} the same step."""
     from distlab.sim.reproduce.predict import step_seconds
     model = {"preset": "llama3-8b", "layers": 2, "seq_len": 2048}
-    layout = {"dp": 32, "tp": tp, "pp": 1, "cp": 1, "zero": 3, "virtual_stages": 1, "split": None, "ep": 1,
-              "dp_shard": 8}
-    run = Run("hsdp", "test", dict(model), "h100", CLUSTER, 32 * tp, layout, 32, 1, recompute="selective",
+    layout = {"dp": 16, "tp": tp, "pp": 1, "cp": 1, "zero": 3, "virtual_stages": 1, "split": None, "ep": 1,
+              "dp_shard": 4}
+    run = Run("hsdp", "test", dict(model), "h100", CLUSTER, 16 * tp, layout, 16, 1, recompute="selective",
               sequence_parallel=tp > 1)
-    d = {"model": {**model, "micro_batch": 1}, "mesh": {"dp_replicate": 4, "dp_shard": 8},
-         "fsdp": {"reshard_after_forward": True}, "cluster": CLUSTER, "world_size": 32 * tp}
+    d = {"model": {**model, "micro_batch": 1}, "mesh": {"dp_replicate": 4, "dp_shard": 4},
+         "fsdp": {"reshard_after_forward": True}, "cluster": CLUSTER, "world_size": 16 * tp}
     if tp > 1:
         d["mesh"]["tp"], d["tp"] = tp, {"sequence_parallel": True, "recompute": "selective"}
     else:
