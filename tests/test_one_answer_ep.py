@@ -4,8 +4,9 @@ and run by `distlab reproduce` as a published MoE run (sim/reproduce/scenario.py
 the run's dp, ZeRO-1 for zero 1) give the same step and MFU within 1%. Seeded layouts on a Mixtral-like model
 (GQA, 8 experts, top-2) and a DeepSeek-V3-like one (MLA, a dense first block, 1 shared + 256 routed experts,
 top-8): EP alone, EP x DP, gradient accumulation, all_reduce instead of ZeRO-1, recompute, PP x EP under 1f1b,
-gpipe and interleaved, 8 to 32 GPUs; sim-only, 2 to 4 blocks. And HSDP in reproduce (layout key dp_shard). `distlab plan` does not search expert
-parallelism (sim/planner/layouts.py: "Not searched"): it refuses a MoE model in one line (it was a traceback)."""
+gpipe and interleaved, 8 to 32 GPUs; sim-only, 2 to 4 blocks. And HSDP in reproduce (layout key dp_shard).
+`distlab plan` does not search expert parallelism (sim/planner/layouts.py: "Not searched"): it refuses a MoE
+model in one line (it was a traceback)."""
 import json
 import pathlib
 import random
