@@ -2,8 +2,8 @@
 
     >>> check("01-world-size", 8).status
     'correct'
-    >>> solution("12-mtbf")
-    '185.6 min'
+    >>> solution("12-young")
+    '26.83 min'
 
 Each exercise asks for a number in one unit (``ms``, ``GB/s``, ``MiB``, ``%``, ``x``), a plain count, or one of
 a few words. The expected value is computed by the library when you check (the simulator, the α-β formulas,
