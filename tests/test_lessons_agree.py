@@ -265,3 +265,23 @@ def test_a_short_library_call_says_where_its_code_is():
             near = [d.source for d in cells[max(0, i - 1):i + 2] if d.cell_type == "markdown"]
             assert any(ONE_LINE_PATH.search(t) for t in [c.source] + near), \
                 f"{name} cell {i}: {code[0][:60]!r} does not say where its code is"
+
+
+def test_13_roofline_is_predicted_from_both_sides_of_the_roof():
+    """Issue 42 item 11 (arithmetic intensity and the roofline; fusion and torch.compile) in lesson 13: a 64-token
+    GEMM's time is its weight's bytes over HBM, not its FLOPs at peak; the table asks nothing a learner has not
+    predicted; the notebook names where fusion happens in torch."""
+    from distlab.sim.cluster import GPUS
+    from distlab.sim.compute import gemm_time
+    from distlab.sim.lessons import check, solution
+    from distlab.sim.lessons.roofline import intensity, ridge
+    h100, n = GPUS["h100"], 8192
+    asked = float(solution("13-roofline").split()[0])
+    assert asked == pytest.approx(gemm_time(64, n, n, 2, h100) * 1e6, rel=1e-3)
+    weight_read_us = (64 * n * 2 + n * n) * 2 / (h100.hbm_GBps * 1e9 * 0.904) * 1e6
+    assert weight_read_us < asked < 1.25 * weight_read_us                       # memory-bound, plus launches
+    assert intensity(64, n, n) < ridge() < intensity(1024, n, n) and round(ridge()) == 295
+    assert "FLOPs at peak" in check("13-roofline", f"{2 * 64 * n * n / 989e12 * 1e6:.2f} us").message
+    cells = _cells("13_flops_to_a_step.ipynb")
+    assert _index(cells, 'check("13-roofline"') < _index(cells, "\nroofline_table()")
+    assert "`torch/_inductor/scheduler.py` `can_fuse`" in _markdown("13_flops_to_a_step.ipynb")
