@@ -65,7 +65,8 @@ def test_every_exercise_accepts_its_solution():
              "07-your-prediction": {"row": {"measured_s": 0.5}},
              "05-your-prediction": {"row": {"measured_s": 0.040}}, "06-your-prediction": {"row": {"measured_s": 0.2}},
              "15-bf16-error": {"result": {"matmul_error": 0.0029}},
-             "15-underflow": {"result": {"rows": [{"zero": 0.997}]}}}
+             "15-underflow": {"result": {"rows": [{"zero": 0.997}]}},
+             "12-restart-or-lost": {"summary": {"failures": [{"restart_s": 3.0, "lost_work_s": 0.01}]}}}
     table = exercises()
     assert len({k[:2] for k in table}) >= 8 and all(sum(k.startswith(p) for k in table) >= 2
                                                     for p in ("01", "02", "03", "04", "05", "06", "07", "08"))

@@ -296,9 +296,12 @@ def _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier) -> list[str]:
     if not asked:
         return [f"{ex_id} (cell {i}): no earlier cell asks for the prediction it checks"]
     shown = [re.search(r'data-expected="([^"]+)"', o.get("data", {}).get("text/html", "")) for o in cell.outputs]
-    values = [float(m.group(1)) for m in shown if m]
+    values = [m.group(1) for m in shown if m]
     if not values:
         return [f"{ex_id} (cell {i}): its verdict does not say what was measured"]
+    if ex.unit == "choice":                     # a word ("restart"): the run's own outputs come after the guess
+        return []
+    values = [float(v) for v in values]
     want, problems = values[0], []
     for j, _, text in earlier:
         if j >= asked[0]:

@@ -45,10 +45,12 @@ def cluster_of(p: int, p2p: dict, latency: float, cores: int | None = None):
 def probe_config(cfg: dict) -> dict:
     """The calibration run of ``cfg``: the same schedule and model with about half the microbatches (the
     largest multiple of p up to m / 2, at least p, which every schedule accepts; 2p when m = p), so that a
-    prediction is never fitted on the run it predicts. Twice the steps (at least 6): its median steers all."""
+    prediction is never fitted on the run it predicts. Twice the steps (at least 6): its median steers all;
+    ``probe_steps`` in ``cfg`` sets them instead (the lessons' quick mode: fewer)."""
     p, m = cfg["stages"], cfg["microbatches"]
     probe = max(p, m // 2 // p * p)
-    return {**cfg, "microbatches": 2 * p if probe == m else probe, "steps": max(2 * cfg["steps"], 6)}
+    steps = cfg.get("probe_steps") or max(2 * cfg["steps"], 6)
+    return {**cfg, "microbatches": 2 * p if probe == m else probe, "steps": steps}
 
 
 def _sources(trace):
