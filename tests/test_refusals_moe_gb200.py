@@ -66,6 +66,12 @@ def test_a_bad_flag(cli, argv, words):
     one_line_exit_2(*cli("simulate", *argv, "--no-files"), *words)
 
 
+def test_collective_on_gb200_counts_trays(cli):
+    """`collective --nodes` on GB200 counts compute trays, as simulate's does: its bound is 8,192 ranks / 4."""
+    one_line_exit_2(*cli("collective", "all_reduce", "--cluster", "gb200-nvl72", "--nodes", "5000"),
+                    "--nodes: 5000 is out of range; allowed: 1 to 2,048 trays of 4 GPUs")
+
+
 def test_gb200_jobs_of_whole_trays_simulate(cli):
     rc, out, err = cli("simulate", "--cluster", "gb200-nvl72", "--nodes", "2", "--no-files")
     assert rc == 0 and "8 ranks" in out, err
