@@ -66,6 +66,12 @@ def test_a_bad_flag(cli, argv, words):
     one_line_exit_2(*cli("simulate", *argv, "--no-files"), *words)
 
 
+def test_collective_on_gb200_counts_trays(cli):
+    """`collective --nodes` on GB200 counts compute trays, as simulate's does: its bound is 8,192 ranks / 4."""
+    one_line_exit_2(*cli("collective", "all_reduce", "--cluster", "gb200-nvl72", "--nodes", "5000"),
+                    "--nodes: 5000 is out of range; allowed: 1 to 2,048 trays of 4 GPUs")
+
+
 def test_gb200_jobs_of_whole_trays_simulate(cli):
     rc, out, err = cli("simulate", "--cluster", "gb200-nvl72", "--nodes", "2", "--no-files")
     assert rc == 0 and "8 ranks" in out, err
@@ -114,12 +120,14 @@ def test_a_published_layout_runs_or_names_the_missing_feature(what, published, w
         assert reason and words in reason, (what, reason)
 
 
-def test_every_shipped_row_loads_and_names_what_it_cannot_run():
-    """The shipped runs file (MoE rows included): every row either builds or names its missing feature."""
+def test_the_shipped_moe_rows_run_or_name_what_they_cannot_run():
+    """The shipped runs file's MoE block: Mixtral runs, each DeepSeek-V3 row names its missing feature."""
+    from distlab.sim.reproduce.scenario import is_moe
     runs, _ = load_runs()
-    names = {r.name for r in runs}
-    assert {"nemo-gb200-mixtral-8x7b-fp8cs", "mbridge-b200-deepseek-v3-mxfp8"} <= names
-    for r in runs:
+    moe = [r for r in runs if is_moe(r)]
+    assert {"nemo-gb200-mixtral-8x7b-fp8cs", "mbridge-b200-deepseek-v3-mxfp8"} <= {r.name for r in moe}
+    assert len(moe) == 5
+    for r in moe:
         reason = not_expressible(r)
         assert reason is None or len(reason.split()) >= 4, (r.name, reason)
     assert not_expressible(next(r for r in runs if r.name == "nemo-gb200-mixtral-8x7b-fp8cs")) is None

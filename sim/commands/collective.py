@@ -62,9 +62,9 @@ def run(args) -> int:
                   (args.timeline, "--timeline", "figure"))
     from distlab.sim.cli import check_whole
     if args.nodes is not None:                 # the real bound: the ranks one collective simulates in time
-        gpn = load_cluster(args.cluster).gpus_per_node
-        check_whole(args.nodes, "--nodes", 1, max(1, MAX_COLLECTIVE_RANKS // gpn),
-                    f"nodes of {gpn} GPUs")
+        base = load_cluster(args.cluster)           # a GB200 node is a compute tray (sim/cluster/load.py)
+        gpn, unit = base.tray_gpus or base.gpus_per_node, "trays" if base.tray_gpus else "nodes"
+        check_whole(args.nodes, "--nodes", 1, max(1, MAX_COLLECTIVE_RANKS // gpn), f"{unit} of {gpn} GPUs")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
         cluster = validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")

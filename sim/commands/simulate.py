@@ -67,7 +67,7 @@ def scenario_from_args(args):
 
 def as_typed(e: ConfigError, args) -> ConfigError:
     """A flags-only run's error at the scenario's mesh, model or cluster key named by the flag the user typed
-    (``--mesh: llama3-8b is dense; ...``), not by a scenario the user never wrote."""
+    (``--mesh: llama3-8b has no experts; ...``), not by a scenario the user never wrote."""
     key = (e.where or "").removeprefix("scenario: ").split(".")[0].split(":")[0]
     flag = {"mesh": "--mesh", "model": "--model", "cluster": "--cluster", "world_size": "--world-size",
             "nodes": "--nodes"}.get(key)

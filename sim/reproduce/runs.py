@@ -10,8 +10,9 @@ are listed in ``assumed``. Loading checks each run and raises ConfigError naming
 whose product is not the GPU count, an unknown GPU or cluster, float8 or an FP8 recipe (``fp8_recipe``,
 sim/compute/fp8.py) on a GPU without FP8 tensor cores, MXFP8 before Blackwell, a GB200 job that is not whole
 compute trays, Megatron's vocabulary padding (``make_vocab_size_divisible_by``) not a whole number, a split
-that does not add up, a missing figure. What a run used that the simulator cannot express yet is not an error:
-``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
+that does not add up, a missing figure, ``ep`` (experts sharded over the data-parallel ranks) on a dense model or
+not dividing dp, an HSDP ``dp_shard`` not dividing dp or without zero 2-3. What a run used that the simulator
+cannot express yet is not an error: ``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
 constants live in sim/compute/fitted.py (one model for every command); ``load_runs`` returns them beside the runs.
 """
 from __future__ import annotations

@@ -12,7 +12,8 @@ and with pipeline stages the composition PP x FSDP2 x TP on mesh {pp, dp_shard, 
 FSDP2 inside each stage, not resharded after forward as torch's multi-stage runtime needs; an interleaved
 schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py). HSDP
 (layout key ``dp_shard`` < dp under zero 3: MosaicML's HYBRID_SHARD) puts {dp_replicate, dp_shard} in dp_shard's
-place. A MoE run is the ``ep`` workload (``ep_scenario``). The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
+place. A MoE run is the ``ep`` workload (``ep_scenario``). The scenario is validated as any scenario is;
+sim/reproduce/plans.py builds the step from its parts.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def is_moe(run) -> bool:
 
 
 EP_OPS_PER_BLOCK = 45        # ops per rank, micro-batch and MoE block (forward + backward), counted on built EP plans
-EP_MAX_OPS = 400_000         # an EP row's plan at most: 184k ops (Mixtral 8x7B on 64 GB200) took 18 s on one core
+EP_MAX_OPS = 400_000         # an EP row's plan at most: 184k ops (Mixtral 8x7B on 64 GB200): 18 s at load 5
 
 
 def ep_plan_ops(run) -> int:
