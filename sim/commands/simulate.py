@@ -87,8 +87,9 @@ def run(args) -> int:
     from distlab.sim import scenario as sc
     result = sc.simulate(scenario, args.scenario or "scenario")
     files = {}
-    if args.save_plan:
-        result.plan.save(args.save_plan)
+    if args.save_plan:                  # with the scenario as its header (sim/scenario/header.py)
+        from distlab.sim.scenario.header import with_header
+        with_header(result.plan, scenario).save(args.save_plan)
         files["plan"] = args.save_plan
     if not args.no_files:
         from distlab.sim.files import make_folder
