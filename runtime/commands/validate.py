@@ -86,8 +86,9 @@ def run(args) -> int:
     check_launch(args, local_ranks(most))      # ranks, threads, timeout, memory: before anything starts
     check_sweep_memory(ops, calib + held, "float32", most, local_ranks(most))
     from distlab.runtime.ranks.preflight import check_scenario, warn_cores
-    if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
-        check_scenario(args.scenario, nprocs[0])
+    if args.scenario:                  # parsed and checked once; refused at once when its real ranks cannot fit
+        from distlab.sim import scenario as sc                      # in this host's memory
+        check_scenario(sc.from_dict(args.scenario), nprocs[0], path=args.scenario)
     # the user's own world sizes only: the defaults fit the cores (default_world_sizes), and the held-out world
     # size (3) is one rank more than 2 cores on purpose: the calibrated cluster's cpu_cores predicts the sharing
     given = (nprocs if args.nproc is not None else []) + (holdout if args.holdout_nproc is not None else [])

@@ -27,8 +27,10 @@ dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
 
 A scenario is parsed once into the typed ``Scenario`` (sim/scenario/spec.py; parse.py from a mapping or YAML,
 flags.py from `distlab simulate`'s flags); ``build``, ``simulate`` and ``parts`` take it (a mapping or a path is
-parsed first). This package: spec.py (the dataclasses), parse.py (``validate``, ``from_dict``), flags.py (the
-command line), pipeline.py and what_if.py (studies of several scenarios), and here what runs one.
+parsed first). This package: spec.py (the dataclasses), parse.py (``validate``, ``from_dict``), layout.py (the
+sections and the mesh checked and completed in one path: a single parallelism is a composition of one section),
+flags.py (the command line), header.py (a plan file's scenario header), pipeline.py and what_if.py (studies of
+several scenarios), and here what runs one.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ import math
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.result import Result, step_summary, throughput
-from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys, complete_mesh,  # noqa: F401
+from distlab.sim.scenario import layout
+from distlab.sim.scenario.parse import (KEYS, _parse, allowed_keys, complete_mesh,  # noqa: F401
                                         from_dict, load, resolve_cluster, translate_legacy, under, validate,
                                         workload_of)
 from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
@@ -100,7 +103,7 @@ def _set_composed(d: dict, key: str, value) -> None:
     if key in composed.MESH_ORDER:
         mesh = dict(d["mesh"])
         mesh[key] = value
-        fill = composed.fill_dim(d)
+        fill = layout.fill_dim(d, composed.WORKLOAD)
         if key != fill:
             mesh.pop(fill, None)
         d["mesh"] = mesh
