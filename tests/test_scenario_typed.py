@@ -200,3 +200,17 @@ def test_a_plan_header_is_data_checked_on_load_and_old_plans_have_none(tmp_path,
         with pytest.raises(ConfigError) as e:
             scenario_of_plan(Plan.load(str(path)), "plan.json")
         assert e.value.where == f"plan.json: {where}" and words in str(e.value), (change, e.value)
+
+
+def test_every_shipped_scenario_is_the_same_object_from_its_plan_header():
+    """The header writes the options that differ from their defaults (whole where the layout sets a default, e.g.
+    FSDP2 in a pipeline): read back, each scenarios/*.yaml is the same Scenario. Parsing only, no plan built."""
+    import glob
+    import json
+
+    from distlab.sim.scenario.header import from_data, to_data
+    paths = sorted(glob.glob("scenarios/*.yaml"))
+    assert len(paths) >= 15
+    for path in paths:
+        s = sc.from_dict(path)
+        assert from_data(json.loads(json.dumps(to_data(s))), f"{path} header") == s, path

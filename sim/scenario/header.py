@@ -35,7 +35,10 @@ def to_data(s) -> dict | None:
         d["stragglers"] = dict(s.stragglers)
     if s.degraded_links:
         d["degraded_links"] = dict(s.degraded_links)
-    from distlab.sim.scenario.parse import from_dict
+    from distlab.sim.scenario.parse import KEYS, from_dict
+    for key in KEYS:                        # a scenario key this writer does not know yet: as written
+        if key not in d and s.source.get(key) is not None:
+            d[key] = s.source[key]
     back = from_dict(d, "scenario header").parallelisms
     for name, opts in s.parallelisms.items():
         if back.get(name) != opts:          # a default the layout sets: written whole
