@@ -7,7 +7,7 @@ and read back as any scenario is, so that a plan says what it is a plan of.
 The rule: data files never run code, and a reader checks what it reads. The header is a scenario mapping (the
 keys of sim/scenario/__init__.py, JSON values only): ``to_data`` writes the completed mesh and the options that
 differ from their defaults (a parallelism whose defaults depend on the layout, e.g. FSDP2's resharding inside a
-pipeline, is written whole), and checks at once that it parses back to the same object. ``scenario_of_plan``
+pipeline, is written whole: it is parsed back once to find them). ``scenario_of_plan``
 validates it as any scenario (sim/scenario/parse.py: every key, type and range; errors name
 ``plan.json: scenario: <key>``), refuses a model given as a factory (``pkg.module:fn`` is code), and checks that
 its world size is the plan's. A plan written before headers has none and loads as before.
@@ -15,6 +15,7 @@ its world size is the plan's. A plan written before headers has none and loads a
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from distlab.sim.errors import ConfigError
 
@@ -39,10 +40,19 @@ def to_data(s) -> dict | None:
     for key in KEYS:                        # a scenario key this writer does not know yet: as written
         if key not in d and s.source.get(key) is not None:
             d[key] = s.source[key]
+    d = _ranks(json.loads(json.dumps(d)))  # as a file holds it (tuples as lists)
     back = from_dict(d, "scenario header").parallelisms
     for name, opts in s.parallelisms.items():
         if back.get(name) != opts:          # a default the layout sets: written whole
-            d[name] = dataclasses.asdict(opts)
+            d[name] = json.loads(json.dumps(dataclasses.asdict(opts)))
+    return d
+
+
+def _ranks(d: dict) -> dict:
+    """``d`` with its stragglers' ranks whole numbers again (JSON writes every object key as a string)."""
+    slow = d.get("stragglers")
+    if isinstance(slow, dict):
+        d["stragglers"] = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in slow.items()}
     return d
 
 
@@ -69,7 +79,7 @@ def from_data(header, at: str, world_size: int | None = None):
         raise ConfigError("a model factory is code and a plan file is data: give a preset, a kind or an "
                           "hf_config", f"{at}: model")
     from distlab.sim.scenario.parse import from_dict
-    s = from_dict(header, at)
+    s = from_dict(_ranks(dict(header)), at)
     if world_size is not None and s.cluster.world_size != world_size:
         raise ConfigError(f"world_size {s.cluster.world_size} is not the plan's {world_size} ranks", at)
     return s
