@@ -89,8 +89,11 @@ def scenario_workload(spec, where: str) -> str:
     return sections[0]
 
 
-def scenario_cases(path: str, args) -> list[dict]:
+def scenario_cases(path: str, args, scenario=None) -> list[dict]:
     """`distlab validate --scenario` rows: run the scenario's workload for real, predict it on a cluster
-    calibrated in the same launch (runtime/<name>/validate.py)."""
+    calibrated in the same launch (runtime/<name>/validate.py). ``scenario``: the file's typed Scenario (its
+    ``workload`` names the runtime's)."""
+    if scenario is not None and scenario.workload in WORKLOADS:
+        return WORKLOADS[scenario.workload].cases(path, args)
     from distlab.sim.io import load_yaml
     return WORKLOADS[scenario_workload(load_yaml(path), path)].cases(path, args)

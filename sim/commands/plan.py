@@ -185,7 +185,7 @@ def _save(path: str, s) -> None:
     import yaml
     from distlab.sim.io import write_atomic
     q, c = s.question, s.ranked[0]
-    d = c.layout.scenario(q["model"], q["cluster"], q["nodes"])
+    d = dict(c.layout.to_scenario(q["model"], q["cluster"], q["nodes"], "--save").source)   # checked as written
     d["description"] = (f"distlab plan's #1 for global batch {q['global_batch']}: step {c.step_s * 1e3:.1f} ms, "
                         f"{c.memory_bytes / 2**30:.1f} GiB per GPU")
     write_atomic(path, yaml.safe_dump(d, sort_keys=False, allow_unicode=True))

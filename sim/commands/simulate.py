@@ -104,8 +104,9 @@ def run(args) -> int:
     except ConfigError as e:
         raise as_typed(e, args) from None
     files = {}
-    if args.save_plan:
-        result.plan.save(args.save_plan)
+    if args.save_plan:                  # with the scenario as its header (sim/scenario/header.py)
+        from distlab.sim.scenario.header import with_header
+        with_header(result.plan, scenario).save(args.save_plan)
         files["plan"] = args.save_plan
     if not args.no_files:
         from distlab.sim.files import make_folder

@@ -241,6 +241,8 @@ def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
         raise ConfigError(f"--{ignored[0].replace('_', '-')} does not apply to a plan file (a plan fixes the "
                           "model and the parallelism); allowed: --cluster, --nodes, --world-size", args.scenario)
     plan = plan if plan is not None else Plan.load(args.scenario)
+    from distlab.sim.scenario.header import shown
+    header = shown(plan, args.scenario or "plan")       # the scenario it was built from, checked
     cluster = load_cluster(args.cluster or "dgx-h100", args.nodes)
     if cluster.world_size != plan.world_size:
         cluster = cluster.with_world_size(plan.world_size)
@@ -267,9 +269,12 @@ def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
         print_json({"schema": "distlab.simulate/1", "results": [{
             "plan": plan.name, "label": label, "cluster": {"name": cluster.name, "nodes": cluster.nodes,
                                                            "gpus_per_node": cluster.gpus_per_node},
-            "world_size": plan.world_size, **summary}], "files": files, **(extra or {})})
+            "world_size": plan.world_size, **summary, **({"scenario": header["scenario"]} if header else {})}],
+            "files": files, **(extra or {})})
         return 0
     say(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)", indent="  ")
+    if header:
+        say(f"scenario: {header['label']}", indent="  ")
     say(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}", indent="  ")
     print_table(None, ["", "value"], summary_rows(summary))
     note(SUMMARY_NOTE)
