@@ -1,6 +1,6 @@
 """Support for the lessons in lessons/: the exercise checker and the helpers the notebooks call (no torch).
 
-Modules: checker.py (Exercise, Verdict), the exercise banks (bank*.py, failures.py: one tuple EXERCISES each),
+Modules: checker.py (Exercise, Verdict), the exercise banks (bank*.py, failures.py, roofline.py, precision.py: one tuple EXERCISES each),
 exercises.py (gathers the banks: check, solution by id), helpers.py / training.py / pipelines.py (tables and
 figures)."""
 from distlab.sim.lessons.exercises import Verdict, check, exercises, question, solution
