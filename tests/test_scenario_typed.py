@@ -215,3 +215,20 @@ def test_every_shipped_scenario_is_the_same_object_from_its_plan_header():
     for path in paths + [slow]:
         s = sc.from_dict(path)
         assert from_data(json.loads(json.dumps(to_data(s))), "header") == s, path
+
+
+def test_a_plan_file_is_simulated_on_its_headers_cluster_unless_cluster_is_given(tmp_path, capsys):
+    """`distlab simulate PLAN` runs on the cluster its scenario header names (not dgx-h100); --cluster wins."""
+    import json
+
+    from cli_in_process import run_in_process
+    from distlab.sim.scenario.header import with_header
+    s = sc.from_dict({"model": "gpt2-small", "ddp": {}, "cluster": "hgx-h200", "world_size": 2})
+    path = tmp_path / "plan.json"
+    with_header(sc.build(s).plan, s).save(str(path))
+    names = []
+    for extra in ([], ["--cluster", "dgx-h100"]):
+        rc, out, err = run_in_process(capsys, "simulate", str(path), "--no-files", "--json", *extra)
+        assert rc == 0, err
+        names.append(json.loads(out)["results"][0]["cluster"]["name"])
+    assert names[0] != names[1] and "H200" in names[0].upper() and "H100" in names[1].upper(), names

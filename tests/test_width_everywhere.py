@@ -164,6 +164,13 @@ BAD_INPUT = [          # range and refusal errors: one line, exit 2, within 100 
     ("simulate", "--cluster", "gb200-nvl72", "--world-size", "6"),
     ("simulate", "--cluster", "gb200-nvl72", "--nodes", "100000"),
     ("simulate", "--model", "llama3-8b", "--mesh", "ep=8"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "tp=3"),             # the mesh must divide the world
+    ("simulate", "--model", "llama3-8b", "--mesh", "dp_shard=3"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "cp=3"),
+    ("simulate", "--model", "mixtral-8x7b", "--mesh", "ep=3"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=3,tp=2"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=16,cp=3,tp=8", "--world-size", "16384"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=2,dp_shard=3"),  # written in full: product not the world
     ("memory", "--seq-len", "10000000000"),
     ("memory", "--micro-batch", "100000000"),
     ("memory", "--seq-len", "16777216", "--micro-batch", "16"),
@@ -180,3 +187,6 @@ def test_bad_input_errors_fit(argv, capsys, monkeypatch):
     rc, out, err = run_in_process(capsys, *argv)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert_fits(err, " ".join(argv))
+    if any("=3" in a for a in argv):      # a mesh off the world: still names the flag, what is wrong and what is allowed
+        assert "--mesh: " in err and re.search(r"must divide the world size \d+( \(\w+=3\))?$|allowed: \d+ ranks$",
+                                                   err.strip())

@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
                                                        "cp, tp, ep), composed in torchtitan's order, e.g. "
                                                        "pp=16,dp_shard=128,tp=8")
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100)")
+    g.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100, or a plan's own)")
     g.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
     g.add_argument("--world-size", type=int, metavar="N", help="number of ranks (default: every GPU)")
     from distlab.sim.scenario.flags import add_parallelism_arguments

@@ -166,6 +166,20 @@ def scenario_of(d, where: str | None = None, cluster=None) -> Scenario:
     return from_dict(d, where, cluster)
 
 
+def on_world(s, world_size: int, where: str = "scenario") -> Scenario:
+    """``s`` (a Scenario; a mapping or a path is parsed here, once) on ``world_size`` ranks: itself when it has
+    that many, else its mapping with that world size parsed again (the mesh completes on the world). For a real
+    run on ``--nproc`` ranks (runtime/parallel/*/validate.py)."""
+    if isinstance(s, Scenario):
+        if s.cluster.world_size == world_size:
+            return s
+        d = copy.deepcopy(s.source)
+    else:
+        d = load(s, where if isinstance(s, dict) else None)
+    d["world_size"] = world_size
+    return from_dict(d, where)
+
+
 def options_of(s: Scenario):
     """What the scenario's builder takes: its one parallelism's options, or a composition's Parallelisms
     (sim/parallel/parallelize.py)."""

@@ -147,11 +147,7 @@ def complete_mesh(d: dict, builder, world: int, where: str = "scenario") -> Mesh
     product = math.prod(given.values())
     if fill is not None and fill not in given and (product != world or composing and OWNER[fill] in d):
         if world % product:
-            words = " x ".join(f"{k} {v}" if composing else f"{builder.dim_words.get(k, k)} {v}"
-                               for k, v in given.items())
-            total = f" = {product}" if composing else ""
-            raise ConfigError(f"{words}{total} must divide the world size {world} (the rest goes to {fill}); "
-                              f"allowed: divisors of {world}", f"{where}: mesh")
+            raise ConfigError(_not_dividing(given, builder, composing, world), f"{where}: mesh")
         order = list(given)
         rank = composed.MESH_ORDER.index
         at = next((i for i, k in enumerate(order) if k in composed.MESH_ORDER and rank(k) > rank(fill)),
@@ -162,6 +158,20 @@ def complete_mesh(d: dict, builder, world: int, where: str = "scenario") -> Mesh
         if not composing:
             return Mesh(given, f"{where}: mesh")
     return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
+
+
+def _not_dividing(given: dict, builder, composing: bool, world: int) -> str:
+    """The error of written dimensions that do not divide the world, short enough to fit 100 columns after
+    ``distlab simulate: error: --mesh: ``: the dimensions by their keys (``pp 3 x tp 2 = 6``), a lone section's
+    one dimension in words with its key (``shard group size 3 ... (dp_shard=3)``). The fill dimension that
+    would take the rest (dp_shard, dp_replicate or dp) is the one left out."""
+    words = builder.dim_words.get(next(iter(given))) if not composing and len(given) == 1 else None
+    if words:
+        (dim, size), = given.items()
+        return f"{words} {size} must divide the world size {world} ({dim}={size})"
+    text = " x ".join(f"{k} {v}" for k, v in given.items())
+    total = "" if len(given) == 1 else f" = {math.prod(given.values())}"
+    return f"{text}{total} must divide the world size {world}"
 
 
 def options_of(d: dict, builder, mesh: Mesh, where: str = "scenario"):
