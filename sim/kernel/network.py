@@ -132,6 +132,42 @@ class Topology:
     def rail(self, rank: int) -> int:
         return self.cluster.local_rank(rank) % self.cluster.inter_node.nics_per_node
 
+    def renamed_link(self, link: int, f) -> int:
+        """The link a renaming ``f`` of ranks that maps the fabric onto itself (a Shifts element: whole nodes
+        moved, local ranks rotated, leaves kept) takes ``link`` to: a GPU's links go with the GPU, NIC k of node
+        n with GPU k of node n (its rail), a node's uplinks with its GPU 0, a leaf's with its first node."""
+        kind, a, k = self._link_parts(link)
+        g = self.cluster.gpus_per_node
+        if kind == "up" or kind == "down":
+            return (self._up if kind == "up" else self._down)[f(a)]
+        if kind == "mesh":
+            return self._mesh[f(a), f(k)]
+        if kind in ("nic_up", "nic_down"):
+            r = f(a * g + k)
+            return (self._nic_up if kind == "nic_up" else self._nic_down)[r // g, self.rail(r)]
+        if kind in ("node_up", "node_down"):
+            return (self._node_up if kind == "node_up" else self._node_down)[f(a * g) // g]
+        r = f(a * self.nodes_per_leaf * g + (k or 0))
+        rail = None if k is None else self.rail(r)
+        return (self._leaf_up if kind == "leaf_up" else self._leaf_down)[self.leaf_of(r // g), rail]
+
+    def _link_parts(self, link: int) -> tuple:
+        """(kind, index, second index) of a link, from the dictionaries that made it (found once per link)."""
+        if not hasattr(self, "_parts"):
+            self._parts: dict = {}
+            self._tables = [(kind, table, list(table)) for kind, table in (
+                ("up", self._up), ("down", self._down), ("mesh", self._mesh), ("nic_up", self._nic_up),
+                ("nic_down", self._nic_down), ("node_up", self._node_up), ("node_down", self._node_down),
+                ("leaf_up", self._leaf_up), ("leaf_down", self._leaf_down)) if table]
+        hit = self._parts.get(link)
+        if hit is None:
+            for kind, table, keys in self._tables:
+                key = _key_of(table, keys, link)
+                if key is not None:
+                    hit = self._parts[link] = (kind,) + (key if isinstance(key, tuple) else (key, None))
+                    break
+        return hit
+
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Links from ``src`` to ``dst``; ``SWITCH`` as src or dst means the node's NVSwitch."""
         key = (src, dst)
@@ -160,6 +196,19 @@ class Topology:
             r += (self._nic_down[nb, kb],)
         self._routes[key] = r
         return r
+
+
+def _key_of(table: dict, keys: list, link: int):
+    """The key of ``table`` (one kind of link; ids grow in its insertion order, ``keys`` that order) whose value
+    is ``link``, or None: a binary search."""
+    lo, hi = 0, len(keys) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        v = table[keys[mid]]
+        if v == link:
+            return keys[mid]
+        lo, hi = (mid + 1, hi) if v < link else (lo, mid - 1)
+    return None
 
 
 def node_map(shifts, e) -> list[int]:
@@ -220,7 +269,10 @@ class _Batch:
 
 def max_min_rates(capacity: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray, n_flows: int) -> np.ndarray:
     """Max-min fair rates by progressive filling: raise every unfrozen flow's rate together until a link
-    saturates, freeze the flows crossing it, repeat."""
+    saturates, freeze the flows crossing it, repeat. Over the links the flows use only (renumbered 0..k-1):
+    the same arithmetic per link, without a pass over every link of the cluster per round."""
+    used_links, entry_link = np.unique(entry_link, return_inverse=True)
+    capacity = capacity[used_links]
     rates = np.zeros(n_flows)
     frozen = np.zeros(n_flows, dtype=bool)
     cap_left = capacity.astype(float).copy()

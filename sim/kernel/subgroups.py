@@ -50,6 +50,7 @@ import numpy as np
 from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
                                              leaf_blocks)
 from distlab.sim.kernel.network import Pairs
+from distlab.sim.kernel.orbits import images_of, moves_in_order, renamed_rows
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
 
@@ -157,8 +158,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
                 c = plan.communicator_of(op)        # two groups over the same ranks: two orbits
                 g = c.ranks
                 if c not in cls.group_orbit:
-                    arr = np.array(g, dtype=np.int64)
-                    imgs = {tuple(np.sort(shifts.apply_array(e, arr)).tolist()): e for e in reversed(elements)}
+                    imgs = images_of(shifts, elements, g)
                     oid = orbit_of.get((min(imgs), c.name))
                     if oid is None:
                         oid = orbit_of[min(imgs), c.name] = len(orbit_of)
@@ -183,29 +183,54 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
                     return None                     # check 3: two peers of one orbit
     # check 2, and the links of every unit (image group or image pair)
     unit_links: dict = {}        # (orbit id, image) -> set of link ids
-    expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
+    expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps), images expanded on the fabric
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
-    for key in keys:
+    actual, members, base_of = _families(plan, shifts, images, reference, {cls.group_orbit[k[:2]] for k in keys},
+                                         not busy and hasattr(ctx.topo, "renamed_link"))
+    if actual is None:
+        return None
+
+    def expand(key, img):
         g, name, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g, name]
-        ref_rank, ref_index = reference[oid][1]
-        flows = {}
-        for img, e_h in images[oid].items():
-            e = shifts.compose(e_h, shifts.inverse(to_ref[g, name]))      # g -> this image
-            actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
-            if tuple(sorted(actual)) != img:
-                return None
-            exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
-            flows[img] = _flows(exp[2], cache=sorted_steps)
-            unit_links.setdefault((oid, img), set()).update(_links(exp[2]))
-        for img, e_h in images[oid].items():      # check 2 for the generators: then for all of Γ
-            exp = expansions[key, img]
+        if (key, img) not in expansions:
+            e = shifts.compose(images[oid][img], shifts.inverse(to_ref[g, name]))      # g -> this image
+            expansions[key, img] = _expand(ctx, op, actual[oid, img], nbytes, algorithm, shifts.apply(e, root))
+        return expansions[key, img]
+
+    for key in keys:
+        oid = cls.group_orbit[key[:2]]
+        flows: dict = {}
+
+        def flows_of(img, oid=oid, key=key, flows=flows):     # a renamed image: its base's flows renamed
+            if img not in flows:
+                base = base_of.get((oid, img))
+                flows[img] = (_flows(expand(key, img)[2], cache=sorted_steps) if base is None else
+                              [(lat, _renamed(rows, base[1], shifts, sorted_steps)) for lat, rows in flows_of(base[0])])
+            return flows[img]
+
+        def chosen(img, oid=oid, key=key):
+            return expand(key, base_of.get((oid, img), (img,))[0])[:2]
+
+        for img in images[oid]:
+            if (oid, img) not in base_of:
+                unit_links.setdefault((oid, img), set()).update(_links(expand(key, img)[2]))
+        for img in images[oid]:             # check 2 for the generators: then for all of Γ
+            base = base_of.get((oid, img))
             for e in generators:
-                to = tuple(sorted(shifts.apply(e, x) for x in img))
-                mapped = _flows(exp[2], shifts, e, sorted_steps)
-                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], mapped):
+                to = _image(shifts, e, members[oid, img])
+                if moves_in_order(shifts, e, members[oid, img], members[oid, to]):
+                    continue                # renamed in order: it commutes (sim/kernel/orbits.py)
+                if base is not None and moves_in_order(shifts, base[1], members[oid, _image(
+                        shifts, e, members[oid, base[0]])], members[oid, to]):
+                    continue                # as its base's edge does (checked there: a base has none)
+                mapped = [(lat, _renamed(rows, e, shifts, sorted_steps)) for lat, rows in flows_of(img)]
+                if chosen(to) != chosen(img) or not _same_flows(flows_of(to), mapped):
                     return None
+    for (oid, img), (b, d) in base_of.items():
+        f = lambda r, d=d: shifts.apply(d, r)          # noqa: E731
+        unit_links[oid, img] = {ctx.topo.renamed_link(link, f) for link in unit_links[oid, b]}
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
@@ -216,11 +241,11 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     for key in keys:
         g, name, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g, name]
-        members = [img for img in images[oid] if (oid, img) in simulated]
-        parts = [expansions[key, img] for img in members]
+        simulated_images = [img for img in images[oid] if (oid, img) in simulated]
+        parts = [expand(key, img) for img in simulated_images]
         algo, proto, steps = parts[0]
         per_group = sum(len(p) for p, _, _ in steps)
-        extra = per_group * (len(images[oid]) - len(members))
+        extra = per_group * (len(images[oid]) - len(simulated_images))
         if len(parts) > 1:
             steps = [_union([s[k] for _, _, s in parts]) for k in range(len(steps))]
         cls.steps[key] = (algo, proto, steps, extra)
@@ -231,6 +256,41 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     cls.exclusive = _exclusive(unit_links, simulated, streams, busy)
     cls.links = frozenset().union(*unit_links.values())
     return cls
+
+
+def _families(plan: Plan, shifts: Shifts, images: dict, reference: dict, orbits: set, derive: bool):
+    """Per (orbit, image): the plan's group there (None, ... when it is not the image), its members sorted, and
+    for an image another one's renamed in order (sim/kernel/orbits.py) that one (its base) and the element."""
+    actual, members, base_of = {}, {}, {}
+    for oid in sorted(orbits):
+        ref_rank, ref_index = reference[oid][1]
+        bases: list = []
+        for img, e_h in images[oid].items():
+            group = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
+            if tuple(sorted(group)) != img:
+                return None, None, None
+            actual[oid, img], members[oid, img] = group, np.array(img, dtype=np.int64)
+            for b, e_b in bases if derive else ():
+                d = shifts.compose(e_h, shifts.inverse(e_b))
+                if moves_in_order(shifts, d, members[oid, b], members[oid, img]):
+                    base_of[oid, img] = (b, d)
+                    break
+            else:
+                if len(bases) < 8:
+                    bases.append((img, e_h))
+    return actual, members, base_of
+
+
+def _image(shifts: Shifts, e, sorted_members: np.ndarray) -> tuple:
+    return tuple(np.sort(shifts.apply_array(e, sorted_members)).tolist())
+
+
+def _renamed(rows: np.ndarray, e, shifts: Shifts, cache: dict) -> np.ndarray:
+    key = (id(rows), e)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not rows:
+        hit = cache[key] = (rows, renamed_rows(shifts, e, rows))
+    return hit[1]
 
 
 def _exclusive(unit_links: dict, simulated: set, streams: dict, busy: frozenset = frozenset()) -> set:
