@@ -132,24 +132,37 @@ class Topology:
     def rail(self, rank: int) -> int:
         return self.cluster.local_rank(rank) % self.cluster.inter_node.nics_per_node
 
-    def renamed_link(self, link: int, f) -> int:
-        """The link a renaming ``f`` of ranks that maps the fabric onto itself (a Shifts element: whole nodes
-        moved, local ranks rotated, leaves kept) takes ``link`` to: a GPU's links go with the GPU, NIC k of node
-        n with GPU k of node n (its rail), a node's uplinks with its GPU 0, a leaf's with its first node."""
-        kind, a, k = self._link_parts(link)
+    def link_renamer(self, links: list):
+        """A function of a renaming of ranks that maps the fabric onto itself (ranks array -> ranks array: a
+        Shifts element applied) that returns the set of ``links`` renamed: a GPU's links go with the GPU, NIC k
+        of node n with GPU k of node n (its rail), a node's uplinks with its GPU 0, a leaf's with its first node
+        (and rail). One array op per renaming (sim/kernel/subgroups.py renames a base's links per image)."""
         g = self.cluster.gpus_per_node
-        if kind == "up" or kind == "down":
-            return (self._up if kind == "up" else self._down)[f(a)]
-        if kind == "mesh":
-            return self._mesh[f(a), f(k)]
-        if kind in ("nic_up", "nic_down"):
-            r = f(a * g + k)
-            return (self._nic_up if kind == "nic_up" else self._nic_down)[r // g, self.rail(r)]
-        if kind in ("node_up", "node_down"):
-            return (self._node_up if kind == "node_up" else self._node_down)[f(a * g) // g]
-        r = f(a * self.nodes_per_leaf * g + (k or 0))
-        rail = None if k is None else self.rail(r)
-        return (self._leaf_up if kind == "leaf_up" else self._leaf_down)[self.leaf_of(r // g), rail]
+        parts = [self._link_parts(link) for link in links]
+        proxies = np.array([_proxy(kind, a, k, g, self.nodes_per_leaf) for kind, a, k in parts], dtype=np.int64)
+        seconds = np.array([k if kind == "mesh" else 0 for kind, a, k in parts], dtype=np.int64)
+        tables = {"up": self._up, "down": self._down, "nic_up": self._nic_up, "nic_down": self._nic_down,
+                  "node_up": self._node_up, "node_down": self._node_down, "leaf_up": self._leaf_up,
+                  "leaf_down": self._leaf_down, "mesh": self._mesh}
+        nics = self.cluster.inter_node.nics_per_node if self.cluster.inter_node is not None else 1
+
+        def renamed(rename) -> set:
+            ranks, second = rename(proxies).tolist(), rename(seconds).tolist()
+            out = set()
+            for (kind, _, k), r, r2 in zip(parts, ranks, second):
+                if kind in ("up", "down"):
+                    key = r
+                elif kind == "mesh":
+                    key = (r, r2)
+                elif kind in ("nic_up", "nic_down"):
+                    key = (r // g, r % g % nics)
+                elif kind in ("node_up", "node_down"):
+                    key = r // g
+                else:
+                    key = (self.leaf_of(r // g), None if k is None else r % g % nics)
+                out.add(tables[kind][key])
+            return out
+        return renamed
 
     def _link_parts(self, link: int) -> tuple:
         """(kind, index, second index) of a link, from the dictionaries that made it (found once per link)."""
@@ -196,6 +209,17 @@ class Topology:
             r += (self._nic_down[nb, kb],)
         self._routes[key] = r
         return r
+
+
+def _proxy(kind: str, a: int, k, g: int, nodes_per_leaf: int) -> int:
+    """The rank whose renaming tells where a link goes (Topology.renamed_link)."""
+    if kind in ("up", "down", "mesh"):
+        return a
+    if kind in ("nic_up", "nic_down"):
+        return a * g + k
+    if kind in ("node_up", "node_down"):
+        return a * g
+    return a * nodes_per_leaf * g + (k or 0)
 
 
 def _key_of(table: dict, keys: list, link: int):

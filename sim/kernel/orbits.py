@@ -27,11 +27,15 @@ import numpy as np
 def images_of(shifts, elements: list, group: tuple) -> dict:
     """{sorted image tuple: the first element making it} (module docstring)."""
     arr = np.array(group, dtype=np.int64)
-    members = set(group)
     index = {e: k for k, e in enumerate(elements)}
-    r0 = group[0]
-    stabilizer = [e for e in elements if shifts.apply(e, r0) in members
-                  and set(shifts.apply_array(e, arr).tolist()) == members]
+    grid = np.array(elements, dtype=np.int64).reshape(-1, 3)
+    lands = np.isin(_apply_many(shifts, grid, arr[:1])[:, 0], arr)         # where the first member goes
+    candidates, want, stabilizer = grid[lands], np.sort(arr), []
+    step = max(1, (1 << 22) // len(arr))                  # at most ~4M renamed ranks at a time
+    for k in range(0, len(candidates), step):
+        chunk = candidates[k:k + step]
+        same = (np.sort(_apply_many(shifts, chunk, arr), axis=1) == want).all(axis=1)
+        stabilizer += [tuple(e) for e in chunk[same].tolist()]
     covered = np.zeros(len(elements), dtype=bool)
     found = []                                   # (largest index of the coset, image, its first element)
     for k, e in enumerate(elements):
@@ -47,6 +51,14 @@ def images_of(shifts, elements: list, group: tuple) -> dict:
         found.append((last, tuple(np.sort(shifts.apply_array(e, arr)).tolist()), e))
     found.sort(key=lambda t: -t[0])
     return {img: e for _, img, e in found}
+
+
+def _apply_many(shifts, grid: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Shifts.apply_array for many elements at once (rows of ``grid``): one row of renamed ranks per element."""
+    n, l = np.divmod(ranks[None, :], shifts.gpus)
+    b, o = np.divmod(n, shifts.width)
+    i, j, t = grid[:, :1], grid[:, 1:2], grid[:, 2:3]
+    return ((b + j) % shifts.blocks * shifts.width + (o + i) % shifts.width) * shifts.gpus + (l + t) % shifts.gpus
 
 
 def moves_in_order(shifts, d, sorted_from: np.ndarray, sorted_to: np.ndarray) -> bool:

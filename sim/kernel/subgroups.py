@@ -105,7 +105,8 @@ def _same_flows(a: list, b: list) -> bool:
 
 
 def _links(steps: list) -> set:
-    return set(np.concatenate([p.entry_link for p, _, _ in steps] or [np.zeros(0, dtype=np.int64)]).tolist())
+    distinct = {id(p): p.entry_link for p, _, _ in steps}          # steps repeat their Pairs
+    return set(np.unique(np.concatenate(list(distinct.values()) or [np.zeros(0, dtype=np.int64)])).tolist())
 
 
 def find_classes(plan: Plan, ctx, busy: frozenset = frozenset()) -> Classes | None:
@@ -187,9 +188,12 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     actual, members, base_of = _families(plan, shifts, images, reference, {cls.group_orbit[k[:2]] for k in keys},
-                                         not busy and hasattr(ctx.topo, "renamed_link"))
+                                         not busy and hasattr(ctx.topo, "link_renamer"))
     if actual is None:
         return None
+
+    explicit = {oid: _edges(shifts, generators, images[oid], members, base_of, oid)
+                for oid in {cls.group_orbit[k[:2]] for k in keys}}
 
     def expand(key, img):
         g, name, op, nbytes, algorithm, root = key
@@ -216,21 +220,16 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
         for img in images[oid]:
             if (oid, img) not in base_of:
                 unit_links.setdefault((oid, img), set()).update(_links(expand(key, img)[2]))
-        for img in images[oid]:             # check 2 for the generators: then for all of Γ
-            base = base_of.get((oid, img))
-            for e in generators:
-                to = _image(shifts, e, members[oid, img])
-                if moves_in_order(shifts, e, members[oid, img], members[oid, to]):
-                    continue                # renamed in order: it commutes (sim/kernel/orbits.py)
-                if base is not None and moves_in_order(shifts, base[1], members[oid, _image(
-                        shifts, e, members[oid, base[0]])], members[oid, to]):
-                    continue                # as its base's edge does (checked there: a base has none)
-                mapped = [(lat, _renamed(rows, e, shifts, sorted_steps)) for lat, rows in flows_of(img)]
-                if chosen(to) != chosen(img) or not _same_flows(flows_of(to), mapped):
-                    return None
+        for img, e in explicit[oid]:        # check 2 for the generators: then for all of Γ
+            to = _image(shifts, e, members[oid, img])
+            mapped = [(lat, _renamed(rows, e, shifts, sorted_steps)) for lat, rows in flows_of(img)]
+            if chosen(to) != chosen(img) or not _same_flows(flows_of(to), mapped):
+                return None
+    renamers: dict = {}
     for (oid, img), (b, d) in base_of.items():
-        f = lambda r, d=d: shifts.apply(d, r)          # noqa: E731
-        unit_links[oid, img] = {ctx.topo.renamed_link(link, f) for link in unit_links[oid, b]}
+        if (oid, b) not in renamers:
+            renamers[oid, b] = ctx.topo.link_renamer(sorted(unit_links[oid, b]))
+        unit_links[oid, img] = renamers[oid, b](lambda ranks, d=d: shifts.apply_array(d, ranks))
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
@@ -279,6 +278,24 @@ def _families(plan: Plan, shifts: Shifts, images: dict, reference: dict, orbits:
                 if len(bases) < 8:
                     bases.append((img, e_h))
     return actual, members, base_of
+
+
+def _edges(shifts: Shifts, generators: list, images: dict, members: dict, base_of: dict, oid) -> list:
+    """The (image, generator) pairs of one orbit whose commuting check 2 has to compare expansions: not those
+    the generator renames in order (it commutes: sim/kernel/orbits.py), nor those of an image renamed in order
+    from a base whose own pair is checked (d commutes with every element of Γ, and renames γ(base) in order)."""
+    out = []
+    for img in images:
+        base = base_of.get((oid, img))
+        for e in generators:
+            to = _image(shifts, e, members[oid, img])
+            if moves_in_order(shifts, e, members[oid, img], members[oid, to]):
+                continue
+            if base is not None and moves_in_order(shifts, base[1], members[oid, _image(
+                    shifts, e, members[oid, base[0]])], members[oid, to]):
+                continue
+            out.append((img, e))
+    return out
 
 
 def _image(shifts: Shifts, e, sorted_members: np.ndarray) -> tuple:
