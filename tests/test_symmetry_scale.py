@@ -14,7 +14,7 @@ from distlab.sim.kernel import subgroups
 from distlab.sim.kernel.engine import simulate
 from distlab.sim.kernel.equivariance import Shifts
 from distlab.sim.kernel.network import Topology
-from distlab.sim.kernel.orbits import images_of
+from distlab.sim.kernel.orbits import images_of, link_renamer
 
 LLAMA = {"preset": "llama3-8b", "layers": 1, "seq_len": 64, "micro_batch": 1}
 
@@ -65,7 +65,7 @@ def test_links_renamed_as_the_routes_of_the_renamed_ranks(fabric):
     shifts = Shifts(nodes=8, gpus=8, node_step=2, local_step=1)
     pairs = [(0, 9), (3, 60), (12, 13), (7, 40), (33, 2)]
     links = sorted({link for p in pairs for link in topo.route(*p)})
-    renamer = topo.link_renamer(links)
+    renamer = link_renamer(topo, links)
     for e in ((2, 0, 0), (4, 0, 3), (0, 0, 5)):
         want = {link for a, b in pairs for link in topo.route(shifts.apply(e, a), shifts.apply(e, b))}
         assert renamer(lambda ranks: shifts.apply_array(e, ranks)) == want

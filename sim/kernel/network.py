@@ -132,55 +132,6 @@ class Topology:
     def rail(self, rank: int) -> int:
         return self.cluster.local_rank(rank) % self.cluster.inter_node.nics_per_node
 
-    def link_renamer(self, links: list):
-        """A function of a renaming of ranks that maps the fabric onto itself (ranks array -> ranks array: a
-        Shifts element applied) that returns the set of ``links`` renamed: a GPU's links go with the GPU, NIC k
-        of node n with GPU k of node n (its rail), a node's uplinks with its GPU 0, a leaf's with its first node
-        (and rail). One array op per renaming (sim/kernel/subgroups.py renames a base's links per image)."""
-        g = self.cluster.gpus_per_node
-        parts = [self._link_parts(link) for link in links]
-        proxies = np.array([_proxy(kind, a, k, g, self.nodes_per_leaf) for kind, a, k in parts], dtype=np.int64)
-        seconds = np.array([k if kind == "mesh" else 0 for kind, a, k in parts], dtype=np.int64)
-        tables = {"up": self._up, "down": self._down, "nic_up": self._nic_up, "nic_down": self._nic_down,
-                  "node_up": self._node_up, "node_down": self._node_down, "leaf_up": self._leaf_up,
-                  "leaf_down": self._leaf_down, "mesh": self._mesh}
-        nics = self.cluster.inter_node.nics_per_node if self.cluster.inter_node is not None else 1
-
-        def renamed(rename) -> set:
-            ranks, second = rename(proxies).tolist(), rename(seconds).tolist()
-            out = set()
-            for (kind, _, k), r, r2 in zip(parts, ranks, second):
-                if kind in ("up", "down"):
-                    key = r
-                elif kind == "mesh":
-                    key = (r, r2)
-                elif kind in ("nic_up", "nic_down"):
-                    key = (r // g, r % g % nics)
-                elif kind in ("node_up", "node_down"):
-                    key = r // g
-                else:
-                    key = (self.leaf_of(r // g), None if k is None else r % g % nics)
-                out.add(tables[kind][key])
-            return out
-        return renamed
-
-    def _link_parts(self, link: int) -> tuple:
-        """(kind, index, second index) of a link, from the dictionaries that made it (found once per link)."""
-        if not hasattr(self, "_parts"):
-            self._parts: dict = {}
-            self._tables = [(kind, table, list(table)) for kind, table in (
-                ("up", self._up), ("down", self._down), ("mesh", self._mesh), ("nic_up", self._nic_up),
-                ("nic_down", self._nic_down), ("node_up", self._node_up), ("node_down", self._node_down),
-                ("leaf_up", self._leaf_up), ("leaf_down", self._leaf_down)) if table]
-        hit = self._parts.get(link)
-        if hit is None:
-            for kind, table, keys in self._tables:
-                key = _key_of(table, keys, link)
-                if key is not None:
-                    hit = self._parts[link] = (kind,) + (key if isinstance(key, tuple) else (key, None))
-                    break
-        return hit
-
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Links from ``src`` to ``dst``; ``SWITCH`` as src or dst means the node's NVSwitch."""
         key = (src, dst)
@@ -209,30 +160,6 @@ class Topology:
             r += (self._nic_down[nb, kb],)
         self._routes[key] = r
         return r
-
-
-def _proxy(kind: str, a: int, k, g: int, nodes_per_leaf: int) -> int:
-    """The rank whose renaming tells where a link goes (Topology.renamed_link)."""
-    if kind in ("up", "down", "mesh"):
-        return a
-    if kind in ("nic_up", "nic_down"):
-        return a * g + k
-    if kind in ("node_up", "node_down"):
-        return a * g
-    return a * nodes_per_leaf * g + (k or 0)
-
-
-def _key_of(table: dict, keys: list, link: int):
-    """The key of ``table`` (one kind of link; ids grow in its insertion order, ``keys`` that order) whose value
-    is ``link``, or None: a binary search."""
-    lo, hi = 0, len(keys) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        v = table[keys[mid]]
-        if v == link:
-            return keys[mid]
-        lo, hi = (mid + 1, hi) if v < link else (lo, mid - 1)
-    return None
 
 
 def node_map(shifts, e) -> list[int]:

@@ -17,7 +17,8 @@ The collectives read a group as a set ordered by (node, local rank) (sim/collect
 ``sorted(group)``; the per-peer sizes of an all_to_all are refused by find_classes) and the fabric by its links,
 and d is an automorphism of the fabric (Shifts; Topology.keeps): the expansion on d(g) is d applied to the one on
 g, step by step, flow by flow, link by link. subgroups.py expands one group per such family (a *base*) and
-renames it for the others; tests/test_symmetry.py compares with expanding every image.
+renames it for the others, its links too (``link_renamer``: the fabric's links are made per GPU, NIC, node and
+leaf, so a renaming of ranks renames them); tests/test_symmetry_scale.py compares with the plain renamings.
 """
 from __future__ import annotations
 
@@ -71,3 +72,78 @@ def renamed_rows(shifts, d, rows: np.ndarray) -> np.ndarray:
     out = np.stack([shifts.apply_array(d, rows[0].astype(np.int64)).astype(float),
                     shifts.apply_array(d, rows[1].astype(np.int64)).astype(float), rows[2]])
     return out[:, np.lexsort(out[::-1])] if out.shape[1] else out
+
+
+def link_renamer(topo, links: list):
+    """A function of a renaming of ranks that maps the fabric onto itself (ranks array -> ranks array: a
+    Shifts element applied) that returns the set of ``links`` renamed: a GPU's links go with the GPU, NIC k
+    of node n with GPU k of node n (its rail), a node's uplinks with its GPU 0, a leaf's with its first node
+    (and rail). One array op per renaming (sim/kernel/subgroups.py renames a base's links per image)."""
+    g = topo.cluster.gpus_per_node
+    parts = [_link_parts(topo, link) for link in links]
+    proxies = np.array([_proxy(kind, a, k, g, topo.nodes_per_leaf) for kind, a, k in parts], dtype=np.int64)
+    seconds = np.array([k if kind == "mesh" else 0 for kind, a, k in parts], dtype=np.int64)
+    tables = {"up": topo._up, "down": topo._down, "nic_up": topo._nic_up, "nic_down": topo._nic_down,
+              "node_up": topo._node_up, "node_down": topo._node_down, "leaf_up": topo._leaf_up,
+              "leaf_down": topo._leaf_down, "mesh": topo._mesh}
+    nics = topo.cluster.inter_node.nics_per_node if topo.cluster.inter_node is not None else 1
+
+    def renamed(rename) -> set:
+        ranks, second = rename(proxies).tolist(), rename(seconds).tolist()
+        out = set()
+        for (kind, _, k), r, r2 in zip(parts, ranks, second):
+            if kind in ("up", "down"):
+                key = r
+            elif kind == "mesh":
+                key = (r, r2)
+            elif kind in ("nic_up", "nic_down"):
+                key = (r // g, r % g % nics)
+            elif kind in ("node_up", "node_down"):
+                key = r // g
+            else:
+                key = (topo.leaf_of(r // g), None if k is None else r % g % nics)
+            out.add(tables[kind][key])
+        return out
+    return renamed
+
+
+def _link_parts(topo, link: int) -> tuple:
+    """(kind, index, second index) of a link, from the dictionaries that made it (found once per link)."""
+    if not hasattr(topo, "_parts"):
+        topo._parts: dict = {}
+        topo._tables = [(kind, table, list(table)) for kind, table in (
+            ("up", topo._up), ("down", topo._down), ("mesh", topo._mesh), ("nic_up", topo._nic_up),
+            ("nic_down", topo._nic_down), ("node_up", topo._node_up), ("node_down", topo._node_down),
+            ("leaf_up", topo._leaf_up), ("leaf_down", topo._leaf_down)) if table]
+    hit = topo._parts.get(link)
+    if hit is None:
+        for kind, table, keys in topo._tables:
+            key = _key_of(table, keys, link)
+            if key is not None:
+                hit = topo._parts[link] = (kind,) + (key if isinstance(key, tuple) else (key, None))
+                break
+    return hit
+
+
+def _proxy(kind: str, a: int, k, g: int, nodes_per_leaf: int) -> int:
+    """The rank whose renaming tells where a link goes (link_renamer)."""
+    if kind in ("up", "down", "mesh"):
+        return a
+    if kind in ("nic_up", "nic_down"):
+        return a * g + k
+    if kind in ("node_up", "node_down"):
+        return a * g
+    return a * nodes_per_leaf * g + (k or 0)
+
+
+def _key_of(table: dict, keys: list, link: int):
+    """The key of ``table`` (one kind of link; ids grow in its insertion order, ``keys`` that order) whose value
+    is ``link``, or None: a binary search."""
+    lo, hi = 0, len(keys) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        v = table[keys[mid]]
+        if v == link:
+            return keys[mid]
+        lo, hi = (mid + 1, hi) if v < link else (lo, mid - 1)
+    return None

@@ -22,6 +22,10 @@ Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local 
    on σ(h) is σ of the one on h (likewise ρ); by composition it then commutes with all of Γ at every group of
    the plan (each is an image of a representative's). The algorithm chosen is the same: every candidate's
    steps commute, so every estimated time is equal;
+   Not every image needs an expansion and a comparison of its own: one that an element of Γ renames in order
+   from another (its base) has the base's expansion renamed, a generator that renames an image in order
+   commutes there, and one at an image renamed from a base commutes as at the base (sim/kernel/orbits.py):
+   what is expanded and compared no longer grows with the number of nodes (tests/test_symmetry_scale.py);
 3. each representative uses at most one group (and one peer per direction) of each orbit.
 Then the full simulation commutes with γ (its input is renamed onto itself and no rule of the engine or of the
 max-min fair network depends on a rank's or a link's name), so rank γ(r)'s records equal r's: the classes are
@@ -49,8 +53,8 @@ import numpy as np
 
 from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
                                              leaf_blocks)
-from distlab.sim.kernel.network import Pairs
-from distlab.sim.kernel.orbits import images_of, moves_in_order, renamed_rows
+from distlab.sim.kernel.network import Pairs, Topology
+from distlab.sim.kernel.orbits import images_of, link_renamer, moves_in_order, renamed_rows
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
 
@@ -188,7 +192,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
     actual, members, base_of = _families(plan, shifts, images, reference, {cls.group_orbit[k[:2]] for k in keys},
-                                         not busy and hasattr(ctx.topo, "link_renamer"))
+                                         not busy and isinstance(ctx.topo, Topology))
     if actual is None:
         return None
 
@@ -228,7 +232,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     renamers: dict = {}
     for (oid, img), (b, d) in base_of.items():
         if (oid, b) not in renamers:
-            renamers[oid, b] = ctx.topo.link_renamer(sorted(unit_links[oid, b]))
+            renamers[oid, b] = link_renamer(ctx.topo, sorted(unit_links[oid, b]))
         unit_links[oid, img] = renamers[oid, b](lambda ranks, d=d: shifts.apply_array(d, ranks))
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
