@@ -220,7 +220,10 @@ class _Batch:
 
 def max_min_rates(capacity: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray, n_flows: int) -> np.ndarray:
     """Max-min fair rates by progressive filling: raise every unfrozen flow's rate together until a link
-    saturates, freeze the flows crossing it, repeat."""
+    saturates, freeze the flows crossing it, repeat. Over the links the flows use only (renumbered 0..k-1):
+    the same arithmetic per link, without a pass over every link of the cluster per round."""
+    used_links, entry_link = np.unique(entry_link, return_inverse=True)
+    capacity = capacity[used_links]
     rates = np.zeros(n_flows)
     frozen = np.zeros(n_flows, dtype=bool)
     cap_left = capacity.astype(float).copy()

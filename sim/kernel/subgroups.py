@@ -22,6 +22,10 @@ Checked, not assumed (a check failing -> a smaller Γ: node shifts alone, local 
    on σ(h) is σ of the one on h (likewise ρ); by composition it then commutes with all of Γ at every group of
    the plan (each is an image of a representative's). The algorithm chosen is the same: every candidate's
    steps commute, so every estimated time is equal;
+   Not every image needs an expansion and a comparison of its own: one that an element of Γ renames in order
+   from another (its base) has the base's expansion renamed, a generator that renames an image in order
+   commutes there, and one at an image renamed from a base commutes as at the base (sim/kernel/orbits.py):
+   what is expanded and compared no longer grows with the number of nodes (tests/test_symmetry_scale.py);
 3. each representative uses at most one group (and one peer per direction) of each orbit.
 Then the full simulation commutes with γ (its input is renamed onto itself and no rule of the engine or of the
 max-min fair network depends on a rank's or a link's name), so rank γ(r)'s records equal r's: the classes are
@@ -49,7 +53,8 @@ import numpy as np
 
 from distlab.sim.kernel.equivariance import (Shifts, block_kept, classes_count, find_shifts, largest_kept,
                                              leaf_blocks)
-from distlab.sim.kernel.network import Pairs
+from distlab.sim.kernel.network import Pairs, Topology
+from distlab.sim.kernel.orbits import images_of, link_renamer, moves_in_order, renamed_rows
 from distlab.sim.plan import Collective, Plan, Recv, Send
 
 
@@ -104,7 +109,8 @@ def _same_flows(a: list, b: list) -> bool:
 
 
 def _links(steps: list) -> set:
-    return set(np.concatenate([p.entry_link for p, _, _ in steps] or [np.zeros(0, dtype=np.int64)]).tolist())
+    distinct = {id(p): p.entry_link for p, _, _ in steps}          # steps repeat their Pairs
+    return set(np.unique(np.concatenate(list(distinct.values()) or [np.zeros(0, dtype=np.int64)])).tolist())
 
 
 def find_classes(plan: Plan, ctx, busy: frozenset = frozenset()) -> Classes | None:
@@ -157,8 +163,7 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
                 c = plan.communicator_of(op)        # two groups over the same ranks: two orbits
                 g = c.ranks
                 if c not in cls.group_orbit:
-                    arr = np.array(g, dtype=np.int64)
-                    imgs = {tuple(np.sort(shifts.apply_array(e, arr)).tolist()): e for e in reversed(elements)}
+                    imgs = images_of(shifts, elements, g)
                     oid = orbit_of.get((min(imgs), c.name))
                     if oid is None:
                         oid = orbit_of[min(imgs), c.name] = len(orbit_of)
@@ -183,29 +188,52 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
                     return None                     # check 3: two peers of one orbit
     # check 2, and the links of every unit (image group or image pair)
     unit_links: dict = {}        # (orbit id, image) -> set of link ids
-    expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps)
+    expansions: dict = {}        # (key, image) -> (algorithm, protocol, steps), images expanded on the fabric
     generators = shifts.generators()
     sorted_steps: dict = {}      # (Pairs id, sizes, renaming) -> its flows sorted
-    for key in keys:
+    actual, members, base_of = _families(plan, shifts, images, reference, {cls.group_orbit[k[:2]] for k in keys},
+                                         not busy and isinstance(ctx.topo, Topology))
+    if actual is None:
+        return None
+
+    explicit = {oid: _edges(shifts, generators, images[oid], members, base_of, oid)
+                for oid in {cls.group_orbit[k[:2]] for k in keys}}
+
+    def expand(key, img):
         g, name, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g, name]
-        ref_rank, ref_index = reference[oid][1]
-        flows = {}
-        for img, e_h in images[oid].items():
-            e = shifts.compose(e_h, shifts.inverse(to_ref[g, name]))      # g -> this image
-            actual = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
-            if tuple(sorted(actual)) != img:
+        if (key, img) not in expansions:
+            e = shifts.compose(images[oid][img], shifts.inverse(to_ref[g, name]))      # g -> this image
+            expansions[key, img] = _expand(ctx, op, actual[oid, img], nbytes, algorithm, shifts.apply(e, root))
+        return expansions[key, img]
+
+    for key in keys:
+        oid = cls.group_orbit[key[:2]]
+        flows: dict = {}
+
+        def flows_of(img, oid=oid, key=key, flows=flows):     # a renamed image: its base's flows renamed
+            if img not in flows:
+                base = base_of.get((oid, img))
+                flows[img] = (_flows(expand(key, img)[2], cache=sorted_steps) if base is None else
+                              [(lat, _renamed(rows, base[1], shifts, sorted_steps)) for lat, rows in flows_of(base[0])])
+            return flows[img]
+
+        def chosen(img, oid=oid, key=key):
+            return expand(key, base_of.get((oid, img), (img,))[0])[:2]
+
+        for img in images[oid]:
+            if (oid, img) not in base_of:
+                unit_links.setdefault((oid, img), set()).update(_links(expand(key, img)[2]))
+        for img, e in explicit[oid]:        # check 2 for the generators: then for all of Γ
+            to = _image(shifts, e, members[oid, img])
+            mapped = [(lat, _renamed(rows, e, shifts, sorted_steps)) for lat, rows in flows_of(img)]
+            if chosen(to) != chosen(img) or not _same_flows(flows_of(to), mapped):
                 return None
-            exp = expansions[key, img] = _expand(ctx, op, actual, nbytes, algorithm, shifts.apply(e, root))
-            flows[img] = _flows(exp[2], cache=sorted_steps)
-            unit_links.setdefault((oid, img), set()).update(_links(exp[2]))
-        for img, e_h in images[oid].items():      # check 2 for the generators: then for all of Γ
-            exp = expansions[key, img]
-            for e in generators:
-                to = tuple(sorted(shifts.apply(e, x) for x in img))
-                mapped = _flows(exp[2], shifts, e, sorted_steps)
-                if expansions[key, to][:2] != exp[:2] or not _same_flows(flows[to], mapped):
-                    return None
+    renamers: dict = {}
+    for (oid, img), (b, d) in base_of.items():
+        if (oid, b) not in renamers:
+            renamers[oid, b] = link_renamer(ctx.topo, sorted(unit_links[oid, b]))
+        unit_links[oid, img] = renamers[oid, b](lambda ranks, d=d: shifts.apply_array(d, ranks))
     for pair, oid in cls.pair_orbit.items():
         for p in pair_images[oid]:
             unit_links[oid, p] = set(ctx.topo.route(*p))
@@ -216,11 +244,11 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     for key in keys:
         g, name, op, nbytes, algorithm, root = key
         oid = cls.group_orbit[g, name]
-        members = [img for img in images[oid] if (oid, img) in simulated]
-        parts = [expansions[key, img] for img in members]
+        simulated_images = [img for img in images[oid] if (oid, img) in simulated]
+        parts = [expand(key, img) for img in simulated_images]
         algo, proto, steps = parts[0]
         per_group = sum(len(p) for p, _, _ in steps)
-        extra = per_group * (len(images[oid]) - len(members))
+        extra = per_group * (len(images[oid]) - len(simulated_images))
         if len(parts) > 1:
             steps = [_union([s[k] for _, _, s in parts]) for k in range(len(steps))]
         cls.steps[key] = (algo, proto, steps, extra)
@@ -231,6 +259,59 @@ def _classes_under(plan: Plan, ctx, shifts: Shifts, busy: frozenset = frozenset(
     cls.exclusive = _exclusive(unit_links, simulated, streams, busy)
     cls.links = frozenset().union(*unit_links.values())
     return cls
+
+
+def _families(plan: Plan, shifts: Shifts, images: dict, reference: dict, orbits: set, derive: bool):
+    """Per (orbit, image): the plan's group there (None, ... when it is not the image), its members sorted, and
+    for an image another one's renamed in order (sim/kernel/orbits.py) that one (its base) and the element."""
+    actual, members, base_of = {}, {}, {}
+    for oid in sorted(orbits):
+        ref_rank, ref_index = reference[oid][1]
+        bases: list = []
+        for img, e_h in images[oid].items():
+            group = plan.group_of(_op_at(plan, shifts.apply(e_h, ref_rank), ref_index))   # the plan's tuple
+            if tuple(sorted(group)) != img:
+                return None, None, None
+            actual[oid, img], members[oid, img] = group, np.array(img, dtype=np.int64)
+            for b, e_b in bases if derive else ():
+                d = shifts.compose(e_h, shifts.inverse(e_b))
+                if moves_in_order(shifts, d, members[oid, b], members[oid, img]):
+                    base_of[oid, img] = (b, d)
+                    break
+            else:
+                if len(bases) < 8:
+                    bases.append((img, e_h))
+    return actual, members, base_of
+
+
+def _edges(shifts: Shifts, generators: list, images: dict, members: dict, base_of: dict, oid) -> list:
+    """The (image, generator) pairs of one orbit whose commuting check 2 has to compare expansions: not those
+    the generator renames in order (it commutes: sim/kernel/orbits.py), nor those of an image renamed in order
+    from a base whose own pair is checked (d commutes with every element of Γ, and renames γ(base) in order)."""
+    out = []
+    for img in images:
+        base = base_of.get((oid, img))
+        for e in generators:
+            to = _image(shifts, e, members[oid, img])
+            if moves_in_order(shifts, e, members[oid, img], members[oid, to]):
+                continue
+            if base is not None and moves_in_order(shifts, base[1], members[oid, _image(
+                    shifts, e, members[oid, base[0]])], members[oid, to]):
+                continue
+            out.append((img, e))
+    return out
+
+
+def _image(shifts: Shifts, e, sorted_members: np.ndarray) -> tuple:
+    return tuple(np.sort(shifts.apply_array(e, sorted_members)).tolist())
+
+
+def _renamed(rows: np.ndarray, e, shifts: Shifts, cache: dict) -> np.ndarray:
+    key = (id(rows), e)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not rows:
+        hit = cache[key] = (rows, renamed_rows(shifts, e, rows))
+    return hit[1]
 
 
 def _exclusive(unit_links: dict, simulated: set, streams: dict, busy: frozenset = frozenset()) -> set:

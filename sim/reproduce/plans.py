@@ -72,14 +72,15 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
 
 def _as_run(op, run, cluster, shared: dict):
     """The op as the run ran it: unfused attention, float8 GEMMs, FSDP2's float8 all-gather of the blocks,
-    torch.compile's documented speed-up of the compute (the op objects shared across ranks)."""
+    torch.compile's documented speed-up of the compute (one new op per distinct op: the builders make every
+    micro-batch's ops anew, equal in value, and pricing each again took a quarter of a 64-GPU float8 row)."""
     from distlab.sim.compute.fp8 import recipe
     if isinstance(op, Collective) and run.precision == "float8" and op.op == "all_gather" \
             and op.name.startswith("all_gather h.") and recipe(run.fp8_recipe).fp8_all_gather:
         return replace(op, bytes=op.bytes // 2)
     if not isinstance(op, Compute) or op.seconds is not None:
         return op
-    key = id(op)
+    key = (op, type(op.flops), type(op.bytes))      # Compute is a frozen dataclass: equal ops, one key
     if key not in shared:
         new = op
         if run.attention == "unfused" and op.attention is not None:
