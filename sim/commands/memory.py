@@ -27,7 +27,8 @@ def add_arguments(p) -> None:
                                    "float32 = 4+4+8 (default: the preset's)")
     p.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="activation recomputation of the transformer blocks (default: the model's, none)")
-    p.add_argument("--offload", action="store_true", help="keep the blocks' saved activations in host memory")
+    p.add_argument("--offload", nargs="?", const=True, type=_blocks, metavar="N",
+                   help="keep the blocks' saved activations in host memory (N: the first N blocks only)")
     p.add_argument("--no-reshard", action="store_true", help="ZeRO-3: reshard_after_forward=False")
     p.add_argument("--gpu", default="h100", help="GPU whose memory to check against (a preset name or GiB; "
                                                  "default h100, 80 GiB)")
@@ -36,6 +37,14 @@ def add_arguments(p) -> None:
                                       "other options are then ignored")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     add_output_arguments(p, verbose=False)
+
+
+def _blocks(text: str) -> int:
+    """``--offload N``: a whole number of blocks (checked against the model's when it is built)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a number of blocks; use --offload or --offload N", "--offload") from None
 
 
 def _stage(text: str) -> int:
@@ -80,7 +89,7 @@ def run(args) -> int:
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.offload:
-        spec["offload"] = True
+        spec["offload"] = args.offload
     model = model_from_spec(spec, "--model")
     acts = activations(model)
     stages = {z: estimate(model, args.world, z, args.shard_size, reshard_after_forward=not args.no_reshard)
