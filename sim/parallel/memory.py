@@ -45,6 +45,8 @@ The rule, term by term, on the fullest rank of the pipeline (every rank when the
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from distlab.sim.dtypes import DTYPE_BYTES
 
 PARTS = ("params", "grads", "optimizer", "unsharded params", "unsharded grads", "activations")
@@ -75,6 +77,10 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
     numel = cache[key]
     acts = _activations(model, par, tp, cp, cache, recompute, offload)
     ranges, placement, schedule, m = _stages(model, mesh, par, cache)
+    key = ("walks", id(acts), id(ranges), id(schedule))   # layouts differing only in dp share these; the value
+    if key not in cache:                                  # holds the objects, so their ids stay theirs
+        cache[key] = (acts, ranges, schedule, [_walk(states, ranges, acts, cache) for states in schedule])
+    walks = cache[key][3]
     best = None
     for q in range(len(schedule)):
         layers = [i for s, r in zip(placement, ranges) if s == q for i in r]
@@ -85,7 +91,7 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
                  "unsharded params": _gathered(model, layers, numel, fsdp, S) * DTYPE_BYTES[pdt],
                  "unsharded grads": full * DTYPE_BYTES[getattr(fsdp, "reduce_dtype", None) or pdt]
                  if zero >= 2 and S > 1 and m > 1 else 0,
-                 "activations": _walk(schedule[q], ranges, acts)}
+                 "activations": walks[q]}
         if cp > 1:
             parts["ring buffers"] = _ring(c, cp, tp, getattr(par.cp, "rotate_method", "allgather"))
         if best is None or sum(parts.values()) > sum(best[1].values()):
@@ -113,44 +119,70 @@ def _activations(model, par, tp: int, cp: int, cache: dict, recompute: str | Non
     return cache[key]
 
 
+ONE_STAGE = (((((0, 1),), -1), ((), 0)),)        # without a pipeline: F (one micro-batch alive), then B
+
+
 def _stages(model, mesh, par, cache: dict) -> tuple:
-    """(layer ranges of each stage, rank of each stage, each rank's actions, micro-batches): one stage and one
-    F, B without a pipeline."""
-    from types import SimpleNamespace
+    """(layer ranges of each stage, rank of each stage, each rank's walk states (:func:`_states`),
+    micro-batches): one stage, one F and one B without a pipeline."""
     if par.pipeline is None:
-        one = [SimpleNamespace(stage=0, kind="F"), SimpleNamespace(stage=0, kind="B")]
-        return [range(len(model.layers))], [0], [one], 1
-    from distlab.sim.parallel.pipeline import schedules as Sch
+        key = ("one stage", len(model.layers))
+        if key not in cache:
+            cache[key] = [range(len(model.layers))]
+        return cache[key], (0,), ONE_STAGE, 1
     from distlab.sim.parallel.pipeline.plan import stage_ranges
     spec = par.pipeline if not hasattr(par.pipeline, "spec") else par.pipeline.spec(mesh, model)
     pp, v = spec.stages, spec.virtual_stages
-    key = ("stages", spec.schedule, pp, v, spec.microbatches, tuple(spec.split or ()))
+    key = ("ranges", pp * v, tuple(spec.split or ()))
     if key not in cache:
-        cache[key] = (stage_ranges(model, pp * v, spec.split), list(Sch.stage_to_rank(spec.schedule, pp, v)),
-                      Sch.build(spec.schedule, pp, spec.microbatches, v), spec.microbatches)
-    return cache[key]
+        cache[key] = stage_ranges(model, pp * v, spec.split)
+    placement, states = _states(spec.schedule, pp, spec.microbatches, v)
+    return cache[key], placement, states, spec.microbatches
 
 
-def _walk(actions, ranges, acts) -> float:
-    """The most activation bytes alive on a rank running ``actions`` (module docstring)."""
-    layers = acts.layers
-    stash = [sum(layers[i].saved for i in r) for r in ranges]
-    inside = []                                   # backward at layer i: the stage's saved 0..i + i's transient
-    for r in ranges:
-        prefix, top = 0.0, 0.0
-        for i in r:
-            prefix += layers[i].saved
-            top = max(top, prefix + layers[i].transient)
-        inside.append(top)
-    live = peak = 0.0
-    for a in actions:
-        if a.kind == "F":
-            live += stash[a.stage]
-            peak = max(peak, live)
-        elif a.kind in ("B", "I"):
-            live -= stash[a.stage]
-            peak = max(peak, live + inside[a.stage])
-    return peak
+@lru_cache(maxsize=1024)
+def _states(schedule: str, pp: int, m: int, v: int) -> tuple:
+    """(rank of each stage, per rank the distinct moments of its schedule walk worth a peak): each moment is
+    ((stage, micro-batches alive) of each stage with some, the stage whose backward runs or -1 after a
+    forward); a moment another
+    within a run of forwards (the last counts) or of one stage's backwards (the first counts) is dropped.
+    Depends on the schedule only, so the planner's thousands of layouts walk each schedule once."""
+    from distlab.sim.parallel.pipeline import schedules as Sch
+    placement = tuple(Sch.stage_to_rank(schedule, pp, v))
+    out = []
+    for actions in Sch.build(schedule, pp, m, v):
+        live, seen = [0] * (pp * v), set()
+        kinds = [a.kind for a in actions] + [""]
+        for j, a in enumerate(actions):
+            if a.kind == "F":
+                live[a.stage] += 1
+                if kinds[j + 1] != "F":          # a run of forwards peaks at its end
+                    seen.add((tuple((t, n) for t, n in enumerate(live) if n), -1))
+            elif a.kind in ("B", "I"):
+                live[a.stage] -= 1
+                before = actions[j - 1] if j else None
+                if before is None or before.kind not in ("B", "I") or before.stage != a.stage:
+                    seen.add((tuple((t, n) for t, n in enumerate(live) if n), a.stage))   # peaks at its start
+        out.append(tuple(seen))
+    return placement, tuple(out)
+
+
+def _walk(states, ranges, acts, cache: dict) -> float:
+    """The most activation bytes alive at the moments ``states`` of a rank's walk (module docstring)."""
+    key = ("stash", id(acts), tuple((r.start, r.stop) if isinstance(r, range) else tuple(r) for r in ranges))
+    if key not in cache:
+        layers = acts.layers
+        stash = [sum(layers[i].saved for i in r) for r in ranges]
+        inside = []                               # backward at layer i: the stage's saved 0..i + i's transient
+        for r in ranges:
+            prefix, top = 0.0, 0.0
+            for i in r:
+                prefix += layers[i].saved
+                top = max(top, prefix + layers[i].transient)
+            inside.append(top)
+        cache[key] = (stash, inside)
+    stash, inside = cache[key]
+    return max(sum(n * stash[t] for t, n in counts) + (inside[s] if s >= 0 else 0.0) for counts, s in states)
 
 
 def _gathered(model, layers: list, numel: list, fsdp, S: int) -> int:
