@@ -10,7 +10,7 @@ checks its key folders), and every step is relative to that descriptor, so a lin
 redirect the write. A file is created beside its destination with O_CREAT | O_EXCL | O_NOFOLLOW and renamed over
 it, so a symbolic link someone planted there is replaced, never written through, and a crash leaves the old file
 or the new one, never half of each (fsync of the file, then of the folder, as the POSIX rename idiom needs for
-durability); a FIFO or socket there is refused. A full or read-only disk does not lose a finished measurement:
+durability); a FIFO, socket or device there is refused. A full or read-only disk does not lose a finished measurement:
 the bytes go to a private folder in the temporary folder and the error says where (OutputError: one line, exit
 1). Lock files are made exclusively and checked (``OutputLock``); while a command runs, sim/io.py
 ``check_output`` holds the lock of each output it checks (``hold_lock``) until the command ends.
@@ -28,23 +28,23 @@ from distlab.sim.errors import ConfigError, OutputError
 KEPT_PREFIX = "distlab-kept-"
 
 
-def write_atomic(path: str, data: str | bytes, keep_copy: bool = True) -> None:
+def write_atomic(path: str, data: str | bytes, keep_copy: bool = True, expect: tuple | None = None) -> None:
     """Write to a private temporary file beside ``path`` (O_CREAT | O_EXCL | O_NOFOLLOW), fsync it, rename it
     over ``path``, fsync the folder: a reader never sees half a file, and after a crash the file is the old one
     or the new one. The folder is opened once without following a link at it (``open_folder``: yours or root's,
     not writable by others) and every step is relative to that descriptor, so a link planted at the folder or
     swapped in meanwhile cannot redirect the write. The rename replaces a symbolic link at ``path`` rather than
-    writing where it points, except a link to a character device (/dev/full) that belongs to this user or root,
-    which is written through, as is a character device given directly (/dev/null); a FIFO or socket there is
-    refused (a reader would get the bytes; without one the write blocks forever). The file gets the permissions
+    writing where it points; a FIFO, socket or device there, or a link to one, is refused (a reader would get
+    the bytes; without one the write blocks forever; /dev/null or /dev/full is not a result file). The file gets the permissions
     the umask gives (0666 & ~umask, as open() does; an existing file keeps its mode). Creates no folders. When
     the write fails (a full or read-only disk, an unsafe folder), the data is kept in a private folder
     ``distlab-kept-*`` in the temporary folder (unless ``keep_copy`` is False) and OutputError names the path,
-    the error and that copy."""
+    the error and that copy. ``expect``: the folder's (device, inode) when another process checked it (a rank
+    writing into the --dump-dir its launcher checked): a different folder there now is refused."""
     full = os.path.abspath(path)
     data = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        folder_fd = open_folder(os.path.dirname(full))
+        folder_fd = open_folder(os.path.dirname(full), expect=expect)
         try:
             _write(folder_fd, os.path.basename(full), data)
         finally:
@@ -60,17 +60,16 @@ def _write(folder_fd: int, name: str, data: bytes) -> None:
         st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid in (os.getuid(), 0):
+    if st is not None and stat.S_ISLNK(st.st_mode):
         try:
             target = os.stat(name, dir_fd=folder_fd)
-        except FileNotFoundError:
-            target = None
-        if target is not None and stat.S_ISCHR(target.st_mode):
-            return _write_through(folder_fd, name, data)
-    elif st is not None and stat.S_ISCHR(st.st_mode):
-        return _write_through(folder_fd, name, data)
-    elif st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"{name} is {kind_of(st.st_mode)}, not a regular file; distlab writes only files")
+        except OSError:
+            target = None                      # a dangling link: replaced
+        if target is not None and not stat.S_ISREG(target.st_mode):
+            raise ConfigError(f"{name} is a link to {kind_of(target.st_mode)}, not a regular file; distlab writes "
+                              "only regular files")
+    elif st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{name} is {kind_of(st.st_mode)}, not a regular file; distlab writes only regular files")
     tmp = f".{name}.tmp-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,   # & ~umask
                  dir_fd=folder_fd)
@@ -87,17 +86,6 @@ def _write(folder_fd: int, name: str, data: bytes) -> None:
             os.unlink(tmp, dir_fd=folder_fd)
         raise
     _fsync_fd(folder_fd)
-
-
-def _write_through(folder_fd: int, name: str, data: bytes) -> None:
-    """A character device: written as it is (no temporary file beside it, no rename)."""
-    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC, dir_fd=folder_fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
 
 
 def kind_of(mode: int) -> str:
@@ -127,9 +115,11 @@ def folder_problem(st, uid: int | None = None, gid: int | None = None) -> str | 
     return None
 
 
-def open_folder(path: str, flag: str | None = None) -> int:
+def open_folder(path: str, flag: str | None = None, expect: tuple | None = None) -> int:
     """A descriptor of the folder ``path``, opened with O_DIRECTORY | O_NOFOLLOW (a symbolic link at the folder
-    itself is refused, not followed) and checked by ``folder_problem``; ConfigError naming what is wrong."""
+    itself is refused, not followed) and checked by ``folder_problem``, and the way to it by ``path_problem``
+    (every parent up to /, every link on the way); with ``expect``, it must be the folder of that (device,
+    inode), the one another process checked; ConfigError naming what is wrong."""
     try:
         fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -139,12 +129,74 @@ def open_folder(path: str, flag: str | None = None) -> int:
         if e.errno == errno.ENOTDIR:
             raise ConfigError(f"{path} is not a folder", flag or path) from None
         raise ConfigError(f"cannot open folder {path}: {e.strerror}", flag or path) from None
-    problem = folder_problem(os.fstat(fd))
+    st = os.fstat(fd)
+    problem = folder_problem(st)
     if problem:
         os.close(fd)
         raise ConfigError(f"folder {path} is {problem}: others could replace what distlab writes there; use a "
                           f"folder of yours that only you can write", flag or path)
+    problem = path_problem(path or ".", st)
+    if not problem and expect is not None and (st.st_dev, st.st_ino) != tuple(expect):
+        problem = (f"it is not the folder the launcher checked (device {expect[0]}, inode {expect[1]}; now "
+                   f"{st.st_dev}, {st.st_ino}): it was replaced meanwhile")
+    if problem:
+        os.close(fd)
+        raise ConfigError(f"folder {path}: {problem}: others could redirect what distlab writes there; use a "
+                          f"folder whose every parent is yours or root's and only you can write", flag or path)
     return fd
+
+
+def path_problem(path: str, opened=None) -> str | None:
+    """Why the way to the folder ``path`` is unsafe, or None, as OpenSSH's StrictModes checks every folder above
+    a key file up to / (auth.c ``safe_path``): each symbolic link on the way must be yours or root's and sit in
+    a folder ``folder_problem`` accepts (another user's link, or one in a folder others can write, could be
+    pointed elsewhere), and each folder above the real one, up to /, must pass ``folder_problem`` (another
+    user's parent could be renamed or replaced). Links are resolved one at a time, as the kernel does; ``opened``
+    (an ``os.stat`` of the descriptor opened) must be the folder reached, else it was swapped meanwhile."""
+    parts = os.path.join(os.getcwd(), path).split(os.sep)
+    real, hops = os.sep, 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            real = os.path.dirname(real)
+            continue
+        step = os.path.join(real, part)
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return None                              # opening it fails and says why
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if st.st_uid not in (os.getuid(), 0):
+                return f"{step} on the way is a symbolic link of another user (uid {st.st_uid})"
+            holder = folder_problem(os.stat(real))
+            if holder:
+                return f"{step} on the way is a symbolic link in folder {real}, which is {holder}"
+            if hops > 40:
+                return f"too many symbolic links on the way ({step})"
+            target = os.readlink(step)
+            parts = target.split(os.sep) + parts
+            real = os.sep if target.startswith(os.sep) else real
+            continue
+        real = step
+    here = os.stat(real)
+    if opened is not None and (here.st_dev, here.st_ino) != (opened.st_dev, opened.st_ino):
+        return "it was replaced while it was opened"
+    while real != os.sep:
+        real = os.path.dirname(real)
+        problem = folder_problem(os.stat(real))
+        if problem:
+            return f"its parent {real} is {problem}"
+    return None
+
+
+def folder_id(path: str, flag: str) -> tuple[int, int]:
+    """(device, inode) of the folder ``path``, checked by ``open_folder``: what a rank compares (``expect``)."""
+    fd = open_folder(path, flag)
+    st, _ = os.fstat(fd), os.close(fd)
+    return st.st_dev, st.st_ino
 
 
 def make_folder(path: str, flag: str) -> None:
@@ -173,10 +225,7 @@ def fsync_folder(folder: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.EROFS, errno.EBADF):
-            raise
+        _fsync_fd(fd)
     finally:
         os.close(fd)
 

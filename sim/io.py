@@ -262,10 +262,12 @@ def check_output(path, flag: str, kind: str = "file") -> str:
             raise ConfigError(f"{text} is a folder; give a file name inside it", flag)
         _check_extension(text, flag, kind)
         st = _lstat(full)
-        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        target = _stat(full) if st is not None and stat.S_ISLNK(st.st_mode) else st
+        if target is not None and not stat.S_ISREG(target.st_mode):
             from distlab.sim.files import kind_of
-            raise ConfigError(f"{text} is {kind_of(st.st_mode)}; distlab writes only regular files (a reader "
-                              "there would get the result, or the write would block)", flag)
+            what = kind_of(target.st_mode) if target is st else f"a link to {kind_of(target.st_mode)}"
+            raise ConfigError(f"{text} is {what}; distlab writes only regular files (a reader there would get "
+                              "the result, or the write would block)", flag)
         if os.path.exists(full) and not os.access(full, os.W_OK):
             raise ConfigError(f"cannot overwrite {text}: permission denied", flag)
     _check_folder(os.path.dirname(full), flag, text)
@@ -280,9 +282,20 @@ def _lstat(full: str):
         return None
 
 
+def _stat(full: str):
+    try:
+        return os.stat(full)
+    except OSError:
+        return None
+
+
 def _lock(full: str, flag: str) -> None:
-    """Hold the output's lock while the command runs (sim/files.py hold_lock); a device (/dev/null) has none."""
+    """Hold the output's lock while the command runs (sim/files.py hold_lock). Under torchrun (TORCHELASTIC_RUN_ID
+    set) only global rank 0 writes results (runtime/ranks/torchrun_rank.py): the other ranks of the job take no
+    lock, or the second rank of a node would be refused the output its own job's rank 0 holds."""
     from distlab.sim.files import hold_lock
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
+        return
     st = _lstat(full)
     if st is None or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
         hold_lock(full, flag)

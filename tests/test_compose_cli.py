@@ -21,6 +21,7 @@ FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
             "true --reduce-scatter-max-input-buffers 2",
     "pipeline": "--mesh pp=2 --schedule interleaved --microbatches 4 --virtual-stages 2 --split 3,3,3,3 "
                 "--weight-grad-fraction 0.5 --recv early --stage-less-layers none",
+    "pipeline ": "--mesh pp=2 --global-batch 4",          # m = 4 / (dp 1 x micro-batch 1)
     "tp": "--model llama3-8b --mesh tp=2 --sequence-parallel true --loss-parallel true --recompute selective "
           "--tp-comm-overlap true",
     "tp ": "--model llama3-8b --mesh tp=2 --sequence-parallel false --tp-prepare-input true",   # plain TP

@@ -6,6 +6,7 @@ cycles are the strongly connected components of that graph (Tarjan) with more th
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def imports_of(path: Path, name: str, known: dict) -> set[str]:
 def import_graph(root: Path, folders=FOLDERS) -> dict[str, set[str]]:
     known = modules(root, folders)
     return {name: imports_of(path, name, known) for name, path in known.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def repo_graph() -> dict[str, set[str]]:
+    """The repository's graph, parsed once for every test of this file (do not mutate)."""
+    return import_graph(ROOT)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -127,13 +134,13 @@ def test_no_cycle_when_the_shared_code_is_imported_one_way(tmp_path):
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_no_import_cycles(folder):
     """One graph over sim/ and runtime/ together; each folder's test lists the cycles that touch it."""
-    found = [c for c in cycles(import_graph(ROOT)) if any(m.split(".")[0] == folder for m in c)]
+    found = [c for c in cycles(repo_graph()) if any(m.split(".")[0] == folder for m in c)]
     assert not found, "import cycles in " + folder + "/:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_graph_sees_the_real_imports():
     """The graph is not empty by mistake: known edges of the repository are in it."""
-    graph = import_graph(ROOT)
+    graph = repo_graph()
     assert "runtime.measure.validation" in graph["runtime.parallel.ddp.validate"]
     assert "runtime.parallel.ddp.validate" in graph["runtime.parallel.registry"]
     assert "sim.plan" in graph["sim.kernel.engine"]
@@ -163,6 +170,6 @@ def test_upward_import_rule_sees_a_lazy_back_import(tmp_path):
 
 
 def test_parallel_never_imports_scenario_workloads_or_planner():
-    found = upward_imports(import_graph(ROOT))
+    found = upward_imports(repo_graph())
     assert not found, ("sim/parallel/ imports a layer above it (move the helper up, or the shared piece down "
                        "into sim/parallel/):\n" + "\n".join(found))

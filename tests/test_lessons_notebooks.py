@@ -21,7 +21,7 @@ QUICK = "DISTLAB_LESSONS_QUICK"
 SLOW = {"01_processes_and_collectives.ipynb", "02_what_a_collective_costs.ipynb", "03_topologies.ipynb",
         "04_validate_on_your_machine.ipynb", "05_ddp.ipynb", "06_fsdp_zero.ipynb", "07_pipeline.ipynb",
         "08_pitfalls.ipynb", "09_device_mesh_and_dtensor.ipynb", "11_plan_a_run.ipynb",
-        "12_failures_at_scale.ipynb", "14_shared_cluster.ipynb"}
+        "12_failures_at_scale.ipynb", "14_shared_cluster.ipynb", "15_mixed_precision_fp8.ipynb"}
 
 
 def _ids():
@@ -121,6 +121,20 @@ def test_runs_top_to_bottom(path, executed):
     missed = [o for o in outputs if "outside the lesson's tolerance" in _text(o)]
     assert not missed, "a prediction outside the lesson's tolerance: " + _text(missed[0])[:300]
     assert elapsed < LIMIT_S, f"{os.path.basename(path)} took {elapsed:.0f} s (limit {LIMIT_S} s)"
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p)) for p in NOTEBOOKS], ids=_ids())
+def test_widgets_are_readable_without_a_kernel(path, executed):
+    """A saved notebook read without a kernel (GitHub, nbviewer; this headless run) shows each widget's state:
+    its cell's output carries a PNG and a table beside the live widget (sim/lessons/widgets.py
+    ``_repr_mimebundle_``), not only "VBox(children=...)"."""
+    nb, _ = executed[path].result()
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and re.search(r"^\w+Widget\(", cell.source, re.M):
+            data = [o.get("data", {}) for o in cell.outputs]
+            assert any("image/png" in d and "<table" in d.get("text/html", "") for d in data), \
+                f"{os.path.basename(path)} cell {i}: no static figure and table of the widget"
+            assert not any(d.get("text/plain", "").startswith("VBox(") for d in data)
 
 
 # --- predictions first: no exercise's answer in any output above its check cell --------------------------------

@@ -80,7 +80,7 @@ def test_widgets_follow_their_controls():
     b.controls["m"].value = 16
     assert b.result["simulated"] == pytest.approx(3 / 19) and "15.8%" in b.table.value
     b.controls["m"].value = 2
-    assert "m >= p" in b.error.value
+    assert "m >= p" in b.message and "m &gt;= p" in b.error.value               # said, escaped as HTML
     c = CollectiveWidget()
     c.controls["protocol"].value = "LL"
     assert {r["protocol"] for r in c.result} == {"LL"} and bytes(c.image.value).startswith(PNG)
@@ -90,3 +90,18 @@ def test_widgets_follow_their_controls():
     g.controls["restart_min"].value = 10.0
     assert g.result["at_young"] == S.goodput(3.0, 120.0, 10.0)["at_young"] and "Young" in g.table.value
     assert "VBox" in repr(g.box)
+    bundle = g._repr_mimebundle_()                    # live where a kernel runs; a PNG and a table for a saved page
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "Young" in bundle["text/html"]
+    import base64
+    assert base64.b64decode(bundle["image/png"]).startswith(PNG)
+
+
+def test_without_ipywidgets_a_widget_shows_its_default_state_and_how_to_install(monkeypatch):
+    from distlab.sim.lessons import widgets
+    monkeypatch.setattr(widgets, "_ipywidgets", lambda: None)
+    for w in (widgets.MemoryWidget(model="llama3-8b"), widgets.BubbleWidget(), widgets.GoodputWidget()):
+        bundle = w._repr_mimebundle_()
+        assert w.static and not w.controls and "pip install" in bundle["text/plain"] and "pip install" in \
+            bundle["text/html"] and "application/vnd.jupyter.widget-view+json" not in bundle
+        import base64
+        assert base64.b64decode(bundle["image/png"]).startswith(PNG) and w.result

@@ -168,10 +168,11 @@ def test_factory_model_in_process(tmp_path, monkeypatch):
     assert pipe.meta["pipeline"]["boundary_bytes"][0] == T * h * 4       # a block's traced output
     with pytest.raises(ConfigError, match="tensor parallelism needs a transformer described by its structure"):
         sc.build({"model": {"factory": "tinymodel2:tiny"}, "mesh": {"tp": 2}, "tp": {}, "cluster": "dgx-h100"})
-    from argparse import Namespace
+    from argparse import ArgumentParser
 
     from distlab.sim.commands import plan as plan_command
-    args = Namespace(question=None, model="tinymodel2:tiny", cluster=None, nodes=1, global_batch=8, seq_len=None,
-                     confirm=None, top=10, save=None, plot=None, json=False)
+    parser = ArgumentParser()
+    plan_command.add_arguments(parser)           # every flag at its default, as `distlab plan` parses them
+    args = parser.parse_args(["--model", "tinymodel2:tiny", "--nodes", "1", "--global-batch", "8"])
     with pytest.raises(ConfigError, match=r"distlab plan \(tp, cp, pp layouts\) needs a transformer"):
         plan_command.run(args)

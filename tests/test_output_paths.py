@@ -134,3 +134,26 @@ def test_outputs_are_checked_before_the_work(capsys, tmp_path):
     rc, out, err = run(capsys, "collective", "all_gather", "--sizes", "1KiB:1GiB", "--plot", tmp_path / "x" / "p.png",
                        "--json")
     assert rc == 2 and out == "" and not os.listdir(tmp_path)
+
+
+def test_every_output_folder_in_runtime_and_sim_is_made_through_the_checked_path(tmp_path, capsys, monkeypatch):
+    """Issue 41 item 3: no os.makedirs (which follows links and makes parents unchecked) in runtime/ or sim/: the
+    pipeline tool, the lessons, the elastic run_local and the flight recorder make their folders with
+    sim/files.py make_folder or open_folder. The pipeline tool refuses a link at --out before it measures."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..")
+    found = []
+    for top in ("runtime", "sim"):
+        for folder, _, names in os.walk(os.path.join(root, top)):
+            for name in names:
+                if name.endswith(".py"):
+                    text = open(os.path.join(folder, name), encoding="utf-8").read()
+                    found += [f"{folder}/{name}" for _ in re.finditer(r"\bos\.makedirs\(", text)]
+    assert not found, found
+    from distlab.runtime.parallel.pipeline import run as pipeline_run
+    monkeypatch.setattr(pipeline_run, "measure", lambda *a, **k: pytest.fail("measured through a link"))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "real")
+    assert pipeline_run.main(["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out is a symbolic link; distlab writes only into a real folder" in err, err

@@ -110,9 +110,10 @@ def test_blackwell_and_nvl72_presets():
     assert nvl72.world_size == 72 and nvl72.intra_node.bandwidth_GBps == 900
     # NVLink 5 doubles NVLink 4: the ring's plateau is NCCL's 18 x 40.1 GB/s (topo.h SM100_NVLINK_BW)
     assert busbw(b200, 8 * GiB) == pytest.approx(18 * 40.1, rel=0.05)
-    racks = load_cluster("gb200-nvl72", nodes=2)
+    racks = load_cluster("gb200-nvl72", nodes=36)                  # 36 trays: two whole racks
+    assert (racks.nodes, racks.gpus_per_node) == (2, 72)
     assert simulate_collective("all_reduce", GiB, racks, "auto")[1] == "nvls_tree"
-    assert load_cluster("gb200-nvl72-roce", nodes=2).inter_node.kind == "ethernet"
+    assert load_cluster("gb200-nvl72-roce", nodes=36).inter_node.kind == "ethernet"
     assert load_cluster("dgx-h100-roce", nodes=2).inter_node.kind == "ethernet"
 
 
@@ -136,3 +137,24 @@ def test_gb200_nvl72_all_reduce_matches_published_nccl_tests():
 def test_bad_input_is_one_line_exit_2(cli, args, message):
     rc, out, err = cli("collective", *args, "--size", "1MiB")
     assert rc == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("gpus,domains,per_domain", [(8, 1, 8), (64, 1, 64), (72, 1, 72), (128, 2, 64),
+                                                     (256, 4, 64), (512, 8, 64)])
+def test_gb200_jobs_take_compute_trays(gpus, domains, per_domain):
+    """A GB200 job is whole compute trays of 4 GPUs spread evenly over the fewest 18-tray NVLink domains: NVLink
+    inside a domain (one simulator node), one NIC per GPU out of it; every job size simulates a collective."""
+    c = PRESETS["gb200-nvl72"].with_world_size(gpus)
+    assert (c.nodes, c.gpus_per_node, c.inter_node.nics_per_node, c.trays) == (domains, per_domain, per_domain,
+                                                                              gpus // 4)
+    assert load_cluster("gb200-nvl72", nodes=gpus // 4) == c                   # --nodes counts trays
+    if gpus <= 128:                       # one domain and two (larger jobs: the same fabric, more of it)
+        t, algo = simulate_collective("all_reduce", 64 * MiB, c, "auto")
+        assert t.makespan > 0 and (algo.startswith("nvls") or domains > 1)
+
+
+@pytest.mark.parametrize("args", [["--world-size", "130"], ["--world-size", "6"]])
+def test_gb200_job_of_partial_trays_is_one_line_exit_2(cli, args):
+    rc, out, err = cli("simulate", "--model", "gpt2-small", "--cluster", "gb200-nvl72", *args, "--no-files")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "not whole compute trays of 4" in err and "world_size" in err

@@ -131,15 +131,30 @@ def test_write_atomic_replaces_a_planted_link_and_fsyncs(tmp_path, monkeypatch):
     assert (tmp_path / "out.json").read_text() == "{}" and len(synced) == 2          # the file, then its folder
 
 
+# The launcher of the first run below: its disk fills up as the Perfetto trace is made durable. fsync reports
+# ENOSPC, as ext4 with delayed allocation and NFS do when the blocks are finally wanted (write(2) may have
+# succeeded into the page cache); every other file writes as usual.
+FULL_DISK_AT_M_JSON = """
+import errno, os, sys
+real_fsync = os.fsync
+def fsync(fd):
+    if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".m.json.tmp-"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_fsync(fd)
+os.fsync = fsync
+from distlab.runtime.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
-def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measurement(tmp_path):
+def test_a_second_run_on_the_same_out_refuses_and_a_full_disk_keeps_the_measurement(tmp_path):
     """Two runs with the same --out: the second refuses in one line (before: it cleared and removed the first's live
-    flight records). The first's Perfetto trace goes to a link to /dev/full: that result is kept and the one line
-    says where (before: an OSError traceback after the whole run)."""
+    flight records). The disk fills up while the first writes its Perfetto trace: that result is kept, the one
+    line says where (before: an OSError traceback after the whole run), and nothing half written is left."""
     plan = one_rank(1.5, tmp_path / "p.json")        # long enough for the second, refused at once, to find it
     out, full = tmp_path / "m.trace", tmp_path / "m.json"
-    full.symlink_to("/dev/full")
-    first = subprocess.Popen([sys.executable, "-m", "distlab.runtime.cli", "run", plan, "--out", out, "--perfetto",
+    first = subprocess.Popen([sys.executable, "-c", FULL_DISK_AT_M_JSON, "run", plan, "--out", out, "--perfetto",
                               full, "--backend", "gloo", "-v"], stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, TMPDIR=str(tmp_path)))
     lines = []
@@ -159,7 +174,8 @@ def test_a_second_run_on_the_same_out_refuses_and_a_full_device_keeps_the_measur
     from distlab.sim.trace import Trace
     kept = from_chrome(json.loads(open(kept_file(line)).read()))
     assert {o.name for o in kept.ops} == {"work", "all_reduce"} == {o.name for o in Trace.from_json(out.read_text()).ops}
-    assert os.path.islink(full) and not os.path.exists(tmp_path / ".m.trace.lock")
+    assert not os.path.lexists(full) and not os.path.exists(tmp_path / ".m.trace.lock")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".m.json.tmp-")]          # nothing half written
 
 
 class Stamped(io.StringIO):
@@ -292,6 +308,37 @@ def test_a_folder_writable_by_others_is_refused(tmp_path, no_ranks):
     write_atomic(str(shared / "ok.json"), "{}")
 
 
+def test_every_parent_and_every_link_on_the_way_is_checked_as_ssh_does(tmp_path, no_ranks):
+    """Before: only a link at the last folder was refused; a parent others can write (where the folder, or a link
+    on the way, can be swapped) or a link of another user higher up was followed (issue 41 item 3; OpenSSH's
+    StrictModes checks every folder up to /). A link of yours, in a folder only you write, is followed."""
+    from distlab.sim.files import open_folder
+    from distlab.sim.errors import ConfigError
+    (tmp_path / "open" / "inner").mkdir(parents=True)
+    os.chmod(tmp_path / "open", 0o777)
+    code, _, err = cli(["run", one_rank(0.01, tmp_path / "p.json"), "--out", tmp_path / "open" / "inner" / "m.trace"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"inner: its parent {tmp_path}/open is writable by every user (mode 777)" in err, err
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "open" / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ConfigError, match=f"open/link on the way is a symbolic link in folder {tmp_path}/open, "
+                                          "which is writable by every user"):
+        open_folder(str(tmp_path / "open" / "link" / "sub"))
+    os.chmod(tmp_path / "open", 0o1777)                                      # sticky, as /tmp
+    os.close(open_folder(str(tmp_path / "open" / "inner")))
+    (tmp_path / "mine").symlink_to(tmp_path / "real")                        # /home/me -> /data/me
+    os.close(open_folder(str(tmp_path / "mine" / "sub")))
+    if os.getuid() != 0:
+        return                                                               # chown needs root
+    os.chown(tmp_path / "real", 12345, -1)
+    with pytest.raises(ConfigError, match=f"its parent {tmp_path}/real is owned by another user"):
+        open_folder(str(tmp_path / "mine" / "sub"))
+    os.chown(tmp_path / "real", 0, -1)
+    os.lchown(tmp_path / "mine", 12345, -1)
+    with pytest.raises(ConfigError, match="mine on the way is a symbolic link of another user"):
+        open_folder(str(tmp_path / "mine" / "sub"))
+
+
 @pytest.mark.parametrize("command", ["run", "bench"])
 def test_a_fifo_at_out_is_refused_before_the_ranks_start(tmp_path, no_ranks, command):
     """Before: run blocked after measuring (no reader), or a reader got the trace."""
@@ -300,6 +347,22 @@ def test_a_fifo_at_out_is_refused_before_the_ranks_start(tmp_path, no_ranks, com
     argv = ["run", one_rank(0.01, tmp_path / "p.json")] if command == "run" else ["bench", "--sizes", "1KiB"]
     code, _, err = cli(argv + ["--out", fifo])
     assert code == 2 and err.count("\n") == 1 and "is a FIFO (named pipe); distlab writes only regular files" in err
+
+
+def test_a_device_or_a_link_to_one_is_refused_before_the_ranks_start(tmp_path, no_ranks):
+    """Before: --out /dev/null, or the user's own link to /dev/full, was written through (issue 41 item 3: only
+    regular files are written). Refused by the check before any work, and by the write itself."""
+    from distlab.sim.errors import OutputError
+    from distlab.sim.files import write_atomic
+    (tmp_path / "m.trace").symlink_to("/dev/full")
+    plan = one_rank(0.01, tmp_path / "p.json")
+    for argv, out, what in ((["bench", "--sizes", "1KiB"], "/dev/null", "is a character device"),
+                            (["run", plan], tmp_path / "m.trace", "is a link to a character device")):
+        code, _, err = cli(argv + ["--out", out])
+        assert code == 2 and err.count("\n") == 1 and f"{what}; distlab writes only regular files" in err, err
+        with pytest.raises(OutputError, match="character device, not a regular file"):
+            write_atomic(str(out), "{}", keep_copy=False)
+    assert os.readlink(tmp_path / "m.trace") == "/dev/full"
 
 
 def test_a_hard_linked_or_fifo_lock_file_is_refused_and_a_full_disk_leaves_none(tmp_path, monkeypatch, no_ranks):
@@ -346,3 +409,37 @@ def test_every_command_that_writes_results_holds_the_output_lock(tmp_path, no_ra
         code, _, err = cli(argv)
     assert code == 2 and err.count("\n") == 1 and f"another distlab run (pid {os.getpid()}) is writing" in err, err
     assert os.listdir(tmp_path) in ([], ["p.json"])
+
+
+def test_a_rank_refuses_a_dump_dir_swapped_after_the_launcher_checked_it(tmp_path, monkeypatch):
+    """Issue 41 item 3: ranks open --dump-dir again by its path; the launcher passes the (device, inode) it
+    checked (DISTLAB_FLIGHT_DIR_ID) and a rank refuses any other folder found there, for its ring and its dump."""
+    from distlab.runtime.diagnosis.flight import Recorder
+    from distlab.runtime.ranks import forkserver
+    from distlab.runtime.ranks.launch import Launch
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.files import folder_id
+    dump = tmp_path / "dump"
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def spawn(env, *a):
+        seen.update(env)
+        raise Stop
+    monkeypatch.setattr(forkserver, "enabled", lambda: True)
+    monkeypatch.setattr(forkserver, "spawn", spawn)
+    with pytest.raises(Stop):
+        Launch("distlab.runtime.execute.executor:plan_task", {}, 1, backend="gloo", dump_dir=str(dump)).start()
+    checked = "%d:%d" % folder_id(str(dump), "--dump-dir")
+    assert seen["DISTLAB_FLIGHT_DIR_ID"] == checked and seen["DISTLAB_FLIGHT_DIR"] == str(dump)
+    monkeypatch.setenv("DISTLAB_FLIGHT_DIR_ID", checked)
+    rec = Recorder(str(dump), 0, 2, capacity=4)
+    assert rec.dump("first") == str(dump / "flight.0.json")
+    dump.rename(tmp_path / "moved")                     # swapped: another folder now at the checked path
+    dump.mkdir()
+    with pytest.raises(ConfigError, match="it is not the folder the launcher checked"):
+        Recorder(str(dump), 1, 2, capacity=4)
+    assert rec.dump("late") is None and os.listdir(dump) == []
+    rec.mm.close()

@@ -107,7 +107,7 @@ def test_one_flag_goes_to_every_parallelism_that_has_the_idea():
     assert s.parallelisms["fsdp"].overlap is False         # CP's overlap covers FSDP2 over dp_shard x cp
     ep = from_flags("--model", "deepseek-v3", "--mesh", "pp=2,ep=4", "--microbatches", "4", "--schedule", "gpipe")
     assert ep.workload == "ep" and ep.parallelisms["ep"].microbatches == 4 and ep.parallelisms["ep"].schedule == "gpipe"
-    with pytest.raises(ConfigError, match="needs mesh dimension pp"):     # no pipeline to take it: not dropped
+    with pytest.raises(ConfigError, match="needs a pp dimension in --mesh"):     # no pipeline to take it
         from_flags("--model", "llama3-8b", "--mesh", "tp=2", "--microbatches", "4")
 
 

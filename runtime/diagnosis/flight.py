@@ -43,13 +43,14 @@ def _whole(x, lo: int, hi: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and lo <= x < hi
 
 
-def open_ring(path: str, size: int) -> int:
+def open_ring(path: str, size: int, dir_fd: int | None = None) -> int:
     """A ring file's descriptor, ``size`` bytes allocated on disk (posix_fallocate): a full disk is an error here,
     before the run, not a SIGBUS in the middle of it (a sparse file written through mmap gets its blocks on the
     first write). Never through a symbolic link (O_NOFOLLOW), and only a regular file of this user: a link planted
     in a shared --dump-dir cannot make a rank overwrite another file."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path if dir_fd is None else os.path.basename(path),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
     except OSError as e:
         raise ConfigError(f"{path} cannot be opened ({e.strerror}); distlab writes flight records only into files "
                           f"it creates, never through a symbolic link: remove it or choose another folder",
@@ -67,6 +68,14 @@ def open_ring(path: str, size: int) -> int:
         raise OutputError(path, f"cannot allocate the {size // 1024} KiB flight ring ({e.strerror})",
                           kept_error="nothing was measured yet") from None
     return fd
+
+
+def checked_folder_id() -> tuple[int, int] | None:
+    """(device, inode) of the flight folder the launcher checked (DISTLAB_FLIGHT_DIR_ID="DEV:INO"), or None
+    (under torchrun): a rank opens the folder again by its path and refuses any other folder found there."""
+    text = os.environ.get("DISTLAB_FLIGHT_DIR_ID", "")
+    dev, _, ino = text.partition(":")
+    return (int(dev), int(ino)) if dev.isdigit() and ino.isdigit() else None
 
 
 def create_rings(directory: str, world_size: int) -> None:
@@ -94,10 +103,17 @@ class Recorder:
     """One rank's ring of the last ``capacity`` collectives in ``directory``/flight.RANK.ring."""
 
     def __init__(self, directory: str, rank: int, world_size: int, capacity: int = CAPACITY):
-        os.makedirs(directory, exist_ok=True)
+        from distlab.sim.files import make_folder, open_folder
         self.directory, self.rank, self.world_size, self.capacity = directory, rank, world_size, capacity
         self.path = os.path.join(directory, f"flight.{rank}.ring")
-        fd = open_ring(self.path, HEADER + capacity * SLOT.size)
+        self.expect = checked_folder_id()
+        if self.expect is None:
+            make_folder(directory, "--dump-dir")          # under torchrun: no launcher made it
+        folder_fd = open_folder(directory, "--dump-dir", expect=self.expect)
+        try:
+            fd = open_ring(self.path, HEADER + capacity * SLOT.size, dir_fd=folder_fd)
+        finally:
+            os.close(folder_fd)
         try:
             self.mm = mmap.mmap(fd, 0)
         finally:
@@ -187,7 +203,7 @@ class Recorder:
             d.update(reason=self.reason, dumped_at=time.time())
             path = os.path.join(self.directory, f"flight.{self.rank}.json")
             try:
-                write_atomic(path, json.dumps(d, indent=1), keep_copy=False)
+                write_atomic(path, json.dumps(d, indent=1), keep_copy=False, expect=self.expect)
             except OutputError:
                 return None
         return path

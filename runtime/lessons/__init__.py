@@ -6,7 +6,8 @@ all-reduce against dist.all_reduce, torchrun on one or several (simulated) nodes
   functions are importable from here;
 - pitfalls.py: lesson 08's real runs (sharding, checkpoints, seeds, a hang the flight recorder names);
 - compute.py: lesson 13's real GEMMs; shared.py: lesson 14's two jobs on this machine;
-- profile.py: lesson 04's torch.profiler trace of the learner's own gloo ranks.
+- profile.py: lesson 04's torch.profiler trace of the learner's own gloo ranks; precision.py: lesson 15's bf16
+  autocast against fp32 on this CPU.
 
 Every function starts fresh rank processes through runtime.ranks.launch (gloo on CPU; NCCL where each rank has a
 GPU, with backend="auto") and returns plain Python data; sim.lessons.helpers turns it into tables and figures.

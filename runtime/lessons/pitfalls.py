@@ -17,7 +17,8 @@ def data_pitfalls(nproc: int = 4, samples: int = 16, odd_samples: int = 18, base
     shared seed and under base_seed + rank, with the first weight before and after DDP."""
     from distlab.runtime.ranks.launch import TRAINING, launch
     payload = {"samples": samples, "odd": odd_samples, "seed": base_seed, "checkpoint": os.path.abspath(checkpoint)}
-    os.makedirs(os.path.dirname(payload["checkpoint"]), exist_ok=True)
+    from distlab.sim.files import make_folder
+    make_folder(os.path.dirname(payload["checkpoint"]), "checkpoint")     # checked as every output folder
     # DDP's constructor imports torch._dynamo (~0.6 s of CPU per rank): the fork server imports it once
     return launch("distlab.runtime.lessons.pitfalls:_data_task", payload, nproc, backend="gloo", timeout=60,
                   preload=TRAINING)

@@ -29,7 +29,8 @@ def program_plan(nproc: int = 2) -> dict:
 
 def profile_here(out: str, nproc: int = 2) -> str:
     """Profile the program on ``nproc`` gloo ranks into folder ``out`` (created); the folder."""
-    os.makedirs(out, exist_ok=True)
+    from distlab.sim.files import make_folder
+    make_folder(out, "out")                  # its parent must exist; checked as every output folder
     run_on_ranks("distlab.runtime.lessons.profile:_task", {"out": os.path.abspath(out)}, nproc=nproc)
     return out
 

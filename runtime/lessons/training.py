@@ -26,8 +26,8 @@ def ddp_bucket_sweep(model, caps, nproc: int = 2, steps: int = 4, warmup: int = 
     from distlab.sim.models import model_from_spec
     model = model_from_spec(model)
     if profile:
-        import os
-        os.makedirs(profile["dir"], exist_ok=True)
+        from distlab.sim.files import make_folder
+        make_folder(profile["dir"], "profile")          # checked as every output folder (sim/files.py)
     payload = {"model": {**model.config, "name": model.name}, "caps": list(caps), "steps": fewer(steps, 2),
                "warmup": fewer(warmup, 2), "calibrate": [int(s) for s in calibrate],
                "profile": {"index": list(caps).index(profile["cap"]), "dir": profile["dir"]} if profile else None}

@@ -216,8 +216,8 @@ def run(out_dir: str, preset: str | None = None, device: str | None = None, quic
             + check_copy(gpu, dev, quick, reps) + check_step(preset, dev, quick, 3 if quick else 10))
     report = {"device": name, "preset": preset, "torch": torch.__version__,
               "cuda": torch.version.cuda, "quick": quick, "rows": rows}
-    with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    from distlab.sim.files import write_atomic
+    write_atomic(os.path.join(out_dir, "gpu_check.json"), json.dumps(report, indent=1))
     return report
 
 

@@ -133,15 +133,14 @@ class Launch:
         self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         flight_dir = os.path.abspath(self.dump_dir or self.run_dir)
         try:
-            self._prepare_flight(flight_dir)
+            flight_id = self._prepare_flight(flight_dir)
         except BaseException:
             self._release()
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
-        task = {"target": self.target, "payload": self.payload, "backend": self.backend,
-                "threads": self.threads, "timeout": self.timeout}
+        task = {"target": self.target, "payload": self.payload, "backend": self.backend, "threads": self.threads}
         with open(os.path.join(self.run_dir, "task.json"), "w") as f:
-            json.dump(task, f)
+            json.dump({**task, "timeout": self.timeout}, f)
         port = free_port()
         loopback = loopback_interface()        # runtime/ranks/portability.py
         secret = new_secret()                  # this run's: rank 0's store serves only who presents it
@@ -149,7 +148,7 @@ class Launch:
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(self.nproc), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(self.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        DISTLAB_RUN_DIR=self.run_dir, DISTLAB_PARENT_PID=str(os.getpid()), DISTLAB_FLIGHT_DIR=flight_dir,
-                       OMP_NUM_THREADS=str(self.threads), DISTLAB_RUN_SECRET=secret)
+                       DISTLAB_FLIGHT_DIR_ID=flight_id, OMP_NUM_THREADS=str(self.threads), DISTLAB_RUN_SECRET=secret)
             if loopback:                       # Gloo's sockets on loopback too (unless chosen): "lo", macOS "lo0"
                 env.setdefault("GLOO_SOCKET_IFNAME", loopback)
             log_path = os.path.join(self.run_dir, f"stderr.{r}")
@@ -174,18 +173,19 @@ class Launch:
                 sys.stderr.flush()
         return self
 
-    def _prepare_flight(self, flight_dir: str) -> None:
+    def _prepare_flight(self, flight_dir: str) -> str:
         """Lock --dump-dir (a second run there refuses instead of clearing this one's records), clear the old
-        records, allocate every rank's ring (a full disk or a planted link is one line before any rank starts)."""
+        records, allocate the rings (a full disk or a planted link is one line before any rank starts); returns
+        "DEV:INODE" of the folder checked, which each rank's Recorder requires (DISTLAB_FLIGHT_DIR_ID)."""
         from distlab.runtime.diagnosis.flight import clear, create_rings
-        from distlab.sim.io import OutputLock
+        from distlab.sim.files import OutputLock, folder_id, make_folder
         if self.dump_dir:
-            from distlab.sim.files import make_folder
             make_folder(self.dump_dir, "--dump-dir")      # never through a link at the folder (sim/files.py)
             self._dump_lock = OutputLock(self.dump_dir, "--dump-dir", folder=True).acquire()
             clear(self.dump_dir)
         if os.environ.get("DISTLAB_FLIGHT") != "0":
             create_rings(flight_dir, self.nproc)
+        return "%d:%d" % folder_id(flight_dir, "--dump-dir")
 
     def _release(self) -> None:
         lock = getattr(self, "_dump_lock", None)

@@ -220,7 +220,8 @@ def run_local(root: str, spec: TrainSpec, nproc: int = 2, max_restarts: int = 1,
 
     from distlab.runtime.ranks.launch import free_port
     from distlab.runtime.ranks.secret import SECRET_ENV, SECRET_FILE_ENV, family_secret_file
-    os.makedirs(root, exist_ok=True)
+    from distlab.sim.files import make_folder
+    make_folder(root, "root")                        # yours, not others' to write, not a link (sim/files.py)
     secret_file = family_secret_file(root)           # the run family: every run_local on this folder
     logs = os.path.join(root, "torchrun-logs")         # torchrun's own logs (else a torchelastic_* temp folder)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", logs, "--nnodes", "1", "--node-rank", "0",

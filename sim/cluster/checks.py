@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
 
-MAX_RANKS = 65536            # a bound, so that a typo cannot exhaust memory (8192 ranks simulate in seconds)
+MAX_RANKS = 262144           # a bound, so that a typo cannot exhaust memory: 2^18, twice today's largest training
+#                              clusters (100,000+ GPUs); a step on 131,072 GPUs simulates in seconds where its ranks
+#                              fall into a few classes (benchmarks/reproduce_speed.py)
 # GPUs in one node's fabric: the presets' largest is 72 (gb200-nvl72). A typo such as 65536 made one node's ring so
 # long that a single all_reduce simulated for minutes; 1024 leaves room for any NVLink or PCIe node.
 MAX_GPUS_PER_NODE = 1024
@@ -68,6 +70,7 @@ def validated(c, where: str):
         raise ConfigError(f"{c.compute_jitter!r} must be seconds between 0 and 1 (0 = ranks compute alike)",
                           f"{where}: compute_jitter")
     _check_comm_cpu(c, where)
+    _check_trays(c, where)
     for key in ("tflops", "hbm_GBps", "memory_GiB", "mfu"):
         _positive(getattr(c.gpu, key), f"{where}: gpu.{key}")
     _check_compute_model(c.gpu, f"{where}: gpu")
@@ -108,6 +111,23 @@ def validated(c, where: str):
         raise ConfigError(f"{leaf!r} must be a whole number of nodes >= 0 (0 = no leaf switches)",
                           f"{where}: inter_node.nodes_per_leaf")
     return c
+
+
+def _check_trays(c, where: str) -> None:
+    """tray_gpus and domain_trays: both 0 (no trays) or whole numbers >= 1, and the nodes whole trays (or one GPU)."""
+    for key in ("tray_gpus", "domain_trays"):
+        v = getattr(c, key)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"{v!r} must be a whole number >= 0 (0 = no trays) and at most {MAX_GPUS_PER_NODE}",
+                              f"{where}: {key}")
+    if bool(c.tray_gpus) != bool(c.domain_trays):
+        raise ConfigError("tray_gpus and domain_trays go together (GPUs per tray, trays per NVLink domain); "
+                          "allowed: both set or both 0", f"{where}: tray_gpus")
+    single = c.nodes == 1 and c.gpus_per_node == 1                 # one GPU: its kernels alone
+    if c.tray_gpus and not single and (c.gpus_per_node % c.tray_gpus
+                                       or c.gpus_per_node > c.tray_gpus * c.domain_trays):
+        raise ConfigError(f"a node of {c.gpus_per_node} GPUs is not whole trays of {c.tray_gpus} inside one "
+                          f"NVLink domain of {c.domain_trays} trays", f"{where}: gpus_per_node")
 
 
 def _check_compute_model(gpu, where: str) -> None:

@@ -15,7 +15,8 @@ from distlab.sim.errors import ConfigError
 
 
 def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
-    """A preset name or a YAML file; ``nodes`` overrides the node count."""
+    """A preset name or a YAML file; ``nodes`` overrides the node count (on a cluster of trays, GB200 NVL72:
+    the number of compute trays)."""
     if not isinstance(name_or_path, str):
         raise ConfigError(f"{name_or_path!r} must be a preset name or a cluster .yaml path", "cluster")
     if name_or_path in PRESETS:
@@ -26,6 +27,8 @@ def load_cluster(name_or_path: str, nodes: int | None = None) -> Cluster:
     else:
         raise ConfigError(f"unknown cluster {name_or_path!r}; presets: {', '.join(PRESETS)}, or a .yaml file",
                           "--cluster")
+    if nodes is not None and cluster.tray_gpus:        # a node of a cluster of trays is a compute tray
+        return cluster.with_trays(nodes)
     if nodes is not None:
         if cluster.inter_node is None and nodes > 1:
             raise ConfigError(f"cluster {cluster.name!r} has no inter-node network, so nodes must be 1", "--nodes")
@@ -73,7 +76,8 @@ def cluster_from_dict(d, where: str = "cluster") -> Cluster:
     cluster = Cluster(str(d["name"]), d["nodes"], d["gpus_per_node"], gpu, intra, inter, calibration,
                       d.get("cpu_cores"), d.get("interference", 1.0), d.get("comm_interference", 1.0),
                       d.get("compute_jitter", 0.0),
-                      d.get("comm_cpu_s", 0.0), d.get("comm_cpu_s_per_byte", 0.0))
+                      d.get("comm_cpu_s", 0.0), d.get("comm_cpu_s_per_byte", 0.0), d.get("tray_gpus", 0),
+                      d.get("domain_trays", 0))
     return validated(cluster, where)
 
 

@@ -110,14 +110,18 @@ PRESETS = {
     # DGX B200: 8 x B200 on NVLink 5 (2 NVLink Switch chips), 8 x ConnectX-7 400 Gb/s (DGX B200 datasheet).
     # Measured nccl-tests busbw: no published figure found.
     "dgx-b200": Cluster("dgx-b200", 1, 8, GPUS["b200"], NVLINK5, NDR_IB),
-    # GB200 NVL72: 72 GPUs in one NVLink 5 domain (18 compute trays, 9 NVLink Switch trays), one ConnectX-7
-    # 400 Gb/s per GPU (NVIDIA GB200 NVL72 datasheet); a "node" here is the rack. `--nodes N` = N racks over
-    # InfiniBand. NVLS at 72 GPUs: the measured ceiling above.
+    # GB200 NVL72 as built (NVIDIA GB200 NVL72 datasheet and "NVIDIA GB200 NVL72" technical brief): 18 compute
+    # trays, each 2 Grace CPUs + 4 Blackwell GPUs, and 9 NVLink Switch trays joining the 72 GPUs in one NVLink 5
+    # domain; each tray's 4 ConnectX-7 400 Gb/s NICs (one per GPU) reach InfiniBand. A job takes compute trays
+    # (`--nodes N` = N trays, `--world-size` a multiple of 4; specs.py Cluster.with_trays): NVLink reaches every
+    # GPU of its domain, InfiniBand joins domains. The preset as named: one whole rack (18 trays). NVLS at 72
+    # GPUs: the measured ceiling above.
     "gb200-nvl72": Cluster("gb200-nvl72", 1, 72, GPUS["gb200"], NVLINK5_NVL72,
-                           InterNode("infiniband", 72, 50.0, 5.0, "rail-optimized")),
+                           InterNode("infiniband", 72, 50.0, 5.0, "rail-optimized"), tray_gpus=4, domain_trays=18),
     # Racks of GB200 NVL72 on 400 GbE RoCE (Spectrum-X); latency and efficiency: no published figure found.
     "gb200-nvl72-roce": Cluster("gb200-nvl72-roce", 1, 72, GPUS["gb200"], NVLINK5_NVL72,
-                                InterNode("ethernet", 72, 50.0, 5.0, "rail-optimized")),
+                                InterNode("ethernet", 72, 50.0, 5.0, "rail-optimized"), tray_gpus=4,
+                                domain_trays=18),
     # 8 x L40S on PCIe 4 x16 (~32 GB/s per direction, PCI-SIG), no NVLink; NCCL tuning.cc PCIe per-hop
     # latency ~1 us (LL). One 200 GbE NIC per 4 GPUs (25 GB/s), fat-tree.
     "pcie-8gpu": Cluster("pcie-8gpu", 1, 8, GPUS["l40s"],

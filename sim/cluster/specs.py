@@ -75,6 +75,9 @@ class Cluster:
     #                                 ranks, so each collective waits for its last member (sim/kernel/skew.py); 0 = none
     comm_cpu_s: float = 0.0         # CPU work of one collective per member rank, w = comm_cpu_s + comm_cpu_s_per_byte
     comm_cpu_s_per_byte: float = 0.0  # x bytes, shared with compute on the node's cores (sim/kernel/cores.py); 0 = none
+    tray_gpus: int = 0              # GPUs per compute tray where a job takes trays of a larger NVLink domain (GB200
+    #                                 NVL72: 4); 0 = a node is the unit a job takes (module docstring)
+    domain_trays: int = 0           # trays in one NVLink domain (GB200 NVL72: 18); with tray_gpus
 
     @property
     def world_size(self) -> int:
@@ -91,13 +94,39 @@ class Cluster:
 
     def with_world_size(self, world_size: int) -> "Cluster":
         """One node of ``world_size`` ranks if it fits a node (or the cluster is one machine without an inter-node
-        network, as localhost-cpu: any number of ranks on this machine), else whole nodes."""
+        network, as localhost-cpu: any number of ranks on this machine), else whole nodes; on a cluster of trays
+        (``tray_gpus``), whole trays (``with_trays``), or a single GPU."""
+        if self.tray_gpus and world_size > 1:       # one GPU: its kernels alone, no fabric (as on any preset)
+            if world_size % self.tray_gpus:
+                raise ConfigError(f"{world_size} GPUs are not whole compute trays of {self.tray_gpus} "
+                                  f"{self.gpu.name.upper()}; allowed: 1 GPU or a multiple of {self.tray_gpus}",
+                                  "world_size")
+            return self.with_trays(world_size // self.tray_gpus)
         if self.nodes == 1 and (world_size <= self.gpus_per_node or self.inter_node is None):
             return validated(replace(self, gpus_per_node=world_size), "world_size")
         if world_size % self.gpus_per_node:
             raise ConfigError(f"{world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs",
                               "world_size")
         return self.with_nodes(world_size // self.gpus_per_node)
+
+    def with_trays(self, trays: int) -> "Cluster":
+        """A job of ``trays`` compute trays: NVLink reaches across each domain, so the simulator's node is the
+        job's part of one domain (NCCL's MNNVL treats an NVLink clique as one node); the trays spread evenly over
+        the fewest domains that hold them (assumed: a scheduler fills racks evenly, e.g. 128 GB200 = 2 racks of
+        16 trays), and each domain's trays leave through their own NICs, one per GPU."""
+        if isinstance(trays, bool) or not isinstance(trays, int) or trays < 1:
+            raise ConfigError(f"{trays!r} must be a whole number of compute trays >= 1", "nodes")
+        domains = -(-trays // self.domain_trays)
+        while trays % domains:
+            domains += 1
+        gpus = trays // domains * self.tray_gpus
+        inter = replace(self.inter_node, nics_per_node=gpus) if self.inter_node else None
+        return validated(replace(self, nodes=domains, gpus_per_node=gpus, inter_node=inter), "world_size")
+
+    @property
+    def trays(self) -> int:
+        """Compute trays of a cluster of trays (0 otherwise)."""
+        return self.world_size // self.tray_gpus if self.tray_gpus else 0
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
@@ -113,6 +142,8 @@ class Cluster:
             d["compute_jitter"] = self.compute_jitter
         if self.comm_cpu_s or self.comm_cpu_s_per_byte:
             d["comm_cpu_s"], d["comm_cpu_s_per_byte"] = self.comm_cpu_s, self.comm_cpu_s_per_byte
+        if self.tray_gpus:
+            d["tray_gpus"], d["domain_trays"] = self.tray_gpus, self.domain_trays
         if self.calibration:
             d["calibration"] = self.calibration
         return d

@@ -80,7 +80,7 @@ def cost(name: str, proto: str, cluster, n: int, nodes: int, op: str = "", nbyte
     row = HOP_ROW[name]
     extra = tuple(0.0 if row is None or (name == "nvls_tree" and hw != NET)
                   else max(0.0, HW_US[hw][row][p] - HW_US[hw]["Ring"][0]) * 1e-6 for hw in (NVLINK, PCI, NET))
-    e = efficiency(name, p, cluster, nodes) * tree_correction(name, p, op, nbytes)
+    e = efficiency(name, p, cluster, nodes, n) * tree_correction(name, p, op, nbytes)
     if name == "nvls" and getattr(cluster.intra_node, "nvls_busbw_GBps", None) and n > 1:
         e = min(e, nvls_ceiling(cluster, n))
     return ProtocolCost(base_latency_us(name, p, n) * 1e-6, extra, 1.0 / e)
@@ -113,8 +113,9 @@ def base_latency_us(name: str, p: int, n: int) -> float:
     return BASE_US["Tree" if name == "tree" else "Ring"][p]
 
 
-def efficiency(name: str, p: int, cluster, nodes: int) -> float:
-    """Fraction of the Simple bandwidth the protocol reaches (module docstring; tuning.cc:327-337)."""
+def efficiency(name: str, p: int, cluster, nodes: int, n: int | None = None) -> float:
+    """Fraction of the Simple bandwidth the protocol reaches (module docstring; tuning.cc:327-337), for a group of
+    ``n`` ranks (default: every GPU of ``nodes`` nodes)."""
     arch = cluster.gpu.arch
     if name in ("nvls", "nvls_tree"):
         return NVLS_EFFICIENCY.get(arch, 0.85)
@@ -126,21 +127,24 @@ def efficiency(name: str, p: int, cluster, nodes: int) -> float:
         e = (0.5, 0.92, 1.0)[p]
     if p == 0:
         cap = LL_MAX_ONE_NODE.get(arch, 141.0) if nodes == 1 else LL_MAX_NODES[0 if nodes == 2 else 1]
-        e = min(e, cap / gpu_bus_GBps(cluster, nodes))
+        e = min(e, cap / gpu_bus_GBps(cluster, nodes, n))
     return e
 
 
-def gpu_bus_GBps(cluster, nodes: int) -> float:
+def gpu_bus_GBps(cluster, nodes: int, n: int | None = None) -> float:
     """B: the bus bandwidth of the ring whose share the LL cap bounds, as NCCL's tuner takes it (NCCL 2.21-2.30,
     tuning.cc ncclTopoTuneModel: busBw = nChannels x bw, bw = bwIntra on one or two nodes, bwInter beyond, then
     ring LL busBw = min(llMaxBw, busBw x 0.5)): the NVLink (or PCIe) bus bandwidth of a GPU on up to 2 nodes, and
     beyond, the lower of that and the node's NICs together (the ring's channels spread over them, so nChannels x
-    bwInter is their sum, not one GPU's share)."""
+    bwInter is their sum, not one GPU's share). A communicator of ``n`` ranks on ``nodes`` nodes with fewer ranks
+    per node than GPUs (a DP group beside TP) reaches only its ranks' share of the NICs: NCCL's topology search
+    for that communicator sees those GPUs and their NICs only."""
     intra = cluster.intra_node
     b = intra.bandwidth_GBps * intra.efficiency
     inter = cluster.inter_node
     if nodes > 2 and inter is not None:
-        b = min(b, inter.bandwidth_GBps * inter.efficiency * inter.nics_per_node)
+        share = 1.0 if n is None else min(1.0, n / nodes / cluster.gpus_per_node)
+        b = min(b, inter.bandwidth_GBps * inter.efficiency * max(1.0, inter.nics_per_node * share))
     return b
 
 

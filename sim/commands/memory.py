@@ -192,15 +192,15 @@ def _scenario(args) -> int:
     from distlab.sim.parallel.memory import memory_section
     _, _, model, cluster, mesh, opts = sc.parts(args.scenario, args.scenario)
     mem = memory_section(SimpleNamespace(model=model, mesh=mesh, options=opts, cluster=cluster))
+    from distlab.sim.parallel.memory import as_parallelisms, recompute_of
+    inputs = {**inputs_of(model), "recompute": recompute_of(model, as_parallelisms(mesh, opts))}
     if args.json:
         print_json({"model": model.summary(), "world_size": mesh.world_size,
-                    "mesh": mesh.as_dict(), **mem["json"]})
+                    "mesh": mesh.as_dict(), "inputs": inputs, **mem["json"]})
         return 0
     say(f"model: {model.summary()}", indent="  ")
     dims = ", ".join(f"{k}={v}" for k, v in mesh.as_dict().items())
     say(f"mesh: {dims} ({mesh.world_size} ranks); GPU: {cluster.gpu.name}", indent="  ")
-    from distlab.sim.parallel.memory import as_parallelisms, recompute_of
-    inputs = {**inputs_of(model), "recompute": recompute_of(model, as_parallelisms(mesh, opts))}
     say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs.items()), indent="  ")
     print_table("per-GPU memory (1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 
 NAME = "reproduce"
 HELP = ("Simulate published training runs (default: the shipped file: Megatron-LM's SC21 Table 1 on A100s, "
-        "Megatron-Core's H100 weak scaling, Llama 3's 405B table, torchtitan's H100/H200 benchmarks) on their cluster "
-        "presets and print predicted vs reported figure, the error, and the rows not expressible yet.")
+        "Megatron-Core's H100 weak scaling, Llama 3's 405B table, torchtitan's and torchao's H100/H200 benchmarks, "
+        "NeMo's H100/B200/GB200 FP8 tables) on their cluster presets and print predicted vs reported figure, the "
+        "error, and the rows not expressible yet; a progress bar on a terminal, else one line per row on stderr.")
 
 
 def add_arguments(p) -> None:
@@ -37,12 +40,19 @@ def run(args) -> int:
             raise ConfigError(f"no run named {n!r}; allowed: {', '.join(names)}", "--only")
     chosen = [r for r in runs if not args.only or r.name in args.only]
     results, skipped = [], []
-    for r in progress(chosen, len(chosen), "simulating published runs"):
+    start = time.perf_counter()
+    bar = progress(chosen, len(chosen), "simulating published runs", delay_s=0.0,
+                   enabled=sys.stderr.isatty())          # elsewhere: the line per row below
+    for i, r in enumerate(bar, 1):
         if args.max_gpus is not None and r.gpus > args.max_gpus:
             skipped.append({"name": r.name, "world_size": r.gpus,
                             "reason": f"more than --max-gpus {args.max_gpus}"})
             continue
+        t0 = time.perf_counter()
         results.append(predict(r))
+        if not sys.stderr.isatty():            # a terminal shows the bar instead (sim/cli.py progress)
+            print(f"reproduce: {i}/{len(chosen)} {r.name} ({r.gpus:,} GPUs): {time.perf_counter() - t0:.1f} s, "
+                  f"{time.perf_counter() - start:.0f} s in all", file=sys.stderr, flush=True)
     simulated = [x for x in results if x["expressible"]]
     missing = [x for x in results if not x["expressible"]]
     constants = {g: {"sustained": f.sustained, "elementwise_passes": f.elementwise_passes,
@@ -50,7 +60,9 @@ def run(args) -> int:
     if args.json:
         print_json({"runs_file": path, "results": simulated, "not_expressible": missing, "skipped": skipped,
                     "fitted": constants, "summary": summary(simulated),
-                    "by_generation": by_key(simulated, "generation"), "by_source": by_key(simulated, "table")},
+                    "by_generation": by_key(simulated, "generation"),
+                    "by_generation_precision": by_key(simulated, "generation_precision"),
+                    "by_source": by_key(simulated, "table")},
                    NAME)
     else:
         print_text(path, simulated, missing, skipped)
@@ -81,7 +93,7 @@ def print_text(path: str, simulated: list[dict], missing: list[dict], skipped: l
     print_table(f"distlab reproduce {os.path.basename(path)}", ["run", "GPUs", "figure", "reported", "predicted",
                                                                "error", "MFU", "step s", "fitted"], rows)
     print("rows not fitted on: median |error|, largest |error|, bias (median error)")
-    for key in ("generation", "table"):
+    for key in ("generation_precision", "table"):
         for s in by_key(simulated, key):
             if s["rows"]:
                 name = re.sub(r"\S+/", "", re.sub(r" \([^)]*\)", "", s[key]))     # no parentheses, no folders
@@ -102,11 +114,13 @@ def summary(results: list[dict]) -> dict:
 
 
 def by_key(results: list[dict], key: str) -> list[dict]:
-    """summary() per value of ``key`` (generation, table) among the simulated rows."""
+    """summary() per value of ``key`` (generation, generation_precision, table) among the simulated rows (a row
+    without a precision counts under its generation)."""
     import statistics
     out = []
-    for value in dict.fromkeys(x[key] for x in results):
-        errs = [x["error"] for x in results if x[key] == value and not x["fitted"]]
+    label = (lambda x: x.get(key) or x["generation"]) if key == "generation_precision" else (lambda x: x[key])
+    for value in dict.fromkeys(label(x) for x in results):
+        errs = [x["error"] for x in results if label(x) == value and not x["fitted"]]
         row = {key: value, "rows": len(errs), "median_abs_error": None, "max_abs_error": None, "bias": None}
         if errs:
             row.update(median_abs_error=statistics.median(abs(e) for e in errs),

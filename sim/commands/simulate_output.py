@@ -25,6 +25,9 @@ def assumptions(result) -> dict:
         out.update(micro_batch=cfg["micro_batch"], seq_len=cfg["seq_len"], blocks=cfg["layers"])
     elif cfg.get("kind") == "mlp":
         out.update(micro_batch=cfg["batch"], layers=len(cfg["widths"]) - 1)
+    if "pp" in result.mesh and not any(isinstance(v, dict) and v.get("microbatches") is not None
+                                       for v in result.scenario.values()):     # m not written: what set it
+        out["microbatches_from"] = "global_batch" if result.scenario.get("global_batch") else "2 x pp x v"
     dtype = cfg.get("dtype") or (result.model.params[0].dtype if result.model.params else "float32")
     out["param_dtype"] = dtype
     opts = asdict(result.options)

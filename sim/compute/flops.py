@@ -109,8 +109,8 @@ def plausibility(mfu: float, gpu) -> str | None:
         return None
     best = BEST_PUBLISHED_MFU.get(model.generation)
     if best is None:
-        return (f"no published MFU for {model.generation} GPUs to compare with: kernel rates are micro-benchmarks' "
-                "(an upper bound)")
+        return (f"no published MFU for {model.generation} GPUs to hold this figure to (sim/compute/flops.py "
+                "BEST_PUBLISHED_MFU)")
     if mfu <= best[0] * PLAUSIBLE_MARGIN:
         return None
     return (f"MFU {100 * mfu:.0f}% is above the best published {100 * best[0]:.0f}% for {model.generation} "

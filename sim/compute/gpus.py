@@ -83,10 +83,12 @@ FA2_A100 = Attention("FlashAttention-2", tuple((s, 0.73 * 312.0 * t / 620.7) for
 # FlashAttention-4 (CuTe DSL) on sm100 (Blackwell): forward, non-causal, head_dim 128: flash-attention PR #2605
 # ("FA4" column: 1540, 1706, 1796, 1837, 1882 TFLOP/s at 1k..16k; its causal rows at 1k, 2k, 4k: 829, 1172, 1431
 # -> s0 = 880, 930, 1040: 950). Backward: PR #2280, causal, head_dim 128, seq 8192: forward 1418.1, 2-CTA backward
-# 1208.6 TFLOP/s -> 0.852. Measured on an sm100 GPU the PRs do not name; taken at B200's 2250 TFLOP/s peak.
+# 1208.6 TFLOP/s -> 0.852. The GPU: PR #2605's tables print MFU beside TFLOP/s (e.g. 1745 TFLOP/s = 69.8% at
+# head_dim 128, 16k), dividing by 2,500 TFLOP/s: GB200's dense bf16 peak, so the fractions are of GB200's peak.
 FA4_B200 = Attention("FlashAttention-4", ((1024, 1540.0), (2048, 1706.0), (4096, 1796.0), (8192, 1837.0),
                                           (16384, 1882.0)),
-                     "b200", 2250.0, 950.0, 0.852, "flash-attention PR #2605 (forward, causal), PR #2280 (backward)")
+                     "gb200", 2500.0, 950.0, 0.852, "flash-attention PR #2605 (forward, causal, its MFU column's "
+                     "2,500 TFLOP/s peak), PR #2280 (backward)")
 
 
 @dataclass(frozen=True)

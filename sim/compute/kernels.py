@@ -13,9 +13,9 @@ quantization (NVIDIA, "Matrix Multiplication Background User's Guide", sec. 2.3)
 tiles, one per SM at a time, so a GEMM of T tiles on S SMs runs in ceil(T/S) waves and uses
 (M·N / 32768) / (ceil(T/S)·S) of the SMs' time; dividing by the best shape's value makes the model reproduce the
 measured MAMF exactly at its shape. ``sustained`` is the generation's fitted constant (sim/compute/fitted.py).
-float8_e4m3fn GEMMs are torchao's Float8Linear with dynamic tensorwise scaling (torchao/float8/
-float8_scaling_utils.py ``hp_tensor_to_float8_dynamic``): each bf16 operand is read for its amax, read again and
-written as one byte (5 bytes an element over HBM), then the GEMM runs at the FP8 peak.
+float8_e4m3fn GEMMs run as an FP8 recipe runs them (sim/compute/fp8.py; default torchao's Float8Linear with
+dynamic tensorwise scaling): each bf16 operand costs the recipe's cast bytes per element over HBM and its
+quantization kernels, then the GEMM runs at the FP8 peak times the measured FP8 fraction (and the recipe's rate).
 With a measured curve instead (``gpu.gemm_efficiency``, written by ``distlab calibrate --compute``): eff = the
 curve at the GEMM's FLOPs, interpolated in log10(FLOPs), clamped; with neither, eff = ``gpu.mfu`` (a flat roofline).
 
@@ -51,7 +51,6 @@ from distlab.sim.errors import ConfigError
 FLASH_BACKWARD_FACTOR = 2.5      # FlashAttention-2 (2307.08691): backward FLOPs = 2.5 x forward
 PASS_FACTOR = {"forward": 1.0, "backward": FLASH_BACKWARD_FACTOR, "recompute+backward": 1.0 + FLASH_BACKWARD_FACTOR}
 FLOAT8 = "float8_e4m3fn"
-FLOAT8_CAST_BYTES = 5            # per bf16 operand element: amax read (2), cast read (2), fp8 write (1)
 # torch.compile, as a documented effect on a step's compute (its fusion of the elementwise kernels between GEMMs,
 # which the builders do not emit one by one): torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1 8B,
 # FSDP, selective recompute: 5,762 -> 6,667 tokens/s per GPU on 8 H100 (Table 1), 5,605 -> 6,514 on 128 (Table 3).
@@ -195,19 +194,22 @@ def gemm_efficiency(flops: float, gpu, M: int | None = None, N: int | None = Non
     return fraction * min(shape, 1.0) * sustained(gpu)
 
 
-def gemm_time(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None = None) -> float:
+def gemm_time(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None = None,
+              fp8_recipe: str | None = None) -> float:
     """Seconds of one (M x K) @ (K x N) GEMM (module docstring). ``dtype`` defaults to bfloat16 (2 bytes) or
-    float32 (4); float8_e4m3fn adds torchao's casts of both bf16 operands (two more kernels)."""
-    work, kernels = _gemm_work(M, N, K, dtype_bytes, gpu, dtype)
+    float32 (4); float8_e4m3fn adds the FP8 recipe's casts of both bf16 operands (sim/compute/fp8.py)."""
+    work, kernels = _gemm_work(M, N, K, dtype_bytes, gpu, dtype, fp8_recipe=fp8_recipe)
     return work + kernels * launch_s(gpu)
 
 
 def _gemm_work(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | None = None,
-               chunks: int = 1) -> tuple[float, int]:
+               chunks: int = 1, fp8_recipe: str | None = None) -> tuple[float, int]:
     """(seconds without launches, kernels) of one GEMM (beside ``chunks`` - 1 equal ones on other streams)."""
+    from distlab.sim.compute.fp8 import recipe
     dtype = dtype or ("float32" if dtype_bytes == 4 else "bfloat16")
     flops = 2.0 * M * N * K
-    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * gemm_efficiency(flops, gpu, M, N, dtype, K, chunks))
+    rate = recipe(fp8_recipe).gemm_rate if dtype == FLOAT8 else 1.0
+    math_s = flops / (peak_tflops(gpu, dtype) * 1e12 * rate * gemm_efficiency(flops, gpu, M, N, dtype, K, chunks))
     operand = 1 if dtype == FLOAT8 else dtype_bytes
     memory_s = (M * K + K * N + M * N) * operand / hbm_Bps(gpu)
     model = kernel_model(gpu)
@@ -215,7 +217,9 @@ def _gemm_work(M: int, N: int, K: int, dtype_bytes: float, gpu, dtype: str | Non
         splits = tiling(M, N, model.sms, K, _balance(gpu, model, dtype), chunks)[1]
         memory_s += (splits - 1) * M * N * 4 * 2 / hbm_Bps(gpu) if splits > 1 else 0.0
     if dtype == FLOAT8:
-        return max(math_s, memory_s) + (M * K + K * N) * FLOAT8_CAST_BYTES / hbm_Bps(gpu), 3
+        r = recipe(fp8_recipe)
+        extra = (M * K + K * N) * r.cast_bytes + M * N * r.output_bytes
+        return max(math_s, memory_s) + extra / hbm_Bps(gpu), 1 + r.cast_kernels
     return max(math_s, memory_s), 1
 
 
@@ -299,14 +303,15 @@ def flops_only_seconds(flops: float, nbytes: float, gpu, dtype: str = "bfloat16"
     return max(flops / (peak_tflops(gpu, dtype) * 1e12 * eff), nbytes / hbm_Bps(gpu))
 
 
-def op_seconds(op, gpu) -> float:
+def op_seconds(op, gpu, fp8_recipe: str | None = None) -> float:
     """Seconds of a Compute op on ``gpu`` (module docstring): ``seconds`` if given; the kernels it names; else
     FLOPs and bytes. Overhead: one launch per kernel, or, when the op counts ``launches`` (not None: ops the host
-    dispatches one by one, e.g. DTensor's: sim/parallel/tp/plan.py), launches x launch instead (never both)."""
+    dispatches one by one, e.g. DTensor's: sim/parallel/tp/plan.py), launches x launch instead (never both).
+    ``fp8_recipe``: how float8 GEMMs quantize (sim/compute/fp8.py; None: torchao's tensorwise)."""
     if op.seconds is not None:
         return op.seconds
     if op.gemms or op.attention is not None:
-        work, kernels = _kernel_work(op, gpu)
+        work, kernels = _kernel_work(op, gpu, fp8_recipe)
         return work + (kernels if op.launches is None else op.launches) * launch_s(gpu)
     t = flops_only_seconds(op.flops, op.bytes, gpu, op.dtype)
     if op.launches is not None:
@@ -315,13 +320,13 @@ def op_seconds(op, gpu) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _kernel_work(op, gpu) -> tuple[float, int]:
+def _kernel_work(op, gpu, fp8_recipe: str | None = None) -> tuple[float, int]:
     """(seconds without launches, kernels) of the op's kernels (cached: a step repeats the same layer ops
     thousands of times)."""
     e = DTYPE_BYTES.get(op.dtype, 2)
     work, kernels = 0.0, 0
     for M, N, K in op.gemms:
-        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype), op.chunks)
+        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype), op.chunks, fp8_recipe)
         work, kernels = work + w, kernels + k
     operand = 2 if op.dtype == FLOAT8 else e          # attention stays in bf16 beside float8 linears
     if op.attention is not None and op.attention_kernel == "unfused":

@@ -29,9 +29,9 @@ from collections import Counter
 from distlab.sim.kernel.spans import union_length
 
 KINDS = ("gemm", "attention", "memory-bound", "other")
-_GEMM = re.compile(r"(?<!fb)gemm|xmma|cutlass|cublas|sm\d+_.*tensorop|^aten::(mm|addmm|bmm|matmul|linear|baddbmm)$",
+_GEMM = re.compile(r"(?<!fb)gemm|xmma|cutlass|cublas|matmul|sm\d+_.*tensorop|^aten::(mm|addmm|bmm|linear|baddbmm)$",
                    re.I)
-_ATTENTION = re.compile(r"flash|fmha|scaled_dot_product|efficient_attention|sdpa|attention", re.I)
+_ATTENTION = re.compile(r"flash|fmha|scaled_dot_product|attention|sdpa|attn", re.I)
 _MEMORY_BOUND = re.compile(r"elementwise|norm|bn_|reduce|softmax|copy|cat|fill|transpose|nchwToNhwc|nhwcToNchw|"
                            r"scan|sort|index|gather|scatter|embedding|pool|dropout|foreach|multi_tensor|adam|sgd|"
                            r"gelu|silu|relu|aten::(add|mul|sub|div|copy_|fill_|zero_|cat|to)", re.I)

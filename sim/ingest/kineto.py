@@ -55,8 +55,6 @@ _NCCL_NEW = re.compile(r"^ncclDevKernel_([A-Za-z]+)_(?:[A-Za-z]+_)?(?:[a-z0-9]+_
 _NCCL_OLD = re.compile(r"^ncclKernel_([A-Za-z]+)_([A-Z]+)_([A-Z0-9]+)")
 _HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_GEMM = re.compile(r"gemm|xmma|cutlass|cublas|matmul|sm\d+_.*tensorop", re.I)
-_ATTENTION = re.compile(r"flash|fmha|attention|sdpa|attn", re.I)
 _CPU_COMM = re.compile(r"^(c10d::|gloo:|record_param_comms|nccl:)")
 _CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|matmul|linear|baddbmm)$")
 # NCCL kernel op names -> distlab's collectives
@@ -161,15 +159,15 @@ def _collective(name: str, args: dict) -> dict:
 
 
 def gpu_kind(name: str) -> str:
+    """communication, memory (copies and sets), or a compute kernel's kind as compute_match.py's ``kernel_kind``
+    names it (gemm, attention; the rest "compute"): one classifier for both readers."""
+    from distlab.sim.ingest.compute_match import kernel_kind
     if _NCCL.match(name):
         return "communication"
     if _MEMORY.match(name):
         return "memory"
-    if _ATTENTION.search(name):
-        return "attention"
-    if _GEMM.search(name):
-        return "gemm"
-    return "compute"
+    kind = kernel_kind(name)
+    return kind if kind in ("gemm", "attention") else "compute"
 
 
 def read_rank(path: str, fallback_rank: int) -> RankTrace:

@@ -19,6 +19,15 @@ def activations_GiB(cp: int, seq_len: int = 131072) -> float:
     return cp_memory(long_model(seq_len), cp, cp)["activations"] / GiB
 
 
+def gpt_formula_GiB(seq_len: int = 131072) -> float:
+    """What Korthikanti et al.'s GPT formula (34·s·b·h per block, no s x s term) plus bf16 logits would say for
+    Llama 3 8B: the usual wrong answer of lesson 10's first exercise (sim/lessons/activation_bytes.py)."""
+    from distlab.sim.lessons.activation_bytes import gpt_formula_bytes
+    c = long_model(seq_len).config
+    block = gpt_formula_bytes(seq_len, 1, c["hidden"], c["heads"], recompute="selective")
+    return (c["layers"] * block + seq_len * c["vocab"] * 2) / GiB
+
+
 def memory_rows(cps=(1, 2, 4, 8, 16), seq_len: int = 131072) -> list[list]:
     """[cp, tokens per GPU, activations GiB, ring buffers GiB, static GiB] per cp."""
     from distlab.sim.parallel.cp.memory import cp_memory
@@ -81,11 +90,17 @@ def ring_margin(cp: int = 8) -> float:
 
 EXERCISES = (
     Exercise("10-activations-cp1", "Llama 3 8B on one 131072-token sequence, no activation recompute: how many "
-             "GiB of activations does one GPU keep without CP (cp 1)?", "GiB", lambda: activations_GiB(1),
-             tolerance=0.05, hint="per block s·b·h·34 bytes at 16 bits (Korthikanti et al. Table 2, flash "
-                                  "attention stores no s x s scores), 32 blocks, plus the logits b·s·V·2",
-             why="hundreds of GiB against 80 on an H100: the sequence itself does not fit. Recompute alone keeps "
-                 "the block inputs, still s·h·2 bytes per block; CP divides every token-proportional term by cp."),
+             "GiB of activations does one GPU hold at its peak without CP (cp 1)? Within 5%.", "GiB",
+             lambda: activations_GiB(1), tolerance=0.05,
+             traps=lambda: {gpt_formula_GiB(): "that is GPT's formula (s·b·h·34 per block plus the logits); a "
+                                               "Llama block keeps other tensors: add up the table's"},
+             hint="add the bytes per token of one block (the table above: Llama's own tensors, not GPT's "
+                  "s·b·h·34), times 131072 tokens and 32 blocks; then the head's kept tensors, and at the peak "
+                  "what its backward holds on top (the table's last row), also per token",
+             why="hundreds of GiB against 80 on an H100: the sequence itself does not fit. The logits alone (fp32 "
+                 "log-softmax kept, bf16 and fp32 copies during the head's backward) are a fifth of it. Recompute "
+                 "alone keeps the block inputs, still s·h·2 bytes per block; CP divides every token-proportional "
+                 "term by cp."),
     Exercise("10-kv-MiB", "Same model, cp 8: how many MiB does one rank send per K/V rotation (bf16, torchtitan "
              "repeats the 8 K/V heads to all 32 before attention)?", "MiB", lambda: kv_MiB(8),
              traps=lambda: {kv_MiB(8, heads_in_ring=8): "that is with 8 K/V heads: torchtitan's repeat_kv runs "

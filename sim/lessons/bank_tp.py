@@ -216,8 +216,9 @@ EXERCISES = (
              "sequence parallelism, no recomputation: activation memory one layer keeps for backward, in GiB "
              "(Korthikanti et al. 2022, Table 2)?", "GiB", _sp_layer_GiB, tolerance=0.02,
              hint="s·b·h·(34/t + 5·a·s/(h·t)) bytes for 16-bit activations",
-             why="the 5·a·s/h term (the stored s x s scores, softmax and dropout mask) is twice the rest here; "
-                 "selective recomputation drops it, and FlashAttention never stores it."),
+             why="the 5·a·s/h term (per score the softmax output, 2 bytes, the dropout mask, 1, and the dropout "
+                 "output, 2; the raw QKᵀ scores are not kept) is twice the rest here; selective recomputation "
+                 "drops it, and FlashAttention never stores it."),
     Exercise("09-step-calls", "The lesson's 2-block model, TP + SP on 2 ranks, one training step with AdamW: how "
              "many collectives does each rank issue in all (forward, backward and optimizer)?", "count",
              lambda: len(sequence(LESSON_MODEL, 2, True)), tolerance=0,

@@ -36,10 +36,12 @@ import distlab.sim.lessons.bank_machine as bank_machine
 import distlab.sim.lessons.bank_plan as bank_plan
 import distlab.sim.lessons.bank_tp as bank_tp
 import distlab.sim.lessons.failures as failures
+import distlab.sim.lessons.precision as precision
 from distlab.sim.lessons.checker import (Exercise, Verdict, check_answer, expected_value, question_text,
                                          solution_text, validate)
 
-BANKS = (bank, bank_machine, bank_ingest, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute, bank_jobs)
+BANKS = (bank, bank_machine, bank_ingest, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute,
+         bank_jobs, precision)
 
 __all__ = ["BANKS", "Exercise", "Verdict", "check", "exercises", "get", "question", "solution"]
 

@@ -82,8 +82,9 @@ def _log_y(ax) -> None:
 
 def workdir(name: str = "work") -> str:
     """A folder for the files a lesson writes (rank scripts, cluster YAMLs), under the current directory."""
+    from distlab.sim.files import make_folder
     path = os.path.abspath(name)
-    os.makedirs(path, exist_ok=True)
+    make_folder(path, "workdir")             # never through a link, in a folder only you write (sim/files.py)
     return path
 
 

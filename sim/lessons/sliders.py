@@ -5,10 +5,10 @@ slider values, computed by the library, tested in tests/test_lessons_widgets.py.
     >>> bubble(schedule="1f1b", p=4, m=8)["simulated"]                                # 3/11, as lesson 07 derives
     0.2727...
 
-- ``memory_per_gpu``: params, grads, optimizer state and activations of the fullest GPU, the planner's own
-  accounting (sim/planner/step.py Estimator.memory: sim/parallel/tp/memory.py, the pipeline's peak stage,
-  sim/parallel/cp/memory.py) for DDP (ZeRO 0) and FSDP (ZeRO 3); ZeRO-1 and 2 shard DDP's optimizer state (and
-  gradients) over the data-parallel ranks (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1).
+- ``memory_per_gpu``: params, grads, optimizer state and activations of the fullest GPU: sim/parallel/memory.py,
+  the one model `simulate`, `plan`, `reproduce` and `distlab memory` report, for DDP (ZeRO 0), ZeRO-1 and 2
+  (optimizer state, and gradients, sharded over the data-parallel ranks; Rajbhandari et al. 2020, arXiv
+  1910.02054, Fig. 1) and FSDP2 (ZeRO 3).
 - ``bubble``: a pipeline schedule simulated with uniform stages (sim/lessons/pipelines.py), its bubble against
   the formula (p-1)/(v·m+p-1).
 - ``busbw_curve``: a collective simulated over a sweep of sizes on a cluster preset with a forced algorithm and
@@ -18,48 +18,96 @@ slider values, computed by the library, tested in tests/test_lessons_widgets.py.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 GiB = 2**30
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b", "llama-7b", "gpt2-medium")
 RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("bfloat16", "float32")
+CP_RECOMPUTE = ("none", "full")          # sim/planner/layouts.py CP_RECOMPUTE: ring attention has no selective
 
 
-@lru_cache(maxsize=16)
-def _estimator(model: str, seq_len: int | None, cluster: str, nodes: int):
-    from distlab.sim.cluster import load_cluster
-    from distlab.sim.planner.step import Estimator
-    spec = {"preset": model, **({"seq_len": seq_len} if seq_len else {})}
-    return Estimator(spec, load_cluster(cluster, nodes))
+def model_spec(model: str, seq_len: int | None = None, dtype: str | None = None) -> dict:
+    """The model spec of a preset name or a Hugging Face config.json path (or its folder), with ``seq_len`` and
+    ``dtype`` when given. ``pkg.module:factory`` is refused here: a slider never imports code."""
+    from distlab.sim.models.spec import spec_from_text
+    spec = spec_from_text(model, "model")
+    if "factory" in spec:
+        raise ValueError(f"model {model!r}: give a preset name or a config.json path")
+    return {**spec, **({"seq_len": seq_len} if seq_len else {}), **({"dtype": dtype} if dtype else {})}
 
 
-def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
-                   micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
-                   sequence_parallel: bool = True, seq_len: int | None = None, cluster: str = "dgx-h100") -> dict:
-    """Bytes per GPU by part ({params, grads, optimizer, activations[, ring buffers], total}) of ``model`` (a
-    preset) on ``gpus`` GPUs of ``cluster`` nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as
-    ZeRO ``zero`` (0: DDP; 3: FSDP), ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``.
-    Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError when tp x cp x pp does not divide ``gpus``."""
-    from distlab.sim.parallel.fsdp.memory import fits
+def layout(gpus: int, zero: int, tp: int, pp: int, cp: int, micro_batch: int, microbatches: int, recompute: str,
+           sequence_parallel: bool = True):
+    """The planner's Layout the widget's controls describe (sim/planner/layouts.py), the same `simulate` builds
+    from ``Layout.scenario``: ZeRO 0-2 are DDP's layout (1 and 2 then shard its optimizer state, and gradients,
+    over the dp ranks), ZeRO 3 is FSDP2 over every dp rank. Raises ValueError for what torch does not build."""
     from distlab.sim.planner.layouts import Layout
     if zero not in (0, 1, 2, 3) or recompute not in RECOMPUTE:
         raise ValueError(f"zero must be 0-3 and recompute one of {', '.join(RECOMPUTE)}")
     if gpus % (tp * cp * pp):
         raise ValueError(f"tp x cp x pp = {tp * cp * pp} does not divide {gpus} GPUs")
+    if cp > 1 and zero != 3:
+        raise ValueError("with cp > 1 torchtitan shards the parameters with FSDP2 over dp_shard x cp "
+                         "(sim/parallel/cp/plan.py): ZeRO 0-2 do not apply; choose ZeRO 3")
+    if cp > 1 and recompute not in CP_RECOMPUTE:
+        raise ValueError(f"with cp > 1 recompute is one of {', '.join(CP_RECOMPUTE)} (ring attention's "
+                         "selective recompute is not modelled)")
     dp = gpus // (tp * cp * pp)
-    gpn = 8
-    est = _estimator(model, seq_len, cluster, max(1, gpus // gpn))
-    kind = "fsdp" if zero == 3 or cp > 1 else "ddp"
-    L = Layout(tp, pp, dp, kind, micro_batch, microbatches if pp > 1 else 1, sequence_parallel and tp > 1,
-               recompute if cp == 1 or recompute != "selective" else "full", cp=cp)
-    parts = dict(est.memory(L))
-    if zero in (1, 2) and dp > 1:                 # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
-        parts["optimizer"] /= dp
-        if zero == 2:
-            parts["grads"] /= dp
-    parts["total"] = sum(v for k, v in parts.items())
-    gib = est.cluster.gpu.memory_GiB
-    return {**parts, "dp": dp, "gpu_GiB": gib, "fits": fits(parts["total"], gib)}
+    return Layout(tp, pp, dp, "fsdp" if zero == 3 else "ddp", micro_batch, microbatches if pp > 1 else 1,
+                  sequence_parallel and tp > 1, recompute, cp=cp)
+
+
+def memory_scenario(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
+                    micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
+                    sequence_parallel: bool = True, seq_len: int | None = None, dtype: str | None = None,
+                    cluster: str = "dgx-h100") -> dict:
+    """The scenario the widget's controls describe, as `distlab simulate` and `distlab memory --scenario` take
+    it: the planner's (``layout``, ``Layout.scenario``) for ZeRO 0 and 3; ZeRO-1/2 as ``fsdp: {zero: 1 or 2}``
+    over the dp ranks (dp_shard), the recompute then in the model at tp 1 (`simulate` builds ZeRO-1/2 without
+    TP only: with tp > 1 it refuses the scenario, `distlab memory --scenario` still counts it)."""
+    L = layout(gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel)
+    d = L.scenario(model_spec(model, seq_len, dtype), cluster, max(1, gpus // 8))
+    if zero in (1, 2) and L.dp > 1:
+        d["mesh"] = {("dp_shard" if k == "dp" else k): v for k, v in d["mesh"].items()}
+        d["fsdp"] = {"zero": zero, "reshard_after_forward": not L.pipelined}
+        if L.pipelined:
+            d["pipeline"] = {k: v for k, v in d["tp"].items()
+                             if k in ("schedule", "microbatches", "virtual_stages", "split")}
+        d["tp"] = {k: v for k, v in d["tp"].items() if k in ("sequence_parallel", "loss_parallel", "recompute")}
+        if tp == 1:
+            d["model"]["recompute"] = d.pop("tp")["recompute"]
+            d["mesh"].pop("tp", None)
+    return d
+
+
+def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
+                   micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
+                   sequence_parallel: bool = True, seq_len: int | None = None, dtype: str | None = None,
+                   cluster: str = "dgx-h100") -> dict:
+    """Bytes per GPU by part ({params, grads, optimizer, [unsharded params, unsharded grads,] activations[, ring
+    buffers], total}) of ``model`` (a preset or a config.json path; ``seq_len`` and ``dtype``: bfloat16 =
+    mixed-precision AdamW, 2 + 2 + 12 bytes per parameter, float32 = 4 + 4 + 8; None = the model's own) on
+    ``gpus`` GPUs of ``cluster`` nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as ZeRO
+    ``zero`` (``layout``), ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``: what
+    `distlab memory --scenario` and `distlab simulate` print for :func:`memory_scenario` (the one model,
+    sim/parallel/memory.py). Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError for a layout torch does
+    not build."""
+    from types import SimpleNamespace
+    from distlab.sim import scenario as sc
+    from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.memory import memory_section
+    from distlab.sim.parallel.tp.rules import check_divides
+    d = memory_scenario(model, gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel,
+                        seq_len, dtype, cluster)
+    try:                                          # what `simulate` refuses for this model, refused here too
+        _, _, m, c, mesh, opts = sc.parts(d, "memory widget")
+        check_divides(m, tp, "tp", sequence_parallel and tp > 1)
+        mem = memory_section(SimpleNamespace(model=m, mesh=mesh, options=opts, cluster=c))["json"]
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    parts = dict(mem["breakdown_bytes"])
+    parts["total"] = mem["total_bytes"]
+    dp = gpus // (tp * cp * pp)
+    return {**parts, "dp": dp, "gpu_GiB": mem["gpu_memory_GiB"], "fits": mem["fits"]}
 
 
 def memory_rows(result: dict) -> list[list]:

@@ -6,59 +6,97 @@ Every number comes from sim/lessons/sliders.py (the library), never from noteboo
     >>> w.result["total"] / 2**30
 
 Each widget has ``controls`` (name -> ipywidgets control), ``result`` (what sliders.py returned for the current
-values), ``table`` (an HTML widget), ``image`` (the figure as a PNG widget) and ``box`` (all of them, what a
-notebook cell shows: ``w.box`` or ``display(w)``). Tests drive ``controls`` and read ``result`` without a
-browser (tests/test_lessons_widgets.py). The notebooks run headless in CI as well: a widget's cell then shows
-its controls' state and the figure of its first values.
+values), ``table`` (an HTML widget), ``image`` (the figure as a PNG widget) and ``box`` (all of them). A notebook
+cell shows the widget itself (``w`` as its last line): its MIME bundle carries the live widget and, for a saved
+notebook read without a kernel (GitHub, nbviewer, CI's headless run), the table and a PNG of its state; without
+ipywidgets the cell shows that state and how to install it (``static``). Tests drive ``controls`` and read
+``result`` without a browser (tests/test_lessons_widgets.py).
 """
 from __future__ import annotations
+
+import base64
+import html
 
 from distlab.sim.lessons import sliders as S
 from distlab.sim.lessons.helpers import Figure, Table
 
 
+INSTALL = "pip install -e \".[lessons]\" (or pip install ipywidgets), then restart the kernel"
+
+
 def _ipywidgets():
+    """ipywidgets, or None when it is not installed (the widget then shows its default state, static)."""
     try:
         import ipywidgets
-    except ImportError as e:                       # pragma: no cover - the lessons extra installs it
-        raise ImportError("the lessons' sliders need ipywidgets: pip install -e \".[lessons]\"") from e
+    except ImportError:
+        return None
     return ipywidgets
 
 
 class Widget:
-    """Controls, a table and a figure; ``update()`` on every change."""
+    """Controls, a table and a figure; ``update()`` on every change. ``values``: the controls' first values;
+    ``make_controls(W)``: the controls, given the ipywidgets module. Without ipywidgets ``controls`` is empty and
+    the widget shows the table and figure of ``values`` with how to install it (``static``)."""
 
     title = ""
 
-    def __init__(self, **controls):
+    def __init__(self, values: dict, make_controls):
         W = _ipywidgets()
-        self.controls = controls
+        self.static = W is None
+        self.result: dict | list = {}
+        self.table_html, self.png, self.message = "", b"", ""
+        if self.static:
+            self.controls, self._values = {}, dict(values)
+            self.update()
+            return
+        self.controls = make_controls(W)
         self.table, self.image = W.HTML(), W.Image(format="png")
         self.error = W.HTML()
-        for c in controls.values():
+        for c in self.controls.values():
             c.observe(lambda _change: self.update(), names="value")
-        self.box = W.VBox([W.HTML(f"<b>{self.title}</b>"), W.HBox(list(controls.values()), layout=W.Layout(
+        self.box = W.VBox([W.HTML(f"<b>{self.title}</b>"), W.HBox(list(self.controls.values()), layout=W.Layout(
             flex_flow="row wrap")), self.error, W.HBox([self.table, self.image])])
-        self.result: dict | list = {}
         self.update()
 
     def values(self) -> dict:
-        return {k: c.value for k, c in self.controls.items()}
+        return {k: c.value for k, c in self.controls.items()} if not self.static else dict(self._values)
 
     def update(self) -> None:
         try:
             self.result = self.compute(**self.values())
         except ValueError as e:                   # e.g. tp x pp does not divide the GPUs: say so, keep the rest
-            self.error.value = f"<span style='color:#b3261e'>{e}</span>"
+            self.message = str(e)
+            if not self.static:
+                self.error.value = f"<span style='color:#b3261e'>{html.escape(str(e))}</span>"
             return
-        self.error.value = ""
+        self.message = ""
         table, figure = self.render(self.result)
-        self.table.value = table._repr_html_()
-        self.image.value = figure.png()
+        self.table_html, self.png = table._repr_html_(), figure.png()
+        if not self.static:
+            self.error.value = ""
+            self.table.value = self.table_html
+            self.image.value = self.png
 
-    def _ipython_display_(self):                  # display(w) shows the box
-        from IPython.display import display
-        display(self.box)
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """The live widget where a kernel runs it; beside it, for a saved notebook viewed without one (GitHub,
+        nbviewer, a headless run), the table and a PNG of the current state, and without ipywidgets how to
+        install it. A front end shows the richest it can render."""
+        state = ", ".join(f"{k} {v}" for k, v in self.values().items())
+        png = base64.b64encode(self.png).decode("ascii")
+        note = (f"<p><i>ipywidgets is not installed: the sliders need it ({html.escape(INSTALL)}). Below: the "
+                f"default state.</i></p>" if self.static else
+                "<p><i>a static copy of the widget's state; run the notebook for the sliders</i></p>")
+        static = (f"<b>{html.escape(self.title)}</b>{note}<p>{html.escape(state)}</p>"
+                  + (f"<p style='color:#b3261e'>{html.escape(self.message)}</p>" if self.message else "")
+                  + f"<div style='display:flex;gap:12px'>{self.table_html}"
+                  f"<img src='data:image/png;base64,{png}'/></div>")
+        plain = (f"{self.title}: {state}" + (f"\n(ipywidgets is not installed: {INSTALL})" if self.static else ""))
+        bundle = {"text/plain": plain, "text/html": static, "image/png": png}
+        if not self.static:
+            live = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
+            live = live[0] if isinstance(live, tuple) else live
+            bundle.update({k: v for k, v in live.items() if k != "text/plain"})
+        return bundle
 
     def compute(self, **values):                  # pragma: no cover - each widget defines it
         raise NotImplementedError
@@ -76,19 +114,29 @@ class MemoryWidget(Widget):
 
     title = "memory per GPU (the fullest GPU; sim/lessons/sliders.py memory_per_gpu)"
 
+    SEQ_LENS = (0, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)      # 0: the model's own
+
     def __init__(self, model: str = "llama3-70b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1,
-                 cp: int = 1, micro_batch: int = 1, recompute: str = "full"):
-        W = _ipywidgets()
-        super().__init__(
-            model=W.Dropdown(options=list(S.MODELS), value=model, description="model"),
+                 cp: int = 1, micro_batch: int = 1, recompute: str = "full", seq_len: int = 0,
+                 dtype: str = "own"):
+        """``model``: a preset, or the path of a Hugging Face config.json (type it in the model box); ``seq_len``
+        0 and ``dtype`` "own": the model's own."""
+        values = dict(model=model, gpus=gpus, zero=zero, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch,
+                      recompute=recompute, seq_len=seq_len, dtype=dtype)
+        super().__init__(values, lambda W: dict(
+            model=W.Combobox(options=list(S.MODELS), value=model, description="model",
+                             placeholder="a preset or a config.json path", ensure_option=False),
             gpus=_int(W, "GPUs", gpus, (8, 16, 32, 64, 128, 256, 512, 1024)),
             zero=_int(W, "ZeRO", zero, (0, 1, 2, 3)), tp=_int(W, "tp", tp, (1, 2, 4, 8)),
             pp=_int(W, "pp", pp, (1, 2, 4, 8, 16)), cp=_int(W, "cp", cp, (1, 2, 4, 8)),
             micro_batch=_int(W, "micro-batch", micro_batch, (1, 2, 4, 8)),
-            recompute=W.Dropdown(options=list(S.RECOMPUTE), value=recompute, description="recompute"))
+            recompute=W.Dropdown(options=list(S.RECOMPUTE), value=recompute, description="recompute"),
+            seq_len=_int(W, "seq (0: own)", seq_len, self.SEQ_LENS),
+            dtype=W.Dropdown(options=["own"] + list(S.DTYPES), value=dtype, description="precision")))
 
     def compute(self, **v):
-        return S.memory_per_gpu(**v)
+        return S.memory_per_gpu(**{**v, "seq_len": v["seq_len"] or None,
+                                   "dtype": None if v["dtype"] == "own" else v["dtype"]})
 
     def render(self, r):
         parts = [k for k in r if k not in ("total", "dp", "gpu_GiB", "fits")]
@@ -108,12 +156,13 @@ class BubbleWidget(Widget):
 
     title = "pipeline bubble, uniform stages, free p2p (sim/lessons/sliders.py bubble)"
 
+    SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1", "zbv")
+
     def __init__(self, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
-        W = _ipywidgets()
-        super().__init__(schedule=W.Dropdown(options=["gpipe", "1f1b", "interleaved", "zbh1", "zbv"],
-                                             value=schedule, description="schedule"),
-                         p=_int(W, "p", p, (2, 3, 4, 6, 8)), m=_int(W, "m", m, (1, 2, 4, 8, 16, 32)),
-                         v=_int(W, "v", v, (1, 2, 3, 4)))
+        super().__init__(dict(schedule=schedule, p=p, m=m, v=v), lambda W: dict(
+            schedule=W.Dropdown(options=list(self.SCHEDULES), value=schedule, description="schedule"),
+            p=_int(W, "p", p, (2, 3, 4, 6, 8)), m=_int(W, "m", m, (1, 2, 4, 8, 16, 32)),
+            v=_int(W, "v", v, (1, 2, 3, 4))))
 
     def compute(self, **v):
         if v["schedule"] != "gpipe" and v["m"] < v["p"]:
@@ -135,14 +184,12 @@ class CollectiveWidget(Widget):
     title = "one collective over message sizes (sim/lessons/sliders.py busbw_curve)"
 
     def __init__(self, op: str = "all_reduce", nodes: int = 1, algorithm: str = "ring", protocol: str = "auto"):
-        W = _ipywidgets()
-        super().__init__(op=W.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"],
-                                       value=op, description="op"),
-                         nodes=_int(W, "dgx-h100 nodes", nodes, (1, 2, 4, 8)),
-                         algorithm=W.Dropdown(options=["auto", "ring", "tree", "nvls"], value=algorithm,
-                                              description="algorithm"),
-                         protocol=W.Dropdown(options=["auto", "LL", "LL128", "Simple"], value=protocol,
-                                             description="protocol"))
+        super().__init__(dict(op=op, nodes=nodes, algorithm=algorithm, protocol=protocol), lambda W: dict(
+            op=W.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"], value=op,
+                          description="op"),
+            nodes=_int(W, "dgx-h100 nodes", nodes, (1, 2, 4, 8)),
+            algorithm=W.Dropdown(options=["auto", "ring", "tree", "nvls"], value=algorithm, description="algorithm"),
+            protocol=W.Dropdown(options=["auto", "LL", "LL128", "Simple"], value=protocol, description="protocol")))
 
     def compute(self, **v):
         try:
@@ -169,14 +216,13 @@ class GoodputWidget(Widget):
     title = "goodput against the checkpoint interval (sim/lessons/sliders.py goodput)"
 
     def __init__(self, mtbf_h: float = 12.0, checkpoint_s: float = 60.0, restart_min: float = 5.0):
-        W = _ipywidgets()
-        super().__init__(
+        super().__init__(dict(mtbf_h=mtbf_h, checkpoint_s=checkpoint_s, restart_min=restart_min), lambda W: dict(
             mtbf_h=W.FloatLogSlider(value=mtbf_h, base=10, min=-1, max=2, description="MTBF (h)",
                                     continuous_update=False),
             checkpoint_s=W.FloatLogSlider(value=checkpoint_s, base=10, min=0, max=3, description="checkpoint (s)",
                                           continuous_update=False),
             restart_min=W.FloatSlider(value=restart_min, min=0, max=60, step=1, description="restart (min)",
-                                      continuous_update=False))
+                                      continuous_update=False)))
 
     def compute(self, **v):
         return S.goodput(**v)

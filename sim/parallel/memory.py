@@ -96,8 +96,9 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
             parts["ring buffers"] = _ring(c, cp, tp, getattr(par.cp, "rotate_method", "allgather"))
         if best is None or sum(parts.values()) > sum(best[1].values()):
             best = (q, parts)
+    parts = {k: v for k, v in best[1].items() if v or k in ("params", "grads", "optimizer", "activations")}
     host = sum(x.host for x in acts.layers)
-    return {"pipeline_rank": best[0], "breakdown_bytes": best[1], "host_bytes": host}
+    return {"pipeline_rank": best[0], "breakdown_bytes": parts, "host_bytes": host}
 
 
 def recompute_of(model, par) -> str:
@@ -253,7 +254,7 @@ def memory_section(result) -> dict:
             ("params", "grads", "optimizer", "activations")]
     piped = "pp" in result.mesh and result.mesh.size("pp") > 1
     where = f"total; pipeline rank {mem['pipeline_rank']}" if piped else "total"
-    rows += [[f"memory per GPU ({where})", size(total)]]
+    rows += [[f"peak memory per GPU ({where})", size(total)]]
     if mem["host_bytes"]:
         rows.append(["host memory per GPU (offloaded activations)", size(mem["host_bytes"])])
     rows.append(["fits the GPU", fit_text(total, gpu)])
@@ -283,4 +284,4 @@ def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype:
         mesh = Mesh({"dp_replicate": world // S, "dp_shard": S} if S < world else {"dp_shard": world})
         par = Parallelisms(fsdp=FSDPOptions(zero=zero, reshard_after_forward=reshard_after_forward,
                                             prefetch=prefetch, param_dtype=dtype))
-    return dict(memory_per_gpu(model, mesh, par)["breakdown_bytes"])
+    return {**dict.fromkeys(PARTS, 0), **memory_per_gpu(model, mesh, par)["breakdown_bytes"]}

@@ -10,12 +10,12 @@ layers, each stage's gradients all-reduced over its dp replicas after its last b
 rank's parameters (1/dp of them with ZeRO 1). With ``replicas``: only the ranks of replica 0 (dp 2 in the built
 mesh, so that the plan carries the dp all-reduces), each all-reduce replaced by a fixed-duration op of the time
 it takes on the whole cluster beside the concurrent all-reduces of the stage's other TP ranks; with tp a multiple
-of the node size (and no TP communication overlap, whose ring exchanges need every TP rank), one TP rank per
-stage, its TP collectives timed alone (its group fills whole nodes).
+of the node size, one TP rank per stage, its TP collectives timed alone (its group fills whole nodes) and, with
+TP communication overlap, its ring exchanges timed as one ring step of the node (``_timed_ring_exchanges``).
 """
 from __future__ import annotations
 
-from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
+from distlab.sim.plan import Collective, Compute, Plan, Record, Recv, Send, Wait
 
 
 def pipeline_plan(run, replicas: bool, cache: dict) -> Plan:
@@ -32,7 +32,7 @@ def pipeline_plan(run, replicas: bool, cache: dict) -> Plan:
     spec = PipelineSpec(schedule=opts.schedule, stages=L["pp"], microbatches=opts.microbatches,
                         virtual_stages=opts.virtual_stages, data_parallel=dp, split=opts.split)
     cluster = cache["cluster"]
-    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cluster.gpus_per_node == 0 and not opts.comm_overlap
+    one_tp_rank = replicas and L["tp"] > 1 and L["tp"] % cluster.gpus_per_node == 0
     keep = L["pp"] * L["tp"] if replicas else mesh.world_size
     needed = [g for g in range(keep) if not (one_tp_rank and g % L["tp"])]
     if replicas:
@@ -55,13 +55,13 @@ def pipeline_plan(run, replicas: bool, cache: dict) -> Plan:
         if replicas and dp > 1:
             ops = [_timed_allreduce(op, g, run, cache) for op in ops]
         if one_tp_rank:
-            ops = [_timed_tp_collective(op, cache) for op in ops]
+            ops = _timed_ring_exchanges([_timed_tp_collective(op, cache) for op in ops], L["tp"], cache)
         layers = layers_of(mesh.coords(g)["pp"], per_stage, stage_to_rank)
         n = sum(local.layers[i].param_bytes for i in layers) // 2 // share         # 16-bit parameters
         ops = ops + [Record("grads reduced", "comm"), Wait("grads reduced", "compute"),
                      Compute("optimizer", bytes=float(ADAM_BYTES * n), dtype=model.config["dtype"])]
         ranks.append(ops)
-    return Plan(ranks, name=plan.name, meta=plan.meta)
+    return Plan(ranks, name=plan.name, meta={**plan.meta, "one_tp_rank": one_tp_rank})
 
 
 def _timed_allreduce(op, rank: int, run, cache: dict):
@@ -83,6 +83,46 @@ def _timed_tp_collective(op, cache: dict):
         trace, _ = simulate_collective(op.op, op.bytes, cache["cluster"], op.algorithm, group=op.group)
         cache[key] = trace.makespan
     return Compute(op.name, seconds=cache[key], stream=op.stream)
+
+
+def _timed_ring_exchanges(ops: list, t: int, cache: dict) -> list:
+    """TP communication overlap's ring exchanges (sim/parallel/tp/overlap.py: a Send to the next tp rank on stream
+    "tp", a Recv from the previous on "tp_recv") of one TP rank standing for its stage, exactly: every tp rank runs
+    the same program at the same times, so the peer posts its matching Send and Recv when this rank does, and the
+    transfer starts once both of this rank's are posted (rendezvous) and takes what one step of the ring takes on
+    the node's NVLink with all t ranks sending at once (its group fills whole nodes: no other traffic there). Each
+    pair becomes: "tp" records that its Send is posted, waits for the Recv's, runs the transfer as a
+    fixed-duration op and records its end; "tp_recv" records that its Recv is posted, waits for both."""
+    out, k, pending = [], 0, None
+    for op in ops:
+        if isinstance(op, Send) and op.stream == "tp" and op.name.startswith("tp p2p"):
+            pending = op
+            continue
+        if isinstance(op, Recv) and pending is not None and op.name == pending.name:
+            k += 1
+            s, r, x = f"ring {k} send", f"ring {k} recv", f"ring {k} moved"
+            seconds = ring_step_seconds(pending.bytes, pending.dtype, t, cache)
+            out += [Record(s, pending.stream), Record(r, op.stream), Wait(r, pending.stream),   # each stream's
+                    Compute(pending.name, seconds=seconds, stream=pending.stream), Record(x, pending.stream),
+                    Wait(s, op.stream), Wait(x, op.stream)]           # order; records before their waits
+            pending = None
+            continue
+        out.append(op)
+    return out
+
+
+def ring_step_seconds(nbytes: int, dtype: str, t: int, cache: dict) -> float:
+    """Seconds of one step of a ring exchange: each of t ranks of one node sends ``nbytes`` to the next (and
+    receives from the previous) at once, simulated on the cluster's first node."""
+    from distlab.sim.kernel.engine import simulate
+    key = ("ring", nbytes, dtype, t)
+    if key not in cache:
+        ranks = [[Send((r + 1) % t, nbytes, dtype, name="ring", stream="tp"),
+                  Recv((r - 1) % t, nbytes, dtype, name="ring", stream="tp_recv")] for r in range(t)]
+        trace = simulate(Plan(ranks, name="tp ring step").validate(), cache["cluster"], record_transfers=False,
+                         check=False)
+        cache[key] = trace.makespan
+    return cache[key]
 
 
 def dp_allreduce_seconds(run, rank: int, nbytes: int, dtype: str, cache: dict, op: str = "all_reduce") -> float:

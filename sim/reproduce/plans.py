@@ -29,7 +29,9 @@ expressible. Around them:
   linears, whose norms' few bf16 parameters are neglected; the root unit, with the output layer torchtitan's
   float8 converter skips, stays bf16).
 - ``attention: unfused`` (Megatron 2021): attention kernels as batched GEMMs plus softmax and dropout passes;
-  ``precision: float8``: every GEMM op's dtype float8_e4m3fn (torchao's Float8Linear; sim/compute/kernels.py);
+  ``precision: float8``: every GEMM op's dtype float8_e4m3fn, priced with the run's ``fp8_recipe``
+  (sim/compute/fp8.py: Transformer Engine's delayed, current, blockwise and MXFP8 scaling, torchao's tensorwise
+  and rowwise Float8Linear; default torchao tensorwise); FP8 all-gathers only where the recipe has them;
   ``compile``: every compute op at TORCH_COMPILE_SPEEDUP (sim/compute/kernels.py) of its eager time.
 """
 from __future__ import annotations
@@ -54,18 +56,25 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
     else:
         from distlab.sim.reproduce.pipeline import pipeline_plan
         plan = pipeline_plan(run, replicas, cache)
-    if run.attention != "unfused" and run.precision != "float8" and not run.compile:
+    one_tp_rank = plan.meta.get("one_tp_rank")
+    if run.attention != "unfused" and run.precision != "float8" and not run.compile and not one_tp_rank:
         return plan                     # as built (a composed plan may hold one rank per stage: shifts.py)
     shared: dict = {}
-    ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in plan.ranks]
+    ranks = plan.ranks
+    if run.attention == "unfused" or run.precision == "float8" or run.compile:
+        ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in ranks]
+    if one_tp_rank:                     # each block of a stage's local work one op (exact: blocks.py)
+        from distlab.sim.reproduce.blocks import collapsed
+        ranks = [collapsed(ops, cluster.gpu) for ops in ranks]
     return Plan(ranks, name=plan.name, meta=plan.meta)
 
 
 def _as_run(op, run, cluster, shared: dict):
     """The op as the run ran it: unfused attention, float8 GEMMs, FSDP2's float8 all-gather of the blocks,
     torch.compile's documented speed-up of the compute (the op objects shared across ranks)."""
+    from distlab.sim.compute.fp8 import recipe
     if isinstance(op, Collective) and run.precision == "float8" and op.op == "all_gather" \
-            and op.name.startswith("all_gather h."):
+            and op.name.startswith("all_gather h.") and recipe(run.fp8_recipe).fp8_all_gather:
         return replace(op, bytes=op.bytes // 2)
     if not isinstance(op, Compute) or op.seconds is not None:
         return op
@@ -74,10 +83,12 @@ def _as_run(op, run, cluster, shared: dict):
         new = op
         if run.attention == "unfused" and op.attention is not None:
             new = replace(new, attention_kernel="unfused")
+        from distlab.sim.compute.kernels import TORCH_COMPILE_SPEEDUP, op_seconds
         if run.precision == "float8" and op.gemms:
             new = replace(new, dtype="float8_e4m3fn")
+            if run.fp8_recipe:                      # priced with the run's recipe (sim/compute/fp8.py)
+                new = replace(new, seconds=op_seconds(new, cluster.gpu, run.fp8_recipe))
         if run.compile:
-            from distlab.sim.compute.kernels import TORCH_COMPILE_SPEEDUP, op_seconds
             new = replace(new, seconds=op_seconds(new, cluster.gpu) / TORCH_COMPILE_SPEEDUP)
         shared[key] = (op, new)
     return shared[key][1]

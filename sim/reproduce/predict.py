@@ -48,7 +48,7 @@ def build_model(run):
     written without a kind, a gpt."""
     from distlab.sim.models import model_from_spec
     from distlab.sim.reproduce.scenario import model_dtype
-    spec = dict(run.model)
+    spec = run.model_spec                    # the vocabulary padded as Megatron pads it (runs.py padded_vocab)
     if not any(k in spec for k in ("kind", "preset", "hf_config", "factory")):
         spec["kind"] = "gpt"
     return model_from_spec({**spec, "micro_batch": run.micro_batch, "dtype": model_dtype(run), "name": run.name},
@@ -116,7 +116,10 @@ def predict(run, overrides: dict | None = None, replicas: bool = True) -> dict:
     cluster = PRESETS[run.cluster]
     generation = kernel_model(cluster.gpu).generation if kernel_model(cluster.gpu) else cluster.gpu.arch
     fitted_on = (overrides or {}).get(generation, constants(generation)).fitted_on
+    precision = {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8"}[run.precision]
     base = {"name": run.name, "source": run.source, "table": run.table, "gpu": run.gpu, "generation": generation,
+            "precision": precision, "generation_precision": f"{generation} {precision}",
+            "fp8_recipe": (run.fp8_recipe or "torchao-tensorwise") if run.precision == "float8" else None,
             "world_size": run.gpus, "figure": figure, "reported": reported, "fitted": run.name in fitted_on,
             "assumed": list(run.assumed)}
     reason = not_expressible(run)

@@ -7,7 +7,9 @@
 
 Every run names its source (paper or file, table, row) and the figure it reports; keys the source leaves unsaid
 are listed in ``assumed``. Loading checks each run and raises ConfigError naming the run and the key: a layout
-whose product is not the GPU count, an unknown GPU or cluster, float8 on a GPU without FP8 tensor cores, a split
+whose product is not the GPU count, an unknown GPU or cluster, float8 or an FP8 recipe (``fp8_recipe``,
+sim/compute/fp8.py) on a GPU without FP8 tensor cores, MXFP8 before Blackwell, a GB200 job that is not whole
+compute trays, Megatron's vocabulary padding (``make_vocab_size_divisible_by``) not a whole number, a split
 that does not add up, a missing figure. What a run used that the simulator cannot express yet is not an error:
 ``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
 constants live in sim/compute/fitted.py (one model for every command); ``load_runs`` returns them beside the runs.
@@ -24,7 +26,8 @@ FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "tokens_per_s_per_gpu", "ite
 LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
             "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed", "sequence_parallel",
-            "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible")
+            "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible", "make_vocab_size_divisible_by",
+            "fp8_recipe")
 FLOPS_FORMULAS = ("megatron-eq3", "megatron-core-0.8", "6nd", "palm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/parallel/pipeline/schedules.py names
 PRECISIONS = ("bfloat16", "float16", "float8")  # float8: bf16 with float8 linears (torchao / Transformer Engine)
@@ -55,6 +58,8 @@ class Run:
     tp_comm_overlap: bool = False      # Megatron's --tp-comm-overlap
     compile: bool = False              # torch.compile
     not_expressible: str | None = None  # what the source ran that no key here expresses
+    make_vocab_size_divisible_by: int | None = None   # Megatron's flag (its default 128): vocab padded (module doc)
+    fp8_recipe: str | None = None      # with precision float8: how the linears ran it (sim/compute/fp8.py)
 
     @property
     def figure(self) -> tuple[str, float]:
@@ -66,6 +71,23 @@ class Run:
     def microbatches(self) -> int:
         """Micro-batches per pipeline (or per step: gradient accumulation) = global batch / (dp x micro-batch)."""
         return self.global_batch // (self.layout["dp"] * self.micro_batch)
+
+    @property
+    def padded_vocab(self) -> int | None:
+        """The vocabulary as the run built it: Megatron pads it to a multiple of make_vocab_size_divisible_by x tp
+        (megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding``: ``multiple =
+        args.make_vocab_size_divisible_by * args.tensor_model_parallel_size``, rounded up), so GPT-3's 50,257 at
+        tp 4 becomes 50,688; None where the run's model spec names no vocab or the run sets no padding."""
+        vocab = self.model.get("vocab") if isinstance(self.model, dict) else None
+        if vocab is None or not self.make_vocab_size_divisible_by:
+            return vocab
+        multiple = self.make_vocab_size_divisible_by * self.layout["tp"]
+        return -(-vocab // multiple) * multiple
+
+    @property
+    def model_spec(self) -> dict:
+        """The run's model spec with the vocabulary as the run built it (``padded_vocab``)."""
+        return {**self.model, "vocab": self.padded_vocab} if self.padded_vocab is not None else dict(self.model)
 
     @property
     def table(self) -> str:
@@ -134,15 +156,30 @@ def _run(r, i: int, path: str) -> Run:
     for k in ("gpus", "global_batch", "micro_batch"):
         if not _whole(r[k]):
             raise ConfigError(f"{r[k]!r} must be a whole number >= 1", f"{label}.{k}")
+    tray = PRESETS[r["cluster"]].tray_gpus
+    if tray and r["gpus"] % tray:
+        raise ConfigError(f"{r['gpus']} GPUs are not whole compute trays of {tray} {gpu.name.upper()}; allowed: a "
+                          f"multiple of {tray}", f"{label}.gpus")
     for k, allowed in CHOICES:
         if k in r and r[k] not in allowed:
             raise ConfigError(f"unknown {k} {r[k]!r}; allowed: {', '.join(allowed)}", f"{label}.{k}")
     if r.get("precision") == "float8" and not gpu.fp8_tflops:
         raise ConfigError(f"float8 needs FP8 tensor cores and {gpu.name} has none; allowed on {gpu.name}: bfloat16, "
                           "float16", f"{label}.precision")
+    if "fp8_recipe" in r:
+        from distlab.sim.compute.fp8 import check_recipe
+        check_recipe(r["fp8_recipe"], gpu, f"{label}.fp8_recipe")
+        if r.get("precision") != "float8":
+            raise ConfigError(f"fp8_recipe {r['fp8_recipe']} goes with precision float8, not "
+                              f"{r.get('precision', 'bfloat16')}; allowed: precision float8, or no fp8_recipe",
+                              f"{label}.fp8_recipe")
     for k in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "compile"):
         if k in r and not isinstance(r[k], bool):
             raise ConfigError(f"{r[k]!r} must be true or false", f"{label}.{k}")
+    v = r.get("make_vocab_size_divisible_by")
+    if v is not None and not _whole(v):
+        raise ConfigError(f"{v!r} must be a whole number >= 1 (Megatron's default: 128)",
+                          f"{label}.make_vocab_size_divisible_by")
     if "not_expressible" in r and not isinstance(r["not_expressible"], str):
         raise ConfigError("must be the reason, a sentence", f"{label}.not_expressible")
     layout = _layout(r, label)
@@ -161,6 +198,8 @@ def _run(r, i: int, path: str) -> Run:
         spec["kind"] = "gpt"
     from distlab.sim.models import model_from_spec
     model = model_from_spec({**spec, "micro_batch": r["micro_batch"]}, f"{label}.model")
+    if r.get("make_vocab_size_divisible_by") and "vocab" not in r["model"]:      # a preset: pad its vocabulary
+        r = {**r, "model": {**r["model"], "vocab": model.config["vocab"]}}
     _check_split(layout, {"layers": (model.config or {}).get("layers")}, label)
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})

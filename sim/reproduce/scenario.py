@@ -44,7 +44,7 @@ def scenario_of(run) -> dict:
                               "split": L["split"]},
                  "fsdp": {"reshard_after_forward": False, "param_dtype": model_dtype(run),
                           "reduce_dtype": grad_dtype(run)}}
-    d = {"name": run.name, "model": {**run.model, "micro_batch": run.micro_batch, "dtype": model_dtype(run)},
+    d = {"name": run.name, "model": {**run.model_spec, "micro_batch": run.micro_batch, "dtype": model_dtype(run)},
          "mesh": mesh, "tp": tp, **extra, "cluster": run.cluster, "world_size": run.gpus}
     return sc.validate(d, f"run {run.name}")
 

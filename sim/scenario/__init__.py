@@ -157,7 +157,7 @@ def resolve(d, where: str = "scenario"):
     return model_from_spec(d["model"], f"{where}: model"), resolve_cluster(d)
 
 
-def scenario_of(d, where: str = "scenario", cluster=None) -> Scenario:
+def scenario_of(d, where: str | None = None, cluster=None) -> Scenario:
     """``d`` as a Scenario: a Scenario as it is (on ``cluster`` when given), a mapping or a path parsed
     (sim/scenario/parse.py ``from_dict``)."""
     if isinstance(d, Scenario):

@@ -99,8 +99,8 @@ def scenario_from_args(args, default: dict):
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
-    for key in ("cluster", "nodes", "world_size"):
-        if getattr(args, key) is not None:
+    for key in ("cluster", "nodes", "world_size", "global_batch"):
+        if getattr(args, key, None) is not None:
             d[key] = getattr(args, key)
             changed.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
     if args.nodes is not None and not args.world_size:
@@ -139,7 +139,18 @@ def scenario_from_args(args, default: dict):
         from distlab.sim.cluster import MAX_RANKS, load_cluster
         gpn = load_cluster(d["cluster"]).gpus_per_node
         check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
-    return sc.from_dict(d, args.scenario or "scenario"), changed
+    for idea in PIPELINE_IDEAS:                # a pipeline's flag on a mesh without pp: named as typed
+        if idea in shared and targets[idea] == ["pipeline"] and "pp" not in (d.get("mesh") or {}):
+            where = "--mesh" if args.mesh or not args.scenario else "the scenario's mesh"
+            raise ConfigError(f"needs a pp dimension in {where}, e.g. pp=4,dp_shard=2",
+                              SHARED[idea][0])
+    where = args.scenario or "scenario"
+    try:
+        return sc.from_dict(d, where), changed
+    except ConfigError as e:                  # the global batch named as typed
+        if getattr(args, "global_batch", None) is not None and (e.where or "").endswith("global_batch"):
+            raise ConfigError(str(e).removeprefix(f"{e.where}: "), "--global-batch") from None
+        raise
 
 
 def check_flags(args) -> None:
@@ -148,6 +159,8 @@ def check_flags(args) -> None:
     from distlab.sim.cluster import MAX_RANKS
     check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
     check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
+    from distlab.sim.scenario.batch import MAX_GLOBAL_BATCH
+    check_whole(getattr(args, "global_batch", None), "--global-batch", 1, MAX_GLOBAL_BATCH)
 
 
 def implied(mesh) -> set[str]:

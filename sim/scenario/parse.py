@@ -86,11 +86,14 @@ def validate(d, where: str = "scenario") -> dict:
             if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not low < factor <= high:
                 allowed = "a number > 0" if key == "stragglers" else "a number in (0, 1]"
                 raise ConfigError(f"factor {factor!r} for {name!r} must be {allowed}", f"{where}: {key}")
-    for k in ("nodes", "world_size"):
+    from distlab.sim.cluster import MAX_RANKS
+    for k in ("nodes", "world_size"):      # nodes: against the cluster's GPUs per node too (resolve_cluster)
         v = d.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65536):
-            raise ConfigError(f"{v!r} must be a whole number from 1 to 65,536 (the simulator's ranks)",
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_RANKS):
+            raise ConfigError(f"{v!r} is out of range; allowed: 1 to {MAX_RANKS:,} (ranks the simulator takes)",
                               f"{where}: {k}")
+    from distlab.sim.scenario.batch import check_value
+    check_value(d.get("global_batch"), f"{where}: global_batch")
     return d
 
 
@@ -191,22 +194,27 @@ def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mes
     return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
 
 
-def from_dict(d, where: str = "scenario", cluster=None):
-    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does). ``cluster``: a
-    Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a shared one)."""
+def from_dict(d, where: str | None = None, cluster=None):
+    """The Scenario of a scenario mapping (validated here; a path is loaded as ``load`` does, its errors named
+    by the path). ``cluster``: a Cluster to run on instead of the scenario's (sim/jobs/: a job on its nodes of a
+    shared one)."""
     from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario
+    where = where or ("scenario" if isinstance(d, dict) else str(d))
     d = load(d, where) if not isinstance(d, dict) else validate(copy.deepcopy(d), where)
     w = workload_of(d)
     if cluster is None:
-        cluster = resolve_cluster(d)
+        cluster = resolve_cluster(d, where)
     try:
         mesh = complete_mesh(d, w, cluster.world_size, where)
         from distlab.sim.parallel.pipeline.plan import with_default_microbatches   # 2 x pp x v when unset
-        if w is composed.WORKLOAD:
-            par = with_default_microbatches(composed.options_of(d, mesh, _parse, where), mesh)
-            options = {name: getattr(par, name) for name in par.names()}
-        else:
-            options = {w.name: with_default_microbatches(w.parse(d[w.name], f"{where}: {w.name}"), mesh)}
+        par = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
+            w.parse(d[w.name], f"{where}: {w.name}")
+        if d.get("global_batch") is not None:                # m from the global batch (sim/scenario/batch.py)
+            from distlab.sim.scenario.batch import apply, micro_batch_of
+            par = apply(par, mesh, d["global_batch"], micro_batch_of(d, where),
+                              f"{where}: global_batch")
+        par = with_default_microbatches(par, mesh)
+        options = {name: getattr(par, name) for name in par.names()} if w is composed.WORKLOAD else {w.name: par}
     except ConfigError as e:
         raise under(e, where) from None
     if not isinstance(d["model"], (str, dict)):
@@ -218,16 +226,21 @@ def from_dict(d, where: str = "scenario", cluster=None):
     micro_batch = spec.pop("batch" if mlp else "micro_batch", None)
     source = spec.pop(form, "gpt")
     model = ModelSpec(form, source, tuple(sorted(spec.items())))
-    return Scenario(model=model, batch=Batch(micro_batch), mesh=tuple(mesh.as_dict().items()), parallelisms=options,
+    return Scenario(model=model, batch=Batch(micro_batch, d.get("global_batch")), mesh=tuple(mesh.as_dict().items()), parallelisms=options,
                     workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
                     stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
                     degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),
                     name=d.get("name"), description=d.get("description"), source=d)
 
 
-def resolve_cluster(d: dict):
-    """The Cluster of a validated scenario mapping: its preset or file, nodes and world size."""
-    from distlab.sim.cluster import load_cluster
+def resolve_cluster(d: dict, where: str = "scenario"):
+    """The Cluster of a validated scenario mapping: its preset or file, nodes (at most the simulator's ranks over
+    the cluster's GPUs per node, named as written) and world size."""
+    from distlab.sim.cli import check_whole
+    from distlab.sim.cluster import MAX_RANKS, load_cluster
+    if d.get("nodes") is not None:
+        gpn = load_cluster(d["cluster"]).gpus_per_node
+        check_whole(d["nodes"], f"{where}: nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
         cluster = cluster.with_world_size(d["world_size"])

@@ -48,8 +48,10 @@ class ModelSpec:
 class Batch:
     """Sequences per rank per micro-batch (None: the model's default). The micro-batches per step are the
     option of the parallelism that splits the step (pipeline.microbatches, ep.microbatches, ddp.grad_accum),
-    written once whichever layout (``--microbatches``, sim/scenario/flags.py)."""
+    written once whichever layout (``--microbatches``, sim/scenario/flags.py). ``global_batch``: sequences per
+    optimizer step when the scenario says (a pipeline's micro-batches then follow from it: sim/scenario/batch.py)."""
     micro_batch: int | None = None
+    global_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -297,6 +297,8 @@ def main(argv=None) -> int:
     cfg = {k: getattr(args, k) for k in DEFAULTS}
     try:
         S.check(cfg["schedule"], cfg["stages"], cfg["microbatches"], cfg["virtual_stages"])
+        from distlab.sim.files import make_folder
+        make_folder(args.out, "--out")       # before measuring; never through a link, in a folder only you write
         trace = measure([cfg], cfg["stages"])["traces"][0]
     except ConfigError as e:
         sys.stderr.write(f"python -m distlab.runtime.parallel.pipeline.run: error: {e}\n")
@@ -304,7 +306,6 @@ def main(argv=None) -> int:
     from distlab.sim.parallel.pipeline import diagram
     from distlab.sim.parallel.pipeline import metrics as M
     met = M.compute(trace, trace.meta["pipeline"])
-    os.makedirs(args.out, exist_ok=True)
     trace.save(os.path.join(args.out, "pipeline-measured.trace"))
     diagram.draw(trace, os.path.join(args.out, "pipeline-measured.png"),
                  title="measured: " + diagram.title_for(trace.meta["pipeline"], met), p=cfg["stages"])
