@@ -122,3 +122,42 @@ def test_cli_memory_table_and_json(cli):
 def test_cli_memory_bad_input_one_line_exit_2(cli, args, text):
     rc, out, err = cli("memory", *args)
     assert rc == 2 and text in err and len(err.strip().splitlines()) == 1
+
+
+ACCUMULATE = {"arch": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
+              "vocab": 256, "seq_len": 16, "micro_batch": 1, "dtype": "bfloat16"}
+
+
+def _accumulated(sync_each: bool | None, m: int = 3) -> dict:
+    fsdp = {} if sync_each is None else {"sync_each_microbatch": sync_each}
+    return {"model": ACCUMULATE, "mesh": {"pp": 1, "dp_shard": 4}, "pipeline": {"microbatches": m}, "fsdp": fsdp,
+            "cluster": "dgx-h100", "world_size": 4}
+
+
+def test_gradient_accumulation_reduce_scatters_each_micro_batch_as_fsdp2_does():
+    """FSDP2 without a pipeline (torchtitan's train loop: one forward_backward_step per micro-batch, the sync
+    never disabled): m micro-batches issue exactly m copies of one FSDP2 step's collectives (the sequence
+    tests/test_fsdp_runtime.py checks against real FSDP2 on gloo ranks), the sharded gradients accumulate and
+    nothing unsharded is kept. ``sync_each_microbatch: false`` (set_requires_gradient_sync(False) until the last
+    micro-batch): one reduce-scatter per unit, the unsharded gradients kept; memory and step follow."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.parallel.memory import memory_of_result
+    from distlab.sim.plan import Collective
+
+    def seq(d):
+        return [(o.op, o.bytes, o.name.split(" ")[1]) for o in sc.build(d).plan.ranks[0] if isinstance(o, Collective)]
+    plain = {k: v for k, v in _accumulated(None).items() if k != "pipeline"}
+    one = seq({**plain, "mesh": {"dp_shard": 4}})
+    assert seq(_accumulated(None)) == seq(_accumulated(True)) == 3 * one
+    assert sum(op == "reduce_scatter" for op, _, _ in one) == 5                     # root and 4 blocks
+    kept = seq(_accumulated(False))
+    rs = sorted(c for c in kept if c[0] == "reduce_scatter")     # after the last backward, in FSDP2's unit order
+    assert rs == sorted(c for c in one if c[0] == "reduce_scatter")
+    each, last = (memory_of_result(sc.build(_accumulated(s)))["breakdown_bytes"] for s in (True, False))
+    assert "unsharded grads" not in each and {k: v for k, v in last.items() if k != "unsharded grads"} == each
+    n = sum(q.numel for L in sc.build(_accumulated(False)).model.layers for q in L.params)
+    assert last["unsharded grads"] == pytest.approx(2 * n, rel=0.01)             # bf16, the whole model
+    rs_bytes = {s: sum(b for op, b, _ in seq(_accumulated(s)) if op == "reduce_scatter") for s in (True, False)}
+    assert rs_bytes[True] == 3 * rs_bytes[False]       # the step carries them: overlapped with the backward
+    steps = {s: sc.simulate(_accumulated(s)).summary["step_s"] for s in (True, False)}     # each, or exposed
+    assert steps[True] != steps[False]                 # at the end of the last

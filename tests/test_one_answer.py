@@ -54,7 +54,7 @@ def user_scenario(L: Layout) -> dict:
     if L.pipelined:
         d["pipeline"] = {"schedule": L.schedule, "microbatches": L.microbatches, "virtual_stages": L.virtual_stages}
     if L.dp_kind != "ddp" or L.cp > 1:
-        d["fsdp"] = {"reshard_after_forward": not L.pipelined}
+        d["fsdp"] = {"reshard_after_forward": L.pp == 1}       # torchtitan: not pp_enabled
     elif L.dp > 1 and not L.pipelined:
         d["ddp"] = {}
     if L.cp > 1:

@@ -25,10 +25,14 @@ The rule, term by term, on the fullest rank of the pipeline (every rank when the
       ``reshard_after_forward`` true the root (embedding, final norm, head: FSDP2 keeps the root gathered) and
       two blocks (the one computing and the one prefetched, ``prefetch`` 1); false (torchtitan's default
       inside a pipeline) every unit of the rank stays gathered from its forward to its backward.
-  unsharded grads  gradient accumulation (micro-batches > 1) with sharded gradients (ZeRO-2/3): FSDP2 skips the
-      reduce-scatter until the last micro-batch (``set_requires_gradient_sync(False)``, as torch.distributed.
-      pipelining's stage does for FSDPModule) and accumulates the rank's unsharded gradients in reduce_dtype
-      (param_dtype when none).
+  unsharded grads  micro-batches > 1 with sharded gradients (ZeRO-2/3) in a pipeline (pp > 1), or without one
+      with ``sync_each_microbatch: false``: FSDP2 skips the reduce-scatter until the last micro-batch
+      (``set_requires_gradient_sync(False)``, as torch.distributed.pipelining's stage does for FSDPModule,
+      torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``) and accumulates the rank's unsharded
+      gradients in reduce_dtype (param_dtype when none). Gradient accumulation without a pipeline by default
+      (torchtitan's train loop: trainer.py ``train_step`` calls ``forward_backward_step`` per micro-batch and
+      never disables the sync) reduce-scatters every micro-batch: the sharded gradients accumulate, nothing
+      unsharded is kept (sim/parallel/fsdp/stage.py).
   activations  the model family's (sim/models/activations.py: Korthikanti et al. 2022, arXiv 2205.05198,
       counted per op as torch's autograd saves them, at this tp, sequence and loss parallelism, cp, recompute
       and offload), walked over the rank's schedule: each F adds its stage's saved bytes (embedding, blocks,
@@ -90,7 +94,7 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
                  "optimizer": (shard if zero >= 1 else full) * k,
                  "unsharded params": _gathered(model, layers, numel, fsdp, S) * DTYPE_BYTES[pdt],
                  "unsharded grads": full * DTYPE_BYTES[getattr(fsdp, "reduce_dtype", None) or pdt]
-                 if zero >= 2 and S > 1 and m > 1 else 0,
+                 if zero >= 2 and S > 1 and m > 1 and (len(ranges) > 1 or not fsdp.sync_each_microbatch) else 0,
                  "activations": walks[q]}
         if cp > 1:
             parts["ring buffers"] = _ring(c, cp, tp, getattr(par.cp, "rotate_method", "allgather"))
@@ -232,7 +236,7 @@ def as_parallelisms(mesh, opts):
         spec = PipelineSpec(schedule=opts.schedule, stages=size("pp"), microbatches=opts.microbatches,
                             data_parallel=size("dp"), virtual_stages=opts.virtual_stages, split=opts.split) \
             if piped else None
-        return Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=not piped)
+        return Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=size("pp") == 1)
                             if sharded else None, ddp=DDPOptions() if size("dp") > 1 else None)
     raise TypeError(f"no memory model for options {type(opts).__name__}")
 

@@ -70,7 +70,7 @@ class Estimator:
             sp = L.sequence_parallel and L.tp > 1
             tp = TPOptions(sequence_parallel=sp) if L.cp > 1 else TPOptions(
                 sequence_parallel=sp, loss_parallel=L.loss_parallel, recompute=L.recompute)
-            return mesh, Parallelisms(pipeline=pipe, tp=tp, fsdp=FSDPOptions(reshard_after_forward=False),
+            return mesh, Parallelisms(pipeline=pipe, tp=tp, fsdp=FSDPOptions(reshard_after_forward=L.pp == 1),
                                       cp=CPOptions(recompute=L.recompute) if L.cp > 1 else None)
         if L.cp > 1:
             return mesh, as_parallelisms(mesh, CPOptions(recompute=L.recompute))
@@ -111,7 +111,19 @@ class Estimator:
     def estimate(self, L: Layout) -> Estimate:
         if L.pipelined and L.cp > 1:          # a ring inside the stages: the composition's own program
             return self.cp_stages.estimate(L)
+        if L.composed and L.pp == 1:          # FSDP2 gradient accumulation, no pipeline
+            return self._accumulated(L)
         return self._pipeline(L) if L.pipelined else self._flat(L)
+
+    def _accumulated(self, L: Layout) -> Estimate:
+        """FSDP2 gradient accumulation without a pipeline (sim/parallel/fsdp/stage.py: torchtitan's train loop,
+        each micro-batch's forward and backward as FSDP2 runs one step, its units gathered again and its
+        gradients reduce-scattered in its backward): the one-micro-batch step m times, AdamW once."""
+        one = self._flat(replace(L, microbatches=1))
+        opt, m = self.fsdp.terms(L, 0)[3], L.microbatches
+        terms = {k: v * m for k, v in one.terms.items()}
+        terms["dp_comm_exposed_s"] -= (m - 1) * opt
+        return Estimate(m * (one.step_s - opt) + opt, terms)
 
     def bound(self, L: Layout) -> float:
         """A lower bound of ``estimate(L).step_s``, cheap: a pipeline's schedule walked with its stages' compute

@@ -106,7 +106,8 @@ def options_of(d: dict, mesh: Mesh, parse, where: str) -> Parallelisms:
     from distlab.sim.parallel.parallelize import choose
     given = {name: parse(name, d[name], f"{where}: {name}") for name in COMPOSABLE if name in d}
     par = choose(mesh, given, f"{where}: mesh")
-    if par.pipeline is not None and par.fsdp is not None and "reshard_after_forward" not in (d.get("fsdp") or {}):
+    piped = "pp" in mesh and mesh.size("pp") > 1        # torchtitan: reshard_after_forward = not pp_enabled
+    if piped and par.fsdp is not None and "reshard_after_forward" not in (d.get("fsdp") or {}):
         par.fsdp = replace(par.fsdp, reshard_after_forward=False)
     if par.cp is not None and par.fsdp is not None and "overlap" not in (d.get("fsdp") or {}):
         par.fsdp = replace(par.fsdp, overlap=par.cp.overlap)     # CP's overlap covers its FSDP2, as cp_plan's

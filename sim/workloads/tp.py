@@ -45,7 +45,7 @@ def build(model, mesh, opts: TPOptions, cluster):
         if sharded:
             from distlab.sim.parallel.fsdp.plan import FSDPOptions
             from distlab.sim.parallel.parallelize import Parallelisms, parallelize
-            par = Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=False))
+            par = Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=pp == 1))
             plan = parallelize(model, mesh, par, cluster, where="tp")
         else:
             plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)

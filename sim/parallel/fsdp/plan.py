@@ -74,6 +74,12 @@ class FSDPOptions:
     reduce_scatter_max_input_buffers: int = option(1, "set_reduce_scatter_max_input_buffers(K) (torch 2.13): "
                                                       "reduce-scatter inputs in flight; compute waits for the "
                                                       "reduce-scatter K units back, K gradient buffers held")
+    sync_each_microbatch: bool = option(True, "gradient accumulation without a pipeline (pp 1, micro-batches > 1): "
+                                              "true reduce-scatters each micro-batch's gradients in its backward "
+                                              "(FSDP2's default, torchtitan's train loop); false: "
+                                              "set_requires_gradient_sync(False) until the last micro-batch, "
+                                              "unsharded gradients kept, one reduce-scatter (torch's pipelining "
+                                              "always does this with pp > 1)")
 
     def validate(self, where: str = "parallelism") -> "FSDPOptions":
         """Checks that need no world size (the others: :func:`parse_config`)."""
@@ -93,7 +99,7 @@ class FSDPOptions:
         if not isinstance(self.reshard_after_forward, (bool, int)):
             raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
                               f"{where}.reshard_after_forward")
-        for key in ("overlap", "root_reshard_after_forward", "separate_reduce_scatter_group"):
+        for key in ("overlap", "root_reshard_after_forward", "separate_reduce_scatter_group", "sync_each_microbatch"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{getattr(self, key)!r} must be true or false", f"{where}.{key}")
         return self
@@ -107,7 +113,7 @@ class FSDPConfig(FSDPOptions):
 
 KEYS = ("zero", "reshard_after_forward", "prefetch", "backward_prefetch", "param_dtype", "reduce_dtype",
         "shard_size", "overlap", "root_reshard_after_forward", "separate_reduce_scatter_group",
-        "reduce_scatter_max_input_buffers")
+        "reduce_scatter_max_input_buffers", "sync_each_microbatch")
 RS_GROUP = "fsdp_reduce_scatter"     # FSDP2's group_desc of the separate reduce-scatter group (torch 2.13)
 
 
