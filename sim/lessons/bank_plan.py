@@ -92,7 +92,7 @@ def memory_layouts() -> list[tuple[str, Layout]]:
             ("FSDP", Layout(1, 1, 64, "fsdp", 4, 1, False, "full")),
             ("TP 8 x FSDP 8", Layout(8, 1, 8, "fsdp", 32, 1, True, "selective")),
             ("TP 8 x FSDP 8, full recompute", Layout(8, 1, 8, "fsdp", 32, 1, True, "full")),
-            (ACCUMULATED, Layout(8, 1, 8, "fsdp", 1, 32, True, "selective")),
+            (ACCUMULATED, Layout(8, 1, 8, "fsdp", 1, 32, True, "selective", dp_shard=8)),
             ("PP 8 x TP 8", Layout(8, 8, 1, "ddp", 1, 256, True, "selective", "1f1b")),
             ("PP 8 x TP 4 x DDP 2", Layout(4, 8, 2, "ddp", 1, 128, True, "selective", "1f1b"))]
 

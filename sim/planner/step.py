@@ -121,9 +121,14 @@ class Estimator:
         gradients reduce-scattered in its backward): the one-micro-batch step m times, AdamW once."""
         one = self._flat(replace(L, microbatches=1))
         opt, m = self.fsdp.terms(L, 0)[3], L.microbatches
-        terms = {k: v * m for k, v in one.terms.items()}
-        terms["dp_comm_exposed_s"] -= (m - 1) * opt
-        return Estimate(m * (one.step_s - opt) + opt, terms)
+        step = m * (one.step_s - opt) + opt
+        ranges, stage = self._stage_times(L)        # the layers' compute and TP communication, as a pipeline's
+        names = [layer.name for layer in self.model(L.micro_batch).layers]
+        compute, tp_comm = m * stage[0][2], m * stage[0][3]
+        recompute = m * self._recompute_s(L, ranges[0], names)
+        return Estimate(step, {"compute_s": compute - recompute, "recompute_s": recompute, "tp_comm_s": tp_comm,
+                               "dp_comm_exposed_s": max(step - compute - tp_comm, 0.0),
+                               "dp_comm_total_s": m * one.terms.get("dp_comm_total_s", 0.0), "bubble_and_p2p_s": 0.0})
 
     def bound(self, L: Layout) -> float:
         """A lower bound of ``estimate(L).step_s``, cheap: a pipeline's schedule walked with its stages' compute
