@@ -67,7 +67,8 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
     from distlab.sim.parallel.tp.rules import local_shape
     cache = {} if cache is None else cache
     c = model.config or {}
-    size = {d: mesh.size(d) if d in mesh else 1 for d in ("pp", "dp_shard", "cp", "tp")}
+    dims = dict(zip(mesh.names, mesh.shape))
+    size = {d: dims.get(d, 1) for d in ("pp", "dp_shard", "cp", "tp")}
     tp, cp = size["tp"], size["cp"]
     fsdp = par.fsdp
     S = size["dp_shard"] * cp if fsdp is not None else 1
@@ -83,16 +84,19 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
     ranges, placement, schedule, m = _stages(model, mesh, par, cache)
     key = ("walks", id(acts), id(ranges), id(schedule))   # layouts differing only in dp share these; the value
     if key not in cache:                                  # holds the objects, so their ids stay theirs
-        cache[key] = (acts, ranges, schedule, [_walk(states, ranges, acts, cache) for states in schedule])
-    walks = cache[key][3]
+        cache[key] = (acts, ranges, schedule, [_walk(states, ranges, acts, cache) for states in schedule],
+                      acts.host_bytes)
+    walks, host = cache[key][3:]
+    key = ("ranks", id(numel), id(ranges), placement, _gather_key(fsdp, S))   # numel, ranges: held by the cache
+    if key not in cache:                  # per rank: its elements and those FSDP2 holds gathered
+        mine = [[i for s, r in zip(placement, ranges) if s == q for i in r] for q in range(len(schedule))]
+        cache[key] = [(sum(numel[i] for i in layers), _gathered(model, layers, numel, fsdp, S)) for layers in mine]
     best = None
-    for q in range(len(schedule)):
-        layers = [i for s, r in zip(placement, ranges) if s == q for i in r]
-        full = sum(numel[i] for i in layers)
+    for q, (full, gathered) in enumerate(cache[key]):
         shard = full // S
         parts = {"params": (shard if zero == 3 else full) * p, "grads": (shard if zero >= 2 else full) * g,
                  "optimizer": (shard if zero >= 1 else full) * k,
-                 "unsharded params": _gathered(model, layers, numel, fsdp, S) * DTYPE_BYTES[pdt],
+                 "unsharded params": gathered * DTYPE_BYTES[pdt],
                  "unsharded grads": full * DTYPE_BYTES[getattr(fsdp, "reduce_dtype", None) or pdt]
                  if zero >= 2 and S > 1 and m > 1 and (len(ranges) > 1 or not fsdp.sync_each_microbatch) else 0,
                  "activations": walks[q]}
@@ -101,8 +105,14 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
         if best is None or sum(parts.values()) > sum(best[1].values()):
             best = (q, parts)
     parts = {k: v for k, v in best[1].items() if v or k in ("params", "grads", "optimizer", "activations")}
-    host = sum(x.host for x in acts.layers)
     return {"pipeline_rank": best[0], "breakdown_bytes": parts, "host_bytes": host}
+
+
+def _gather_key(fsdp, S: int) -> tuple:
+    """What :func:`_gathered` reads of the FSDP2 options."""
+    if fsdp is None or fsdp.zero != 3 or S == 1:
+        return ()
+    return (fsdp.reshard_after_forward is False, fsdp.prefetch)
 
 
 def recompute_of(model, par) -> str:
@@ -124,7 +134,7 @@ def _activations(model, par, tp: int, cp: int, cache: dict, recompute: str | Non
     return cache[key]
 
 
-ONE_STAGE = (((((0, 1),), -1), ((), 0)),)        # without a pipeline: F (one micro-batch alive), then B
+ONE_STAGE = None                  # without a pipeline: F (one micro-batch alive), then B (set below)
 
 
 def _stages(model, mesh, par, cache: dict) -> tuple:
@@ -156,25 +166,41 @@ def _states(schedule: str, pp: int, m: int, v: int) -> tuple:
     placement = tuple(Sch.stage_to_rank(schedule, pp, v))
     out = []
     for actions in Sch.build(schedule, pp, m, v):
-        live, seen = [0] * (pp * v), set()
+        mine = sorted({a.stage for a in actions})          # the rank's own stages: only theirs are alive here
+        slot = {t: k for k, t in enumerate(mine)}
+        live, seen = [0] * len(mine), set()
         kinds = [a.kind for a in actions] + [""]
         for j, a in enumerate(actions):
             if a.kind == "F":
-                live[a.stage] += 1
+                live[slot[a.stage]] += 1
                 if kinds[j + 1] != "F":          # a run of forwards peaks at its end
-                    seen.add((tuple((t, n) for t, n in enumerate(live) if n), -1))
+                    seen.add((tuple(live), -1))
             elif a.kind in ("B", "I"):
-                live[a.stage] -= 1
+                live[slot[a.stage]] -= 1
                 before = actions[j - 1] if j else None
                 if before is None or before.kind not in ("B", "I") or before.stage != a.stage:
-                    seen.add((tuple((t, n) for t, n in enumerate(live) if n), a.stage))   # peaks at its start
-        out.append(tuple(seen))
+                    seen.add((tuple(live), a.stage))   # peaks at its start
+        out.append(_moments(mine, seen))
     return placement, tuple(out)
 
 
-def _walk(states, ranges, acts, cache: dict) -> float:
-    """The most activation bytes alive at the moments ``states`` of a rank's walk (module docstring)."""
-    key = ("stash", id(acts), tuple((r.start, r.stop) if isinstance(r, range) else tuple(r) for r in ranges))
+def _moments(mine: list, seen) -> tuple:
+    """A rank's moments as arrays: (its stages, micro-batches alive per moment and stage (k x stages), per moment
+    the slot of the stage whose backward runs (len(mine) after a forward: nothing))."""
+    import numpy as np
+    rows = sorted(seen, key=lambda x: (x[1], x[0]))
+    counts = np.array([c for c, _ in rows], dtype=np.float64).reshape(len(rows), len(mine))
+    back = np.array([mine.index(b) if b >= 0 else len(mine) for _, b in rows], dtype=np.intp)
+    return tuple(mine), counts, back
+
+
+ONE_STAGE = (_moments([0], {((1,), -1), ((0,), 0)}),)
+
+
+def _walk(moments, ranges, acts, cache: dict) -> float:
+    """The most activation bytes alive at a rank's schedule ``moments`` (:func:`_moments`; module docstring)."""
+    import numpy as np
+    key = ("stash", id(acts), id(ranges))      # both held by the cache for as long as it lives
     if key not in cache:
         layers = acts.layers
         stash = [sum(layers[i].saved for i in r) for r in ranges]
@@ -185,9 +211,14 @@ def _walk(states, ranges, acts, cache: dict) -> float:
                 prefix += layers[i].saved
                 top = max(top, prefix + layers[i].transient)
             inside.append(top)
-        cache[key] = (stash, inside)
-    stash, inside = cache[key]
-    return max(sum(n * stash[t] for t, n in counts) + (inside[s] if s >= 0 else 0.0) for counts, s in states)
+        cache[key] = (np.array(stash), np.array(inside + [0.0]))
+    mine, counts, back = moments
+    own = (key, mine)
+    if own not in cache:                      # this rank's stages' stash and backward peaks (0 after a forward)
+        stash, inside = cache[key]
+        cache[own] = (stash[list(mine)], np.append(inside[list(mine)], 0.0))
+    stash, slots = cache[own]
+    return float((counts @ stash + slots[back]).max())
 
 
 def _gathered(model, layers: list, numel: list, fsdp, S: int) -> int:

@@ -34,6 +34,7 @@ class Estimator:
         self.cp_stages = CPStages(self)
         self._walks: dict = {}            # layout -> its schedule walk, from bound() to estimate()
         self._memory_cache: dict = {}     # micro-batch -> sim/parallel/memory.py's cache for that model
+        self._meshes: dict = {}           # a layout's mesh dimensions -> its Mesh
 
     def model(self, micro_batch: int):
         if micro_batch not in self._models:
@@ -63,7 +64,10 @@ class Estimator:
         from distlab.sim.parallel.memory import as_parallelisms
         from distlab.sim.parallel.parallelize import Parallelisms
         from distlab.sim.parallel.pipeline.plan import PipelineOptions
-        mesh = Mesh(L.mesh())
+        dims = tuple(L.mesh().items())
+        mesh = self._meshes.get(dims)
+        if mesh is None:                  # a few hundred meshes for tens of thousands of layouts
+            mesh = self._meshes[dims] = Mesh(dict(dims))
         if L.composed:
             pipe = PipelineOptions(schedule=L.schedule, microbatches=L.microbatches,
                                    virtual_stages=L.virtual_stages, split=list(L.split) if L.split else None)
