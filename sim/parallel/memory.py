@@ -165,7 +165,7 @@ def _states(schedule: str, pp: int, m: int, v: int) -> tuple:
     from distlab.sim.parallel.pipeline import schedules as Sch
     placement = tuple(Sch.stage_to_rank(schedule, pp, v))
     out = []
-    for actions in Sch.build(schedule, pp, m, v):
+    for actions in Sch.built(schedule, pp, m, v):
         mine = sorted({a.stage for a in actions})          # the rank's own stages: only theirs are alive here
         slot = {t: k for k, t in enumerate(mine)}
         live, seen = [0] * len(mine), set()
