@@ -74,10 +74,12 @@ def argparse_message(message: str) -> str:
 
 
 def check_whole(value, flag: str, low: int, high: int, what: str = "") -> int:
-    """``value`` (a flag's whole number) within [low, high], else a ConfigError naming ``flag`` and that range:
-    ``--world-size: 1000000000000 is out of range; allowed: 1 to 65,536 (ranks the simulator takes)``."""
+    """``value`` (a flag's whole number) within [low, high], else a ConfigError naming ``flag`` and that range
+    with its unit ``what``, short enough that the line fits 100 columns (a value of over 12 digits is shown as
+    ``1.0e+13``): ``--world-size: 1.0e+13 is out of range; allowed: 1 to 262,144 ranks``."""
     if value is not None and not low <= value <= high:
-        raise ConfigError(f"{value} is out of range; allowed: {low:,} to {high:,}" + (f" ({what})" if what else ""),
+        shown = str(value) if len(str(value)) <= 12 else f"{value:.1e}"
+        raise ConfigError(f"{shown} is out of range; allowed: {low:,} to {high:,}" + (f" {what}" if what else ""),
                           flag)
     return value
 

@@ -52,7 +52,10 @@ def load_trace(path: str, cluster: str | None = None) -> Trace:
         from distlab.sim.kernel.engine import simulate
         from distlab.sim.plan import Plan
         plan = Plan.from_dict(data, path)
-        return simulate(plan, load_cluster(cluster).with_world_size(plan.world_size), record_transfers=False)
+        trace = simulate(plan, load_cluster(cluster).with_world_size(plan.world_size), record_transfers=False)
+        if plan.scenario is not None:         # its header (sim/scenario/header.py), for compare to show
+            trace.meta["scenario"] = plan.scenario
+        return trace
     raise ConfigError(f"not a trace; {allowed}", path)
 
 

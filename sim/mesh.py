@@ -81,8 +81,8 @@ class Mesh:
         """This mesh, or a ConfigError when its product is not ``world_size``."""
         if self.world_size != world_size:
             sizes = " x ".join(f"{n} {s}" for n, s in zip(self.names, self.shape))
-            raise ConfigError(f"{sizes} = {self.world_size} ranks, but the world has {world_size}; the sizes "
-                              f"must multiply to {world_size}", where)
+            raise ConfigError(f"{sizes} = {self.world_size} ranks, but the world has {world_size}; allowed: "
+                              f"{world_size} ranks", where)        # within 100 columns after --mesh
         return self
 
     def coords(self, rank: int) -> dict[str, int]:

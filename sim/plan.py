@@ -34,10 +34,12 @@ MAX_PLAN_BYTES = 2**56           # 64 PiB over the whole plan
 
 @dataclass
 class Plan:
-    """Per-rank ordered ops. ``ranks[r]`` is rank r's program."""
+    """Per-rank ordered ops. ``ranks[r]`` is rank r's program. ``scenario``: the header, the scenario the plan
+    was built from as plain data (None for none; sim/scenario/header.py writes and validates it)."""
     ranks: list[list[Op]]
     name: str = "plan"
     meta: dict = field(default_factory=dict)
+    scenario: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -114,7 +116,8 @@ class Plan:
                     hit = seen[id(op)] = (op, {"kind": op.kind, **_fields_of(op)})
                 row.append(hit[1])
             ranks.append(row)
-        return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta,
+        head = {"scenario": self.scenario} if self.scenario is not None else {}
+        return {"format": FORMAT, "name": self.name, "world_size": self.world_size, "meta": self.meta, **head,
                 "ranks": ranks}
 
     def to_json(self, indent: int | None = None) -> str:
@@ -124,10 +127,10 @@ class Plan:
     def from_dict(cls, d, where: str = "plan") -> "Plan":
         if not isinstance(d, dict):
             raise ConfigError("a plan is a JSON object with keys format, world_size, ranks", where)
-        unknown = set(d) - {"format", "name", "world_size", "meta", "ranks"}
+        unknown = set(d) - {"format", "name", "world_size", "meta", "scenario", "ranks"}
         if unknown:
-            raise ConfigError(f"unknown key {sorted(unknown)[0]!r}; allowed: format, name, world_size, meta, ranks",
-                              where)
+            raise ConfigError(f"unknown key {sorted(unknown)[0]!r}; allowed: format, name, world_size, meta, "
+                              "scenario, ranks", where)
         if d.get("format", FORMAT) != FORMAT:
             raise ConfigError(f"format {d.get('format')!r} is not {FORMAT!r}", where)
         ranks = d.get("ranks")
@@ -138,13 +141,15 @@ class Plan:
         meta = d.get("meta", {})
         if not isinstance(meta, dict):
             raise ConfigError("'meta' must be an object", where)
+        if not isinstance(d.get("scenario", {}), dict):        # read as a Scenario by sim/scenario/header.py
+            raise ConfigError("'scenario' must be an object (the scenario the plan was built from)", where)
         total = sum(len(r) for r in ranks)
         if total > MAX_PLAN_OPS:
             raise ConfigError(f"{total} ops is more than a plan file may hold (at most {MAX_PLAN_OPS}: raise "
                               "MAX_PLAN_OPS in sim/plan.py to allow more)", where)
         parsed = [[_op_from_dict(o, f"{where}: ranks[{r}][{i}]") for i, o in enumerate(ops)]
                   for r, ops in enumerate(ranks)]
-        plan = cls(parsed, name=str(d.get("name", "plan")), meta=meta).validate(where)
+        plan = cls(parsed, name=str(d.get("name", "plan")), meta=meta, scenario=d.get("scenario")).validate(where)
         moved = sum(o.bytes for ops in parsed for o in ops if _is_int(getattr(o, "bytes", None)))
         if moved > MAX_PLAN_BYTES:
             raise ConfigError(f"its ops move {moved} bytes in all, more than a plan file may (at most 2^56 = 64 "

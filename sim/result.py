@@ -37,7 +37,7 @@ def sequences_per_step(result) -> int:
     pipeline = getattr(opts, "pipeline", None)           # a composition's Parallelisms (sim/parallel/parallelize.py)
     if getattr(opts, "grad_accum", None):
         steps = opts.grad_accum
-    elif "pp" in mesh and getattr(opts, "microbatches", None):
+    elif ("pp" in mesh or "ep" in mesh) and getattr(opts, "microbatches", None):     # EP: with or without pp
         steps = opts.microbatches
     elif "pp" in mesh and getattr(pipeline, "microbatches", None):
         steps = pipeline.microbatches

@@ -30,6 +30,25 @@ def cli():
     return run_cli
 
 
+# --- torch's threads in the test process -------------------------------------------------------------------------
+# The two pytest-xdist workers share 2 cores; a worker's own torch ops on torch's default 2 intra-op threads (OpenMP)
+# spin-wait for the core the other worker holds. Measured (2026-12-08, load 5-8): test_ddp_buckets_torch's 40 DDP
+# models in one process, 7.0 s CPU and 38 s wall on 2 threads, 1.9 s and 6.8 s on 1; test_activations_torch 5.0 s
+# of CPU -> 1.1 s. Ranks already run 1 thread each (runtime/ranks/launch.py ``threads``). A file whose tests run torch
+# in the test process and do not depend on torch's thread count opts in:
+#     pytestmark = pytest.mark.usefixtures("one_torch_thread")
+@pytest.fixture
+def one_torch_thread():
+    """torch's intra-op threads at 1 in this process for the test, torch's setting before it restored after."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # --- the order of the files --------------------------------------------------------------------------------------
 # pytest-xdist (--dist loadfile --no-loadscope-reorder, pyproject.toml) hands each of the two workers one whole
 # file at a time, in the order collected: the longest files go first, so that no worker starts a long file

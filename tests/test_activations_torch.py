@@ -17,6 +17,10 @@ from distlab.runtime.modules.saved import saved_by_layer  # noqa: E402
 from distlab.sim.models import gpt  # noqa: E402
 from distlab.sim.models.activations import activations  # noqa: E402
 
+# autograd in this process on one intra-op thread (tests/conftest.py one_torch_thread): what it saves does not
+# depend on threads
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SHAPE = dict(layers=2, hidden=128, heads=4, seq_len=64, vocab=512, micro_batch=2)
 CASES = {
     "llama": dict(arch="llama", kv_heads=2, dtype="float32"),

@@ -268,3 +268,22 @@ def test_tp_overlap_chunks_share_the_waves():
          "tp": {"sequence_parallel": True, "comm_overlap": True}, "cluster": "dgx-h100", "world_size": 4}
     ops = [o for o in sc.build(d).plan.ranks[0] if isinstance(o, Compute) and " step " in o.name and o.gemms]
     assert ops and {o.chunks for o in ops} == {4}
+
+
+def test_an_ops_gemms_priced_once_per_shape_sum_as_one_by_one():
+    """_kernel_work prices each distinct GEMM shape of an op once and ``tiling`` is cached (an MoE layer repeats a
+    few shapes hundreds of times): the op's time is still every GEMM's, summed in order, bit for bit, including
+    shapes that share M, or M and N, and differ in K (H100's kernel model; bf16 and float8)."""
+    from distlab.sim.compute import kernels
+    h100 = GPUS["h100"]
+    shapes = ((512, 2688, 7168), (512, 2688, 1024), (512, 7168, 2688), (512, 2688, 7168), (64, 2688, 7168),
+              (512, 2688, 1024), (4096, 4096, 4096))
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        op = Compute(f"moe {dtype}", gemms=shapes, dtype=dtype)
+        work, kernels_n = 0.0, 0
+        for M, N, K in shapes:
+            w, k = kernels._gemm_work(M, N, K, 1 if dtype == "float8_e4m3fn" else 2, h100, dtype)
+            work, kernels_n = work + w, kernels_n + k
+        assert kernels._kernel_work(op, h100) == (work, kernels_n)
+    for args in ((512, 2688, 132, 7168, 265.0), (512, 2688, 132, 1024, 265.0), (1024, 6144, 132, None, 0.0, 4)):
+        assert kernels.tiling(*args) == kernels.tiling.__wrapped__(*args)

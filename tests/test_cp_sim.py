@@ -11,7 +11,8 @@ from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
 from distlab.sim.models import gpt
 from distlab.sim.plan import Compute, Plan
-from tests.conftest import one_node, run_cli
+from tests.conftest import one_node
+from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 
 ALPHA, BW = 2e-6, 100e9          # one_node(): 2 us per hop, 100 GB/s per GPU per direction
 MODEL = gpt(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=64, micro_batch=1, dtype="float32",
@@ -138,10 +139,10 @@ def test_cp_that_does_not_divide_the_sequence_is_a_config_error(seq_len, cp, bal
         cp_plan(m, Mesh({"cp": cp}), CPOptions(load_balance=balance))
 
 
-def test_cli_bad_cp_is_one_line_and_exit_2(tmp_path):
+def test_cli_bad_cp_is_one_line_and_exit_2(tmp_path, cli):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {arch: llama, layers: 1, hidden: 32, heads: 4, seq_len: 12, vocab: 64}\n"
                    "mesh: {cp: 4}\ncp: {}\ncluster: dgx-h100\nworld_size: 4\n")
-    rc, out, err = run_cli("simulate", str(bad), "--no-files")
+    rc, out, err = cli("simulate", str(bad), "--no-files")
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "mesh.cp: seq_len 12 does not split into 2 x cp = 8 chunks" in err and "allowed cp: 1, 2, 3, 6" in err

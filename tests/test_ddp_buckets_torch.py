@@ -17,6 +17,8 @@ try:
 except ImportError:        # the torch-free cases below still run
     torch = None
 needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+# DDP in this process on one intra-op thread (tests/conftest.py one_torch_thread): buckets do not depend on threads
+one_torch_thread = pytest.mark.usefixtures("one_torch_thread")
 DTYPES = ["float16", "float32", "float64", "bfloat16"]
 
 
@@ -165,6 +167,7 @@ def test_ddp_buckets_both_iterations_identical_to_torch_calls():
 
 @needs_torch
 @pytest.mark.slow
+@one_torch_thread
 def test_mixed_dtype_ddp_in_one_process_identical_to_sim():
     """Real DDP (gloo, world size 1, in this process) over modules mixing the 4 float dtypes, parameters used
     in a random order: its logged buckets (iteration 0 sizes, rebuilt indices) are the simulator's, given

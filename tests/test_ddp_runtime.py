@@ -7,6 +7,10 @@ from distlab.runtime.modules.bridge import build_module, example_input, extract 
 from distlab.sim import models as m  # noqa: E402
 from distlab.sim.parallel.ddp.buckets import ddp_buckets  # noqa: E402
 
+# the modules run in this process on one intra-op thread (tests/conftest.py one_torch_thread): their parameters,
+# ready order and FLOPs do not depend on threads
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def test_extract_matches_the_sim_mlp():
     model = m.mlp(64, 128, 32, batch=16)

@@ -123,6 +123,25 @@ def test_dualpipev_with_experts_overlap_shortens_the_step():
     assert simulate(on, cl).makespan < simulate(off, cl).makespan
 
 
+@pytest.mark.parametrize("dims", [{"ep": 2, "pp": 2}, {"dp": 2, "pp": 2, "ep": 2}])
+def test_pipeline_stage_is_each_ranks_pp_coordinate_wherever_pp_sits_in_the_mesh(dims):
+    """Regression: the DualPipeV example shrunk to pp 2 with ep (or a filled-in dp) outside pp put one ep group's
+    ranks on different stages (a flat {pp, dp} numbering): all_to_alls of different sizes in the group, the plan
+    check failed. Each rank now runs its own pp coordinate's stages; the step equals the pp-outermost mesh's."""
+    from distlab.sim.check import check_plan
+    model = from_spec({**MOE, "layers": 4, "embed": True, "vocab": 512})
+    mesh, opts = Mesh(dims), EPOptions(schedule="dualpipev", microbatches=4)
+    plan = ep_plan(model, mesh, opts)
+    assert check_plan(plan) == []
+    for g in range(mesh.world_size):         # dualpipev: pp rank 0 holds the embedding and the head (its V)
+        names = {o.name for o in plan.ranks[g] if isinstance(o, Compute)}
+        assert any("embed" in n for n in names) == (mesh.coords(g)["pp"] == 0), (dims, g)
+    cl = flat(mesh.world_size)
+    outer = Mesh({"pp": 2, **{k: v for k, v in dims.items() if k != "pp"}})
+    assert simulate(plan, cl).makespan == pytest.approx(simulate(ep_plan(model, outer, opts), cl).makespan,
+                                                        rel=1e-9)
+
+
 def test_deepseek_v3_preset_has_the_papers_size():
     """arXiv 2412.19437: 671B parameters in total, 37B activated per token (top-8 of 256 routed experts)."""
     m = from_spec({"preset": "deepseek-v3"})

@@ -85,7 +85,7 @@ def test_no_pipeline_rank_without_a_pipeline(capsys, tmp_path):
 # --- 5. messages -------------------------------------------------------------------------------------------------
 ERRORS = [  # argv, the flag the error must start with, words it must hold
     (("simulate", "--world-size", "1000000000000"), "--world-size", "allowed: 1 to 262,144"),
-    (("simulate", "--nodes", "100000000000"), "--nodes", "allowed: 1 to 32,768 (262,144 ranks of 8 per node)"),
+    (("simulate", "--nodes", "100000000000"), "--nodes", "allowed: 1 to 32,768 nodes of 8 GPUs"),
     (("simulate", "--nodes", "40000"), "--nodes", "allowed: 1 to 32,768"),
     (("simulate", "--micro-batch", "0"), "--micro-batch", "allowed: 1 to"),
     (("simulate", "--model", "no-such-model"), "--model", "unknown model preset"),
@@ -96,7 +96,7 @@ ERRORS = [  # argv, the flag the error must start with, words it must hold
     (("memory", "--model", "no-such-model"), "--model", "unknown model preset"),
     (("plan", "--model", "no-such-model", "--nodes", "1", "--global-batch", "8"), "--model", "unknown model preset"),
     (("collective", "all_reduce", "--size", "2PiB"), "--size", "larger than 1 PiB"),
-    (("collective", "all_reduce", "--nodes", "40000"), "--nodes", "allowed: 1 to 1,024 (8,192 ranks of 8"),
+    (("collective", "all_reduce", "--nodes", "40000"), "--nodes", "allowed: 1 to 1,024 nodes of 8 GPUs"),
     (("collective", "all_reduce", "--nodes", "1024", "--sizes", "1KiB:1GiB"), "--sizes", "32,768 rank-sizes"),
 ]
 

@@ -262,7 +262,7 @@ def test_errors_are_one_line_in_distlabs_words(capsys, argv, message):
 def test_memory_refuses_absurd_inputs(capsys):
     rc, out, err = cli(capsys, "memory", "--model", "llama-70b", "--world-size", "1", "--micro-batch",
                        "1000000")
-    assert rc == 2 and out == "" and "PiB per GPU" in err and "--micro-batch 1000000" in err
+    assert rc == 2 and out == "" and "PiB per GPU" in err and "--micro-batch: 1000000: " in err
     assert "error: --micro-batch: " in err
     rc, out, err = cli(capsys, "memory", "--model", "llama-70b", "--world-size", "1000000000000")
     assert rc == 2 and "from 1 to 1048576" in err

@@ -65,7 +65,8 @@ def test_every_exercise_accepts_its_solution():
              "07-your-prediction": {"row": {"measured_s": 0.5}},
              "05-your-prediction": {"row": {"measured_s": 0.040}}, "06-your-prediction": {"row": {"measured_s": 0.2}},
              "15-bf16-error": {"result": {"matmul_error": 0.0029}},
-             "15-underflow": {"result": {"rows": [{"zero": 0.997}]}}}
+             "15-underflow": {"result": {"rows": [{"zero": 0.997}]}},
+             "12-restart-or-lost": {"summary": {"failures": [{"restart_s": 3.0, "lost_work_s": 0.01}]}}}
     table = exercises()
     assert len({k[:2] for k in table}) >= 8 and all(sum(k.startswith(p) for k in table) >= 2
                                                     for p in ("01", "02", "03", "04", "05", "06", "07", "08"))
@@ -441,3 +442,19 @@ def test_a_busy_machine_is_not_judged_and_an_idle_one_is():
     within = verdict([{"cap": 1, "predicted_s": 0.11, "measured_s": 0.1}], "cap", 0.5,
                      background={"background_cores": 1.5, "cores": 2}).title
     assert "within" in within
+
+
+def test_scenario_is_the_typed_object_parsed_once_and_simulate_takes_it(monkeypatch):
+    """sim/lessons/training.py ``scenario`` returns the typed Scenario (sim/scenario/spec.py), the same as the
+    mapping parsed; ``simulate`` runs it without parsing it again."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.scenario.spec import Scenario
+    s = scenario("gpt2-small", "ddp", cluster="localhost-cpu", micro_batch=1, bucket_cap_mb=5)
+    assert isinstance(s, Scenario) and s == sc.from_dict({"model": {"preset": "gpt2-small", "micro_batch": 1},
+                                                          "ddp": {"bucket_cap_mb": 5}, "cluster": "localhost-cpu"})
+
+    def parsed_again(*a, **k):
+        raise AssertionError("parsed again")
+    monkeypatch.setattr(sc, "from_dict", parsed_again)
+    monkeypatch.setattr(sc, "validate", parsed_again)
+    assert simulate(s)["summary"]["step_s"] > 0

@@ -157,4 +157,4 @@ def test_gb200_jobs_take_compute_trays(gpus, domains, per_domain):
 def test_gb200_job_of_partial_trays_is_one_line_exit_2(cli, args):
     rc, out, err = cli("simulate", "--model", "gpt2-small", "--cluster", "gb200-nvl72", *args, "--no-files")
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "not whole compute trays of 4" in err and "world_size" in err
+    assert "not whole compute trays of 4" in err and "error: --world-size: " in err

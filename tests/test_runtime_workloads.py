@@ -110,3 +110,39 @@ def test_a_workload_the_simulator_has_but_the_runtime_lacks_says_so():
             scenario_workload({"mesh": {"dp": 2}, "toyrt": {}}, "s.yaml")
     finally:
         unregister("toyrt")
+
+
+def test_validate_hands_each_workload_the_typed_scenario_and_never_reads_the_file_again(monkeypatch):
+    """`distlab validate --scenario` parses the file once (runtime/commands/validate.py); the registry gives the
+    workload's cases that very Scenario, and every prepare takes it: the same layout as from the file, no read."""
+    import dataclasses
+
+    import distlab.sim.io as io
+    from distlab.runtime.parallel import registry
+    from distlab.runtime.parallel.composed.validate import prepare as composed_prepare
+    from distlab.runtime.parallel.cp.validate import prepare as cp_prepare
+    from distlab.runtime.parallel.ep.validate import prepare as ep_prepare
+    from distlab.runtime.parallel.pipeline.validate import runtime_config
+    from distlab.runtime.parallel.tp.validate import prepare as tp_prepare
+    from distlab.sim import scenario as sc
+    files = {name: f"scenarios/{name}-cpu.yaml" for name in ("ddp", "fsdp", "pipeline", "tp", "cp", "moe", "composed")}
+    parsed = {name: sc.from_dict(str(ROOT / path)) for name, path in files.items()}
+    want = {"tp": tp_prepare(str(ROOT / files["tp"]), 2)[0].plan.to_json(),
+            "composed": composed_prepare(str(ROOT / files["composed"]), 8)[0].plan.to_json(),
+            "cp": cp_prepare(str(ROOT / files["cp"]), 2)[2].to_json(),
+            "pipeline": runtime_config(str(ROOT / files["pipeline"]))}
+
+    def no_read(*a, **k):
+        raise AssertionError("the scenario file was read again")
+    monkeypatch.setattr(io, "load_yaml", no_read)
+    seen = []
+    for s in parsed.values():
+        record = dataclasses.replace(WORKLOADS[s.workload], cases=lambda scenario, args: seen.append(scenario) or [])
+        monkeypatch.setitem(registry.WORKLOADS, s.workload, record)
+        assert registry.scenario_cases("never-read.yaml", None, s) == []
+    assert len(seen) == len(parsed) and all(a is b for a, b in zip(seen, parsed.values()))
+    assert tp_prepare(parsed["tp"], 2)[0].plan.to_json() == want["tp"]
+    assert composed_prepare(parsed["composed"], 8)[0].plan.to_json() == want["composed"]
+    assert cp_prepare(parsed["cp"], 2)[2].to_json() == want["cp"]
+    assert runtime_config(parsed["pipeline"]) == want["pipeline"]
+    assert ep_prepare(parsed["moe"], 4)[1] == parsed["moe"].options("ep").skew

@@ -27,6 +27,17 @@ def plan_json(s: Scenario) -> str:
     return sc.build(s).plan.to_json()
 
 
+def from_plan_file(tmp_path, s: Scenario) -> tuple[Scenario, str]:
+    """(the Scenario of the header of the plan file `distlab simulate --save-plan` writes for ``s``, its plan)."""
+    from distlab.sim.plan import Plan
+    from distlab.sim.scenario.header import scenario_of_plan, with_header
+    path = tmp_path / "plan.json"
+    with_header(sc.build(s).plan, s).save(str(path))
+    plan = Plan.load(str(path))
+    back = scenario_of_plan(plan, str(path))
+    return back, plan_json(back)
+
+
 FSDP_YAML = "model: {preset: gpt2-small, micro_batch: 8}\nmesh: {dp_shard: 8}\nfsdp: {}\ncluster: dgx-h100\nnodes: 1\n"
 
 
@@ -34,9 +45,10 @@ def test_fsdp_from_yaml_from_flags_and_from_a_bare_mesh_is_one_object_and_one_pl
     yaml = from_yaml(tmp_path, FSDP_YAML)
     flags = from_flags("--zero", "3")                 # the default model on the default cluster, fsdp by its flag
     mesh = from_flags("--mesh", "dp_shard=8")         # the mesh alone names the parallelism
-    assert yaml == flags == mesh
+    header, header_plan = from_plan_file(tmp_path, flags)     # and from the plan file's header
+    assert yaml == flags == mesh == header
     assert yaml.workload == "fsdp" and yaml.mesh == (("dp_shard", 8),) and yaml.batch.micro_batch == 8
-    assert plan_json(yaml) == plan_json(flags) == plan_json(mesh)
+    assert plan_json(yaml) == plan_json(flags) == plan_json(mesh) == header_plan
 
 
 COMPOSED_YAML = ("model: llama3-8b\nmesh: {pp: 2, dp_shard: 2, tp: 2}\npipeline: {microbatches: 4}\ntp: {}\n"
@@ -48,11 +60,12 @@ def test_a_composition_from_yaml_from_flags_and_from_a_mesh_with_its_fill_is_one
     flags = from_flags("--model", "llama3-8b", "--mesh", "pp=2,dp_shard=2,tp=2", "--microbatches", "4",
                        "--sequence-parallel", "true")          # a tp flag: still the composition, not tp's builder
     filled = from_flags("--model", "llama3-8b", "--mesh", "pp=2,tp=2", "--microbatches", "4")   # dp_shard fills
-    assert yaml == flags == filled
+    header, header_plan = from_plan_file(tmp_path, filled)
+    assert yaml == flags == filled == header
     assert yaml.workload == "composed" and list(yaml.parallelisms) == ["pipeline", "tp", "fsdp"]
     assert yaml.parallelisms["fsdp"].reshard_after_forward is False      # torchtitan's default inside a pipeline
     assert yaml.mesh == (("pp", 2), ("dp_shard", 2), ("tp", 2))
-    assert plan_json(yaml) == plan_json(filled)
+    assert plan_json(yaml) == plan_json(filled) == header_plan
 
 
 def test_a_different_layout_is_a_different_object(tmp_path):
@@ -158,3 +171,64 @@ def test_errors_name_the_shared_flag_written(argv, flag):
     with pytest.raises(ConfigError) as e:
         from_flags("--model", "llama3-8b", *argv)
     assert e.value.where == flag
+
+
+def test_a_plan_header_is_data_checked_on_load_and_old_plans_have_none(tmp_path, capsys):
+    """A header is validated as any scenario (errors name plan.json: scenario: <key>), never runs a factory, must
+    have the plan's world size; a plan written before headers loads as before."""
+    import json
+
+    from cli_in_process import run_in_process
+    from distlab.sim.plan import Plan
+    from distlab.sim.scenario.header import from_data, scenario_of_plan, to_data
+    assert scenario_of_plan(Plan.load("scenarios/small-plan.json")) is None
+    written = sc.from_dict({"model": "gpt2-small", "mesh": {"pp": 2, "dp_shard": 4}, "pipeline": {"schedule":
+                            "gpipe"}, "fsdp": {"reshard_after_forward": True}})      # not the default in a pipeline
+    assert from_data(json.loads(json.dumps(to_data(written))), "header") == written
+    path = tmp_path / "plan.json"
+    rc, out, err = run_in_process(capsys, "simulate", "--no-files", "--model", "gpt2-small", "--mesh", "pp=2,dp_shard=2",
+                                  "--world-size", "4", "--microbatches", "4", "--save-plan", str(path))
+    assert rc == 0, err
+    rc, out, err = run_in_process(capsys, "simulate", str(path), "--no-files")
+    assert rc == 0 and "scenario: gpt2-small · mesh pp 2 x dp_shard 2 · pipeline, fsdp" in out, err
+    good = json.loads(path.read_text())
+    for change, where, words in [({"fsdp": {"zero": 5}}, "scenario: fsdp.zero", "allowed"),
+                                 ({"model": {"factory": "os:system"}}, "scenario: model", "code"),
+                                 ({"world_size": 8, "mesh": {"pp": 2, "dp_shard": 4}}, "scenario",
+                                  "not the plan's 4 ranks")]:
+        path.write_text(json.dumps({**good, "scenario": {**good["scenario"], **change}}))
+        with pytest.raises(ConfigError) as e:
+            scenario_of_plan(Plan.load(str(path)), "plan.json")
+        assert e.value.where == f"plan.json: {where}" and words in str(e.value), (change, e.value)
+
+
+def test_every_shipped_scenario_is_the_same_object_from_its_plan_header():
+    """The header writes the options that differ from their defaults (whole where the layout sets a default, e.g.
+    FSDP2 in a pipeline): read back, each scenarios/*.yaml is the same Scenario. Parsing only, no plan built."""
+    import glob
+    import json
+
+    from distlab.sim.scenario.header import from_data, to_data
+    paths = sorted(glob.glob("scenarios/*.yaml"))
+    assert len(paths) >= 15
+    slow = {"model": "gpt2-small", "ddp": {}, "stragglers": {3: 1.5}, "degraded_links": {"node0.nic0.up": 0.5}}
+    for path in paths + [slow]:
+        s = sc.from_dict(path)
+        assert from_data(json.loads(json.dumps(to_data(s))), "header") == s, path
+
+
+def test_a_plan_file_is_simulated_on_its_headers_cluster_unless_cluster_is_given(tmp_path, capsys):
+    """`distlab simulate PLAN` runs on the cluster its scenario header names (not dgx-h100); --cluster wins."""
+    import json
+
+    from cli_in_process import run_in_process
+    from distlab.sim.scenario.header import with_header
+    s = sc.from_dict({"model": "gpt2-small", "ddp": {}, "cluster": "hgx-h200", "world_size": 2})
+    path = tmp_path / "plan.json"
+    with_header(sc.build(s).plan, s).save(str(path))
+    names = []
+    for extra in ([], ["--cluster", "dgx-h100"]):
+        rc, out, err = run_in_process(capsys, "simulate", str(path), "--no-files", "--json", *extra)
+        assert rc == 0, err
+        names.append(json.loads(out)["results"][0]["cluster"]["name"])
+    assert names[0] != names[1] and "H200" in names[0].upper() and "H100" in names[1].upper(), names

@@ -153,3 +153,40 @@ def test_a_slow_collectives_row_keeps_its_columns():
     printer.row(["reduce_scatter"] + nccl_cells(row) + ["250%"])
     assert_fits(out.getvalue(), "bench row")
     assert "12345678" in out.getvalue()
+
+
+BAD_INPUT = [          # range and refusal errors: one line, exit 2, within 100 columns with the command's prefix
+    ("simulate", "--world-size", "100000000"),
+    ("simulate", "--world-size", "1000000000000000000000000"),
+    ("simulate", "--nodes", "100000000"),
+    ("simulate", "--nodes", "40000"),
+    ("simulate", "--micro-batch", "100000000"),
+    ("simulate", "--cluster", "gb200-nvl72", "--world-size", "6"),
+    ("simulate", "--cluster", "gb200-nvl72", "--nodes", "100000"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "ep=8"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "tp=3"),             # the mesh must divide the world
+    ("simulate", "--model", "llama3-8b", "--mesh", "dp_shard=3"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "cp=3"),
+    ("simulate", "--model", "mixtral-8x7b", "--mesh", "ep=3"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=3,tp=2"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=16,cp=3,tp=8", "--world-size", "16384"),
+    ("simulate", "--model", "llama3-8b", "--mesh", "pp=2,dp_shard=3"),  # written in full: product not the world
+    ("memory", "--seq-len", "10000000000"),
+    ("memory", "--micro-batch", "100000000"),
+    ("memory", "--seq-len", "16777216", "--micro-batch", "16"),
+    ("plan", "--nodes", "40000"),
+    ("plan", "--nodes", "100000000"),
+    ("collective", "all_reduce", "--nodes", "40000"),
+    ("collective", "all_reduce", "--nodes", "1024", "--sizes", "1KiB:1GiB"),
+]
+
+
+@pytest.mark.parametrize("argv", BAD_INPUT, ids=lambda a: " ".join(a))
+def test_bad_input_errors_fit(argv, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rc, out, err = run_in_process(capsys, *argv)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert_fits(err, " ".join(argv))
+    if any("=3" in a for a in argv):      # a mesh off the world: still names the flag, what is wrong and what is allowed
+        assert "--mesh: " in err and re.search(r"must divide the world size \d+( \(\w+=3\))?$|allowed: \d+ ranks$",
+                                                   err.strip())

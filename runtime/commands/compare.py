@@ -50,19 +50,24 @@ def run(args) -> int:
     if args.out is not None and not args.out.endswith(".json"):
         raise ConfigError(f"{args.out!r}: the combined trace is Chrome trace JSON; allowed: a *.json path", "--out")
     predicted = load_trace(args.predicted, args.cluster)
-    c = compare(predicted, load_trace(args.measured), args.measured)
+    measured = load_trace(args.measured)
+    c = compare(predicted, measured, args.measured)
     if args.out:
         write_atomic(args.out, json.dumps(combined_chrome(c), separators=(",", ":")))
     result = c.to_dict(args.worst)
+    header = scenario_header(predicted, measured)
     uncalibrated = uncalibrated_preset(predicted)
     hint = (f"predicted on the {uncalibrated} preset, never calibrated on this machine: its numbers are a "
             "generic machine's, so the error measures the preset, not the model; "
             + CALIBRATE_HINT.format(predicted=args.predicted, measured=args.measured)) if uncalibrated else None
     if args.json:
         print_json({**result, "predicted": args.predicted, "measured": args.measured, "out": args.out,
-                    "cluster": predicted.meta.get("cluster"), "calibrated": uncalibrated is None, "hint": hint})
+                    "cluster": predicted.meta.get("cluster"), "calibrated": uncalibrated is None, "hint": hint,
+                    **({"scenario": header["scenario"]} if header else {})})
         return 0
     ms = _ms
+    if header:
+        say(f"scenario: {header['label']}")
     if STYLE.verbose:                     # every op of every rank: grows with the plan and the world
         for rank in sorted({p.measured.rank for p in c.pairs}):
             print_table(f"rank {rank}: predicted ({args.predicted}) against measured ({args.measured})",
@@ -91,6 +96,18 @@ def run(args) -> int:
     if args.out:
         say(f"wrote {args.out}")
     return 0
+
+
+def scenario_header(*traces) -> dict | None:
+    """The scenario the plan was built from (sim/scenario/header.py), checked: a PREDICTED plan file's header, or
+    the one `distlab run` keeps in its trace's meta; None when neither has one."""
+    from distlab.sim.scenario.header import describe, from_data
+    for t in traces:
+        header = t.meta.get("scenario")
+        if header is not None:
+            return {"label": describe(from_data(header, f"{t.meta.get('plan', 'trace')}: scenario")),
+                    "scenario": header}
+    return None
 
 
 def _is_profile(path: str) -> bool:

@@ -49,6 +49,8 @@ def run(args) -> int:
         from distlab.runtime.ranks.worker import run_torchrun
         return run_torchrun(worker_args(args), join_group(args.backend, args.threads, args.timeout))
     plan = Plan.load(args.plan)
+    from distlab.sim.scenario.header import shown
+    shown(plan, args.plan)                         # its scenario header, checked before anything starts
     nproc = parse_nproc(args.nproc) if args.nproc is not None else plan.world_size
     if nproc != plan.world_size:
         raise ConfigError(f"the plan has {plan.world_size} ranks; run it with --nproc {plan.world_size}", "--nproc")
@@ -110,16 +112,21 @@ def _run(args, plan, nproc: int, out: str, perfetto: str | None, dump_dir: str) 
         clear(dump_dir)
         with contextlib.suppress(OSError):
             os.rmdir(dump_dir)
+    head = {"scenario": plan.scenario} if plan.scenario is not None else {}     # compare shows it
     trace = merge_results(plan, results, meta={"threads": args.threads, "warmup": args.warmup,
-                                               "repeat": args.repeat})
+                                               "repeat": args.repeat, **head})
     trace.save(out)
     if perfetto:
         trace.save(perfetto)
     rows = summary(trace)
     if args.json:
         print_json({"trace": out, "perfetto": perfetto, "world_size": nproc, "makespan_s": trace.makespan,
-                    "backend": trace.meta.get("backend"), "streams": rows})
+                    "backend": trace.meta.get("backend"), "streams": rows, **head})
         return 0
+    from distlab.sim.scenario.header import shown
+    header = shown(plan, args.plan)
+    if header:
+        print(f"scenario: {header['label']}")
     from distlab.sim.cli import LONG_TABLE
     print_table(f"{plan.name}: {nproc} ranks, {trace.meta.get('backend')}, makespan "
                 f"{trace.makespan * 1e3:.3f} ms", ["rank", "stream", "ops", "busy (ms)", "first start (ms)",

@@ -86,8 +86,11 @@ def run(args) -> int:
     check_launch(args, local_ranks(most))      # ranks, threads, timeout, memory: before anything starts
     check_sweep_memory(ops, calib + held, "float32", most, local_ranks(most))
     from distlab.runtime.ranks.preflight import check_scenario, warn_cores
-    if args.scenario:                  # refused at once when its real ranks cannot fit in this host's memory
-        check_scenario(args.scenario, nprocs[0])
+    scenario = None
+    if args.scenario:                  # parsed and checked once; refused at once when its real ranks cannot fit
+        from distlab.sim import scenario as sc                      # in this host's memory
+        scenario = sc.from_dict(args.scenario)
+        check_scenario(scenario, nprocs[0], path=args.scenario)
     # the user's own world sizes only: the defaults fit the cores (default_world_sizes), and the held-out world
     # size (3) is one rank more than 2 cores on purpose: the calibrated cluster's cpu_cores predicts the sharing
     given = (nprocs if args.nproc is not None else []) + (holdout if args.holdout_nproc is not None else [])
@@ -101,7 +104,7 @@ def run(args) -> int:
     scenario_rows = []
     if args.scenario:                  # fail fast on a scenario this runtime cannot run yet
         from distlab.runtime.parallel.registry import scenario_cases     # imports torch (~3 s of CPU): only for one
-        scenario_rows = scenario_cases(args.scenario, args)
+        scenario_rows = scenario_cases(args.scenario, args, scenario)
 
     measured, failed = {}, None
     for n in sorted(set(nprocs) | set(holdout)):

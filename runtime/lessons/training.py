@@ -125,14 +125,14 @@ def pipeline_predict_measure(schedules=PIPELINE_SCHEDULES, nproc: int = 2, micro
     Returns {"rows": per schedule {schedule, v, predicted_s, measured_s (median step), error_pct, replay_s,
     predicted_bubble, measured_bubble (fastest step), ideal_bubble}, "measured", "predicted" (Traces),
     "calibration": {F, B, I, W (rank 0, one block), latency_s, overhead_s (first schedule's probe), p2p}}.
-    Quick mode (runtime/lessons/common.py): one measured step, and each block timing the median of 3 rounds of 4
-    (runtime.parallel.pipeline.run.calibrate; else 5 rounds of 10), about half the launch's CPU on a small machine."""
+    Quick mode (runtime/lessons/common.py): one measured step, 3 probe steps (else 6), and each block timing the
+    median of 3 rounds of 4 (runtime.parallel.pipeline.run.calibrate; else 5 rounds of 10)."""
     import statistics
 
     from distlab.runtime.parallel.pipeline.validate import measure_and_predict
     from distlab.sim.parallel.pipeline import metrics as M
     cfgs = [dict(schedule=s, stages=nproc, microbatches=microbatches, virtual_stages=v, width=width, rows=rows,
-                 layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1,
+                 layers=nproc * blocks_per_rank, steps=fewer(steps, 1), warmup=1, probe_steps=fewer(6, 3),
                  calibrate_repeat=fewer(10, 4), calibrate_rounds=fewer(5, 3)) for s, v in schedules]
     watch = Watch()
     results = measure_and_predict(cfgs, nproc, timeout=timeout)

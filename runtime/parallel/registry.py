@@ -32,7 +32,7 @@ from distlab.sim.errors import ConfigError
 class RuntimeWorkload:
     """One parallelism run for real. ``run`` launches gloo/NCCL ranks and returns their results; ``validate``
     runs a scenario for real and predicts it (a report dict); ``cases`` is the `distlab validate --scenario`
-    hook: (scenario path, parsed args) -> rows in runtime.measure.validation.case's format."""
+    hook: (the typed Scenario, parsed args) -> rows in runtime.measure.validation.case's format."""
     name: str
     summary: str
     run: Callable
@@ -89,8 +89,16 @@ def scenario_workload(spec, where: str) -> str:
     return sections[0]
 
 
-def scenario_cases(path: str, args) -> list[dict]:
+def scenario_cases(path: str, args, scenario=None) -> list[dict]:
     """`distlab validate --scenario` rows: run the scenario's workload for real, predict it on a cluster
-    calibrated in the same launch (runtime/<name>/validate.py)."""
-    from distlab.sim.io import load_yaml
-    return WORKLOADS[scenario_workload(load_yaml(path), path)].cases(path, args)
+    calibrated in the same launch (runtime/<name>/validate.py). ``scenario``: the file's typed Scenario, as
+    `validate` parsed it (its ``workload`` names the runtime's); each workload's cases take it, never the file
+    again. Without it the file is parsed here, once."""
+    if scenario is None:
+        from distlab.sim import scenario as sc
+        scenario = sc.from_dict(path)
+    if scenario.workload not in WORKLOADS:
+        scenario_workload(scenario.source, path)          # the one-line refusal naming the allowed workloads
+        raise ConfigError(f"workload {scenario.workload!r} has no real run yet; allowed: {', '.join(WORKLOADS)}",
+                          path)
+    return WORKLOADS[scenario.workload].cases(scenario, args)

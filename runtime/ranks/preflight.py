@@ -173,13 +173,15 @@ def check_fits(parts: dict, nproc: int, what: str, where: str, change: str, avai
                       f"(MemAvailable); {change}", where)
 
 
-def check_scenario(path: str, nproc: int, available: int | None = None) -> None:
-    """Refuse `distlab validate --scenario` when the real ranks would not fit in this host's memory."""
+def check_scenario(scenario, nproc: int, available: int | None = None, path: str | None = None) -> None:
+    """Refuse `distlab validate --scenario` when the real ranks would not fit in this host's memory. ``scenario``:
+    the typed Scenario (sim/scenario/spec.py) of the file ``path``, or the path itself (parsed here)."""
     from distlab.sim import scenario as sc
-    d = sc.load(path)
-    model, _ = sc.resolve(d, path)
-    opts = sc.parallelism(d)                     # the flat options, whatever the file's format
-    kind = opts["kind"]
+    path = path or (scenario if isinstance(scenario, str) else "scenario")
+    s = sc.from_dict(scenario) if isinstance(scenario, str) else scenario
+    model, _ = sc.resolve(s, path)
+    opts = sc.parallelism(s.source)              # the flat options as written (the real run's world is nproc)
+    kind = s.workload
     world = int(opts.get("stages", 2) or 2) if kind == "pipeline" else max(nproc, 2)
     parts = model_rank_bytes(model, kind, world, opts)
     every = "every rank builds the whole model, so fewer ranks do not help; " if kind in ("ddp", "fsdp") else ""

@@ -7,11 +7,12 @@
 Everything is importable from here: ``from distlab.sim.cluster import Cluster, PRESETS, load_cluster``.
 """
 from distlab.sim.cluster.checks import (FABRICS, GPU_ARCHS, INTER_KINDS, INTRA_KINDS, MAX_GPUS_PER_NODE, MAX_RANKS,
-                                        validated)
+                                        nodes_bound, validated)
 from distlab.sim.cluster.load import cluster_from_dict, load_cluster
 from distlab.sim.cluster.presets import GPU_INTERFERENCE, GPUS, NDR_IB, NVLINK5, NVLINK5_NVL72, PRESETS
 from distlab.sim.cluster.specs import Cluster, GPUSpec, InterNode, IntraNode, gpu_to_dict, inter_to_dict
 
-__all__ = ["FABRICS", "GPU_ARCHS", "INTER_KINDS", "INTRA_KINDS", "MAX_GPUS_PER_NODE", "MAX_RANKS", "validated",
+__all__ = ["FABRICS", "GPU_ARCHS", "INTER_KINDS", "INTRA_KINDS", "MAX_GPUS_PER_NODE", "MAX_RANKS", "nodes_bound",
+           "validated",
            "cluster_from_dict", "load_cluster", "GPU_INTERFERENCE", "GPUS", "NDR_IB", "NVLINK5", "NVLINK5_NVL72",
            "PRESETS", "Cluster", "GPUSpec", "InterNode", "IntraNode", "gpu_to_dict", "inter_to_dict"]

@@ -23,6 +23,13 @@ FABRICS = ("rail-optimized", "fat-tree")
 GPU_ARCHS = ("ampere", "hopper", "blackwell", "cpu")   # NCCL's tuning rows (sim.collectives.protocols)
 
 
+def nodes_bound(cluster) -> tuple[int, str]:
+    """The most nodes a job may take on ``cluster`` (MAX_RANKS over a node's GPUs; on GB200 NVL72 a node is a
+    compute tray of 4, sim/cluster/load.py) and their unit for a range error: ``(32768, "nodes of 8 GPUs")``."""
+    per = cluster.tray_gpus or cluster.gpus_per_node
+    return MAX_RANKS // per, f"{'trays' if cluster.tray_gpus else 'nodes'} of {per} GPUs"
+
+
 def _positive(value, where: str, integer: bool = False, allow_zero: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
     if integer:

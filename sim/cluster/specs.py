@@ -98,9 +98,8 @@ class Cluster:
         (``tray_gpus``), whole trays (``with_trays``), or a single GPU."""
         if self.tray_gpus and world_size > 1:       # one GPU: its kernels alone, no fabric (as on any preset)
             if world_size % self.tray_gpus:
-                raise ConfigError(f"{world_size} GPUs are not whole compute trays of {self.tray_gpus} "
-                                  f"{self.gpu.name.upper()}; allowed: 1 GPU or a multiple of {self.tray_gpus}",
-                                  "world_size")
+                raise ConfigError(f"{world_size} GPUs, not whole compute trays of {self.tray_gpus}; "
+                                  f"allowed: 1, {self.tray_gpus}, {2 * self.tray_gpus}, ...", "world_size")
             return self.with_trays(world_size // self.tray_gpus)
         if self.nodes == 1 and (world_size <= self.gpus_per_node or self.inter_node is None):
             return validated(replace(self, gpus_per_node=world_size), "world_size")

@@ -62,20 +62,17 @@ def run(args) -> int:
                   (args.timeline, "--timeline", "figure"))
     from distlab.sim.cli import check_whole
     if args.nodes is not None:                 # the real bound: the ranks one collective simulates in time
-        gpn = load_cluster(args.cluster).gpus_per_node
-        check_whole(args.nodes, "--nodes", 1, max(1, MAX_COLLECTIVE_RANKS // gpn),
-                    f"{MAX_COLLECTIVE_RANKS:,} ranks of {gpn} per node")
+        base = load_cluster(args.cluster)           # a GB200 node is a compute tray (sim/cluster/load.py)
+        gpn, unit = base.tray_gpus or base.gpus_per_node, "trays" if base.tray_gpus else "nodes"
+        check_whole(args.nodes, "--nodes", 1, max(1, MAX_COLLECTIVE_RANKS // gpn), f"{unit} of {gpn} GPUs")
     cluster = load_cluster(args.cluster, args.nodes)
     if args.gpus_per_node is not None:
         cluster = validated(replace(cluster, gpus_per_node=args.gpus_per_node), "--gpus-per-node")
     n = cluster.world_size
     if n > MAX_COLLECTIVE_RANKS:
-        raise ConfigError(f"{n:,} ranks is more than one collective is simulated for ({MAX_COLLECTIVE_RANKS:,}: "
-                          "60 s and 1 GB); use fewer nodes (MAX_COLLECTIVE_RANKS, sim/commands/collective.py)",
-                          "--nodes")
+        raise ConfigError(f"{n:,} ranks; allowed: at most {MAX_COLLECTIVE_RANKS:,} (~60 s, 1 GB)", "--nodes")
     if n * len(sizes) > MAX_RANK_SIZES:
-        raise ConfigError(f"{n:,} ranks x {len(sizes)} sizes is more than {MAX_RANK_SIZES:,} rank-sizes (about 60 s "
-                          "on 2 cores); give fewer sizes or nodes (MAX_RANK_SIZES, sim/commands/collective.py)",
+        raise ConfigError(f"{n:,} ranks x {len(sizes)} sizes; allowed: {MAX_RANK_SIZES:,} rank-sizes (~60 s)",
                           "--sizes")
     root = args.root or 0
     if args.op in ROOTED and not 0 <= root < n:

@@ -80,8 +80,8 @@ def run(args) -> int:
     gpu, gib = _gpu_GiB(args.gpu)
     from distlab.sim.cli import check_whole
     from distlab.sim.dtypes import TRAINING_DTYPES
-    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per rank")
-    check_whole(args.seq_len, "--seq-len", 1, 2**24, "tokens per sequence")
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences")
+    check_whole(args.seq_len, "--seq-len", 1, 2**24, "tokens")
     if args.dtype is not None and args.dtype not in TRAINING_DTYPES:
         raise ConfigError(f"{args.dtype!r} is not a training dtype; allowed: {', '.join(TRAINING_DTYPES)}", "--dtype")
     spec = spec_from_text(args.model, "--model")
@@ -156,12 +156,10 @@ def refuse_absurd(stages: dict, args) -> None:
     for z, parts in stages.items():
         if parts["total"] > ABSURD_BYTES:
             term = max((k for k in parts if k not in ("total", "fits")), key=lambda k: parts[k])
-            flags = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "world": "--world-size"}
-            given = ", ".join(f"{flag} {getattr(args, k)}" for k, flag in flags.items()
-                              if getattr(args, k, None) is not None)
-            raise ConfigError(f"{LABELS[z]} would need {parts['total'] / 2**50:.3g} PiB per GPU ({term}: "
-                              f"{parts[term] / 2**50:.3g} PiB), over 1 PiB: no GPU holds a thousandth of that; "
-                              f"check {given or 'the model'}", blamed_flag(term, args))
+            flag = blamed_flag(term, args)     # its value first, the line within 100 columns
+            value = getattr(args, flag[2:].replace("-", "_"), None)
+            raise ConfigError(("" if value is None else f"{value}: ") + f"{parts['total'] / 2**50:.3g} PiB per GPU, "
+                              f"{'DDP' if z == 0 else f'ZeRO-{z}'} {term} most; allowed: < 1 PiB", flag)
 
 
 def blamed_flag(term: str, args) -> str:

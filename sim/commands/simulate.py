@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
                                                        "cp, tp, ep), composed in torchtitan's order, e.g. "
                                                        "pp=16,dp_shard=128,tp=8")
     g = p.add_argument_group("cluster")
-    g.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100)")
+    g.add_argument("--cluster", help="a cluster preset or .yaml (default dgx-h100, or a plan's own)")
     g.add_argument("--nodes", type=int, metavar="N", help="number of nodes")
     g.add_argument("--world-size", type=int, metavar="N", help="number of ranks (default: every GPU)")
     from distlab.sim.scenario.flags import add_parallelism_arguments
@@ -59,7 +59,21 @@ def scenario_from_args(args):
     """(the Scenario, the overrides as text) of the arguments (sim/scenario/flags.py)."""
     from distlab.sim import scenario as sc
     from distlab.sim.scenario.flags import scenario_from_args as from_flags
-    return from_flags(args, sc.DEFAULT)
+    try:
+        return from_flags(args, sc.DEFAULT)
+    except ConfigError as e:
+        raise as_typed(e, args) from None
+
+
+def as_typed(e: ConfigError, args) -> ConfigError:
+    """A flags-only run's error at the scenario's mesh, model or cluster key named by the flag the user typed
+    (``--mesh: llama3-8b has no experts; ...``), not by a scenario the user never wrote."""
+    key = (e.where or "").removeprefix("scenario: ").split(".")[0].split(":")[0]
+    flag = {"mesh": "--mesh", "model": "--model", "cluster": "--cluster", "world_size": "--world-size",
+            "nodes": "--nodes"}.get(key)
+    if args.scenario or flag is None:
+        return e
+    return ConfigError(str(e).removeprefix(f"{e.where}: "), flag)
 
 
 def parse_sweep(text: str, scenario) -> tuple[str, list]:
@@ -85,10 +99,14 @@ def run(args) -> int:
             raise ConfigError("a sweep simulates many plans; save one with a single run", "--save-plan")
         return run_sweep(args, scenario)
     from distlab.sim import scenario as sc
-    result = sc.simulate(scenario, args.scenario or "scenario")
+    try:
+        result = sc.simulate(scenario, args.scenario or "scenario")
+    except ConfigError as e:
+        raise as_typed(e, args) from None
     files = {}
-    if args.save_plan:
-        result.plan.save(args.save_plan)
+    if args.save_plan:                  # with the scenario as its header (sim/scenario/header.py)
+        from distlab.sim.scenario.header import with_header
+        with_header(result.plan, scenario).save(args.save_plan)
         files["plan"] = args.save_plan
     if not args.no_files:
         from distlab.sim.files import make_folder

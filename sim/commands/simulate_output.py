@@ -229,7 +229,8 @@ def print_sweep(rows: list[dict], key: str, title: str) -> None:
 
 
 def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
-    """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size).
+    """`distlab simulate plan.json [--cluster C --nodes N]`: the plan's step on the cluster (its world size): the
+    cluster of the plan's scenario header when it has one and --cluster is not given, else dgx-h100.
     ``plan``: one already built (--from-profile) instead of the file; ``extra``: more keys for --json."""
     from distlab.sim.cluster import load_cluster
     from distlab.sim.kernel.engine import simulate
@@ -241,7 +242,13 @@ def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
         raise ConfigError(f"--{ignored[0].replace('_', '-')} does not apply to a plan file (a plan fixes the "
                           "model and the parallelism); allowed: --cluster, --nodes, --world-size", args.scenario)
     plan = plan if plan is not None else Plan.load(args.scenario)
-    cluster = load_cluster(args.cluster or "dgx-h100", args.nodes)
+    from distlab.sim.scenario.header import describe, scenario_of_plan
+    s = scenario_of_plan(plan, args.scenario or "plan")      # the scenario it was built from, checked
+    header = None if s is None else {"label": describe(s), "scenario": plan.scenario}
+    if s is not None and args.cluster is None:            # the header's cluster, unless --cluster says
+        cluster = s.cluster.cluster if args.nodes is None else load_cluster(s.cluster.source, args.nodes)
+    else:
+        cluster = load_cluster(args.cluster or "dgx-h100", args.nodes)
     if cluster.world_size != plan.world_size:
         cluster = cluster.with_world_size(plan.world_size)
     if args.world_size is not None and args.world_size != plan.world_size:
@@ -267,9 +274,12 @@ def run_plan_file(args, plan=None, extra: dict | None = None) -> int:
         print_json({"schema": "distlab.simulate/1", "results": [{
             "plan": plan.name, "label": label, "cluster": {"name": cluster.name, "nodes": cluster.nodes,
                                                            "gpus_per_node": cluster.gpus_per_node},
-            "world_size": plan.world_size, **summary}], "files": files, **(extra or {})})
+            "world_size": plan.world_size, **summary, **({"scenario": header["scenario"]} if header else {})}],
+            "files": files, **(extra or {})})
         return 0
     say(f"plan:     {plan.name} ({plan.world_size} ranks, {sum(len(r) for r in plan.ranks)} ops)", indent="  ")
+    if header:
+        say(f"scenario: {header['label']}", indent="  ")
     say(f"cluster:  {cluster.name}, {cluster.nodes} node(s) x {cluster.gpus_per_node}", indent="  ")
     print_table(None, ["", "value"], summary_rows(summary))
     note(SUMMARY_NOTE)

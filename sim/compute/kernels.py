@@ -129,6 +129,7 @@ SPLIT_K_MIN_DEPTH = 1024   # assumed: a split-K slice is at least this deep, so 
 #                            (zzc0721 issue #79) stays unsplit, as the wave model that reproduces it says
 
 
+@functools.lru_cache(maxsize=8192)
 def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0,
            chunks: int = 1) -> tuple[float, int]:
     """(fraction of the SMs' time an M x N output keeps busy, K splits) over the two tile orientations and, given
@@ -137,7 +138,9 @@ def tiling(M: int, N: int, sms: int, K: int | None = None, balance: float = 0.0,
     the SMs. The split chosen minimizes the time: the waves' plus the fp32 partials' extra HBM traffic,
     (s - 1)·M·N·8 bytes, at ``balance`` FLOPs per HBM byte (priced in ``_gemm_work``). A GEMM that is one of
     ``chunks`` equal ones issued round-robin over CHUNK_STREAMS streams (a TP overlap's chunks) may instead share
-    the waves with them: their chunks x tiles form one pool, at most min(SMs, CHUNK_STREAMS x tiles) in flight."""
+    the waves with them: their chunks x tiles form one pool, at most min(SMs, CHUNK_STREAMS x tiles) in flight.
+    Cached: a pure function of numbers, asked hundreds of thousands of times for a few dozen shapes by an MoE step
+    (DeepSeek-V3's experts: 405,819 calls, 38 shapes)."""
     best, best_cost = (0.0, 1), float("inf")
     for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
         tiles = math.ceil(M / tm) * math.ceil(N / tn)
@@ -324,9 +327,11 @@ def _kernel_work(op, gpu, fp8_recipe: str | None = None) -> tuple[float, int]:
     """(seconds without launches, kernels) of the op's kernels (cached: a step repeats the same layer ops
     thousands of times)."""
     e = DTYPE_BYTES.get(op.dtype, 2)
-    work, kernels = 0.0, 0
+    work, kernels, shapes = 0.0, 0, {}        # shapes: an MoE layer repeats a few GEMM shapes hundreds of times
     for M, N, K in op.gemms:
-        w, k = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype), op.chunks, fp8_recipe)
+        if (M, N, K) not in shapes:
+            shapes[M, N, K] = _gemm_work(M, N, K, e, gpu, gemm_dtype(op.dtype), op.chunks, fp8_recipe)
+        w, k = shapes[M, N, K]
         work, kernels = work + w, kernels + k
     operand = 2 if op.dtype == FLOAT8 else e          # attention stays in bf16 beside float8 linears
     if op.attention is not None and op.attention_kernel == "unfused":

@@ -1,8 +1,8 @@
 """Support for the lessons in lessons/: the exercise checker and the helpers the notebooks call (no torch).
 
-Modules: checker.py (Exercise, Verdict), the exercise banks (bank*.py, failures.py: one tuple EXERCISES each),
-exercises.py (gathers the banks: check, solution by id), helpers.py / training.py / pipelines.py (tables and
-figures)."""
+Modules: checker.py (Exercise, Verdict), the exercise banks (bank*.py, failures.py, roofline.py, precision.py:
+one tuple EXERCISES each), exercises.py (gathers the banks: check, solution by id), helpers.py / training.py /
+pipelines.py (tables and figures)."""
 from distlab.sim.lessons.exercises import Verdict, check, exercises, question, solution
 from distlab.sim.lessons.helpers import (Figure, Table, alpha_beta, demo_table, error_table, plot_bars,
                                          plot_collective, plot_predicted_vs_measured, plot_rows, plot_xy,

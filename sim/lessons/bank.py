@@ -53,6 +53,18 @@ def _busbw(op: str, n: int, nbytes: float, seconds: float) -> float:
     return metrics(op, n, nbytes, seconds)["busbw_GBps"]
 
 
+def _one_nic_slowdown(nbytes: int = 2**30, nodes: int = 2) -> float:
+    """Lesson 03: a ring all_reduce on ``nodes`` dgx-h100 with one NIC per node over the same with 8, simulated."""
+    from dataclasses import replace
+
+    from distlab.sim.cluster import load_cluster
+    from distlab.sim.kernel.engine import simulate_collective
+    base = load_cluster("dgx-h100", nodes=nodes)
+    one = replace(base, inter_node=replace(base.inter_node, nics_per_node=1))
+    return (simulate_collective("all_reduce", nbytes, one, "ring")[0].makespan /
+            simulate_collective("all_reduce", nbytes, base, "ring")[0].makespan)
+
+
 def _oversubscribed(over: float, nbytes: int = 256 * MiB, nodes: int = 4) -> float:
     """Lesson 03: a ring all_reduce on ``nodes`` dgx-h100 on a fat-tree of ``over``:1, simulated (s)."""
     from dataclasses import replace
@@ -186,17 +198,28 @@ EXERCISES = (
              hint="network speeds are in bits per second; 8 bits = 1 byte",
              why="8 NICs of 50 GB/s. Inside the node each GPU alone has NVLink 4's 450 GB/s per direction: one "
                  "GPU's NIC is far narrower than its NVLink, which is what the next exercise measures."),
-    Exercise("03-nvlink-ratio", "How many times more bandwidth per GPU does NVLink 4 (dgx-h100 intra_node) have "
-             "than its NIC?", "x", lambda: (_preset("dgx-h100").intra_node.bandwidth_GBps /
-                                            _preset("dgx-h100").inter_node.bandwidth_GBps),
-             why="one ring crossing nodes through one NIC would run at the NIC's speed; NCCL runs 8 rings, one per "
-                 "rail, so each NIC carries 1/8 of the data and 8 NICs (400 GB/s) nearly match NVLink."),
     Exercise("03-two-nodes", "Predict, before simulating: a ring all_reduce of 1 GiB on 2 dgx-h100 nodes (16 GPUs, "
              "8 rails). How long does it take? Within 25%.", "ms",
              lambda: _simulated_ms("all_reduce", 2**30, "dgx-h100", 2, "ring"), tolerance=0.25,
              hint="t ≈ 2(n-1)/n · (S/8) / 50 GB/s: 8 rings, one per rail, each carrying S/8 through its own "
                   "50 GB/s NIC (NVLink inside the node is faster, so the NICs set the pace)",
              why="8 rings, one per NIC rail: each NIC carries 1/8 of the data, so crossing nodes costs little here."),
+    Exercise("03-one-nic", "Predict before simulating: the same ring all_reduce of 1 GiB on 2 dgx-h100 nodes, "
+             "but each node with one 50 GB/s NIC instead of 8 (nics_per_node=1). How many times longer than with "
+             "8 NICs? Within 1.5%.", "x", _one_nic_slowdown, tolerance=0.015,
+             traps=lambda: {_preset("dgx-h100").intra_node.bandwidth_GBps /
+                            _preset("dgx-h100").inter_node.bandwidth_GBps:
+                            "that is NVLink's line rate over the NIC's; with 8 NICs the ring ran at NVLink's "
+                            "effective speed (its 2-node time is the 1-node time above), not at 450 GB/s",
+                            8.0: "8x if the 8 NICs had set the pace; the ring ran at NVLink's effective "
+                                 "~370 GB/s, a little below their 400 GB/s: compare the printed times",
+                            1.0: "a ring does cross nodes the same number of times, but all 8 rings now share "
+                                 "one NIC"},
+             hint="the 8 rings, one per rail, now all cross through the one NIC: it carries 2(n-1)/n x 1 GiB at "
+                  "50 GB/s. Divide by the 8-NIC time printed above",
+             why="one NIC carries all 8 rings: 1.875 x 1 GiB / 50 GB/s = 40 ms against the 5.2 ms of 8 NICs, about "
+                 "7.8x. Not 9x (450 / 50): with 8 NICs (400 GB/s) the ring was held by NVLink's effective ~370 "
+                 "GB/s, so the 2-node time above equals the 1-node time."),
     Exercise("03-all-to-all", "Predict, before simulating: an all_to_all of 1 GiB on 8 dgx-h100 nodes (64 GPUs, "
              "one 50 GB/s NIC per GPU). What busbw does it reach? Within 5%.", "GB/s",
              lambda: _simulated("all_to_all", 2**30, "dgx-h100", 8, "direct", "auto")[1], tolerance=0.05,

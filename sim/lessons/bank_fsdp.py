@@ -207,10 +207,12 @@ GROUP_CASES = {   # FSDP2 as scenarios/fsdp-llama-7b.yaml (bf16 all-gathers, fp3
 FIRST_CASE = next(iter(GROUP_CASES))
 
 
-def _group_scenario(case: str) -> dict:
+def _group_scenario(case: str):
+    """The typed Scenario of ``case`` (sim/scenario/spec.py), parsed once."""
+    from distlab.sim import scenario as sc
     c = GROUP_CASES[case]
-    return {"model": dict(c["model"]), "cluster": c["cluster"], "nodes": c["nodes"],
-            "fsdp": {"zero": 3, "param_dtype": "bfloat16", "reduce_dtype": "float32"}}
+    return sc.from_dict({"model": dict(c["model"]), "cluster": c["cluster"], "nodes": c["nodes"],
+                         "fsdp": {"zero": 3, "param_dtype": "bfloat16", "reduce_dtype": "float32"}}, case)
 
 
 @lru_cache(maxsize=4)

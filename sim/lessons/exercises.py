@@ -2,8 +2,8 @@
 
     >>> check("01-world-size", 8).status
     'correct'
-    >>> solution("12-mtbf")
-    '185.6 min'
+    >>> solution("12-young")
+    '26.83 min'
 
 Each exercise asks for a number in one unit (``ms``, ``GB/s``, ``MiB``, ``%``, ``x``), a plain count, or one of
 a few words. The expected value is computed by the library when you check (the simulator, the α-β formulas,
@@ -37,11 +37,12 @@ import distlab.sim.lessons.bank_plan as bank_plan
 import distlab.sim.lessons.bank_tp as bank_tp
 import distlab.sim.lessons.failures as failures
 import distlab.sim.lessons.precision as precision
+import distlab.sim.lessons.roofline as roofline
 from distlab.sim.lessons.checker import (Exercise, Verdict, check_answer, expected_value, question_text,
                                          solution_text, validate)
 
 BANKS = (bank, bank_machine, bank_ingest, bank_fsdp, bank_tp, bank_cp, bank_ep, bank_plan, failures, bank_compute,
-         bank_jobs, precision)
+         roofline, bank_jobs, precision)
 
 __all__ = ["BANKS", "Exercise", "Verdict", "check", "exercises", "get", "question", "solution"]
 

@@ -17,6 +17,8 @@ fabric "supports a sustainable throughput of 2 TB/s and a peak throughput of 7 T
 """
 from __future__ import annotations
 
+import math
+
 from distlab.sim import resilience
 from distlab.sim.lessons.checker import Exercise
 from distlab.sim.lessons.helpers import Figure, Table
@@ -40,13 +42,6 @@ LLAMA3_TABLE5 = (
 ELASTIC = {"steps": 10, "checkpoint_every": 4, "kill_rank": 1, "kill_step": 7}
 
 
-def lost_steps(checkpoint_every: int, kill_step: int) -> int:
-    """Completed steps a restart runs again: those after the last checkpoint before step ``kill_step`` began
-    (runtime/restart/elastic.py summarize's ``lost_steps``)."""
-    last = (kill_step - 1) // checkpoint_every * checkpoint_every if checkpoint_every else 0
-    return kill_step - 1 - last
-
-
 def llama3_mtbf_s() -> float:
     """The job's mean time between unexpected interruptions: 54 days / 419."""
     return LLAMA3["days"] * DAY / LLAMA3["unexpected"]
@@ -55,6 +50,25 @@ def llama3_mtbf_s() -> float:
 def llama3_gpu_mtbf_s() -> float:
     """Per GPU, if every interruption were one GPU's (an upper bound on its failure rate): M x 16,384."""
     return llama3_mtbf_s() * LLAMA3["gpus"]
+
+
+def better_gpus_mtbf_ratio() -> float:
+    """How many times longer the 16,384-GPU job's MTBF gets if every GPU row of Table 5 fails half as often:
+    rates in series add, so 419 / (419 - GPU rows / 2)."""
+    gpu = sum(count for _, category, count, _ in LLAMA3_TABLE5 if category == "GPU")
+    return LLAMA3["unexpected"] / (LLAMA3["unexpected"] - gpu / 2)
+
+
+def quiet_day_share_pct(gpus: int = 1024, window_s: float = DAY) -> float:
+    """The share (%) of ``window_s`` stretches a job of ``gpus`` GPUs at Llama 3's per-GPU rate runs without a
+    failure: a Poisson process of mean ``resilience.job_mtbf_s`` leaves a window empty with exp(-window / M)."""
+    return 100 * math.exp(-window_s / resilience.job_mtbf_s(llama3_gpu_mtbf_s(), gpus))
+
+
+def restart_or_lost(summary: dict) -> str:
+    """Which cost the measured elastic run (runtime/restart/elastic.py summarize) more: "restart" or "lost work"."""
+    f = summary["failures"][0]
+    return "restart" if (f["restart_s"] or 0.0) > f["lost_work_s"] else "lost work"
 
 
 def failures_table() -> Table:
@@ -112,14 +126,23 @@ def plot_goodput(curve: resilience.GoodputCurve, unit: str = "min", title: str |
 
 
 EXERCISES = (
-    Exercise("12-mtbf", "Llama 3 405B: 419 unexpected interruptions in a 54-day snapshot. What is the job's mean "
-             "time between failures, in minutes?", "min", lambda: llama3_mtbf_s() / 60, tolerance=0.02,
-             hint="54 days in minutes, divided by the number of failures",
-             why="54 x 24 x 60 / 419 = 186 min: one interruption every 3.1 hours."),
-    Exercise("12-scale", "Same GPUs, same per-GPU failure rate, but a job on 1,024 GPUs instead of 16,384: its "
-             "MTBF in minutes?", "min", lambda: resilience.job_mtbf_s(llama3_gpu_mtbf_s(), 1024) / 60,
-             tolerance=0.02, hint="any one GPU's failure stops the job: MTBF = per-GPU MTBF / GPUs",
-             why="16x fewer GPUs, 16x longer between failures: about 49.5 hours."),
+    Exercise("12-better-gpus", "Llama 3 405B's job on 16,384 GPUs, but on a GPU that fails half as often (every "
+             "GPU row of Table 5 halved, the hosts, network and software as before): predict how many times longer "
+             "its mean time between failures gets.", "x", better_gpus_mtbf_ratio, tolerance=0.02,
+             traps=lambda: {2.0: "only the GPU rows halve: the other failures keep coming at their old rate"},
+             hint="failure rates in series add: the job's rate is the sum of its components' rates. Section 1 "
+                  "gives the GPU rows' share of the 419 in counts",
+             why="the 268 GPU interruptions become 134, the other 151 stay: 419 / 285 = 1.47x, not 2x. Halving the "
+                 "largest cause buys less than it seems, because every other cause is still there."),
+    Exercise("12-quiet-day", "The same GPUs at the same per-GPU rate, failures at random moments (a Poisson "
+             "process), but a job of 1,024 GPUs instead of 16,384: predict the share of its 24-hour days that pass "
+             "without a single interruption, in %.", "%", quiet_day_share_pct, tolerance=0.03,
+             traps=lambda: {100 * (1 - DAY / (16 * llama3_mtbf_s())): "that treats a day as holding at most one "
+                            "failure; at random, some days have two or three"},
+             hint="first the job's MTBF M (one GPU's failure stops the job: 16x fewer GPUs, 16x longer), then the "
+                  "chance that a Poisson process of mean M leaves a day empty: exp(-24 h / M)",
+             why="M = 16 x 3.09 h = 49.5 h; exp(-24 / 49.5) = 62% of days are quiet, not 1 - 24/49.5 = 52%: the "
+                 "failures of the other days sometimes come two or three at once. On 16,384 GPUs: 0.04%."),
     Exercise("12-write", "A checkpoint of 5.67 TB (405B parameters x 14 bytes: bf16 weights, fp32 master "
              "weights, Adam's two moments), written sharded by 16,384 ranks at 2 GB/s each to storage that "
              "sustains 2 TB/s: how long does one checkpoint take, in s?", "s",
@@ -127,14 +150,18 @@ EXERCISES = (
              hint="the ranks could write 32.8 TB/s together; what does the storage take?",
              why="min(16,384 x 2 GB/s, 2 TB/s) = 2 TB/s: 5.67 TB / 2 TB/s = 2.8 s. The storage, not the ranks, "
                  "is the limit at this scale."),
-    Exercise("12-lost-steps", f"Checkpoints every {ELASTIC['checkpoint_every']} steps, a rank is killed as step "
-             f"{ELASTIC['kill_step']} (of {ELASTIC['steps']}) begins, torchrun --max-restarts 1: how many steps that "
-             "had completed does the restarted group run a second time?", "count",
-             lambda: lost_steps(ELASTIC["checkpoint_every"], ELASTIC["kill_step"]), tolerance=0,
-             hint="the group resumes from the last checkpoint completed before the failure; every step after it "
-                  "is lost, the one that was starting is not a completed step",
-             why="the work since the last checkpoint is thrown away: on average half an interval per failure, "
-                 "which is what Young's formula below trades against the cost of checkpointing more often."),
+    Exercise("12-restart-or-lost", f"Predict before the run: checkpoints every {ELASTIC['checkpoint_every']} "
+             f"steps, rank 1 killed as step {ELASTIC['kill_step']} (of {ELASTIC['steps']}) begins, torchrun "
+             "--max-restarts 1. Which costs more wall time: the lost work (the completed steps since the last "
+             "checkpoint, run again) or the restart (from the failure to the resumed training)?", "choice",
+             restart_or_lost, choices=("lost work", "restart"), needs=("summary",), prediction=True,
+             hint="count what a restart does: torchrun's agent notices the dead rank, stops the other, starts two "
+                  "new processes (each imports torch), a new rendezvous, then both load the checkpoint. The lost "
+                  "steps are a tiny model's",
+             why="the restart: seconds of process start, imports and rendezvous against milliseconds of two steps "
+                 "of a small model (the table's 'work lost' and 'restart'). At Llama 3's scale the work lost "
+                 "grows with the checkpoint interval, which is what Young's formula below trades against "
+                 "the cost of checkpointing more often."),
     Exercise("12-young", "Checkpoint cost 120 s, job MTBF 3 hours: Young's optimal checkpoint interval, in "
              "minutes?", "min", lambda: resilience.young_interval(120.0, 3 * 3600.0) / 60, tolerance=0.02,
              hint="sqrt(2 x checkpoint cost x MTBF), in seconds first",

@@ -31,9 +31,10 @@ def plot_timeline(trace, ranks=None, title: str | None = None, **kw) -> Figure:
 
 
 def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-h100", nodes: int | None = None,
-             micro_batch: int | None = None, **options) -> dict:
-    """A scenario dict (sim/scenario.py) from keywords: ``model`` a preset name or a model spec mapping;
-    ``options`` go to ``parallelism`` (bucket_cap_mb=..., zero=..., reshard_after_forward=...)."""
+             micro_batch: int | None = None, **options):
+    """The typed Scenario (sim/scenario/spec.py), parsed and checked here once, from keywords: ``model`` a preset
+    name or a model spec mapping; ``options`` go to ``parallelism`` (bucket_cap_mb=..., zero=...,
+    reshard_after_forward=...). What the lessons do with it: :func:`simulate`, :func:`sweep`, sweep_results."""
     from distlab.sim import scenario as sc
     spec = {"preset": model} if isinstance(model, str) else dict(model)
     if micro_batch is not None:
@@ -41,7 +42,7 @@ def scenario(model="gpt2-medium", parallelism: str = "ddp", cluster: str = "dgx-
     d = {"model": spec, "parallelism": {"kind": parallelism, **options}, "cluster": cluster}
     if nodes is not None:
         d["nodes"] = nodes
-    return sc.validate(d)
+    return sc.from_dict(d, "scenario")
 
 
 def fitted_cluster(workdir: str = "work") -> str:
@@ -88,11 +89,11 @@ def bucket_table(rows: list[dict], title: str = "buckets (rank 0; times in ms)")
                    ms(r["ready_s"]), ms(r.get("ddp_launch_s")), ms(r["end_s"])] for r in rows], title)
 
 
-def sweep(d: dict, key: str, values) -> list[dict]:
-    """Simulate scenario ``d`` once per value of ``key`` (as `distlab simulate --sweep KEY=...`): rows with
+def sweep(d, key: str, values) -> list[dict]:
+    """Simulate scenario ``d`` (a Scenario or a mapping) once per value of ``key`` (as `distlab simulate --sweep KEY=...`): rows with
     the value, world_size, buckets, step_s, compute_s, comm_s, exposed_comm_s, overlap_pct."""
     from distlab.sim import scenario as sc
-    base = sc.from_dict(d)                          # parsed once; each value a Scenario (sim/scenario vary)
+    base = sc.scenario_of(d)                        # parsed once; each value a Scenario (sim/scenario vary)
     rows = []
     for v in values:
         r = simulate(sc.vary(base, key, v))

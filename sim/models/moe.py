@@ -173,12 +173,12 @@ def moe_model(c: MoEConfig, name: str = "moe") -> Model:
     return attach(Model(name, out, {"kind": "moe", **config}))
 
 
-def config_of(model: Model) -> MoEConfig:
-    """The MoEConfig of a model built here (ConfigError for any other model)."""
+def config_of(model: Model, where: str = "mesh.ep") -> MoEConfig:
+    """The MoEConfig of a model built here; any other model is dense: a ConfigError at ``where`` (the key that
+    asked for experts; expert parallelism names the MoE presets first, sim/parallel/ep/plan.py)."""
     cfg = model.config or {}
     if cfg.get("kind") != "moe":
-        raise ConfigError(f"model {model.name!r} has no experts; expert parallelism needs a mixture-of-experts "
-                          "model; allowed: {kind: moe, ...} or preset " + ", ".join(PRESETS), "model")
+        raise ConfigError(f"{model.name} is dense; allowed: a mixture-of-experts model (kind: moe)", where)
     return MoEConfig(**{k: v for k, v in cfg.items() if k != "kind"})
 
 

@@ -54,6 +54,11 @@ def preset_names() -> list[str]:
     return list(GPT_PRESETS) + list(HF_PRESETS) + list(MOE_PRESETS)
 
 
+def moe_presets() -> list[str]:
+    """The presets that have experts (DeepSeek-V3 from sim/models/moe.py, Mixtral from its config.json)."""
+    return [n for n in preset_names() if preset_spec(n).get("kind") == "moe"]
+
+
 def preset_spec(name: str) -> dict:
     """The model spec of preset ``name`` (with ``kind``); a KeyError for an unknown name."""
     if name in GPT_PRESETS:

@@ -111,8 +111,15 @@ class Layout:
         d["split"] = list(self.split) if self.split else None
         return d
 
+    def to_scenario(self, model: dict, cluster: str, nodes: int, where: str = "plan"):
+        """The layout as the typed Scenario (sim/scenario/spec.py), parsed once from :meth:`scenario`: what the
+        planner's confirmation simulates and `distlab plan --save` writes."""
+        from distlab.sim.scenario.parse import from_dict
+        return from_dict(self.scenario(model, cluster, nodes), where)
+
     def scenario(self, model: dict, cluster: str, nodes: int) -> dict:
-        """The scenario `distlab simulate` and `distlab validate` take as is."""
+        """The scenario mapping as written (a YAML file's; `distlab simulate` and `distlab validate` take it as
+        is): a section per parallelism of the layout. :meth:`to_scenario` parses it."""
         head = {"name": f"{model.get('preset', model.get('name', 'model'))} · {self.label()}",
                 "model": {**model, "micro_batch": self.micro_batch}, "mesh": self.mesh()}
         if self.composed:          # a section per parallelism (docs/parallelisms.md)

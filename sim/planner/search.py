@@ -228,7 +228,7 @@ def _simulate_all(s: Search, top: list, workers: int | None = None, scheduler: s
                                          shared=s.estimator)):
             x.simulated_s, x.simulated = step, {"step_s": step, "confirmed_by": "program"}
         return
-    scenarios = [x.layout.scenario(q["model"], q["cluster"], q["nodes"]) for x in top]
+    scenarios = [x.layout.to_scenario(q["model"], q["cluster"], q["nodes"]) for x in top]     # typed, parsed once
     # longest first (the simulator's work grows with the largest ring: the shard group's steps), so no worker is
     # left with a long one at the end
     order = sorted(range(len(top)), key=lambda i: -_ring_size(top[i].layout))
@@ -246,6 +246,7 @@ def _ring_size(layout) -> int:
     return max(m.get("dp_shard", 1) * m.get("cp", 1), m.get("dp", 1), m.get("dp_replicate", 1))
 
 
-def _simulate(scenario: dict) -> dict:
+def _simulate(scenario) -> dict:
+    """The step summary of a Scenario (sim/scenario/spec.py)."""
     from distlab.sim.scenario import simulate
     return dict(simulate(scenario, "plan").summary)

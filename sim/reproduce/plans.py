@@ -48,7 +48,8 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
     """One training step of ``run`` on ``cluster`` (module docstring)."""
     cache = cache if cache is not None else {}
     cache.setdefault("cluster", cluster)
-    if run.layout["zero"] >= 2:
+    from distlab.sim.reproduce.scenario import is_moe
+    if run.layout["zero"] >= 2 or is_moe(run):       # FSDP2 and MoE (EP) runs: their scenario's plan
         from distlab.sim import scenario as sc
         plan = sc.build(scenario_of(run), f"run {run.name}").plan
     elif run.layout["pp"] == 1:

@@ -10,8 +10,9 @@ are listed in ``assumed``. Loading checks each run and raises ConfigError naming
 whose product is not the GPU count, an unknown GPU or cluster, float8 or an FP8 recipe (``fp8_recipe``,
 sim/compute/fp8.py) on a GPU without FP8 tensor cores, MXFP8 before Blackwell, a GB200 job that is not whole
 compute trays, Megatron's vocabulary padding (``make_vocab_size_divisible_by``) not a whole number, a split
-that does not add up, a missing figure. What a run used that the simulator cannot express yet is not an error:
-``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
+that does not add up, a missing figure, ``ep`` (experts sharded over the data-parallel ranks) on a dense model or
+not dividing dp, an HSDP ``dp_shard`` not dividing dp or without zero 2-3. What a run used that the simulator
+cannot express yet is not an error: ``not_expressible(run)`` names it and `distlab reproduce` lists the row as such. The compute model's fitted
 constants live in sim/compute/fitted.py (one model for every command); ``load_runs`` returns them beside the runs.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from distlab.sim.errors import ConfigError
 
 DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "runs.yaml")
 FIGURES = ("tflops_per_gpu", "mfu", "tokens_per_s", "tokens_per_s_per_gpu", "iteration_s")
-LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split")
+LAYOUT_KEYS = ("tp", "pp", "virtual_stages", "dp", "cp", "zero", "split", "ep", "dp_shard")
 RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "global_batch", "micro_batch",
             "precision", "recompute", "attention", "schedule", "flops", "reported", "assumed", "sequence_parallel",
             "overlap_grad_reduce", "tp_comm_overlap", "compile", "not_expressible", "make_vocab_size_divisible_by",
@@ -105,6 +106,20 @@ def not_expressible(run: Run) -> str | None:
                 "(sim/reproduce/scenario.py) without a cp mesh dimension yet")
     if L["zero"] >= 2 and L["pp"] == 1 and run.microbatches > 1:
         return "FSDP2 with gradient accumulation is not built yet"
+    from distlab.sim.reproduce.scenario import is_moe
+    if is_moe(run):                          # the EP builder (sim/parallel/ep/plan.py): pp x dp x ep
+        if L["tp"] > 1:
+            return ("tensor parallelism in a MoE run (Megatron's expert tensor parallelism): the EP builder "
+                    "composes pp x dp x ep only")
+        if L["zero"] >= 2:
+            return "experts under FSDP2 / ZeRO-2 or 3: the EP builder shards with ZeRO-1 only"
+        if L["pp"] > 1 and L["virtual_stages"] != (2 if run.schedule == "interleaved" else 1):
+            return (f"{run.schedule} with {L['virtual_stages']} stages per rank in a MoE run: the EP builder runs 1 "
+                    "(1f1b, gpipe) or 2 (interleaved)")
+        from distlab.sim.reproduce.scenario import EP_MAX_OPS, ep_plan_ops
+        if ep_plan_ops(run) > EP_MAX_OPS:
+            return (f"an EP plan of about {ep_plan_ops(run):,} ops: EP plans are built rank by rank, without the "
+                    f"symmetry classes of dense plans (at most {EP_MAX_OPS:,}, about a minute)")
     return None
 
 
@@ -201,6 +216,10 @@ def _run(r, i: int, path: str) -> Run:
     if r.get("make_vocab_size_divisible_by") and "vocab" not in r["model"]:      # a preset: pad its vocabulary
         r = {**r, "model": {**r["model"], "vocab": model.config["vocab"]}}
     _check_split(layout, {"layers": (model.config or {}).get("layers")}, label)
+    if layout["ep"] > 1 and (model.config or {}).get("kind") != "moe":        # EP on a dense model
+        from distlab.sim.models.presets import moe_presets
+        raise ConfigError(f"ep {layout['ep']} on a dense model; allowed: ep 1, or MoE ({', '.join(moe_presets())})",
+                          f"{label}.layout.ep")
     return Run(**{**r, "name": str(r["name"]), "source": str(r["source"]), "layout": layout,
                   "assumed": list(r.get("assumed") or [])})
 
@@ -209,7 +228,8 @@ def _layout(r: dict, label: str) -> dict:
     layout = r["layout"]
     if not isinstance(layout, dict):
         raise ConfigError(f"must be a mapping with keys {', '.join(LAYOUT_KEYS)}", f"{label}.layout")
-    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, "split": None, **layout}
+    layout = {"tp": 1, "pp": 1, "virtual_stages": 1, "dp": 1, "cp": 1, "zero": 0, "split": None, "ep": 1,
+              "dp_shard": None, **layout}
     for k, v in layout.items():
         if k not in LAYOUT_KEYS:
             raise ConfigError(f"unknown key {k!r}; allowed: {', '.join(LAYOUT_KEYS)}", f"{label}.layout.{k}")
@@ -218,13 +238,20 @@ def _layout(r: dict, label: str) -> dict:
                 raise ConfigError(f"{v!r} must be a list of transformer blocks per stage (whole numbers; 0 only "
                                   "for a first or last stage holding just the embedding or the head)",
                                   f"{label}.layout.split")
-        elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3))):
+        elif not (_whole(v) or (k == "zero" and v in (0, 1, 2, 3)) or (k == "dp_shard" and v is None)):
             raise ConfigError(f"{v!r} must be a whole number >= 1" + (" (zero: 0 to 3)" if k == "zero" else ""),
                               f"{label}.layout.{k}")
     product = layout["tp"] * layout["pp"] * layout["dp"] * layout["cp"]
     if product != r["gpus"]:
         raise ConfigError(f"tp {layout['tp']} x pp {layout['pp']} x dp {layout['dp']} x cp {layout['cp']} = "
                           f"{product}, not the {r['gpus']} GPUs of the run", f"{label}.layout")
+    shard = layout["dp_shard"]               # HSDP: FSDP2 over dp_shard ranks, replicated dp / dp_shard times
+    if shard is not None and (layout["dp"] % shard or layout["zero"] < 2):
+        raise ConfigError(f"dp_shard {shard} must divide dp {layout['dp']} under zero 2 or 3 (HSDP); allowed: a "
+                          "divisor of dp with zero 3, or no dp_shard", f"{label}.layout.dp_shard")
+    if layout["dp"] % layout["ep"]:          # experts sharded over data-parallel ranks (Megatron, torchtitan)
+        raise ConfigError(f"ep {layout['ep']} must divide dp {layout['dp']}; allowed: a divisor of dp",
+                          f"{label}.layout.ep")
     return layout
 
 

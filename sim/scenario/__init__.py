@@ -27,8 +27,10 @@ dp_shard, ``stages`` -> pp, ``data_parallel`` -> dp).
 
 A scenario is parsed once into the typed ``Scenario`` (sim/scenario/spec.py; parse.py from a mapping or YAML,
 flags.py from `distlab simulate`'s flags); ``build``, ``simulate`` and ``parts`` take it (a mapping or a path is
-parsed first). This package: spec.py (the dataclasses), parse.py (``validate``, ``from_dict``), flags.py (the
-command line), pipeline.py and what_if.py (studies of several scenarios), and here what runs one.
+parsed first). This package: spec.py (the dataclasses), parse.py (``validate``, ``from_dict``), layout.py (the
+sections and the mesh checked and completed in one path: a single parallelism is a composition of one section),
+flags.py (the command line), header.py (a plan file's scenario header), pipeline.py and what_if.py (studies of
+several scenarios), and here what runs one.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ import math
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.result import Result, step_summary, throughput
-from distlab.sim.scenario.parse import (KEYS, _check_mesh, _parse, allowed_keys, complete_mesh,  # noqa: F401
+from distlab.sim.scenario import layout
+from distlab.sim.scenario.parse import (KEYS, _parse, allowed_keys, complete_mesh,  # noqa: F401
                                         from_dict, load, resolve_cluster, translate_legacy, under, validate,
                                         workload_of)
 from distlab.sim.scenario.spec import Batch, ClusterSpec, ModelSpec, Scenario  # noqa: F401
@@ -57,16 +60,15 @@ def vary(s: Scenario, key: str, value, where: str = "--sweep") -> Scenario:
 
 
 def sweep_keys(s: Scenario) -> tuple[str, ...]:
-    """What ``--sweep`` takes for ``s``: the composition's (``composed_sweep_keys``) or its workload's
-    (sim/workloads/registry.py ``sweep_keys``)."""
-    if s.workload == composed.WORKLOAD.name:
-        return composed_sweep_keys(s.source)
-    return registry.sweep_keys(registry.get(s.workload))
+    """What ``--sweep`` takes for ``s`` (``layout_sweep_keys`` of its builder)."""
+    return layout_sweep_keys(s.source, workload_record(s))
 
 
 def set_value(d: dict, key: str, value) -> None:
-    """Set sweep key ``key`` of scenario ``d``: micro_batch, nodes, world_size, a mesh dim (or its old name:
-    stages, data_parallel, shard_size) or an option of the scenario's parallelism."""
+    """Set sweep key ``key`` of scenario ``d``: micro_batch, nodes, world_size, a mesh dim of the layout (or its
+    old name: stages, data_parallel, shard_size; the fill dimension then takes what is left) or the option of the
+    one section that has it (``section.key`` where two have it; a section the mesh implies is added). One path
+    for one parallelism or several (sim/scenario/layout.py)."""
     if key == "micro_batch":
         if isinstance(d["model"], str):
             d["model"] = {"preset": d["model"]}
@@ -78,65 +80,64 @@ def set_value(d: dict, key: str, value) -> None:
         d[key] = value
         return
     w = workload_of(d)
-    if w is composed.WORKLOAD:
-        return _set_composed(d, key, value)
     dim = w.legacy_keys.get(key, key)
     if dim in w.dims:
-        mesh = dict(d.get("mesh") or {})
+        mesh, fill = dict(d.get("mesh") or {}), layout.fill_dim(d, w)
         pinned = set(mesh) == set(w.dims) and d.get("world_size") == math.prod(mesh.values())
         mesh[dim] = value
         if pinned:                                 # world_size was the mesh's product: it follows the mesh
             d["world_size"] = math.prod(mesh.values()) if all(isinstance(v, int) for v in mesh.values()) else None
-        elif w.fill_dim and dim != w.fill_dim:
-            mesh.pop(w.fill_dim, None)             # the fill dim takes what the new size leaves
+        elif fill and dim != fill:
+            mesh.pop(fill, None)                   # the fill dim takes what the new size leaves
         d["mesh"] = mesh
         return
-    d[w.name][key] = value
-
-
-def _set_composed(d: dict, key: str, value) -> None:
-    """A mesh dimension (the fill dimension then takes what is left) or the option of the one section that has
-    it (a section the mesh implies is added)."""
-    if key in composed.MESH_ORDER:
-        mesh = dict(d["mesh"])
-        mesh[key] = value
-        fill = composed.fill_dim(d)
-        if key != fill:
-            mesh.pop(fill, None)
-        d["mesh"] = mesh
-        return
+    sections = layout_sections(d, w)
     section, dot, option = key.partition(".")
-    if dot and section in composed_sections(d) and option in registry.get(section).keys():
+    if dot and section in sections and option in registry.get(section).keys():
         d.setdefault(section, {})[option] = value
         return
-    owners = [name for name in composed_sections(d) if key in registry.get(name).keys()]
+    owners = [name for name in sections if key in registry.get(name).keys()]
     if "pipeline" in owners:            # TP's pipeline fields are for a tp section alone: the pipeline's win
         owners = ["pipeline"]
+    if not owners and len(sections) == 1:
+        owners = sections               # a lone section: its own check names the key
     if len(owners) != 1:
         owned = " and ".join(owners) or "none of this scenario's sections"
-        raise ConfigError(f"{key!r} is an option of {owned}; allowed: {', '.join(composed_sweep_keys(d))}",
+        raise ConfigError(f"{key!r} is an option of {owned}; allowed: {', '.join(layout_sweep_keys(d, w))}",
                           "--sweep")
     d.setdefault(owners[0], {})[key] = value
 
 
-def composed_sections(d: dict) -> list[str]:
-    """The sections a composed scenario has or its mesh implies, in torchtitan's order."""
+def layout_sections(d: dict, w) -> list[str]:
+    """The sections of the layout built by ``w``: a lone section's, or those a composition has or its mesh
+    implies, in torchtitan's order."""
+    if w is not composed.WORKLOAD:
+        return [w.name]
     mesh = d.get("mesh") or {}
     implied = {composed.OWNER[k] for k in mesh if k in composed.OWNER} | ({"fsdp"} if "cp" in mesh else set())
     return [name for name in composed.COMPOSABLE if name in d or name in implied]
 
 
-def composed_sweep_keys(d: dict) -> tuple[str, ...]:
-    """A composition's sweep keys: the mesh dimensions and its sections' options (``section.key`` for an option
-    two sections have, e.g. tp.recompute and cp.recompute)."""
-    keys = ("nodes", "world_size", "micro_batch") + composed.MESH_ORDER
-    sections = composed_sections(d)
+def composed_sections(d: dict) -> list[str]:
+    return layout_sections(d, composed.WORKLOAD)
+
+
+def layout_sweep_keys(d: dict, w) -> tuple[str, ...]:
+    """The sweep keys of the layout built by ``w``: the scenario's own, the mesh dimensions (and their old names),
+    its sections' options (``section.key`` for an option two sections have, e.g. tp.recompute and cp.recompute;
+    a pipeline's fields are the pipeline section's)."""
+    keys = ("nodes", "world_size", "micro_batch") + w.dims + tuple(w.legacy_keys)
+    sections = layout_sections(d, w)
     for name in sections:
         for k in registry.get(name).keys():
             owners = [o for o in sections if k in registry.get(o).keys()]
             shared = len(owners) > 1 and "pipeline" not in owners
             keys += (f"{name}.{k}",) if shared else (k,) if k not in keys else ()
     return keys
+
+
+def composed_sweep_keys(d: dict) -> tuple[str, ...]:
+    return layout_sweep_keys(d, composed.WORKLOAD)
 
 
 def parallelism(d: dict) -> dict:
@@ -163,6 +164,20 @@ def scenario_of(d, where: str | None = None, cluster=None) -> Scenario:
     if isinstance(d, Scenario):
         return d if cluster is None else from_dict(d.source, where, cluster)
     return from_dict(d, where, cluster)
+
+
+def on_world(s, world_size: int, where: str = "scenario") -> Scenario:
+    """``s`` (a Scenario; a mapping or a path is parsed here, once) on ``world_size`` ranks: itself when it has
+    that many, else its mapping with that world size parsed again (the mesh completes on the world). For a real
+    run on ``--nproc`` ranks (runtime/parallel/*/validate.py)."""
+    if isinstance(s, Scenario):
+        if s.cluster.world_size == world_size:
+            return s
+        d = copy.deepcopy(s.source)
+    else:
+        d = load(s, where if isinstance(s, dict) else None)
+    d["world_size"] = world_size
+    return from_dict(d, where)
 
 
 def options_of(s: Scenario):

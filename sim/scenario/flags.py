@@ -136,9 +136,8 @@ def scenario_from_args(args, default: dict):
                     changed.append(f"{flag} {text}")
     if args.nodes is not None:                 # the real bound: the simulator's ranks over this cluster's nodes
         from distlab.sim.cli import check_whole
-        from distlab.sim.cluster import MAX_RANKS, load_cluster
-        gpn = load_cluster(d["cluster"]).gpus_per_node
-        check_whole(args.nodes, "--nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
+        from distlab.sim.cluster import load_cluster, nodes_bound
+        check_whole(args.nodes, "--nodes", 1, *nodes_bound(load_cluster(d["cluster"])))
     for idea in PIPELINE_IDEAS:                # a pipeline's flag on a mesh without pp: named as typed
         if idea in shared and targets[idea] == ["pipeline"] and "pp" not in (d.get("mesh") or {}):
             where = "--mesh" if args.mesh or not args.scenario else "the scenario's mesh"
@@ -157,8 +156,8 @@ def check_flags(args) -> None:
     """The whole-number flags against the bounds the simulator enforces, named as the user typed them."""
     from distlab.sim.cli import check_whole
     from distlab.sim.cluster import MAX_RANKS
-    check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks the simulator takes")
-    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences per micro-batch")
+    check_whole(args.world_size, "--world-size", 1, MAX_RANKS, "ranks")
+    check_whole(args.micro_batch, "--micro-batch", 1, 2**20, "sequences")
     from distlab.sim.scenario.batch import MAX_GLOBAL_BATCH
     check_whole(getattr(args, "global_batch", None), "--global-batch", 1, MAX_GLOBAL_BATCH)
 

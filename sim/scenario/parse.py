@@ -7,16 +7,18 @@ Scenario (sim/scenario/spec.py), once.
 ``validate`` checks every key and option of the mapping (errors name the key as written, ``scenario: fsdp.zero``)
 and translates the old ``parallelism: {kind: ...}`` format; ``from_dict`` then resolves what the mapping leaves
 implicit (the cluster's world, the completed mesh, every option's default) so that one layout is one object.
-The workload records (sim/workloads/) define the sections; this module only reads them.
+The workload records (sim/workloads/) define the sections; this module only reads them. The layout (sections,
+mesh, options) is checked and completed by sim/scenario/layout.py in one path: one parallelism is a composition
+of one section, not a separate case.
 """
 from __future__ import annotations
 
 import copy
-import math
 import os
 
 from distlab.sim.errors import ConfigError
 from distlab.sim.mesh import Mesh
+import distlab.sim.scenario.layout as layout
 from distlab.sim.workloads import composed, registry
 from distlab.sim.workloads.registry import SCENARIO_KEYS
 
@@ -56,20 +58,7 @@ def validate(d, where: str = "scenario") -> dict:
         raise ConfigError("missing key 'model'", where)
     if "parallelism" in d:
         translate_legacy(d, where)
-    sections = [k for k in d if k in registry.names()]
-    one = _one_parallelism(d.get("mesh")) if not sections else None
-    if one is not None:                 # a mesh naming one parallelism: that parallelism, as if its section
-        d[one] = {}                     # were written ({dp_shard: 8} is fsdp: {} on 8 ranks)
-        sections = [one]
-    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
-        composed.validate(d, sections, _parse, where)
-    elif not sections:
-        raise ConfigError(f"missing a parallelism section: one of {', '.join(registry.names())} "
-                          "(e.g. ddp: {}), or a mesh naming the parallelisms (e.g. mesh: {pp: 2, dp_shard: 4})", where)
-    else:
-        workload = registry.get(sections[0])
-        workload.parse(d[sections[0]], f"{where}: {workload.name}")
-        _check_mesh(d, workload, where)
+    layout.check(d, where)             # one path for one parallelism or several (sim/scenario/layout.py)
     d.setdefault("cluster", "dgx-h100")
     if not isinstance(d["cluster"], str):
         raise ConfigError(f"{d['cluster']!r} must be a preset name or a cluster .yaml path", f"{where}: cluster")
@@ -97,19 +86,6 @@ def validate(d, where: str = "scenario") -> dict:
     return d
 
 
-def _one_parallelism(mesh) -> str | None:
-    """The one parallelism a mesh without sections names (each dimension names one: sim/workloads/composed.py
-    OWNER; ep the ep workload), when its dimensions are all that parallelism's; else None (a composition)."""
-    if not isinstance(mesh, dict) or not mesh or any(not isinstance(k, str) for k in mesh):
-        return None
-    names = {"ep"} if "ep" in mesh else {composed.OWNER.get(k) for k in mesh}
-    if len(names) != 1 or None in names or next(iter(names)) not in registry.names():
-        return None
-    name = next(iter(names))
-    return name if all(k in registry.get(name).dims for k in mesh) and \
-        all(k in mesh for k in registry.get(name).required_dims) else None
-
-
 def translate_legacy(d: dict, where: str) -> None:
     """``parallelism: {kind: K, ...}`` -> ``K: {...}`` plus the mesh sizes it named (in place)."""
     par = d.pop("parallelism")
@@ -134,64 +110,20 @@ def translate_legacy(d: dict, where: str) -> None:
         d["mesh"] = {dim: mesh[dim] for dim in w.dims if dim in mesh}
 
 
-def _check_mesh(d: dict, workload, where: str) -> None:
-    """Mesh names come from the registry; the workload's required dims are there; sizes are whole numbers."""
-    mesh = d.get("mesh")
-    if mesh is None:
-        if workload.default_dim is None:
-            dims = " x ".join(workload.required_dims)
-            raise ConfigError(f"the {workload.name} section needs mesh dimension {dims} "
-                              f"({workload.dim_words.get(workload.required_dims[0], '')}), e.g. mesh: "
-                              f"{{{workload.required_dims[0]}: 2}}", where)
-        return
-    if not isinstance(mesh, dict) or not mesh:
-        raise ConfigError(f"must be a mapping of dimension sizes, e.g. {{{workload.dims[-1]}: 2}}", f"{where}: mesh")
-    for dim in mesh:
-        if dim not in registry.mesh_dims():
-            raise ConfigError(f"unknown mesh dimension {dim!r}; allowed: {', '.join(registry.mesh_dims())}",
-                              f"{where}: mesh")
-        if dim not in workload.dims:
-            users = [w.name for w in registry.REGISTRY.values() if dim in w.dims]
-            raise ConfigError(f"mesh dimension {dim!r} belongs to {' or '.join(users)}, not to {workload.name}; "
-                              f"allowed with {workload.name}: {', '.join(workload.dims)}", f"{where}: mesh")
-    for dim in workload.required_dims:
-        if dim not in mesh:
-            raise ConfigError(f"the {workload.name} section needs mesh dimension {dim!r} "
-                              f"({workload.dim_words.get(dim, dim)}); this mesh has {', '.join(map(str, mesh))}",
-                              f"{where}: mesh")
-    Mesh(mesh, f"{where}: mesh")          # sizes
-
-
 def _parse(name: str, section, where: str):
     """The options dataclass of one section (sim/workloads/base.py Workload.parse)."""
     return registry.get(name).parse(section, where)
 
 
 def workload_of(d: dict):
-    """The record of a validated scenario: its one section's workload, or the composition's
-    (sim/workloads/composed.py) when it has several sections or a mesh of several parallelisms."""
-    sections = [k for k in d if k in registry.names()]
-    if composed.is_composed(d, sections, lambda name: registry.get(name).dims):
-        return composed.WORKLOAD
-    return registry.get(sections[0])
+    """The record that builds a validated scenario mapping: its one section's, or the composition's
+    (sim/scenario/layout.py ``builder_of``)."""
+    return layout.builder_of(d, layout.sections_of(d))
 
 
 def complete_mesh(d: dict, workload, world: int, where: str = "scenario") -> Mesh:
-    """The scenario's mesh on ``world`` ranks: as written, with the workload's fill dimension added (outermost)
-    when the written dims leave ranks over, or every rank on its default dimension when there is no mesh."""
-    if workload is composed.WORKLOAD:
-        return composed.complete_mesh(d, world, where)
-    given = d.get("mesh")
-    if given is None:
-        return Mesh({workload.default_dim: world})
-    product = math.prod(given.values())
-    if product != world and workload.fill_dim is not None and workload.fill_dim not in given:
-        if world % product:
-            words = " x ".join(f"{workload.dim_words.get(k, k)} {v}" for k, v in given.items())
-            raise ConfigError(f"{words} must divide the world size {world} (the rest goes to {workload.fill_dim}); "
-                              f"allowed: divisors of {world}", f"{where}: mesh")
-        return Mesh({workload.fill_dim: world // product, **given}, f"{where}: mesh")
-    return Mesh(given, f"{where}: mesh").check_world(world, f"{where}: mesh")
+    """The scenario's mesh on ``world`` ranks (sim/scenario/layout.py ``complete_mesh``)."""
+    return layout.complete_mesh(d, workload, world, where)
 
 
 def from_dict(d, where: str | None = None, cluster=None):
@@ -207,8 +139,7 @@ def from_dict(d, where: str | None = None, cluster=None):
     try:
         mesh = complete_mesh(d, w, cluster.world_size, where)
         from distlab.sim.parallel.pipeline.plan import with_default_microbatches   # 2 x pp x v when unset
-        par = composed.options_of(d, mesh, _parse, where) if w is composed.WORKLOAD else \
-            w.parse(d[w.name], f"{where}: {w.name}")
+        par = layout.options_of(d, w, mesh, where)        # one options object, or a composition's Parallelisms
         if d.get("global_batch") is not None:                # m from the global batch (sim/scenario/batch.py)
             from distlab.sim.scenario.batch import apply, micro_batch_of
             par = apply(par, mesh, d["global_batch"], micro_batch_of(d, where),
@@ -226,7 +157,8 @@ def from_dict(d, where: str | None = None, cluster=None):
     micro_batch = spec.pop("batch" if mlp else "micro_batch", None)
     source = spec.pop(form, "gpt")
     model = ModelSpec(form, source, tuple(sorted(spec.items())))
-    return Scenario(model=model, batch=Batch(micro_batch, d.get("global_batch")), mesh=tuple(mesh.as_dict().items()), parallelisms=options,
+    return Scenario(model=model, batch=Batch(micro_batch, d.get("global_batch")), mesh=tuple(mesh.as_dict().items()),
+                    parallelisms=options,
                     workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
                     stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
                     degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),
@@ -237,13 +169,15 @@ def resolve_cluster(d: dict, where: str = "scenario"):
     """The Cluster of a validated scenario mapping: its preset or file, nodes (at most the simulator's ranks over
     the cluster's GPUs per node, named as written) and world size."""
     from distlab.sim.cli import check_whole
-    from distlab.sim.cluster import MAX_RANKS, load_cluster
+    from distlab.sim.cluster import load_cluster, nodes_bound
     if d.get("nodes") is not None:
-        gpn = load_cluster(d["cluster"]).gpus_per_node
-        check_whole(d["nodes"], f"{where}: nodes", 1, MAX_RANKS // gpn, f"{MAX_RANKS:,} ranks of {gpn} per node")
+        check_whole(d["nodes"], f"{where}: nodes", 1, *nodes_bound(load_cluster(d["cluster"])))
     cluster = load_cluster(d["cluster"], d.get("nodes"))
     if d.get("world_size") is not None:
-        cluster = cluster.with_world_size(d["world_size"])
+        try:
+            cluster = cluster.with_world_size(d["world_size"])
+        except ConfigError as e:                    # named in its file (a GB200 job of partial trays)
+            raise under(e, where) from None
     return cluster
 
 

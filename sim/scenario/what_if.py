@@ -12,21 +12,19 @@ scenarios, so it lives beside the scenario (sim/parallel/ never imports it: test
 """
 from __future__ import annotations
 
-import copy
 
-
-def reduce_scatter_group_what_if(scenario: dict) -> list[dict]:
+def reduce_scatter_group_what_if(scenario) -> list[dict]:
     """The scenario's FSDP step with the reduce-scatters on the shard group (FSDP2's default) and on a group of
     their own (torch 2.13 ``set_separate_reduce_scatter_group``, docs/communicators.md): per setting the step,
     the seconds rank 0's backward all-gathers and reduce-scatters moved data at once, and the seconds its
-    reduce-scatters moved data. A prediction exercise: which is faster, and by how much?"""
+    reduce-scatters moved data. A prediction exercise: which is faster, and by how much? ``scenario``: a Scenario
+    (a mapping is parsed once); each setting is it with the one option changed (sim/scenario ``vary``)."""
     from distlab.sim import scenario as sc
     from distlab.sim.analysis import collective_overlap_s
+    base = sc.scenario_of(scenario, "what-if")
     rows = []
     for separate in (False, True):
-        d = copy.deepcopy(scenario)
-        d.setdefault("fsdp", {})["separate_reduce_scatter_group"] = separate
-        r = sc.simulate(d, "what-if")
+        r = sc.simulate(sc.vary(base, "separate_reduce_scatter_group", separate, "what-if"), "what-if")
         rs = [(o.launch, o.end) for o in r.trace.for_rank(0) if o.op == "reduce_scatter" and o.launch is not None]
         rows.append({"separate_reduce_scatter_group": separate, "step_s": r.summary["step_s"],
                      "ag_rs_overlap_s": collective_overlap_s(r.trace, 0, "backward", "reduce_scatter"),

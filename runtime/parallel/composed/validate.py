@@ -25,12 +25,11 @@ def prepare(scenario, nproc: int):
     from distlab.runtime.parallel.tp.calibrate import plan_sizes
     from distlab.sim import scenario as sc
     from distlab.sim.workloads import composed
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    d["world_size"] = nproc
-    if sc.workload_of(d) is not composed.WORKLOAD:
+    s = sc.on_world(scenario, nproc)            # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if s.workload != composed.WORKLOAD.name:
         raise ConfigError("validate_composed needs a composed scenario (several sections, or a mesh of several "
                           "parallelisms)", "scenario")
-    built = sc.build(d)
+    built = sc.build(s)
     par, mesh = built.options, built.mesh
     extra = [k for k in mesh.names if k not in DIMS]
     if extra or par.pipeline is None and "tp" not in mesh:
@@ -102,11 +101,12 @@ def validate_composed(scenario, nproc: int = 8, steps: int = 3, warmup: int = 1,
     return report
 
 
-def composed_cases(path: str, args) -> list[dict]:
-    """`distlab validate --scenario composed.yaml` rows (runtime.measure.validation.case format)."""
+def composed_cases(scenario, args) -> list[dict]:
+    """`distlab validate --scenario composed.yaml` rows (runtime.measure.validation.case format), of the typed
+    Scenario `validate` parsed."""
     from distlab.runtime.parallel.tp.validate import rows_as_cases
     nproc = max(int(str(getattr(args, "nproc", 8)).split(",")[0]), 2)
-    r = validate_composed(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+    r = validate_composed(scenario, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                           warmup=max(getattr(args, "warmup", 1), 1))
     rows = rows_as_cases(r, nproc)
     for c in rows:

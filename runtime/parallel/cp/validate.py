@@ -24,11 +24,10 @@ def prepare(scenario, nproc: int):
     from distlab.sim.parallel.fsdp.plan import FSDPOptions
     from distlab.sim.mesh import Mesh
     from distlab.sim.models import model_from_spec
-    from distlab.sim.workloads.registry import get
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if "cp" not in d:
+    s = sc.scenario_of(scenario)               # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if "cp" not in s.parallelisms:
         raise ConfigError("validate_cp needs a scenario with a cp: section", "cp")
-    model, opts = model_from_spec(d["model"]), get("cp").parse(d["cp"], "cp")
+    model, opts = model_from_spec(s.model_spec()), s.options("cp")
     if opts.recompute != "none":
         raise ConfigError(f"the real run does not recompute activations; got recompute {opts.recompute!r}; "
                           "allowed for a real run: none", "cp.recompute")
@@ -73,12 +72,12 @@ def compare(model, plan, results: list[dict]) -> dict:
     return {"rows": rows, "sequence_match": match, "cluster": cluster, "plan": plan, "results": results}
 
 
-def cp_cases(path: str, args) -> list[dict]:
+def cp_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario cp.yaml` rows (runtime.measure.validation.case format): the step predicted
     (calibrated in the same launch) against measured, with whether the collective sequences match."""
     from distlab.runtime.commands.common import scenario_nproc
     nproc = scenario_nproc(args, 2)
-    r = validate_cp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+    r = validate_cp(scenario, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     out = []
     for row in r["rows"]:

@@ -7,7 +7,7 @@ simulates the same step, and puts predicted and measured step, backward and per-
 from __future__ import annotations
 
 from distlab.runtime.parallel.ddp.run import measure, to_trace
-from distlab.runtime.measure.validation import case, workload_section
+from distlab.runtime.measure.validation import case
 
 CAL_SIZES = [2**20, 2**22, 2**24, 2**25]
 
@@ -68,13 +68,11 @@ def validate_ddp(scenario, nproc: int = 2, steps: int = 5, warmup: int = 2, back
     """Predicted vs measured: rows of {what, predicted_s, measured_s, error_pct}; bucket launch errors are
     in % of the measured backward duration. Also the two traces and the calibrated cluster."""
     from distlab.sim import scenario as sc
-    from distlab.sim.parallel.ddp.plan import DDPOptions
-    d = sc.load(scenario)
-    section = workload_section(d, "ddp")
-    if section is None:
+    s = sc.scenario_of(scenario)               # a Scenario as parsed (a mapping or a path: parsed here, once)
+    opts = s.options("ddp")
+    if opts is None:
         raise ValueError("validate_ddp needs parallelism kind ddp")
-    model, _ = sc.resolve(d)
-    opts = DDPOptions.from_dict(section)
+    model, _ = sc.resolve(s)
     results = measure(model, {"bucket_cap_mb": opts.bucket_cap_mb, "compress": opts.compress,
                               "grad_accum": opts.grad_accum, "optimizer": opts.optimizer},
                       nproc, steps, warmup, True, CAL_SIZES, backend, timeout, interference=True)
@@ -138,11 +136,11 @@ def _row(what: str, predicted: float, measured: float) -> dict:
             "error_pct": 100.0 * (predicted - measured) / measured if measured else float("nan")}
 
 
-def ddp_cases(path: str, args) -> list[dict]:
+def ddp_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario ddp.yaml` rows (runtime.measure.validation.case format): step, forward, backward
     and per-bucket launch/end, predicted (calibrated here) against measured real DDP."""
     from distlab.runtime.commands.common import scenario_nproc
-    r = validate_ddp(path, nproc=scenario_nproc(args, 2), steps=max(getattr(args, "iters", 5), 2),
+    r = validate_ddp(scenario, nproc=scenario_nproc(args, 2), steps=max(getattr(args, "iters", 5), 2),
                      warmup=max(getattr(args, "warmup", 2), 2))
     out = []
     sizes = dict(zip(range(len(r["measured_buckets"])), r["measured_buckets"]))

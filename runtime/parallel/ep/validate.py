@@ -90,10 +90,10 @@ def measure_and_predict(variants: list[dict], n: int, steps: int = 5, warmup: in
 def prepare(scenario, nproc: int):
     """(model, skew) of an ep scenario for ``nproc`` ranks; refuses what the real run cannot do."""
     from distlab.sim import scenario as sc
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if "ep" not in d:
+    s = sc.scenario_of(scenario)               # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if "ep" not in s.parallelisms:
         raise ConfigError("validate_ep needs a scenario with an ep: section", "ep")
-    built = sc.build(d)                  # the scenario's own world: the model and options do not depend on it
+    built = sc.build(s)                  # the scenario's own world: the model and options do not depend on it
     c = built.model.config
     ep_only = built.mesh.world_size == built.mesh.size("ep")
     if c.get("attention") != "none" or c.get("embed") or c.get("first_dense") or not ep_only:
@@ -110,12 +110,12 @@ def validate_ep(scenario, nproc: int = 4, steps: int = 5, warmup: int = 1, timeo
     return measure_and_predict([{"model": model, "skew": skew}], nproc, steps, warmup, timeout)
 
 
-def ep_cases(path: str, args) -> list[dict]:
+def ep_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario ep.yaml` rows (runtime.measure.validation.case format): the step, predicted vs
     measured."""
     from distlab.runtime.commands.common import scenario_nproc
     nproc = scenario_nproc(args, 4)
-    r = validate_ep(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+    r = validate_ep(scenario, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     return [case("ep scenario", row["what"], nproc, 0, row["predicted_s"], row["measured_s"], row["repeats"])
             for row in r["rows"]]

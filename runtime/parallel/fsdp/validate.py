@@ -9,7 +9,7 @@ benchmarks/fsdp_accuracy.py and `distlab validate --scenario` (kind fsdp).
 from __future__ import annotations
 
 from distlab.runtime.parallel.fsdp.run import measured_sequence, run, to_trace
-from distlab.runtime.measure.validation import case, roofline_cluster, scenario_kind, workload_section
+from distlab.runtime.measure.validation import case, roofline_cluster
 
 
 def calibration_sizes(plans) -> dict:
@@ -115,15 +115,14 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     from distlab.sim.errors import ConfigError
     from distlab.sim.parallel.fsdp.plan import build_fsdp, collective_sequence
     from distlab.sim.models import model_from_spec
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    section = workload_section(d, "fsdp")
-    if section is None:
-        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {scenario_kind(d)!r}",
-                          "parallelism.kind")
-    opts = {k: v for k, v in section.items() if k != "overlap"}
+    s = sc.scenario_of(scenario)               # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if s.options("fsdp") is None:
+        raise ConfigError(f"validate_fsdp needs parallelism kind fsdp, got {s.workload!r}", "parallelism.kind")
+    # the options as written (the Scenario's validated mapping): the real run fills the rest with torch's defaults
+    opts = {k: v for k, v in (s.source.get("fsdp") or {}).items() if k != "overlap"}
     if opts.get("zero", 3) != 3:
         raise ConfigError("only zero: 3 runs for real (FSDP2 is ZeRO-3)", "parallelism.zero")
-    model = model_from_spec(d["model"], "model")
+    model = model_from_spec(s.model_spec(), "model")
     plan = build_fsdp(model, nproc, opts)        # validates the options before starting ranks
     sizes = calibration_sizes([plan])
     results = run(model, nproc, [opts], steps=steps, warmup=warmup, local=True, timeout=timeout, calibrate=sizes)
@@ -137,12 +136,12 @@ def validate_fsdp(scenario, nproc: int = 2, steps: int = 3, warmup: int = 1, tim
     return out
 
 
-def fsdp_cases(path: str, args) -> list[dict]:
+def fsdp_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario fsdp.yaml` rows (runtime.measure.validation.case format): the step, predicted
     (calibrated here) against measured real FSDP2; each row also says whether the collective sequences match."""
     from distlab.runtime.commands.common import scenario_nproc
     nproc = scenario_nproc(args, 2)
-    r = validate_fsdp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+    r = validate_fsdp(scenario, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                       warmup=max(getattr(args, "warmup", 2), 1))
     nbytes = sum(b for _, b, _ in r["measured_sequence"])
     c = case("fsdp scenario", f"fsdp step ({len(r['measured_sequence'])} collectives)", nproc, nbytes,

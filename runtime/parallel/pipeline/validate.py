@@ -28,7 +28,7 @@ import statistics
 from dataclasses import replace
 
 from distlab.runtime.measure import robust
-from distlab.runtime.measure.validation import case, scenario_kind, workload_section
+from distlab.runtime.measure.validation import case
 from distlab.runtime.parallel.pipeline.run import DEFAULTS, measure
 from distlab.runtime.ranks.preflight import cpu_cores
 
@@ -45,10 +45,12 @@ def cluster_of(p: int, p2p: dict, latency: float, cores: int | None = None):
 def probe_config(cfg: dict) -> dict:
     """The calibration run of ``cfg``: the same schedule and model with about half the microbatches (the
     largest multiple of p up to m / 2, at least p, which every schedule accepts; 2p when m = p), so that a
-    prediction is never fitted on the run it predicts. Twice the steps (at least 6): its median steers all."""
+    prediction is never fitted on the run it predicts. Twice the steps (at least 6): its median steers all;
+    ``probe_steps`` in ``cfg`` sets them instead (the lessons' quick mode: fewer)."""
     p, m = cfg["stages"], cfg["microbatches"]
     probe = max(p, m // 2 // p * p)
-    return {**cfg, "microbatches": 2 * p if probe == m else probe, "steps": max(2 * cfg["steps"], 6)}
+    steps = cfg.get("probe_steps") or max(2 * cfg["steps"], 6)
+    return {**cfg, "microbatches": 2 * p if probe == m else probe, "steps": steps}
 
 
 def _sources(trace):
@@ -252,15 +254,15 @@ def runtime_config(scenario, steps: int = 3, warmup: int = 1) -> dict:
     from distlab.sim import scenario as sc
     from distlab.sim.errors import ConfigError
     from distlab.sim.scenario.pipeline import spec_of
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if workload_section(d, "pipeline") is None:
-        raise ConfigError(f"needs parallelism kind pipeline, got {scenario_kind(d)!r}", "parallelism.kind")
-    spec = spec_of(d)
+    s = sc.scenario_of(scenario)               # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if s.workload != "pipeline":
+        raise ConfigError(f"needs parallelism kind pipeline, got {s.workload!r}", "parallelism.kind")
+    spec = spec_of(s)
     if spec.data_parallel != 1:
         raise ConfigError(f"only data_parallel 1 runs for real, got {spec.data_parallel}", "parallelism.data_parallel")
     if spec.stages < 2:
         raise ConfigError("a real pipeline needs at least 2 stages", "parallelism.stages")
-    model = d["model"]
+    model = s.model_spec()
     widths = model.get("widths") if isinstance(model, dict) else None
     if (not isinstance(model, dict) or model.get("kind") != "mlp" or not isinstance(widths, list) or len(widths) < 2
             or len(set(widths)) != 1 or model.get("dtype", "float32") != "float32"):
@@ -300,7 +302,7 @@ def action_rows(predicted, measured) -> list[dict]:
     return out
 
 
-def pipeline_cases(path: str, args) -> list[dict]:
+def pipeline_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario pipeline.yaml` rows (runtime.measure.validation.case format), on ``stages`` gloo
     ranks: the step makespan predicted (calibrated in the same launch, on a probe run) against the measured
     median; the replay (measured action times through the simulated schedule); and per (stage, kind) the mean
@@ -308,7 +310,7 @@ def pipeline_cases(path: str, args) -> list[dict]:
     one. The makespan row also carries the bubbles, the probe's numbers ("p2p_latency_s", "action_overhead_s":
     the runtime's CPU time per action, "cpu_cores") and every action's predicted and measured start and end
     ("actions")."""
-    r = validate_pipeline(path, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
+    r = validate_pipeline(scenario, steps=max(getattr(args, "iters", 3), 2), warmup=max(getattr(args, "warmup", 1), 1))
     cfg, mp, mm = r["cfg"], r["metrics"]["predicted"], r["metrics"]["measured"]
     n, nbytes = cfg["stages"], cfg["rows"] * cfg["width"] * 4
     label = f"{cfg['schedule']} p={n} m={cfg['microbatches']}" + (

@@ -32,11 +32,10 @@ def prepare(scenario, nproc: int):
     run cannot do (recomputation, mesh dimensions it does not build) before starting ranks."""
     from distlab.runtime.parallel.tp.calibrate import plan_sizes
     from distlab.sim import scenario as sc
-    d = sc.load(scenario) if not isinstance(scenario, dict) else sc.validate(dict(scenario))
-    if "tp" not in d:
+    s = sc.on_world(scenario, nproc)            # a Scenario as parsed (a mapping or a path: parsed here, once)
+    if "tp" not in s.parallelisms:
         raise ConfigError("validate_tp needs a scenario with a tp: section", "tp")
-    d["world_size"] = nproc
-    built = sc.build(d)
+    built = sc.build(s)
     opts, mesh = built.options, built.mesh
     if opts.recompute != "none":
         raise ConfigError(f"the real run does not recompute activations; got recompute {opts.recompute!r}; "
@@ -270,13 +269,13 @@ def _collective_rows(trace, results: list[dict]) -> list[dict]:
     return rows
 
 
-def tp_cases(path: str, args) -> list[dict]:
+def tp_cases(scenario, args) -> list[dict]:
     """`distlab validate --scenario tp.yaml` rows (runtime.measure.validation.case format): the step and one row per
     collective kind and size, predicted (calibrated in the same launch) against measured real DTensor TP; each
     row also says whether the collective sequences match."""
     from distlab.runtime.commands.common import scenario_nproc
     nproc = scenario_nproc(args, 2)
-    r = validate_tp(path, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
+    r = validate_tp(scenario, nproc=nproc, steps=max(getattr(args, "iters", 5), 2),
                     warmup=max(getattr(args, "warmup", 1), 1))
     return rows_as_cases(r, nproc)
 

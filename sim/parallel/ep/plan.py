@@ -185,6 +185,9 @@ def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None,
     """One training step on ``mesh`` (dims ep, optionally dp and pp); ``cluster`` places ranks on nodes for
     node-limited routing. ``optimizer`` False: forward and backward only (no gradient sync, no AdamW; what
     runtime/parallel/ep/run.py times)."""
+    if (model.config or {}).get("kind") != "moe":          # EP on a dense model: the MoE presets named
+        from distlab.sim.models.presets import moe_presets
+        raise ConfigError(f"{model.name} has no experts; allowed: MoE ({', '.join(moe_presets())})", "mesh.ep")
     c = config_of(model)
     if "ep" not in mesh:
         raise ConfigError(f"the ep section needs mesh dimension 'ep'; this mesh has {', '.join(mesh.names)}",
@@ -225,16 +228,41 @@ def ep_plan(model, mesh, opts: EPOptions, cluster=None, name: str | None = None,
     return plan.validate()
 
 
+class StageView:
+    """``mesh`` as pipeline_plan sees it: dimension pp, and every other dimension together as one "dp" (the
+    ranks of a stage), the rank numbering unchanged. A rank's stage is its own pp coordinate: with ep or dp
+    outside pp (mesh {ep: 4, pp: 2}, or dp filled in first) a flat {pp, dp} mesh would put the members of one
+    ep group on different stages, their all_to_alls of different sizes (tests/test_ep_sim.py)."""
+
+    def __init__(self, mesh):
+        self.mesh, self.world_size = mesh, mesh.world_size
+        self.others = tuple(n for n in mesh.names if n != "pp")
+
+    def __contains__(self, dim: str) -> bool:
+        return dim == "pp" or (dim == "dp" and bool(self.others))
+
+    def size(self, dim: str) -> int:
+        return self.mesh.size("pp") if dim == "pp" else self.world_size // self.mesh.size("pp")
+
+    def as_dict(self) -> dict:
+        return {"pp": self.size("pp"), "dp": self.size("dp")}
+
+    def coords(self, g: int) -> dict:
+        return {"pp": self.mesh.coords(g)["pp"]}
+
+    def group_of(self, g: int, dim: str) -> tuple:
+        return self.mesh.group_of(g, "pp" if dim == "pp" else self.others)
+
+
 def _pp_plan(model, c, mesh, opts, layout, data) -> Plan:
     """PP x EP: the pipeline schedule (sim/parallel/pipeline/plan.py) with each action's ops from ``block_ops``; DualPipe's
     OVERLAP_F_B pairs overlapped (``opts.overlap``)."""
-    from distlab.sim.mesh import Mesh
     from distlab.sim.parallel.pipeline.plan import PipelineSpec, pipeline_plan, stage_ranges
     pp, rest = mesh.size("pp"), mesh.world_size // mesh.size("pp")
     v = virtual_stages(opts.schedule)
     spec = PipelineSpec(schedule=opts.schedule, stages=pp, microbatches=opts.microbatches, virtual_stages=v,
                         data_parallel=rest, split=opts.split)
-    flat = Mesh({"pp": pp, "dp": rest})        # the same rank numbering: dp and ep are the inner dimensions
+    flat = StageView(mesh)                     # a rank's stage is its pp coordinate, wherever pp sits in the mesh
     ranges = stage_ranges(model, pp * v, opts.split)
     ep = mesh.size("ep")
 

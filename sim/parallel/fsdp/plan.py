@@ -63,10 +63,8 @@ class FSDPOptions:
     reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
                                       choices=REDUCE_DTYPES, what="dtype")
     overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
-    root_reshard_after_forward: bool = option(False, "true: fully_shard(root, reshard_after_forward=True) "
-                                                     "explicitly: the root is freed after forward and gathered "
-                                                     "again at the start of backward (false: FSDP2's default, "
-                                                     "the root stays gathered)")
+    root_reshard_after_forward: bool = option(False, "true: the root freed after forward, gathered again for "
+                                                     "backward (FSDP2's default: kept)")
     separate_reduce_scatter_group: bool = option(False, "true: set_separate_reduce_scatter_group() (torch 2.13): "
                                                         "reduce-scatters on a process group of their own, so they "
                                                         "overlap the all-gathers (one more communicator); false: "
@@ -74,12 +72,8 @@ class FSDPOptions:
     reduce_scatter_max_input_buffers: int = option(1, "set_reduce_scatter_max_input_buffers(K) (torch 2.13): "
                                                       "reduce-scatter inputs in flight; compute waits for the "
                                                       "reduce-scatter K units back, K gradient buffers held")
-    sync_each_microbatch: bool = option(True, "gradient accumulation without a pipeline (pp 1, micro-batches > 1): "
-                                              "true reduce-scatters each micro-batch's gradients in its backward "
-                                              "(FSDP2's default, torchtitan's train loop); false: "
-                                              "set_requires_gradient_sync(False) until the last micro-batch, "
-                                              "unsharded gradients kept, one reduce-scatter (torch's pipelining "
-                                              "always does this with pp > 1)")
+    sync_each_microbatch: bool = option(True, "accumulation: sync every micro-batch (true) or the last",
+                                        flag="--grad-sync")
 
     def validate(self, where: str = "parallelism") -> "FSDPOptions":
         """Checks that need no world size (the others: :func:`parse_config`)."""
