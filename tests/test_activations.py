@@ -9,7 +9,7 @@ from distlab.sim import scenario as sc
 from distlab.sim.models import model_from_spec, preset
 from distlab.sim.models.activations import activations
 from distlab.sim.parallel.cp.memory import cp_memory
-from distlab.sim.parallel.fsdp.memory import estimate
+from distlab.sim.parallel.memory import estimate
 from distlab.sim.parallel.tp.memory import tp_memory
 from cli_in_process import cli  # noqa: F401 - the fixture: `distlab ARGS` in this process (no interpreter start)
 

@@ -86,17 +86,19 @@ def test_memory_without_building_the_plan():
 
 def test_scenario_parts_to_estimate_gradient_accumulation():
     """docs/parallelisms.md "For the planner": a composed scenario dict -> scenario.parts -> estimate_composed
-    equals `distlab simulate` of the same dict; pp 1 with micro-batches is gradient accumulation (one stage, FSDP2
-    reduce-scattering once after the last backward)."""
+    equals `distlab simulate` of the same dict; pp 1 with micro-batches is gradient accumulation as torchtitan's
+    train loop runs it (FSDP2 resharded after forward and reduce-scattering in every micro-batch's backward)."""
     from distlab.sim import scenario as sc
     d = {"name": "grad accumulation", "model": {"preset": "llama3-8b", "micro_batch": 1},
          "mesh": {"pp": 1, "dp_shard": 4, "tp": 8}, "pipeline": {"microbatches": 4},
          "fsdp": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}, "cluster": "dgx-h100", "nodes": 4}
     d2, workload, model, cluster, mesh, par = sc.parts(d)
     assert workload.name == "composed" and par.names() == ["pipeline", "tp", "fsdp"]
-    assert par.fsdp.reshard_after_forward is False          # torchtitan's policy inside a pipeline
+    assert par.fsdp.reshard_after_forward is True           # torchtitan's policy: not pp_enabled
     simulated = sc.simulate(d).trace.makespan
-    assert abs(estimate_composed(model, mesh, par, cluster) / simulated - 1) <= 0.001
+    # each micro-batch's pieces timed alone: its gathers and reduce-scatters overlap the next micro-batch's
+    # compute in the simulation only (sim/planner/composed.py: within 3% without a pipeline)
+    assert abs(estimate_composed(model, mesh, par, cluster) / simulated - 1) <= 0.03
     plan = parallelize(model, mesh, par, only=[0])
     scatters = [o for o in plan.ranks[0] if getattr(o, "op", None) == "reduce_scatter" and len(o.group) == 4]
-    assert len(scatters) == 1 + 32                          # once per unit (root + 32 blocks), not per micro-batch
+    assert len(scatters) == 4 * (1 + 32)                    # per unit (root + 32 blocks) and micro-batch

@@ -79,7 +79,7 @@ def test_no_pipeline_rank_without_a_pipeline(capsys, tmp_path):
     out = simulate(capsys, tiny(tmp_path, {"dp_shard": 2, "tp": 4}))
     assert "memory per GPU (total)" in out and "pipeline rank" not in out
     out = simulate(capsys, tiny(tmp_path, {"pp": 2, "tp": 4}))
-    assert "memory per GPU (total; pipeline rank 0)" in out
+    assert "memory per GPU (total; pipeline rank 1)" in out     # the last stage: head and loss
 
 
 # --- 5. messages -------------------------------------------------------------------------------------------------

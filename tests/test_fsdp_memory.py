@@ -3,7 +3,8 @@ import pytest
 
 from distlab.sim.kernel.engine import simulate
 from distlab.sim.errors import ConfigError
-from distlab.sim.parallel.fsdp.memory import DYNAMIC, estimate, memory_curve, peak, static_bytes
+from distlab.sim.parallel.fsdp.memory import DYNAMIC, memory_curve, peak, static_bytes
+from distlab.sim.parallel.memory import estimate
 from distlab.sim.parallel.fsdp.plan import build_fsdp
 from distlab.sim.models import Layer, Model, Param, gpt, preset
 
@@ -56,7 +57,8 @@ def test_estimate_adds_unsharded_units_and_activations():
     block = 4 * 4096 * 4096 + 3 * 11008 * 4096 + 2 * 4096
     root = 2 * 32000 * 4096 + 4096
     e = estimate(m, 8, 3)
-    assert e["unsharded params"] == 2 * (root + block)
+    # FSDP2 keeps the root gathered and two blocks at once: the one computing and the one prefetched
+    assert e["unsharded params"] == 2 * (root + 2 * block)
     assert estimate(m, 8, 3, reshard_after_forward=False)["unsharded params"] == 2 * (root + 32 * block)
     saved = sum(layer.activation_bytes for layer in m.layers)       # all layers' stash, and the head's logits
     assert e["activations"] == int(saved + m.layers[-1].transient_bytes)
@@ -106,7 +108,11 @@ def test_cli_memory_table_and_json(cli):
     d = json.loads(out)
     stages = {s["stage"]: s for s in d["stages"]}
     selected = next(s for s in d["stages"] if s["selected"])
-    assert selected["params_bytes"] == 2 * LLAMA_7B // 64 and selected["optimizer_bytes"] == 12 * LLAMA_7B // 64
+    # FSDP2 holds fp32 shards of params and grads and AdamW's m, v: 4 + 4 + 8 bytes an element, as every
+    # report counts ZeRO-3 (sim/parallel/memory.py); ZeRO-1 keeps ZeRO's 16-bit params, 2 bytes
+    assert selected["params_bytes"] == 4 * LLAMA_7B // 64 and selected["optimizer_bytes"] == 8 * LLAMA_7B // 64
+    assert stages["ZeRO-1"]["params_bytes"] == 2 * LLAMA_7B and stages["ZeRO-1"]["optimizer_bytes"] == \
+        12 * LLAMA_7B // 64
     assert stages["DDP"]["fits"] is False and selected["fits"] is True and selected["stage"] == "ZeRO-3 / FSDP"
 
 
@@ -116,3 +122,42 @@ def test_cli_memory_table_and_json(cli):
 def test_cli_memory_bad_input_one_line_exit_2(cli, args, text):
     rc, out, err = cli("memory", *args)
     assert rc == 2 and text in err and len(err.strip().splitlines()) == 1
+
+
+ACCUMULATE = {"arch": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
+              "vocab": 256, "seq_len": 16, "micro_batch": 1, "dtype": "bfloat16"}
+
+
+def _accumulated(sync_each: bool | None, m: int = 3) -> dict:
+    fsdp = {} if sync_each is None else {"sync_each_microbatch": sync_each}
+    return {"model": ACCUMULATE, "mesh": {"pp": 1, "dp_shard": 4}, "pipeline": {"microbatches": m}, "fsdp": fsdp,
+            "cluster": "dgx-h100", "world_size": 4}
+
+
+def test_gradient_accumulation_reduce_scatters_each_micro_batch_as_fsdp2_does():
+    """FSDP2 without a pipeline (torchtitan's train loop: one forward_backward_step per micro-batch, the sync
+    never disabled): m micro-batches issue exactly m copies of one FSDP2 step's collectives (the sequence
+    tests/test_fsdp_runtime.py checks against real FSDP2 on gloo ranks), the sharded gradients accumulate and
+    nothing unsharded is kept. ``sync_each_microbatch: false`` (set_requires_gradient_sync(False) until the last
+    micro-batch): one reduce-scatter per unit, the unsharded gradients kept; memory and step follow."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.parallel.memory import memory_of_result
+    from distlab.sim.plan import Collective
+
+    def seq(d):
+        return [(o.op, o.bytes, o.name.split(" ")[1]) for o in sc.build(d).plan.ranks[0] if isinstance(o, Collective)]
+    plain = {k: v for k, v in _accumulated(None).items() if k != "pipeline"}
+    one = seq({**plain, "mesh": {"dp_shard": 4}})
+    assert seq(_accumulated(None)) == seq(_accumulated(True)) == 3 * one
+    assert sum(op == "reduce_scatter" for op, _, _ in one) == 5                     # root and 4 blocks
+    kept = seq(_accumulated(False))
+    rs = sorted(c for c in kept if c[0] == "reduce_scatter")     # after the last backward, in FSDP2's unit order
+    assert rs == sorted(c for c in one if c[0] == "reduce_scatter")
+    each, last = (memory_of_result(sc.build(_accumulated(s)))["breakdown_bytes"] for s in (True, False))
+    assert "unsharded grads" not in each and {k: v for k, v in last.items() if k != "unsharded grads"} == each
+    n = sum(q.numel for L in sc.build(_accumulated(False)).model.layers for q in L.params)
+    assert last["unsharded grads"] == pytest.approx(2 * n, rel=0.01)             # bf16, the whole model
+    rs_bytes = {s: sum(b for op, b, _ in seq(_accumulated(s)) if op == "reduce_scatter") for s in (True, False)}
+    assert rs_bytes[True] == 3 * rs_bytes[False]       # the step carries them: overlapped with the backward
+    steps = {s: sc.simulate(_accumulated(s)).summary["step_s"] for s in (True, False)}     # each, or exposed
+    assert steps[True] != steps[False]                 # at the end of the last

@@ -85,17 +85,27 @@ def test_the_mfu_story_the_lesson_tells():
     """Lesson 11 section 5 (sim/lessons/plan_mfu.py): the planner's #1 MFU is at or above Meta's published 38-43% and
     below what its compute alone would reach; the 405B replica's #1 recomputes every forward (MFU leaves that work
     out); the planner searches Meta's TP 8 x PP 16 with the 7/8x14/7 split and ranks it below #1; the 70B #1 is
-    TP x FSDP with gradient accumulation (section 1: the layout fits once accumulated)."""
+    FSDP with gradient accumulation, as cell 20 reads it."""
     from distlab.sim.lessons.plan_mfu import compute_only_mfu, mfu_rows, mfu_table
     s70, s405 = B.plan_70b(), B.plan_405b_replica()
     rows = mfu_rows({"70b": s70, "405b": s405})
-    assert all(0.38 < r["mfu"] < r["compute_only_mfu"] for r in rows) and rows[0]["tp_share"] > 0.05
+    assert all(0.38 < r["mfu"] < r["compute_only_mfu"] for r in rows)
+    assert (rows[0]["tp_share"] > 0.05) == (s70.ranked[0].layout.tp > 1)
     assert s405.ranked[0].layout.recompute == "full"
     meta = [c for c in s405.ranked if c.layout.tp == 8 and c.layout.pp == 16 and c.layout.split
             and tuple(c.layout.split) == (7,) + (8,) * 14 + (7,)]
     assert meta and all(c.step_s > s405.ranked[0].step_s for c in meta)
-    first = s70.ranked[0]
+    first, second = s70.ranked[:2]
     assert first.layout.dp_kind == "fsdp" and first.layout.pp == 1 and first.layout.microbatches > 1
+    # cell 20's reading: #1 FSDP2 over all 64 GPUs, 2 x 2 sequences, full recomputation (about a third more
+    # compute); #2 TP 8 with an interleaved pipeline; within half a percent; the accumulated row far below
+    L = first.layout
+    assert (L.tp, L.dp, L.micro_batch, L.microbatches, L.recompute) == (1, 64, 2, 2, "full")
+    assert 0.25 < first.estimate.terms["recompute_s"] / first.estimate.terms["compute_s"] < 0.4
+    assert second.layout.tp == 8 and second.layout.pp > 1 and second.layout.virtual_stages > 1
+    assert second.step_s / first.step_s - 1 < 0.005
+    accumulated = dict(B.memory_layouts())[B.ACCUMULATED]
+    assert [c.layout for c in s70.ranked].index(accumulated) > 100
     busy = first.estimate.terms["compute_s"] + first.estimate.terms.get("recompute_s", 0.0)
     assert math.isclose(compute_only_mfu(s70, first) * busy, s70.mfu(first) * first.estimate.step_s)
     assert [r[2] for r in mfu_table({"x": s70}).rows[1:]] == ["43%", "41%", "38%"]

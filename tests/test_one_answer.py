@@ -5,8 +5,10 @@ with flags, and `distlab reproduce` of the same layout as a published run (ZeRO-
 give the same step and MFU: every builder prices the same kernels (sim/parallel/layers.py) and a tp dimension of
 size 1 is not applied (sim/parallel/parallelize.py ``without_unit_tp``). The planner's fast estimate stays within
 its stated +-8% of them. Seeded layouts over DDP, FSDP2, HSDP, gradient accumulation, each pipeline schedule the
-planner searches, CP, CP x TP, TP x FSDP2 and PP x FSDP2, 2 to 512 GPUs; sim-only. Memory is not yet one
-answer: the fsdp, tp, composed and pipeline reports count it each their own way (docs/planner.md)."""
+planner searches, CP, CP x TP, TP x FSDP2 and PP x FSDP2, 2 to 512 GPUs; sim-only. Memory per GPU is one answer,
+exactly: every report, the planner's estimate, `distlab reproduce` and `distlab memory` (flags and --scenario) call
+sim/parallel/memory.py ``memory_per_gpu`` (params, grads, optimizer, unsharded params and grads, activations with
+the pipeline's in-flight micro-batches and the head and loss peak, CP's ring buffers)."""
 import json
 import random
 
@@ -52,7 +54,7 @@ def user_scenario(L: Layout) -> dict:
     if L.pipelined:
         d["pipeline"] = {"schedule": L.schedule, "microbatches": L.microbatches, "virtual_stages": L.virtual_stages}
     if L.dp_kind != "ddp" or L.cp > 1:
-        d["fsdp"] = {"reshard_after_forward": not L.pipelined}
+        d["fsdp"] = {"reshard_after_forward": L.pp == 1}       # torchtitan: not pp_enabled
     elif L.dp > 1 and not L.pipelined:
         d["ddp"] = {}
     if L.cp > 1:
@@ -70,6 +72,11 @@ def planner_scenario(L: Layout) -> dict:
     return {**d, "world_size": L.world_size}
 
 
+def memory_of(result) -> dict:
+    """The memory per GPU a `distlab simulate` report printed (its json), by part."""
+    return result.reports[result.workload.name]["json"]["memory"]["breakdown_bytes"]
+
+
 def close(a: dict, b: dict, what: str):
     for key in ("step_s", "mfu"):
         assert a[key] == pytest.approx(b[key], rel=0.01), (what, key, a[key], b[key])
@@ -78,11 +85,45 @@ def close(a: dict, b: dict, what: str):
 @pytest.mark.parametrize("index", range(len(layouts())))
 def test_simulate_and_plan_confirm_agree(index):
     L = layouts()[index]
-    user = sc.simulate(user_scenario(L), L.label()).summary
-    confirmed = sc.simulate(planner_scenario(L), L.label()).summary
+    user_result = sc.simulate(user_scenario(L), L.label())
+    confirmed_result = sc.simulate(planner_scenario(L), L.label())
+    user, confirmed = user_result.summary, confirmed_result.summary
     close(user, confirmed, L.label())
-    est = Estimator(dict(MODEL), load_cluster(CLUSTER, 1).with_world_size(L.world_size)).estimate(L)
+    estimator = Estimator(dict(MODEL), load_cluster(CLUSTER, 1).with_world_size(L.world_size))
+    est = estimator.estimate(L)
     assert est.step_s == pytest.approx(confirmed["step_s"], rel=0.08), L.label()
+    memory = memory_of(user_result)                     # exactly, part by part
+    assert memory == memory_of(confirmed_result) == estimator.memory(L), L.label()
+    assert memory["activations"] > 0 and memory["optimizer"] > 0, L.label()
+
+
+@pytest.mark.parametrize("index", [1, 3, 8, 9])
+def test_memory_command_of_the_scenario_agrees(cli, tmp_path, index):
+    """`distlab memory --scenario` prints exactly what `distlab simulate` of that scenario does (FSDP2,
+    gradient accumulation, PP x FSDP2, CP), without building the plan."""
+    import yaml
+    L = layouts()[index]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(user_scenario(L)))
+    rc, out, _ = cli("memory", "--scenario", str(path), "--json")
+    assert rc == 0
+    result = sc.build(user_scenario(L), "user")
+    from distlab.sim.parallel.memory import memory_section
+    assert json.loads(out)["breakdown_bytes"] == memory_section(result)["json"]["breakdown_bytes"]
+
+
+@pytest.mark.parametrize("zero,world", [("ddp", 8), ("3", 16)])
+def test_memory_command_flags_agree_with_simulate(cli, zero, world):
+    """`distlab memory --zero Z` of a data-parallel layout = `distlab simulate`'s report of it."""
+    rc, out, _ = cli("memory", "--model", "llama3-8b", "--world-size", str(world), "--zero", zero,
+                     "--micro-batch", "2", "--seq-len", "2048", "--json")
+    assert rc == 0
+    row = next(x for x in json.loads(out)["stages"] if x["selected"])
+    kind = {"ddp": "ddp", "3": "fsdp"}[zero]
+    d = {"model": {"preset": "llama3-8b", "micro_batch": 2, "seq_len": 2048}, "cluster": CLUSTER,
+         "world_size": world, "mesh": {"dp" if kind == "ddp" else "dp_shard": world}, kind: {}}
+    parts = memory_of(sc.simulate(d, "yaml"))
+    assert {k: row[f"{k.replace(' ', '_')}_bytes"] for k in parts} == parts
 
 
 def test_simulate_mesh_flags_agree_with_the_yaml(cli):
@@ -106,5 +147,27 @@ def test_reproduce_of_a_zero3_run_agrees_with_simulate(shape):
               {"dp": dp, "tp": tp, "pp": 1, "zero": 3, "virtual_stages": 1, "split": None}, dp, 1,
               recompute="selective", sequence_parallel=tp > 1)
     L = Layout(tp, 1, dp, "fsdp", 1, 1, tp > 1, "selective")
-    user = sc.simulate(user_scenario(L), "user").summary
-    assert step_seconds(run) == pytest.approx(user["step_s"], rel=0.01)
+    from distlab.sim.reproduce.scenario import memory
+    user = sc.simulate(user_scenario(L), "user")
+    assert step_seconds(run) == pytest.approx(user.summary["step_s"], rel=0.01)
+    assert memory(run)["breakdown_bytes"] == memory_of(user)
+
+
+def test_offloading_n_blocks_moves_their_saved_activations_to_the_host():
+    """``offload: N`` (Transformer Engine's get_cpu_offload_context num_layers, Megatron-LM's
+    --cpu-offloading-num-layers): the first N blocks' saved activations live in host memory, the same bytes in
+    every report (sim/parallel/memory.py)."""
+    from distlab.sim.models import model_from_spec
+    from distlab.sim.models.activations import activations
+    from distlab.sim.parallel.memory import memory_of_result
+    spec = {**MODEL, "micro_batch": 2}
+    block = activations(model_from_spec(spec, "m")).per_block()
+    host = {}
+    for off in (False, 1, 3, True):
+        d = {"model": {**spec, "offload": off}, "mesh": {"dp_shard": 8}, "fsdp": {}, "cluster": CLUSTER,
+             "world_size": 8}
+        host[off] = memory_of_result(sc.build(d, "offload"))["host_bytes"]
+    assert host == {False: 0, 1: block, 3: 3 * block, True: 4 * block}
+    with pytest.raises(sc.ConfigError, match="offload"):
+        sc.build({"model": {**spec, "offload": 5}, "mesh": {"dp_shard": 8}, "fsdp": {}, "cluster": CLUSTER,
+                  "world_size": 8}, "offload")

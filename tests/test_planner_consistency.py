@@ -101,14 +101,27 @@ def test_fsdp_and_tp_fsdp_accumulate_gradients():
         ops = r.plan.ranks[0]
         counts[m] = (sum(isinstance(o, Collective) and o.op == "reduce_scatter" and len(o.group) == 4 for o in ops),
                      sum(getattr(o, "name", "").startswith("fwd h.0") for o in ops))
-    assert counts[2][0] == counts[4][0] > 0               # reduce-scattered once per step
+    # FSDP2's default, as torchtitan's train loop runs it (trainer.py train_step: one forward_backward_step per
+    # micro-batch, gradient sync never disabled): every micro-batch's backward reduce-scatters its gradients
+    assert counts[4][0] == 2 * counts[2][0] > 0
     assert counts[4][1] == 2 * counts[2][1]               # each micro-batch runs the blocks
     # lesson 11's question: Llama 3 70B on 8 x 8 H100, 256 sequences of 8192. TP 8 x FSDP2 8 (32 sequences per
-    # replica) does not fit with one micro-batch of 32; accumulated one sequence at a time it does, and the
-    # planner searches it
+    # replica) does not fit with one micro-batch of 32; accumulated one sequence at a time the activations fit,
+    # the gradients stay sharded (reduce-scattered each micro-batch) and FSDP2 holds the root and two blocks
+    # gathered (reshard_after_forward true without a pipeline): it fits. With sync_each_microbatch false
+    # (set_requires_gradient_sync(False) until the last micro-batch) the unsharded bf16 gradients are kept
+    from dataclasses import replace as _replace
+    from distlab.sim.mesh import Mesh
     from distlab.sim.parallel.fsdp.memory import fits
+    from distlab.sim.parallel.memory import memory_per_gpu
     est = Estimator({"preset": "llama3-70b"}, load_cluster("dgx-h100", 8))
     one, accumulated = (Layout(8, 1, 8, "fsdp", mb, m, True, "selective", dp_shard=8) for mb, m in ((32, 1), (1, 32)))
-    assert not fits(sum(est.memory(one).values()), 80) and fits(sum(est.memory(accumulated).values()), 80)
+    a, b = est.memory(one), est.memory(accumulated)
+    assert b["activations"] * 32 == pytest.approx(a["activations"], rel=0.01) and not fits(sum(a.values()), 80)
+    assert "unsharded grads" not in b and b["unsharded params"] == a["unsharded params"] and fits(sum(b.values()), 80)
+    mesh, par = est.parallelisms(accumulated)
+    par = _replace(par, fsdp=_replace(par.fsdp, sync_each_microbatch=False))
+    kept = memory_per_gpu(est.model(1), Mesh(mesh.as_dict()), par)["breakdown_bytes"]
+    assert kept["unsharded grads"] == 4 * b["params"] > 16 * 2**30 and not fits(sum(kept.values()), 80)
     config = preset("llama3-70b").config
     assert accumulated in enumerate_layouts(config, 64, 8, 256, (1,))

@@ -235,7 +235,7 @@ def test_tp_ranks_share_the_cores_for_their_compute():
 
 def test_cli_memory_of_a_tp_scenario(cli, tmp_path):
     """`distlab memory --scenario`: the mesh, a custom model and recompute of a tp scenario; GB and GiB labelled;
-    what does not fit flagged; a scenario without a tp section refused in one line."""
+    what does not fit flagged; any other layout (fsdp) taken too; a missing file refused in one line."""
     big = _yaml(tmp_path, "model: {arch: llama, layers: 4, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: "
                           "53248, seq_len: 4096, vocab: 128256, dtype: bfloat16}\nmesh: {tp: 2}\ntp: {}\n"
                           "cluster: dgx-h100\nworld_size: 2\n")
@@ -246,9 +246,11 @@ def test_cli_memory_of_a_tp_scenario(cli, tmp_path):
                              "cluster: dgx-h100\n")
     rc, out, err = cli("memory", "--scenario", custom, "--json")
     r = json.loads(out)
-    assert rc == 0 and r["mesh"] == {"dp_shard": 2, "tp": 4} and r["fits"] and "selective" in r["activations"]
-    rc, out, err = cli("memory", "--scenario", "scenarios/fsdp-cpu.yaml")
-    assert rc == 2 and "--scenario takes a scenario with a tp: section" in err and len(err.strip().splitlines()) == 1
+    assert rc == 0 and r["mesh"] == {"dp_shard": 2, "tp": 4} and r["fits"] and r["inputs"]["recompute"] == "selective"
+    rc, out, err = cli("memory", "--scenario", "scenarios/fsdp-cpu.yaml")     # any layout: sim/parallel/memory.py
+    assert rc == 0 and "peak memory per GPU (total)" in out
+    rc, out, err = cli("memory", "--scenario", str(tmp_path / "missing.yaml"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1
 
 
 def test_prepare_input_all_reduces_once_per_part_backward():

@@ -125,7 +125,7 @@ def model_rank_bytes(model, kind: str, world: int, opts: dict | None = None) -> 
         return {"params": P, "grads": P, "DDP buckets": P, "Adam states": 2 * P, "reference model": 2 * P,
                 "activations": A}
     if kind == "fsdp":
-        from distlab.sim.parallel.fsdp.memory import estimate
+        from distlab.sim.parallel.memory import estimate
         shard = estimate(model, world, 3, opts.get("shard_size"), reshard_after_forward=opts.get(
             "reshard_after_forward", True) is True, prefetch=int(opts.get("prefetch", 1) or 1))
         sharded = shard["params"] + shard["grads"] + 2 * shard["params"]         # params, grads, Adam: 4P/N

@@ -1,4 +1,5 @@
-"""`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage."""
+"""`distlab memory`: per-GPU memory of DDP and ZeRO 1/2/3 (FSDP) for a model, world size and stage, or of any
+scenario (--scenario): sim/parallel/memory.py, the one model `distlab simulate`, `plan` and `reproduce` print."""
 from __future__ import annotations
 
 from distlab.sim.cli import add_output_arguments, note, print_json, print_table, say
@@ -26,15 +27,24 @@ def add_arguments(p) -> None:
                                    "float32 = 4+4+8 (default: the preset's)")
     p.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="activation recomputation of the transformer blocks (default: the model's, none)")
-    p.add_argument("--offload", action="store_true", help="keep the blocks' saved activations in host memory")
+    p.add_argument("--offload", nargs="?", const=True, type=_blocks, metavar="N",
+                   help="keep the blocks' saved activations in host memory (N: the first N blocks only)")
     p.add_argument("--no-reshard", action="store_true", help="ZeRO-3: reshard_after_forward=False")
     p.add_argument("--gpu", default="h100", help="GPU whose memory to check against (a preset name or GiB; "
                                                  "default h100, 80 GiB)")
-    p.add_argument("--scenario", help="a scenario YAML with a tp: section (its mesh, model, recompute): the "
-                                      "per-GPU memory of that layout (TP, SP, FSDP2/HSDP x TP, DDP x TP, PP x TP; "
-                                      "sim/workloads/tp.py); the other options are then ignored")
+    p.add_argument("--scenario", help="a scenario YAML (any layout: its mesh, model, sections): the per-GPU "
+                                      "memory `distlab simulate` prints for it (sim/parallel/memory.py); the "
+                                      "other options are then ignored")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     add_output_arguments(p, verbose=False)
+
+
+def _blocks(text: str) -> int:
+    """``--offload N``: a whole number of blocks (checked against the model's when it is built)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a number of blocks; use --offload or --offload N", "--offload") from None
 
 
 def _stage(text: str) -> int:
@@ -62,7 +72,8 @@ def run(args) -> int:
         return _scenario(args)
     from distlab.sim.models import model_from_spec, spec_from_text
     from distlab.sim.models.activations import activations
-    from distlab.sim.parallel.fsdp.memory import HEADROOM_FRACTION, estimate, fit_word, fits, headroom_GiB
+    from distlab.sim.parallel.fsdp.memory import HEADROOM_FRACTION, fit_word, fits, headroom_GiB
+    from distlab.sim.parallel.memory import estimate
     zero = _stage(args.zero)
     if not 1 <= args.world <= MAX_RANKS:
         raise ConfigError(f"{args.world} must be a whole number from 1 to {MAX_RANKS} (2^20)", "--world-size")
@@ -78,11 +89,11 @@ def run(args) -> int:
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     if args.offload:
-        spec["offload"] = True
+        spec["offload"] = args.offload
     model = model_from_spec(spec, "--model")
     acts = activations(model)
-    kw = dict(shard_size=args.shard_size, reshard_after_forward=not args.no_reshard)
-    stages = {z: estimate(model, args.world, z, **kw) for z in (0, 1, 2, 3)}
+    stages = {z: estimate(model, args.world, z, args.shard_size, reshard_after_forward=not args.no_reshard)
+              for z in (0, 1, 2, 3)}
     for z, parts in stages.items():
         parts["total"] = sum(parts.values())
         parts["fits"] = fits(parts["total"], gib)
@@ -172,25 +183,24 @@ def stage_json(zero: int, parts: dict, selected: bool) -> dict:
 
 
 def _scenario(args) -> int:
-    """``--scenario``: the tp workload's memory report (local shards, Korthikanti et al. 2022 activations)."""
+    """``--scenario``: the memory per GPU of any scenario's layout, as `distlab simulate` of it prints it
+    (sim/parallel/memory.py), without building its plan."""
+    from types import SimpleNamespace
     from distlab.sim import scenario as sc
-    from distlab.sim.workloads.tp import memory
-    result = sc.build(sc.from_dict(args.scenario, args.scenario))      # parsed once (sim/scenario/parse.py)
-    if result.workload.name != "tp":
-        raise ConfigError(f"--scenario takes a scenario with a tp: section; this one is {result.workload.name}",
-                          "--scenario")
-    mem = memory(result)
+    from distlab.sim.parallel.memory import memory_section
+    _, _, model, cluster, mesh, opts = sc.parts(args.scenario, args.scenario)
+    mem = memory_section(SimpleNamespace(model=model, mesh=mesh, options=opts, cluster=cluster))
+    from distlab.sim.parallel.memory import as_parallelisms, recompute_of
+    inputs = {**inputs_of(model), "recompute": recompute_of(model, as_parallelisms(mesh, opts))}
     if args.json:
-        print_json({"model": result.model.summary(), "world_size": result.mesh.world_size,
-                    "mesh": result.mesh.as_dict(), **mem["json"]})
+        print_json({"model": model.summary(), "world_size": mesh.world_size,
+                    "mesh": mesh.as_dict(), "inputs": inputs, **mem["json"]})
         return 0
-    say(f"model: {result.model.summary()}", indent="  ")
-    dims = ", ".join(f"{k}={v}" for k, v in result.mesh.as_dict().items())
-    say(f"mesh: {dims} ({result.mesh.world_size} ranks); GPU: {result.cluster.gpu.name}",
-        indent="  ")
-    inputs = {**inputs_of(result.model), "recompute": getattr(result.options, "recompute", None) or "none"}
+    say(f"model: {model.summary()}", indent="  ")
+    dims = ", ".join(f"{k}={v}" for k, v in mesh.as_dict().items())
+    say(f"mesh: {dims} ({mesh.world_size} ranks); GPU: {cluster.gpu.name}", indent="  ")
     say("inputs: " + ", ".join(f"{k} {v}" for k, v in inputs.items()), indent="  ")
-    print_table("per-GPU memory (1 GB = 10^9 bytes, 1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
+    print_table("per-GPU memory (1 GiB = 2^30 bytes)", ["term", "size"], mem["rows"])
     for w in mem["warnings"]:
         say(f"warning: {w}", indent="  ")
     return 0

@@ -84,23 +84,20 @@ ACCUMULATED = "TP 8 x FSDP 8, 1 sequence at a time"
 
 
 def memory_layouts() -> list[tuple[str, Layout]]:
-    """A few layouts of the 70B question (64 GPUs, 256 sequences; without a pipeline each FSDP replica takes
-    256 / dp sequences at once: the planner's FSDP layouts have no gradient accumulation). ``ACCUMULATED`` is
-    not in the planner's search: TP 8 x FSDP 8 with one sequence per micro-batch, as gradient accumulation over
-    32 micro-batches would run it (FSDP2 reduce-scatters each micro-batch's gradients into the sharded ones, so
-    the memory is that of a one-sequence step)."""
+    """A few layouts of the 70B question (64 GPUs, 256 sequences; without a pipeline or gradient accumulation
+    each FSDP replica takes 256 / dp sequences at once). ``ACCUMULATED``: TP 8 x FSDP 8 with one sequence per
+    micro-batch and 32 micro-batches, a layout of the planner's search (FSDP2 reduce-scatters each
+    micro-batch's gradients into the sharded ones, torchtitan's train loop: sim/parallel/fsdp/stage.py)."""
     return [("DDP", Layout(1, 1, 64, "ddp", 4, 1, False, "full")),
             ("FSDP", Layout(1, 1, 64, "fsdp", 4, 1, False, "full")),
             ("TP 8 x FSDP 8", Layout(8, 1, 8, "fsdp", 32, 1, True, "selective")),
             ("TP 8 x FSDP 8, full recompute", Layout(8, 1, 8, "fsdp", 32, 1, True, "full")),
-            (ACCUMULATED, Layout(8, 1, 8, "fsdp", 1, 1, True, "selective")),
+            (ACCUMULATED, Layout(8, 1, 8, "fsdp", 1, 32, True, "selective", dp_shard=8)),
             ("PP 8 x TP 8", Layout(8, 8, 1, "ddp", 1, 256, True, "selective", "1f1b")),
             ("PP 8 x TP 4 x DDP 2", Layout(4, 8, 2, "ddp", 1, 128, True, "selective", "1f1b"))]
 
 
 def memory_label(name: str, L: Layout) -> str:
-    if name == ACCUMULATED:
-        return "tp 8 · dp 8 (fsdp) · mb 1 x 32 · sp · recompute selective · grad accumulation"
     return L.label()
 
 
@@ -114,7 +111,7 @@ def estimator_70b():
 
 
 def layout_memory(name: str) -> dict:
-    """Bytes per GPU by part of one of :func:`memory_layouts`, as the planner counts them (sim/parallel/tp/memory.py)."""
+    """Bytes per GPU by part of one of :func:`memory_layouts`, as every command counts them (sim/parallel/memory.py)."""
     L = dict(memory_layouts())[name]
     return estimator_70b().memory(L)
 

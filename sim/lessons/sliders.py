@@ -5,10 +5,10 @@ slider values, computed by the library, tested in tests/test_lessons_widgets.py.
     >>> bubble(schedule="1f1b", p=4, m=8)["simulated"]                                # 3/11, as lesson 07 derives
     0.2727...
 
-- ``memory_per_gpu``: params, grads, optimizer state and activations of the fullest GPU, the planner's own
-  accounting (sim/planner/step.py Estimator.memory: sim/parallel/tp/memory.py, the pipeline's peak stage,
-  sim/parallel/cp/memory.py) for DDP (ZeRO 0) and FSDP (ZeRO 3); ZeRO-1 and 2 shard DDP's optimizer state (and
-  gradients) over the data-parallel ranks (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1).
+- ``memory_per_gpu``: params, grads, optimizer state and activations of the fullest GPU: sim/parallel/memory.py,
+  the one model `simulate`, `plan`, `reproduce` and `distlab memory` report, for DDP (ZeRO 0), ZeRO-1 and 2
+  (optimizer state, and gradients, sharded over the data-parallel ranks; Rajbhandari et al. 2020, arXiv
+  1910.02054, Fig. 1) and FSDP2 (ZeRO 3).
 - ``bubble``: a pipeline schedule simulated with uniform stages (sim/lessons/pipelines.py), its bubble against
   the formula (p-1)/(v·m+p-1).
 - ``busbw_curve``: a collective simulated over a sweep of sizes on a cluster preset with a forced algorithm and
@@ -17,8 +17,6 @@ slider values, computed by the library, tested in tests/test_lessons_widgets.py.
   intervals and the best one.
 """
 from __future__ import annotations
-
-from functools import lru_cache
 
 GiB = 2**30
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b", "llama-7b", "gpt2-medium")
@@ -35,17 +33,6 @@ def model_spec(model: str, seq_len: int | None = None, dtype: str | None = None)
     if "factory" in spec:
         raise ValueError(f"model {model!r}: give a preset name or a config.json path")
     return {**spec, **({"seq_len": seq_len} if seq_len else {}), **({"dtype": dtype} if dtype else {})}
-
-
-@lru_cache(maxsize=16)
-def _estimator(model: str, seq_len: int | None, cluster: str, nodes: int, dtype: str | None = None):
-    from distlab.sim.cluster import load_cluster
-    from distlab.sim.errors import ConfigError
-    from distlab.sim.planner.step import Estimator
-    try:
-        return Estimator(model_spec(model, seq_len, dtype), load_cluster(cluster, nodes))
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
 
 
 def layout(gpus: int, zero: int, tp: int, pp: int, cp: int, micro_batch: int, microbatches: int, recompute: str,
@@ -69,34 +56,58 @@ def layout(gpus: int, zero: int, tp: int, pp: int, cp: int, micro_batch: int, mi
                   sequence_parallel and tp > 1, recompute, cp=cp)
 
 
+def memory_scenario(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
+                    micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
+                    sequence_parallel: bool = True, seq_len: int | None = None, dtype: str | None = None,
+                    cluster: str = "dgx-h100") -> dict:
+    """The scenario the widget's controls describe, as `distlab simulate` and `distlab memory --scenario` take
+    it: the planner's (``layout``, ``Layout.scenario``) for ZeRO 0 and 3; ZeRO-1/2 as ``fsdp: {zero: 1 or 2}``
+    over the dp ranks (dp_shard), the recompute then in the model at tp 1 (`simulate` builds ZeRO-1/2 without
+    TP only: with tp > 1 it refuses the scenario, `distlab memory --scenario` still counts it)."""
+    L = layout(gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel)
+    d = L.scenario(model_spec(model, seq_len, dtype), cluster, max(1, gpus // 8))
+    if zero in (1, 2) and L.dp > 1:
+        d["mesh"] = {("dp_shard" if k == "dp" else k): v for k, v in d["mesh"].items()}
+        d["fsdp"] = {"zero": zero, "reshard_after_forward": not L.pipelined}
+        if L.pipelined:
+            d["pipeline"] = {k: v for k, v in d["tp"].items()
+                             if k in ("schedule", "microbatches", "virtual_stages", "split")}
+        d["tp"] = {k: v for k, v in d["tp"].items() if k in ("sequence_parallel", "loss_parallel", "recompute")}
+        if tp == 1:
+            d["model"]["recompute"] = d.pop("tp")["recompute"]
+            d["mesh"].pop("tp", None)
+    return d
+
+
 def memory_per_gpu(model: str = "llama3-8b", gpus: int = 64, zero: int = 3, tp: int = 1, pp: int = 1, cp: int = 1,
                    micro_batch: int = 1, microbatches: int = 8, recompute: str = "none",
                    sequence_parallel: bool = True, seq_len: int | None = None, dtype: str | None = None,
                    cluster: str = "dgx-h100") -> dict:
-    """Bytes per GPU by part ({params, grads, optimizer, [unsharded params,] activations[, ring buffers], total})
-    of ``model`` (a preset or a config.json path; ``seq_len`` and ``dtype``: bfloat16 = mixed-precision AdamW,
-    2 + 2 + 12 bytes per parameter, float32 = 4 + 4 + 8; None = the model's own) on ``gpus`` GPUs of ``cluster``
-    nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as ZeRO ``zero`` (``layout``),
-    ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``: the planner's accounting, which is
-    what `distlab simulate` reports for that layout (tests/test_planner.py, tests/test_lessons_memory_widget.py).
-    Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError for a layout torch does not build."""
-    from distlab.sim.parallel.fsdp.memory import fits
-    L = layout(gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel)
-    est = _estimator(model, seq_len, cluster, max(1, gpus // 8), dtype)
+    """Bytes per GPU by part ({params, grads, optimizer, [unsharded params, unsharded grads,] activations[, ring
+    buffers], total}) of ``model`` (a preset or a config.json path; ``seq_len`` and ``dtype``: bfloat16 =
+    mixed-precision AdamW, 2 + 2 + 12 bytes per parameter, float32 = 4 + 4 + 8; None = the model's own) on
+    ``gpus`` GPUs of ``cluster`` nodes laid out tp x cp x pp x dp (dp = the rest), data parallelism as ZeRO
+    ``zero`` (``layout``), ``microbatches`` in flight for the pipeline's peak (1F1B), ``recompute``: what
+    `distlab memory --scenario` and `distlab simulate` print for :func:`memory_scenario` (the one model,
+    sim/parallel/memory.py). Also ``dp``, ``gpu_GiB`` and ``fits``. Raises ValueError for a layout torch does
+    not build."""
+    from types import SimpleNamespace
+    from distlab.sim import scenario as sc
     from distlab.sim.errors import ConfigError
+    from distlab.sim.parallel.memory import memory_section
     from distlab.sim.parallel.tp.rules import check_divides
+    d = memory_scenario(model, gpus, zero, tp, pp, cp, micro_batch, microbatches, recompute, sequence_parallel,
+                        seq_len, dtype, cluster)
     try:                                          # what `simulate` refuses for this model, refused here too
-        check_divides(est.model(1), tp, "tp", L.sequence_parallel)
-        parts = dict(est.memory(L))
+        _, _, m, c, mesh, opts = sc.parts(d, "memory widget")
+        check_divides(m, tp, "tp", sequence_parallel and tp > 1)
+        mem = memory_section(SimpleNamespace(model=m, mesh=mesh, options=opts, cluster=c))["json"]
     except ConfigError as e:
         raise ValueError(str(e)) from None
-    if zero in (1, 2) and L.dp > 1:               # ZeRO-1/2: DDP's state with optimizer (and grads) sharded
-        parts["optimizer"] /= L.dp
-        if zero == 2:
-            parts["grads"] /= L.dp
-    parts["total"] = sum(v for k, v in parts.items())
-    gib = est.cluster.gpu.memory_GiB
-    return {**parts, "dp": L.dp, "gpu_GiB": gib, "fits": fits(parts["total"], gib)}
+    parts = dict(mem["breakdown_bytes"])
+    parts["total"] = mem["total_bytes"]
+    dp = gpus // (tp * cp * pp)
+    return {**parts, "dp": dp, "gpu_GiB": mem["gpu_memory_GiB"], "fits": mem["fits"]}
 
 
 def memory_rows(result: dict) -> list[list]:

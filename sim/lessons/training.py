@@ -120,10 +120,13 @@ def fastest(rows: list[dict], key: str, field: str = "step_s"):
 
 
 def zero_bytes(model, world: int, zero: int, shard_size: int | None = None) -> dict:
-    """Per-GPU bytes of params, grads and optimizer state (Adam) at ZeRO stage ``zero`` (0 = DDP), and total."""
-    from distlab.sim.parallel.fsdp.memory import static_bytes
+    """Per-GPU bytes of params, grads and optimizer state (Adam) at ZeRO stage ``zero`` (0 = DDP), and total:
+    sim/parallel/memory.py, the one model of `distlab memory` and `simulate` (ZeRO-3 as FSDP2 keeps it: fp32
+    shards of params and grads, 4 + 4 + 8 bytes per parameter)."""
     from distlab.sim.models import model_from_spec
-    out = static_bytes(model_from_spec(model), world, zero, shard_size)
+    from distlab.sim.parallel.memory import estimate
+    parts = estimate(model_from_spec(model), world, zero, shard_size)
+    out = {k: parts[k] for k in ("params", "grads", "optimizer")}
     return {**out, "total": sum(out.values())}
 
 

@@ -42,7 +42,10 @@ torchtitan's activation checkpointing wraps them (embedding and head keep theirs
               are not kept; with SDPA there are none (FlashAttention recomputes the scores in its backward), so
               selective = none (torchtitan's op-level selective AC is not modelled)
   offload     a block's saved tensors live in host memory (``torch.autograd.graph.save_on_cpu``) and come back
-              for its backward (``host_bytes``; the copies' time over PCIe is not simulated)
+              for its backward (``host_bytes``; the copies' time over PCIe is not simulated). ``true``: every
+              block; a number N: the first N blocks, as Transformer Engine's ``get_cpu_offload_context(enabled,
+              num_layers)`` offloads (Megatron-LM's ``--cpu-offloading-num-layers``; at most layers - 1 there,
+              the last block's backward comes first)
 Peak over one micro-batch: backward visits the layers last to first, so the peak is the largest of (saved
 bytes of layers 0..i + the transient bytes of layer i).
 """
@@ -111,7 +114,7 @@ def activations(model, recompute: str | None = None, offload: bool | None = None
     cfg = model.config or {}
     kind = cfg.get("kind")
     rc = cfg.get("recompute", "none") if recompute is None else recompute
-    off = bool(cfg.get("offload", False)) if offload is None else offload
+    off = cfg.get("offload", False) if offload is None else offload
     if rc not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {rc!r}; allowed: {', '.join(RECOMPUTE)}", "recompute")
     if kind not in FAMILIES:
@@ -121,7 +124,7 @@ def activations(model, recompute: str | None = None, offload: bool | None = None
             raise ConfigError(f"{v!r} must be a whole number >= 1", key)
     sp = sequence_parallel and tp > 1
     stashes = FAMILIES[kind](model, tp, sp, cp, loss_parallel and tp > 1, rc)
-    out = []
+    out, blocks = [], 0
     for st in stashes:
         plain = sum(st.terms.values())
         saved, transient, flops, terms = plain, sum(st.transient.values()), 0.0, dict(st.terms)
@@ -133,10 +136,19 @@ def activations(model, recompute: str | None = None, offload: bool | None = None
             saved, transient, flops = plain - drop, transient + drop, st.selective_flops
             terms = {k: v for k, v in st.terms.items() if k not in st.selective}
         host = 0.0
-        if off and st.block:
+        if st.block and (off is True or not isinstance(off, bool) and blocks < off):
             host, transient, saved = saved, transient + saved, 0.0
+        blocks += bool(st.block)
         out.append(LayerActivations(st.name, saved, transient, host, flops, terms))
     return Activations(tuple(out), rc, off, tp, sp, cp, loss_parallel and tp > 1)
+
+
+def check_offload(offload, layers: int, where: str) -> None:
+    """``offload``: true, false, or a whole number of blocks from 0 to ``layers`` (module docstring)."""
+    if isinstance(offload, bool):
+        return
+    if not isinstance(offload, int) or not 0 <= offload <= layers:
+        raise ConfigError(f"{offload!r} must be true, false or a number of blocks from 0 to {layers}", where)
 
 
 def attach(model, **layout):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from distlab.sim.dtypes import DTYPE_BYTES, TRAINING_DTYPES
 from distlab.sim.errors import ConfigError
-from distlab.sim.models.activations import RECOMPUTE, attach
+from distlab.sim.models.activations import RECOMPUTE, attach, check_offload
 from distlab.sim.models.arch import ARCH_DEFAULTS, CHOICES, COMMON_DEFAULTS, structure
 from distlab.sim.models.core import MAX_LAYERS, Layer, Model, Param
 
@@ -33,7 +33,7 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
         tied: bool | None = None, positions: str | None = None, head_dim: int | None = None,
         window: int | None = None, qkv_bias: bool | None = None, attention_bias: bool | None = None,
         mlp_bias: bool | None = None, attention: str | None = None, dropout: float | None = None,
-        recompute: str = "none", offload: bool = False) -> Model:
+        recompute: str = "none", offload: bool | int = False) -> Model:
     """A decoder-only transformer. ``arch`` sets the defaults of every structural choice (sim/models/arch.py):
     ``gpt2``: learned positions, LayerNorm with bias, biased linears, fused QKV, GELU MLP (4h), tied embeddings;
     ``llama``: RoPE, RMSNorm, no biases, separate q/k/v with ``kv_heads`` (grouped-query attention), SwiGLU MLP
@@ -68,8 +68,7 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
         raise ConfigError(f"{dropout!r} must be a probability in [0, 1)", "model.dropout")
     if recompute not in RECOMPUTE:
         raise ConfigError(f"unknown recompute {recompute!r}; allowed: {', '.join(RECOMPUTE)}", "model.recompute")
-    if not isinstance(offload, bool):
-        raise ConfigError(f"{offload!r} must be true or false", "model.offload")
+    check_offload(offload, layers, "model.offload")
     given = dict(qkv=qkv, mlp=mlp, norm=norm, norm_bias=norm_bias, bias=bias, tied=tied, positions=positions,
                  qkv_bias=qkv_bias, attention_bias=attention_bias, mlp_bias=mlp_bias, attention=attention,
                  dropout=dropout)
@@ -138,7 +137,7 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, micro_ba
     if recompute != "none":
         config["recompute"] = recompute
     if offload:
-        config["offload"] = True
+        config["offload"] = offload
     return attach(Model(name, out, {"kind": "gpt", **config}))
 
 

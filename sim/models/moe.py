@@ -53,7 +53,7 @@ class MoEConfig:
     rope_dim: int = 64                 # mla: d_R, decoupled RoPE dimension
     embed: bool = True                 # embedding and head (false: the blocks alone)
     recompute: str = "none"            # how training keeps activations (sim/models/activations.py)
-    offload: bool = False
+    offload: bool | int = False
 
     def check(self, where: str = "model") -> "MoEConfig":
         for f in ("layers", "hidden", "experts", "top_k", "expert_ffn", "heads", "seq_len", "vocab", "micro_batch"):
@@ -76,8 +76,8 @@ class MoEConfig:
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"unknown recompute {self.recompute!r}; allowed: {', '.join(RECOMPUTE)}",
                               f"{where}.recompute")
-        if not isinstance(self.offload, bool):
-            raise ConfigError(f"{self.offload!r} must be true or false", f"{where}.offload")
+        from distlab.sim.models.activations import check_offload
+        check_offload(self.offload, self.layers, f"{where}.offload")
         if self.hidden % self.heads:
             raise ConfigError(f"hidden {self.hidden} is not a multiple of heads {self.heads}", f"{where}.heads")
         return self

@@ -19,7 +19,7 @@ on shared links, and overlap of a stage's gradient reduction with the actions af
 line); interleaved schedules post their receives early, which the estimate does not model.
 Checked against the simulation (tests/test_compose_estimate.py): equal to 0.1% on PP x FSDP2 (x TP) (x CP),
 HSDP inside stages and PP x TP x DDP under 1F1B and GPipe, within 3% with interleaved 1F1B and without a pipeline
-(FSDP2 x TP, HSDP x CP x TP), on a 32-GPU, 8-block model.
+(FSDP2 x TP, HSDP x CP x TP, FSDP2 gradient accumulation), on a 32-GPU, 8-block model.
 """
 from __future__ import annotations
 

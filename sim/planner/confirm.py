@@ -42,7 +42,7 @@ def layout_parts(est, L) -> tuple:
     else:
         par.tp = TPOptions(sequence_parallel=sp, loss_parallel=L.loss_parallel, recompute=L.recompute)
     if L.dp_kind != "ddp" or L.cp > 1:
-        par.fsdp = FSDPOptions(reshard_after_forward=not L.pipelined)
+        par.fsdp = FSDPOptions(reshard_after_forward=L.pp == 1)    # torchtitan: not pp_enabled
     elif L.dp > 1 and not L.pipelined:
         par.ddp = DDPOptions()
     return est.model(L.micro_batch), Mesh(L.mesh()), par

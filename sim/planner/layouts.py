@@ -128,7 +128,7 @@ class Layout:
                 pipe["virtual_stages"] = self.virtual_stages
             if self.split:
                 pipe["split"] = list(self.split)
-            out = {**head, "pipeline": pipe, "fsdp": {"reshard_after_forward": False}}
+            out = {**head, "pipeline": pipe, "fsdp": {"reshard_after_forward": self.pp == 1}}
             if self.cp > 1:
                 out["cp"] = {"recompute": self.recompute}
                 out["tp"] = {"sequence_parallel": self.sequence_parallel and self.tp > 1}

@@ -43,7 +43,7 @@ def built_schedule(schedule: str, p: int, m: int, v: int = 1) -> tuple:
     """sim/parallel/pipeline/schedules.py ``build`` as tuples (its actions are immutable), built once per shape:
     a search asks for the same shapes for memory (the peak of live blocks) and for time."""
     from distlab.sim.parallel.pipeline import schedules as S
-    return tuple(tuple(acts) for acts in S.build(schedule, p, m, v))
+    return S.built(schedule, p, m, v)
 
 
 @lru_cache(maxsize=512)

@@ -1,7 +1,7 @@
 """PP x FSDP2 x TP x CP in the planner: ring attention inside pipeline stages, estimated from the composition's
 own program (sim/planner/composed.py: one rank per pipeline index built by sim/parallel/parallelize.py, each
 action timed stream by stream with the ring's sends at their hop, the schedule walked with those durations),
-and its memory as `distlab simulate` reports it (sim/workloads/composed_report.py ``memory_of``).
+its memory: sim/planner/step.py ``Estimator.memory``, the one model.
 
     stages = CPStages(estimator)
     stages.estimate(Layout(tp=8, cp=16, pp=16, dp=8, dp_kind="fsdp", dp_shard=8, micro_batch=1, microbatches=16,
@@ -29,9 +29,3 @@ class CPStages:
         from distlab.sim.planner.confirm import composed_step
         step = composed_step(self.est, L)
         return Estimate(step, {"composed_s": step})
-
-    def memory(self, L) -> dict:
-        from distlab.sim.workloads.composed_report import memory_of
-        from distlab.sim.planner.confirm import layout_parts
-        model, mesh, par = layout_parts(self.est, L)
-        return dict(memory_of(model, mesh, par)["breakdown_bytes"])

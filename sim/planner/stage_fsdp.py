@@ -93,7 +93,8 @@ class StageTerms:
 
     def _program(self, L, shard: int) -> list:
         """The pipeline ranks' ops (one list per pp rank) with FSDP2 over ``shard`` ranks (HSDP: 2 replicas)."""
-        key = (L.tp, L.pp, L.virtual_stages, L.split, shard)      # what FSDP2's units and groups follow
+        key = (L.tp, L.pp, L.virtual_stages, L.split, shard)      # what FSDP2's units and groups follow; pp 1:
+        # gradient accumulation, resharded after forward and reduced in every micro-batch's backward (one's ops)
         if key not in self._ops:
             from distlab.sim.parallel.fsdp.plan import FSDPOptions
             from distlab.sim.parallel.parallelize import choose, parallelize
@@ -111,7 +112,7 @@ class StageTerms:
             v = L.virtual_stages
             pipe = PipelineOptions(schedule="gpipe" if v == 1 else "interleaved", microbatches=STAGE_MICROBATCHES,
                                    virtual_stages=v, split=list(L.split) if L.split else None)
-            par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=False)})
+            par = choose(mesh, {"pipeline": pipe, "fsdp": FSDPOptions(reshard_after_forward=L.pp == 1)})
             per = mesh.world_size // L.pp
             plan = parallelize(model, mesh, par, only=[q * per for q in range(L.pp)])
             self._ops[key] = [[op for op in ops if _fsdp_op(op)] for ops in plan.ranks]

@@ -1,9 +1,8 @@
 """The fast estimate of one layout (sim/planner/estimate.py says how terms combine) and its memory per GPU.
 
-Memory per GPU is the simulator's own report (sim/parallel/tp/memory.py: local shards, the model family's activations,
-sim/models/activations.py; PP: the fullest rank, sim/workloads/tp.py ``first_stage_memory``; CP: sim/parallel/cp/memory.py), checked
-against the GPU's memory with the same headroom rule as `distlab simulate` (sim/parallel/fsdp/memory.py ``fits``).
-Activations (and CP's ring buffers) are linear in the micro-batch: computed at micro-batch 1 and scaled.
+Memory per GPU is the simulator's own (sim/parallel/memory.py ``memory_per_gpu``, the one model of every command,
+for the scenario `plan --confirm` runs), checked against the GPU's memory with the same headroom rule as
+`distlab simulate` (sim/parallel/fsdp/memory.py ``fits``).
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from distlab.sim.planner.stage_cp import CPStages
 from distlab.sim.planner.layouts import Layout
 from distlab.sim.parallel.tp.plan import Segments, TPOptions, _Program
 
-SCALES_WITH_BATCH = ("activations", "ring buffers")
 
 
 class Estimator:
@@ -35,6 +33,8 @@ class Estimator:
         self.fsdp = StageTerms(self)
         self.cp_stages = CPStages(self)
         self._walks: dict = {}            # layout -> its schedule walk, from bound() to estimate()
+        self._memory_cache: dict = {}     # micro-batch -> sim/parallel/memory.py's cache for that model
+        self._meshes: dict = {}           # a layout's mesh dimensions -> its Mesh
 
     def model(self, micro_batch: int):
         if micro_batch not in self._models:
@@ -48,39 +48,37 @@ class Estimator:
 
     # -- memory ------------------------------------------------------------------------------------------
     def memory(self, L: Layout) -> dict:
-        """Bytes per GPU by part (params, grads, optimizer, activations[, ring buffers]), as `distlab simulate`
-        reports them."""
-        sp = L.sequence_parallel and L.tp > 1
-        if L.cp > 1 and L.pipelined:
-            return self.cp_stages.memory(L)
+        """Bytes per GPU by part, as `distlab simulate` reports them for the scenario `plan --confirm` runs
+        (``L.scenario``): sim/parallel/memory.py ``memory_per_gpu``, the one model of every command."""
+        from distlab.sim.parallel.memory import memory_per_gpu
+        model = self.model(L.micro_batch)
+        mesh, par = self.parallelisms(L)
+        return dict(memory_per_gpu(model, mesh, par, self._memory_cache.setdefault(L.micro_batch, {}))
+                    ["breakdown_bytes"])
+
+    def parallelisms(self, L: Layout) -> tuple:
+        """(Mesh, Parallelisms) of the scenario ``L.scenario`` writes, as its builder composes them."""
+        from distlab.sim.mesh import Mesh
+        from distlab.sim.parallel.cp.local import CPOptions
+        from distlab.sim.parallel.fsdp.plan import FSDPOptions
+        from distlab.sim.parallel.memory import as_parallelisms
+        from distlab.sim.parallel.parallelize import Parallelisms
+        from distlab.sim.parallel.pipeline.plan import PipelineOptions
+        dims = tuple(L.mesh().items())
+        mesh = self._meshes.get(dims)
+        if mesh is None:                  # a few hundred meshes for tens of thousands of layouts
+            mesh = self._meshes[dims] = Mesh(dict(dims))
+        if L.composed:
+            pipe = PipelineOptions(schedule=L.schedule, microbatches=L.microbatches,
+                                   virtual_stages=L.virtual_stages, split=list(L.split) if L.split else None)
+            sp = L.sequence_parallel and L.tp > 1
+            tp = TPOptions(sequence_parallel=sp) if L.cp > 1 else TPOptions(
+                sequence_parallel=sp, loss_parallel=L.loss_parallel, recompute=L.recompute)
+            return mesh, Parallelisms(pipeline=pipe, tp=tp, fsdp=FSDPOptions(reshard_after_forward=L.pp == 1),
+                                      cp=CPOptions(recompute=L.recompute) if L.cp > 1 else None)
         if L.cp > 1:
-            key = ("cp memory", L.tp, L.cp, L.shard, L.recompute)
-            if key not in self._layers:
-                from distlab.sim.parallel.cp.memory import cp_memory
-                self._layers[key] = cp_memory(self.model(1), L.cp, L.cp * L.tp * L.shard, "allgather", L.recompute,
-                                              L.tp)
-            return self._scaled(self._layers[key], L.micro_batch)
-        key = ("memory", L.tp, sp, L.recompute, L.shard, L.loss_parallel)
-        if key not in self._layers:
-            from distlab.sim.parallel.tp.memory import tp_memory
-            self._layers[key] = tp_memory(self.model(1), L.tp, sp, L.recompute, L.shard, L.loss_parallel)
-        whole = self._scaled(self._layers[key], L.micro_batch)
-        if not L.pipelined or L.pp == 1:
-            return whole
-        from distlab.sim.workloads.tp import fullest_rank
-        shares, blocks = self._stages(L)
-        ranks = (0,) if L.virtual_stages == 1 and L.split is None else tuple(range(L.pp))
-        key = ("peaks", L.schedule, L.pp, L.microbatches, L.virtual_stages, blocks, ranks)
-        if key not in self._layers:
-            from distlab.sim.workloads.tp import peak_blocks
-            self._layers[key] = peak_blocks(built_schedule(L.schedule, L.pp, L.microbatches, L.virtual_stages),
-                                            blocks, ranks)
-        parts = fullest_rank(whole, shares, self._layers[key], L.pp, self.model(1).config["layers"])
-        if L.composed and L.shard > 1:
-            # FSDP2 inside a pipeline keeps its stages unsharded for the whole step (reshard_after_forward false,
-            # torchtitan's default with pp; sim/parallel/fsdp/stage.py): the rank's share of the model, whole
-            parts["unsharded params"] = parts["params"] * L.shard
-        return parts
+            return mesh, as_parallelisms(mesh, CPOptions(recompute=L.recompute))
+        return mesh, as_parallelisms(mesh, self.options(L))
 
     def _stages(self, L: Layout) -> tuple:
         """(parameter share of each stage, blocks of each stage) as sim/workloads/tp.py computes them."""
@@ -95,10 +93,6 @@ class Estimator:
             self._layers[key] = ([sum(numel[i] for i in r) / sum(numel) for r in ranges],
                                  tuple(sum(1 for i in r if model.layers[i].name.startswith("h.")) for r in ranges))
         return self._layers[key]
-
-    @staticmethod
-    def _scaled(parts: dict, micro_batch: int) -> dict:
-        return {k: v * micro_batch if k in SCALES_WITH_BATCH else v for k, v in parts.items()}
 
     # -- time --------------------------------------------------------------------------------------------
     def layer_times(self, L: Layout, name: str) -> tuple:
@@ -121,7 +115,24 @@ class Estimator:
     def estimate(self, L: Layout) -> Estimate:
         if L.pipelined and L.cp > 1:          # a ring inside the stages: the composition's own program
             return self.cp_stages.estimate(L)
+        if L.composed and L.pp == 1:          # FSDP2 gradient accumulation, no pipeline
+            return self._accumulated(L)
         return self._pipeline(L) if L.pipelined else self._flat(L)
+
+    def _accumulated(self, L: Layout) -> Estimate:
+        """FSDP2 gradient accumulation without a pipeline (sim/parallel/fsdp/stage.py: torchtitan's train loop,
+        each micro-batch's forward and backward as FSDP2 runs one step, its units gathered again and its
+        gradients reduce-scattered in its backward): the one-micro-batch step m times, AdamW once."""
+        one = self._flat(replace(L, microbatches=1))
+        opt, m = self.fsdp.terms(L, 0)[3], L.microbatches
+        step = m * (one.step_s - opt) + opt
+        ranges, stage = self._stage_times(L)        # the layers' compute and TP communication, as a pipeline's
+        names = [layer.name for layer in self.model(L.micro_batch).layers]
+        compute, tp_comm = m * stage[0][2], m * stage[0][3]
+        recompute = m * self._recompute_s(L, ranges[0], names)
+        return Estimate(step, {"compute_s": compute - recompute, "recompute_s": recompute, "tp_comm_s": tp_comm,
+                               "dp_comm_exposed_s": max(step - compute - tp_comm, 0.0),
+                               "dp_comm_total_s": m * one.terms.get("dp_comm_total_s", 0.0), "bubble_and_p2p_s": 0.0})
 
     def bound(self, L: Layout) -> float:
         """A lower bound of ``estimate(L).step_s``, cheap: a pipeline's schedule walked with its stages' compute

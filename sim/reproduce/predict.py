@@ -132,7 +132,10 @@ def predict(run, overrides: dict | None = None, replicas: bool = True) -> dict:
     from distlab.sim.compute.flops import model_flops_per_token
     tokens = run.global_batch * run.model["seq_len"]
     mfu = model_flops_per_token(build_model(run)) * tokens / (step_s * run.gpus * cluster.gpu.tflops * 1e12)
+    from distlab.sim.reproduce.scenario import memory
+    mem = memory(run)["breakdown_bytes"]
     return {**base, "expressible": True, "predicted": predicted, "error": (predicted - reported) / reported,
             "step_time_s": step_s, "mfu": mfu, "tokens_per_s_per_gpu": tokens / step_s / run.gpus,
             "compute_s": parts["compute_s"], "exposed_comm_s": parts["exposed_comm_s"], "idle_s": parts["idle_s"],
+            "memory_per_gpu_bytes": mem, "memory_total_bytes": sum(mem.values()),
             "wall_s": time.perf_counter() - t0}

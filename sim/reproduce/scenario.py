@@ -100,3 +100,17 @@ def parts(run):
     s = sc.from_dict(scenario_of(run), f"run {run.name}")
     return (model_from_spec(s.model_spec(), f"run {run.name}: model"), s.device_mesh(f"run {run.name}: mesh"),
             s.parallelisms["tp"])
+
+
+def memory(run) -> dict:
+    """{"pipeline_rank", "breakdown_bytes", "host_bytes"}: the run's memory per GPU as every command counts it
+    (sim/parallel/memory.py ``memory_per_gpu`` on the run's scenario)."""
+    from distlab.sim import scenario as sc
+    from distlab.sim.parallel.memory import as_parallelisms, memory_per_gpu
+    _, w, model, cluster, mesh, opts = sc.parts(scenario_of(run), f"run {run.name}")
+    if w.name == "ep":                    # expert parallelism: its workload's own count, as simulate reports it
+        from types import SimpleNamespace
+        from distlab.sim.workloads.ep import memory as ep_memory
+        parts = ep_memory(SimpleNamespace(model=model, mesh=mesh, options=opts, cluster=cluster))["json"]
+        return {"pipeline_rank": 0, "breakdown_bytes": parts["breakdown_bytes"], "host_bytes": 0.0}
+    return memory_per_gpu(model, mesh, as_parallelisms(mesh, opts))

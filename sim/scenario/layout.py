@@ -184,7 +184,8 @@ def options_of(d: dict, builder, mesh: Mesh, where: str = "scenario"):
     given = {name: registry.get(name).parse(d[name], f"{where}: {name}") for name in COMPOSABLE if name in d}
     par = choose(mesh, given, f"{where}: mesh")
     written = d.get("fsdp") or {}
-    if par.pipeline is not None and par.fsdp is not None and "reshard_after_forward" not in written:
+    piped = "pp" in mesh and mesh.size("pp") > 1        # torchtitan: reshard_after_forward = not pp_enabled
+    if piped and par.fsdp is not None and "reshard_after_forward" not in written:
         par.fsdp = replace(par.fsdp, reshard_after_forward=False)
     if par.cp is not None and par.fsdp is not None and "overlap" not in written:
         par.fsdp = replace(par.fsdp, overlap=par.cp.overlap)     # CP's overlap covers its FSDP2, as cp_plan's

@@ -1,16 +1,8 @@
 """What `distlab simulate` reports of a composed scenario (sim/workloads/composed.py): the collectives per mesh
 dimension and phase on rank 0, the pipeline's bubble, and the memory of the fullest rank.
 
-Memory per GPU (the rank with the most bytes among the pipeline ranks): its stages' parameters as TP leaves them
-(sim/parallel/tp/rules.py local shapes), sharded over FSDP2's group (dp_shard x cp) as the ZeRO stage says
-(sim/parallel/fsdp/memory.py: ZeRO-3 all three sharded, ZeRO-2 gradients and optimizer, ZeRO-1 the optimizer;
-DDP none), mixed-precision AdamW's bytes per element (``precision``: with FSDP2's ZeRO-3 its fp32 shards
-4 + 4 + 8, as the fsdp workload's report; else ZeRO's 2 + 2 + 12 for 16-bit params); activations of one block as the model's
-family keeps them (sim/models/activations.py: tp, sequence parallelism, cp, recompute; the same function as
-`distlab memory` and every workload): without a pipeline its peak (the same bytes as `distlab memory`), with one
-a block's bytes times the most blocks the rank holds at once walking its schedule (sim/workloads/tp.py
-``peak_blocks``: each F adds its stage's blocks, each B frees them).
-FSDP2's transient unsharded units are not counted.
+Memory per GPU: sim/parallel/memory.py ``memory_per_gpu``, the one model of every command
+(sim/parallel/memory.py ``memory_section``).
 """
 from __future__ import annotations
 
@@ -75,67 +67,18 @@ def collectives(result) -> dict:
 
 
 def memory(result) -> dict:
-    """Bytes per GPU of the fullest pipeline rank (module docstring)."""
+    """Bytes per GPU of the fullest pipeline rank (sim/parallel/memory.py, the one model of every command)."""
     return memory_of(result.model, result.mesh, result.options)
 
 
 def memory_of(model, mesh, par) -> dict:
-    """Bytes per GPU of the fullest pipeline rank of ``model`` on ``mesh`` with ``par`` (a Parallelisms), without
-    building the plan: {"pipeline_rank": its pp index, "breakdown_bytes": {params, grads, optimizer,
-    activations}} (module docstring)."""
-    from distlab.sim.parallel.fsdp.memory import precision
-    from distlab.sim.parallel.fsdp.units import padded_numel
-    from distlab.sim.models.activations import activations, effective_recompute
-    from distlab.sim.parallel.tp.rules import local_shape
-    c = model.config
-    size = {d: mesh.size(d) if d in mesh else 1 for d in ("pp", "dp_shard", "cp", "tp")}
-    tp, cp = size["tp"], size["cp"]
-    S = size["dp_shard"] * cp if par.fsdp is not None else 1
-    zero = par.fsdp.zero if par.fsdp is not None else 0
-    p, g, k = precision(c["dtype"], fsdp2=zero == 3)      # FSDP2's fp32 shards, as every FSDP2 report
-    sp = par.tp is not None and par.tp.sequence_parallel
-    own = par.tp.recompute if par.tp is not None else "none"
-    if par.cp is not None and own == "none":      # CP x TP: the cp section's recompute (sim/parallel/layers.py)
-        own = par.cp.recompute
-    transformer = c.get("kind") in ("gpt", "moe")
-    if transformer:          # the model family's activations (sim/models/activations.py), as every command counts
-        whole = activations(model, effective_recompute(model, own), None, tp, sp, cp,
-                            par.tp is not None and par.tp.loss_parallel)
-        per_block = whole.per_block()
-    else:                    # an MLP: each layer's activation is one "block"
-        per_block = max(L.activation_bytes for L in model.layers)
-    numel = [sum(padded_numel(local_shape(q, tp), S) for q in L.params) for L in model.layers]
-    if par.pipeline is None:
-        blocks = sum(1 for L in model.layers if L.name.startswith("h.")) if transformer else len(model.layers)
-        stages_of_rank, ranges, peaks = [[0]], [range(len(model.layers))], {0: blocks}
-    else:
-        from distlab.sim.parallel.pipeline import schedules as Sch
-        from distlab.sim.parallel.pipeline.plan import stage_ranges
-        from distlab.sim.parallel.pipeline.stages import pipeline_spec
-        from distlab.sim.workloads.tp import peak_blocks
-        spec = pipeline_spec(par.pipeline, model, mesh)
-        pp, v = size["pp"], spec.virtual_stages
-        ranges = stage_ranges(model, pp * v, spec.split)
-        blocks = tuple(sum(1 for i in r if model.layers[i].name.startswith("h.") or not transformer) for r in ranges)
-        peaks = peak_blocks(Sch.build(spec.schedule, pp, spec.microbatches, v), blocks, range(pp))
-        placement = Sch.stage_to_rank(spec.schedule, pp, v)
-        stages_of_rank = [[s for s, r in enumerate(placement) if r == q] for q in range(pp)]
-    best = None
-    for q, peak in peaks.items():
-        full = sum(numel[i] for s in stages_of_rank[q] for i in ranges[s])
-        shard = full // S
-        # one stage: the whole model's peak (embedding, head and loss, a recomputed block's forward), as
-        # `distlab memory` and the DDP/FSDP/TP/CP reports count it; a pipeline rank: its blocks at once
-        acts = whole.peak_bytes if transformer and par.pipeline is None else per_block * peak
-        parts = {"params": (shard if zero == 3 else full) * p, "grads": (shard if zero >= 2 else full) * g,
-                 "optimizer": (shard if zero >= 1 else full) * k, "activations": acts}
-        if best is None or sum(parts.values()) > sum(best[1].values()):
-            best = (q, parts)
-    return {"pipeline_rank": best[0], "breakdown_bytes": best[1]}
+    """{"pipeline_rank", "breakdown_bytes", "host_bytes"} of ``model`` on ``mesh`` with ``par`` (a
+    Parallelisms), without building the plan: sim/parallel/memory.py ``memory_per_gpu``."""
+    from distlab.sim.parallel.memory import memory_per_gpu
+    return memory_per_gpu(model, mesh, par)
 
 
 def report(result) -> dict:
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits
     counts = collectives(result)
     table = {"title": "collectives per step (rank 0), by mesh dimension",
              "columns": ["mesh dim", "collective", "phase", "count", "MiB"],
@@ -147,19 +90,14 @@ def report(result) -> dict:
     rows += [[f"{d} ({result.workload.dim_words.get(d, d)})", result.mesh.size(d)] for d in result.mesh.names]
     if par.pipeline is not None:
         rows += _pipeline_rows(result)
-    mem = memory(result)
-    parts = mem["breakdown_bytes"]
-    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
-    ok = fits(total, gpu)
-    rows += [[f"memory per GPU: {k}", f"{v / 2**30:.3f} GiB"] for k, v in parts.items()]
-    where = f"total; pipeline rank {mem['pipeline_rank']}" if par.pipeline is not None else "total"
-    rows += [[f"memory per GPU ({where})", f"{total / 2**30:.3f} GiB"],
-             ["fits the GPU", fit_text(total, gpu)]]
-    return {"rows": rows, "tables": [table], "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
+    from distlab.sim.parallel.memory import memory_section
+    mem = memory_section(result)
+    rows += mem["rows"]
+    return {"rows": rows, "tables": [table], "warnings": mem["warnings"],
             "json": {"parallelisms": par.names(),
                      "collectives": [{"mesh_dim": d, "op": op, "phase": ph, "count": n, "bytes": b}
                                      for (d, op, ph), (n, b) in counts.items()],
-                     "memory": {**mem, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}}
+                     "memory": mem["json"]}}
 
 
 def _pipeline_rows(result) -> list:

@@ -22,9 +22,7 @@ def build(model, mesh, opts: CPOptions, cluster):
 
 
 def report(result) -> dict:
-    from distlab.sim.parallel.cp.memory import cp_memory
     from distlab.sim.parallel.cp.ring import step_kind
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, fsdp2_split
     from distlab.sim.plan import Collective, Send
     o, cp = result.options, result.mesh.size("cp")
     ops = [x for x in result.plan.ranks[0] if getattr(x, "name", "").startswith("cp ")
@@ -41,28 +39,22 @@ def report(result) -> dict:
              "notes": ["kv: cat(K, V) of the local tokens in the model dtype; dkv: their gradients in float32",
                        "all_gather bytes: the gathered output (nccl-tests); all_to_all: what one rank sends"]}
     kinds = [step_kind(cp - 1, cp, i, o.load_balance) for i in range(cp)]
-    m = result.mesh
-    tp = m.size("tp") if "tp" in m else 1
-    shard = cp * tp * (m.size("dp_shard") if "dp_shard" in m else 1)
     from distlab.sim.models.activations import effective_recompute
+    from distlab.sim.parallel.memory import memory_section
     rc = effective_recompute(result.model, o.recompute)
-    parts = fsdp2_split(cp_memory(result.model, cp, shard, o.rotate_method, rc, tp))    # FSDP2's 4 + 4 + 8
-    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
-    ok = fits(total, gpu)
+    mem = memory_section(result)
     rows = [["cp group size", cp], ["tokens per rank", f"{result.model.config['seq_len'] // cp} of "
                                                        f"{result.model.config['seq_len']}"],
             ["rotate method", o.rotate_method], ["load balanced", o.load_balance], ["recompute", rc],
             [f"ring steps of rank {cp - 1}", ", ".join(kinds)]]
-    rows += [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
-    rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
-             ["fits the GPU", fit_text(total, gpu)]]
-    warnings = [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)]
+    rows += mem["rows"]
+    warnings = mem["warnings"]
     return {"rows": rows, "tables": [table], "warnings": warnings,
             "json": {"cp": cp, "rotate_method": o.rotate_method, "load_balance": o.load_balance,
                      "ring_steps_last_rank": kinds,
                      "collectives": [{"op": op, "buffer": w, "count": n, "bytes": b}
                                      for (op, w), (n, b) in counts.items()],
-                     "memory": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}}
+                     "memory": mem["json"]}}
 
 
 WORKLOAD = Workload(

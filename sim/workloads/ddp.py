@@ -28,17 +28,10 @@ def report(result) -> dict:
 
 
 def memory(result) -> dict:
-    """Per-GPU memory as `distlab memory --zero ddp` counts it (sim/parallel/fsdp/memory.py estimate: params, grads,
-    Adam state, activations of one micro-batch) against the GPU's memory."""
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, estimate, fit_text, fits
-    est = estimate(result.model, result.plan.world_size, 0)
-    total, gpu = sum(est.values()), result.cluster.gpu.memory_GiB
-    ok = fits(total, gpu)
-    rows = [["memory per GPU (params + grads + Adam + activations)", f"{total / 2**30:.3f} GiB"],
-            ["fits the GPU", fit_text(total, gpu)]]
-    warnings = [] if ok else ["does not fit: " + breakdown_line(est, total, gpu)]
-    return {"rows": rows, "warnings": warnings,
-            "json": {"breakdown_bytes": est, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu}}
+    """Per-GPU memory rows: sim/parallel/memory.py, the one model of every command (`distlab memory --zero ddp`
+    gives the same bytes)."""
+    from distlab.sim.parallel.memory import memory_section
+    return memory_section(result)
 
 
 def sweep_row(result) -> dict:

@@ -37,30 +37,11 @@ def report(result) -> dict:
                                                                 "memory": mem["json"]}}
 
 
-def memory(result, met) -> dict:
-    """Per-GPU memory of the fullest pipeline rank: its stages' params, grads and Adam state (bytes per
-    element as sim/parallel/fsdp/memory.py precision: 2+2+12 for 16-bit params, 4+4+8 for fp32) plus its peak
-    in-flight activations, against the GPU's memory."""
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, precision
-    from distlab.sim.plan import DTYPE_BYTES
-    meta = result.info["pipeline"]
-    dtype = (result.model.config or {}).get("dtype", "float32")
-    p, g, k = precision(dtype)
-    worst = None
-    for rank, act in enumerate(met.peak_rank_memory[:meta["stages"]]):
-        numel = sum(b for s, b in enumerate(meta["param_bytes"]) if meta["stage_to_rank"][s] == rank) \
-            // DTYPE_BYTES[dtype]
-        parts = {"params": numel * p, "grads": numel * g, "optimizer": numel * k, "activations": int(act)}
-        if worst is None or sum(parts.values()) > sum(worst[1].values()):
-            worst = (rank, parts)
-    rank, parts = worst
-    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
-    ok = fits(total, gpu)
-    rows = [[f"memory per GPU (pipeline rank {rank}: its stages + in-flight activations)", f"{total / 2**30:.3f} GiB"],
-            ["fits the GPU", fit_text(total, gpu)]]
-    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
-            "json": {"pipeline_rank": rank, "breakdown_bytes": parts, "total_bytes": total, "fits": ok,
-                     "gpu_memory_GiB": gpu}}
+def memory(result, met=None) -> dict:
+    """Per-GPU memory rows of the fullest pipeline rank: sim/parallel/memory.py, the one model of every command
+    (its schedule walk gives the in-flight micro-batches the stage rows above show from the simulated trace)."""
+    from distlab.sim.parallel.memory import memory_section
+    return memory_section(result)
 
 
 def figure(result, title=None):

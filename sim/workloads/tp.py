@@ -45,7 +45,7 @@ def build(model, mesh, opts: TPOptions, cluster):
         if sharded:
             from distlab.sim.parallel.fsdp.plan import FSDPOptions
             from distlab.sim.parallel.parallelize import Parallelisms, parallelize
-            par = Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=False))
+            par = Parallelisms(pipeline=spec, tp=opts, fsdp=FSDPOptions(reshard_after_forward=pp == 1))
             plan = parallelize(model, mesh, par, cluster, where="tp")
         else:
             plan = pp_tp_plan(model, mesh, spec, opts, cluster=cluster)
@@ -60,25 +60,9 @@ def build(model, mesh, opts: TPOptions, cluster):
 
 
 def memory(result) -> dict:
-    from distlab.sim.models.activations import effective_recompute
-    from distlab.sim.parallel.fsdp.memory import breakdown_line, fit_text, fits, fsdp2_split
-    from distlab.sim.parallel.tp.memory import tp_memory
-    o = result.options
-    rc = effective_recompute(result.model, o.recompute, "tp.recompute")
-    dp = result.mesh.size("dp_shard") if "dp_shard" in result.mesh else 1
-    parts = tp_memory(result.model, result.mesh.size("tp"), o.sequence_parallel, rc, dp, o.loss_parallel)
-    if "pp" in result.mesh and result.mesh.size("pp") > 1:
-        parts = first_stage_memory(result, parts)
-    if dp > 1:                                  # FSDP2 x TP: the split FSDP2 holds (fsdp/memory.py precision)
-        parts = fsdp2_split(parts)
-    total, gpu = sum(parts.values()), result.cluster.gpu.memory_GiB
-    ok = fits(total, gpu)
-    rows = [[f"memory per GPU: {k}", f"{v / 1e9:.3f} GB = {v / 2**30:.3f} GiB"] for k, v in parts.items()]
-    rows += [["memory per GPU (total)", f"{total / 1e9:.3f} GB = {total / 2**30:.3f} GiB"],
-             ["fits the GPU", fit_text(total, gpu)]]
-    return {"rows": rows, "warnings": [] if ok else ["does not fit: " + breakdown_line(parts, total, gpu)],
-            "json": {"breakdown_bytes": parts, "total_bytes": total, "fits": ok, "gpu_memory_GiB": gpu,
-                     "activations": f"sim/models/activations.py, recompute {rc}"}}
+    """Per-GPU memory rows: sim/parallel/memory.py, the one model of every command."""
+    from distlab.sim.parallel.memory import memory_section
+    return memory_section(result)
 
 
 def first_stage_memory(result, whole: dict) -> dict:

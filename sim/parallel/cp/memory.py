@@ -12,22 +12,17 @@ Without CP a rank keeps the activations of all S tokens: CP divides them by cp, 
 """
 from __future__ import annotations
 
-from distlab.sim.dtypes import DTYPE_BYTES
-from distlab.sim.models.activations import activations
-from distlab.sim.parallel.cp.ring import ACCUM_BYTES
-from distlab.sim.parallel.fsdp.memory import static_bytes
 
 
 def cp_memory(model, cp: int, shard_ranks: int, rotate_method: str = "allgather", recompute: str | None = None,
               tp: int = 1, offload: bool | None = None) -> dict:
-    """Bytes per rank (see the module docstring); ``shard_ranks``: the ranks one copy of the model is split
-    over (dp_shard x cp x tp); with tp (+ SP) the activations and the ring's local heads divide by tp;
-    ``recompute``/``offload`` None = the model's own."""
-    c = model.config
-    b, s, h, e = c["micro_batch"], c["seq_len"] // cp, c["hidden"] // tp, DTYPE_BYTES[c["dtype"]]
-    static = static_bytes(model, shard_ranks, 3, shard_ranks)
-    B, G = 2 * b * s * h * e, 2 * b * s * h * ACCUM_BYTES
-    act = activations(model, recompute, offload, tp, tp > 1, cp).peak_bytes
-    ring = ((cp + 1) * B if rotate_method == "allgather" else 2 * B) + 2 * G
-    return {"params": static["params"], "grads": static["grads"], "optimizer": static["optimizer"],
-            "activations": act, "ring buffers": ring}
+    """Bytes per rank by part (see the module docstring); ``shard_ranks``: the ranks one copy of the model is
+    split over (dp_shard x cp x tp); ``recompute``/``offload`` None = the model's own. sim/parallel/memory.py
+    ``memory_per_gpu``, the one model."""
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.parallel.cp.local import CPOptions
+    from distlab.sim.parallel.memory import as_parallelisms, memory_per_gpu
+    dims = {"dp_shard": shard_ranks // (cp * tp), "cp": cp, "tp": tp}
+    mesh = Mesh({k: v for k, v in dims.items() if v > 1 or k == "cp"})
+    par = as_parallelisms(mesh, CPOptions(rotate_method=rotate_method))
+    return dict(memory_per_gpu(model, mesh, par, recompute=recompute, offload=offload)["breakdown_bytes"])

@@ -66,26 +66,6 @@ def static_bytes(model, world: int, zero: int, shard_size: int | None = None, dt
             "optimizer": (shard if zero >= 1 else full) * k}
 
 
-def estimate(model, world: int, zero: int, shard_size: int | None = None, dtype: str | None = None,
-             reshard_after_forward: bool = True, prefetch: int = 1) -> dict:
-    """A quick peak estimate without a timeline: static + everything alive when backward starts, i.e. all
-    activations, the root unit, and (ZeRO-3) the prefetched block(s), or every block if not resharded."""
-    from distlab.sim.parallel.fsdp.units import model_dtype, units_of
-    out = static_bytes(model, world, zero, shard_size, dtype)
-    pb = DTYPE_BYTES[dtype or model_dtype(model)]
-    S = shard_size or world
-    units = units_of(model)
-    sizes = sorted((u.numel(S) * pb for u in units[1:]), reverse=True)
-    unsharded = 0
-    if zero == 3 and S > 1:
-        unsharded = units[0].numel(S) * pb + (sum(sizes) if not reshard_after_forward else sum(sizes[:prefetch]))
-    out["unsharded params"] = unsharded
-    out["unsharded grads"] = 0
-    from distlab.sim.models.activations import activations
-    out["activations"] = int(activations(model).peak_bytes)
-    return out
-
-
 def memory_curve(plan, trace, rank: int = 0, span: tuple | None = None) -> tuple[list[float], list[int], list[dict]]:
     """Bytes on ``rank`` over the simulated step: (times, totals, dynamic bytes by category after each change).
     Starts and ends at the static level; frees at the same instant count before allocations."""

@@ -63,10 +63,8 @@ class FSDPOptions:
     reduce_dtype: str | None = option(None, "MixedPrecisionPolicy reduce_dtype (none = param_dtype)",
                                       choices=REDUCE_DTYPES, what="dtype")
     overlap: bool = option(True, "false: one stream, as FSDP2 runs on CPU with gloo (every call blocks)")
-    root_reshard_after_forward: bool = option(False, "true: fully_shard(root, reshard_after_forward=True) "
-                                                     "explicitly: the root is freed after forward and gathered "
-                                                     "again at the start of backward (false: FSDP2's default, "
-                                                     "the root stays gathered)")
+    root_reshard_after_forward: bool = option(False, "true: the root freed after forward, gathered again for "
+                                                     "backward (FSDP2's default: kept)")
     separate_reduce_scatter_group: bool = option(False, "true: set_separate_reduce_scatter_group() (torch 2.13): "
                                                         "reduce-scatters on a process group of their own, so they "
                                                         "overlap the all-gathers (one more communicator); false: "
@@ -74,6 +72,8 @@ class FSDPOptions:
     reduce_scatter_max_input_buffers: int = option(1, "set_reduce_scatter_max_input_buffers(K) (torch 2.13): "
                                                       "reduce-scatter inputs in flight; compute waits for the "
                                                       "reduce-scatter K units back, K gradient buffers held")
+    sync_each_microbatch: bool = option(True, "accumulation: sync every micro-batch (true) or the last",
+                                        flag="--grad-sync")
 
     def validate(self, where: str = "parallelism") -> "FSDPOptions":
         """Checks that need no world size (the others: :func:`parse_config`)."""
@@ -93,7 +93,7 @@ class FSDPOptions:
         if not isinstance(self.reshard_after_forward, (bool, int)):
             raise ConfigError(f"{self.reshard_after_forward!r} must be true, false or a group size",
                               f"{where}.reshard_after_forward")
-        for key in ("overlap", "root_reshard_after_forward", "separate_reduce_scatter_group"):
+        for key in ("overlap", "root_reshard_after_forward", "separate_reduce_scatter_group", "sync_each_microbatch"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{getattr(self, key)!r} must be true or false", f"{where}.{key}")
         return self
@@ -107,7 +107,7 @@ class FSDPConfig(FSDPOptions):
 
 KEYS = ("zero", "reshard_after_forward", "prefetch", "backward_prefetch", "param_dtype", "reduce_dtype",
         "shard_size", "overlap", "root_reshard_after_forward", "separate_reduce_scatter_group",
-        "reduce_scatter_max_input_buffers")
+        "reduce_scatter_max_input_buffers", "sync_each_microbatch")
 RS_GROUP = "fsdp_reduce_scatter"     # FSDP2's group_desc of the separate reduce-scatter group (torch 2.13)
 
 

@@ -8,7 +8,7 @@ memory meta uses (sim/parallel/fsdp/memory.py); the breakdown shown here follows
 """
 from __future__ import annotations
 
-from distlab.sim.parallel.fsdp.memory import DYNAMIC, STATIC, breakdown_line, fit_text, fits, memory_curve, peak
+from distlab.sim.parallel.fsdp.memory import DYNAMIC, STATIC, memory_curve, peak
 from distlab.sim.plan import DTYPE_BYTES
 
 
@@ -37,19 +37,22 @@ def fsdp2_breakdown(plan, breakdown: dict) -> dict:
 
 
 def report(result) -> dict:
-    """Peak memory (highest rank) with its breakdown, whether it fits, and rows for a table."""
+    """Memory per GPU as every command reports it (sim/parallel/memory.py), then the simulated step's peak on
+    the memory curve (the figure beneath the timeline: FSDP2's transient units and gradients as they come and
+    go) with its breakdown."""
+    from distlab.sim.parallel.memory import memory_section
     plan, trace, gpu_GiB = result.plan, result.trace, result.cluster.gpu.memory_GiB
+    mem = memory_section(result)
     pk = peak(plan, trace)
-    ok = fits(pk["total"], gpu_GiB)
     shown = fsdp2_breakdown(plan, pk["breakdown"])
-    rows = [[f"peak memory (rank {pk['rank']}, t={pk['time'] * 1e3:.3f} ms)", _gib(pk["total"])]]
+    rows = mem["rows"] + [[f"simulated peak on the memory curve (rank {pk['rank']}, t={pk['time'] * 1e3:.3f} ms)",
+                           _gib(pk["total"])]]
     rows += [[f"  {k}", _gib(v)] for k, v in shown.items()]
-    rows.append(["fits the GPU", fit_text(pk["total"], gpu_GiB)])
-    out = {"rows": rows, "json": {"peak_memory": {"rank": pk["rank"], "time_s": pk["time"], "total_bytes": pk["total"],
-                                                  "breakdown_bytes": pk["breakdown"], "fsdp2_breakdown_bytes": shown},
-                                  "fits": ok, "gpu_memory_GiB": gpu_GiB}}
-    if not ok:
-        out["warnings"] = ["does not fit: " + breakdown_line(pk["breakdown"], pk["total"], gpu_GiB)]
+    out = {"rows": rows, "json": {"memory": mem["json"], "fits": mem["json"]["fits"], "gpu_memory_GiB": gpu_GiB,
+                                  "peak_memory": {"rank": pk["rank"], "time_s": pk["time"], "total_bytes": pk["total"],
+                                                  "breakdown_bytes": pk["breakdown"], "fsdp2_breakdown_bytes": shown}}}
+    if mem["warnings"]:
+        out["warnings"] = mem["warnings"]
     return out
 
 

@@ -22,6 +22,10 @@ over tp first), then resharding. So per rank and step:
 - after the stage's last backward: per unit with parameters, in all_states order, its Partial(sum) gradients
   all-reduced over tp, its gradient reduce-scattered over dp_shard (accumulated over the micro-batches: once),
   HSDP's all-reduce over dp_replicate;
+- one stage and no pipeline (pp 1: gradient accumulation as torchtitan's train loop runs it, trainer.py
+  ``train_step``, one ``forward_backward_step`` per micro-batch, gradient sync never disabled): FSDP2's default,
+  every micro-batch's backward reduce-scatters its gradients (``reduce`` after each B; the sharded gradients
+  accumulate) and reshards; ``sync_each_microbatch: false`` is the pipelining's no-sync above;
 - AdamW once every stage of the rank has reduced, on the rank's shards (DTensor ops when TP is on).
 Multi-stage schedules (interleaved, looped BFS, DualPipeV) run on torch's ``_PipelineScheduleRuntime``, whose
 lowering (``_add_unshard_reshard``, at most 3 stages active) unshards every FSDP module of a stage with explicit
@@ -78,6 +82,10 @@ class StageFSDP:
         self.events: dict = {}              # rank -> events named so far (names are per rank)
         self._numels: dict = {}             # id(unit) -> its padded elements (the units are fixed from here on)
         self._param_bytes: dict = {}        # layer index -> its parameters' bytes (every action asks again)
+        self.pending: dict = {}             # (rank, unit name) -> the event of its prefetched all-gather
+        # one stage, no pipeline around it (gradient accumulation, as torchtitan's train loop runs it): FSDP2's
+        # default reduce-scatters each micro-batch's gradients in its backward (``reduce`` after every B)
+        self.each_microbatch = len(ranges) == 1 and opts.sync_each_microbatch
 
     def _numel(self, u: Unit) -> int:
         """``u.numel(S)``, counted once per unit (every action and reduction asks again)."""
@@ -114,7 +122,9 @@ class StageFSDP:
             layers.keep(Record(e, src))
             layers.keep(Wait(e, dst))
 
-    def _gather(self, layers, u: Unit, rank: int, tag: str):
+    def _gather(self, layers, u: Unit, rank: int, tag: str, defer: bool = False):
+        """Copy-in and all-gather on ``ag``, then (unless ``defer``: a prefetch, finished by :meth:`_finish` when
+        the unit is used) the compute stream's wait and copy-out."""
         S, size = self.S, self._size(u)
         if S == 1 or not u.params:
             return
@@ -122,14 +132,33 @@ class StageFSDP:
         self._sync(layers, rank, "compute", "ag", f"before all_gather {u.name}")
         self._op(layers, Compute(f"copy-in {u.name}", bytes=2 * size // S), "ag")
         self._op(layers, Collective("all_gather", size, self.pdt, group, name=f"all_gather {u.name} {tag}"), "ag")
-        self._sync(layers, rank, "ag", "compute", f"all_gather {u.name}")
-        self._op(layers, Compute(f"copy-out {u.name}", bytes=2 * size), "compute")
+        if not defer:
+            self._sync(layers, rank, "ag", "compute", f"all_gather {u.name}")
+            self._op(layers, Compute(f"copy-out {u.name}", bytes=2 * size), "compute")
+        elif self.o.overlap:
+            e = self._event(rank, f"all_gather {u.name}")
+            layers.keep(Record(e, "ag"))
+            self.pending[rank, u.name] = e
+        else:
+            self.pending[rank, u.name] = None
 
-    def _ensure(self, layers, u: Unit, rank: int, stage: int, tag: str):
+    def _finish(self, layers, u: Unit, rank: int):
+        """A prefetched unit used: the compute stream waits for its all-gather, then copies it out."""
+        if (rank, u.name) in self.pending:
+            e = self.pending.pop((rank, u.name))
+            if e is not None:
+                layers.keep(Wait(e, "compute"))
+            self._op(layers, Compute(f"copy-out {u.name}", bytes=2 * self._size(u)), "compute")
+
+    def _ensure(self, layers, u: Unit, rank: int, stage: int, tag: str, prefetch: bool = False):
+        """``u`` gathered for use now (a prefetched one finished), or with ``prefetch`` issued ahead: only
+        without a pipeline (``each_microbatch``), where FSDP2's all-gathers run ahead of the compute."""
         held = self.gathered.setdefault((rank, stage), set())
         if self.o.zero == 3 and u.name not in held:
-            self._gather(layers, u, rank, tag)
+            self._gather(layers, u, rank, tag, defer=prefetch and self.each_microbatch)
             held.add(u.name)
+        if not prefetch:
+            self._finish(layers, u, rank)
 
     def unshard(self, layers, stages: list[int], rank: int):
         """torch's multi-stage runtime (_PipelineScheduleRuntime, ``_add_unshard_reshard``: up to 3 stages
@@ -144,9 +173,17 @@ class StageFSDP:
         units = self.units[stage]
         root, blocks = units[0], {u.layers[0]: u for u in units[1:]}
         self._ensure(layers, root, rank, stage, "forward")
-        for i in sorted(root.layers + list(blocks)):
+        order = sorted(root.layers + list(blocks))
+        ahead = [i for i in order if i in blocks]
+        # without a pipeline FSDP2's forward all-gathers run ahead of the compute (``prefetch`` blocks ahead, as
+        # sim/parallel/fsdp/plan.py); inside a pipeline's stages each block is gathered when reached
+        depth = self.o.prefetch if self.each_microbatch else 0
+        for i in order:
             L = self.model.layers[i]
             if i in blocks:
+                k = ahead.index(i)
+                for j in ahead[k:k + 1 + depth]:
+                    self._ensure(layers, blocks[j], rank, stage, "forward", prefetch=True)
                 self._ensure(layers, blocks[i], rank, stage, "forward")
             layers.forward(Compute(f"fwd {L.name}", flops=L.fwd_flops,
                                    bytes=L.activation_bytes + L.transient_bytes + self._layer_param_bytes(i),
@@ -167,40 +204,51 @@ class StageFSDP:
             if i in blocks:
                 k = ahead.index(i)
                 for j in ahead[k:k + 1 + self.o.backward_prefetch]:
-                    self._ensure(layers, blocks[j], rank, stage, "backward")
+                    self._ensure(layers, blocks[j], rank, stage, "backward", prefetch=self.each_microbatch)
+                self._ensure(layers, blocks[i], rank, stage, "backward")
             else:
                 self._ensure(layers, root, rank, stage, "backward")
             layers.backward(Compute(f"bwd {L.name}", flops=L.bwd_flops + L.recompute_flops,
                                     bytes=2 * (L.activation_bytes + L.transient_bytes) + self._layer_param_bytes(i),
                                     dtype=self.pdt), L.name)
+            if self.each_microbatch and i in blocks:    # its post-backward: reduce-scatter, reshard
+                self._reduce_unit(layers, blocks[i], rank)
+        if self.each_microbatch:          # the root's post-backward ends the backward
+            self._reduce_unit(layers, root, rank)
+        if len(self.units) == 1:          # no pipeline: FSDP2 reshards after backward (its default; the
+            self.gathered.pop((rank, stage), None)      # pipelining's set_reshard_after_backward(False) aside)
 
     def reduce(self, layers, stage: int, rank: int) -> list:
         """After the stage's last backward: per unit, TP's Partial gradients, the reduce-scatter, HSDP's
         all-reduce (module docstring)."""
-        S, rdt, pdt = self.S, self.rdt, self.pdt
-        shard = self.dp_mesh.group_of(rank, "dp_shard") if "dp_shard" in self.dp_mesh else (rank,)
-        replicas = self.dp_mesh.group_of(rank, "dp_replicate") if "dp_replicate" in self.dp_mesh else None
         for u in self.units[stage]:
-            if not u.params:
-                continue
-            partial = set(self.partial.get(u.name, []))       # this stage's unit: its root holds only its layers
-            layers.partial_grads([q.name for q in u.params if q.name in partial], 1, "backward")
-            if S > 1:
-                self._op(layers, Compute(f"copy-in grads {u.name}",
-                                         bytes=self._numel(u) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])), "compute")
-                self._sync(layers, rank, "compute", "rs", f"grads {u.name}")
-                self._op(layers, Collective("reduce_scatter", self._numel(u) * DTYPE_BYTES[rdt], rdt, shard,
-                                            name=f"reduce_scatter {u.name}"), "rs")
-                self._op(layers, Compute(f"copy-out grads {u.name}",
-                                         bytes=2 * self._numel(u) // S * DTYPE_BYTES[rdt]), "rs")
-            if replicas is not None:
-                self._sync(layers, rank, "rs", "ar", f"shard {u.name}")
-                self._op(layers, Collective("all_reduce", self._numel(u) // S * DTYPE_BYTES[rdt], rdt, replicas,
-                                            name=f"all_reduce {u.name} backward"), "ar")
+            self._reduce_unit(layers, u, rank)
         self.gathered.pop((rank, stage), None)
         out = list(layers.ops)
         del layers.ops[:]
         return out
+
+    def _reduce_unit(self, layers, u: Unit, rank: int) -> None:
+        """One unit's gradient sync: TP's Partial gradients, the reduce-scatter, HSDP's all-reduce."""
+        if not u.params:
+            return
+        S, rdt, pdt = self.S, self.rdt, self.pdt
+        shard = self.dp_mesh.group_of(rank, "dp_shard") if "dp_shard" in self.dp_mesh else (rank,)
+        replicas = self.dp_mesh.group_of(rank, "dp_replicate") if "dp_replicate" in self.dp_mesh else None
+        partial = set(self.partial.get(u.name, []))       # this stage's unit: its root holds only its layers
+        layers.partial_grads([q.name for q in u.params if q.name in partial], 1, "backward")
+        if S > 1:
+            self._op(layers, Compute(f"copy-in grads {u.name}",
+                                     bytes=self._numel(u) * (DTYPE_BYTES[pdt] + DTYPE_BYTES[rdt])), "compute")
+            self._sync(layers, rank, "compute", "rs", f"grads {u.name}")
+            self._op(layers, Collective("reduce_scatter", self._numel(u) * DTYPE_BYTES[rdt], rdt, shard,
+                                        name=f"reduce_scatter {u.name}"), "rs")
+            self._op(layers, Compute(f"copy-out grads {u.name}",
+                                     bytes=2 * self._numel(u) // S * DTYPE_BYTES[rdt]), "rs")
+        if replicas is not None:
+            self._sync(layers, rank, "rs", "ar", f"shard {u.name}")
+            self._op(layers, Collective("all_reduce", self._numel(u) // S * DTYPE_BYTES[rdt], rdt, replicas,
+                                        name=f"all_reduce {u.name} backward"), "ar")
 
     def optimizer(self, layers, rank: int, stages: list[int]) -> list:
         """AdamW on the shards of the rank's ``stages`` once their gradients are reduced; ZeRO-1/2 all-gather the

@@ -24,6 +24,8 @@ dualpipe.py builds the last two; :func:`overlap_pairs` gives DualPipeV's overlap
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from distlab.sim.errors import ConfigError
 from distlab.sim.parallel.pipeline import dualpipe
 from distlab.sim.parallel.pipeline.action import Action
@@ -79,6 +81,13 @@ def stage_to_rank(schedule: str, p: int, v: int = 1) -> list[int]:
     if normalise(schedule) in ("zbv", "dualpipev"):
         return [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
     return [s % p for s in range(p * v)]
+
+
+@lru_cache(maxsize=512)
+def built(schedule: str, p: int, m: int, v: int = 1) -> tuple:
+    """:func:`build` as tuples (its actions are immutable), built once per shape: the planner asks for the same
+    shapes for memory (sim/parallel/memory.py) and for time (sim/planner/schedule.py)."""
+    return tuple(tuple(acts) for acts in build(schedule, p, m, v))
 
 
 def build(schedule: str, p: int, m: int, v: int = 1) -> list[list[Action]]:

@@ -102,7 +102,7 @@ def pipeline_program(model, mesh, par, spec, only: list[int] | None = None, over
         return ops
 
     def grad_ops(stage: int, g: int) -> list:
-        ops = fsdp.reduce(layers(g), stage, g)
+        ops = [] if fsdp.each_microbatch else fsdp.reduce(layers(g), stage, g)    # else in each B (fsdp/stage.py)
         if pieces is not None:
             pieces[g, "reduce", stage] = ops
         return ops

@@ -28,8 +28,6 @@ unfused``) the same rows plus the norms' fp32 statistics, except tensor + sequen
 from __future__ import annotations
 
 from distlab.sim.errors import ConfigError
-from distlab.sim.parallel.fsdp.memory import precision
-from distlab.sim.parallel.tp.rules import local_numel
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -53,26 +51,14 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, seque
 
 def tp_memory(model, tp: int, sequence_parallel: bool = True, recompute: str | None = None, dp_shard: int = 1,
               loss_parallel: bool = False, offload: bool | None = None) -> dict:
-    """Bytes per rank: params, grads, optimizer (AdamW: fp32 master + m + v for 16-bit params, m + v for fp32;
-    sim/parallel/fsdp/memory.py ``precision``) on the local shards (with FSDP2 over ``dp_shard`` ranks: each
-    TP-local shard's dim 0 padded to a multiple of dp_shard, then split), FSDP2's gathered units in flight
-    (the root and two blocks: the one computing and the one prefetched), and the activations' peak (module
-    docstring; ``recompute``/``offload`` None = the model's own)."""
-    from distlab.sim.dtypes import DTYPE_BYTES
-    from distlab.sim.models.activations import activations
-    from distlab.sim.parallel.fsdp.units import padded_numel, units_of
-    from distlab.sim.parallel.tp.rules import local_shape
-    c = model.config
-    if dp_shard > 1:                      # each parameter's TP-local shard padded for FSDP2, by name
-        padded = {q.name: padded_numel(local_shape(q, tp), dp_shard) for q in model.params}
-    n = local_numel(model, tp) if dp_shard == 1 else sum(padded[q.name] for q in model.params) // dp_shard
-    p, g, k = precision(c["dtype"])
-    out = {"params": n * p, "grads": n * g, "optimizer": n * k}
-    if dp_shard > 1:
-        units = units_of(model)
-        sizes = sorted((sum(padded[q.name] for q in u.params) for u in units[1:]), reverse=True)
-        root = sum(padded[q.name] for q in units[0].params)
-        out["unsharded params"] = (root + sum(sizes[:2])) * DTYPE_BYTES[c["dtype"]]
-    acts = activations(model, recompute, offload, tp, sequence_parallel, 1, loss_parallel)
-    out["activations"] = acts.peak_bytes
-    return out
+    """Bytes per rank of TP (with FSDP2 over ``dp_shard`` ranks when > 1) by part: sim/parallel/memory.py
+    ``memory_per_gpu``, the one model (``recompute``/``offload`` None = the model's own)."""
+    from distlab.sim.mesh import Mesh
+    from distlab.sim.parallel.fsdp.plan import FSDPOptions
+    from distlab.sim.parallel.memory import memory_per_gpu
+    from distlab.sim.parallel.parallelize import Parallelisms
+    from distlab.sim.parallel.tp.plan import TPOptions
+    mesh = Mesh({"dp_shard": dp_shard, "tp": tp} if dp_shard > 1 else {"tp": tp})
+    par = Parallelisms(tp=TPOptions(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel),
+                       fsdp=FSDPOptions() if dp_shard > 1 else None)
+    return dict(memory_per_gpu(model, mesh, par, recompute=recompute, offload=offload)["breakdown_bytes"])
