@@ -67,7 +67,7 @@ def test_readme_measured_example_is_what_validate_printed():
 def test_readme_prose_agrees_with_the_outputs_and_files_it_describes():
     """The 70B example's 'X GiB of 80 fit' is its block's total, and the notebook count is lessons/'s."""
     fit = re.search(r"so ([\d.]+) GiB of 80 fit", README).group(1)
-    total = re.search(r"^memory per GPU \(total\) +[\d.]+ GB = ([\d.]+) GiB$", README, re.M).group(1)
+    total = re.search(r"^peak memory per GPU \(total\) +[\d.]+ GB = ([\d.]+) GiB$", README, re.M).group(1)
     assert f"{float(total):.1f}" == fit, (fit, total)
     notebooks = len(list((ROOT / "lessons").glob("*.ipynb")))
     counts = re.findall(r"(\d+) notebooks", README)

@@ -128,7 +128,7 @@ def model_rank_bytes(model, kind: str, world: int, opts: dict | None = None) -> 
         from distlab.sim.parallel.memory import estimate
         shard = estimate(model, world, 3, opts.get("shard_size"), reshard_after_forward=opts.get(
             "reshard_after_forward", True) is True, prefetch=int(opts.get("prefetch", 1) or 1))
-        sharded = shard["params"] + shard["grads"] + 2 * shard["params"]         # params, grads, Adam: 4P/N
+        sharded = 4 * P // (opts.get("shard_size") or world)      # params, grads, Adam in P's dtype: 4P/N
         return {"whole model + reference": 4 * P, "shards (params, grads, Adam)": sharded,
                 "gathered units": shard["unsharded params"], "activations": A}
     if kind == "pipeline":

@@ -34,7 +34,7 @@ def memory_rows(cps=(1, 2, 4, 8, 16), seq_len: int = 131072) -> list[list]:
     out = []
     for cp in cps:
         m = cp_memory(long_model(seq_len), cp, cp)
-        out.append([cp, seq_len // cp, round(m["activations"] / GiB, 1), round(m["ring buffers"] / GiB, 2),
+        out.append([cp, seq_len // cp, round(m["activations"] / GiB, 1), round(m.get("ring buffers", 0) / GiB, 2),
                     round((m["params"] + m["grads"] + m["optimizer"]) / GiB, 1)])
     return out
 
