@@ -19,7 +19,7 @@ def program() -> list:
            Record("a", "a"), Record("b", "b"), Record("c", "c")]
     for s in "abc":                        # then the same three, the small one on another process group
         ops += [Wait(e, s) for e in "abc"]
-    return ops + [Collective("all_reduce", 8 * MiB, stream="a", name="A2"),
+    return ops + [Collective("all_reduce", 16 * MiB, stream="a", name="A2"),
                   Collective("all_reduce", 32 * MiB, stream="b", name="B2"),
                   Collective("all_reduce", 4, stream="c", name="C2", group_name="other")]
 
@@ -28,7 +28,9 @@ def check(trace, rank) -> None:
     o = {r.name: r for r in trace.for_rank(rank) if r.kind == "collective"}
     a, b, c = o["A"], o["B"], o["C"]
     assert a.end - 0.2 * (a.end - a.start) < c.end < b.end, (a, b, c)       # waits for a worker, not for B
-    assert o["C2"].end < o["A2"].start + 0.5 * (o["A2"].end - o["A2"].start), o   # its own group: at once
+    # its own group: it does not wait for a worker to free (that would end it after A2); a margin of a quarter of
+    # A2 for the 2 cores the ranks' threads share (a 4-byte all_reduce starved for 7.7 ms of A2's 13 ms once)
+    assert o["C2"].end < o["A2"].start + 0.75 * (o["A2"].end - o["A2"].start), o
 
 
 def test_gloo_runs_two_collectives_of_a_group_at_a_time():
