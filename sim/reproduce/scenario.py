@@ -8,7 +8,7 @@
 pp x tp x dp runs become the ``tp`` workload on mesh {dp, pp, tp} with the run's sequence parallelism, recompute,
 schedule, micro-batches, virtual stages, split and TP communication overlap (``tp_comm_overlap``: Megatron's
 --tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp},
-and with pipeline stages the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
+and with pipeline stages or gradient accumulation the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
 FSDP2 inside each stage, not resharded after forward as torch's multi-stage runtime needs; an interleaved
 schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py).
 The scenario is validated as any scenario is; sim/reproduce/plans.py builds the step from its parts.
@@ -29,14 +29,16 @@ def scenario_of(run) -> dict:
     """The run as a scenario dict (validated by sim/scenario.py)."""
     from distlab.sim import scenario as sc
     L = run.layout
-    tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
+    tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": "none" if run.recompute == "op" else run.recompute,
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
           "split": L["split"], "comm_overlap": bool(run.tp_comm_overlap and L["tp"] > 1)}
     mesh = {"dp_shard": L["dp"], "tp": L["tp"]} if L["zero"] >= 2 else {"dp": L["dp"], "pp": L["pp"], "tp": L["tp"]}
     extra = {}
     if L["zero"] >= 2:
         tp = {k: tp[k] for k in ("sequence_parallel", "recompute", "comm_overlap")}
-    if L["zero"] >= 2 and L["pp"] > 1:          # PP x FSDP2 x TP (sim/parallel/parallelize.py), FSDP2 inside stages
+    if L["zero"] >= 2 and (L["pp"] > 1 or run.microbatches > 1):   # PP x FSDP2 x TP (sim/parallel/parallelize.py);
+        #  pp 1 with micro-batches: FSDP2 with gradient accumulation, one stage (as the planner builds it,
+        #  sim/planner/layouts.py ``pipelined``), gradients reduce-scattered once after the last backward
         mesh = {"pp": L["pp"], "dp_shard": L["dp"], "tp": L["tp"]}
         v = L["virtual_stages"]
         schedule = "1f1b" if run.schedule == "interleaved" and v == 1 else run.schedule   # one stage per rank
