@@ -25,7 +25,7 @@ ALGORITHMS = ("auto", *NAMES)              # sim.collectives.algorithms declares
 class Compute:
     """Local work: ``seconds`` if given; else, where the op names its kernels (``gemms``: (M, N, K) of each
     matmul; ``attention``: (batch, heads, seq, head_dim) of an attention call, ``causal``, its pass
-    ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash or unfused; ``dtype`` of
+    ``attention_pass`` forward, backward or recompute+backward, ``attention_kernel`` flash, flash2 or unfused; ``dtype`` of
     the operands), the per-kernel model of sim/compute.py; else a roofline of ``flops`` and HBM ``bytes`` on the
     GPU spec. ``flops``/``bytes`` stay the op's totals. Each kernel pays the GPU spec's ``launch_s``; an op that
     counts ``launches`` (not None: the ops the host dispatches one by one for it, e.g. DTensor's, sim/parallel/tp/plan.py)
@@ -53,7 +53,7 @@ class Compute:
 COMPUTE_MODEL_FIELDS = {"launches": None, "gemms": (), "attention": None, "causal": True, "attention_pass": "forward",
                         "attention_kernel": "flash", "dtype": "bfloat16", "chunks": 1,
                         "block_elementwise": True}   # left out of JSON at these defaults
-ATTENTION_KERNELS = ("flash", "unfused")     # sim/compute.py
+ATTENTION_KERNELS = ("flash", "flash2", "unfused")     # sim/compute/kernels.py (flash2: PyTorch SDPA's FA2)
 ATTENTION_PASSES = ("forward", "backward", "recompute+backward")   # sim/compute.py
 
 

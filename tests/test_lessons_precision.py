@@ -36,6 +36,11 @@ def test_recipes_and_fp8():
     assert solution("15-state-bytes") == f"{18 * 8.03e9 / 2**30:.4g} GiB"
     h100, b200 = P.fp8_saving("dgx-h100"), P.fp8_saving("dgx-b200")
     assert 1.0 < h100 < 2.0 and 1.0 < b200 < 2.0                             # the linears only, casts paid
-    assert P.fp8_saving("dgx-h100", "mxfp8") is None
-    assert "not priced" in P.fp8_recipes(("dgx-h100",))._repr_html_()
+    assert P.fp8_saving("dgx-h100", "mxfp8") is None                          # Blackwell only
+    rows = {(r[0], r[1]): r[4] for r in P.fp8_recipes().rows}                 # every recipe priced by sim/compute
+    assert "needs Blackwell" in rows["mxfp8", "dgx-h100"] and "not priced" not in "".join(rows.values())
+    speed = {k: float(v.split()[1].rstrip("x")) for k, v in rows.items() if v.startswith("compute")}
+    for gpu in P.CLUSTERS:      # TE's delayed scaling casts least, torchao's rowwise most (sim/compute/fp8.py)
+        assert speed["rowwise", gpu] < speed["tensorwise", gpu] < speed["delayed", gpu]
+    assert speed["mxfp8", "dgx-b200"] > speed["tensorwise", "dgx-b200"]
     assert math.isclose(P.rounding_error("float16") / P.rounding_error("bfloat16"), 1 / 8)

@@ -118,3 +118,32 @@ def test_reproduce_prints_one_line_per_row_when_not_on_a_terminal(tmp_path, caps
     assert main(["reproduce", path, "--only", "second"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("reproduce: 1/1 second (8 GPUs): ") and err[0].endswith(" s in all")
+
+
+def test_sdpa_flash_attention_2_and_torchtitans_per_op_recompute(tmp_path):
+    """torchtitan as it ran on Hopper: SDPA's FlashAttention-2 (attention flash2) at the rate flash-attention PR
+    #1791 measured (causal, head_dim 128, seq 8192: forward 284.1 TFLOP/s, FA3 630.0) times the fitted sustained;
+    per-op SAC (recompute op) re-runs every second matmul of a block (Llama: wk, wo, w3) and no attention."""
+    from distlab.sim.cluster import GPUS
+    from distlab.sim.compute.kernels import _attention_work, attention_flops, sustained
+    h100 = GPUS["h100"]
+    fa2, _ = _attention_work(1, 32, 8192, 128, h100, True, "forward", "flash2")
+    fa3, _ = _attention_work(1, 32, 8192, 128, h100, True, "forward")
+    rate = attention_flops(1, 32, 8192, 128) / fa2 / 1e12
+    assert rate == pytest.approx(284.1 * sustained(h100), rel=0.01) and fa2 / fa3 > 2
+    llama = {"arch": "llama", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 2, "ffn_hidden": 3584,
+             "vocab": 32768, "seq_len": 2048}
+    row = {**SMALL, "model": llama, "layout": {"dp": 8, "zero": 3}, "global_batch": 8, "micro_batch": 1,
+           "compile": True, "attention": "flash2"}
+    runs = [{**row, "name": rc, "recompute": rc} for rc in ("none", "op")]
+    loaded, _ = load_runs(runs_file(tmp_path, *runs))
+    from distlab.sim.reproduce.plans import build_plan
+    from distlab.sim.reproduce.predict import cluster_for
+    ops = {r.name: {op.name: op for op in build_plan(r, cluster_for(r)).ranks[0] if hasattr(op, "gemms")}
+           for r in loaded}
+    T, h, kv, f = 2048, 1024, 256, 3584
+    added = {"bwd h.1.attn": ((T, kv, h), (T, h, h)), "bwd h.1.mlp": ((T, f, h),)}
+    for name, gemms in added.items():
+        assert ops["op"][name].gemms == gemms + ops["none"][name].gemms
+        assert ops["op"][name].attention_kernel == ("flash2" if ".attn" in name else "flash")
+        assert ops["op"][name].attention_pass == "backward"

@@ -28,6 +28,7 @@ def add_arguments(p) -> None:
     g.add_argument("--offload", action="store_true", help="saved activations of the blocks in host memory "
                                                           "(memory only)")
     g.add_argument("--micro-batch", type=int, metavar="N", help="sequences per rank per micro-batch")
+    g.add_argument("--fp8-recipe", metavar="NAME", help="float8 GEMMs' scaling recipe (te-delayed, ...)")
     g.add_argument("--global-batch", type=int, metavar="N", help="sequences per optimizer step; a pipeline's m = N / (dp x micro-batch)")
     g = p.add_argument_group("mesh")
     g.add_argument("--mesh", metavar="DIM=N,...", help="device mesh, outermost first; each dimension names its "

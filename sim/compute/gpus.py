@@ -80,6 +80,14 @@ FA3_H100 = Attention("FlashAttention-3", ((512, 430.3), (1024, 517.1), (2048, 56
 FA2_A100 = Attention("FlashAttention-2", tuple((s, 0.73 * 312.0 * t / 620.7) for s, t in FA3_H100.forward_tflops),
                      "a100", 312.0, 554.0, 0.863,
                      "Dao 2023 (arXiv 2307.08691) sec. 4.1: 73% forward, 63% backward; shape of pytorch/benchmark#2391")
+# FlashAttention-2 on H100, as PyTorch's SDPA runs it (its FLASH_ATTENTION backend is FlashAttention-2; torchtitan
+# puts it first on Hopper and cuDNN first only on sm100: torchtitan/models/attention.py at e7c0cae). Head_dim 128,
+# seq 8192, benchmark_attn.py on Hopper (flash-attention PR #1791, "main"): non-causal forward 369.9 TFLOP/s,
+# causal forward 284.1, causal backward 287.1 (beside FA3's 659.1 / 630.0 / 531.6 on the same GPU). Shape over
+# sequence length: FA3's above scaled to 369.9 at 8192; causal s0 = 8192 x (369.9 / 284.1 - 1) = 2474; backward
+# 287.1 / 284.1 = 1.011 of the causal forward's rate.
+FA2_H100 = Attention("FlashAttention-2 (SDPA)", tuple((s, 369.9 * t / 614.2) for s, t in FA3_H100.forward_tflops),
+                     "h100", 989.0, 2474.0, 1.011, "flash-attention PR #1791 (FA2 and FA3 on one Hopper GPU)")
 # FlashAttention-4 (CuTe DSL) on sm100 (Blackwell): forward, non-causal, head_dim 128: flash-attention PR #2605
 # ("FA4" column: 1540, 1706, 1796, 1837, 1882 TFLOP/s at 1k..16k; its causal rows at 1k, 2k, 4k: 829, 1172, 1431
 # -> s0 = 880, 930, 1040: 950). Backward: PR #2280, causal, head_dim 128, seq 8192: forward 1418.1, 2-CTA backward
@@ -102,6 +110,7 @@ class KernelModel:
     gemm_fraction: dict = field(hash=False)       # input dtype -> best GEMM / datasheet peak (measured)
     best_shape: tuple[int, int, int] = (8192, 8192, 8192)   # (M, N, K) of the best GEMM (where MAMF names one)
     attention: Attention = FA3_H100
+    sdpa_flash: Attention | None = None           # PyTorch SDPA's flash backend where it differs (attention "flash2")
     hbm_fraction: float = 0.904
     launch_s: float = 2e-6
     sources: str = ""
@@ -125,19 +134,19 @@ KERNEL_MODELS = {
     # fp32 51.88 of 66.9 (zzc0721 database.md / issue #79).
     "h100": KernelModel("h100", "hopper", 989.0, 3350.0, 132,
                         {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709, "float32": 0.775},
-                        (2048, 2048, 13312), FA3_H100,
+                        (2048, 2048, 13312), FA3_H100, sdpa_flash=FA2_H100,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 issue #79"),
     # H200 SXM: the H100's compute ("H200 is the same", MAMF table, bf16); fp8 1453.4 / 1979 measured on H200;
     # fp32 51.34 / 66.9 (zzc0721 database.md "NVIDIA H200").
     "h200": KernelModel("h200", "hopper", 989.0, 4800.0, 132,
                         {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.734, "float32": 0.767},
-                        (2048, 2048, 13312), FA3_H100,
+                        (2048, 2048, 13312), FA3_H100, sdpa_flash=FA2_H100,
                         sources="MAMF table (ml-engineering 744d01e); zzc0721 database.md"),
     # H800 SXM: the H100 die with NVLink cut (DeepSeek-V3, arXiv 2412.19437 sec. 3.1); no separate measurement:
     # the H100's.
     "h800": KernelModel("h800", "hopper", 989.0, 3350.0, 132,
                         {"bfloat16": 0.803, "float16": 0.803, "float8_e4m3fn": 0.709, "float32": 0.775},
-                        (2048, 2048, 13312), FA3_H100,
+                        (2048, 2048, 13312), FA3_H100, sdpa_flash=FA2_H100,
                         sources="H100's (same die)"),
     # B200 SXM: 148 SMs (ml-engineering training/performance/README.md: "a B200 SKU also reads 148"). MAMF bf16
     # 1745.0 / 2250 at 1792x16128x3072; fp8 3432.5 / 4500; fp32 66.24 of 75 (zzc0721 database.md "B200 180GB";

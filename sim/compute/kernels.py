@@ -23,6 +23,8 @@ FlashAttention (Dao 2023, arXiv 2307.08691, sec. 4.1, its benchmarks' FLOP count
 halved when causal; backward 2.5 x forward, recompute+backward 3.5 x. Its rate is the kernel's measured forward
 throughput at that sequence length (causal penalty included) and the backward's ratio to it (gpus.py), times
 sustained; without a kernel model, ``gpu.attention_efficiency`` or the GEMM curve at the call's FLOPs.
+``attention_kernel`` flash2: FlashAttention-2 as PyTorch's SDPA runs it (torchtitan on Hopper), the GPU's
+``sdpa_flash`` measurement where it has one (gpus.py FA2_H100), else its flash kernel's.
 Unfused attention (Megatron-LM before FlashAttention): per (batch, head) two batched GEMMs forward, Q·Kᵀ (s, s, d)
 and P·V (s, d, s), over the whole score matrix, four in the backward, plus the memory-bound passes over the
 b·heads·s² scores that Korthikanti et al. 2022 (arXiv 2205.05198, sec. 4.1) list: scale-mask-softmax (2e bytes an
@@ -51,9 +53,13 @@ from distlab.sim.errors import ConfigError
 FLASH_BACKWARD_FACTOR = 2.5      # FlashAttention-2 (2307.08691): backward FLOPs = 2.5 x forward
 PASS_FACTOR = {"forward": 1.0, "backward": FLASH_BACKWARD_FACTOR, "recompute+backward": 1.0 + FLASH_BACKWARD_FACTOR}
 FLOAT8 = "float8_e4m3fn"
-# torch.compile, as a documented effect on a step's compute (its fusion of the elementwise kernels between GEMMs,
-# which the builders do not emit one by one): torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1 8B,
-# FSDP, selective recompute: 5,762 -> 6,667 tokens/s per GPU on 8 H100 (Table 1), 5,605 -> 6,514 on 128 (Table 3).
+# torch.compile's effect on a torch-native step: torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1
+# 8B, FSDP, selective recompute: 5,762 -> 6,667 tokens/s per GPU on 8 H100 (Table 1), 5,605 -> 6,514 on 128 (Table
+# 3). Inductor's default mode leaves matmuls and SDPA to their extern kernels (cuBLAS, FlashAttention) and fuses
+# the elementwise kernels between them; the model prices a block's elementwise kernels as fused already
+# (sim/compute/fitted.py elementwise_passes, fitted on Megatron-Core with Transformer Engine's fused kernels), so a
+# compiled step is priced as it stands and an eager torch-native one (unfused) is this much slower
+# (sim/reproduce/plans.py).
 TORCH_COMPILE_SPEEDUP = 1.16
 
 
@@ -241,12 +247,14 @@ def attention_time(batch: int, heads: int, seq: int, head_dim: int, gpu, causal:
     return work + kernels * launch_s(gpu)
 
 
-def _attention_work(batch, heads, seq, head_dim, gpu, causal, attention_pass) -> tuple[float, int]:
+def _attention_work(batch, heads, seq, head_dim, gpu, causal, attention_pass,
+                    kernel: str = "flash") -> tuple[float, int]:
     model = kernel_model(gpu)
     forward = attention_flops(batch, heads, seq, head_dim, causal)
     if model is not None and not gpu.gemm_efficiency and gpu.attention_efficiency is None:
-        rate = gpu.tflops * 1e12 * model.attention.forward_fraction(seq, causal) * sustained(gpu)
-        backward = forward * FLASH_BACKWARD_FACTOR / (rate * model.attention.backward_ratio)
+        attention = model.sdpa_flash if kernel == "flash2" and model.sdpa_flash else model.attention
+        rate = gpu.tflops * 1e12 * attention.forward_fraction(seq, causal) * sustained(gpu)
+        backward = forward * FLASH_BACKWARD_FACTOR / (rate * attention.backward_ratio)
         return {"forward": (forward / rate, 1), "backward": (backward, 1),
                 "recompute+backward": (forward / rate + backward, 2)}[attention_pass]
     flops = forward * PASS_FACTOR[attention_pass]
@@ -337,7 +345,7 @@ def _kernel_work(op, gpu, fp8_recipe: str | None = None) -> tuple[float, int]:
     if op.attention is not None and op.attention_kernel == "unfused":
         w, k = _unfused_work(*op.attention, gpu, operand, op.attention_pass)
     elif op.attention is not None:
-        w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass)
+        w, k = _attention_work(*op.attention, gpu, op.causal, op.attention_pass, op.attention_kernel)
     else:
         w, k = 0.0, 0
     if op.attention is not None and op.block_elementwise:

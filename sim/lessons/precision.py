@@ -15,15 +15,17 @@ sqrt(3) times one, whatever k (random signs: the errors of the k products add li
 
 FP8 recipes (what they scale by, and where they come from):
   tensorwise  one scale per tensor from its current amax (torchao Float8LinearConfig recipe "tensorwise",
-              torchao/float8/config.py; what sim/compute/kernels.py prices: 5 bytes an operand element of casts)
+              torchao/float8/config.py): an amax pass and a cast, 5 bytes an operand element
   rowwise     one scale per row of each operand (torchao recipe "rowwise"): finer, survives outliers, a slower
               GEMM (scaled_mm with row scales)
   delayed     the scale from an amax history of earlier steps (TransformerEngine DelayedScaling,
               transformer_engine/common/recipe/__init__.py); no amax pass before the cast
   mxfp8       a power-of-two (E8M0) scale per block of 32 elements (OCP Microscaling Formats v1.0, sec. 5);
               Blackwell's tensor cores apply the block scales in the GEMM (TransformerEngine MXFP8BlockScaling)
-``fp8_recipes`` reads what the simulator prices for each (``RECIPE_DTYPES``: the compute dtype a recipe maps to;
-a recipe the simulator does not price yet says so instead of borrowing another's number).
+``fp8_recipes`` reads what the simulator prices for each: ``RECIPE_NAMES`` maps the lesson's names to
+sim/compute/fp8.py's recipes (torchao's tensorwise and rowwise Float8Linear, Transformer Engine's delayed and
+MXFP8 scaling), each step simulated with the scenario key ``fp8_recipe``; a recipe the GPU cannot run (MXFP8 on an
+H100) says so, with the simulator's reason.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ FORMATS = {"float32": (8, 23, 3.4028234663852886e38, 2.0**-149), "bfloat16": (8,
            "float16": (5, 10, 65504.0, 2.0**-24), "float8_e4m3fn": (4, 3, 448.0, 2.0**-9),
            "float8_e5m2": (5, 2, 57344.0, 2.0**-16)}
 RECIPES = ("tensorwise", "rowwise", "delayed", "mxfp8")
-RECIPE_DTYPES = {"tensorwise": "float8_e4m3fn"}      # priced by sim/compute/kernels.py today; others: not yet
+RECIPE_NAMES = {"tensorwise": "torchao-tensorwise", "rowwise": "torchao-rowwise", "delayed": "te-delayed",
+                "mxfp8": "mxfp8"}                    # sim/compute/fp8.py RECIPES, each priced by the simulator
 CLUSTERS = ("dgx-h100", "dgx-b200")
 STEP_MODEL = {"preset": "llama3-8b", "layers": 4, "seq_len": 4096}       # 4 blocks: simulates in a second
 TOLERANCE = 0.25                                     # the measured matmul error against the prediction
@@ -88,33 +91,37 @@ def recipe_table(params: float = 8.03e9) -> Table:
 
 
 @lru_cache(maxsize=16)
-def fp8_step(cluster: str, dtype: str) -> dict:
-    """The simulated FSDP2 step of ``STEP_MODEL`` on one ``cluster`` node with GEMMs (and all-gathers) in
-    ``dtype``, fp32 reduction: its summary (sim/lessons/training.py simulate)."""
+def fp8_step(cluster: str, recipe: str | None = None) -> dict:
+    """The simulated FSDP2 step of ``STEP_MODEL`` on one ``cluster`` node, bf16 (``recipe`` None) or with GEMMs
+    (and all-gathers) in float8 under the lesson's ``recipe`` (``RECIPE_NAMES``), fp32 reduction: its summary
+    (sim/lessons/training.py simulate). A recipe the GPU cannot run raises ConfigError with the reason."""
     from distlab.sim.lessons.training import scenario, simulate
-    d = scenario(dict(STEP_MODEL), "fsdp", cluster=cluster, nodes=1, micro_batch=2, zero=3, param_dtype=dtype,
-                 reduce_dtype="float32")
-    return simulate(d)["summary"]
+    d = scenario(dict(STEP_MODEL), "fsdp", cluster=cluster, nodes=1, micro_batch=2, zero=3,
+                 param_dtype="float8_e4m3fn" if recipe else "bfloat16", reduce_dtype="float32")
+    return simulate({**d, "fp8_recipe": RECIPE_NAMES[recipe]} if recipe else d)["summary"]
 
 
 def fp8_saving(cluster: str = "dgx-h100", recipe: str = "tensorwise") -> float | None:
-    """bf16 compute time over ``recipe``'s, simulated; None for a recipe the simulator does not price."""
-    dtype = RECIPE_DTYPES.get(recipe)
-    if dtype is None:
+    """bf16 compute time over ``recipe``'s, simulated; None for a recipe the cluster's GPU cannot run."""
+    from distlab.sim.errors import ConfigError
+    try:
+        return fp8_step(cluster)["compute_s"] / fp8_step(cluster, recipe)["compute_s"]
+    except ConfigError:
         return None
-    return fp8_step(cluster, "bfloat16")["compute_s"] / fp8_step(cluster, dtype)["compute_s"]
 
 
 def fp8_recipes(clusters=CLUSTERS) -> Table:
-    """Per recipe and GPU: the simulated compute and step time against bf16, or "not priced yet"."""
+    """Per recipe and GPU: the simulated compute and step time against bf16, or why the GPU cannot run it."""
+    from distlab.sim.errors import ConfigError
     rows = []
     for recipe in RECIPES:
         for cluster in clusters:
-            dtype = RECIPE_DTYPES.get(recipe)
-            if dtype is None:
-                rows.append([recipe, cluster, "-", "-", "not priced by sim/compute yet"])
+            try:
+                bf, f8 = fp8_step(cluster), fp8_step(cluster, recipe)
+            except ConfigError as e:               # MXFP8 before Blackwell: the simulator's one line
+                reason = str(e).removeprefix(f"{e.where}: ").split(" and ")[0]
+                rows.append([recipe, cluster, "-", "-", f"not on this GPU: {reason}"])
                 continue
-            bf, f8 = fp8_step(cluster, "bfloat16"), fp8_step(cluster, dtype)
             rows.append([recipe, cluster, f"{bf['compute_s'] * 1e3:.1f} -> {f8['compute_s'] * 1e3:.1f}",
                          f"{bf['step_s'] * 1e3:.1f} -> {f8['step_s'] * 1e3:.1f}",
                          f"compute {bf['compute_s'] / f8['compute_s']:.2f}x faster"])

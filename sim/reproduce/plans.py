@@ -24,18 +24,32 @@ expressible. Around them:
   replica runs the same program at the same times, so replica 0's timeline is every replica's;
   tests/test_reproduce.py compares it with the full simulation), then AdamW.
 - AdamW: a memory-bound pass over the rank's parameters (ADAM_BYTES per element, sim/parallel/tp/plan.py).
-- ZeRO 2/3 (FSDP2, pp = 1): the scenario's own plan (mesh dp_shard x tp: sim/parallel/tp/compose.py); with
+- ZeRO 2/3 (FSDP2, pp = 1): the scenario's own plan (mesh dp_shard x tp: sim/parallel/tp/compose.py; with
+  gradient accumulation a one-stage pipeline of the micro-batches, sim/reproduce/scenario.py); with
   float8, the blocks' all-gathers carry float8 weights (torchao's enable_fsdp_float8_all_gather: 1 byte for the
   linears, whose norms' few bf16 parameters are neglected; the root unit, with the output layer torchtitan's
   float8 converter skips, stays bf16).
+- ``recompute: op`` (torchtitan's per-op selective activation checkpointing, ``selective_ac_option = "op"``:
+  torchtitan/models/llama3/parallelize_llama.py ``_save_list`` and ``_custom_policy`` at e7c0cae and 54ef422):
+  every output of an op in its save list is kept (mm, SDPA's flash and efficient attention, reduce-scatter, max)
+  except every second mm of the block, the rest recomputed. So the backward of a block re-runs its 2nd, 4th, ...
+  forward matmul (Llama: wk, wo, w3; the attention part has an even count, q k v o or qkv o, so the MLP's count
+  continues the parity) and no attention: the scenario is built without recompute and each block's backward op
+  gains those forward GEMMs.
+- ``attention: flash2``: the attention calls as PyTorch's SDPA runs them (FlashAttention-2, sim/compute/gpus.py
+  FA2_H100; torchtitan's SDPA module prefers FLASH_ATTENTION except on sm100, where cuDNN's is first).
 - ``attention: unfused`` (Megatron 2021): attention kernels as batched GEMMs plus softmax and dropout passes;
   ``precision: float8``: every GEMM op's dtype float8_e4m3fn, priced with the run's ``fp8_recipe``
   (sim/compute/fp8.py: Transformer Engine's delayed, current, blockwise and MXFP8 scaling, torchao's tensorwise
   and rowwise Float8Linear; default torchao tensorwise); FP8 all-gathers only where the recipe has them;
-  ``compile``: every compute op at TORCH_COMPILE_SPEEDUP (sim/compute/kernels.py) of its eager time.
+  ``compile``: torch.compile fuses the elementwise kernels the model already prices as fused and leaves GEMMs and
+  attention to their extern kernels: no change; an eager torch-native run (``compile: false`` with SDPA's
+  ``attention: flash2``, unfused elementwise kernels) pays TORCH_COMPILE_SPEEDUP (sim/compute/kernels.py) on
+  every compute op.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from distlab.sim.plan import Collective, Compute, Plan, Record, Wait
@@ -58,11 +72,12 @@ def build_plan(run, cluster, replicas: bool = True, cache: dict | None = None) -
         from distlab.sim.reproduce.pipeline import pipeline_plan
         plan = pipeline_plan(run, replicas, cache)
     one_tp_rank = plan.meta.get("one_tp_rank")
-    if run.attention != "unfused" and run.precision != "float8" and not run.compile and not one_tp_rank:
+    rewrite = run.attention != "flash" or run.precision == "float8" or run.recompute == "op"
+    if not rewrite and not one_tp_rank:
         return plan                     # as built (a composed plan may hold one rank per stage: shifts.py)
     shared: dict = {}
     ranks = plan.ranks
-    if run.attention == "unfused" or run.precision == "float8" or run.compile:
+    if rewrite:
         ranks = [[_as_run(op, run, cluster, shared) for op in ops] for ops in ranks]
     if one_tp_rank:                     # each block of a stage's local work one op (exact: blocks.py)
         from distlab.sim.reproduce.blocks import collapsed
@@ -83,17 +98,29 @@ def _as_run(op, run, cluster, shared: dict):
     key = (op, type(op.flops), type(op.bytes))      # Compute is a frozen dataclass: equal ops, one key
     if key not in shared:
         new = op
-        if run.attention == "unfused" and op.attention is not None:
-            new = replace(new, attention_kernel="unfused")
+        if run.attention != "flash" and op.attention is not None:
+            new = replace(new, attention_kernel=run.attention)
+        if run.recompute == "op" and op.gemms and _BLOCK_BACKWARD.match(op.name):
+            new = replace(new, gemms=_every_second_forward(op.gemms) + op.gemms)
         from distlab.sim.compute.kernels import TORCH_COMPILE_SPEEDUP, op_seconds
         if run.precision == "float8" and op.gemms:
             new = replace(new, dtype="float8_e4m3fn")
             if run.fp8_recipe:                      # priced with the run's recipe (sim/compute/fp8.py)
                 new = replace(new, seconds=op_seconds(new, cluster.gpu, run.fp8_recipe))
-        if run.compile:
-            new = replace(new, seconds=op_seconds(new, cluster.gpu) / TORCH_COMPILE_SPEEDUP)
+        if run.attention == "flash2" and not run.compile:        # eager torch: unfused elementwise kernels
+            new = replace(new, seconds=op_seconds(new, cluster.gpu) * TORCH_COMPILE_SPEEDUP)
         shared[key] = (op, new)
     return shared[key][1]
+
+
+_BLOCK_BACKWARD = re.compile(r"bwd h\.\d+\.(attn|mlp)$")
+
+
+def _every_second_forward(backward: tuple) -> tuple:
+    """The forward GEMMs (M, N, K) at even positions (2nd, 4th, ...) of a block part whose backward GEMMs are
+    ``backward`` (each forward GEMM's data gradient (M, K, N) then weight gradient (K, N, M), in forward order)."""
+    forward = [(M, N, K) for M, K, N in backward[::2]]
+    return tuple(g for i, g in enumerate(forward) if i % 2 == 1)
 
 
 def _data_parallel_plan(run, replicas: bool = False, cache: dict | None = None) -> Plan:

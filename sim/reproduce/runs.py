@@ -32,7 +32,9 @@ RUN_KEYS = ("name", "source", "model", "gpu", "cluster", "gpus", "layout", "glob
 FLOPS_FORMULAS = ("megatron-eq3", "megatron-core-0.8", "6nd", "palm")
 SCHEDULES = ("1f1b", "interleaved", "gpipe")   # sim/parallel/pipeline/schedules.py names
 PRECISIONS = ("bfloat16", "float16", "float8")  # float8: bf16 with float8 linears (torchao / Transformer Engine)
-CHOICES = (("recompute", ("none", "selective", "full")), ("attention", ("flash", "unfused")),
+RECOMPUTES = ("none", "selective", "full", "op")   # op: torchtitan's per-op SAC (sim/reproduce/plans.py)
+ATTENTIONS = ("flash", "flash2", "unfused")        # flash2: PyTorch SDPA's FlashAttention-2 (sim/compute/kernels.py)
+CHOICES = (("recompute", RECOMPUTES), ("attention", ATTENTIONS),
            ("schedule", SCHEDULES), ("flops", FLOPS_FORMULAS), ("precision", PRECISIONS))
 
 
@@ -49,7 +51,7 @@ class Run:
     micro_batch: int
     precision: str = "bfloat16"
     recompute: str = "none"
-    attention: str = "flash"           # flash (FlashAttention, causal half skipped) | unfused (full score matrix)
+    attention: str = "flash"           # flash (FlashAttention, causal half skipped) | flash2 (SDPA's) | unfused
     schedule: str = "1f1b"
     flops: str = "megatron-eq3"
     reported: dict = field(default_factory=dict)
@@ -104,8 +106,6 @@ def not_expressible(run: Run) -> str | None:
     if L["cp"] > 1:
         return ("context parallelism inside a published PP x FSDP2 x TP layout: reproduce builds PP x FSDP2 x TP "
                 "(sim/reproduce/scenario.py) without a cp mesh dimension yet")
-    if L["zero"] >= 2 and L["pp"] == 1 and run.microbatches > 1:
-        return "FSDP2 with gradient accumulation is not built yet"
     from distlab.sim.reproduce.scenario import is_moe
     if is_moe(run):                          # the EP builder (sim/parallel/ep/plan.py): pp x dp x ep
         if L["tp"] > 1:

@@ -8,7 +8,7 @@
 pp x tp x dp runs become the ``tp`` workload on mesh {dp, pp, tp} with the run's sequence parallelism, recompute,
 schedule, micro-batches, virtual stages, split and TP communication overlap (``tp_comm_overlap``: Megatron's
 --tp-comm-overlap, sim/parallel/tp/overlap.py); ZeRO 2/3 runs (FSDP2) the same workload on mesh {dp_shard, tp},
-and with pipeline stages the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
+and with pipeline stages or gradient accumulation the composition PP x FSDP2 x TP on mesh {pp, dp_shard, tp} (sim/parallel/parallelize.py:
 FSDP2 inside each stage, not resharded after forward as torch's multi-stage runtime needs; an interleaved
 schedule with one stage per rank is 1F1B), simulated with one rank per stage (sim/parallel/shifts.py). HSDP
 (layout key ``dp_shard`` < dp under zero 3: MosaicML's HYBRID_SHARD) puts {dp_replicate, dp_shard} in dp_shard's
@@ -71,7 +71,7 @@ def scenario_of(run) -> dict:
     if is_moe(run):
         return sc.validate(ep_scenario(run), f"run {run.name}")
     L = run.layout
-    tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": run.recompute,
+    tp = {"sequence_parallel": bool(run.sequence_parallel and L["tp"] > 1), "recompute": "none" if run.recompute == "op" else run.recompute,
           "schedule": run.schedule, "microbatches": run.microbatches, "virtual_stages": L["virtual_stages"],
           "split": L["split"], "comm_overlap": bool(run.tp_comm_overlap and L["tp"] > 1)}
     shard = L.get("dp_shard") or L["dp"]      # HSDP (MosaicML's HYBRID_SHARD, torchtitan's dp_replicate x dp_shard)
@@ -80,7 +80,9 @@ def scenario_of(run) -> dict:
     extra = {}
     if L["zero"] >= 2:
         tp = {k: tp[k] for k in ("sequence_parallel", "recompute", "comm_overlap")}
-    if L["zero"] >= 2 and L["pp"] > 1:          # PP x FSDP2 x TP (sim/parallel/parallelize.py), FSDP2 inside stages
+    if L["zero"] >= 2 and (L["pp"] > 1 or run.microbatches > 1):   # PP x FSDP2 x TP (sim/parallel/parallelize.py);
+        #  pp 1 with micro-batches: FSDP2 with gradient accumulation, one stage (as the planner builds it,
+        #  sim/planner/layouts.py ``pipelined``), each micro-batch's gradients reduce-scattered (FSDP2's default)
         mesh = {"pp": L["pp"], **fsdp, "tp": L["tp"]}
         v = L["virtual_stages"]
         schedule = "1f1b" if run.schedule == "interleaved" and v == 1 else run.schedule   # one stage per rank

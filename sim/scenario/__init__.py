@@ -9,6 +9,7 @@
     world_size: 16                   # optional: ranks (default: every GPU of the cluster)
     stragglers: {3: 1.5}             # optional: rank -> compute slowdown factor (> 0; 1.5 = 50% slower)
     degraded_links: {node0.nic3.up: 0.25}   # optional: link -> bandwidth factor in (0, 1]
+    fp8_recipe: te-delayed           # optional: how float8 GEMMs quantize (sim/compute/fp8.py RECIPES)
 
 The section's key names the workload (sim/workloads/registry.py); its keys are the workload's options. The
 mesh may leave out the workload's fill dimension (dp, dp_replicate): it takes the ranks the others leave; with
@@ -212,7 +213,25 @@ def build(d, where: str = "scenario", cluster=None) -> Result:
         plan, info = w.build(model, mesh, opts, cluster)
     except ConfigError as e:
         raise under(e, where) from None
+    if isinstance(d, dict) and d.get("fp8_recipe"):
+        plan = with_fp8_recipe(plan, d["fp8_recipe"], cluster.gpu)
     return Result(d, w, opts, mesh, model, cluster, plan, info or {}, None)
+
+
+def with_fp8_recipe(plan, recipe: str, gpu):
+    """``plan`` with its float8 GEMM ops priced under ``recipe`` (sim/compute/fp8.py), as reproduce prices a run's."""
+    from dataclasses import replace
+    from distlab.sim.compute.kernels import FLOAT8, op_seconds
+    from distlab.sim.plan import Compute, Plan
+    priced: dict = {}
+
+    def one(op):
+        if not isinstance(op, Compute) or op.dtype != FLOAT8 or not op.gemms or op.seconds is not None:
+            return op
+        if id(op) not in priced:
+            priced[id(op)] = (op, replace(op, seconds=op_seconds(op, gpu, recipe)))
+        return priced[id(op)][1]
+    return Plan([[one(op) for op in ops] for ops in plan.ranks], name=plan.name, meta=plan.meta)
 
 
 def simulate(d, where: str = "scenario") -> Result:

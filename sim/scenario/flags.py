@@ -99,7 +99,7 @@ def scenario_from_args(args, default: dict):
     if args.micro_batch is not None:
         sc.set_value(d, "micro_batch", args.micro_batch)
         changed.append(f"--micro-batch {args.micro_batch}")
-    for key in ("cluster", "nodes", "world_size", "global_batch"):
+    for key in ("cluster", "nodes", "world_size", "global_batch", "fp8_recipe"):
         if getattr(args, key, None) is not None:
             d[key] = getattr(args, key)
             changed.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
@@ -147,8 +147,9 @@ def scenario_from_args(args, default: dict):
     try:
         return sc.from_dict(d, where), changed
     except ConfigError as e:                  # the global batch named as typed
-        if getattr(args, "global_batch", None) is not None and (e.where or "").endswith("global_batch"):
-            raise ConfigError(str(e).removeprefix(f"{e.where}: "), "--global-batch") from None
+        for key in ("global_batch", "fp8_recipe"):
+            if getattr(args, key, None) is not None and (e.where or "").endswith(key):
+                raise ConfigError(str(e).removeprefix(f"{e.where}: "), "--" + key.replace("_", "-")) from None
         raise
 
 

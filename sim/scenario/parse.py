@@ -162,7 +162,19 @@ def from_dict(d, where: str | None = None, cluster=None):
                     workload=w.name, cluster=ClusterSpec(d["cluster"], cluster.nodes, cluster.world_size, cluster),
                     stragglers=tuple(sorted((d.get("stragglers") or {}).items())),
                     degraded_links=tuple(sorted((d.get("degraded_links") or {}).items())),
-                    name=d.get("name"), description=d.get("description"), source=d)
+                    name=d.get("name"), description=d.get("description"), source=d,
+                    fp8_recipe=_fp8_recipe(d, cluster, where))
+
+
+def _fp8_recipe(d: dict, cluster, where: str):
+    """The scenario's ``fp8_recipe``, checked against its GPU (sim/compute/fp8.py check_recipe), or None."""
+    if d.get("fp8_recipe") is None:
+        return None
+    from distlab.sim.compute.fp8 import RECIPES, check_recipe
+    if not isinstance(d["fp8_recipe"], str):
+        raise ConfigError(f"{d['fp8_recipe']!r} must be a recipe name; allowed: {', '.join(RECIPES)}",
+                          f"{where}: fp8_recipe")
+    return check_recipe(d["fp8_recipe"], cluster.gpu, f"{where}: fp8_recipe").name
 
 
 def resolve_cluster(d: dict, where: str = "scenario"):

@@ -78,6 +78,7 @@ class Scenario:
     degraded_links: tuple = ()        # ((link name, bandwidth factor), ...) sorted
     name: str | None = None
     description: str | None = None
+    fp8_recipe: str | None = None     # how float8 GEMMs quantize (sim/compute/fp8.py; None: torchao tensorwise)
     source: dict = field(default_factory=dict, compare=False, repr=False)
 
     def device_mesh(self, where: str = "scenario: mesh"):

@@ -8,7 +8,7 @@ from distlab.sim.workloads.base import Workload
 
 # a scenario's own keys (sim/scenario.py); a workload's section key is its name, so names must differ from these
 SCENARIO_KEYS = ("name", "description", "model", "mesh", "cluster", "nodes", "world_size", "global_batch",
-                 "stragglers", "degraded_links")
+                 "stragglers", "degraded_links", "fp8_recipe")
 BUILTIN = (ddp.WORKLOAD, fsdp.WORKLOAD, pipeline.WORKLOAD, tp.WORKLOAD, cp.WORKLOAD, ep.WORKLOAD)
 REGISTRY: dict[str, Workload] = {w.name: w for w in BUILTIN}
 
