@@ -30,6 +30,7 @@ FLAG_SETS = {   # every flag of every parallelism, none with a scenario file
     "ep": "--model deepseek-v3 --mesh ep=2 --ep-skew 0.5 --ep-node-limit 1 --ep-zero1 true --schedule 1f1b "
           "--microbatches 1 --overlap true --split none --ep-fp8-dispatch true",
     "composed": "--mesh pp=1,dp_shard=2 --microbatches 2 --grad-sync false",  # FSDP2 accumulation, one sync
+    "tp  ": "--model llama3-8b --mesh tp=2 --fp8-recipe torchao-tensorwise",   # float8 GEMMs on the H100 preset
 }
 
 

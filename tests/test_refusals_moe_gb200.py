@@ -95,7 +95,7 @@ PUBLISHED = [   # (framework's layout, run, words the refusal must hold; None: i
     ("MosaicML HYBRID_SHARD (HSDP)", run("mosaic-hsdp", DENSE, 16, {"dp": 16, "dp_shard": 8, "zero": 3}, 16), None),
     ("torchtitan PP x FSDP2 x TP", run("titan-3d", DENSE, 16, {"tp": 2, "pp": 2, "dp": 4, "zero": 3}, 16), None),
     ("NeMo Megatron-FSDP with gradient accumulation", run("nemo-fsdp-ga", DENSE, 8, {"dp": 8, "zero": 3}, 16),
-     "gradient accumulation"),
+     None),                                   # FSDP2 with gradient accumulation (sim/reproduce/scenario.py)
     ("Megatron-LM context parallelism (TP x CP x DP)", run("megatron-cp", DENSE, 8, {"tp": 2, "cp": 2, "dp": 2}, 4),
      "context parallelism"),
     ("Megatron-Core MoE: EP x PP", run("mcore-ep-pp", MOE, 16, {"pp": 2, "dp": 8, "ep": 8, "zero": 1}, 32), None),

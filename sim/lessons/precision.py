@@ -95,10 +95,13 @@ def fp8_step(cluster: str, recipe: str | None = None) -> dict:
     """The simulated FSDP2 step of ``STEP_MODEL`` on one ``cluster`` node, bf16 (``recipe`` None) or with GEMMs
     (and all-gathers) in float8 under the lesson's ``recipe`` (``RECIPE_NAMES``), fp32 reduction: its summary
     (sim/lessons/training.py simulate). A recipe the GPU cannot run raises ConfigError with the reason."""
+    from distlab.sim import scenario as sc
     from distlab.sim.lessons.training import scenario, simulate
-    d = scenario(dict(STEP_MODEL), "fsdp", cluster=cluster, nodes=1, micro_batch=2, zero=3,
+    s = scenario(dict(STEP_MODEL), "fsdp", cluster=cluster, nodes=1, micro_batch=2, zero=3,
                  param_dtype="float8_e4m3fn" if recipe else "bfloat16", reduce_dtype="float32")
-    return simulate({**d, "fp8_recipe": RECIPE_NAMES[recipe]} if recipe else d)["summary"]
+    if recipe:                                      # the scenario key fp8_recipe (sim/scenario/parse.py)
+        s = sc.from_dict({**s.source, "fp8_recipe": RECIPE_NAMES[recipe]}, "scenario")
+    return simulate(s)["summary"]
 
 
 def fp8_saving(cluster: str = "dgx-h100", recipe: str = "tensorwise") -> float | None:
