@@ -84,27 +84,27 @@ def memory_per_gpu(model, mesh, par, cache: dict | None = None, recompute: str |
     ranges, placement, schedule, m = _stages(model, mesh, par, cache)
     key = ("walks", id(acts), id(ranges), id(schedule))   # layouts differing only in dp share these; the value
     if key not in cache:                                  # holds the objects, so their ids stay theirs
-        cache[key] = (acts, ranges, schedule, [_walk(states, ranges, acts, cache) for states in schedule],
-                      acts.host_bytes)
+        cache[key] = (acts, ranges, schedule, _walks(schedule, ranges, acts, cache), acts.host_bytes)
     walks, host = cache[key][3:]
     key = ("ranks", id(numel), id(ranges), placement, _gather_key(fsdp, S))   # numel, ranges: held by the cache
     if key not in cache:                  # per rank: its elements and those FSDP2 holds gathered
         mine = [[i for s, r in zip(placement, ranges) if s == q for i in r] for q in range(len(schedule))]
         cache[key] = [(sum(numel[i] for i in layers), _gathered(model, layers, numel, fsdp, S)) for layers in mine]
-    best = None
-    for q, (full, gathered) in enumerate(cache[key]):
-        shard = full // S
-        parts = {"params": (shard if zero == 3 else full) * p, "grads": (shard if zero >= 2 else full) * g,
-                 "optimizer": (shard if zero >= 1 else full) * k,
-                 "unsharded params": gathered * DTYPE_BYTES[pdt],
-                 "unsharded grads": full * DTYPE_BYTES[getattr(fsdp, "reduce_dtype", None) or pdt]
-                 if zero >= 2 and S > 1 and m > 1 and (len(ranges) > 1 or not fsdp.sync_each_microbatch) else 0,
-                 "activations": walks[q]}
-        if cp > 1:
-            parts["ring buffers"] = _ring(c, cp, tp, getattr(par.cp, "rotate_method", "allgather"))
-        if best is None or sum(parts.values()) > sum(best[1].values()):
-            best = (q, parts)
-    parts = {k: v for k, v in best[1].items() if v or k in ("params", "grads", "optimizer", "activations")}
+    unsharded_grads = zero >= 2 and S > 1 and m > 1 and (len(ranges) > 1 or not fsdp.sync_each_microbatch)
+    ring = (_ring(c, cp, tp, getattr(par.cp, "rotate_method", "allgather")),) if cp > 1 else ()
+    gathered_bytes = DTYPE_BYTES[pdt]
+    grad_bytes = DTYPE_BYTES[getattr(fsdp, "reduce_dtype", None) or pdt] if unsharded_grads else 0
+    best, most = None, None
+    for q, (full, gathered) in enumerate(cache[key]):      # the parts in PARTS' order (+ ring), summed as a dict
+        shard = full // S                                     # of them would be: the fullest rank's kept
+        parts = ((shard if zero == 3 else full) * p, (shard if zero >= 2 else full) * g,
+                 (shard if zero >= 1 else full) * k, gathered * gathered_bytes,
+                 full * grad_bytes if unsharded_grads else 0, walks[q]) + ring
+        total = sum(parts)
+        if best is None or total > most:
+            best, most = (q, parts), total
+    parts = {k: v for k, v in zip(PARTS + ("ring buffers",), best[1])
+             if v or k in ("params", "grads", "optimizer", "activations")}
     return {"pipeline_rank": best[0], "breakdown_bytes": parts, "host_bytes": host}
 
 
@@ -197,8 +197,10 @@ def _moments(mine: list, seen) -> tuple:
 ONE_STAGE = (_moments([0], {((1,), -1), ((0,), 0)}),)
 
 
-def _walk(moments, ranges, acts, cache: dict) -> float:
-    """The most activation bytes alive at a rank's schedule ``moments`` (:func:`_moments`; module docstring)."""
+def _walks(schedule, ranges, acts, cache: dict) -> list:
+    """The most activation bytes alive on each rank of ``schedule`` (per rank its :func:`_moments`; module
+    docstring), every rank's moments in one product: the ranks' rows side by side over all the stages (a rank's
+    zeros elsewhere), then the largest of each rank's rows."""
     import numpy as np
     key = ("stash", id(acts), id(ranges))      # both held by the cache for as long as it lives
     if key not in cache:
@@ -211,14 +213,27 @@ def _walk(moments, ranges, acts, cache: dict) -> float:
                 prefix += layers[i].saved
                 top = max(top, prefix + layers[i].transient)
             inside.append(top)
-        cache[key] = (np.array(stash), np.array(inside + [0.0]))
-    mine, counts, back = moments
-    own = (key, mine)
-    if own not in cache:                      # this rank's stages' stash and backward peaks (0 after a forward)
-        stash, inside = cache[key]
-        cache[own] = (stash[list(mine)], np.append(inside[list(mine)], 0.0))
-    stash, slots = cache[own]
-    return float((counts @ stash + slots[back]).max())
+        cache[key] = (np.array(stash), np.array(inside + [0.0]))   # 0 after a forward: nothing runs backward
+    stash, inside = cache[key]
+    side = ("side by side", id(schedule))      # the value holds the schedule: its id stays its own
+    if side not in cache:
+        cache[side] = (schedule, _side_by_side(schedule, len(ranges)))
+    counts, back, starts = cache[side][1]
+    return (np.maximum.reduceat(counts @ stash + inside[back], starts)).tolist()
+
+
+def _side_by_side(schedule: tuple, stages: int) -> tuple:
+    """(every rank's moments' micro-batches alive over all ``stages``, the stage whose backward runs (``stages``
+    after a forward), the first row of each rank) of a schedule's :func:`_moments`."""
+    import numpy as np
+    counts, back, starts = [], [], []
+    for mine, c, b in schedule:
+        full = np.zeros((len(c), stages))
+        full[:, list(mine)] = c
+        starts.append(sum(len(x) for x in counts))
+        counts.append(full)
+        back.append(np.append(np.array(mine, dtype=np.intp), stages)[b])
+    return np.concatenate(counts), np.concatenate(back), np.array(starts, dtype=np.intp)
 
 
 def _gathered(model, layers: list, numel: list, fsdp, S: int) -> int:
