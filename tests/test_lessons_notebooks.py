@@ -328,8 +328,9 @@ def _prediction_revealed(nb, i, cell, ex_id, ex, texts, earlier) -> list[str]:
                 q = parse(f"{number} {unit}") if unit else None
             except UnitError:
                 q = None
+            ratio = lambda u: u in ("x", "×")             # a speed-up (1.00x) is not a share (100 %)
             if q is not None and q.unit is not None:
-                value = q.to(ex.unit) if q.dimension == ex.dimension else None
+                value = q.to(ex.unit) if q.dimension == ex.dimension and ratio(unit) == ratio(ex.unit) else None
             else:
                 value = None      # a bare number: a run's measurement may equal any earlier one by chance
             if value is not None and math.isclose(value, want, rel_tol=0.005):
@@ -361,6 +362,23 @@ def test_a_measurement_shown_before_its_prediction_is_caught():
     assert "measured 2.097 GB/s" in _revealed(new_notebook(cells=[head, bench, ask, check_cell]))[0]
     assert _revealed(new_notebook(cells=[head, ask, bench, check_cell])) == []
     assert "no earlier cell asks" in _revealed(new_notebook(cells=[head, bench, check_cell]))[0]
+
+
+def test_a_speed_up_is_not_a_share():
+    """15-underflow's measured 100 % (every gradient flushed) is not given away by an earlier speed-up printed as
+    1.00x (a CI-like run printed bf16 autocast at 1.00x of fp32 in cell 7); printed as 100 % it is."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    from distlab.sim.lessons import check
+    result = {"rows": [{"zero": 1.0}]}
+    verdict = check("15-underflow", None, result=result)
+    head = new_markdown_cell("## 3. fp16")
+    ask = new_code_cell("my_share = None")
+    check_cell = new_code_cell('check("15-underflow", my_share, result=result)', outputs=[new_output(
+        "display_data", data={"text/html": verdict._repr_html_(), "text/plain": str(verdict)})])
+    for text, caught in (("MLP step (1.00x)\n", False), ("flushed: 100 %\n", True)):
+        run = new_code_cell("run = ...", outputs=[new_output("stream", name="stdout", text=text)])
+        assert bool(_revealed(new_notebook(cells=[head, run, ask, check_cell]))) == caught, text
 
 
 # --- predictions first, in the prose: no answer anywhere a learner reads before the question ----------------------
